@@ -1,0 +1,342 @@
+"""The ports: everything the core needs from the outside, as structural protocols.
+
+Sibling packages satisfy these without importing anything but the core. Each protocol's docstring is its contract;
+``bettercompute.testing`` holds the conformance suites that check an implementation against it.
+
+Errors: an implementation raises only ``bettercompute.errors`` classes. A lost connection or an unreachable server is
+``UnavailableError``; anything else unexpected is ``InternalError``, raised ``from`` the driver's exception so that
+the cause stays in the traceback but never in the message.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+__all__ = [
+    "AuditRecord",
+    "Claim",
+    "Clock",
+    "IdempotencyKeys",
+    "IdempotencyOutcome",
+    "Lease",
+    "Leases",
+    "Migration",
+    "Notifier",
+    "Outbox",
+    "OutboxEvent",
+    "Store",
+    "StoredEvent",
+    "Transaction",
+    "WorkItem",
+    "WorkQueue",
+]
+
+
+# --- values -----------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Migration:
+    """One step of a module's schema, applied once, in version order, under the store's migration lock.
+
+    ``sql`` is written for the store whose ``dialect`` the migration is listed under; it may reference the store's
+    schema as ``{schema}``.
+    """
+
+    version: int
+    name: str
+    sql: str
+
+
+@attrs.frozen(kw_only=True)
+class Lease:
+    """A named, time-limited, exclusive right to do some work.
+
+    ``token`` is the fencing token: it grows every time the lease changes hands, so a write carrying an older token
+    can be recognised and refused after the lease has moved on.
+    """
+
+    name: str
+    holder: str
+    token: int
+    expires_at: dt.datetime
+
+
+@attrs.frozen(kw_only=True)
+class WorkItem:
+    """A request that ``key`` of ``kind`` be worked on at or after ``run_at`` (now when ``None``)."""
+
+    kind: str
+    key: str
+    shard: int = 0
+    payload: Mapping[str, Any] = attrs.field(factory=dict)
+    run_at: dt.datetime | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Claim:
+    """A work item claimed by one holder until ``claimed_until``; ``token`` proves the claim is still its own."""
+
+    id: int
+    kind: str
+    key: str
+    shard: int
+    payload: Mapping[str, Any]
+    attempts: int
+    token: str
+    claimed_until: dt.datetime
+    last_error: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class OutboxEvent:
+    """An event to publish once the transaction that records it commits. Events of one ``key`` keep their order."""
+
+    type: str
+    key: str
+    payload: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class StoredEvent:
+    """An outbox event as stored: ``seq`` numbers the events of one key in commit order, from 1."""
+
+    id: int
+    type: str
+    key: str
+    seq: int
+    payload: Mapping[str, Any]
+    created_at: dt.datetime
+    token: str
+
+
+@attrs.frozen(kw_only=True)
+class AuditRecord:
+    """One audit row: who did what to which resource, under which IAM decision, with what outcome."""
+
+    action: str
+    actor: str
+    tenant: str | None
+    resource_type: str
+    resource_id: str | None
+    decision_id: str | None
+    outcome: str = "ok"
+    details: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class IdempotencyOutcome:
+    """What ``IdempotencyKeys.begin`` found.
+
+    ``state`` is ``"new"`` (the key is now reserved for this request), ``"replay"`` (the same request finished
+    before: ``result`` holds its stored result), ``"in_progress"`` (the same request is running elsewhere) or
+    ``"conflict"`` (the key was used for a different request).
+    """
+
+    state: str
+    result: Mapping[str, Any] | None = None
+
+
+# --- repositories -----------------------------------------------------------------------------------------------
+
+
+class Leases(Protocol):
+    """Exclusive, expiring leases with fencing tokens."""
+
+    async def acquire(self, name: str, holder: str, ttl: dt.timedelta) -> Lease | None:
+        """Take the lease if it is free, expired, or already ``holder``'s (then it is extended, same token).
+
+        Returns ``None`` when another holder has it. Taking it from a different (or expired) holder increases the
+        token. Safe to retry.
+        """
+        ...
+
+    async def renew(self, lease: Lease, ttl: dt.timedelta) -> Lease | None:
+        """Extend a lease still held with this token; ``None`` when it was lost (expired and taken, or released)."""
+        ...
+
+    async def release(self, lease: Lease) -> bool:
+        """Give the lease back so another holder can take it at once. ``False`` when it was no longer held."""
+        ...
+
+    async def get(self, name: str) -> Lease | None:
+        """The lease's current, unexpired state, or ``None``."""
+        ...
+
+
+class WorkQueue(Protocol):
+    """The work queue: claims with ``FOR UPDATE SKIP LOCKED`` semantics, so concurrent claimers never share work.
+
+    At most one ready item exists per ``(kind, key)``: enqueuing a key that is already waiting keeps one item and
+    the earlier ``run_at``. A key that is claimed is not handed to a second claimer until its claim ends or expires.
+    """
+
+    async def enqueue(self, items: Sequence[WorkItem]) -> None:
+        """Add work in its own transaction (use ``Transaction.enqueue`` to add it with a state change)."""
+        ...
+
+    async def claim(
+        self,
+        *,
+        holder: str,
+        kinds: Sequence[str],
+        limit: int,
+        claim_for: dt.timedelta,
+        shards: Sequence[int] | None = None,
+        fence: Lease | None = None,
+    ) -> list[Claim]:
+        """Claim up to ``limit`` due items, oldest ``run_at`` first.
+
+        Expired claims are due again. With ``fence``, nothing is claimed (empty list) unless the lease is still held
+        with that token.
+        """
+        ...
+
+    async def complete(self, claim: Claim) -> bool:
+        """Remove finished work. ``False`` (and no change) if the claim was lost, e.g. it expired and was re-claimed."""
+        ...
+
+    async def retry(self, claim: Claim, *, delay: dt.timedelta, error: str) -> bool:
+        """Hand the item back, due after ``delay``, recording ``error``. ``False`` if the claim was lost."""
+        ...
+
+    async def extend(self, claim: Claim, claim_for: dt.timedelta) -> Claim | None:
+        """Keep a long-running claim alive; ``None`` if it was lost."""
+        ...
+
+    async def pending(self, kinds: Sequence[str] | None = None) -> int:
+        """How many items wait or run (for health checks and tests)."""
+        ...
+
+
+class Outbox(Protocol):
+    """Committed events, handed out in per-key order.
+
+    An event is visible only after its transaction commits. For one key, events are numbered in commit order; an
+    event is not handed out while an earlier event of its key is undelivered.
+    """
+
+    async def claim(self, *, holder: str, limit: int, claim_for: dt.timedelta) -> list[StoredEvent]:
+        """Claim up to ``limit`` deliverable events, at most one per key, oldest first."""
+        ...
+
+    async def ack(self, events: Sequence[StoredEvent]) -> int:
+        """Mark claimed events delivered; returns how many were still held by these claims."""
+        ...
+
+    async def release(self, events: Sequence[StoredEvent], *, delay: dt.timedelta) -> int:
+        """Hand claimed events back undelivered, deliverable again after ``delay``."""
+        ...
+
+
+class IdempotencyKeys(Protocol):
+    """Idempotency keys: per identity, a key is bound to the hash of the first request made with it."""
+
+    async def begin(
+        self, *, identity: str, key: str, request_hash: str, ttl: dt.timedelta
+    ) -> IdempotencyOutcome:
+        """Reserve ``key`` for this request, or report what an earlier use of it left (see ``IdempotencyOutcome``)."""
+        ...
+
+    async def finish(self, *, identity: str, key: str, result: Mapping[str, Any]) -> None:
+        """Store the result that later uses of the key replay."""
+        ...
+
+    async def abandon(self, *, identity: str, key: str) -> None:
+        """Forget a reservation whose request failed, so the key may be used again."""
+        ...
+
+
+@runtime_checkable
+class Transaction(Protocol):
+    """One database transaction; what is written through it commits or rolls back together."""
+
+    async def enqueue(self, items: Sequence[WorkItem]) -> None:
+        """Add work that becomes visible when the transaction commits."""
+        ...
+
+    async def publish(self, events: Sequence[OutboxEvent]) -> None:
+        """Add outbox events that become visible when the transaction commits."""
+        ...
+
+    async def audit(self, record: AuditRecord) -> None:
+        """Add an audit row."""
+        ...
+
+
+class Store(Protocol):
+    """The authoritative state. The only implementation shipped is ``bettercompute_store_pg.PgStore``.
+
+    ``open`` may be called before ``migrate``; nothing opens a connection before ``open``. Every method may raise
+    ``UnavailableError`` when the database cannot be reached.
+    """
+
+    @property
+    def dialect(self) -> str:
+        """Which migrations this store runs: modules list theirs under this name (``"postgresql"``)."""
+        ...
+
+    leases: Leases
+    queue: WorkQueue
+    outbox: Outbox
+    idempotency: IdempotencyKeys
+
+    async def open(self) -> None:
+        """Prepare connections. Idempotent."""
+        ...
+
+    async def close(self) -> None:
+        """Close every connection. Idempotent."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise ``UnavailableError`` unless the database answers now."""
+        ...
+
+    async def now(self) -> dt.datetime:
+        """The database's clock (UTC), used to anchor the process's clock."""
+        ...
+
+    async def migrate(self, module: str, migrations: Sequence[Migration]) -> list[int]:
+        """Apply the module's migrations not applied yet, in version order, under a lock shared by all processes.
+
+        Returns the versions applied by this call. Idempotent; safe to run from several processes at once.
+        Raises ``InvalidConfigError`` for duplicate versions or a recorded version whose name changed.
+        """
+        ...
+
+    def transaction(self, *, fence: Lease | None = None) -> AbstractAsyncContextManager[Transaction]:
+        """A transaction. With ``fence``, it fails with ``FailedPreconditionError`` (and writes nothing) unless the
+        lease is still held with that token when it commits."""
+        ...
+
+
+# --- the rest ---------------------------------------------------------------------------------------------------
+
+
+class Notifier(Protocol):
+    """Optional pokes that wake loops sooner. Loops must converge without them; a poke may be lost or repeated."""
+
+    async def notify(self, channel: str, payload: str = "") -> None:
+        """Send a poke; never raises for a missing listener."""
+        ...
+
+    def listen(self, channel: str) -> AbstractAsyncContextManager[AsyncIterator[str]]:
+        """Receive pokes on ``channel`` while the context is open."""
+        ...
+
+
+class Clock(Protocol):
+    """Wall-clock time for the control plane (anchored to the database's clock by ``initialize()``)."""
+
+    def now(self) -> dt.datetime:
+        """Timezone-aware UTC now."""
+        ...
+
+
+Hook = Callable[[], Awaitable[None]]
