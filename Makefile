@@ -1,0 +1,73 @@
+# Better Compute: a fresh machine needs only Python 3.11 and make; everything else lands in .venv.
+#
+#   make dev     run the control plane locally (embedded PostgreSQL unless BETTERCOMPUTE_DATABASE_URL is set)
+#   make test    lint, type-check, check import contracts, run the tests
+#   make lint    the checks without the tests        make fmt     format and apply safe lint fixes
+#   make bench   measure the performance claims       make clean   remove caches and build output (distclean: + .venv)
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Touched after a successful install; pyproject.toml being newer means the dependencies may have changed.
+STAMP := $(VENV)/.bettercompute-installed
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := test
+
+# $(call step,NAME,COMMAND): run COMMAND and print how long it took, so a slow or failing check stands out in CI logs.
+define step
+	@echo "==> $(1)"; started=$$(date +%s%N); $(2); rc=$$?; \
+	echo "<== $(1): $$(( ($$(date +%s%N) - started) / 1000000 )) ms, exit $$rc"; exit $$rc
+endef
+
+.PHONY: dev install test lint check-ruff check-format check-types check-imports pytest fmt bench clean distclean
+
+$(BIN)/python:
+	@# Debian's python3 has no ensurepip without python3-venv; a half-made .venv would fool the next run.
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+		echo "could not create $(VENV) with $(PYTHON); on Debian/Ubuntu install python3-venv" >&2; exit 1; }
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(call step,install,$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev]')
+	@touch $@
+
+install: $(STAMP)
+
+dev: $(STAMP)
+	$(BIN)/better-compute dev
+
+test: lint pytest
+
+lint: check-ruff check-format check-types check-imports
+
+check-ruff: $(STAMP)
+	$(call step,ruff check,$(BIN)/ruff check .)
+
+check-format: $(STAMP)
+	$(call step,ruff format --check,$(BIN)/ruff format --check .)
+
+check-types: $(STAMP)
+	$(call step,mypy,$(BIN)/mypy)
+
+check-imports: $(STAMP)
+	$(call step,lint-imports,$(BIN)/lint-imports)
+
+# pytest exits 5 when it collected nothing: a green run that tested nothing must not pass, and should say why.
+RUN_PYTEST = $(BIN)/pytest $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "pytest collected no tests" >&2; (exit $$rc); }
+
+pytest: $(STAMP)
+	$(call step,pytest,$(RUN_PYTEST))
+
+fmt: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(STAMP)
+	$(BIN)/python bench/claims.py
+
+clean:
+	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache build dist *.egg-info
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
