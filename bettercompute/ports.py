@@ -11,7 +11,7 @@ the cause stays in the traceback but never in the message.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -21,14 +21,18 @@ __all__ = [
     "AuditRecord",
     "Claim",
     "Clock",
+    "Decision",
+    "Iam",
     "IdempotencyKeys",
     "IdempotencyOutcome",
+    "Identity",
     "Lease",
     "Leases",
     "Migration",
     "Notifier",
     "Outbox",
     "OutboxEvent",
+    "ResourceRef",
     "Store",
     "StoredEvent",
     "Transaction",
@@ -237,9 +241,7 @@ class Outbox(Protocol):
 class IdempotencyKeys(Protocol):
     """Idempotency keys: per identity, a key is bound to the hash of the first request made with it."""
 
-    async def begin(
-        self, *, identity: str, key: str, request_hash: str, ttl: dt.timedelta
-    ) -> IdempotencyOutcome:
+    async def begin(self, *, identity: str, key: str, request_hash: str, ttl: dt.timedelta) -> IdempotencyOutcome:
         """Reserve ``key`` for this request, or report what an earlier use of it left (see ``IdempotencyOutcome``)."""
         ...
 
@@ -302,6 +304,13 @@ class Store(Protocol):
         """The database's clock (UTC), used to anchor the process's clock."""
         ...
 
+    async def install(self) -> list[int]:
+        """Apply the store's own migrations (its tables for leases, work, outbox, idempotency keys and audit).
+
+        Returns the versions applied by this call; idempotent and safe from several processes at once.
+        """
+        ...
+
     async def migrate(self, module: str, migrations: Sequence[Migration]) -> list[int]:
         """Apply the module's migrations not applied yet, in version order, under a lock shared by all processes.
 
@@ -339,4 +348,53 @@ class Clock(Protocol):
         ...
 
 
-Hook = Callable[[], Awaitable[None]]
+@attrs.frozen(kw_only=True)
+class ResourceRef:
+    """What an action is checked on: a resource type, optionally one resource, and where it lives."""
+
+    type: str
+    id: str | None = None
+    tenant: str | None = None
+    pool: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Identity:
+    """Who is calling, as established by ``Iam.authenticate``."""
+
+    principal_id: str
+    principal_name: str
+    kind: str
+    tenant_id: str
+    is_root: bool
+    credential_id: str
+
+
+@attrs.frozen(kw_only=True)
+class Decision:
+    """One allowing authorization decision; its ``id`` goes into the audit row of the mutation it allowed."""
+
+    id: str
+    action: str
+    resource: ResourceRef
+    principal_id: str
+
+
+class Iam(Protocol):
+    """Authentication and authorization, embedded or remote.
+
+    The dispatcher calls ``authenticate`` once per request and ``require`` once per call, after the tenant pre-check.
+    An IAM that also declares methods (the embedded one) is a ``Module`` as well and is registered as one.
+    """
+
+    async def authenticate(self, credential: str) -> Identity:
+        """The identity behind a credential.
+
+        Raises ``UnauthenticatedError`` for a garbled, unknown, expired or revoked credential (a garbled one without
+        any database lookup) and ``UnavailableError`` when it cannot tell.
+        """
+        ...
+
+    async def require(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
+        """Allow (returning the decision) or raise ``AccessDeniedError``."""
+        ...

@@ -1,0 +1,400 @@
+"""The core object: ``better_compute(options)`` and what it returns."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import socket
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any
+
+import anyio
+import attrs
+
+from ._dispatch import Dispatcher
+from ._http import HttpTransport, Request, Response
+from ._jobs import BUILTIN_JOBS, Events, Job, Jobs
+from ._options import Module, Options, Plugin, version_in_range
+from ._registry import ApiBinding, ApiCall, GroupSpec, Registry
+from ._version import __version__
+from .errors import ComputeError, InvalidConfigError
+from .modules.system import ACTIONS as SYSTEM_ACTIONS
+from .modules.system import HealthCheck, HealthOutput, SystemGroup
+from .ports import Clock, Decision, Iam, Identity, Notifier, ResourceRef, Store
+
+__all__ = ["Api", "BetterCompute", "Caches", "DatabaseClock", "ModuleContext", "better_compute"]
+
+_ENDPOINT = re.compile(r"^(/[a-z0-9][a-z0-9._-]*)+$")
+_STORE_MEMBERS = ("open", "close", "ping", "now", "migrate", "transaction", "leases", "queue", "outbox", "idempotency")
+_IAM_MEMBERS = ("authenticate", "require")
+
+
+class DatabaseClock:
+    """The process clock, shifted by the offset to the database's clock measured at ``initialize()``."""
+
+    def __init__(self) -> None:
+        self._offset = dt.timedelta(0)
+
+    def anchor(self, database_now: dt.datetime, *, measured_at: float, round_trip: float) -> None:
+        """Record the database's time as read ``round_trip`` seconds around ``measured_at`` (``time.time()``)."""
+        local = dt.datetime.fromtimestamp(measured_at + round_trip / 2, dt.UTC)
+        self._offset = database_now - local
+
+    @property
+    def offset(self) -> dt.timedelta:
+        """How far the database's clock is ahead of this process's."""
+        return self._offset
+
+    def now(self) -> dt.datetime:
+        """Timezone-aware UTC now, on the database's clock."""
+        return dt.datetime.now(dt.UTC) + self._offset
+
+
+class Caches:
+    """Named in-process caches, so that a change (a revoked credential) clears what depends on it at once."""
+
+    def __init__(self) -> None:
+        self._caches: dict[str, Callable[[str | None], None]] = {}
+
+    def register(self, name: str, invalidate: Callable[[str | None], None]) -> None:
+        """Register a cache; ``invalidate(key)`` drops one entry, ``invalidate(None)`` all of them."""
+        self._caches[name] = invalidate
+
+    def invalidate(self, name: str, key: str | None = None) -> None:
+        """Drop ``key`` (or everything) from the named cache; unknown names are ignored."""
+        invalidate = self._caches.get(name)
+        if invalidate is not None:
+            invalidate(key)
+
+    def invalidate_all(self) -> None:
+        """Drop every entry of every cache."""
+        for invalidate in self._caches.values():
+            invalidate(None)
+
+    @property
+    def names(self) -> list[str]:
+        """The registered caches."""
+        return sorted(self._caches)
+
+
+@attrs.frozen(kw_only=True)
+class ModuleContext:
+    """What modules, handlers and jobs get: the parts of this control plane."""
+
+    options: Options
+    store: Store
+    iam: Iam
+    clock: Clock
+    registry: Registry
+    events: Events
+    caches: Caches
+    notifier: Notifier | None
+    instance: str
+    module_versions: tuple[tuple[str, str], ...]
+    self_check: Callable[[], Awaitable[HealthOutput]]
+
+
+class Authz:
+    """Authorization decisions outside a method call (the projection arrives with the IAM module)."""
+
+    def __init__(self, iam: Iam) -> None:
+        self._iam = iam
+
+    async def require(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
+        """Allow, returning the decision, or raise ``AccessDeniedError``."""
+        return await self._iam.require(identity, action, resource)
+
+
+class _ApiBinder:
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    async def call(self, method: Any, credential: str | None, input: Any) -> Any:
+        return await self._dispatcher.call(method, credential, input)
+
+
+class Api:
+    """Every method as ``await api.<group>.<method>(credential, input)``, through the same dispatcher as HTTP.
+
+    The core's groups are typed attributes; a module's group is reached by its attribute name too
+    (``api.join_tokens``), or typed with ``api.group(JoinTokensGroup)``.
+    """
+
+    def __init__(self, registry: Registry, dispatcher: Dispatcher) -> None:
+        self._registry = registry
+        self._binder = _ApiBinder(dispatcher)
+        self.system = SystemGroup[ApiBinding](self._binder, ApiCall)
+
+    def group(self, spec: type[GroupSpec[Any]]) -> Any:
+        """A registered group, bound to this api (annotate the result as ``MyGroup[ApiBinding]``)."""
+        if self._registry.group(spec.name) is not spec:
+            raise AttributeError(f"group {spec.name!r} is not registered")
+        return spec(self._binder, ApiCall)
+
+    def __getattr__(self, attr: str) -> Any:
+        spec = self._registry.group_by_attr(attr)
+        if spec is None:
+            raise AttributeError(f"no group {attr!r} is registered")
+        return spec(self._binder, ApiCall)
+
+
+@attrs.frozen(kw_only=True)
+class _CoreModule:
+    """The built-in groups of the core, registered first."""
+
+    name: str = "core"
+    version: str = __version__
+    core_range: str = f"=={__version__}"
+    groups: Sequence[type[GroupSpec[Any]]] = (SystemGroup,)
+    actions: Sequence[str] = SYSTEM_ACTIONS
+    migrations: Any = attrs.field(factory=dict)
+    jobs: Sequence[Job] = BUILTIN_JOBS
+
+    async def start(self, context: ModuleContext) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+def _default_instance() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class BetterCompute:
+    """One control plane. Made by ``better_compute(options)``; see the members' docstrings."""
+
+    def __init__(self, options: Options, modules: Sequence[Module], registry: Registry) -> None:
+        self.options = options
+        self.registry = registry
+        self.endpoint = options.endpoint
+        self._modules = list(modules)
+        assert options.store is not None and options.iam is not None, "checked by better_compute()"
+        self._store: Store = options.store
+        self._iam: Iam = options.iam
+        self._clock = options.clock or DatabaseClock()
+        self.events = Events()
+        self.caches = Caches()
+        self.authz = Authz(self._iam)
+        self.context = ModuleContext(
+            options=options,
+            store=self._store,
+            iam=self._iam,
+            clock=self._clock,
+            registry=registry,
+            events=self.events,
+            caches=self.caches,
+            notifier=options.notifier,
+            instance=options.instance or _default_instance(),
+            module_versions=tuple((m.name, m.version) for m in self._modules),
+            self_check=self.self_check,
+        )
+        self._dispatcher = Dispatcher(iam=self._iam, context=self.context, plugins=options.plugins)
+        self.api = Api(registry, self._dispatcher)
+        self.jobs = Jobs([job for m in self._modules for job in m.jobs], self.context)
+        self._http = HttpTransport(self, self._dispatcher)
+        self._initialized = False
+        self._started = False
+        self._lock = anyio.Lock()
+
+    # --- transports ---------------------------------------------------------------------------------------------
+
+    async def handler(self, request: Request) -> Response:
+        """The transport-neutral HTTP handler: ``POST {endpoint}/{group}/{method}`` and the health endpoints."""
+        return await self._http.handle(request)
+
+    @property
+    def asgi(self) -> Any:
+        """The ASGI application; its lifespan runs ``initialize()`` at startup and ``close()`` at shutdown."""
+        return self._http.asgi
+
+    # --- lifecycle ----------------------------------------------------------------------------------------------
+
+    def catalog(self) -> set[str]:
+        """The merged action catalog: the core's, every module's and plugin's, and IAM's own."""
+        actions: set[str] = set()
+        for module in self._modules:
+            actions.update(module.actions)
+        for plugin in self.options.plugins:
+            actions.update(plugin.actions)
+        return actions
+
+    async def initialize(self, *, migrate: bool = True) -> None:
+        """Check every method's action against the catalog, run migrations, anchor the clock, start the modules.
+
+        Idempotent. ``migrate=False`` skips the migrations (``serve --no-migrate``).
+
+        Raises:
+            InvalidConfigError: a method's action is missing from the catalog, or a migration is malformed.
+            UnavailableError: the database cannot be reached.
+        """
+        async with self._lock:
+            if self._initialized:
+                return
+            catalog = self.catalog()
+            missing = sorted(
+                f"{m.group}.{m.name}: {m.action}" for m in self.registry.methods() if m.action not in catalog
+            )
+            if missing:
+                raise InvalidConfigError(
+                    "some methods use actions missing from the action catalog", details={"problems": missing}
+                )
+            store = self._store
+            await store.open()
+            if migrate:
+                await self.migrate()
+            started = time.time()
+            t0 = time.monotonic()
+            database_now = await store.now()
+            if isinstance(self._clock, DatabaseClock):
+                self._clock.anchor(database_now, measured_at=started, round_trip=time.monotonic() - t0)
+            for module in self._modules:
+                await module.start(self.context)
+            self._initialized = True
+
+    async def migrate(self) -> dict[str, list[int]]:
+        """Apply the store's and every module's pending migrations; returns the versions applied, per module."""
+        store = self._store
+        await store.open()
+        applied = {"store": await store.install()}
+        for module in self._modules:
+            steps = module.migrations.get(store.dialect, ())
+            if steps:
+                applied[module.name] = await store.migrate(module.name, steps)
+        return applied
+
+    async def start(self, roles: Collection[str]) -> None:
+        """Run the worker roles (``controllers``, ``scheduler``, ``sinks``, ``iam``) in the background.
+
+        Calls ``initialize()`` first when it has not run.
+        """
+        await self.initialize()
+        await self.jobs.start(roles)
+        self._started = True
+
+    async def stop(self) -> None:
+        """Stop the worker roles, handing their leases back, and stop the modules."""
+        await self.jobs.stop()
+        if self._initialized:
+            for module in reversed(self._modules):
+                await module.stop()
+        self._started = False
+
+    async def close(self) -> None:
+        """``stop()``, then close the store's connections. ``initialize()`` may be called again after it."""
+        await self.stop()
+        await self._store.close()
+        self._initialized = False
+
+    async def self_check(self) -> HealthOutput:
+        """Read-only checks: can the database be reached, has ``initialize()`` run."""
+        checks = []
+        try:
+            with anyio.fail_after(2):
+                await self._store.ping()
+            checks.append(HealthCheck(name="database", ok=True, detail="reachable"))
+        except (ComputeError, TimeoutError):
+            checks.append(HealthCheck(name="database", ok=False, detail="unreachable"))
+        checks.append(
+            HealthCheck(
+                name="initialized",
+                ok=self._initialized,
+                detail="initialize() has run" if self._initialized else "initialize() has not run",
+            )
+        )
+        ok = all(c.ok for c in checks)
+        return HealthOutput(status="ok" if ok else "unavailable", checks=tuple(checks))
+
+    @property
+    def initialized(self) -> bool:
+        """Whether ``initialize()`` has completed."""
+        return self._initialized
+
+
+def _problems_of(options: Options) -> tuple[list[str], list[Module], Registry]:
+    problems: list[str] = []
+    # Typed as required, but a host may still pass None or a wrong object: check what is really there.
+    store: Any = options.store
+    iam: Any = options.iam
+    if store is None:
+        problems.append("store: a store is required (bettercompute_store_pg.PgStore)")
+    else:
+        missing = [m for m in (*_STORE_MEMBERS, "install", "dialect") if not hasattr(store, m)]
+        if missing:
+            problems.append(f"store: {type(store).__name__} lacks {', '.join(missing)}")
+    if iam is None:
+        problems.append("iam: an IAM is required (bettercompute_iam.EmbeddedIam)")
+    else:
+        missing = [m for m in _IAM_MEMBERS if not hasattr(iam, m)]
+        if missing:
+            problems.append(f"iam: {type(iam).__name__} lacks {', '.join(missing)}")
+    if not isinstance(options.endpoint, str) or not _ENDPOINT.match(options.endpoint):
+        problems.append(f"endpoint: {options.endpoint!r} must be a path like '/api/compute', without a trailing slash")
+    if not isinstance(options.max_body_bytes, int) or options.max_body_bytes < 1024:
+        problems.append("max_body_bytes: must be an integer of at least 1024")
+    if not isinstance(options.max_in_flight, int) or options.max_in_flight < 1:
+        problems.append("max_in_flight: must be a positive integer")
+    if options.lease_ttl < dt.timedelta(seconds=1):
+        problems.append("lease_ttl: must be at least one second")
+
+    modules: list[Module] = [_CoreModule()]
+    extra: list[Any] = []
+    if iam is not None and isinstance(iam, Module):
+        extra.append(iam)
+    extra.extend(options.modules)
+    names = {"core"}
+    for index, module in enumerate(extra):
+        if not isinstance(module, Module):
+            problems.append(f"modules[{index}]: {type(module).__name__} is not a module (see bettercompute.Module)")
+            continue
+        if module.name in names:
+            problems.append(f"modules[{index}]: the name {module.name!r} is used twice")
+            continue
+        problems.extend(_range_problems(f"module {module.name!r}", module.core_range))
+        names.add(module.name)
+        modules.append(module)
+    plugin_names: set[str] = set()
+    plugins: Sequence[Any] = options.plugins
+    for index, plugin in enumerate(plugins):
+        if not isinstance(plugin, Plugin):
+            problems.append(f"plugins[{index}]: {type(plugin).__name__} is not a plugin (see bettercompute.Plugin)")
+            continue
+        if plugin.name in plugin_names:
+            problems.append(f"plugins[{index}]: the name {plugin.name!r} is used twice")
+        plugin_names.add(plugin.name)
+        problems.extend(_range_problems(f"plugin {plugin.name!r}", plugin.core_range))
+
+    registry = Registry()
+    for module in modules:
+        for spec in module.groups:
+            problems.extend(registry.add(spec, owner=module.name))
+    return problems, modules, registry
+
+
+def _range_problems(what: str, core_range: str) -> list[str]:
+    try:
+        if not version_in_range(__version__, core_range):
+            return [f"{what} supports core {core_range}, but this core is {__version__}"]
+    except ValueError as exc:
+        return [f"{what}: {exc}"]
+    return []
+
+
+def better_compute(options: Options) -> BetterCompute:
+    """Build a control plane. Synchronous and without I/O: nothing touches the database or IAM until you call it.
+
+    Registers the core's groups, IAM's (when it is a module), then ``options.modules``, then ``options.plugins``.
+
+    Raises:
+        InvalidConfigError: listing every problem found in ``details["problems"]``.
+    """
+    if not isinstance(options, Options):
+        raise InvalidConfigError("better_compute() takes an Options", details={"problems": ["not an Options"]})
+    problems, modules, registry = _problems_of(options)
+    if problems:
+        raise InvalidConfigError(
+            f"the options have {len(problems)} problem(s): " + "; ".join(problems), details={"problems": problems}
+        )
+    return BetterCompute(options, modules, registry)

@@ -1,0 +1,193 @@
+"""Background jobs: one pass each per ``tick()``, or loops on timers under leases after ``start(roles)``.
+
+This is the first slice of the worker runtime: every job is a singleton under the lease ``<role>/<name>``, so any
+number of processes may run the same roles and each pass still has one writer. Loops converge by polling alone; a
+notifier only shortens the wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import TYPE_CHECKING
+
+import anyio
+import attrs
+
+from .errors import ComputeError, InvalidConfigError
+from .ports import Lease, OutboxEvent, StoredEvent
+
+if TYPE_CHECKING:
+    from ._core import ModuleContext
+
+__all__ = ["ROLES", "Events", "Job", "Jobs"]
+
+log = logging.getLogger("bettercompute.jobs")
+
+ROLES = frozenset({"controllers", "scheduler", "sinks", "iam"})
+
+
+@attrs.frozen(kw_only=True)
+class Job:
+    """A periodic job. ``run`` makes one pass and returns how many items it handled."""
+
+    name: str
+    role: str
+    interval: dt.timedelta
+    run: Callable[[ModuleContext], Awaitable[int]]
+
+    @property
+    def lease_name(self) -> str:
+        """The singleton lease the job runs under."""
+        return f"{self.role}/{self.name}"
+
+
+Subscriber = Callable[[StoredEvent], Awaitable[None]]
+
+
+class Events:
+    """In-process subscribers of committed events. A subscriber runs only after the event's transaction commits,
+    at least once, in per-key order; an exception makes the event come back later."""
+
+    def __init__(self) -> None:
+        self._subscribers: list[tuple[frozenset[str] | None, Subscriber]] = []
+
+    def subscribe(self, subscriber: Subscriber, *, types: Collection[str] | None = None) -> Callable[[], None]:
+        """Call ``subscriber`` for committed events (of ``types`` only, when given); returns an unsubscribe."""
+        entry = (frozenset(types) if types is not None else None, subscriber)
+        self._subscribers.append(entry)
+
+        def unsubscribe() -> None:
+            if entry in self._subscribers:
+                self._subscribers.remove(entry)
+
+        return unsubscribe
+
+    @staticmethod
+    def event(type: str, key: str, **payload: object) -> OutboxEvent:
+        """An event to publish with ``Transaction.publish``."""
+        return OutboxEvent(type=type, key=key, payload=payload)
+
+    async def deliver(self, event: StoredEvent) -> None:
+        """Hand one event to every matching subscriber."""
+        for types, subscriber in list(self._subscribers):
+            if types is None or event.type in types:
+                await subscriber(event)
+
+
+async def dispatch_events(context: ModuleContext) -> int:
+    """One pass of the outbox: claim deliverable events, hand them to ``events`` subscribers, acknowledge them."""
+    store = context.store
+    claimed = await store.outbox.claim(holder=context.instance, limit=100, claim_for=dt.timedelta(seconds=30))
+    delivered: list[StoredEvent] = []
+    failed: list[StoredEvent] = []
+    for event in claimed:
+        try:
+            await context.events.deliver(event)
+        except Exception as exc:
+            log.warning("an event subscriber failed on %s %s: %s", event.type, event.id, type(exc).__name__)
+            failed.append(event)
+        else:
+            delivered.append(event)
+    if delivered:
+        await store.outbox.ack(delivered)
+    if failed:
+        await store.outbox.release(failed, delay=dt.timedelta(seconds=5))
+    return len(delivered)
+
+
+BUILTIN_JOBS = (Job(name="events", role="sinks", interval=dt.timedelta(seconds=1), run=dispatch_events),)
+
+
+class Jobs:
+    """The jobs of one control plane."""
+
+    def __init__(self, jobs: Sequence[Job], context: ModuleContext) -> None:
+        seen: set[str] = set()
+        problems: list[str] = []
+        for job in jobs:
+            if job.role not in ROLES:
+                problems.append(f"job {job.name!r} has an unknown role {job.role!r}")
+            if job.lease_name in seen:
+                problems.append(f"job {job.lease_name!r} is registered twice")
+            seen.add(job.lease_name)
+        if problems:
+            raise InvalidConfigError("the jobs are misdeclared", details={"problems": problems})
+        self._jobs = sorted(jobs, key=lambda j: (j.role, j.name))
+        self._context = context
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._held: dict[str, Lease] = {}
+
+    @property
+    def all(self) -> list[Job]:
+        """Every registered job, in the order ``tick()`` runs them."""
+        return list(self._jobs)
+
+    async def tick(self, roles: Collection[str] | None = None) -> dict[str, int]:
+        """One deterministic pass of every job (of ``roles``, when given), in a stable order. For tests and the
+        simulator; it takes no leases, so call it where no worker loop runs."""
+        done: dict[str, int] = {}
+        for job in self._jobs:
+            if roles is None or job.role in roles:
+                done[job.lease_name] = await job.run(self._context)
+        return done
+
+    async def start(self, roles: Collection[str]) -> None:
+        """Run the jobs of ``roles`` in the background until ``stop()``."""
+        unknown = sorted(set(roles) - ROLES)
+        if unknown:
+            raise InvalidConfigError(
+                f"unknown worker roles: {', '.join(unknown)}", details={"problems": unknown, "roles": sorted(ROLES)}
+            )
+        if self._tg is not None:
+            return
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        for job in self._jobs:
+            if job.role in roles:
+                await self._tg.start(self._loop, job)
+
+    async def stop(self) -> None:
+        """Stop the loops and hand their leases back, so another process takes over at once."""
+        if self._tg is None:
+            return
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+        self._tg = None
+        held, self._held = self._held, {}
+        with anyio.CancelScope(shield=True):
+            for lease in held.values():
+                with contextlib.suppress(ComputeError):  # if the release fails, the lease expires by itself
+                    await self._context.store.leases.release(lease)
+
+    async def _loop(self, job: Job, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        store = self._context.store
+        ttl = self._context.options.lease_ttl
+        failures = 0
+        while True:
+            wait = job.interval.total_seconds()
+            try:
+                lease = self._held.get(job.lease_name)
+                lease = await (
+                    store.leases.renew(lease, ttl)
+                    if lease
+                    else store.leases.acquire(job.lease_name, self._context.instance, ttl)
+                )
+                if lease is None:
+                    self._held.pop(job.lease_name, None)
+                    wait = max(wait, ttl.total_seconds() / 3)
+                else:
+                    self._held[job.lease_name] = lease
+                    with anyio.fail_after(ttl.total_seconds() * 2 / 3):
+                        await job.run(self._context)
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                wait = min(60.0, wait * math.pow(2, min(failures, 6)))
+                log.warning("job %s failed (%s); retrying in about %.0f s", job.lease_name, type(exc).__name__, wait)
+            await anyio.sleep(wait * random.uniform(0.8, 1.2))  # noqa: S311 - jitter, not security

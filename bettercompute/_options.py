@@ -1,0 +1,137 @@
+"""Options, and the protocols of what a host plugs in: modules and plugins."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import attrs
+
+from .ports import Clock, Iam, Migration, Notifier, Store
+
+if TYPE_CHECKING:
+    from ._core import ModuleContext
+    from ._jobs import Job
+    from ._registry import CallContext, GroupSpec
+
+__all__ = ["Module", "Options", "Plugin", "version_in_range"]
+
+
+@runtime_checkable
+class Module(Protocol):
+    """A unit of functionality: its groups of methods, the actions they use, its migrations and its jobs.
+
+    ``core_range`` is the range of core versions it supports (``">=0.1,<0.2"``); ``better_compute()`` refuses a
+    module whose range excludes the running core. ``migrations`` maps a store dialect (``"postgresql"``) to its
+    steps. ``start`` runs in ``initialize()`` after migrations; ``stop`` in ``stop()``.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def core_range(self) -> str: ...
+    @property
+    def groups(self) -> Sequence[type[GroupSpec[Any]]]: ...
+    @property
+    def actions(self) -> Sequence[str]: ...
+    @property
+    def migrations(self) -> Mapping[str, Sequence[Migration]]: ...
+    @property
+    def jobs(self) -> Sequence[Job]: ...
+
+    async def start(self, context: ModuleContext) -> None: ...
+    async def stop(self) -> None: ...
+
+
+Next = Callable[["CallContext", Any], Awaitable[Any]]
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    """Wraps method calls after authorization: ``intercept`` gets the call and the next link, the handler innermost.
+
+    A plugin never sees a call IAM refused: authorization is part of the dispatcher, not a link of this chain.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def core_range(self) -> str: ...
+    @property
+    def actions(self) -> Sequence[str]: ...
+
+    async def intercept(self, call: CallContext, input: Any, next: Next) -> Any: ...
+
+
+@attrs.frozen(kw_only=True)
+class Options:
+    """Everything a control plane is made of. Checked by ``better_compute()``, which lists every problem at once.
+
+    Args:
+        store: Where state lives (``bettercompute_store_pg.PgStore``).
+        iam: Authentication and authorization (``bettercompute_iam.EmbeddedIam`` or a remote one).
+        modules: Optional modules (metal, VPS, your own), registered after the built-in ones.
+        plugins: Call interceptors, registered last, outermost first.
+        endpoint: Where the HTTP methods are mounted.
+        notifier: Optional pokes that wake background loops sooner.
+        clock: The wall clock; by default the process clock anchored to the database's at ``initialize()``.
+        max_body_bytes: Larger request bodies are refused with 413.
+        max_in_flight: Requests handled at once by this process's HTTP handler; more wait their turn.
+        instance: This process's name in leases and worker rows (host and pid by default).
+    """
+
+    store: Store | None = None
+    iam: Iam | None = None
+    modules: Sequence[Module] = ()
+    plugins: Sequence[Plugin] = ()
+    endpoint: str = "/api/compute"
+    notifier: Notifier | None = None
+    clock: Clock | None = None
+    max_body_bytes: int = 1024 * 1024
+    max_in_flight: int = 16
+    instance: str | None = None
+    lease_ttl: dt.timedelta = dt.timedelta(seconds=15)
+
+
+_VERSION = re.compile(r"^\d+(\.\d+)*$")
+_CLAUSE = re.compile(r"^(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)$")
+
+
+def _parse(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _cmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    width = max(len(a), len(b))
+    a = a + (0,) * (width - len(a))
+    b = b + (0,) * (width - len(b))
+    return (a > b) - (a < b)
+
+
+def version_in_range(version: str, spec: str) -> bool:
+    """Whether ``version`` (``0.1.0``) satisfies ``spec`` (``">=0.1,<0.2"``).
+
+    Raises:
+        ValueError: the version or the range is malformed.
+    """
+    base = version.split("+")[0].split("-")[0]
+    if not _VERSION.match(base):
+        raise ValueError(f"malformed version {version!r}")
+    have = _parse(base)
+    clauses = [c.strip() for c in spec.split(",") if c.strip()]
+    if not clauses:
+        raise ValueError("an empty version range")
+    for clause in clauses:
+        match = _CLAUSE.match(clause)
+        if not match:
+            raise ValueError(f"malformed version range clause {clause!r}")
+        op, want = match.group(1), _parse(match.group(2))
+        c = _cmp(have, want)
+        ok = {">=": c >= 0, "<=": c <= 0, "==": c == 0, "!=": c != 0, ">": c > 0, "<": c < 0}[op]
+        if not ok:
+            return False
+    return True

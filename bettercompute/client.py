@@ -1,0 +1,165 @@
+"""The typed HTTP client: ``AsyncClient`` and ``Client``, with the same typed access as ``compute.api``.
+
+``await client.system.version()`` returns a ``VersionOutput``; an error envelope is raised as the class registered
+for its code (``AccessDeniedError``, ...), exactly as the in-process ``api`` raises it. Transport failures (refused
+connection, time-out) are ``UnavailableError``.
+"""
+
+from __future__ import annotations
+
+import json
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from . import _codec
+from ._registry import AsyncClientBinding, AsyncClientCall, ClientBinding, ClientCall, MethodDef, declared_group
+from .errors import InternalError, InvalidInputError, UnavailableError, error_class_for_code
+from .modules.system import SystemGroup
+
+__all__ = ["AsyncClient", "Client"]
+
+_DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+
+
+def _input_of(method: MethodDef[Any, Any], input: Any) -> Any:
+    if input is None:
+        try:
+            return method.input()
+        except TypeError:
+            raise InvalidInputError(
+                f"{method.group}.{method.name} needs a {method.input.__name__}", details={"path": ""}
+            ) from None
+    return input
+
+
+def _result(method: MethodDef[Any, Any], response: httpx.Response) -> Any:
+    try:
+        payload = response.json()
+    except (ValueError, UnicodeDecodeError):
+        payload = None
+    if isinstance(payload, dict) and response.status_code == 200 and "data" in payload:
+        return _codec.decode(method.output, payload["data"])
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        error = payload["error"]
+        cls = error_class_for_code(str(error.get("code", "")))
+        details = error.get("details")
+        raise cls(str(error.get("message", "")), details=details if isinstance(details, dict) else None)
+    if response.status_code >= 500:
+        raise UnavailableError(f"the server answered {response.status_code}", details={"status": response.status_code})
+    raise InternalError(f"unexpected response {response.status_code}", details={"status": response.status_code})
+
+
+def _body(method: MethodDef[Any, Any], input: Any) -> bytes:
+    input = _input_of(method, input)
+    if not isinstance(input, method.input):
+        raise InvalidInputError(f"expected a {method.input.__name__}", details={"path": ""})
+    return json.dumps(_codec.encode(input), separators=(",", ":")).encode()
+
+
+def _headers(credential: str | None) -> dict[str, str]:
+    headers = {"content-type": "application/json", "accept": "application/json"}
+    if credential:
+        headers["authorization"] = f"Bearer {credential}"
+    return headers
+
+
+def _group(binder: Any, attr: str, call_type: type[Any]) -> Any:
+    spec = declared_group(attr)
+    if spec is None:
+        raise AttributeError(f"no group {attr!r} is declared in this process; import its module first")
+    return spec(binder, call_type)
+
+
+class AsyncClient:
+    """An async client of one control plane.
+
+    Args:
+        base_url: Where it is served, e.g. ``http://127.0.0.1:3000`` (the endpoint path is added).
+        credential: A Better IAM credential (``bcak_<id>.<secret>``).
+        endpoint: The method path prefix, ``/api/compute`` unless the server mounts it elsewhere.
+        transport: An httpx transport, e.g. ``httpx.ASGITransport(compute.asgi)`` to call in-process over HTTP.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        credential: str | None = None,
+        *,
+        endpoint: str = "/api/compute",
+        timeout: httpx.Timeout | float = _DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
+        self._endpoint = endpoint
+        self._credential = credential
+        self.system = SystemGroup[AsyncClientBinding](self, AsyncClientCall)
+
+    async def call(self, method: MethodDef[Any, Any], input: Any) -> Any:
+        """Call a method by its declaration."""
+        body = _body(method, input)
+        try:
+            response = await self._http.post(
+                self._endpoint + method.path, content=body, headers=_headers(self._credential)
+            )
+        except httpx.TransportError as exc:
+            raise UnavailableError("the control plane cannot be reached", details={"method": method.path}) from exc
+        return _result(method, response)
+
+    def __getattr__(self, attr: str) -> Any:
+        return _group(self, attr, AsyncClientCall)
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class Client:
+    """The blocking twin of ``AsyncClient``, for scripts and the CLI."""
+
+    def __init__(
+        self,
+        base_url: str,
+        credential: str | None = None,
+        *,
+        endpoint: str = "/api/compute",
+        timeout: httpx.Timeout | float = _DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
+        self._endpoint = endpoint
+        self._credential = credential
+        self.system = SystemGroup[ClientBinding](self, ClientCall)
+
+    def call(self, method: MethodDef[Any, Any], input: Any) -> Any:
+        """Call a method by its declaration."""
+        body = _body(method, input)
+        try:
+            response = self._http.post(self._endpoint + method.path, content=body, headers=_headers(self._credential))
+        except httpx.TransportError as exc:
+            raise UnavailableError("the control plane cannot be reached", details={"method": method.path}) from exc
+        return _result(method, response)
+
+    def __getattr__(self, attr: str) -> Any:
+        return _group(self, attr, ClientCall)
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
