@@ -24,7 +24,8 @@ endef
 
 $(BIN)/python:
 	@# Debian's python3 has no ensurepip without python3-venv; a half-made .venv would fool the next run.
-	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	@echo "==> create $(VENV) with $(PYTHON)"
+	@$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
 		echo "could not create $(VENV) with $(PYTHON); on Debian/Ubuntu install python3-venv" >&2; exit 1; }
 
 $(STAMP): pyproject.toml | $(BIN)/python
