@@ -92,6 +92,7 @@ class EmbeddedPostgres:
         with self._lock:
             if self._url is not None and self._process is not None and self._process.poll() is None:
                 return self._url
+            self._stop()  # a server that died on its own leaves a process to reap and maybe a folder to remove
             try:
                 self._url = self._start()
             except BaseException:
