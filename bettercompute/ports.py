@@ -283,10 +283,25 @@ class Store(Protocol):
         """Which migrations this store runs: modules list theirs under this name (``"postgresql"``)."""
         ...
 
-    leases: Leases
-    queue: WorkQueue
-    outbox: Outbox
-    idempotency: IdempotencyKeys
+    @property
+    def leases(self) -> Leases:
+        """Leases with fencing tokens."""
+        ...
+
+    @property
+    def queue(self) -> WorkQueue:
+        """The work queue."""
+        ...
+
+    @property
+    def outbox(self) -> Outbox:
+        """Committed events."""
+        ...
+
+    @property
+    def idempotency(self) -> IdempotencyKeys:
+        """Idempotency keys."""
+        ...
 
     async def open(self) -> None:
         """Prepare connections. Idempotent."""

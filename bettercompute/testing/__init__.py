@@ -1,0 +1,7 @@
+"""Test kits: doubles of the ports and conformance suites that implementations run against themselves."""
+
+from ._iam_double import StaticIamDouble as StaticIamDouble
+from ._iam_double import identity as identity
+from ._store_suite import StoreConformance as StoreConformance
+
+__all__ = ["StaticIamDouble", "StoreConformance", "identity"]

@@ -1,0 +1,192 @@
+"""The embedded IAM: authentication of API credentials and the first, coarse authorization policy.
+
+Policy of this first slice (roles and bindings come later): a principal of the root tenant may do everything; any
+other authenticated principal may call only the read-only ``system`` methods.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from bettercompute import GroupSpec, Job, ModuleContext
+from bettercompute.errors import AccessDeniedError, InternalError, UnauthenticatedError
+from bettercompute.ports import Decision, Identity, Migration, ResourceRef
+
+from . import _credentials
+from ._pg import MIGRATIONS, ROOT_TENANT, IamTables
+from ._version import __version__
+
+__all__ = ["Bootstrap", "EmbeddedIam"]
+
+log = logging.getLogger("bettercompute.iam")
+
+CACHE = "iam.credentials"
+_OPEN_TO_ALL = frozenset({"compute:system:version", "compute:system:whoami", "compute:system:health"})
+_TOUCH_EVERY = dt.timedelta(minutes=1)
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class Bootstrap:
+    """What ``bootstrap`` did. ``credential`` is set only when a new one was minted; show it once."""
+
+    tenant_id: str
+    principal_id: str
+    credential_id: str | None
+    credential: str | None
+    revoked: tuple[str, ...]
+
+    def __repr__(self) -> str:
+        return (
+            f"Bootstrap(tenant_id={self.tenant_id!r}, principal_id={self.principal_id!r},"
+            f" credential_id={self.credential_id!r}, credential=<hidden>, revoked={self.revoked!r})"
+        )
+
+
+@attrs.define
+class _Cached:
+    identity: Identity
+    until: float
+
+
+class EmbeddedIam:
+    """Better IAM inside this process, on the control plane's PostgreSQL store.
+
+    Args:
+        cache_ttl: How long an authenticated credential is trusted without asking the database again. A revoke in
+            this process clears it at once; other processes notice within this time.
+        cache_size: At most this many credentials are cached.
+    """
+
+    name = "iam"
+    version = __version__
+    core_range = ">=0.1,<0.2"
+    groups: Sequence[type[GroupSpec[Any]]] = ()
+    actions: Sequence[str] = ()
+    jobs: Sequence[Job] = ()
+    migrations: Mapping[str, Sequence[Migration]] = {"postgresql": MIGRATIONS}
+
+    def __init__(self, *, cache_ttl: dt.timedelta = dt.timedelta(seconds=30), cache_size: int = 10_000) -> None:
+        self._ttl = cache_ttl.total_seconds()
+        self._size = cache_size
+        self._cache: dict[str, _Cached] = {}
+        self._tables: IamTables | None = None
+        self._context: ModuleContext | None = None
+
+    # --- module -------------------------------------------------------------------------------------------------
+
+    async def start(self, context: ModuleContext) -> None:
+        """Bind to the control plane's store and make sure the root tenant exists."""
+        self._tables = IamTables(context.store)
+        self._context = context
+        context.caches.register(CACHE, self._invalidate)
+        await self._tables.ensure_root()
+
+    async def stop(self) -> None:
+        """Forget cached credentials."""
+        self._cache.clear()
+
+    def _db(self) -> IamTables:
+        if self._tables is None:
+            raise InternalError("the IAM is used before initialize()")
+        return self._tables
+
+    # --- authentication -----------------------------------------------------------------------------------------
+
+    async def authenticate(self, credential: str) -> Identity:
+        """The identity behind an API credential (cached; see ``cache_ttl``).
+
+        Raises:
+            UnauthenticatedError: malformed (decided without a database lookup), unknown, revoked or expired.
+            UnavailableError: the database cannot be reached.
+        """
+        parsed = _credentials.parse(credential)
+        if parsed is None:
+            raise UnauthenticatedError("the credential is malformed")
+        key = hashlib.sha256(credential.encode()).hexdigest()
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and cached.until > now:
+            return cached.identity
+        row = await self._db().credential(parsed.id)
+        if row is None or not _credentials.secret_matches(parsed.secret, row.secret_hash) or not row.usable:
+            self._cache.pop(key, None)
+            raise UnauthenticatedError("the credential is unknown, revoked or expired")
+        identity = Identity(
+            principal_id=row.principal_id,
+            principal_name=row.principal_name,
+            kind=row.kind,
+            tenant_id=row.tenant_id,
+            is_root=row.tenant_id == ROOT_TENANT,
+            credential_id=row.id,
+        )
+        until = now + self._ttl
+        if row.expires_at is not None:
+            until = min(until, now + (row.expires_at - dt.datetime.now(dt.UTC)).total_seconds())
+        if len(self._cache) >= self._size:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[key] = _Cached(identity=identity, until=until)
+        last = row.last_used_at
+        if last is None or dt.datetime.now(dt.UTC) - last > _TOUCH_EVERY:
+            await self._db().touch(row.id)
+        return identity
+
+    def _invalidate(self, credential_id: str | None) -> None:
+        if credential_id is None:
+            self._cache.clear()
+            return
+        for key, entry in list(self._cache.items()):
+            if entry.identity.credential_id == credential_id:
+                del self._cache[key]
+
+    # --- authorization ------------------------------------------------------------------------------------------
+
+    async def require(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
+        """Allow or raise ``AccessDeniedError`` (see the module docstring for the policy)."""
+        if identity.is_root or action in _OPEN_TO_ALL:
+            return Decision(id=uuid.uuid4().hex, action=action, resource=resource, principal_id=identity.principal_id)
+        raise AccessDeniedError(f"{action} is not allowed", details={"action": action})
+
+    # --- administration -----------------------------------------------------------------------------------------
+
+    async def bootstrap(self, *, rotate: bool = False) -> Bootstrap:
+        """Create the root tenant and its admin, and mint the admin's credential if it has none (or ``rotate``).
+
+        Re-running it mints nothing unless ``rotate`` is set, which revokes the admin's other credentials.
+        """
+        credential_id, credential, secret_hash = _credentials.mint()
+        principal_id, minted, revoked = await self._db().bootstrap(
+            principal_id=f"pr_{secrets.token_hex(8)}",
+            principal_name="root-admin",
+            credential_id=credential_id,
+            secret_hash=secret_hash,
+            rotate=rotate,
+        )
+        for old in revoked:
+            self._invalidate(old)
+        if minted:
+            log.info("minted a root admin credential %s", credential_id)
+        return Bootstrap(
+            tenant_id=ROOT_TENANT,
+            principal_id=principal_id,
+            credential_id=credential_id if minted else None,
+            credential=credential if minted else None,
+            revoked=tuple(revoked),
+        )
+
+    async def revoke(self, credential_id: str) -> bool:
+        """Revoke a credential; this process stops accepting it at once. ``False`` if it was not active."""
+        revoked = await self._db().revoke([credential_id])
+        if self._context is not None:
+            self._context.caches.invalidate(CACHE, credential_id)
+        else:
+            self._invalidate(credential_id)
+        return bool(revoked)

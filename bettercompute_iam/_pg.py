@@ -1,0 +1,179 @@
+"""IAM's PostgreSQL adapter: its tables (migrations of module ``iam``) and the statements that read and write them.
+
+The only module of this package that may import the PostgreSQL store or SQLAlchemy (an import-linter contract).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import attrs
+from sqlalchemy import text
+
+from bettercompute.errors import InvalidConfigError
+from bettercompute.ports import Migration, Store
+from bettercompute_store_pg import PgStore
+from bettercompute_store_pg._errors import translated
+from bettercompute_store_pg._schema import quote_schema
+
+__all__ = ["MIGRATIONS", "ROOT_TENANT", "CredentialRow", "IamTables"]
+
+ROOT_TENANT = "root"
+
+MIGRATIONS = (
+    Migration(
+        version=1,
+        name="tenants, principals and credentials",
+        sql="""
+CREATE TABLE {schema}.iam_tenants (
+    id          text PRIMARY KEY,
+    name        text NOT NULL UNIQUE,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE {schema}.iam_principals (
+    id          text PRIMARY KEY,
+    tenant_id   text NOT NULL REFERENCES {schema}.iam_tenants (id),
+    kind        text NOT NULL CHECK (kind IN ('user', 'service_account')),
+    name        text NOT NULL,
+    disabled_at timestamptz,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (tenant_id, name)
+);
+CREATE TABLE {schema}.iam_credentials (
+    id           text PRIMARY KEY,
+    principal_id text NOT NULL REFERENCES {schema}.iam_principals (id),
+    secret_hash  bytea NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    expires_at   timestamptz,
+    revoked_at   timestamptz,
+    last_used_at timestamptz
+);
+CREATE INDEX iam_credentials_principal ON {schema}.iam_credentials (principal_id);
+""",
+    ),
+)
+
+
+@attrs.frozen(kw_only=True)
+class CredentialRow:
+    """What authentication needs to know about one credential."""
+
+    id: str
+    secret_hash: bytes
+    principal_id: str
+    principal_name: str
+    kind: str
+    tenant_id: str
+    usable: bool
+    expires_at: dt.datetime | None
+    last_used_at: dt.datetime | None
+
+
+class IamTables:
+    """The statements IAM runs, on the store's engine, in the store's schema."""
+
+    def __init__(self, store: Store) -> None:
+        if not isinstance(store, PgStore):
+            raise InvalidConfigError(
+                "the embedded IAM needs the PostgreSQL store",
+                details={"problems": [f"iam: store is a {type(store).__name__}, not a PgStore"]},
+            )
+        self._store = store
+        q = quote_schema(store.schema)
+        self._credential = text(
+            f"SELECT c.id, c.secret_hash, p.id, p.name, p.kind, p.tenant_id,"
+            f" (c.revoked_at IS NULL AND (c.expires_at IS NULL OR c.expires_at > now()) AND p.disabled_at IS NULL),"
+            f" c.expires_at, c.last_used_at"
+            f" FROM {q}.iam_credentials c JOIN {q}.iam_principals p ON p.id = c.principal_id WHERE c.id = :id"
+        )
+        self._touch = text(f"UPDATE {q}.iam_credentials SET last_used_at = now() WHERE id = :id")
+        self._ensure_root = text(
+            f"INSERT INTO {q}.iam_tenants (id, name) VALUES (:id, :id) ON CONFLICT (id) DO NOTHING"
+        )
+        self._ensure_principal = text(
+            f"INSERT INTO {q}.iam_principals (id, tenant_id, kind, name) VALUES (:id, :tenant, :kind, :name)"
+            f" ON CONFLICT (tenant_id, name) DO UPDATE SET disabled_at = NULL"
+            f" RETURNING id"
+        )
+        self._active = text(
+            f"SELECT id FROM {q}.iam_credentials WHERE principal_id = :principal AND revoked_at IS NULL"
+            f" AND (expires_at IS NULL OR expires_at > now()) ORDER BY created_at FOR UPDATE"
+        )
+        self._insert_credential = text(
+            f"INSERT INTO {q}.iam_credentials (id, principal_id, secret_hash, expires_at)"
+            f" VALUES (:id, :principal, :hash, :expires_at)"
+        )
+        self._revoke = text(
+            f"UPDATE {q}.iam_credentials SET revoked_at = now() WHERE id = ANY(:ids) AND revoked_at IS NULL"
+            f" RETURNING id"
+        )
+        self._lock = text("SELECT pg_advisory_xact_lock(hashtext(:key))")
+
+    async def credential(self, credential_id: str) -> CredentialRow | None:
+        """One credential with its principal, or ``None``."""
+        with translated():
+            async with self._store.engine.connect() as conn:
+                found = (await conn.execute(self._credential, {"id": credential_id})).first()
+        if found is None:
+            return None
+        row: tuple[Any, ...] = tuple(found)
+        return CredentialRow(
+            id=row[0],
+            secret_hash=bytes(row[1]),
+            principal_id=row[2],
+            principal_name=row[3],
+            kind=row[4],
+            tenant_id=row[5],
+            usable=bool(row[6]),
+            expires_at=row[7],
+            last_used_at=row[8],
+        )
+
+    async def touch(self, credential_id: str) -> None:
+        """Record that a credential was used now."""
+        with translated():
+            async with self._store.engine.begin() as conn:
+                await conn.execute(self._touch, {"id": credential_id})
+
+    async def ensure_root(self) -> None:
+        """Create the root tenant if it does not exist."""
+        with translated():
+            async with self._store.engine.begin() as conn:
+                await conn.execute(self._ensure_root, {"id": ROOT_TENANT})
+
+    async def bootstrap(
+        self, *, principal_id: str, principal_name: str, credential_id: str, secret_hash: bytes, rotate: bool
+    ) -> tuple[str, bool, list[str]]:
+        """Make sure the root admin exists and, if it has no usable credential (or ``rotate``), store the new one.
+
+        Returns the root admin's id, whether the new credential was stored, and the ids of credentials revoked.
+        Serialized across processes, so two concurrent bootstraps mint one credential.
+        """
+        with translated():
+            async with self._store.engine.begin() as conn:
+                await conn.execute(self._lock, {"key": f"{self._store.schema}:iam-bootstrap"})
+                await conn.execute(self._ensure_root, {"id": ROOT_TENANT})
+                pid = (
+                    await conn.execute(
+                        self._ensure_principal,
+                        {"id": principal_id, "tenant": ROOT_TENANT, "kind": "user", "name": principal_name},
+                    )
+                ).scalar_one()
+                active = [r[0] for r in (await conn.execute(self._active, {"principal": pid})).all()]
+                if active and not rotate:
+                    return pid, False, []
+                revoked: list[str] = []
+                if active:
+                    revoked = [r[0] for r in (await conn.execute(self._revoke, {"ids": active})).all()]
+                await conn.execute(
+                    self._insert_credential,
+                    {"id": credential_id, "principal": pid, "hash": secret_hash, "expires_at": None},
+                )
+                return pid, True, revoked
+
+    async def revoke(self, credential_ids: list[str]) -> list[str]:
+        """Revoke credentials; returns those that were active."""
+        with translated():
+            async with self._store.engine.begin() as conn:
+                return [r[0] for r in (await conn.execute(self._revoke, {"ids": credential_ids})).all()]

@@ -1,0 +1,212 @@
+"""The HTTP transport and the dispatcher behind it, through ``httpx.ASGITransport`` (no server, no database)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import httpx
+import pytest
+
+from bettercompute import BetterCompute, CallContext
+from bettercompute.modules.system import VersionInput
+from bettercompute.testing import StaticIamDouble
+
+from ._echo import EchoModule, SayInput, calls
+from .conftest import MEMBER, OTHER_TENANT, ROOT, make_compute
+
+pytestmark = pytest.mark.anyio
+
+URL = "/api/compute"
+
+
+@pytest.fixture
+def compute() -> BetterCompute:
+    return make_compute(modules=[EchoModule()])
+
+
+def _auth(credential: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {credential}", "content-type": "application/json"}
+
+
+def _error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["error"]["code"] == code
+    assert "Traceback" not in response.text
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+async def test_a_method_answers_with_the_data_envelope(http: httpx.AsyncClient) -> None:
+    response = await http.post(f"{URL}/system/version", headers=_auth(ROOT), json={})
+    assert response.status_code == 200
+    assert response.json()["data"]["version"] == "0.1.0"
+    assert {"name": "echo", "version": "1.0.0"} in response.json()["data"]["modules"]
+
+
+async def test_an_empty_body_is_an_empty_input(http: httpx.AsyncClient) -> None:
+    response = await http.post(f"{URL}/system/whoami", headers={"authorization": f"Bearer {MEMBER}"})
+    assert response.status_code == 200
+    assert response.json()["data"]["principal_id"] == "alice"
+    assert response.json()["data"]["is_root"] is False
+
+
+async def test_malformed_json_is_400(http: httpx.AsyncClient) -> None:
+    response = await http.post(f"{URL}/system/version", headers=_auth(ROOT), content=b"{nope")
+    _error(response, 400, "INVALID_INPUT")
+
+
+async def test_a_wrong_content_type_is_415(http: httpx.AsyncClient) -> None:
+    headers = {"authorization": f"Bearer {ROOT}", "content-type": "text/plain"}
+    response = await http.post(f"{URL}/system/version", headers=headers, content=b"{}")
+    _error(response, 415, "INVALID_INPUT")
+
+
+async def test_a_body_over_one_mib_is_413(http: httpx.AsyncClient) -> None:
+    big = json.dumps({"tenant": "acme", "text": "x" * (1024 * 1024)}).encode()
+    response = await http.post(f"{URL}/echo/say", headers=_auth(ROOT), content=big)
+    error = _error(response, 413, "INVALID_INPUT")
+    assert error["details"]["limit"] == 1024 * 1024
+
+
+async def test_a_streamed_body_over_the_limit_is_413_without_a_length(http: httpx.AsyncClient) -> None:
+    async def chunks() -> Any:
+        for _ in range(20):
+            yield b"x" * 65536
+
+    response = await http.post(f"{URL}/echo/say", headers=_auth(ROOT), content=chunks())
+    _error(response, 413, "INVALID_INPUT")
+
+
+@pytest.mark.parametrize("path", ["/nope/version", "/system/nope", "/system", "/"])
+async def test_an_unknown_group_or_method_is_404(http: httpx.AsyncClient, path: str) -> None:
+    response = await http.post(f"{URL}{path}", headers=_auth(ROOT), json={})
+    _error(response, 404, "NOT_FOUND")
+
+
+async def test_a_get_on_a_method_is_405(http: httpx.AsyncClient) -> None:
+    response = await http.get(f"{URL}/system/version", headers=_auth(ROOT))
+    assert response.status_code == 405
+    assert response.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"authorization": "Basic cm9vdDpyb290"},
+        {"authorization": "Bearer"},
+        {"authorization": "Bearer not-a-known-credential"},
+    ],
+)
+async def test_a_missing_or_garbled_credential_is_401(http: httpx.AsyncClient, headers: dict[str, str]) -> None:
+    response = await http.post(f"{URL}/system/version", headers={**headers, "content-type": "application/json"})
+    _error(response, 401, "UNAUTHENTICATED")
+    assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+async def test_an_unknown_field_names_its_path(http: httpx.AsyncClient) -> None:
+    response = await http.post(f"{URL}/echo/say", headers=_auth(ROOT), json={"tenant": "acme", "text": "hi", "x": 1})
+    error = _error(response, 400, "INVALID_INPUT")
+    assert error["details"]["path"] == "x"
+
+
+async def test_a_caller_outside_the_tenant_is_denied_before_iam_decides(
+    compute: BetterCompute, http: httpx.AsyncClient
+) -> None:
+    iam = compute.context.iam
+    assert isinstance(iam, StaticIamDouble)
+    calls.clear()
+    response = await http.post(f"{URL}/echo/say", headers=_auth(OTHER_TENANT), json={"tenant": "acme", "text": "hi"})
+    _error(response, 403, "ACCESS_DENIED")
+    assert iam.decisions == []
+    assert calls == []
+
+
+async def test_the_tenant_itself_and_root_get_through(http: httpx.AsyncClient) -> None:
+    for credential, caller in ((MEMBER, "alice"), (ROOT, "root-admin")):
+        response = await http.post(f"{URL}/echo/say", headers=_auth(credential), json={"tenant": "acme", "text": "a"})
+        assert response.json() == {"data": {"text": "a", "caller": caller}}
+
+
+async def test_a_principal_without_the_action_never_reaches_the_handler(http: httpx.AsyncClient) -> None:
+    calls.clear()
+    response = await http.post(f"{URL}/system/health", headers=_auth(MEMBER), json={})
+    _error(response, 403, "ACCESS_DENIED")
+
+
+async def test_an_unexpected_failure_is_500_without_its_text(
+    http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    response = await http.post(f"{URL}/echo/fail", headers=_auth(ROOT), json={})
+    error = _error(response, 500, "INTERNAL")
+    assert "SELECT" not in response.text and "bcak_" not in response.text
+    assert error["details"]["request_id"]
+    assert error["details"]["request_id"] in caplog.text
+    assert "SELECT" not in caplog.text and "s3cr3t" not in caplog.text and "Traceback" not in caplog.text
+
+
+async def test_the_database_being_unreachable_is_503_and_retryable(
+    compute: BetterCompute, http: httpx.AsyncClient
+) -> None:
+    await compute.context.store.open()
+    try:
+        response = await http.post(f"{URL}/echo/ping", headers=_auth(ROOT), json={})
+    finally:
+        await compute.context.store.close()
+    error = _error(response, 503, "UNAVAILABLE")
+    assert error["retryable"] is True
+    assert "127.0.0.1" not in response.text and "postgres" not in response.text.lower()
+
+
+async def test_readyz_is_503_while_the_database_is_unreachable(http: httpx.AsyncClient) -> None:
+    response = await http.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["database"] is False
+
+
+async def test_healthz_needs_nothing(http: httpx.AsyncClient) -> None:
+    response = await http.get("/healthz")
+    assert response.status_code == 200
+
+
+async def test_openapi_lists_every_method(compute: BetterCompute, http: httpx.AsyncClient) -> None:
+    response = await http.get(f"{URL}/openapi.json")
+    assert response.status_code == 200
+    document = response.json()
+    assert document["openapi"].startswith("3.1")
+    paths = set(document["paths"])
+    assert paths == {f"{URL}{m.path}" for m in compute.registry.methods()}
+    say = document["paths"][f"{URL}/echo/say"]["post"]
+    assert say["x-action"] == "compute:echo:say"
+    assert document["components"]["schemas"]["SayInput"]["required"] == ["tenant", "text"]
+
+
+async def test_in_process_api_is_typed_and_authorized(compute: BetterCompute) -> None:
+    output = await compute.api.system.version(ROOT, VersionInput())
+    assert output.version == "0.1.0"
+    echo = compute.api.echo
+    said = await echo.say(MEMBER, SayInput(tenant="acme", text="hi", times=2))
+    assert said.text == "hihi"
+
+
+async def test_plugins_wrap_the_handler_after_authorization() -> None:
+    seen: list[str] = []
+
+    class Recorder:
+        name = "recorder"
+        core_range = ">=0.1"
+        actions: tuple[str, ...] = ()
+
+        async def intercept(self, call: CallContext, input: Any, next: Any) -> Any:
+            seen.append(f"{call.method.group}.{call.method.name}")
+            return await next(call, input)
+
+    compute = make_compute(modules=[EchoModule()], plugins=[Recorder()])
+    await compute.api.echo.say(MEMBER, SayInput(tenant="acme", text="x"))
+    with pytest.raises(Exception, match="outside this tenant"):
+        await compute.api.echo.say(OTHER_TENANT, SayInput(tenant="acme", text="x"))
+    assert seen == ["echo.say"]
