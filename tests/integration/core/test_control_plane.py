@@ -122,10 +122,10 @@ async def test_events_reach_subscribers_only_after_commit(plane: Plane) -> None:
 
 
 async def test_roles_run_under_leases_and_stop_hands_them_back(plane: Plane) -> None:
-    seen: list[StoredEvent] = []
+    delivered = anyio.Event()
 
     async def subscriber(event: StoredEvent) -> None:
-        seen.append(event)
+        delivered.set()
 
     plane.compute.events.subscribe(subscriber)
     await plane.compute.start({"sinks"})
@@ -133,8 +133,7 @@ async def test_roles_run_under_leases_and_stop_hands_them_back(plane: Plane) -> 
         async with plane.store.transaction() as tx:
             await tx.publish([OutboxEvent(type="x", key="k", payload={})])
         with anyio.fail_after(10):
-            while not seen:
-                await anyio.sleep(0.05)
+            await delivered.wait()
         lease = await plane.store.leases.get("sinks/events")
         assert lease is not None and lease.holder == "test-1"
     finally:
