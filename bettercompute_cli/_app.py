@@ -1,0 +1,347 @@
+"""The ``better-compute`` command.
+
+Output rules: results go to stdout, logs and errors to stderr. An error is one line, ``error: CODE: message``
+(exit 1), or ``error: <problem>`` for a configuration or usage problem (exit 2); never a traceback, never SQL, never
+the database URL (it may hold a password).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+import click
+import typer
+
+import bettercompute
+import bettercompute_iam
+import bettercompute_store_pg
+from bettercompute.errors import ComputeError
+from bettercompute_iam import Bootstrap
+from bettercompute_store_pg import EmbeddedPostgres
+
+from ._config import DATABASE_URL_ENV, WORKER_ROLES, Config, ConfigError, load_config
+from ._runtime import Plan, build, display_host, plan_roles, require_database_url, run
+from ._version import __version__
+
+__all__ = ["DEV_DATA", "app", "main"]
+
+log = logging.getLogger("bettercompute.cli")
+
+DEV_DATA = Path(".bettercompute") / "pg"
+"""Where ``dev`` keeps its embedded PostgreSQL's data, below the current folder."""
+
+_ROLES_HELP = f"Comma-separated: api, {', '.join(WORKER_ROLES)}, or all (the API and every worker role)."
+
+app = typer.Typer(
+    name="better-compute",
+    help="Better Compute: a control plane for GPU fleets.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+iam_app = typer.Typer(help="Administer the embedded Better IAM.", no_args_is_help=True)
+app.add_typer(iam_app, name="iam")
+
+
+class Output(enum.StrEnum):
+    """How ``iam bootstrap`` prints its result."""
+
+    text = "text"
+    token = "token"  # noqa: S105 - the name of an output format, not a secret
+
+
+# --- plumbing -------------------------------------------------------------------------------------------------------
+
+
+def _err(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The error worth reporting inside task-group exception groups: ours first, else the first one."""
+    while isinstance(exc, BaseExceptionGroup):
+        leaves = list(exc.exceptions)
+        exc = next((e for e in leaves if isinstance(e, ComputeError | ConfigError)), leaves[0])
+    return exc
+
+
+def _report(exc: BaseException) -> int:
+    """Print ``exc`` as one line; return the exit code."""
+    if isinstance(exc, ConfigError):
+        for problem in exc.problems:
+            _err(f"error: {problem}")
+        return 2
+    if isinstance(exc, ComputeError):
+        _err(f"error: {exc.code}: {exc.message}")
+        return 1
+    if isinstance(exc, KeyboardInterrupt):
+        _err("interrupted")
+        return 130
+    # A bug. Its text and traceback may hold SQL or a connection string, so only its type is shown.
+    _err(f"error: INTERNAL: an unexpected {type(exc).__name__}; please report it")
+    return 1
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    """Turn every error into one line on stderr and an exit code."""
+    try:
+        yield
+    except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+        raise
+    except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
+        raise typer.Exit(_report(_unwrap(exc))) from None
+
+
+def _config(ctx: typer.Context, **flags: Any) -> Config:
+    path: Path | None = ctx.obj.get("config") if isinstance(ctx.obj, dict) else None
+    return load_config(path, overrides=flags)
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="A TOML configuration file (default: $BETTERCOMPUTE_CONFIG).",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Better Compute: a control plane for GPU fleets.
+
+    Configuration comes from the --config file, then BETTERCOMPUTE_* environment variables, then flags.
+    """
+    ctx.obj = {"config": config}
+
+
+# --- migrate --------------------------------------------------------------------------------------------------------
+
+
+async def _migrate(config: Config, url: str) -> dict[str, list[int]]:
+    compute, _iam = build(config, url)
+    try:
+        return await compute.migrate()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await compute.close()
+
+
+@app.command()
+def migrate(ctx: typer.Context) -> None:
+    """Apply every pending migration (the store's and every module's), and print what was applied."""
+    with _errors():
+        config = _config(ctx)
+        applied = anyio.run(_migrate, config, require_database_url(config))
+    done = {module: versions for module, versions in applied.items() if versions}
+    for module, versions in done.items():
+        typer.echo(f"{module}: applied {', '.join(str(v) for v in versions)}")
+    if done:
+        typer.echo(f"Schema {config.schema} is up to date.")
+    else:
+        typer.echo(f"Nothing to apply: schema {config.schema} is up to date.")
+
+
+# --- serve ----------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    roles: Annotated[str | None, typer.Option("--roles", help=_ROLES_HELP, show_default="all")] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Where the API listens.", show_default="127.0.0.1")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Where the API listens.", show_default="3000")] = None,
+    no_migrate: Annotated[
+        bool, typer.Option("--no-migrate", help="Do not apply migrations (run `better-compute migrate` first).")
+    ] = False,
+    access_log: Annotated[bool, typer.Option("--access-log", help="Log every HTTP request.")] = False,
+) -> None:
+    """Run the control plane in one process mode until SIGINT or SIGTERM."""
+    with _errors():
+        config = _config(ctx, roles=roles, host=host, port=port)
+        plan = plan_roles(config.roles)
+        compute, _iam = build(config, require_database_url(config))
+        _setup_logging()
+        anyio.run(
+            lambda: run(
+                compute, plan, host=config.host, port=config.port, migrate=not no_migrate, access_log=access_log
+            )
+        )
+
+
+# --- dev ------------------------------------------------------------------------------------------------------------
+
+
+def _curl(host: str, port: int) -> str:
+    return (
+        f"""curl -X POST -H "Authorization: Bearer $TOKEN" -H 'content-type: application/json' """
+        f"""http://{display_host(host)}:{port}/api/compute/system/version -d '{{}}'"""
+    )
+
+
+def _dev_banner(config: Config, result: Bootstrap, embedded_url: str | None) -> str:
+    lines = [
+        "",
+        f"Better Compute is running on http://{display_host(config.host)}:{config.port} "
+        "(the API and every worker role).",
+        "",
+    ]
+    if result.credential is not None:
+        lines += [
+            "A root admin credential was minted. It is shown once; keep it now:",
+            "",
+            f"    export TOKEN={result.credential}",
+        ]
+    else:
+        lines += ["A root admin credential already exists (it was shown when it was minted)."]
+        if embedded_url is None:
+            lines += ["To mint a new one and revoke the old: better-compute iam bootstrap --rotate"]
+        else:
+            lines += [
+                "To mint a new one and revoke the old: better-compute dev --rotate",
+                f"(or, while this runs: {DATABASE_URL_ENV}={embedded_url} better-compute iam bootstrap --rotate)",
+            ]
+    lines += ["", "Try it:", "", f"    {_curl(config.host, config.port)}", "", "Stop with Ctrl-C.", ""]
+    return "\n".join(lines)
+
+
+async def _dev(config: Config, url: str, embedded: bool, rotate: bool, access_log: bool) -> None:
+    compute, iam = build(config, url)
+    try:
+        await compute.initialize()
+        result = await iam.bootstrap(rotate=rotate)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await compute.close()
+        raise
+    banner = _dev_banner(config, result, url if embedded else None)
+    plan = Plan(api=True, workers=frozenset(WORKER_ROLES))
+    await run(
+        compute,
+        plan,
+        host=config.host,
+        port=config.port,
+        migrate=True,
+        access_log=access_log,
+        on_ready=lambda: typer.echo(banner),
+    )
+
+
+@app.command()
+def dev(
+    ctx: typer.Context,
+    host: Annotated[str | None, typer.Option("--host", help="Where the API listens.", show_default="127.0.0.1")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Where the API listens.", show_default="3000")] = None,
+    ephemeral: Annotated[
+        bool,
+        typer.Option("--ephemeral", help=f"Keep the embedded PostgreSQL's data in a temporary folder, not {DEV_DATA}."),
+    ] = False,
+    rotate: Annotated[
+        bool, typer.Option("--rotate", help="Mint a new root admin credential, revoking the old one.")
+    ] = False,
+    access_log: Annotated[bool, typer.Option("--access-log", help="Log every HTTP request.")] = False,
+) -> None:
+    """Run the whole control plane on this machine, for development.
+
+    Uses BETTERCOMPUTE_DATABASE_URL when set, else an embedded PostgreSQL whose data stays in ./.bettercompute/pg.
+    Migrates, makes sure a root admin credential exists (printing it when it is new), and serves every role.
+    """
+    with _errors():
+        config = _config(ctx, host=host, port=port)
+        _setup_logging()
+        server: EmbeddedPostgres | None = None
+        try:
+            url = config.database_url
+            if url is None:
+                directory = None if ephemeral else DEV_DATA
+                where = "a temporary folder" if ephemeral else f"./{DEV_DATA}"
+                log.info("starting an embedded PostgreSQL (data in %s)", where)
+                server = EmbeddedPostgres(directory)
+                url = server.start()
+            anyio.run(_dev, config, url, server is not None, rotate, access_log)
+        finally:
+            if server is not None:
+                log.info("stopping the embedded PostgreSQL")
+                server.stop()
+
+
+# --- iam ------------------------------------------------------------------------------------------------------------
+
+
+async def _bootstrap(config: Config, url: str, rotate: bool) -> Bootstrap:
+    compute, iam = build(config, url)
+    try:
+        await compute.initialize()
+        return await iam.bootstrap(rotate=rotate)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await compute.close()
+
+
+@iam_app.command("bootstrap")
+def iam_bootstrap(
+    ctx: typer.Context,
+    rotate: Annotated[
+        bool, typer.Option("--rotate", help="Mint a new credential even if one exists, revoking the old ones.")
+    ] = False,
+    output: Annotated[
+        Output, typer.Option("--output", help="text, or token: only the credential (for TOKEN=$(...)).")
+    ] = Output.text,
+) -> None:
+    """Create the root tenant and its admin, and print the admin's credential once.
+
+    Without --rotate, a second run mints nothing. With --output token and nothing minted, stdout stays empty and the
+    exit code is 1, so a script notices.
+    """
+    with _errors():
+        config = _config(ctx)
+        result = anyio.run(_bootstrap, config, require_database_url(config), rotate)
+    nothing = "a root admin credential already exists; nothing was minted (use --rotate to replace it)"
+    if output is Output.token:
+        if result.credential is None:
+            _err(nothing)
+            raise typer.Exit(1)
+        typer.echo(result.credential)
+        return
+    if result.credential is None:
+        typer.echo(f"The root admin ({result.principal_id}) already has a credential; nothing was minted.")
+        typer.echo("To mint a new one and revoke the old: better-compute iam bootstrap --rotate")
+        return
+    if result.revoked:
+        typer.echo(f"Revoked the previous credential(s): {', '.join(result.revoked)}.")
+    typer.echo(
+        f"Root admin {result.principal_id} of tenant {result.tenant_id}: a new credential ({result.credential_id})."
+    )
+    typer.echo("It is shown once; keep it now:")
+    typer.echo("")
+    typer.echo(f"    {result.credential}")
+
+
+# --- version --------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def version() -> None:
+    """Print the versions of the command and of the packages it composes."""
+    typer.echo(f"better-compute {__version__}")
+    typer.echo(f"bettercompute {bettercompute.__version__}")
+    typer.echo(f"bettercompute_store_pg {bettercompute_store_pg.__version__}")
+    typer.echo(f"bettercompute_iam {bettercompute_iam.__version__}")
+
+
+def main() -> None:
+    """The ``better-compute`` entry point."""
+    app(prog_name="better-compute")

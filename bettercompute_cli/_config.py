@@ -1,0 +1,209 @@
+"""The command's configuration: a TOML file, overridden by environment variables, overridden by flags.
+
+``load_config`` is a pure function of the file's text, the environment mapping and the flags given, so every rule
+here is unit-testable. Every problem is collected and reported at once, each naming its key and where it came from;
+a value is never echoed when it may hold a secret (the database URL).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "API_ROLE",
+    "CONFIG_ENV",
+    "DATABASE_URL_ENV",
+    "ENV_PREFIX",
+    "GATEWAY_ROLE",
+    "KEYS",
+    "WORKER_ROLES",
+    "Config",
+    "ConfigError",
+    "load_config",
+    "parse_roles",
+]
+
+ENV_PREFIX = "BETTERCOMPUTE_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+DATABASE_URL_ENV = ENV_PREFIX + "DATABASE_URL"
+API_ROLE = "api"
+GATEWAY_ROLE = "gateway"
+WORKER_ROLES = ("controllers", "scheduler", "sinks", "iam")
+# ``gateway`` is a known name so that asking for it gets "arrives in a later release" rather than "unknown".
+_ROLE_NAMES = ("all", API_ROLE, *WORKER_ROLES, GATEWAY_ROLE)
+
+KEYS = ("database_url", "schema", "host", "port", "roles", "pgbouncer", "instance")
+"""The keys of the file; each is also ``BETTERCOMPUTE_<KEY>`` in the environment."""
+
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://")
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class ConfigError(ValueError):
+    """The configuration is wrong; ``problems`` lists each problem, naming its key and its source."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """What the command runs with. Defaults suit a developer's machine.
+
+    Attributes:
+        database_url: The PostgreSQL URL; ``None`` when not configured (only ``dev`` can do without one).
+        schema: The PostgreSQL schema holding every table.
+        host: Where ``serve`` and ``dev`` listen.
+        port: Where ``serve`` and ``dev`` listen.
+        roles: What ``serve`` runs (``all``, ``api``, worker roles).
+        pgbouncer: Connect through PgBouncer in transaction mode (no server-side prepared statements).
+        instance: This process's name in leases and worker rows (host and pid by default).
+    """
+
+    database_url: str | None = attrs.field(default=None, repr=False)
+    schema: str = "bettercompute"
+    host: str = "127.0.0.1"
+    port: int = 3000
+    roles: tuple[str, ...] = ("all",)
+    pgbouncer: bool = False
+    instance: str | None = None
+
+
+def parse_roles(value: str | list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
+    """Role names from ``"api,sinks"`` or a list; unknown names raise ``ValueError`` naming them."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    roles: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError(f"expected role names, got {type(item).__name__}")
+        name = item.strip().lower()
+        if name and name not in roles:
+            roles.append(name)
+    if not roles:
+        raise ValueError("no role given")
+    unknown = [r for r in roles if r not in _ROLE_NAMES]
+    if unknown:
+        raise ValueError(f"unknown role(s) {', '.join(unknown)}; choose from {', '.join(_ROLE_NAMES[:-1])}")
+    return tuple(roles)
+
+
+def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple[Any, str | None]:
+    """The value converted for ``key``, or a problem naming ``where`` it came from.
+
+    Environment values are strings and are parsed (``"3000"``, ``"true"``); file and flag values must already
+    have the right type.
+    """
+    if key == "database_url":
+        if not isinstance(value, str):
+            return None, f"{where} must be a string"
+        url = value.strip()
+        if not url.startswith(_URL_SCHEMES):
+            # The URL may hold a password: say what is wrong without repeating it.
+            return None, f"{where} must be a URL starting with postgresql://"
+        return url, None
+    if key in ("host", "instance", "schema"):
+        if not isinstance(value, str) or not value.strip():
+            return None, f"{where} must be a non-empty string"
+        text = value.strip()
+        if key == "schema" and (not _SCHEMA.fullmatch(text) or text.startswith("pg_")):
+            return None, (
+                f"{where} {text!r} must be a lower-case identifier (a-z, 0-9, _) of at most 63 characters,"
+                " not starting with pg_"
+            )
+        return text, None
+    if key == "port":
+        port: Any = value
+        if from_env:
+            port = int(value) if value.strip().isdigit() else None
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            return None, f"{where} must be a port number from 1 to 65535, not {value!r}"
+        return port, None
+    if key == "pgbouncer":
+        if from_env:
+            lowered = value.strip().lower()
+            if lowered in _TRUE | _FALSE:
+                return lowered in _TRUE, None
+            return None, f"{where} must be true or false, not {value!r}"
+        if not isinstance(value, bool):
+            return None, f"{where} must be true or false, not {value!r}"
+        return value, None
+    if key == "roles":
+        if not isinstance(value, str | list | tuple):
+            return None, f"{where} must be a list of role names or a comma-separated string"
+        try:
+            return parse_roles(value), None
+        except ValueError as exc:
+            return None, f"{where}: {exc}"
+    raise AssertionError(f"unhandled key {key}")  # every key of KEYS is handled above
+
+
+def _merge(values: dict[str, Any], problems: list[str], key: str, value: Any, problem: str | None) -> None:
+    if problem is None:
+        values[key] = value
+    else:
+        problems.append(problem)
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], list[str]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        return {}, [f"{path}: cannot be read ({exc.strerror or type(exc).__name__})"]
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        return {}, [f"{path}: not valid TOML ({exc})"]
+    return data, []
+
+
+def load_config(
+    path: Path | str | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Read the configuration: defaults < the TOML file < ``BETTERCOMPUTE_*`` variables < ``overrides``.
+
+    Args:
+        path: The TOML file; ``None`` means ``$BETTERCOMPUTE_CONFIG`` if set, else no file.
+        environ: The environment (``os.environ`` when ``None``); empty variables count as unset.
+        overrides: Values from command-line flags, by key; ``None`` values are ignored.
+
+    Raises:
+        ConfigError: listing every problem: an unknown key, a wrong type, a bad port, role or schema name.
+    """
+    env = os.environ if environ is None else environ
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    if path is None and env.get(CONFIG_ENV, "").strip():
+        path = env[CONFIG_ENV].strip()
+    if path is not None:
+        file = Path(path)
+        data, problems = _read_file(file)
+        for key in sorted(set(data) - set(KEYS)):
+            problems.append(f"{file}: unknown key {key!r}; the keys are {', '.join(KEYS)}")
+        for key in KEYS:
+            if key in data:
+                _merge(values, problems, key, *_check(key, data[key], f"{file}: {key}"))
+    for key in KEYS:
+        name = ENV_PREFIX + key.upper()
+        raw = env.get(name, "")
+        if raw.strip():
+            _merge(values, problems, key, *_check(key, raw, name, from_env=True))
+    for key, raw_value in (overrides or {}).items():
+        if key not in KEYS:
+            raise TypeError(f"load_config() got an unknown override {key!r}")
+        if raw_value is not None:
+            _merge(values, problems, key, *_check(key, raw_value, f"--{key.replace('_', '-')}"))
+    if problems:
+        raise ConfigError(problems)
+    return attrs.evolve(Config(), **values)

@@ -1,0 +1,287 @@
+"""Composing a control plane from the configuration, and running it in a process mode.
+
+Worker roles are started and stopped in one task of their own: the core's job runner enters its task group in
+``start()`` and leaves it in ``stop()``, which must therefore happen in the same task. That is also why the HTTP app
+served here answers the ASGI lifespan itself instead of letting ``compute.asgi`` close the control plane from
+uvicorn's lifespan task: the process closes it, after its worker roles have stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Callable, Iterator, MutableMapping
+from types import FrameType
+from typing import Any
+
+import anyio
+import attrs
+import uvicorn
+
+from bettercompute import BetterCompute, Options, better_compute
+from bettercompute.errors import ComputeError, UnavailableError
+from bettercompute_iam import EmbeddedIam
+from bettercompute_store_pg import PgStore
+
+from ._config import API_ROLE, DATABASE_URL_ENV, GATEWAY_ROLE, WORKER_ROLES, Config, ConfigError
+
+__all__ = ["Plan", "build", "plan_roles", "run", "serve_workers"]
+
+log = logging.getLogger("bettercompute.cli")
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_GRACEFUL_SHUTDOWN_SECONDS = 5
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    """What one process runs: the HTTP API or not, and which worker roles."""
+
+    api: bool
+    workers: frozenset[str]
+
+    def describe(self) -> str:
+        """``api + controllers, iam`` and the like, for logs."""
+        parts = ([API_ROLE] if self.api else []) + sorted(self.workers)
+        return ", ".join(parts)
+
+
+def plan_roles(roles: tuple[str, ...]) -> Plan:
+    """The plan for ``serve --roles``; ``all`` is the API and every worker role.
+
+    Raises:
+        ConfigError: The gateway role was asked for (a later release brings it).
+    """
+    if GATEWAY_ROLE in roles:
+        raise ConfigError(
+            [
+                "roles: the gateway role arrives in a later release; this one serves "
+                f"{API_ROLE}, {', '.join(WORKER_ROLES)} or all"
+            ]
+        )
+    if "all" in roles:
+        return Plan(api=True, workers=frozenset(WORKER_ROLES))
+    return Plan(api=API_ROLE in roles, workers=frozenset(r for r in roles if r in WORKER_ROLES))
+
+
+def require_database_url(config: Config) -> str:
+    """The configured database URL.
+
+    Raises:
+        ConfigError: None is configured.
+    """
+    if config.database_url is None:
+        raise ConfigError(
+            [
+                f"no database is configured: set {DATABASE_URL_ENV} to a PostgreSQL URL (or database_url in the "
+                "config file); `better-compute dev` starts an embedded PostgreSQL instead"
+            ]
+        )
+    return config.database_url
+
+
+def build(config: Config, url: str) -> tuple[BetterCompute, EmbeddedIam]:
+    """The control plane this command runs: the PostgreSQL store and the embedded IAM.
+
+    Raises:
+        InvalidConfigError: The URL or the schema is malformed.
+    """
+    store = PgStore(url, schema=config.schema, prepared_statements=not config.pgbouncer)
+    iam = EmbeddedIam()
+    return better_compute(Options(store=store, iam=iam, instance=config.instance)), iam
+
+
+def display_host(host: str) -> str:
+    """A host to put in a URL a person pastes: a wildcard address becomes the loopback one."""
+    if host in ("0.0.0.0", "", "*"):  # noqa: S104 - comparing, not binding
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the listening socket ourselves, so a taken port is a clear error before anything else starts."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family = infos[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(infos[0][4])
+        except OSError:
+            sock.close()
+            raise
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UnavailableError(f"cannot listen on {host}:{port}: {reason}") from exc
+    return sock
+
+
+Scope = MutableMapping[str, Any]
+
+
+class _HostedApp:
+    """``compute.asgi`` with the lifespan answered here (see the module docstring for why)."""
+
+    def __init__(self, compute: BetterCompute, *, migrate: bool) -> None:
+        self._compute = compute
+        self._migrate = migrate
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await self._compute.asgi(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    # Already done by the process before listening; idempotent, so this only confirms it.
+                    await self._compute.initialize(migrate=self._migrate)
+                except ComputeError as exc:
+                    await send({"type": "lifespan.startup.failed", "message": f"{exc.code}: {exc.message}"})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def _host_workers(
+    compute: BetterCompute,
+    roles: frozenset[str],
+    stop: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the worker roles in this task until ``stop`` is set (start and stop must share a task)."""
+    await compute.start(roles)
+    task_status.started()
+    await stop.wait()
+    await compute.stop()
+
+
+def _ignore_signal(signum: int, frame: FrameType | None) -> None:
+    log.debug("ignoring signal %d while shutting down", signum)
+
+
+@contextlib.contextmanager
+def _no_signal_reraise() -> Iterator[None]:
+    """Make SIGINT and SIGTERM harmless around uvicorn's server.
+
+    uvicorn handles both signals while it serves, and after a graceful shutdown raises the signal again for the
+    handler it found. With Python's defaults that is a KeyboardInterrupt (a traceback) or an immediate kill (exit
+    -15, the workers never stopped); with these handlers it is nothing, and the process then exits 0.
+    """
+    previous = {sig: signal.signal(sig, _ignore_signal) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling when it listens."""
+
+    def __init__(self, config: uvicorn.Config, settled: anyio.Event) -> None:
+        super().__init__(config)
+        self._settled = settled
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self._settled.set()
+
+
+async def serve_http(
+    compute: BetterCompute,
+    plan: Plan,
+    *,
+    host: str,
+    port: int,
+    migrate: bool,
+    access_log: bool,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Serve the HTTP API (and the plan's worker roles) until SIGINT or SIGTERM. ``initialize()`` must have run."""
+    sock = _listen(host, port)
+    config = uvicorn.Config(
+        app=_HostedApp(compute, migrate=migrate),
+        lifespan="on",
+        log_config=None,  # the root logger configured by the command formats uvicorn's records too
+        access_log=access_log,
+        timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS,
+    )
+    settled = anyio.Event()  # startup finished, or the server gave up
+    server = _Server(config, settled)
+    stop_workers = anyio.Event()
+
+    async def run_server() -> None:
+        try:
+            await server.serve(sockets=[sock])
+        except SystemExit:
+            # uvicorn exits the interpreter when the app's startup fails; here that is an error to report.
+            raise UnavailableError("the HTTP server did not start") from None
+        finally:
+            settled.set()
+            stop_workers.set()
+
+    try:
+        with _no_signal_reraise():
+            async with anyio.create_task_group() as tg:
+                if plan.workers:
+                    await tg.start(_host_workers, compute, plan.workers, stop_workers)
+                tg.start_soon(run_server)
+                await settled.wait()
+                if server.started:
+                    log.info("serving %s on http://%s:%d", plan.describe(), display_host(host), port)
+                    if on_ready is not None:
+                        on_ready()
+    finally:
+        sock.close()
+    log.info("stopped")
+
+
+async def serve_workers(compute: BetterCompute, plan: Plan, *, on_ready: Callable[[], None] | None = None) -> None:
+    """Run worker roles only, until SIGINT or SIGTERM; then stop them, handing their leases back."""
+    stop = anyio.Event()
+    # The receiver stays open until the workers have stopped, so a second Ctrl-C does not interrupt the stop.
+    with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
+        async with anyio.create_task_group() as tg:
+            await tg.start(_host_workers, compute, plan.workers, stop)
+            log.info("running %s; stop with Ctrl-C or SIGTERM", plan.describe())
+            if on_ready is not None:
+                on_ready()
+            async for signum in signals:
+                log.info("received %s; stopping", signal.Signals(signum).name)
+                break
+            stop.set()
+    log.info("stopped")
+
+
+async def run(
+    compute: BetterCompute,
+    plan: Plan,
+    *,
+    host: str,
+    port: int,
+    migrate: bool,
+    access_log: bool,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Initialize the control plane, run the plan until a stop signal, then close it."""
+    try:
+        await compute.initialize(migrate=migrate)
+        if plan.api:
+            await serve_http(
+                compute, plan, host=host, port=port, migrate=migrate, access_log=access_log, on_ready=on_ready
+            )
+        else:
+            await serve_workers(compute, plan, on_ready=on_ready)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await compute.close()

@@ -1,0 +1,98 @@
+"""The command's error paths that need no database: one line on stderr, exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+import bettercompute
+from bettercompute_cli import __version__, app
+
+
+def _invoke(*args: str, **env: str) -> Result:
+    # Start from no BETTERCOMPUTE_* variable at all, whatever the developer's shell has.
+    environ: dict[str, str | None] = {k: None for k in os.environ if k.startswith("BETTERCOMPUTE_")}
+    environ.update(env)
+    return CliRunner().invoke(app, list(args), env=environ)
+
+
+def _assert_clean_failure(result: Result, code: int) -> None:
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: ")
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["serve"], ["iam", "bootstrap"], ["iam", "bootstrap", "--rotate"]])
+def test_a_missing_database_url_names_the_variable(command: list[str]) -> None:
+    result = _invoke(*command)
+    _assert_clean_failure(result, 2)
+    assert "BETTERCOMPUTE_DATABASE_URL" in result.stderr
+
+
+def test_a_bad_config_file_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('prot = 3000\nport = "3000"\n')
+    result = _invoke("--config", str(path), "migrate")
+    _assert_clean_failure(result, 2)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2
+    assert "unknown key 'prot'" in lines[0] or "unknown key 'prot'" in lines[1]
+    assert any(f"{path}: port must be a port number" in line for line in lines)
+
+
+def test_the_config_file_is_also_found_through_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("port = 0\n")
+    result = _invoke("migrate", BETTERCOMPUTE_CONFIG=str(path))
+    _assert_clean_failure(result, 2)
+    assert f"{path}: port must be a port number" in result.stderr
+
+
+def test_a_bad_port_flag_is_a_usage_error() -> None:
+    result = _invoke("serve", "--port", "70000", BETTERCOMPUTE_DATABASE_URL="postgresql://u@127.0.0.1:1/x")
+    _assert_clean_failure(result, 2)
+    assert "--port must be a port number from 1 to 65535" in result.stderr
+
+
+def test_the_gateway_role_arrives_later() -> None:
+    result = _invoke("serve", "--roles", "api,gateway", BETTERCOMPUTE_DATABASE_URL="postgresql://u@127.0.0.1:1/x")
+    _assert_clean_failure(result, 2)
+    assert "the gateway role arrives in a later release" in result.stderr
+
+
+def test_an_unknown_role_is_named() -> None:
+    result = _invoke("serve", "--roles", "api,web", BETTERCOMPUTE_DATABASE_URL="postgresql://u@127.0.0.1:1/x")
+    _assert_clean_failure(result, 2)
+    assert "unknown role(s) web" in result.stderr
+
+
+def test_a_malformed_database_url_hides_its_password() -> None:
+    result = _invoke("migrate", BETTERCOMPUTE_DATABASE_URL="mysql://root:hunter2@db/x")
+    _assert_clean_failure(result, 2)
+    assert "hunter2" not in result.stderr
+
+
+def test_a_bad_schema_is_a_usage_error() -> None:
+    result = _invoke("migrate", BETTERCOMPUTE_DATABASE_URL="postgresql://u@db/x", BETTERCOMPUTE_SCHEMA="Nope")
+    _assert_clean_failure(result, 2)
+    assert "BETTERCOMPUTE_SCHEMA 'Nope' must be a lower-case identifier" in result.stderr
+
+
+def test_version() -> None:
+    result = _invoke("version")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[:2] == [
+        f"better-compute {__version__}",
+        f"bettercompute {bettercompute.__version__}",
+    ]
+
+
+def test_help_lists_the_commands() -> None:
+    result = _invoke("--help")
+    assert result.exit_code == 0
+    for command in ("migrate", "serve", "dev", "iam", "version"):
+        assert command in result.stdout

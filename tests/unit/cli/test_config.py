@@ -1,0 +1,200 @@
+"""``load_config``: defaults < file < environment < flags, and a clear message for each kind of bad value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bettercompute_cli import Config, load_config
+from bettercompute_cli._config import KEYS, ConfigError, parse_roles
+from bettercompute_cli._runtime import Plan, plan_roles
+
+URL_FILE = "postgresql://postgres@db-from-file:5432/x"
+URL_ENV = "postgresql://postgres@db-from-env:5432/x"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bettercompute.toml"
+    path.write_text(text)
+    return path
+
+
+def _problems(path: Path | None = None, environ: dict[str, str] | None = None, **flags: object) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ or {}, flags)
+    return info.value.problems
+
+
+def test_defaults_without_file_or_environment() -> None:
+    assert load_config(None, {}) == Config(
+        database_url=None,
+        schema="bettercompute",
+        host="127.0.0.1",
+        port=3000,
+        roles=("all",),
+        pgbouncer=False,
+        instance=None,
+    )
+
+
+def test_file_then_environment_then_flags(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        f"""
+database_url = "{URL_FILE}"
+schema = "from_file"
+host = "10.0.0.1"
+port = 4000
+roles = ["api", "sinks"]
+pgbouncer = true
+instance = "file-1"
+""",
+    )
+    from_file = load_config(path, {})
+    assert from_file == Config(
+        database_url=URL_FILE,
+        schema="from_file",
+        host="10.0.0.1",
+        port=4000,
+        roles=("api", "sinks"),
+        pgbouncer=True,
+        instance="file-1",
+    )
+
+    environ = {
+        "BETTERCOMPUTE_DATABASE_URL": URL_ENV,
+        "BETTERCOMPUTE_SCHEMA": "from_env",
+        "BETTERCOMPUTE_PORT": "5000",
+        "BETTERCOMPUTE_ROLES": "controllers,iam",
+        "BETTERCOMPUTE_PGBOUNCER": "off",
+    }
+    from_env = load_config(path, environ)
+    assert from_env.database_url == URL_ENV
+    assert (from_env.schema, from_env.port, from_env.roles, from_env.pgbouncer) == (
+        "from_env",
+        5000,
+        ("controllers", "iam"),
+        False,
+    )
+    # Keys the environment does not set still come from the file.
+    assert (from_env.host, from_env.instance) == ("10.0.0.1", "file-1")
+
+    from_flags = load_config(path, environ, {"port": 6000, "roles": "api", "host": "10.0.0.9", "schema": None})
+    assert (from_flags.port, from_flags.roles, from_flags.host) == (6000, ("api",), "10.0.0.9")
+    assert from_flags.schema == "from_env"  # a flag left at None does not override
+
+
+def test_the_config_file_can_come_from_the_environment(tmp_path: Path) -> None:
+    path = _write(tmp_path, "port = 4100\n")
+    assert load_config(None, {"BETTERCOMPUTE_CONFIG": str(path)}).port == 4100
+    # An explicit path wins over the variable.
+    other = tmp_path / "other.toml"
+    other.write_text("port = 4200\n")
+    assert load_config(other, {"BETTERCOMPUTE_CONFIG": str(path)}).port == 4200
+
+
+def test_empty_environment_variables_count_as_unset(tmp_path: Path) -> None:
+    path = _write(tmp_path, "port = 4300\n")
+    config = load_config(path, {"BETTERCOMPUTE_PORT": "", "BETTERCOMPUTE_DATABASE_URL": "  "})
+    assert config.port == 4300
+    assert config.database_url is None
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("true", True), ("1", True), ("YES", True), ("on", True), ("false", False), ("0", False), ("no", False)],
+)
+def test_pgbouncer_from_the_environment(value: str, expected: bool) -> None:
+    assert load_config(None, {"BETTERCOMPUTE_PGBOUNCER": value}).pgbouncer is expected
+
+
+def test_unknown_key_names_the_key_and_the_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, "prot = 3000\n")
+    [problem] = _problems(path)
+    assert str(path) in problem
+    assert "unknown key 'prot'" in problem
+    assert all(key in problem for key in KEYS)
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        ('port = "3000"', "port must be a port number"),
+        ("port = 0", "port must be a port number"),
+        ("port = 65536", "port must be a port number"),
+        ("port = true", "port must be a port number"),
+        ('pgbouncer = "yes"', "pgbouncer must be true or false"),
+        ("host = 1", "host must be a non-empty string"),
+        ('roles = ["api", "gpu"]', "roles: unknown role(s) gpu"),
+        ("roles = 3", "roles must be a list of role names"),
+        ('schema = "Bad-Name"', "schema 'Bad-Name' must be a lower-case identifier"),
+        ('schema = "pg_catalog"', "schema 'pg_catalog' must be a lower-case identifier"),
+    ],
+)
+def test_wrong_values_in_the_file_name_the_key(tmp_path: Path, toml: str, needle: str) -> None:
+    path = _write(tmp_path, toml + "\n")
+    [problem] = _problems(path)
+    assert problem.startswith(f"{path}: ")
+    assert needle in problem
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "needle"),
+    [
+        ("BETTERCOMPUTE_PORT", "abc", "BETTERCOMPUTE_PORT must be a port number from 1 to 65535, not 'abc'"),
+        ("BETTERCOMPUTE_PORT", "-1", "BETTERCOMPUTE_PORT must be a port number"),
+        ("BETTERCOMPUTE_PORT", "99999", "BETTERCOMPUTE_PORT must be a port number"),
+        ("BETTERCOMPUTE_PGBOUNCER", "maybe", "BETTERCOMPUTE_PGBOUNCER must be true or false"),
+        ("BETTERCOMPUTE_ROLES", "api,web", "BETTERCOMPUTE_ROLES: unknown role(s) web"),
+        ("BETTERCOMPUTE_ROLES", " , ", "BETTERCOMPUTE_ROLES: no role given"),
+    ],
+)
+def test_wrong_values_in_the_environment_name_the_variable(name: str, value: str, needle: str) -> None:
+    [problem] = _problems(environ={name: value})
+    assert needle in problem
+
+
+def test_a_bad_flag_names_the_flag() -> None:
+    [problem] = _problems(port=0)
+    assert problem.startswith("--port must be a port number")
+
+
+def test_a_bad_database_url_is_reported_without_its_password() -> None:
+    [problem] = _problems(environ={"BETTERCOMPUTE_DATABASE_URL": "mysql://root:hunter2@db/x"})
+    assert "BETTERCOMPUTE_DATABASE_URL must be a URL starting with postgresql://" in problem
+    assert "hunter2" not in problem
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'prot = 1\nport = "x"\n')
+    problems = _problems(path, {"BETTERCOMPUTE_PGBOUNCER": "maybe"})
+    assert len(problems) == 3
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    [missing] = _problems(tmp_path / "nope.toml")
+    assert "nope.toml: cannot be read" in missing
+    [malformed] = _problems(_write(tmp_path, "port = \n"))
+    assert "not valid TOML" in malformed
+
+
+def test_the_database_url_stays_out_of_the_repr() -> None:
+    config = load_config(None, {"BETTERCOMPUTE_DATABASE_URL": "postgresql://u:hunter2@db/x"})
+    assert "hunter2" not in repr(config)
+
+
+def test_roles_parse_from_a_string_or_a_list() -> None:
+    assert parse_roles(" API , sinks,api ") == ("api", "sinks")
+    assert parse_roles(["controllers", "iam"]) == ("controllers", "iam")
+    with pytest.raises(ValueError, match="expected role names"):
+        parse_roles([1])
+
+
+def test_role_plans() -> None:
+    workers = frozenset({"controllers", "scheduler", "sinks", "iam"})
+    assert plan_roles(("all",)) == Plan(api=True, workers=workers)
+    assert plan_roles(("api",)) == Plan(api=True, workers=frozenset())
+    assert plan_roles(("sinks", "iam")) == Plan(api=False, workers=frozenset({"sinks", "iam"}))
+    with pytest.raises(ConfigError, match="gateway role arrives in a later release"):
+        plan_roles(("api", "gateway"))
