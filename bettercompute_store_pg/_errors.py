@@ -1,0 +1,67 @@
+"""The one boundary where driver exceptions become ``bettercompute.errors`` classes.
+
+Driver text can hold SQL, connection strings or row values, so no message built here quotes it; the driver's
+exception stays reachable as ``__cause__`` for logs and tracebacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg
+import psycopg.errors
+from sqlalchemy import exc as sa_exc
+
+from bettercompute.errors import ComputeError, InternalError, UnavailableError
+
+__all__ = ["translate", "translated"]
+
+UNREACHABLE = "the database is unreachable"
+RETRY = "the database could not complete the transaction now; retry"
+FAILED = "the database failed unexpectedly"
+
+
+def translate(exc: BaseException) -> ComputeError | None:
+    """The error a caller should see for ``exc``, or ``None`` when ``exc`` is not a database error."""
+    if isinstance(exc, ComputeError):
+        return None
+    if isinstance(exc, sa_exc.DBAPIError):
+        if exc.connection_invalidated:
+            return UnavailableError(UNREACHABLE)
+        if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError) and not isinstance(exc.orig, psycopg.Error):
+            return UnavailableError(UNREACHABLE)
+        cause = translate(exc.orig) if isinstance(exc.orig, BaseException) else None
+        return cause or InternalError(FAILED)
+    if isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith("40"):
+        # Class 40 (serialization failure, deadlock) is worth retrying, unlike the other driver errors.
+        return UnavailableError(RETRY)
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return UnavailableError(UNREACHABLE)
+    if isinstance(exc, psycopg.Error):
+        return InternalError(FAILED)
+    if isinstance(exc, sa_exc.TimeoutError):
+        # The pool had no free connection in time: the database is, for this process, out of reach now.
+        return UnavailableError(UNREACHABLE)
+    if isinstance(exc, sa_exc.SQLAlchemyError):
+        return InternalError(FAILED)
+    if isinstance(exc, OSError | TimeoutError):
+        return UnavailableError(UNREACHABLE)
+    return None
+
+
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    """Re-raise database errors raised inside the block as ``ComputeError`` subclasses, ``from`` the original.
+
+    Raises:
+        UnavailableError: The database cannot be reached, or asked for the transaction to be retried.
+        InternalError: Any other database error.
+    """
+    try:
+        yield
+    except Exception as exc:
+        error = translate(exc)
+        if error is None:
+            raise
+        raise error from exc

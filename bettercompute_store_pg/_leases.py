@@ -1,0 +1,100 @@
+"""Leases with fencing tokens; each call is one statement."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from bettercompute.errors import FailedPreconditionError
+from bettercompute.ports import Lease
+
+from ._db import Database, fetch_in, utc
+
+__all__ = ["PgLeases"]
+
+_COLUMNS = "name, holder, token, expires_at"
+
+# The token grows whenever the lease was not live in this holder's hands (taken over, expired, or released), so an
+# old Lease object never becomes valid again.
+_ACQUIRE = """
+INSERT INTO {s}.leases AS l (name, holder, token, expires_at)
+VALUES (:name, :holder, 1, now() + :ttl)
+ON CONFLICT (name) DO UPDATE SET
+    holder = EXCLUDED.holder,
+    token = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > now() THEN l.token ELSE l.token + 1 END,
+    expires_at = EXCLUDED.expires_at
+WHERE l.holder = EXCLUDED.holder OR l.expires_at <= now()
+RETURNING name, holder, token, expires_at
+"""
+
+_RENEW = """
+UPDATE {s}.leases SET expires_at = now() + :ttl
+WHERE name = :name AND holder = :holder AND token = :token AND expires_at > now()
+RETURNING name, holder, token, expires_at
+"""
+
+# Released leases keep their row so the next holder's token is still higher.
+_RELEASE = """
+UPDATE {s}.leases SET expires_at = now()
+WHERE name = :name AND holder = :holder AND token = :token AND expires_at > now()
+"""
+
+_GET = "SELECT name, holder, token, expires_at FROM {s}.leases WHERE name = :name AND expires_at > now()"
+
+# FOR SHARE: a takeover (acquire's ON CONFLICT DO UPDATE) waits until the fenced transaction ends.
+_FENCE = """
+SELECT 1 FROM {s}.leases
+WHERE name = :name AND holder = :holder AND token = :token AND expires_at > now()
+FOR SHARE
+"""
+
+
+def _lease(row: Row[Any]) -> Lease:
+    return Lease(name=row.name, holder=row.holder, token=row.token, expires_at=utc(row.expires_at))
+
+
+def _key(lease: Lease) -> dict[str, Any]:
+    return {"name": lease.name, "holder": lease.holder, "token": lease.token}
+
+
+class PgLeases:
+    """``bettercompute.ports.Leases`` on the ``leases`` table."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._acquire = db.sql(_ACQUIRE)
+        self._renew = db.sql(_RENEW)
+        self._release = db.sql(_RELEASE)
+        self._get = db.sql(_GET)
+        self._fence = db.sql(_FENCE)
+
+    async def acquire(self, name: str, holder: str, ttl: dt.timedelta) -> Lease | None:
+        """Take the lease if free, expired or already ``holder``'s; ``None`` when someone else holds it."""
+        rows = await self._db.fetch(self._acquire, {"name": name, "holder": holder, "ttl": ttl})
+        return _lease(rows[0]) if rows else None
+
+    async def renew(self, lease: Lease, ttl: dt.timedelta) -> Lease | None:
+        """Extend a lease still held with this token; ``None`` when it was lost."""
+        rows = await self._db.fetch(self._renew, {**_key(lease), "ttl": ttl})
+        return _lease(rows[0]) if rows else None
+
+    async def release(self, lease: Lease) -> bool:
+        """Give the lease back now; ``False`` when it was no longer held."""
+        return await self._db.rowcount(self._release, _key(lease)) == 1
+
+    async def get(self, name: str) -> Lease | None:
+        """The lease's unexpired state, or ``None``."""
+        rows = await self._db.fetch(self._get, {"name": name})
+        return _lease(rows[0]) if rows else None
+
+    async def check_fence(self, conn: AsyncConnection, lease: Lease) -> None:
+        """Lock ``lease``'s row until ``conn``'s transaction ends, or refuse if it is no longer held with its token.
+
+        Raises:
+            FailedPreconditionError: The lease expired, was released, or moved to another holder or token.
+        """
+        if not await fetch_in(conn, self._fence, _key(lease)):
+            raise FailedPreconditionError("the lease is no longer held", details={"lease": lease.name})

@@ -1,0 +1,112 @@
+"""``PgNotifier``: pokes over LISTEN/NOTIFY, on dedicated connections that never go through a pool."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
+
+import anyio
+import psycopg
+from psycopg import sql
+
+from bettercompute.errors import InvalidInputError
+
+from ._errors import translated
+from ._schema import validate_schema
+from ._store import driver_url
+
+__all__ = ["PgNotifier"]
+
+_MAX_CHANNEL_BYTES = 63  # PostgreSQL truncates longer identifiers, which would merge distinct channels.
+
+
+class PgNotifier:
+    """``bettercompute.ports.Notifier`` on PostgreSQL LISTEN/NOTIFY.
+
+    Each ``listen`` opens its own autocommit connection straight to the server (LISTEN is session state, so it must
+    not go through PgBouncer in transaction mode); ``notify`` uses one shared autocommit connection, opened on first
+    use. Channels are prefixed with the schema name, so stores in different schemas never hear each other.
+
+    Args:
+        url: ``postgresql://`` URL of the server itself (not of a transaction-mode pooler).
+        schema: The store's schema; the channel prefix.
+    """
+
+    def __init__(self, url: str, *, schema: str = "bettercompute") -> None:
+        self._conninfo = driver_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self.schema = validate_schema(schema)
+        self._sender: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+        self._lock = anyio.Lock()
+
+    def channel_name(self, channel: str) -> str:
+        """The PostgreSQL channel for ``channel``: ``<schema>.<channel>``, hashed when too long to stay distinct.
+
+        Raises:
+            InvalidInputError: ``channel`` is empty.
+        """
+        if not channel:
+            raise InvalidInputError("a channel name must not be empty")
+        name = f"{self.schema}.{channel}"
+        if len(name.encode()) > _MAX_CHANNEL_BYTES:
+            name = f"{self.schema}.{hashlib.sha256(channel.encode()).hexdigest()[:16]}"
+        return name
+
+    async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        return await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True, connect_timeout=5)
+
+    async def notify(self, channel: str, payload: str = "") -> None:
+        """Send a poke; nobody listening is not an error.
+
+        Raises:
+            UnavailableError: The database cannot be reached.
+        """
+        name = self.channel_name(channel)
+        async with self._lock:
+            with translated():
+                if self._sender is None or self._sender.closed:
+                    self._sender = await self._connect()
+                try:
+                    await self._sender.execute("SELECT pg_notify(%s, %s)", (name, payload))
+                except psycopg.OperationalError:
+                    # A broken connection is dropped so the next poke reconnects.
+                    await self._sender.close()
+                    self._sender = None
+                    raise
+
+    @contextlib.asynccontextmanager
+    async def listen(self, channel: str) -> AsyncIterator[AsyncIterator[str]]:
+        """Receive the payloads of pokes sent on ``channel`` while the context is open.
+
+        Raises:
+            UnavailableError: The database cannot be reached.
+        """
+        name = self.channel_name(channel)
+        with translated():
+            conn = await self._connect()
+        try:
+            with translated():
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(name)))
+            yield _payloads(conn)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
+    async def close(self) -> None:
+        """Close the sending connection. Idempotent."""
+        async with self._lock:
+            if self._sender is not None:
+                await self._sender.close()
+                self._sender = None
+
+    async def __aenter__(self) -> PgNotifier:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+async def _payloads(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> AsyncIterator[str]:
+    with translated():
+        async for notification in conn.notifies():
+            yield notification.payload

@@ -1,0 +1,133 @@
+"""The store's own tables (module ``"core"``) and the rules for schema names."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from bettercompute.errors import InvalidConfigError
+from bettercompute.ports import Migration
+
+__all__ = ["CORE_MIGRATIONS", "migration_lock_key", "quote_schema", "render", "validate_schema"]
+
+# Lower-case only, so the quoted name and the name PostgreSQL reports are the same string; 63 bytes is NAMEDATALEN-1.
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def validate_schema(schema: str) -> str:
+    """Return ``schema`` if it is a safe, lower-case PostgreSQL identifier.
+
+    Raises:
+        InvalidConfigError: The name is empty, too long, or has characters other than ``a-z``, ``0-9`` and ``_``.
+    """
+    if not _SCHEMA_NAME.fullmatch(schema) or schema.startswith("pg_"):
+        raise InvalidConfigError(
+            "the schema name must be a lower-case identifier of at most 63 characters, not starting with pg_",
+            details={"problems": [{"path": "schema", "value": schema}]},
+        )
+    return schema
+
+
+def quote_schema(schema: str) -> str:
+    """The schema name as a quoted identifier (``validate_schema`` guarantees there is no quote inside)."""
+    return f'"{validate_schema(schema)}"'
+
+
+def render(sql: str, schema: str) -> str:
+    """Replace ``{schema}`` in ``sql`` by the quoted schema name.
+
+    Plain replacement rather than ``str.format`` because SQL is full of braces (``'{}'::jsonb``).
+    """
+    return sql.replace("{schema}", quote_schema(schema))
+
+
+def migration_lock_key(schema: str) -> int:
+    """The advisory lock key that serializes migrations of one schema across every process (a signed 64-bit int)."""
+    digest = hashlib.sha256(f"bettercompute.migrate:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+_CORE_V1 = """
+CREATE TABLE {schema}.leases (
+    name text PRIMARY KEY,
+    holder text NOT NULL,
+    token bigint NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+
+-- One row per (kind, key). Enqueuing a key that is being worked on records a rerun on the claimed row instead of
+-- adding a second row, so a key can never be claimed twice at once, whatever the timing.
+CREATE TABLE {schema}.work_queue (
+    id bigserial PRIMARY KEY,
+    kind text NOT NULL,
+    key text NOT NULL,
+    shard smallint NOT NULL DEFAULT 0,
+    payload jsonb NOT NULL DEFAULT '{}',
+    run_at timestamptz NOT NULL,
+    state text NOT NULL DEFAULT 'ready' CHECK (state IN ('ready', 'claimed')),
+    attempts integer NOT NULL DEFAULT 0,
+    claim_token text,
+    claimed_by text,
+    claimed_until timestamptz,
+    last_error text,
+    rerun_at timestamptz,
+    rerun_payload jsonb,
+    CHECK ((state = 'claimed') = (claim_token IS NOT NULL AND claimed_until IS NOT NULL))
+);
+CREATE UNIQUE INDEX work_queue_kind_key ON {schema}.work_queue (kind, key);
+CREATE INDEX work_queue_ready ON {schema}.work_queue (kind, run_at, id) WHERE state = 'ready';
+CREATE INDEX work_queue_claimed ON {schema}.work_queue (claimed_until, id) WHERE state = 'claimed';
+
+-- The last sequence number given out per key. Upserting it in the publishing transaction makes writers of one key
+-- wait for each other, so sequence numbers follow commit order.
+CREATE TABLE {schema}.outbox_keys (
+    key text PRIMARY KEY,
+    last_seq bigint NOT NULL
+);
+
+-- Undelivered events only: ack deletes a row (outbox_keys keeps the numbering going).
+CREATE TABLE {schema}.outbox (
+    id bigserial PRIMARY KEY,
+    type text NOT NULL,
+    key text NOT NULL,
+    seq bigint NOT NULL,
+    payload jsonb NOT NULL DEFAULT '{}',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    available_at timestamptz NOT NULL DEFAULT now(),
+    claim_token text,
+    claimed_by text,
+    claimed_until timestamptz,
+    UNIQUE (key, seq)
+);
+
+CREATE TABLE {schema}.idempotency_keys (
+    identity text NOT NULL,
+    key text NOT NULL,
+    request_hash text NOT NULL,
+    state text NOT NULL CHECK (state IN ('in_progress', 'done')),
+    result jsonb,
+    attempt text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (identity, key)
+);
+CREATE INDEX idempotency_keys_expires_at ON {schema}.idempotency_keys (expires_at);
+
+CREATE TABLE {schema}.audit (
+    id bigserial PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT now(),
+    action text NOT NULL,
+    actor text NOT NULL,
+    tenant text,
+    resource_type text NOT NULL,
+    resource_id text,
+    decision_id text,
+    outcome text NOT NULL,
+    details jsonb NOT NULL DEFAULT '{}'
+);
+CREATE INDEX audit_at ON {schema}.audit (at);
+CREATE INDEX audit_resource ON {schema}.audit (resource_type, resource_id, at);
+"""
+
+CORE_MIGRATIONS: tuple[Migration, ...] = (Migration(version=1, name="core tables", sql=_CORE_V1),)
+"""The migrations of module ``"core"``: the tables ``PgStore`` itself uses."""

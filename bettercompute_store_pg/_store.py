@@ -1,0 +1,235 @@
+"""``PgStore``: the PostgreSQL implementation of ``bettercompute.ports.Store``."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from bettercompute.errors import InvalidConfigError
+from bettercompute.ports import AuditRecord, Lease, Migration, OutboxEvent, WorkItem
+
+from ._db import Database, dumps, fetch_in, utc
+from ._errors import translated
+from ._idempotency import PgIdempotencyKeys
+from ._leases import PgLeases
+from ._migrations import run_migrations
+from ._outbox import PgOutbox
+from ._queue import PgWorkQueue
+from ._schema import CORE_MIGRATIONS, validate_schema
+
+__all__ = ["PgStore", "PgTransaction", "driver_url"]
+
+CONNECT_TIMEOUT_SECONDS = 5
+"""libpq's connect timeout: an unreachable server fails fast instead of hanging a request."""
+
+_AUDIT = """
+INSERT INTO {s}.audit (action, actor, tenant, resource_type, resource_id, decision_id, outcome, details)
+VALUES (:action, :actor, :tenant, :resource_type, :resource_id, :decision_id, :outcome, CAST(:details AS jsonb))
+"""
+
+
+def driver_url(url: str) -> URL:
+    """``url`` with the psycopg 3 driver (``postgresql://`` and ``postgres://`` are accepted too).
+
+    Raises:
+        InvalidConfigError: The URL cannot be parsed or names another database or driver.
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        # The URL may hold a password: neither it nor the parser's text goes into the message.
+        raise InvalidConfigError("the database URL cannot be parsed") from exc
+    if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
+        return parsed.set(drivername="postgresql+psycopg")
+    raise InvalidConfigError(
+        "the database URL must start with postgresql:// or postgresql+psycopg://",
+        details={"problems": [{"path": "url", "scheme": parsed.drivername}]},
+    )
+
+
+class PgTransaction:
+    """One transaction (``bettercompute.ports.Transaction``).
+
+    ``connection`` is the transaction's ``AsyncConnection``, for PostgreSQL adapters of other packages that write
+    their own tables in the same transaction. Do not commit or roll it back yourself.
+    """
+
+    def __init__(self, store: PgStore, connection: AsyncConnection) -> None:
+        self._store = store
+        self.connection = connection
+
+    async def enqueue(self, items: Sequence[WorkItem]) -> None:
+        """Add work that becomes visible when the transaction commits."""
+        await self._store.queue.enqueue_in(self.connection, items)
+
+    async def publish(self, events: Sequence[OutboxEvent]) -> None:
+        """Add outbox events that become visible, numbered per key, when the transaction commits.
+
+        Each key's counter stays locked until the transaction ends (that is what makes the numbers follow commit
+        order): publish a transaction's events in one call, or in the same key order everywhere, so that two
+        transactions never wait for each other's keys in opposite orders (PostgreSQL would abort one of them with
+        a deadlock, reported as a retryable ``UnavailableError``).
+        """
+        await self._store.outbox.publish_in(self.connection, events)
+
+    async def audit(self, record: AuditRecord) -> None:
+        """Add an audit row."""
+        params: dict[str, Any] = {
+            "action": record.action,
+            "actor": record.actor,
+            "tenant": record.tenant,
+            "resource_type": record.resource_type,
+            "resource_id": record.resource_id,
+            "decision_id": record.decision_id,
+            "outcome": record.outcome,
+            "details": dumps(dict(record.details)),
+        }
+        await fetch_in(self.connection, self._store._audit, params)
+
+
+class PgStore:
+    """The authoritative state in PostgreSQL, every table in one schema.
+
+    Nothing connects before ``open()``. All pooled statements are PgBouncer-safe (transaction mode): no session
+    settings, no session locks, no LISTEN; with ``prepared_statements=False`` no server-side prepared statements
+    either.
+
+    The store's own tables are the migrations of module ``"core"``: ``await store.install()`` applies them (the same
+    as ``await store.migrate("core", PgStore.core_migrations())``).
+
+    Args:
+        url: ``postgresql://`` or ``postgresql+psycopg://`` URL.
+        schema: The schema holding every table (a lower-case identifier); created by the first migration.
+        pool_size: Connections kept in the pool (no overflow beyond it).
+        prepared_statements: ``False`` behind PgBouncer in transaction mode (sets psycopg's
+            ``prepare_threshold=None``).
+
+    Raises:
+        InvalidConfigError: A malformed URL or schema name, or a pool size below 1.
+    """
+
+    def __init__(
+        self, url: str, *, schema: str = "bettercompute", pool_size: int = 10, prepared_statements: bool = True
+    ) -> None:
+        if pool_size < 1:
+            raise InvalidConfigError("pool_size must be at least 1", details={"problems": [{"path": "pool_size"}]})
+        self._url = driver_url(url)
+        self.schema = validate_schema(schema)
+        self._pool_size = pool_size
+        self._prepared_statements = prepared_statements
+        self._db = Database(self.schema)
+        self.leases = PgLeases(self._db)
+        self.queue = PgWorkQueue(self._db)
+        self.outbox = PgOutbox(self._db)
+        self.idempotency = PgIdempotencyKeys(self._db)
+        self._audit = self._db.sql(_AUDIT)
+        self._ping = self._db.sql("SELECT now() AS now")
+
+    def __repr__(self) -> str:
+        return f"PgStore(url={self._url.render_as_string(hide_password=True)!r}, schema={self.schema!r})"
+
+    @property
+    def dialect(self) -> str:
+        """``"postgresql"``: modules list the migrations this store runs under that name."""
+        return "postgresql"
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The SQLAlchemy engine (open only); ``Table`` objects with ``schema=None`` resolve to ``self.schema``.
+
+        Raises:
+            InternalError: The store is not open.
+        """
+        return self._db.require()
+
+    @staticmethod
+    def core_migrations() -> list[Migration]:
+        """The migrations of module ``"core"``: the store's own tables."""
+        return list(CORE_MIGRATIONS)
+
+    async def open(self) -> None:
+        """Create the engine and its pool; connections are made on first use. Idempotent."""
+        if self._db.engine is not None:
+            return
+        connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+        if not self._prepared_statements:
+            connect_args["prepare_threshold"] = None
+        engine = create_async_engine(
+            self._url,
+            pool_size=self._pool_size,
+            max_overflow=0,
+            pool_timeout=10,
+            connect_args=connect_args,
+            execution_options={"schema_translate_map": {None: self.schema}},
+        )
+        self._db.attach(engine)
+
+    async def close(self) -> None:
+        """Close every pooled connection. Idempotent."""
+        engine = self._db.engine
+        self._db.attach(None)
+        if engine is not None:
+            with translated():
+                await engine.dispose()
+
+    async def __aenter__(self) -> PgStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def ping(self) -> None:
+        """Raise ``UnavailableError`` unless the database answers now."""
+        await self._db.fetch(self._ping, {})
+
+    async def now(self) -> dt.datetime:
+        """The database's clock, in UTC."""
+        rows = await self._db.fetch(self._ping, {})
+        return utc(rows[0].now)
+
+    async def migrate(self, module: str, migrations: Sequence[Migration]) -> list[int]:
+        """Apply ``module``'s pending migrations in version order under the schema's advisory lock.
+
+        Returns:
+            The versions this call applied.
+
+        Raises:
+            InvalidConfigError: Duplicate versions, or a recorded version whose name changed.
+            UnavailableError: The database cannot be reached.
+        """
+        engine = self._db.require()
+        with translated():
+            return await run_migrations(engine, self.schema, module, migrations)
+
+    async def install(self) -> list[int]:
+        """Apply the store's own migrations (module ``"core"``: leases, work queue, outbox, idempotency, audit).
+
+        Returns:
+            The versions this call applied; idempotent and safe from several processes at once.
+        """
+        return await self.migrate("core", CORE_MIGRATIONS)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, *, fence: Lease | None = None) -> AsyncIterator[PgTransaction]:
+        """A transaction: commits when the block ends, rolls back if it raises.
+
+        With ``fence``, the lease row is checked and share-locked first, so no one can take the lease over before
+        this transaction ends.
+
+        Raises:
+            FailedPreconditionError: ``fence`` is no longer held with its token (nothing is written).
+            UnavailableError: The database cannot be reached.
+        """
+        engine = self._db.require()
+        with translated():
+            async with engine.connect() as conn, conn.begin():
+                if fence is not None:
+                    await self.leases.check_fence(conn, fence)
+                yield PgTransaction(self, conn)
