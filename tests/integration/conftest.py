@@ -1,0 +1,42 @@
+"""Fixtures for tests against PostgreSQL: a fresh, migrated store per test, in a schema of its own."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+
+from bettercompute_store_pg import PgStore
+
+
+def new_schema() -> str:
+    """A schema name no other test uses."""
+    return f"bc_t_{uuid.uuid4().hex[:12]}"
+
+
+def drop_schema(url: str, schema: str) -> None:
+    """Drop ``schema`` and everything in it (a plain connection, so teardown does not depend on the store)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def fresh_schema(database_url: str) -> Iterator[str]:
+    """A unique schema name, dropped after the test whether or not anything created it."""
+    schema = new_schema()
+    yield schema
+    drop_schema(database_url, schema)
+
+
+@pytest.fixture
+async def pg_store(database_url: str, fresh_schema: str) -> AsyncIterator[PgStore]:
+    """An open ``PgStore`` on a fresh schema, with the store's own tables installed."""
+    store = PgStore(database_url, schema=fresh_schema, pool_size=4)
+    await store.open()
+    try:
+        await store.install()
+        yield store
+    finally:
+        await store.close()
