@@ -1,0 +1,114 @@
+"""Running ``better-compute`` as a user does: a subprocess on a schema of its own, configured by the environment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+_SCRIPT = Path(sys.executable).parent / "better-compute"
+
+
+def command() -> list[str]:
+    """The installed console script, or the same entry point through this interpreter."""
+    if _SCRIPT.exists():
+        return [str(_SCRIPT)]
+    return [sys.executable, "-c", "from bettercompute_cli import main; main()"]
+
+
+@pytest.fixture
+def cli_env(database_url: str, fresh_schema: str) -> dict[str, str]:
+    """The environment of a command on this test's schema; no other BETTERCOMPUTE_* variable leaks in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTERCOMPUTE_")}
+    env["BETTERCOMPUTE_DATABASE_URL"] = database_url
+    env["BETTERCOMPUTE_SCHEMA"] = fresh_schema
+    return env
+
+
+def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the command to completion."""
+    return subprocess.run([*command(), *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the server binds it a moment later; a clash is unlikely on loopback)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class Running:
+    """A long-running command (``serve``, ``dev``) with its output in files, so no pipe can fill up and block it."""
+
+    def __init__(self, env: dict[str, str], args: list[str], folder: Path) -> None:
+        self.stdout_path = folder / "stdout"
+        self.stderr_path = folder / "stderr"
+        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+            self.process = subprocess.Popen([*command(), *args], env=env, stdout=out, stderr=err)
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def wait_for(self, what: str, *, in_stderr: bool = False, timeout: float = 30) -> None:
+        """Wait until the output contains ``what``; fail at once if the process exits first."""
+        deadline = time.monotonic() + timeout
+        while what not in (self.stderr if in_stderr else self.stdout):
+            code = self.process.poll()
+            assert code is None, f"exited {code} before printing {what!r}:\n{self.stdout}\n{self.stderr}"
+            assert time.monotonic() < deadline, f"{what!r} not printed within {timeout} s:\n{self.stderr}"
+            time.sleep(0.05)
+
+    def wait_ready(self, base_url: str, *, timeout: float = 30) -> None:
+        """Wait until ``/readyz`` answers 200."""
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.process.poll()
+            assert code is None, f"exited {code} before it was ready:\n{self.stderr}"
+            try:
+                if httpx.get(f"{base_url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"not ready within {timeout} s:\n{self.stderr}"
+            time.sleep(0.05)
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, *, timeout: float = 10) -> int:
+        """Send ``sig`` and return the exit code (the test fails if it takes longer than ``timeout``)."""
+        self.process.send_signal(sig)
+        return self.process.wait(timeout=timeout)
+
+
+StartCli = Callable[..., Running]
+
+
+@pytest.fixture
+def start_cli(tmp_path: Path) -> Iterator[StartCli]:
+    """``start_cli(env, *args)`` starts a long-running command; anything still running is killed after the test."""
+    started: list[Running] = []
+
+    def start(env: dict[str, str], *args: str) -> Running:
+        folder = tmp_path / f"run{len(started)}"
+        folder.mkdir()
+        running = Running(env, list(args), folder)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        if running.process.poll() is None:
+            running.process.kill()
+            running.process.wait(timeout=10)
