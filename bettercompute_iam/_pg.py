@@ -13,9 +13,7 @@ from sqlalchemy import text
 
 from bettercompute.errors import InvalidConfigError
 from bettercompute.ports import Migration, Store
-from bettercompute_store_pg import PgStore
-from bettercompute_store_pg._errors import translated
-from bettercompute_store_pg._schema import quote_schema
+from bettercompute_store_pg import PgStore, quote_schema, translated
 
 __all__ = ["MIGRATIONS", "ROOT_TENANT", "CredentialRow", "IamTables"]
 
