@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 import anyio
+import anyio.abc
 import attrs
 
 from ._dispatch import Dispatcher
@@ -274,8 +275,17 @@ class BetterCompute:
         await self.jobs.start(roles)
         self._started = True
 
+    async def run(
+        self, roles: Collection[str], *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The structured form of ``start``: run the worker roles until cancelled (``await tg.start(compute.run,
+        roles)``), then hand their leases back."""
+        await self.initialize()
+        await self.jobs.run(roles, task_status=task_status)
+
     async def stop(self) -> None:
-        """Stop the worker roles, handing their leases back, and stop the modules."""
+        """Stop the worker roles started by ``start()`` (from any task), handing their leases back, and stop the
+        modules."""
         await self.jobs.stop()
         if self._initialized:
             for module in reversed(self._modules):

@@ -7,6 +7,7 @@ notifier only shortens the wait.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import logging
@@ -100,6 +101,14 @@ async def dispatch_events(context: ModuleContext) -> int:
     return len(delivered)
 
 
+def _check_roles(roles: Collection[str]) -> None:
+    unknown = sorted(set(roles) - ROLES)
+    if unknown:
+        raise InvalidConfigError(
+            f"unknown worker roles: {', '.join(unknown)}", details={"problems": unknown, "roles": sorted(ROLES)}
+        )
+
+
 BUILTIN_JOBS = (Job(name="events", role="sinks", interval=dt.timedelta(seconds=1), run=dispatch_events),)
 
 
@@ -119,7 +128,7 @@ class Jobs:
             raise InvalidConfigError("the jobs are misdeclared", details={"problems": problems})
         self._jobs = sorted(jobs, key=lambda j: (j.role, j.name))
         self._context = context
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._runner: asyncio.Task[None] | None = None
         self._held: dict[str, Lease] = {}
 
     @property
@@ -136,33 +145,54 @@ class Jobs:
                 done[job.lease_name] = await job.run(self._context)
         return done
 
+    async def run(
+        self, roles: Collection[str], *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the jobs of ``roles`` until cancelled, then hand their leases back (start it with ``tg.start``)."""
+        _check_roles(roles)
+        try:
+            async with anyio.create_task_group() as tg:
+                for job in self._jobs:
+                    if job.role in roles:
+                        await tg.start(self._loop, job)
+                task_status.started()
+        finally:
+            held, self._held = self._held, {}
+            with anyio.CancelScope(shield=True):
+                for lease in held.values():
+                    with contextlib.suppress(ComputeError):  # if the release fails, the lease expires by itself
+                        await self._context.store.leases.release(lease)
+
     async def start(self, roles: Collection[str]) -> None:
-        """Run the jobs of ``roles`` in the background until ``stop()``."""
-        unknown = sorted(set(roles) - ROLES)
-        if unknown:
-            raise InvalidConfigError(
-                f"unknown worker roles: {', '.join(unknown)}", details={"problems": unknown, "roles": sorted(ROLES)}
-            )
-        if self._tg is not None:
+        """Run the jobs of ``roles`` in a background task until ``stop()``, which any task may call."""
+        _check_roles(roles)
+        if self._runner is not None and not self._runner.done():
             return
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        for job in self._jobs:
-            if job.role in roles:
-                await self._tg.start(self._loop, job)
+        started = anyio.Event()
+
+        async def runner() -> None:
+            async with anyio.create_task_group() as tg:
+                await tg.start(self.run, roles)
+                started.set()
+
+        # A task of its own, not a task group held open across calls: a host may call stop() from another task
+        # (an ASGI lifespan shutdown, a signal handler) than the one that called start().
+        self._runner = asyncio.get_running_loop().create_task(runner())
+        waiter = asyncio.ensure_future(started.wait())
+        done, _ = await asyncio.wait({self._runner, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if self._runner in done:
+            waiter.cancel()
+            runner_task, self._runner = self._runner, None
+            runner_task.result()  # raises what made the runner fail
 
     async def stop(self) -> None:
         """Stop the loops and hand their leases back, so another process takes over at once."""
-        if self._tg is None:
+        runner, self._runner = self._runner, None
+        if runner is None:
             return
-        self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(None, None, None)
-        self._tg = None
-        held, self._held = self._held, {}
-        with anyio.CancelScope(shield=True):
-            for lease in held.values():
-                with contextlib.suppress(ComputeError):  # if the release fails, the lease expires by itself
-                    await self._context.store.leases.release(lease)
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
 
     async def _loop(self, job: Job, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

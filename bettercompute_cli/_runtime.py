@@ -1,9 +1,9 @@
 """Composing a control plane from the configuration, and running it in a process mode.
 
-Worker roles are started and stopped in one task of their own: the core's job runner enters its task group in
-``start()`` and leaves it in ``stop()``, which must therefore happen in the same task. That is also why the HTTP app
-served here answers the ASGI lifespan itself instead of letting ``compute.asgi`` close the control plane from
-uvicorn's lifespan task: the process closes it, after its worker roles have stopped.
+Worker roles run in a task of their own (``compute.run``). The HTTP app served here answers the ASGI lifespan itself
+instead of letting ``compute.asgi`` initialize and close the control plane: the process has already initialized it
+(with or without migrations, as ``--no-migrate`` says) before listening, and closes it after its worker roles have
+stopped.
 """
 
 from __future__ import annotations

@@ -149,3 +149,21 @@ async def test_unknown_roles_are_refused(plane: Plane) -> None:
 async def test_the_clock_is_anchored_to_the_database(plane: Plane) -> None:
     database_now = await plane.store.now()
     assert abs(plane.compute.context.clock.now() - database_now) < dt.timedelta(seconds=2)
+
+
+async def test_stop_may_come_from_another_task_than_start(plane: Plane) -> None:
+    # An ASGI server's lifespan shutdown or a signal handler stops what the host's main task started.
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(plane.compute.start, {"sinks"})
+    assert (await plane.store.leases.get("sinks/events")) is not None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(plane.compute.stop)
+    assert await plane.store.leases.get("sinks/events") is None
+
+
+async def test_run_is_the_structured_form(plane: Plane) -> None:
+    async with anyio.create_task_group() as tg:
+        await tg.start(plane.compute.run, {"sinks"})
+        assert (await plane.store.leases.get("sinks/events")) is not None
+        tg.cancel_scope.cancel()
+    assert await plane.store.leases.get("sinks/events") is None
