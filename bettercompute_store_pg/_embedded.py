@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -29,6 +32,8 @@ from pathlib import Path
 from types import TracebackType
 
 from bettercompute.errors import UnavailableError
+
+log = logging.getLogger("bettercompute.embedded_postgres")
 
 __all__ = ["DATABASE_URL_ENV", "EmbeddedPostgres", "database_url_from_env"]
 
@@ -156,16 +161,18 @@ class EmbeddedPostgres:
                 root.mkdir(parents=True)
                 runner.give(root)
             if runner.is_other_user and not runner.can_reach(root):
-                raise UnavailableError(
-                    f"the embedded PostgreSQL server runs as user {runner.name!r} (PostgreSQL refuses root), who "
-                    f"cannot reach {root}; choose a folder that user can traverse, or {_HINT}"
-                )
+                root = _stand_in(root, runner)
         self._root = root
         data = root / "data"
         if not data.exists():
             data.mkdir(mode=0o700)
             runner.give(data)
         return root
+
+    @property
+    def directory(self) -> Path | None:
+        """Where the cluster lives while the server runs (a stand-in when the requested folder was unreachable)."""
+        return self._root
 
     def _stop(self) -> None:
         process, self._process, self._url = self._process, None, None
@@ -260,6 +267,32 @@ class _Runner:
         else:
             bits = st.st_mode
         return bits & want == want
+
+
+def _stand_in(requested: Path, runner: _Runner) -> Path:
+    """A folder the server's user can reach, kept for ``requested`` across runs, under the system's temp folder.
+
+    As root, a project under ``/root`` (mode 700) is out of the server's reach, and changing that folder's mode is
+    not ours to do. The stand-in is named after the requested path, so a restart finds the same data.
+    """
+    digest = hashlib.sha256(str(requested).encode()).hexdigest()[:16]
+    base = Path(tempfile.gettempdir())
+    if not runner.can_reach(base):
+        base = Path("/tmp")  # noqa: S108 - the fallback when TMPDIR is private to root
+    stand_in = base / f"bettercompute-pg-{digest}"
+    try:
+        stand_in.mkdir(mode=0o700)
+        runner.give(stand_in)
+    except FileExistsError:
+        info = stand_in.lstat()
+        # The temp folder is shared: use an existing stand-in only if it is ours, not a link planted by someone.
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (runner.uid, os.getuid()):
+            raise UnavailableError(
+                f"the embedded PostgreSQL server cannot use {stand_in}: it exists and is not a folder of ours; "
+                f"remove it, or {_HINT}"
+            ) from None
+    log.info("the embedded PostgreSQL keeps %s in %s (its user cannot reach the folder asked for)", requested, stand_in)
+    return stand_in
 
 
 def _locate_install() -> Path:

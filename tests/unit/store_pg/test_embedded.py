@@ -110,14 +110,27 @@ def test_binaries_the_server_user_cannot_reach_are_run_from_a_copy(monkeypatch: 
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="only root switches to another user")
-def test_as_root_a_folder_the_server_user_cannot_traverse_is_refused() -> None:
+def test_as_root_a_folder_the_server_user_cannot_traverse_gets_a_kept_stand_in() -> None:
+    # A project under /root (mode 0700) is out of the server user's reach: its data goes to a stand-in folder
+    # named after the requested one, so a restart finds it again, and the private folder's mode is left alone.
     private = Path(tempfile.mkdtemp(prefix="bettercompute-test-"))  # 0700, owned by root
+    stand_in: Path | None = None
     try:
-        with pytest.raises(UnavailableError, match="cannot reach"):
-            EmbeddedPostgres(private / "pg").start()
+        server = EmbeddedPostgres(private / "pg")
+        with server:
+            stand_in = server.directory
+            assert stand_in is not None and not stand_in.is_relative_to(private)
+            with psycopg.connect(server.url, autocommit=True) as conn:
+                conn.execute("CREATE TABLE kept (n int)")
+        with EmbeddedPostgres(private / "pg") as again:
+            assert again.directory == stand_in
+            with psycopg.connect(again.url) as conn:
+                assert conn.execute("SELECT count(*) FROM kept").fetchone() == (0,)
         assert private.stat().st_mode & 0o777 == 0o700
     finally:
         shutil.rmtree(private)
+        if stand_in is not None:
+            shutil.rmtree(stand_in, ignore_errors=True)
 
 
 def test_missing_binaries_raise_unavailable_naming_the_url_variable(monkeypatch: pytest.MonkeyPatch) -> None:
