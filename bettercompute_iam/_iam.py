@@ -1,7 +1,7 @@
-"""The embedded IAM: authentication of API credentials and the first, coarse authorization policy.
+"""The embedded IAM: authentication of API credentials, and decisions from roles bound on scopes.
 
-Policy of this first slice (roles and bindings come later): a principal of the root tenant may do everything; any
-other authenticated principal may call only the read-only ``system`` methods.
+Any authenticated principal may read the ``system`` group (the version, its own identity, health), as a
+Kubernetes user may read discovery; everything else needs a binding (see ``_policy``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from bettercompute.ports import Decision, Identity, Migration, ResourceRef
 
 from . import _credentials
 from ._pg import MIGRATIONS, ROOT_TENANT, IamTables
+from ._policy import BUILTIN_ROLES, Grant, allows
 from ._version import __version__
 
 __all__ = ["Bootstrap", "EmbeddedIam"]
@@ -30,6 +31,7 @@ __all__ = ["Bootstrap", "EmbeddedIam"]
 log = logging.getLogger("bettercompute.iam")
 
 CACHE = "iam.credentials"
+GRANTS_CACHE = "iam.grants"
 _OPEN_TO_ALL = frozenset({"compute:system:version", "compute:system:whoami", "compute:system:health"})
 _TOUCH_EVERY = dt.timedelta(minutes=1)
 
@@ -57,6 +59,12 @@ class _Cached:
     until: float
 
 
+@attrs.define
+class _CachedGrants:
+    grants: tuple[Grant, ...]
+    until: float
+
+
 class EmbeddedIam:
     """Better IAM inside this process, on the control plane's PostgreSQL store.
 
@@ -78,6 +86,7 @@ class EmbeddedIam:
         self._ttl = cache_ttl.total_seconds()
         self._size = cache_size
         self._cache: dict[str, _Cached] = {}
+        self._grants: dict[str, _CachedGrants] = {}
         self._tables: IamTables | None = None
         self._context: ModuleContext | None = None
 
@@ -88,11 +97,13 @@ class EmbeddedIam:
         self._tables = IamTables(context.store)
         self._context = context
         context.caches.register(CACHE, self._invalidate)
-        await self._tables.ensure_root()
+        context.caches.register(GRANTS_CACHE, self._invalidate_grants)
+        await self._tables.ensure_root(BUILTIN_ROLES)
 
     async def stop(self) -> None:
         """Forget cached credentials."""
         self._cache.clear()
+        self._grants.clear()
 
     def _db(self) -> IamTables:
         if self._tables is None:
@@ -150,10 +161,33 @@ class EmbeddedIam:
     # --- authorization ------------------------------------------------------------------------------------------
 
     async def require(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
-        """Allow or raise ``AccessDeniedError`` (see the module docstring for the policy)."""
-        if identity.is_root or action in _OPEN_TO_ALL:
-            return Decision(id=uuid.uuid4().hex, action=action, resource=resource, principal_id=identity.principal_id)
-        raise AccessDeniedError(f"{action} is not allowed", details={"action": action})
+        """Allow (one decision, with a fresh id) or raise ``AccessDeniedError``.
+
+        The principal's bindings are cached like credentials; a change made in this process clears them at once.
+        """
+        if action not in _OPEN_TO_ALL:
+            grants = await self._grants_of(identity.principal_id)
+            if not allows(grants, action, tenant=resource.tenant, pool=resource.pool):
+                raise AccessDeniedError(f"{action} is not allowed here", details={"action": action})
+        return Decision(id=uuid.uuid4().hex, action=action, resource=resource, principal_id=identity.principal_id)
+
+    async def _grants_of(self, principal_id: str) -> tuple[Grant, ...]:
+        now = time.monotonic()
+        cached = self._grants.get(principal_id)
+        if cached is not None and cached.until > now:
+            return cached.grants
+        rows = await self._db().grants(principal_id)
+        grants = tuple(Grant(patterns=p, scope_type=t, scope_id=i) for p, t, i in rows)
+        if len(self._grants) >= self._size:
+            self._grants.pop(next(iter(self._grants)))
+        self._grants[principal_id] = _CachedGrants(grants=grants, until=now + self._ttl)
+        return grants
+
+    def _invalidate_grants(self, principal_id: str | None) -> None:
+        if principal_id is None:
+            self._grants.clear()
+        else:
+            self._grants.pop(principal_id, None)
 
     # --- administration -----------------------------------------------------------------------------------------
 
@@ -172,6 +206,7 @@ class EmbeddedIam:
         )
         for old in revoked:
             self._invalidate(old)
+        self._invalidate_grants(principal_id)
         if minted:
             log.info("minted a root admin credential %s", credential_id)
         return Bootstrap(

@@ -6,6 +6,9 @@ The only module of this package that may import the PostgreSQL store or SQLAlche
 from __future__ import annotations
 
 import datetime as dt
+import json
+import secrets
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -48,6 +51,40 @@ CREATE TABLE {schema}.iam_credentials (
     last_used_at timestamptz
 );
 CREATE INDEX iam_credentials_principal ON {schema}.iam_credentials (principal_id);
+""",
+    ),
+    Migration(
+        version=2,
+        name="roles and bindings",
+        sql="""
+ALTER TABLE {schema}.iam_credentials
+    ADD COLUMN description text NOT NULL DEFAULT '',
+    ADD COLUMN expired_at timestamptz;
+CREATE INDEX iam_credentials_expiring ON {schema}.iam_credentials (expires_at)
+    WHERE revoked_at IS NULL AND expired_at IS NULL AND expires_at IS NOT NULL;
+CREATE TABLE {schema}.iam_roles (
+    id          text PRIMARY KEY,
+    tenant_id   text REFERENCES {schema}.iam_tenants (id),
+    name        text NOT NULL,
+    actions     text[] NOT NULL,
+    description text NOT NULL DEFAULT '',
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX iam_roles_name ON {schema}.iam_roles (coalesce(tenant_id, ''), name);
+CREATE TABLE {schema}.iam_bindings (
+    id           text PRIMARY KEY,
+    role_id      text NOT NULL REFERENCES {schema}.iam_roles (id),
+    principal_id text NOT NULL REFERENCES {schema}.iam_principals (id),
+    tenant_id    text NOT NULL REFERENCES {schema}.iam_tenants (id),
+    scope_type   text NOT NULL CHECK (scope_type IN ('root', 'tenant', 'pool')),
+    scope_id     text,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    CHECK ((scope_type = 'root') = (scope_id IS NULL))
+);
+CREATE UNIQUE INDEX iam_bindings_unique
+    ON {schema}.iam_bindings (role_id, principal_id, scope_type, coalesce(scope_id, ''));
+CREATE INDEX iam_bindings_principal ON {schema}.iam_bindings (principal_id);
+CREATE INDEX iam_bindings_tenant ON {schema}.iam_bindings (tenant_id);
 """,
     ),
 )
@@ -107,6 +144,21 @@ class IamTables:
             f" RETURNING id"
         )
         self._lock = text("SELECT pg_advisory_xact_lock(hashtext(:key))")
+        self._grants = text(
+            f"SELECT r.actions, b.scope_type, b.scope_id FROM {q}.iam_bindings b"
+            f" JOIN {q}.iam_roles r ON r.id = b.role_id WHERE b.principal_id = :principal"
+        )
+        self._upsert_builtin = text(
+            f"INSERT INTO {q}.iam_roles AS r (id, tenant_id, name, actions, description)"
+            f" SELECT j.key, NULL, j.key, ARRAY(SELECT jsonb_array_elements_text(j.value)), 'built-in'"
+            f" FROM jsonb_each(CAST(:roles AS jsonb)) AS j"
+            f" ON CONFLICT (id) DO UPDATE SET actions = EXCLUDED.actions WHERE r.actions <> EXCLUDED.actions"
+        )
+        self._bind_root_admin = text(
+            f"INSERT INTO {q}.iam_bindings (id, role_id, principal_id, tenant_id, scope_type, scope_id)"
+            f" VALUES (:id, 'compute.admin', :principal, :tenant, 'root', NULL)"
+            f" ON CONFLICT DO NOTHING"
+        )
 
     async def credential(self, credential_id: str) -> CredentialRow | None:
         """One credential with its principal, or ``None``."""
@@ -134,11 +186,20 @@ class IamTables:
             async with self._store.engine.begin() as conn:
                 await conn.execute(self._touch, {"id": credential_id})
 
-    async def ensure_root(self) -> None:
-        """Create the root tenant if it does not exist."""
+    async def ensure_root(self, builtin_roles: Mapping[str, Sequence[str]]) -> None:
+        """Create the root tenant if it does not exist, and bring the built-in roles up to date."""
+        roles = json.dumps({name: list(actions) for name, actions in builtin_roles.items()})
         with translated():
             async with self._store.engine.begin() as conn:
                 await conn.execute(self._ensure_root, {"id": ROOT_TENANT})
+                await conn.execute(self._upsert_builtin, {"roles": roles})
+
+    async def grants(self, principal_id: str) -> list[tuple[tuple[str, ...], str, str | None]]:
+        """Every binding of a principal: the role's action patterns, the scope type and the scope id."""
+        with translated():
+            async with self._store.engine.connect() as conn:
+                rows = (await conn.execute(self._grants, {"principal": principal_id})).all()
+        return [(tuple(r[0]), r[1], r[2]) for r in rows]
 
     async def bootstrap(
         self, *, principal_id: str, principal_name: str, credential_id: str, secret_hash: bytes, rotate: bool
@@ -158,6 +219,9 @@ class IamTables:
                         {"id": principal_id, "tenant": ROOT_TENANT, "kind": "user", "name": principal_name},
                     )
                 ).scalar_one()
+                await conn.execute(
+                    self._bind_root_admin, {"id": f"bd_{secrets.token_hex(8)}", "principal": pid, "tenant": ROOT_TENANT}
+                )
                 active = [r[0] for r in (await conn.execute(self._active, {"principal": pid})).all()]
                 if active and not rotate:
                     return pid, False, []
