@@ -21,7 +21,7 @@ import attrs
 
 from ._codec import check_supported
 from .errors import InvalidConfigError
-from .ports import Decision, Identity, ResourceRef
+from .ports import AuditRecord, Decision, Identity, ResourceRef
 
 if TYPE_CHECKING:
     from ._core import ModuleContext
@@ -75,6 +75,30 @@ class CallContext:
     decision: Decision | None
     context: ModuleContext
     request_id: str
+
+    def audit_record(
+        self,
+        *,
+        resource_type: str,
+        resource_id: str | None,
+        tenant: str | None,
+        details: Mapping[str, Any] | None = None,
+        outcome: str = "ok",
+    ) -> AuditRecord:
+        """The audit row of this call's mutation, carrying the id of the one decision that allowed it.
+
+        Write it with ``Transaction.audit`` in the transaction that makes the change.
+        """
+        return AuditRecord(
+            action=self.method.action,
+            actor=self.identity.principal_id if self.identity else "anonymous",
+            tenant=tenant,
+            resource_type=resource_type,
+            resource_id=resource_id,
+            decision_id=self.decision.id if self.decision else None,
+            outcome=outcome,
+            details=dict(details or {}),
+        )
 
 
 Handler = Callable[[CallContext, In], Awaitable[Out]]

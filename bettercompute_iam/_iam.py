@@ -22,6 +22,8 @@ from bettercompute.errors import AccessDeniedError, InternalError, Unauthenticat
 from bettercompute.ports import Decision, Identity, Migration, ResourceRef
 
 from . import _credentials
+from ._authz import AUTHZ_GROUPS
+from ._methods import IAM_GROUPS
 from ._pg import MIGRATIONS, ROOT_TENANT, IamTables
 from ._policy import BUILTIN_ROLES, Grant, allows
 from ._version import __version__
@@ -77,8 +79,8 @@ class EmbeddedIam:
     name = "iam"
     version = __version__
     core_range = ">=0.1,<0.2"
-    groups: Sequence[type[GroupSpec[Any]]] = ()
-    actions: Sequence[str] = ()
+    groups: Sequence[type[GroupSpec[Any]]] = (*IAM_GROUPS, *AUTHZ_GROUPS)
+    actions: Sequence[str] = tuple(sorted({m.action for g in (*IAM_GROUPS, *AUTHZ_GROUPS) for m in g.methods.values()}))
     jobs: Sequence[Job] = ()
     migrations: Mapping[str, Sequence[Migration]] = {"postgresql": MIGRATIONS}
 
