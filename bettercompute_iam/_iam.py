@@ -81,7 +81,6 @@ class EmbeddedIam:
     core_range = ">=0.1,<0.2"
     groups: Sequence[type[GroupSpec[Any]]] = (*IAM_GROUPS, *AUTHZ_GROUPS)
     actions: Sequence[str] = tuple(sorted({m.action for g in (*IAM_GROUPS, *AUTHZ_GROUPS) for m in g.methods.values()}))
-    jobs: Sequence[Job] = ()
     migrations: Mapping[str, Sequence[Migration]] = {"postgresql": MIGRATIONS}
 
     def __init__(self, *, cache_ttl: dt.timedelta = dt.timedelta(seconds=30), cache_size: int = 10_000) -> None:
@@ -91,6 +90,19 @@ class EmbeddedIam:
         self._grants: dict[str, _CachedGrants] = {}
         self._tables: IamTables | None = None
         self._context: ModuleContext | None = None
+
+    @property
+    def jobs(self) -> Sequence[Job]:
+        """IAM's jobs, in the ``iam`` role, each under its singleton lease."""
+        return (Job(name="expire-credentials", role="iam", interval=dt.timedelta(seconds=30), run=self._expire_job),)
+
+    async def _expire_job(self, context: ModuleContext) -> int:
+        expired = await self._db().expire(limit=500)
+        for credential_id, _, _ in expired:
+            context.caches.invalidate(CACHE, credential_id)
+        if expired:
+            log.info("%d credential(s) reached their expiry", len(expired))
+        return len(expired)
 
     # --- module -------------------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import attrs
 from sqlalchemy import text
 
 from bettercompute.errors import InvalidConfigError
-from bettercompute.ports import Migration, Store
+from bettercompute.ports import AuditRecord, Migration, Store
 from bettercompute_store_pg import PgStore, quote_schema, translated
 
 __all__ = ["MIGRATIONS", "ROOT_TENANT", "CredentialRow", "IamTables"]
@@ -154,6 +154,13 @@ class IamTables:
             f" FROM jsonb_each(CAST(:roles AS jsonb)) AS j"
             f" ON CONFLICT (id) DO UPDATE SET actions = EXCLUDED.actions WHERE r.actions <> EXCLUDED.actions"
         )
+        self._expire = text(
+            f"UPDATE {q}.iam_credentials SET expired_at = expires_at"
+            f" WHERE id IN (SELECT id FROM {q}.iam_credentials"
+            f"  WHERE revoked_at IS NULL AND expired_at IS NULL AND expires_at IS NOT NULL AND expires_at <= now()"
+            f"  ORDER BY expires_at LIMIT :limit FOR UPDATE SKIP LOCKED)"
+            f" RETURNING id, principal_id, (SELECT tenant_id FROM {q}.iam_principals p WHERE p.id = principal_id)"
+        )
         self._bind_root_admin = text(
             f"INSERT INTO {q}.iam_bindings (id, role_id, principal_id, tenant_id, scope_type, scope_id)"
             f" VALUES (:id, 'compute.admin', :principal, :tenant, 'root', NULL)"
@@ -193,6 +200,29 @@ class IamTables:
             async with self._store.engine.begin() as conn:
                 await conn.execute(self._ensure_root, {"id": ROOT_TENANT})
                 await conn.execute(self._upsert_builtin, {"roles": roles})
+
+    async def expire(self, limit: int) -> list[tuple[str, str, str]]:
+        """Mark up to ``limit`` credentials past their expiry as expired, with an audit row each.
+
+        Returns (credential id, principal id, tenant id) of each. Authentication already refuses them by time; this
+        records when they ended, for listings and for the audit trail.
+        """
+        with translated():
+            async with self._store.transaction() as tx:
+                rows = (await tx.connection.execute(self._expire, {"limit": limit})).all()
+                expired = [(r[0], r[1], r[2]) for r in rows]
+                for credential_id, _, tenant in expired:
+                    await tx.audit(
+                        AuditRecord(
+                            action="iam:credentials:expire",
+                            actor="system",
+                            tenant=tenant,
+                            resource_type="credential",
+                            resource_id=credential_id,
+                            decision_id=None,
+                        )
+                    )
+        return expired
 
     async def grants(self, principal_id: str) -> list[tuple[tuple[str, ...], str, str | None]]:
         """Every binding of a principal: the role's action patterns, the scope type and the scope id."""
