@@ -12,7 +12,8 @@ import attrs
 __all__ = ["ParsedCredential", "mint", "parse", "secret_hash", "secret_matches"]
 
 PREFIX = "bcak_"
-_FORMAT = re.compile(r"^bcak_([0-9a-f]{16})\.([A-Za-z0-9_-]{43})$")
+# fullmatch, not match with "$": "$" also matches before a trailing newline, which would let "<credential>\n" through.
+_FORMAT = re.compile(r"bcak_([0-9a-f]{16})\.([A-Za-z0-9_-]{43})")
 
 
 @attrs.frozen(kw_only=True, repr=False)
@@ -28,7 +29,7 @@ class ParsedCredential:
 
 def parse(credential: str) -> ParsedCredential | None:
     """Split a well-formed credential; ``None`` for anything else (checked without touching the database)."""
-    match = _FORMAT.match(credential)
+    match = _FORMAT.fullmatch(credential)
     if match is None:
         return None
     return ParsedCredential(id=match.group(1), secret=match.group(2))
