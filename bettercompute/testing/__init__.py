@@ -2,6 +2,8 @@
 
 from ._iam_double import StaticIamDouble as StaticIamDouble
 from ._iam_double import identity as identity
+from ._iam_suite import IamCase as IamCase
+from ._iam_suite import IamConformance as IamConformance
 from ._store_suite import StoreConformance as StoreConformance
 
-__all__ = ["StaticIamDouble", "StoreConformance", "identity"]
+__all__ = ["IamCase", "IamConformance", "StaticIamDouble", "StoreConformance", "identity"]
