@@ -1,0 +1,184 @@
+"""IAM decisions per second, cached and uncached, next to pgbench running the SQL the uncached paths run.
+
+Measures the embedded IAM on one control plane (default 30 s caches) and on a second one with ``cache_ttl=0``:
+
+    (a) authenticate, cached          (b) authenticate, uncached: one credential lookup per call
+    (c) require, grants cached        (d) require, uncached: one grants query per call
+    (e) a whole in-process ``compute.api.system.whoami`` call (authenticate + dispatch + codec), cached and uncached
+    (f) RemoteIam.require against the cached plane over httpx.ASGITransport (HTTP without a network)
+
+then pgbench with the same credential lookup and grants query (the package's own statements, parameters filled
+in), so the ratios show what Python, SQLAlchemy and psycopg cost on top of PostgreSQL; and the lookup between BEGIN
+and ROLLBACK, which is what a read on a pooled SQLAlchemy connection sends (three round trips, not one).
+
+    python bench/iam.py            # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
+
+Takes about 20 seconds. Uses (and drops) the schema ``bc_bench_iam``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from bettercompute import BetterCompute, Options, better_compute
+from bettercompute.modules.system import WhoamiInput
+from bettercompute.ports import ResourceRef
+from bettercompute_iam import EmbeddedIam, RemoteIam
+from bettercompute_iam._credentials import parse
+from bettercompute_iam._pg import IamTables
+from bettercompute_store_pg import PgStore
+
+URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://postgres@127.0.0.1:5432/test"
+SCHEMA = "bc_bench_iam"
+CLIENTS = 4  # concurrent callers where the database is on the path, and pgbench clients; the pool has as many
+SECONDS = 1.5  # per Python measurement
+PGBENCH_SECONDS = 3
+ACTION = "compute:reservations:create"
+RESOURCE = ResourceRef(type="reservations", tenant="root")
+
+
+def drop_schema() -> None:
+    with psycopg.connect(URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
+
+
+async def rate(call: Callable[[], Awaitable[object]], *, clients: int = 1) -> float:
+    """Calls per second of ``call`` from ``clients`` concurrent loops, after a warm-up that opens the connections."""
+
+    async def warm_up() -> None:
+        for _ in range(20):
+            await call()
+
+    await asyncio.gather(*(warm_up() for _ in range(clients)))
+    done = 0
+    deadline = time.monotonic() + SECONDS
+
+    async def loop() -> None:
+        nonlocal done
+        while time.monotonic() < deadline:
+            await call()
+            done += 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(loop() for _ in range(clients)))
+    return done / (time.monotonic() - started)
+
+
+async def plane(iam: EmbeddedIam) -> BetterCompute:
+    compute = better_compute(Options(store=PgStore(URL, schema=SCHEMA, pool_size=CLIENTS), iam=iam))
+    await compute.initialize()
+    return compute
+
+
+def one_line(sql: str, values: dict[str, str]) -> str:
+    for name, value in values.items():
+        sql = re.sub(re.escape(name) + r"\b", value, sql)
+    return " ".join(sql.split()) + ";\n"
+
+
+def pgbench(sql: str) -> float | None:
+    binary = shutil.which("pgbench")
+    if binary is None:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "iam.sql"
+        script.write_text(sql)
+        command = [binary, "-n", "-M", "prepared", "-f", str(script), "-c", str(CLIENTS), "-j", "2"]
+        result = subprocess.run(
+            [*command, "-T", str(PGBENCH_SECONDS), URL], capture_output=True, text=True, check=False
+        )
+    match = re.search(r"tps = ([0-9.]+)", result.stdout)
+    if result.returncode != 0 or match is None:
+        raise SystemExit(f"pgbench failed:\n{result.stdout}\n{result.stderr}")
+    return float(match.group(1))
+
+
+async def main() -> None:
+    drop_schema()
+    cached_iam = EmbeddedIam()
+    uncached_iam = EmbeddedIam(cache_ttl=dt.timedelta(0))
+    cached = await plane(cached_iam)
+    uncached = await plane(uncached_iam)
+    remote: RemoteIam | None = None
+    try:
+        boot = await cached_iam.bootstrap()
+        assert boot.credential is not None
+        credential = boot.credential
+        identity = await cached_iam.authenticate(credential)
+        # The root admin holds iam:*:* on the root scope, so it may call the authz group for RemoteIam too.
+        remote = RemoteIam(
+            "http://central", credential, cache_ttl=dt.timedelta(0), transport=httpx.ASGITransport(app=cached.asgi)
+        )
+        remote_iam = remote
+        rows: list[tuple[str, float, int]] = []
+
+        async def measure(name: str, call: Callable[[], Awaitable[object]], clients: int = 1) -> float:
+            value = await rate(call, clients=clients)
+            rows.append((name, value, clients))
+            return value
+
+        whoami = WhoamiInput()
+        await measure("(a) authenticate, cached", lambda: cached_iam.authenticate(credential))
+        authenticate_uncached = await measure(
+            "(b) authenticate, uncached (1 SELECT)", lambda: uncached_iam.authenticate(credential), CLIENTS
+        )
+        await measure("(c) require, grants cached", lambda: cached_iam.require(identity, ACTION, RESOURCE))
+        require_uncached = await measure(
+            "(d) require, uncached (1 SELECT)", lambda: uncached_iam.require(identity, ACTION, RESOURCE), CLIENTS
+        )
+        await measure("(e) api.system.whoami, cached", lambda: cached.api.system.whoami(credential, whoami))
+        await measure(
+            "(e) api.system.whoami, uncached", lambda: uncached.api.system.whoami(credential, whoami), CLIENTS
+        )
+        await measure(
+            "(f) RemoteIam.require over ASGI", lambda: remote_iam.require(identity, ACTION, RESOURCE), CLIENTS
+        )
+        tables = IamTables(cached.context.store)
+        parsed = parse(credential)
+        assert parsed is not None
+        credential_sql = one_line(tables._credential.text, {":id": f"'{parsed.id}'"})
+        grants_sql = one_line(tables._grants.text, {":principal": f"'{identity.principal_id}'"})
+        # What SQLAlchemy really sends for one read on a pooled connection: BEGIN, the query, ROLLBACK on return.
+        credential_tx_sql = f"BEGIN;\n{credential_sql}ROLLBACK;\n"
+    finally:
+        if remote is not None:
+            await remote.aclose()
+        await uncached.close()
+        await cached.close()
+    try:
+        pg_credential = pgbench(credential_sql)
+        pg_grants = pgbench(grants_sql)
+        pg_credential_tx = pgbench(credential_tx_sql)
+    finally:
+        drop_schema()
+
+    print("IAM decisions/s, and the time one call takes (callers / rate)")
+    for name, value, clients in rows:
+        print(f"  {name:<40} {value:>10,.0f}/s  {clients} caller(s)  {1e6 * clients / value:>8.1f} µs")
+    if pg_credential is None or pg_grants is None or pg_credential_tx is None:
+        print("pgbench not installed (postgresql-client); no comparison")
+        return
+    print(f"pgbench, same SQL, {CLIENTS} clients, prepared")
+    print(f"  {'credential lookup':<40} {pg_credential:>10,.0f}/s")
+    print(f"  {'grants query':<40} {pg_grants:>10,.0f}/s")
+    print(f"  {'BEGIN; credential lookup; ROLLBACK':<40} {pg_credential_tx:>10,.0f}/s")
+    print("ratios")
+    print(f"  (b) authenticate uncached / pgbench credential lookup:  {authenticate_uncached / pg_credential:.2f}")
+    print(f"  (b) authenticate uncached / pgbench lookup in BEGIN..:  {authenticate_uncached / pg_credential_tx:.2f}")
+    print(f"  (d) require uncached / pgbench grants query:            {require_uncached / pg_grants:.2f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
