@@ -13,12 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy import Row, TextClause
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bettercompute.ports import Claim, Lease, WorkItem
 
-from ._db import Database, dumps, fetch_in, utc, when
+from ._db import Database, Statement, dumps, fetch_in, utc, when
 
 __all__ = ["PgWorkQueue", "claim_sql", "complete_sql"]
 
@@ -150,7 +149,7 @@ def _items(items: Sequence[WorkItem]) -> str:
     )
 
 
-def _claim(row: Row[Any]) -> Claim:
+def _claim(row: Any) -> Claim:
     return Claim(
         id=row.id,
         kind=row.kind,
@@ -170,7 +169,7 @@ class PgWorkQueue:
     def __init__(self, db: Database) -> None:
         self._db = db
         self._enqueue = db.sql(_ENQUEUE)
-        self._claims: dict[tuple[bool, bool], TextClause] = {
+        self._claims: dict[tuple[bool, bool], Statement] = {
             (shards, fence): db.sql(claim_sql(shards=shards, fence=fence))
             for shards in (False, True)
             for fence in (False, True)
