@@ -1,12 +1,16 @@
 """Work-queue claims per second through ``PgStore``, next to pgbench running the same SQL.
 
-Each worker loops claim (one item) then complete: two statements per item, the store's hot path. pgbench runs the
-store's own claim and complete statements (taken from the package, parameters filled in) against a table filled
-the same way, so the ratio is the cost of Python, SQLAlchemy and psycopg on top of PostgreSQL.
+Each worker loops claim (a batch of ``BATCHES`` items: 1, and 10 the way a real worker claims) then complete for each
+claimed item: the store's hot path. pgbench runs the store's own claim and complete statements (taken from the
+package) against a table filled the same way, with the same concurrency, and with the same values passed as bound
+parameters (``-D``), not literals: with literals PostgreSQL would plan the claim once, while the store's parameterized
+claim is planned on every call. For a batch of n, pgbench's claim is wrapped to hand its n ids and tokens to n
+completes. Both sides run a warm-up first, then count the rows the measured run completed (deleted). So the ratio is
+the cost of Python, SQLAlchemy and psycopg on top of PostgreSQL.
 
     python bench/claims.py            # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
 
-Takes about 30 seconds. Uses (and drops) the schema ``bc_bench``.
+Takes about a minute. Uses (and drops) the schema ``bc_bench``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://
 SCHEMA = "bc_bench"
 WORKERS = 4
 SECONDS = 8
+WARMUP_SECONDS = 2
+BATCHES = (1, 10)
 ITEMS = 80_000  # more than either side can drain in SECONDS, so no worker ever finds the queue empty
 KIND = "bench"
 CLAIM_FOR = dt.timedelta(seconds=60)
@@ -53,77 +59,103 @@ async def fill(store: PgStore) -> None:
         conn.execute(f'VACUUM ANALYZE "{SCHEMA}".work_queue')
 
 
-async def bench_store(store: PgStore) -> float:
-    done = 0
-    deadline = time.monotonic() + SECONDS
+def remaining() -> int:
+    with psycopg.connect(URL, autocommit=True) as conn:
+        row = conn.execute(f'SELECT count(*) FROM "{SCHEMA}".work_queue').fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def run_store(store: PgStore, batch: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
 
     async def worker(name: str) -> None:
-        nonlocal done
         while time.monotonic() < deadline:
-            for claim in await store.queue.claim(holder=name, kinds=[KIND], limit=1, claim_for=CLAIM_FOR):
-                if await store.queue.complete(claim):
-                    done += 1
+            for claim in await store.queue.claim(holder=name, kinds=[KIND], limit=batch, claim_for=CLAIM_FOR):
+                await store.queue.complete(claim)
 
-    started = time.monotonic()
     await asyncio.gather(*(worker(f"w{n}") for n in range(WORKERS)))
-    return done / (time.monotonic() - started)
 
 
-def pgbench_script() -> str:
-    """The store's statements with their parameters filled in the way pgbench understands."""
+async def bench_store(store: PgStore, batch: int) -> float:
+    await run_store(store, batch, WARMUP_SECONDS)
+    before = remaining()
+    started = time.monotonic()
+    await run_store(store, batch, SECONDS)
+    elapsed = time.monotonic() - started
+    return (before - remaining()) / elapsed
+
+
+def pgbench_script(batch: int) -> str:
+    """The store's statements, parameters as pgbench variables; a batch's ids and tokens go to one complete each."""
     claim = claim_sql(shards=False, fence=False)
-    for name, value in {
-        ":holder": "'pgbench'",
-        ":kinds": f"'{{{KIND}}}'",
-        ":limit": "1",
-        ":claim_for": f"interval '{int(CLAIM_FOR.total_seconds())} seconds'",
-    }.items():
-        claim = re.sub(re.escape(name) + r"\b", value, claim)
-    complete = complete_sql().replace(":token", ":claim_token")  # \gset names variables after the columns
+    complete = complete_sql()
     quoted = f'"{SCHEMA}"'
 
     def one_line(sql: str) -> str:
         return " ".join(sql.replace("{s}", quoted).split())
 
-    return f"{one_line(claim)} \\gset\n{one_line(complete)};\n"
-
-
-def bench_pgbench() -> float | None:
-    binary = shutil.which("pgbench")
-    if binary is None:
-        return None
-    with tempfile.TemporaryDirectory() as folder:
-        script = Path(folder) / "claim.sql"
-        script.write_text(pgbench_script())
-        result = subprocess.run(
-            [binary, "-n", "-M", "prepared", "-f", str(script), "-c", str(WORKERS), "-j", "2", "-T", str(SECONDS), URL],
-            capture_output=True,
-            text=True,
-            check=False,
+    if batch == 1:
+        lines = [f"{one_line(claim)} \\gset", one_line(complete.replace(":token", ":claim_token")) + ";"]
+    else:  # \gset takes one row: the claimed rows become columns id1, token1, ...
+        order = "ORDER BY c.due_at, c.id"
+        columns = ", ".join(
+            f"(array_agg(c.id {order}))[{n}] AS id{n}, (array_agg(c.claim_token {order}))[{n}] AS token{n}"
+            for n in range(1, batch + 1)
         )
+        lines = [f"WITH c AS ({one_line(claim)}) SELECT {columns} FROM c \\gset"]
+        for n in range(1, batch + 1):
+            lines.append(one_line(complete.replace(":id", f":id{n}").replace(":token", f":token{n}")) + ";")
+    return "\n".join(lines) + "\n"
+
+
+def pgbench(binary: str, script: Path, batch: int, seconds: int) -> float:
+    variables = {"holder": "pgbench", "kinds": f"{{{KIND}}}", "limit": str(batch), "claim_for": str(CLAIM_FOR)}
+    defines = [arg for name, value in variables.items() for arg in ("-D", f"{name}={value}")]
+    command = [binary, "-n", "-M", "prepared", *defines, "-f", str(script), "-c", str(WORKERS), "-j", "2"]
+    result = subprocess.run([*command, "-T", str(seconds), URL], capture_output=True, text=True, check=False)
     match = re.search(r"tps = ([0-9.]+)", result.stdout)
     if result.returncode != 0 or match is None:
         raise SystemExit(f"pgbench failed:\n{result.stdout}\n{result.stderr}")
     return float(match.group(1))
 
 
+def bench_pgbench(batch: int) -> float | None:
+    binary = shutil.which("pgbench")
+    if binary is None:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "claim.sql"
+        script.write_text(pgbench_script(batch))
+        pgbench(binary, script, batch, WARMUP_SECONDS)
+        before = remaining()
+        started = time.monotonic()
+        pgbench(binary, script, batch, SECONDS)
+        elapsed = time.monotonic() - started  # includes pgbench's connection setup, as the store's run does not
+        return (before - remaining()) / elapsed
+
+
 async def main() -> None:
+    results: dict[int, tuple[float, float | None]] = {}
     drop_schema()
     try:
         async with PgStore(URL, schema=SCHEMA, pool_size=WORKERS) as store:
             await store.install()
-            await fill(store)
-            store_rate = await bench_store(store)
-            await fill(store)
-        pgbench_rate = bench_pgbench()
+            for batch in BATCHES:
+                await fill(store)
+                store_rate = await bench_store(store, batch)
+                await fill(store)
+                results[batch] = (store_rate, bench_pgbench(batch))
     finally:
         drop_schema()
-    print(f"PgStore  claim+complete, {WORKERS} concurrent claimers: {store_rate:8.0f} items/s")
-    if pgbench_rate is None:
-        print("pgbench  not installed (postgresql-client); no comparison")
-        return
-    print(f"pgbench  same SQL, {WORKERS} clients, prepared:          {pgbench_rate:8.0f} items/s")
-    print(f"ratio    PgStore / pgbench: {store_rate / pgbench_rate:.2f}")
+    for batch, (store_rate, pgbench_rate) in results.items():
+        print(f"claim batch {batch:2d}, {WORKERS} concurrent claimers, items/s (claim + complete each):")
+        print(f"  PgStore  {store_rate:8.0f}")
+        if pgbench_rate is None:
+            print("  pgbench  not installed (postgresql-client); no comparison")
+            continue
+        print(f"  pgbench  {pgbench_rate:8.0f}  same SQL, bound parameters, prepared")
+        print(f"  ratio    {store_rate / pgbench_rate:8.2f}")
 
 
 if __name__ == "__main__":
