@@ -195,29 +195,44 @@ class Jobs:
             await runner
 
     async def _loop(self, job: Job, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        """Hold the job's lease (renewed every third of its TTL) and run a pass every ``interval`` while held.
+
+        ``started`` is signalled after the first attempt at the lease, so ``start()`` returns with leases taken
+        where they were free.
+        """
         store = self._context.store
-        ttl = self._context.options.lease_ttl
+        ttl = self._context.options.lease_ttl.total_seconds()
+        interval = job.interval.total_seconds()
+        next_run = 0.0
         failures = 0
+        started = False
         while True:
-            wait = job.interval.total_seconds()
+            wait = ttl / 3
             try:
-                lease = self._held.get(job.lease_name)
+                held = self._held.get(job.lease_name)
                 lease = await (
-                    store.leases.renew(lease, ttl)
-                    if lease
-                    else store.leases.acquire(job.lease_name, self._context.instance, ttl)
+                    store.leases.renew(held, self._context.options.lease_ttl)
+                    if held
+                    else store.leases.acquire(job.lease_name, self._context.instance, self._context.options.lease_ttl)
                 )
                 if lease is None:
                     self._held.pop(job.lease_name, None)
-                    wait = max(wait, ttl.total_seconds() / 3)
                 else:
                     self._held[job.lease_name] = lease
-                    with anyio.fail_after(ttl.total_seconds() * 2 / 3):
+                if not started:
+                    task_status.started()
+                    started = True
+                if lease is not None and anyio.current_time() >= next_run:
+                    with anyio.fail_after(ttl * 2 / 3):
                         await job.run(self._context)
+                    next_run = anyio.current_time() + interval
+                    wait = min(interval, ttl / 3)
                 failures = 0
             except Exception as exc:
+                if not started:
+                    task_status.started()
+                    started = True
                 failures += 1
-                wait = min(60.0, wait * math.pow(2, min(failures, 6)))
+                wait = min(60.0, interval * math.pow(2, min(failures, 6)))
                 log.warning("job %s failed (%s); retrying in about %.0f s", job.lease_name, type(exc).__name__, wait)
             await anyio.sleep(wait * random.uniform(0.8, 1.2))  # noqa: S311 - jitter, not security
