@@ -270,6 +270,18 @@ class Transaction(Protocol):
         """Add an audit row."""
         ...
 
+    async def project(self, resource: ResourceRef, *, owner: str | None = None) -> None:
+        """Record in the authorization projection which tenant (and pool, and owner) a resource belongs to.
+
+        ``resource.id`` and ``resource.tenant`` are required. Write it in the transaction that creates the resource
+        (tx 1 of admission), so that decisions on the resource by id see its tenant.
+        """
+        ...
+
+    async def unproject(self, resource_type: str, resource_id: str) -> None:
+        """Remove a resource from the authorization projection."""
+        ...
+
 
 class Store(Protocol):
     """The authoritative state. The only implementation shipped is ``bettercompute_store_pg.PgStore``.

@@ -177,11 +177,23 @@ class EmbeddedIam:
     async def require(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
         """Allow (one decision, with a fresh id) or raise ``AccessDeniedError``.
 
+        A resource given by id without a tenant is looked up in the authorization projection first.
+
         The principal's bindings are cached like credentials; a change made in this process clears them at once.
         """
         if action not in _OPEN_TO_ALL:
+            tenant, pool = resource.tenant, resource.pool
+            if resource.id is not None and tenant is None:
+                # Addressed by id alone: the authorization projection says whose it is.
+                projected = await self._db().projected(resource.type, resource.id)
+                if projected is not None:
+                    tenant, pool = projected[0], projected[1] or pool
+                    if tenant != identity.tenant_id and not identity.is_root:
+                        raise AccessDeniedError(
+                            "the caller is outside this resource's tenant", details={"action": action}
+                        )
             grants = await self._grants_of(identity.principal_id)
-            if not allows(grants, action, tenant=resource.tenant, pool=resource.pool):
+            if not allows(grants, action, tenant=tenant, pool=pool):
                 raise AccessDeniedError(f"{action} is not allowed here", details={"action": action})
         return Decision(id=uuid.uuid4().hex, action=action, resource=resource, principal_id=identity.principal_id)
 

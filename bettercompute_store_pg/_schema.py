@@ -129,5 +129,23 @@ CREATE INDEX audit_at ON {schema}.audit (at);
 CREATE INDEX audit_resource ON {schema}.audit (resource_type, resource_id, at);
 """
 
-CORE_MIGRATIONS: tuple[Migration, ...] = (Migration(version=1, name="core tables", sql=_CORE_V1),)
+# The authorization projection: which tenant, pool and owner each resource belongs to, written by modules in the
+# transaction that creates the resource and read by IAM for resource-scoped decisions.
+_CORE_V2 = """
+CREATE TABLE {schema}.authz_resources (
+    resource_type text NOT NULL,
+    resource_id text NOT NULL,
+    tenant_id text NOT NULL,
+    pool_id text,
+    owner text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (resource_type, resource_id)
+);
+CREATE INDEX authz_resources_tenant ON {schema}.authz_resources (tenant_id);
+"""
+
+CORE_MIGRATIONS: tuple[Migration, ...] = (
+    Migration(version=1, name="core tables", sql=_CORE_V1),
+    Migration(version=2, name="authorization projection", sql=_CORE_V2),
+)
 """The migrations of module ``"core"``: the tables ``PgStore`` itself uses."""

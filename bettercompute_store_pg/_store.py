@@ -11,8 +11,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from bettercompute.errors import InvalidConfigError
-from bettercompute.ports import AuditRecord, Lease, Migration, OutboxEvent, WorkItem
+from bettercompute.errors import InternalError, InvalidConfigError
+from bettercompute.ports import AuditRecord, Lease, Migration, OutboxEvent, ResourceRef, WorkItem
 
 from ._db import Database, dumps, fetch_in, utc
 from ._errors import translated
@@ -27,6 +27,15 @@ __all__ = ["PgStore", "PgTransaction", "driver_url"]
 
 CONNECT_TIMEOUT_SECONDS = 5
 """libpq's connect timeout: an unreachable server fails fast instead of hanging a request."""
+
+_PROJECT = """
+INSERT INTO {s}.authz_resources (resource_type, resource_id, tenant_id, pool_id, owner)
+VALUES (:type, :id, :tenant, :pool, :owner)
+ON CONFLICT (resource_type, resource_id) DO UPDATE
+SET tenant_id = EXCLUDED.tenant_id, pool_id = EXCLUDED.pool_id, owner = EXCLUDED.owner
+"""
+
+_UNPROJECT = "DELETE FROM {s}.authz_resources WHERE resource_type = :type AND resource_id = :id"
 
 _AUDIT = """
 INSERT INTO {s}.audit (action, actor, tenant, resource_type, resource_id, decision_id, outcome, details)
@@ -92,6 +101,23 @@ class PgTransaction:
         }
         await fetch_in(self.connection, self._store._audit, params)
 
+    async def project(self, resource: ResourceRef, *, owner: str | None = None) -> None:
+        """Record (or update) which tenant, pool and owner a resource belongs to."""
+        if resource.id is None or resource.tenant is None:
+            raise InternalError("a projected resource needs an id and a tenant")
+        params = {
+            "type": resource.type,
+            "id": resource.id,
+            "tenant": resource.tenant,
+            "pool": resource.pool,
+            "owner": owner,
+        }
+        await fetch_in(self.connection, self._store._project, params)
+
+    async def unproject(self, resource_type: str, resource_id: str) -> None:
+        """Forget a deleted resource."""
+        await fetch_in(self.connection, self._store._unproject, {"type": resource_type, "id": resource_id})
+
 
 class PgStore:
     """The authoritative state in PostgreSQL, every table in one schema.
@@ -129,6 +155,8 @@ class PgStore:
         self.outbox = PgOutbox(self._db)
         self.idempotency = PgIdempotencyKeys(self._db)
         self._audit = self._db.sql(_AUDIT)
+        self._project = self._db.sql(_PROJECT)
+        self._unproject = self._db.sql(_UNPROJECT)
         self._ping = self._db.sql("SELECT now() AS now")
 
     def __repr__(self) -> str:

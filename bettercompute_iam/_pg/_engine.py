@@ -161,6 +161,9 @@ class IamTables:
             f"  ORDER BY expires_at LIMIT :limit FOR UPDATE SKIP LOCKED)"
             f" RETURNING id, principal_id, (SELECT tenant_id FROM {q}.iam_principals p WHERE p.id = principal_id)"
         )
+        self._projected = text(
+            f"SELECT tenant_id, pool_id FROM {q}.authz_resources WHERE resource_type = :type AND resource_id = :id"
+        )
         self._bind_root_admin = text(
             f"INSERT INTO {q}.iam_bindings (id, role_id, principal_id, tenant_id, scope_type, scope_id)"
             f" VALUES (:id, 'compute.admin', :principal, :tenant, 'root', NULL)"
@@ -223,6 +226,13 @@ class IamTables:
                         )
                     )
         return expired
+
+    async def projected(self, resource_type: str, resource_id: str) -> tuple[str, str | None] | None:
+        """The tenant and pool the projection records for a resource, or ``None``."""
+        with translated():
+            async with self._store.engine.connect() as conn:
+                row = (await conn.execute(self._projected, {"type": resource_type, "id": resource_id})).first()
+        return (row[0], row[1]) if row is not None else None
 
     async def grants(self, principal_id: str) -> list[tuple[tuple[str, ...], str, str | None]]:
         """Every binding of a principal: the role's action patterns, the scope type and the scope id."""

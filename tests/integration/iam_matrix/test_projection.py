@@ -1,0 +1,120 @@
+"""Decisions on a resource addressed by id alone follow the authorization projection written by its module."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import pytest
+
+from bettercompute import CallContext, GroupSpec, Job, MethodDef, ModuleContext, Options, better_compute
+from bettercompute.errors import AccessDeniedError
+from bettercompute.ports import Migration, ResourceRef
+from bettercompute_iam import EmbeddedIam
+from bettercompute_store_pg import PgStore
+
+from ._principals import add_principal, add_tenant
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+B = TypeVar("B")
+
+
+@attrs.frozen(kw_only=True)
+class CreateWidget:
+    tenant: str
+    name: str
+
+
+@attrs.frozen(kw_only=True)
+class GetWidget:
+    id: str
+
+
+@attrs.frozen(kw_only=True)
+class Widget:
+    id: str
+    name: str
+
+
+NAMES: dict[str, str] = {}
+
+
+async def create(call: CallContext, input: CreateWidget) -> Widget:
+    widget = Widget(id=f"wd_{secrets.token_hex(6)}", name=input.name)
+    async with call.context.store.transaction() as tx:
+        await tx.project(ResourceRef(type="widget", id=widget.id, tenant=input.tenant), owner="someone")
+        await tx.audit(call.audit_record(resource_type="widget", resource_id=widget.id, tenant=input.tenant))
+    NAMES[widget.id] = widget.name
+    return widget
+
+
+async def get(call: CallContext, input: GetWidget) -> Widget:
+    return Widget(id=input.id, name=NAMES[input.id])
+
+
+class Widgets(GroupSpec[B]):
+    name = "widgets"
+    create = MethodDef(
+        input=CreateWidget,
+        output=Widget,
+        handler=create,
+        mutates=True,
+        resource=lambda i: ResourceRef(type="widget", tenant=i.tenant),
+    )
+    get = MethodDef(
+        input=GetWidget,
+        output=Widget,
+        handler=get,
+        mutates=False,
+        resource=lambda i: ResourceRef(type="widget", id=i.id),
+    )
+
+
+@attrs.frozen(kw_only=True)
+class WidgetModule:
+    name: str = "widgets"
+    version: str = "1.0.0"
+    core_range: str = ">=0.1,<0.2"
+    groups: Sequence[type[GroupSpec[Any]]] = (Widgets,)
+    actions: Sequence[str] = ("compute:widgets:create", "compute:widgets:get")
+    migrations: Mapping[str, Sequence[Migration]] = attrs.field(factory=dict)
+    jobs: Sequence[Job] = ()
+
+    async def start(self, context: ModuleContext) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+@pytest.fixture
+async def api(database_url: str, fresh_schema: str) -> AsyncIterator[Any]:
+    compute = better_compute(
+        Options(store=PgStore(database_url, schema=fresh_schema), iam=EmbeddedIam(), modules=[WidgetModule()])
+    )
+    await compute.initialize()
+    try:
+        yield compute.api
+    finally:
+        await compute.close()
+
+
+async def test_the_projection_decides_by_tenant(api: Any, database_url: str, fresh_schema: str) -> None:
+    acme = add_tenant(database_url, fresh_schema, "acme")
+    evil = add_tenant(database_url, fresh_schema, "evil")
+    everything = ["compute:widgets:*"]
+    alice = add_principal(database_url, fresh_schema, acme, everything, scope_type="tenant", scope_id=acme)
+    mallory = add_principal(database_url, fresh_schema, evil, everything, scope_type="tenant", scope_id=evil)
+    # Mallory's grants hold on every tenant's scope, yet the widget's tenant is not hers.
+    wide = add_principal(database_url, fresh_schema, evil, everything, scope_type="root")
+
+    widget = await api.widgets.create(alice, CreateWidget(tenant=acme, name="w1"))
+    assert (await api.widgets.get(alice, GetWidget(id=widget.id))).name == "w1"
+    for outsider in (mallory, wide):
+        with pytest.raises(AccessDeniedError):
+            await api.widgets.get(outsider, GetWidget(id=widget.id))
+    # An unknown id has no tenant: only a root-scope grant could allow it, and the outsiders get no further.
+    with pytest.raises(AccessDeniedError):
+        await api.widgets.get(mallory, GetWidget(id="wd_unknown"))
