@@ -63,14 +63,15 @@ def test_two_processes_migrate_one_fresh_schema(database_url: str, fresh_schema:
         out, err = process.communicate(timeout=60)
         assert process.returncode == 0, err
         results.append(json.loads(out))
-    assert sorted(r["core"] for r in results) == [[], [1]]
+    core = [m.version for m in PgStore.core_migrations()]
+    assert sorted(r["core"] for r in results) == [[], core]
     assert sorted(r["probe"] for r in results) == [[], [1, 2]]
     with psycopg.connect(database_url) as conn:
         recorded = conn.execute(
             f'SELECT module, version FROM "{fresh_schema}".schema_migrations ORDER BY module, version'
         ).fetchall()
         probe_rows = conn.execute(f'SELECT count(*) FROM "{fresh_schema}".probe').fetchone()
-    assert recorded == [("core", 1), ("probe", 1), ("probe", 2)]
+    assert recorded == [*(("core", v) for v in core), ("probe", 1), ("probe", 2)]
     assert probe_rows == (1,)
 
 
