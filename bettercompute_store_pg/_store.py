@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.engine import URL, make_url
@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from bettercompute.errors import InternalError, InvalidConfigError
 from bettercompute.ports import AuditRecord, Lease, Migration, OutboxEvent, ResourceRef, WorkItem
 
-from ._db import Database, dumps, fetch_in, utc
+from ._db import Database, Statement, dumps, fetch_in, utc
 from ._errors import translated
 from ._idempotency import PgIdempotencyKeys
 from ._leases import PgLeases
@@ -212,6 +212,17 @@ class PgStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    def sql(self, template: str) -> Statement:
+        """A statement for ``fetch``, with ``{s}`` standing for the store's quoted schema; build it once, reuse it."""
+        return self._db.sql(template)
+
+    async def fetch(self, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
+        """Run one statement on its own, in one round trip (autocommit); its rows, columns as attributes.
+
+        For the reads of other packages' PostgreSQL adapters on a hot path (IAM's credential lookup, say).
+        """
+        return await self._db.fetch(statement, params)
 
     async def ping(self) -> None:
         """Raise ``UnavailableError`` unless the database answers now."""

@@ -116,13 +116,14 @@ class IamTables:
             )
         self._store = store
         q = quote_schema(store.schema)
-        self._credential = text(
-            f"SELECT c.id, c.secret_hash, p.id, p.name, p.kind, p.tenant_id,"
-            f" (c.revoked_at IS NULL AND (c.expires_at IS NULL OR c.expires_at > now()) AND p.disabled_at IS NULL),"
-            f" c.expires_at, c.last_used_at"
-            f" FROM {q}.iam_credentials c JOIN {q}.iam_principals p ON p.id = c.principal_id WHERE c.id = :id"
+        # The hot reads run through the store's one-round-trip path (no BEGIN/ROLLBACK around them).
+        self._credential = store.sql(
+            "SELECT c.id, c.secret_hash, p.id AS principal_id, p.name AS principal_name, p.kind, p.tenant_id,"
+            " (c.revoked_at IS NULL AND (c.expires_at IS NULL OR c.expires_at > now()) AND p.disabled_at IS NULL)"
+            " AS usable, c.expires_at, c.last_used_at"
+            " FROM {s}.iam_credentials c JOIN {s}.iam_principals p ON p.id = c.principal_id WHERE c.id = :id"
         )
-        self._touch = text(f"UPDATE {q}.iam_credentials SET last_used_at = now() WHERE id = :id")
+        self._touch = store.sql("UPDATE {s}.iam_credentials SET last_used_at = now() WHERE id = :id")
         self._ensure_root = text(
             f"INSERT INTO {q}.iam_tenants (id, name) VALUES (:id, :id) ON CONFLICT (id) DO NOTHING"
         )
@@ -144,9 +145,9 @@ class IamTables:
             f" RETURNING id"
         )
         self._lock = text("SELECT pg_advisory_xact_lock(hashtext(:key))")
-        self._grants = text(
-            f"SELECT r.actions, b.scope_type, b.scope_id FROM {q}.iam_bindings b"
-            f" JOIN {q}.iam_roles r ON r.id = b.role_id WHERE b.principal_id = :principal"
+        self._grants = store.sql(
+            "SELECT r.actions, b.scope_type, b.scope_id FROM {s}.iam_bindings b"
+            " JOIN {s}.iam_roles r ON r.id = b.role_id WHERE b.principal_id = :principal"
         )
         self._upsert_builtin = text(
             f"INSERT INTO {q}.iam_roles AS r (id, tenant_id, name, actions, description)"
@@ -161,8 +162,8 @@ class IamTables:
             f"  ORDER BY expires_at LIMIT :limit FOR UPDATE SKIP LOCKED)"
             f" RETURNING id, principal_id, (SELECT tenant_id FROM {q}.iam_principals p WHERE p.id = principal_id)"
         )
-        self._projected = text(
-            f"SELECT tenant_id, pool_id FROM {q}.authz_resources WHERE resource_type = :type AND resource_id = :id"
+        self._projected = store.sql(
+            "SELECT tenant_id, pool_id FROM {s}.authz_resources WHERE resource_type = :type AND resource_id = :id"
         )
         self._bind_root_admin = text(
             f"INSERT INTO {q}.iam_bindings (id, role_id, principal_id, tenant_id, scope_type, scope_id)"
@@ -172,12 +173,10 @@ class IamTables:
 
     async def credential(self, credential_id: str) -> CredentialRow | None:
         """One credential with its principal, or ``None``."""
-        with translated():
-            async with self._store.engine.connect() as conn:
-                found = (await conn.execute(self._credential, {"id": credential_id})).first()
-        if found is None:
+        rows = await self._store.fetch(self._credential, {"id": credential_id})
+        if not rows:
             return None
-        row: tuple[Any, ...] = tuple(found)
+        row: tuple[Any, ...] = tuple(rows[0])
         return CredentialRow(
             id=row[0],
             secret_hash=bytes(row[1]),
@@ -192,9 +191,7 @@ class IamTables:
 
     async def touch(self, credential_id: str) -> None:
         """Record that a credential was used now."""
-        with translated():
-            async with self._store.engine.begin() as conn:
-                await conn.execute(self._touch, {"id": credential_id})
+        await self._store.fetch(self._touch, {"id": credential_id})
 
     async def ensure_root(self, builtin_roles: Mapping[str, Sequence[str]]) -> None:
         """Create the root tenant if it does not exist, and bring the built-in roles up to date."""
@@ -229,16 +226,12 @@ class IamTables:
 
     async def projected(self, resource_type: str, resource_id: str) -> tuple[str, str | None] | None:
         """The tenant and pool the projection records for a resource, or ``None``."""
-        with translated():
-            async with self._store.engine.connect() as conn:
-                row = (await conn.execute(self._projected, {"type": resource_type, "id": resource_id})).first()
-        return (row[0], row[1]) if row is not None else None
+        rows = await self._store.fetch(self._projected, {"type": resource_type, "id": resource_id})
+        return (rows[0][0], rows[0][1]) if rows else None
 
     async def grants(self, principal_id: str) -> list[tuple[tuple[str, ...], str, str | None]]:
         """Every binding of a principal: the role's action patterns, the scope type and the scope id."""
-        with translated():
-            async with self._store.engine.connect() as conn:
-                rows = (await conn.execute(self._grants, {"principal": principal_id})).all()
+        rows = await self._store.fetch(self._grants, {"principal": principal_id})
         return [(tuple(r[0]), r[1], r[2]) for r in rows]
 
     async def bootstrap(

@@ -115,11 +115,11 @@ def credential_id(credential: str) -> str:
 
 
 class StatementCounter:
-    """Counts the SQL statements a store's engine runs."""
+    """Counts the connections a store takes from its pool: every database access, by any path, takes one."""
 
     def __init__(self, store: PgStore) -> None:
         self.count = 0
-        event.listen(store.engine.sync_engine, "before_cursor_execute", self._seen)
+        event.listen(store.engine.sync_engine.pool, "checkout", self._seen)
 
     def _seen(self, *_: object) -> None:
         self.count += 1
