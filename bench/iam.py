@@ -148,8 +148,8 @@ async def main() -> None:
         tables = IamTables(cached.context.store)
         parsed = parse(credential)
         assert parsed is not None
-        credential_sql = one_line(tables._credential.text, {":id": f"'{parsed.id}'"})
-        grants_sql = one_line(tables._grants.text, {":principal": f"'{identity.principal_id}'"})
+        credential_sql = one_line(tables._credential.clause.text, {":id": f"'{parsed.id}'"})
+        grants_sql = one_line(tables._grants.clause.text, {":principal": f"'{identity.principal_id}'"})
         # What SQLAlchemy really sends for one read on a pooled connection: BEGIN, the query, ROLLBACK on return.
         credential_tx_sql = f"BEGIN;\n{credential_sql}ROLLBACK;\n"
     finally:
