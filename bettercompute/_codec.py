@@ -255,8 +255,13 @@ def _attrs_decoder(cls: type) -> _Decoder:
         try:
             return cls(**kwargs)
         except (ValueError, TypeError) as exc:
-            # attrs validators say why a value is refused; their text is ours, never a caller's secret.
-            raise _fail(path, str(exc) or "invalid value") from None
+            # attrs validators say why a value is refused; their text is ours, never a caller's secret. attrs'
+            # own validators (and ours, by the same convention) raise ``(message, attribute, ...)``: the
+            # attribute names the field, so the path points at it.
+            field = exc.args[1] if len(exc.args) > 1 and isinstance(exc.args[1], attrs.Attribute) else None
+            if field is None:
+                raise _fail(path, str(exc) or "invalid value") from None
+            raise _fail((*path, field.name), str(exc.args[0])) from None
 
     return decode_attrs
 

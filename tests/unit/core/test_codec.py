@@ -116,6 +116,18 @@ def test_validator_errors_become_invalid_input() -> None:
     assert error.code == "INVALID_INPUT"
 
 
+def test_validator_errors_that_name_their_attribute_point_at_the_field() -> None:
+    @attrs.frozen(kw_only=True)
+    class Named:
+        name: str = attrs.field(validator=attrs.validators.matches_re(r"[a-z]+"))
+
+    error = _error(Named, {"name": "A"})
+    # attrs' validators raise (message, attribute, ...): the path names the field, the reason is the message alone.
+    assert error.details["path"] == "name"
+    assert error.details["reason"].startswith("'name' must match regex")
+    assert "Attribute(" not in error.message
+
+
 def test_schema_describes_fields_and_requirements() -> None:
     defs: dict[str, Any] = {}
     assert json_schema(Spec, defs) == {"$ref": "#/components/schemas/Spec"}
