@@ -1,0 +1,417 @@
+"""The statements behind IAM's method groups (tenants, principals, credentials, roles, bindings).
+
+Writes run on the connection of a transaction the caller opened with ``Store.transaction()`` (so the audit row
+commits with them); reads open their own connection. Unique and foreign-key violations become ``CONFLICT`` and
+``NOT_FOUND`` here; the driver's text (SQL, row values) never leaves this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from bettercompute.errors import ConflictError, InternalError, InvalidConfigError, NotFoundError
+from bettercompute.ports import Store, Transaction
+from bettercompute_store_pg import PgStore, PgTransaction, quote_schema, translated
+
+from .._schemas import LIST_LIMIT, Binding, CredentialInfo, Principal, Role, Tenant
+
+__all__ = ["IamAdmin", "RootAdmins"]
+
+_UNIQUE_VIOLATION = "23505"
+_FOREIGN_KEY_VIOLATION = "23503"
+
+_ADMINS: weakref.WeakKeyDictionary[PgStore, IamAdmin] = weakref.WeakKeyDictionary()
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    return value.astimezone(dt.UTC) if value is not None else None
+
+
+def _at(value: dt.datetime) -> dt.datetime:
+    return value.astimezone(dt.UTC)
+
+
+def _connection(tx: Transaction) -> AsyncConnection:
+    if not isinstance(tx, PgTransaction):
+        raise InternalError("the embedded IAM needs a transaction of the PostgreSQL store")
+    return tx.connection
+
+
+@contextlib.contextmanager
+def _constraints(*, conflict: str, missing: str | None = None, details: Mapping[str, Any]) -> Iterator[None]:
+    """Turn the violation of a unique (or foreign-key) constraint into ``ConflictError`` (or ``NotFoundError``)."""
+    try:
+        yield
+    except sa_exc.IntegrityError as exc:
+        state = getattr(exc.orig, "sqlstate", None)
+        if state == _UNIQUE_VIOLATION:
+            raise ConflictError(conflict, details=details) from exc
+        if state == _FOREIGN_KEY_VIOLATION and missing is not None:
+            raise NotFoundError(missing, details=details) from exc
+        raise
+
+
+def _page(rows: Sequence[Any]) -> tuple[list[Any], bool]:
+    return list(rows[:LIST_LIMIT]), len(rows) > LIST_LIMIT
+
+
+@attrs.frozen(kw_only=True)
+class RootAdmins:
+    """Root-scope ``compute.admin`` bindings of enabled principals: how many there are, and how many would be left
+    without the principal or binding about to go."""
+
+    total: int
+    remaining: int
+
+
+class IamAdmin:
+    """IAM's administrative statements in the store's schema; one per store (``IamAdmin.of(store)``)."""
+
+    @classmethod
+    def of(cls, store: Store) -> IamAdmin:
+        """The statements for ``store`` (built once per store).
+
+        Raises:
+            InvalidConfigError: ``store`` is not the PostgreSQL store.
+        """
+        if not isinstance(store, PgStore):
+            raise InvalidConfigError(
+                "the embedded IAM needs the PostgreSQL store",
+                details={"problems": [f"iam: store is a {type(store).__name__}, not a PgStore"]},
+            )
+        admin = _ADMINS.get(store)
+        if admin is None:
+            admin = _ADMINS[store] = cls(store)
+        return admin
+
+    def __init__(self, store: PgStore) -> None:
+        self._store = store
+        q = quote_schema(store.schema)
+        self._lock_key = f"{store.schema}:iam-root-admins"
+        principal_cols = "p.id, p.tenant_id, p.name, p.kind, p.disabled_at, p.created_at"
+        credential_cols = (
+            "c.id, c.principal_id, c.description, c.created_at, c.expires_at, c.revoked_at, c.last_used_at,"
+            " CASE WHEN c.revoked_at IS NOT NULL THEN 'revoked'"
+            " WHEN c.expired_at IS NOT NULL OR c.expires_at <= now() THEN 'expired' ELSE 'active' END"
+        )
+        binding_cols = "b.id, b.tenant_id, b.principal_id, b.role_id, r.name, b.scope_type, b.scope_id, b.created_at"
+        role_cols = "r.id, r.tenant_id, r.name, r.actions, r.description"
+
+        self._insert_tenant = text(
+            f"INSERT INTO {q}.iam_tenants (id, name) VALUES (:id, :name) RETURNING id, name, created_at"
+        )
+        self._list_tenants = text(
+            f"SELECT id, name, created_at FROM {q}.iam_tenants ORDER BY created_at, id LIMIT :limit"
+        )
+
+        self._insert_principal = text(
+            f"INSERT INTO {q}.iam_principals AS p (id, tenant_id, kind, name) VALUES (:id, :tenant, :kind, :name)"
+            f" RETURNING {principal_cols}"
+        )
+        self._list_principals = text(
+            f"SELECT {principal_cols} FROM {q}.iam_principals p WHERE p.tenant_id = :tenant"
+            f" ORDER BY p.created_at, p.id LIMIT :limit"
+        )
+        # FOR UPDATE: a disable and a new credential (FOR SHARE) for the same principal do not interleave.
+        self._lock_principal = text(
+            f"SELECT {principal_cols} FROM {q}.iam_principals p WHERE p.id = :id AND p.tenant_id = :tenant FOR UPDATE"
+        )
+        self._share_principal = text(
+            f"SELECT {principal_cols} FROM {q}.iam_principals p WHERE p.id = :id AND p.tenant_id = :tenant FOR SHARE"
+        )
+        self._disable_principal = text(
+            f"UPDATE {q}.iam_principals AS p SET disabled_at = coalesce(p.disabled_at, now()) WHERE p.id = :id"
+            f" RETURNING {principal_cols}"
+        )
+
+        self._insert_credential = text(
+            f"INSERT INTO {q}.iam_credentials AS c (id, principal_id, secret_hash, description, expires_at)"
+            f" VALUES (:id, :principal, :hash, :description,"
+            f" now() + make_interval(secs => CAST(:seconds AS double precision)))"
+            f" RETURNING {credential_cols}"
+        )
+        self._list_credentials = text(
+            f"SELECT {credential_cols} FROM {q}.iam_credentials c JOIN {q}.iam_principals p ON p.id = c.principal_id"
+            f" WHERE p.tenant_id = :tenant AND (CAST(:principal AS text) IS NULL OR c.principal_id = :principal)"
+            f" ORDER BY c.created_at, c.id LIMIT :limit"
+        )
+        self._revoke_credential = text(
+            f"WITH old AS (SELECT c.id, c.revoked_at FROM {q}.iam_credentials c"
+            f" JOIN {q}.iam_principals p ON p.id = c.principal_id"
+            f" WHERE c.id = :id AND p.tenant_id = :tenant FOR UPDATE OF c)"
+            f" UPDATE {q}.iam_credentials AS c SET revoked_at = coalesce(old.revoked_at, now())"
+            f" FROM old WHERE c.id = old.id RETURNING {credential_cols}, old.revoked_at IS NULL"
+        )
+
+        self._insert_role = text(
+            f"INSERT INTO {q}.iam_roles AS r (id, tenant_id, name, actions, description)"
+            f" VALUES (:id, :tenant, :name, :actions, :description) RETURNING {role_cols}"
+        )
+        self._list_roles = text(
+            f"SELECT {role_cols} FROM {q}.iam_roles r WHERE r.tenant_id IS NULL OR r.tenant_id = :tenant"
+            f" ORDER BY r.tenant_id IS NOT NULL, r.created_at, r.id LIMIT :limit"
+        )
+
+        self._insert_binding = text(
+            f"WITH b AS (INSERT INTO {q}.iam_bindings (id, role_id, principal_id, tenant_id, scope_type, scope_id)"
+            f" SELECT :id, r.id, p.id, p.tenant_id, :scope_type, :scope_id"
+            f" FROM {q}.iam_principals p, {q}.iam_roles r"
+            f" WHERE p.id = :principal AND p.tenant_id = :tenant"
+            f" AND r.id = :role AND (r.tenant_id IS NULL OR r.tenant_id = :tenant)"
+            f" RETURNING *)"
+            f" SELECT {binding_cols} FROM b JOIN {q}.iam_roles r ON r.id = b.role_id"
+        )
+        self._binding_parts = text(
+            f"SELECT EXISTS (SELECT 1 FROM {q}.iam_principals WHERE id = :principal AND tenant_id = :tenant),"
+            f" EXISTS (SELECT 1 FROM {q}.iam_roles WHERE id = :role AND (tenant_id IS NULL OR tenant_id = :tenant))"
+        )
+        self._list_bindings = text(
+            f"SELECT {binding_cols} FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
+            f" WHERE b.tenant_id = :tenant AND (CAST(:principal AS text) IS NULL OR b.principal_id = :principal)"
+            f" ORDER BY b.created_at, b.id LIMIT :limit"
+        )
+        self._lock_binding = text(
+            f"SELECT {binding_cols} FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
+            f" WHERE b.id = :id AND b.tenant_id = :tenant FOR UPDATE OF b"
+        )
+        self._delete_binding = text(f"DELETE FROM {q}.iam_bindings WHERE id = :id")
+
+        self._lock_root_admins = text("SELECT pg_advisory_xact_lock(hashtext(:key))")
+        self._root_admins = text(
+            f"SELECT count(*),"
+            f" count(*) FILTER (WHERE b.principal_id <> coalesce(CAST(:principal AS text), '')"
+            f" AND b.id <> coalesce(CAST(:binding AS text), ''))"
+            f" FROM {q}.iam_bindings b JOIN {q}.iam_principals p ON p.id = b.principal_id"
+            f" WHERE b.role_id = 'compute.admin' AND b.scope_type = 'root' AND p.disabled_at IS NULL"
+        )
+
+    # --- reads --------------------------------------------------------------------------------------------------
+
+    async def _fetch(self, statement: Any, params: Mapping[str, Any]) -> list[Any]:
+        with translated():
+            async with self._store.engine.connect() as conn:
+                return list((await conn.execute(statement, {**params, "limit": LIST_LIMIT + 1})).all())
+
+    async def list_tenants(self) -> tuple[list[Tenant], bool]:
+        """Every tenant (first ``LIST_LIMIT``) and whether there are more."""
+        rows, truncated = _page(await self._fetch(self._list_tenants, {}))
+        return [_tenant(r) for r in rows], truncated
+
+    async def list_principals(self, tenant: str) -> tuple[list[Principal], bool]:
+        """The tenant's principals (first ``LIST_LIMIT``) and whether there are more."""
+        rows, truncated = _page(await self._fetch(self._list_principals, {"tenant": tenant}))
+        return [_principal(r) for r in rows], truncated
+
+    async def list_credentials(self, tenant: str, principal_id: str | None) -> tuple[list[CredentialInfo], bool]:
+        """The credentials of the tenant's principals, or of one of them (never a secret or its hash)."""
+        params = {"tenant": tenant, "principal": principal_id}
+        rows, truncated = _page(await self._fetch(self._list_credentials, params))
+        return [_credential(r) for r in rows], truncated
+
+    async def list_roles(self, tenant: str) -> tuple[list[Role], bool]:
+        """The built-in roles, then the tenant's own."""
+        rows, truncated = _page(await self._fetch(self._list_roles, {"tenant": tenant}))
+        return [_role(r) for r in rows], truncated
+
+    async def list_bindings(self, tenant: str, principal_id: str | None) -> tuple[list[Binding], bool]:
+        """The bindings of the tenant's principals, or of one of them."""
+        params = {"tenant": tenant, "principal": principal_id}
+        rows, truncated = _page(await self._fetch(self._list_bindings, params))
+        return [_binding(r) for r in rows], truncated
+
+    # --- writes, in the caller's transaction --------------------------------------------------------------------
+
+    async def create_tenant(self, tx: Transaction, *, tenant_id: str, name: str) -> Tenant:
+        """Insert a tenant. Raises ``ConflictError`` when the name is taken."""
+        with _constraints(conflict=f"a tenant named {name!r} exists", details={"path": "name", "name": name}):
+            row = (await _connection(tx).execute(self._insert_tenant, {"id": tenant_id, "name": name})).one()
+        return _tenant(row)
+
+    async def create_principal(
+        self, tx: Transaction, *, principal_id: str, tenant: str, name: str, kind: str
+    ) -> Principal:
+        """Insert a principal. Raises ``NotFoundError`` (no such tenant) or ``ConflictError`` (name taken)."""
+        params = {"id": principal_id, "tenant": tenant, "name": name, "kind": kind}
+        with _constraints(
+            conflict=f"a principal named {name!r} exists in this tenant",
+            missing="no such tenant",
+            details={"tenant": tenant, "name": name},
+        ):
+            row = (await _connection(tx).execute(self._insert_principal, params)).one()
+        return _principal(row)
+
+    async def lock_principal(self, tx: Transaction, *, tenant: str, principal_id: str, share: bool) -> Principal | None:
+        """The principal, locked until the transaction ends (``share``: against a disable only); ``None`` when it is
+        not in ``tenant``."""
+        statement = self._share_principal if share else self._lock_principal
+        row = (await _connection(tx).execute(statement, {"id": principal_id, "tenant": tenant})).first()
+        return _principal(row) if row is not None else None
+
+    async def disable_principal(self, tx: Transaction, *, principal_id: str) -> Principal:
+        """Mark a (locked) principal disabled, keeping the first time it was."""
+        row = (await _connection(tx).execute(self._disable_principal, {"id": principal_id})).one()
+        return _principal(row)
+
+    async def root_admins(
+        self, tx: Transaction, *, without_principal: str | None = None, without_binding: str | None = None
+    ) -> RootAdmins:
+        """Count root-scope ``compute.admin`` bindings of enabled principals, and those left without a principal or a
+        binding. Serialized across processes until the transaction ends, so two changes cannot both take the last
+        but one."""
+        conn = _connection(tx)
+        await conn.execute(self._lock_root_admins, {"key": self._lock_key})
+        params = {"principal": without_principal, "binding": without_binding}
+        total, remaining = (await conn.execute(self._root_admins, params)).one()
+        return RootAdmins(total=int(total), remaining=int(remaining))
+
+    async def create_credential(
+        self,
+        tx: Transaction,
+        *,
+        credential_id: str,
+        principal_id: str,
+        secret_hash: bytes,
+        expires_in_seconds: int | None,
+        description: str,
+    ) -> CredentialInfo:
+        """Insert a credential (only the secret's hash), expiring ``expires_in_seconds`` from the database's now."""
+        params = {
+            "id": credential_id,
+            "principal": principal_id,
+            "hash": secret_hash,
+            "description": description,
+            "seconds": expires_in_seconds,
+        }
+        with _constraints(conflict="a credential with this id exists; retry", details={}):
+            row = (await _connection(tx).execute(self._insert_credential, params)).one()
+        return _credential(row)
+
+    async def revoke_credential(
+        self, tx: Transaction, *, tenant: str, credential_id: str
+    ) -> tuple[CredentialInfo, bool] | None:
+        """Revoke a credential of ``tenant`` (keeping the first revocation time); whether this call revoked it.
+        ``None`` when the tenant has no such credential."""
+        params = {"id": credential_id, "tenant": tenant}
+        row = (await _connection(tx).execute(self._revoke_credential, params)).first()
+        if row is None:
+            return None
+        return _credential(row), bool(row[8])
+
+    async def create_role(
+        self, tx: Transaction, *, role_id: str, tenant: str, name: str, actions: Sequence[str], description: str
+    ) -> Role:
+        """Insert a custom role. Raises ``NotFoundError`` (no such tenant) or ``ConflictError`` (name taken)."""
+        params = {"id": role_id, "tenant": tenant, "name": name, "actions": list(actions), "description": description}
+        with _constraints(
+            conflict=f"a role named {name!r} exists in this tenant",
+            missing="no such tenant",
+            details={"tenant": tenant, "name": name},
+        ):
+            row = (await _connection(tx).execute(self._insert_role, params)).one()
+        return _role(row)
+
+    async def create_binding(
+        self,
+        tx: Transaction,
+        *,
+        binding_id: str,
+        tenant: str,
+        principal_id: str,
+        role: str,
+        scope_type: str,
+        scope_id: str | None,
+    ) -> Binding:
+        """Insert a binding of a principal of ``tenant`` to a built-in role or a role of ``tenant``.
+
+        Raises:
+            NotFoundError: the principal is not in ``tenant``, or the role is neither built-in nor ``tenant``'s.
+            ConflictError: the same role is already bound to the principal on that scope.
+        """
+        conn = _connection(tx)
+        params = {
+            "id": binding_id,
+            "tenant": tenant,
+            "principal": principal_id,
+            "role": role,
+            "scope_type": scope_type,
+            "scope_id": scope_id,
+        }
+        details = {"principal_id": principal_id, "role": role, "scope_type": scope_type, "scope_id": scope_id}
+        with _constraints(conflict="this role is already bound to the principal on that scope", details=details):
+            row = (await conn.execute(self._insert_binding, params)).first()
+        if row is not None:
+            return _binding(row)
+        principal_found, role_found = (await conn.execute(self._binding_parts, params)).one()
+        if not principal_found:
+            raise NotFoundError("no such principal in this tenant", details={"path": "principal_id", **details})
+        if not role_found:
+            raise NotFoundError("no such role in this tenant", details={"path": "role", **details})
+        raise InternalError("the binding was not stored")
+
+    async def lock_binding(self, tx: Transaction, *, tenant: str, binding_id: str) -> Binding | None:
+        """A binding of ``tenant``, locked until the transaction ends; ``None`` when there is none."""
+        row = (await _connection(tx).execute(self._lock_binding, {"id": binding_id, "tenant": tenant})).first()
+        return _binding(row) if row is not None else None
+
+    async def delete_binding(self, tx: Transaction, *, binding_id: str) -> None:
+        """Delete a (locked) binding."""
+        await _connection(tx).execute(self._delete_binding, {"id": binding_id})
+
+
+# --- rows to outputs (rows never leave this module) --------------------------------------------------------------
+
+
+def _tenant(row: Any) -> Tenant:
+    return Tenant(id=row[0], name=row[1], created_at=_at(row[2]))
+
+
+def _principal(row: Any) -> Principal:
+    return Principal(
+        id=row[0], tenant=row[1], name=row[2], kind=row[3], disabled_at=_utc(row[4]), created_at=_at(row[5])
+    )
+
+
+def _credential(row: Any) -> CredentialInfo:
+    return CredentialInfo(
+        id=row[0],
+        principal_id=row[1],
+        description=row[2],
+        created_at=_at(row[3]),
+        expires_at=_utc(row[4]),
+        revoked_at=_utc(row[5]),
+        last_used_at=_utc(row[6]),
+        state=row[7],
+    )
+
+
+def _role(row: Any) -> Role:
+    return Role(
+        id=row[0],
+        tenant=row[1],
+        name=row[2],
+        actions=tuple(row[3]),
+        description=row[4],
+        builtin=row[1] is None,
+    )
+
+
+def _binding(row: Any) -> Binding:
+    return Binding(
+        id=row[0],
+        tenant=row[1],
+        principal_id=row[2],
+        role=row[3],
+        role_name=row[4],
+        scope_type=row[5],
+        scope_id=row[6],
+        created_at=_at(row[7]),
+    )

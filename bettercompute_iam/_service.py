@@ -1,0 +1,354 @@
+"""The logic of IAM's method groups: plain async functions of ``(call, input)``.
+
+Every mutation is one transaction holding the change and its audit row (which carries the id of the one decision
+that allowed it). Caches are cleared after the commit, so a concurrent authentication cannot put the old state back.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from bettercompute import CallContext
+from bettercompute.errors import AccessDeniedError, FailedPreconditionError, InvalidInputError, NotFoundError
+from bettercompute.ports import Identity
+
+from . import _credentials
+from ._pg import IamAdmin
+from ._policy import covered, pattern_problem
+from ._schemas import (
+    Binding,
+    CreateBindingInput,
+    CreateCredentialInput,
+    CreatedCredential,
+    CreatePrincipalInput,
+    CreateRoleInput,
+    CreateTenantInput,
+    CredentialInfo,
+    DeleteBindingInput,
+    DeleteBindingOutput,
+    DisablePrincipalInput,
+    ListBindingsInput,
+    ListBindingsOutput,
+    ListCredentialsInput,
+    ListCredentialsOutput,
+    ListPrincipalsInput,
+    ListPrincipalsOutput,
+    ListRolesInput,
+    ListRolesOutput,
+    ListTenantsInput,
+    ListTenantsOutput,
+    Principal,
+    RevokeCredentialInput,
+    Role,
+    Tenant,
+)
+
+# The caches EmbeddedIam registers (keys: a credential id, a principal id; None clears all).
+CREDENTIALS_CACHE = "iam.credentials"
+GRANTS_CACHE = "iam.grants"
+ADMIN_ROLE = "compute.admin"
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def _caller(call: CallContext) -> Identity:
+    assert call.identity is not None, "IAM's methods are authenticated"
+    return call.identity
+
+
+def _admin(call: CallContext) -> IamAdmin:
+    return IamAdmin.of(call.context.store)
+
+
+# --- tenants ----------------------------------------------------------------------------------------------------
+
+
+async def create_tenant(call: CallContext, input: CreateTenantInput) -> Tenant:
+    """Create a tenant (needs a grant on the root scope)."""
+    store = call.context.store
+    async with store.transaction() as tx:
+        tenant = await _admin(call).create_tenant(tx, tenant_id=_new_id("tn"), name=input.name)
+        await tx.audit(
+            call.audit_record(
+                resource_type="tenant", resource_id=tenant.id, tenant=tenant.id, details={"name": tenant.name}
+            )
+        )
+    return tenant
+
+
+async def list_tenants(call: CallContext, _: ListTenantsInput) -> ListTenantsOutput:
+    """List every tenant (needs a grant on the root scope)."""
+    tenants, truncated = await _admin(call).list_tenants()
+    return ListTenantsOutput(tenants=tuple(tenants), truncated=truncated)
+
+
+# --- principals -------------------------------------------------------------------------------------------------
+
+
+async def create_principal(call: CallContext, input: CreatePrincipalInput) -> Principal:
+    """Create a user or a service account in a tenant."""
+    async with call.context.store.transaction() as tx:
+        principal = await _admin(call).create_principal(
+            tx, principal_id=_new_id("pr"), tenant=input.tenant, name=input.name, kind=input.kind
+        )
+        await tx.audit(
+            call.audit_record(
+                resource_type="principal",
+                resource_id=principal.id,
+                tenant=input.tenant,
+                details={"name": principal.name, "kind": principal.kind},
+            )
+        )
+    return principal
+
+
+async def list_principals(call: CallContext, input: ListPrincipalsInput) -> ListPrincipalsOutput:
+    """List a tenant's principals."""
+    principals, truncated = await _admin(call).list_principals(input.tenant)
+    return ListPrincipalsOutput(principals=tuple(principals), truncated=truncated)
+
+
+async def disable_principal(call: CallContext, input: DisablePrincipalInput) -> Principal:
+    """Disable a principal: its credentials stop working (in this process at once). Idempotent.
+
+    Raises:
+        NotFoundError: the tenant has no such principal.
+        FailedPreconditionError: the caller would disable itself, or the last enabled root administrator.
+    """
+    if _caller(call).principal_id == input.principal_id:
+        raise FailedPreconditionError(
+            "a principal cannot disable itself (lockout guard)", details={"path": "principal_id"}
+        )
+    admin = _admin(call)
+    async with call.context.store.transaction() as tx:
+        principal = await admin.lock_principal(tx, tenant=input.tenant, principal_id=input.principal_id, share=False)
+        if principal is None:
+            raise NotFoundError("no such principal in this tenant", details={"principal_id": input.principal_id})
+        changed = principal.disabled_at is None
+        if changed:
+            admins = await admin.root_admins(tx, without_principal=principal.id)
+            if admins.total > 0 and admins.remaining == 0:
+                raise FailedPreconditionError(
+                    f"this is the last enabled principal with {ADMIN_ROLE} on the root scope (lockout guard)",
+                    details={"principal_id": principal.id},
+                )
+            principal = await admin.disable_principal(tx, principal_id=principal.id)
+        await tx.audit(
+            call.audit_record(
+                resource_type="principal", resource_id=principal.id, tenant=input.tenant, details={"changed": changed}
+            )
+        )
+    # The credential cache is keyed by credential; dropping it all is cheap and certain.
+    call.context.caches.invalidate(CREDENTIALS_CACHE, None)
+    call.context.caches.invalidate(GRANTS_CACHE, principal.id)
+    return principal
+
+
+# --- credentials ------------------------------------------------------------------------------------------------
+
+
+async def create_credential(call: CallContext, input: CreateCredentialInput) -> CreatedCredential:
+    """Mint an API credential for a principal; the credential itself is in this answer only.
+
+    Raises:
+        NotFoundError: the tenant has no such principal.
+        FailedPreconditionError: the principal is disabled.
+    """
+    credential_id, credential, secret_hash = _credentials.mint()
+    admin = _admin(call)
+    async with call.context.store.transaction() as tx:
+        principal = await admin.lock_principal(tx, tenant=input.tenant, principal_id=input.principal_id, share=True)
+        if principal is None:
+            raise NotFoundError("no such principal in this tenant", details={"principal_id": input.principal_id})
+        if principal.disabled_at is not None:
+            raise FailedPreconditionError(
+                "the principal is disabled", details={"principal_id": principal.id, "path": "principal_id"}
+            )
+        info = await admin.create_credential(
+            tx,
+            credential_id=credential_id,
+            principal_id=principal.id,
+            secret_hash=secret_hash,
+            expires_in_seconds=input.expires_in_seconds,
+            description=input.description,
+        )
+        await tx.audit(
+            call.audit_record(
+                resource_type="credential",
+                resource_id=info.id,
+                tenant=input.tenant,
+                details={"principal_id": principal.id, "expires_in_seconds": input.expires_in_seconds},
+            )
+        )
+    return CreatedCredential(
+        id=info.id,
+        principal_id=info.principal_id,
+        credential=credential,
+        expires_at=info.expires_at,
+        created_at=info.created_at,
+    )
+
+
+async def list_credentials(call: CallContext, input: ListCredentialsInput) -> ListCredentialsOutput:
+    """List the credentials of a tenant, or of one of its principals (never a secret)."""
+    credentials, truncated = await _admin(call).list_credentials(input.tenant, input.principal_id)
+    return ListCredentialsOutput(credentials=tuple(credentials), truncated=truncated)
+
+
+async def revoke_credential(call: CallContext, input: RevokeCredentialInput) -> CredentialInfo:
+    """Revoke a credential; this process refuses it at once, others within the authentication cache's time.
+
+    Idempotent: revoking a revoked credential keeps its first revocation time.
+
+    Raises:
+        NotFoundError: the tenant has no such credential.
+    """
+    async with call.context.store.transaction() as tx:
+        revoked = await _admin(call).revoke_credential(tx, tenant=input.tenant, credential_id=input.credential_id)
+        if revoked is None:
+            raise NotFoundError("no such credential in this tenant", details={"credential_id": input.credential_id})
+        info, changed = revoked
+        await tx.audit(
+            call.audit_record(
+                resource_type="credential",
+                resource_id=info.id,
+                tenant=input.tenant,
+                details={"principal_id": info.principal_id, "changed": changed},
+            )
+        )
+    call.context.caches.invalidate(CREDENTIALS_CACHE, info.id)
+    return info
+
+
+# --- roles ------------------------------------------------------------------------------------------------------
+
+
+async def create_role(call: CallContext, input: CreateRoleInput) -> Role:
+    """Create a custom role in a tenant from action patterns, each matching at least one registered action.
+
+    Raises:
+        InvalidInputError: a pattern is malformed or matches no action (all of them are listed).
+        NotFoundError: no such tenant.
+        ConflictError: the tenant has a role of that name.
+    """
+    actions = tuple(dict.fromkeys(input.actions))
+    problems = {p: problem for p in actions if (problem := pattern_problem(p)) is not None}
+    unmatched = covered([p for p in actions if p not in problems], call.context.registry.actions())
+    problems.update({p: f"{p!r} matches no action" for p in unmatched})
+    if problems:
+        raise InvalidInputError(
+            "some action patterns are malformed or match no action",
+            details={"path": "actions", "patterns": list(problems), "problems": list(problems.values())},
+        )
+    async with call.context.store.transaction() as tx:
+        role = await _admin(call).create_role(
+            tx,
+            role_id=_new_id("ro"),
+            tenant=input.tenant,
+            name=input.name,
+            actions=actions,
+            description=input.description,
+        )
+        await tx.audit(
+            call.audit_record(
+                resource_type="role",
+                resource_id=role.id,
+                tenant=input.tenant,
+                details={"name": role.name, "actions": list(role.actions)},
+            )
+        )
+    return role
+
+
+async def list_roles(call: CallContext, input: ListRolesInput) -> ListRolesOutput:
+    """List the built-in roles and the tenant's own."""
+    roles, truncated = await _admin(call).list_roles(input.tenant)
+    return ListRolesOutput(roles=tuple(roles), truncated=truncated)
+
+
+# --- bindings ---------------------------------------------------------------------------------------------------
+
+
+async def create_binding(call: CallContext, input: CreateBindingInput) -> Binding:
+    """Give a role to a principal of the tenant on the root scope, the tenant, or a pool.
+
+    Raises:
+        AccessDeniedError: the caller is outside the tenant (the core's pre-check cannot see a pool's tenant).
+        NotFoundError: the tenant has no such principal, or no such role.
+        ConflictError: the binding exists.
+    """
+    identity = _caller(call)
+    # A root or pool scope leaves the resource without a tenant, so the core's pre-check did not compare it.
+    if not identity.is_root and identity.tenant_id != input.tenant:
+        raise AccessDeniedError("the caller is outside this tenant", details={"action": call.method.action})
+    scope_id = input.tenant if input.scope_type == "tenant" else input.scope_id
+    async with call.context.store.transaction() as tx:
+        binding = await _admin(call).create_binding(
+            tx,
+            binding_id=_new_id("bd"),
+            tenant=input.tenant,
+            principal_id=input.principal_id,
+            role=input.role,
+            scope_type=input.scope_type,
+            scope_id=scope_id,
+        )
+        await tx.audit(
+            call.audit_record(
+                resource_type="binding",
+                resource_id=binding.id,
+                tenant=input.tenant,
+                details={
+                    "principal_id": binding.principal_id,
+                    "role": binding.role,
+                    "scope_type": binding.scope_type,
+                    "scope_id": binding.scope_id,
+                },
+            )
+        )
+    call.context.caches.invalidate(GRANTS_CACHE, binding.principal_id)
+    return binding
+
+
+async def list_bindings(call: CallContext, input: ListBindingsInput) -> ListBindingsOutput:
+    """List the bindings of a tenant's principals, or of one of them."""
+    bindings, truncated = await _admin(call).list_bindings(input.tenant, input.principal_id)
+    return ListBindingsOutput(bindings=tuple(bindings), truncated=truncated)
+
+
+async def delete_binding(call: CallContext, input: DeleteBindingInput) -> DeleteBindingOutput:
+    """Delete a binding.
+
+    Raises:
+        NotFoundError: the tenant has no such binding.
+        AccessDeniedError: a root-scope binding, and the caller is not in the root tenant.
+        FailedPreconditionError: the last root-scope ``compute.admin`` binding of an enabled principal.
+    """
+    admin = _admin(call)
+    async with call.context.store.transaction() as tx:
+        binding = await admin.lock_binding(tx, tenant=input.tenant, binding_id=input.binding_id)
+        if binding is None:
+            raise NotFoundError("no such binding in this tenant", details={"binding_id": input.binding_id})
+        if binding.scope_type == "root":
+            if not _caller(call).is_root:
+                raise AccessDeniedError(
+                    "only a principal of the root tenant may delete a root-scope binding",
+                    details={"action": call.method.action, "binding_id": binding.id},
+                )
+            if binding.role == ADMIN_ROLE and (await admin.root_admins(tx, without_binding=binding.id)).remaining == 0:
+                raise FailedPreconditionError(
+                    f"this is the last root-scope {ADMIN_ROLE} binding of an enabled principal (lockout guard)",
+                    details={"binding_id": binding.id},
+                )
+        await admin.delete_binding(tx, binding_id=binding.id)
+        await tx.audit(
+            call.audit_record(
+                resource_type="binding",
+                resource_id=binding.id,
+                tenant=input.tenant,
+                details={"principal_id": binding.principal_id, "role": binding.role, "scope_type": binding.scope_type},
+            )
+        )
+    call.context.caches.invalidate(GRANTS_CACHE, binding.principal_id)
+    return DeleteBindingOutput(deleted=True)

@@ -1,0 +1,91 @@
+"""IAM's method groups on a whole control plane (real PostgreSQL, the embedded IAM): helpers and fixtures.
+
+The ``plane`` fixture is shared by all integration tests: a fresh schema, a bootstrapped root credential, and an
+httpx client over ASGITransport.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+
+from bettercompute_iam import (
+    CreateBindingInput,
+    CreateCredentialInput,
+    CreatePrincipalInput,
+    CreateTenantInput,
+)
+
+from ..conftest import Plane as Plane
+
+
+def auth(credential: str) -> dict[str, str]:
+    """The header that carries a credential."""
+    return {"authorization": f"Bearer {credential}"}
+
+
+async def post(plane: Plane, credential: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    """``POST /api/compute/<group>/<method>`` with a credential."""
+    return await plane.http.post(f"/api/compute/{path}", headers=auth(credential), json=body)
+
+
+def data(response: httpx.Response) -> Any:
+    """The ``data`` of a successful response (fails the test with the error envelope otherwise)."""
+    assert response.status_code == 200, response.text
+    return response.json()["data"]
+
+
+def error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """The ``error`` of a failed response, after checking its status and code."""
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()["error"]
+    assert body["code"] == code, body
+    return body
+
+
+@attrs.frozen(kw_only=True)
+class Acme:
+    """Tenant acme with alice, who holds ``compute.admin`` on it and a credential; and a second tenant, globex."""
+
+    tenant: str
+    alice: str
+    alice_credential: str
+    alice_credential_id: str
+    alice_binding: str
+    other_tenant: str
+
+
+async def make_user(
+    plane: Plane, tenant: str, name: str, role: str, *, by: str | None = None, expires_in_seconds: int | None = None
+) -> tuple[str, str, str]:
+    """A user of ``tenant`` with ``role`` bound on the tenant and a credential: (principal id, credential, binding)."""
+    api = plane.compute.api
+    caller = by or plane.root
+    principal = await api.principals.create(caller, CreatePrincipalInput(tenant=tenant, name=name, kind="user"))
+    binding = await api.bindings.create(
+        caller, CreateBindingInput(tenant=tenant, principal_id=principal.id, role=role, scope_type="tenant")
+    )
+    created = await api.credentials.create(
+        caller,
+        CreateCredentialInput(tenant=tenant, principal_id=principal.id, expires_in_seconds=expires_in_seconds),
+    )
+    return principal.id, created.credential, binding.id
+
+
+@pytest.fixture
+async def acme(plane: Plane) -> Acme:
+    api = plane.compute.api
+    tenant = await api.tenants.create(plane.root, CreateTenantInput(name="acme"))
+    other = await api.tenants.create(plane.root, CreateTenantInput(name="globex"))
+    alice, credential, binding = await make_user(plane, tenant.id, "alice", "compute.admin")
+    return Acme(
+        tenant=tenant.id,
+        alice=alice,
+        alice_credential=credential,
+        alice_credential_id=credential.removeprefix("bcak_").split(".")[0],
+        alice_binding=binding,
+        other_tenant=other.id,
+    )

@@ -1,0 +1,110 @@
+"""Every IAM mutation leaves exactly one audit row with its decision's id; no credential secret is stored or listed."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from bettercompute_iam import (
+    CreateBindingInput,
+    CreateCredentialInput,
+    CreatePrincipalInput,
+    CreateRoleInput,
+    CreateTenantInput,
+    DeleteBindingInput,
+    DisablePrincipalInput,
+    RevokeCredentialInput,
+)
+
+from .conftest import Plane, data, error, post
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+
+def audit_rows(database_url: str, schema: str) -> list[tuple[str, str | None, str | None, str | None, str]]:
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            f'SELECT action, decision_id, tenant, resource_id, actor FROM "{schema}".audit WHERE action LIKE %s'
+            " ORDER BY id",
+            ("iam:%",),
+        ).fetchall()
+    return [tuple(r) for r in rows]
+
+
+async def test_each_mutation_writes_one_audit_row_with_its_decision(
+    plane: Plane, database_url: str, fresh_schema: str
+) -> None:
+    api, root = plane.compute.api, plane.root
+    tenant = await api.tenants.create(root, CreateTenantInput(name="acme"))
+    bob = await api.principals.create(root, CreatePrincipalInput(tenant=tenant.id, name="bob", kind="user"))
+    key = await api.credentials.create(
+        root, CreateCredentialInput(tenant=tenant.id, principal_id=bob.id, expires_in_seconds=None)
+    )
+    await api.credentials.revoke(root, RevokeCredentialInput(tenant=tenant.id, credential_id=key.id))
+    role = await api.roles.create(root, CreateRoleInput(tenant=tenant.id, name="readers", actions=("iam:*:list",)))
+    binding = await api.bindings.create(
+        root, CreateBindingInput(tenant=tenant.id, principal_id=bob.id, role=role.id, scope_type="tenant")
+    )
+    await api.bindings.delete(root, DeleteBindingInput(tenant=tenant.id, binding_id=binding.id))
+    await api.principals.disable(root, DisablePrincipalInput(tenant=tenant.id, principal_id=bob.id))
+    # Reads and refused mutations leave no row.
+    data(await post(plane, root, "principals/list", {"tenant": tenant.id}))
+    error(await post(plane, root, "tenants/create", {"name": "acme"}), 409, "CONFLICT")
+
+    rows = audit_rows(database_url, fresh_schema)
+    assert [(action, resource) for action, _, _, resource, _ in rows] == [
+        ("iam:tenants:create", tenant.id),
+        ("iam:principals:create", bob.id),
+        ("iam:credentials:create", key.id),
+        ("iam:credentials:revoke", key.id),
+        ("iam:roles:create", role.id),
+        ("iam:bindings:create", binding.id),
+        ("iam:bindings:delete", binding.id),
+        ("iam:principals:disable", bob.id),
+    ]
+    decisions = [decision for _, decision, _, _, _ in rows]
+    assert all(decisions) and len(set(decisions)) == len(decisions)
+    assert {t for _, _, t, _, _ in rows} == {tenant.id}
+    whoami = data(await post(plane, root, "system/whoami", {}))
+    assert {actor for *_, actor in rows} == {whoami["principal_id"]}
+
+
+async def test_no_secret_is_stored_or_listed(plane: Plane, database_url: str, fresh_schema: str) -> None:
+    tenant = data(await post(plane, plane.root, "tenants/create", {"name": "acme"}))["id"]
+    bob = data(await post(plane, plane.root, "principals/create", {"tenant": tenant, "name": "bob", "kind": "user"}))
+    credentials = [plane.root]
+    for seconds in (None, 3600):
+        body = {"tenant": tenant, "principal_id": bob["id"], "expires_in_seconds": seconds, "description": "ci"}
+        credentials.append(data(await post(plane, plane.root, "credentials/create", body))["credential"])
+    data(await post(plane, credentials[1], "system/whoami", {}))  # a use writes last_used_at
+    secrets = [c.split(".", 1)[1] for c in credentials]
+
+    with psycopg.connect(database_url) as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (fresh_schema,)
+        ).fetchall()
+        assert len(tables) > 5
+        for (table,) in tables:
+            dump = "\n".join(r[0] for r in conn.execute(f'SELECT t::text FROM "{fresh_schema}"."{table}" t'))
+            assert not any(secret in dump for secret in secrets), table
+
+    for who in ("root", tenant):
+        response = await post(plane, plane.root, "credentials/list", {"tenant": who})
+        listed = data(response)["credentials"]
+        assert listed and all(set(c) == {*_INFO_FIELDS} for c in listed)
+        assert not any(secret in response.text for secret in secrets)
+    assert "secret" not in json.dumps(data(response)) and "hash" not in json.dumps(data(response))
+
+
+_INFO_FIELDS = (
+    "id",
+    "principal_id",
+    "description",
+    "created_at",
+    "expires_at",
+    "revoked_at",
+    "last_used_at",
+    "state",
+)
