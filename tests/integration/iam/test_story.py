@@ -18,18 +18,18 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
 @contextmanager
 def counted_statements(plane: Plane) -> Iterator[list[str]]:
-    """Every SQL statement the control plane's store sends while the block runs."""
+    """One entry per database access while the block runs: every access, by any path, checks a connection out."""
     statements: list[str] = []
 
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        statements.append(statement)
+    def record(*args: Any) -> None:
+        statements.append("checkout")
 
-    engine = plane.store.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", record)
+    pool = plane.store.engine.sync_engine.pool
+    event.listen(pool, "checkout", record)
     try:
         yield statements
     finally:
-        event.remove(engine, "before_cursor_execute", record)
+        event.remove(pool, "checkout", record)
 
 
 async def test_a_tenant_admin_manages_her_tenant_and_nothing_else(plane: Plane, fresh_schema: str) -> None:
@@ -63,6 +63,10 @@ async def test_a_tenant_admin_manages_her_tenant_and_nothing_else(plane: Plane, 
         denied = await post(plane, alice_key, "principals/create", {"tenant": globex, "name": "mole", "kind": "user"})
     error(denied, 403, "ACCESS_DENIED")
     assert statements == []
+    # The control: the same call on her own tenant does reach the database, so the counter does count.
+    with counted_statements(plane) as statements:
+        data(await post(plane, alice_key, "principals/list", {"tenant": acme}))
+    assert statements
 
     # Neither the root scope nor tenants are hers to give or make.
     root_binding = {"tenant": acme, "principal_id": bob["id"], "role": "compute.admin", "scope_type": "root"}
