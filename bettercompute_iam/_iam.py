@@ -197,6 +197,10 @@ class EmbeddedIam:
                 raise AccessDeniedError(f"{action} is not allowed here", details={"action": action})
         return Decision(id=uuid.uuid4().hex, action=action, resource=resource, principal_id=identity.principal_id)
 
+    async def grants_of(self, principal_id: str) -> tuple[Grant, ...]:
+        """What a principal's bindings give it (cached like its decisions)."""
+        return await self._grants_of(principal_id)
+
     async def _grants_of(self, principal_id: str) -> tuple[Grant, ...]:
         now = time.monotonic()
         cached = self._grants.get(principal_id)

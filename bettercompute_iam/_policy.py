@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-__all__ = ["BUILTIN_ROLES", "Grant", "allows", "matches", "pattern_problem"]
+__all__ = ["BUILTIN_ROLES", "Grant", "allows", "covered", "matches", "pattern_problem", "uncovered"]
 
 _SEGMENT = re.compile(r"^(\*|[a-z][a-z0-9-]*)$")
 
@@ -70,6 +70,31 @@ def allows(grants: Iterable[Grant], action: str, *, tenant: str | None, pool: st
         if in_scope and any(matches(p, action) for p in grant.patterns):
             return True
     return False
+
+
+def uncovered(grants: Iterable[Grant], patterns: Iterable[str], *, scope_type: str, scope_id: str | None) -> list[str]:
+    """The patterns that ``grants`` do not hold on the scope ``(scope_type, scope_id)``.
+
+    A grant holds a pattern there when its scope contains that scope (the root contains every scope; a tenant or a
+    pool contains only itself) and each segment of its own pattern is ``*`` or equal to the pattern's.
+    """
+    missing = []
+    for pattern in patterns:
+        wanted = pattern.split(":")
+        held = False
+        for grant in grants:
+            if grant.scope_type != "root" and (grant.scope_type, grant.scope_id) != (scope_type, scope_id):
+                continue
+            for have in grant.patterns:
+                parts = have.split(":")
+                if len(parts) == len(wanted) and all(h in ("*", w) for h, w in zip(parts, wanted, strict=True)):
+                    held = True
+                    break
+            if held:
+                break
+        if not held:
+            missing.append(pattern)
+    return missing
 
 
 def covered(patterns: Sequence[str], catalog: Iterable[str]) -> list[str]:

@@ -7,14 +7,21 @@ that allowed it). Caches are cleared after the commit, so a concurrent authentic
 from __future__ import annotations
 
 import secrets
+from typing import Protocol, runtime_checkable
 
 from bettercompute import CallContext
-from bettercompute.errors import AccessDeniedError, FailedPreconditionError, InvalidInputError, NotFoundError
+from bettercompute.errors import (
+    AccessDeniedError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidInputError,
+    NotFoundError,
+)
 from bettercompute.ports import Identity
 
 from . import _credentials
 from ._pg import IamAdmin
-from ._policy import covered, pattern_problem
+from ._policy import Grant, covered, pattern_problem, uncovered
 from ._schemas import (
     Binding,
     CreateBindingInput,
@@ -51,6 +58,18 @@ ADMIN_ROLE = "compute.admin"
 
 def _new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
+
+
+@runtime_checkable
+class _GrantSource(Protocol):
+    async def grants_of(self, principal_id: str) -> tuple[Grant, ...]: ...
+
+
+async def _grants(call: CallContext, identity: Identity) -> tuple[Grant, ...]:
+    iam = call.context.iam
+    if not isinstance(iam, _GrantSource):
+        raise InternalError("IAM's methods run with the embedded IAM")
+    return await iam.grants_of(identity.principal_id)
 
 
 def _caller(call: CallContext) -> Identity:
@@ -284,7 +303,19 @@ async def create_binding(call: CallContext, input: CreateBindingInput) -> Bindin
     if not identity.is_root and identity.tenant_id != input.tenant:
         raise AccessDeniedError("the caller is outside this tenant", details={"action": call.method.action})
     scope_id = input.tenant if input.scope_type == "tenant" else input.scope_id
+    caller_grants = await _grants(call, identity)
     async with call.context.store.transaction() as tx:
+        actions = await _admin(call).role_actions(tx, tenant=input.tenant, role=input.role)
+        if actions is None:
+            raise NotFoundError("no such role in this tenant", details={"path": "role", "role": input.role})
+        # As in Kubernetes RBAC: nobody hands out more than they hold on that scope, so a tenant admin cannot make
+        # anyone (herself included) an admin of the root scope or of a pool, and a member cannot make an admin.
+        missing = uncovered(caller_grants, actions, scope_type=input.scope_type, scope_id=scope_id)
+        if missing:
+            raise AccessDeniedError(
+                "a binding cannot give more than the caller holds on that scope",
+                details={"action": call.method.action, "missing": missing},
+            )
         binding = await _admin(call).create_binding(
             tx,
             binding_id=_new_id("bd"),

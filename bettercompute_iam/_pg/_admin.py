@@ -170,6 +170,9 @@ class IamAdmin:
             f" RETURNING *)"
             f" SELECT {binding_cols} FROM b JOIN {q}.iam_roles r ON r.id = b.role_id"
         )
+        self._role_actions = text(
+            f"SELECT actions FROM {q}.iam_roles WHERE id = :role AND (tenant_id IS NULL OR tenant_id = :tenant)"
+        )
         self._binding_parts = text(
             f"SELECT EXISTS (SELECT 1 FROM {q}.iam_principals WHERE id = :principal AND tenant_id = :tenant),"
             f" EXISTS (SELECT 1 FROM {q}.iam_roles WHERE id = :role AND (tenant_id IS NULL OR tenant_id = :tenant))"
@@ -356,6 +359,11 @@ class IamAdmin:
         if not role_found:
             raise NotFoundError("no such role in this tenant", details={"path": "role", **details})
         raise InternalError("the binding was not stored")
+
+    async def role_actions(self, tx: Transaction, *, tenant: str, role: str) -> tuple[str, ...] | None:
+        """The action patterns of a built-in role or of a role of ``tenant``; ``None`` when there is no such role."""
+        row = (await _connection(tx).execute(self._role_actions, {"tenant": tenant, "role": role})).first()
+        return tuple(row[0]) if row is not None else None
 
     async def lock_binding(self, tx: Transaction, *, tenant: str, binding_id: str) -> Binding | None:
         """A binding of ``tenant``, locked until the transaction ends; ``None`` when there is none."""
