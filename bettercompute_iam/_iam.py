@@ -94,7 +94,16 @@ class EmbeddedIam:
     @property
     def jobs(self) -> Sequence[Job]:
         """IAM's jobs, in the ``iam`` role, each under its singleton lease."""
-        return (Job(name="expire-credentials", role="iam", interval=dt.timedelta(seconds=30), run=self._expire_job),)
+        return (
+            Job(name="expire-credentials", role="iam", interval=dt.timedelta(seconds=30), run=self._expire_job),
+            Job(name="check-projection", role="iam", interval=dt.timedelta(minutes=5), run=self._check_projection),
+        )
+
+    async def _check_projection(self, context: ModuleContext) -> int:
+        orphans = await self._db().orphaned_projections()
+        if orphans:
+            log.warning("%d projected resource(s) name a tenant that does not exist", orphans)
+        return orphans
 
     async def _expire_job(self, context: ModuleContext) -> int:
         expired = await self._db().expire(limit=500)

@@ -165,6 +165,10 @@ class IamTables:
         self._projected = store.sql(
             "SELECT tenant_id, pool_id FROM {s}.authz_resources WHERE resource_type = :type AND resource_id = :id"
         )
+        self._orphans = store.sql(
+            "SELECT count(*) AS n FROM {s}.authz_resources r"
+            " WHERE NOT EXISTS (SELECT 1 FROM {s}.iam_tenants t WHERE t.id = r.tenant_id)"
+        )
         self._bind_root_admin = text(
             f"INSERT INTO {q}.iam_bindings (id, role_id, principal_id, tenant_id, scope_type, scope_id)"
             f" VALUES (:id, 'compute.admin', :principal, :tenant, 'root', NULL)"
@@ -228,6 +232,12 @@ class IamTables:
         """The tenant and pool the projection records for a resource, or ``None``."""
         rows = await self._store.fetch(self._projected, {"type": resource_type, "id": resource_id})
         return (rows[0][0], rows[0][1]) if rows else None
+
+    async def orphaned_projections(self) -> int:
+        """How many projected resources name a tenant IAM does not know (their decisions could never allow a
+        tenant-scoped caller, so they point at a module that wrote a wrong tenant, or a tenant removed by hand)."""
+        rows = await self._store.fetch(self._orphans, {})
+        return int(rows[0][0])
 
     async def grants(self, principal_id: str) -> list[tuple[tuple[str, ...], str, str | None]]:
         """Every binding of a principal: the role's action patterns, the scope type and the scope id."""

@@ -7,6 +7,7 @@ import pytest
 
 from bettercompute.errors import UnauthenticatedError
 from bettercompute.modules.system import VersionInput
+from bettercompute.ports import ResourceRef
 
 from ..conftest import Plane
 
@@ -22,8 +23,8 @@ async def test_expired_credentials_are_recorded_once(plane: Plane, database_url:
         )
     with pytest.raises(UnauthenticatedError):
         await plane.compute.api.system.version(plane.root, VersionInput())
-    assert await plane.compute.jobs.tick({"iam"}) == {"iam/expire-credentials": 1}
-    assert await plane.compute.jobs.tick({"iam"}) == {"iam/expire-credentials": 0}
+    assert (await plane.compute.jobs.tick({"iam"}))["iam/expire-credentials"] == 1
+    assert (await plane.compute.jobs.tick({"iam"}))["iam/expire-credentials"] == 0
     with psycopg.connect(database_url) as conn:
         expired_at = conn.execute(
             f'SELECT expired_at IS NOT NULL FROM "{fresh_schema}".iam_credentials WHERE id = %s', (credential_id,)
@@ -43,3 +44,16 @@ async def test_the_iam_role_runs_its_jobs_under_a_lease(plane: Plane) -> None:
         assert lease is not None
     finally:
         await plane.compute.stop()
+
+
+async def test_the_projection_check_counts_resources_of_unknown_tenants(
+    plane: Plane, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with plane.store.transaction() as tx:
+        await tx.project(ResourceRef(type="widget", id="wd_1", tenant="root"))
+        await tx.project(ResourceRef(type="widget", id="wd_2", tenant="tn_gone"))
+    assert (await plane.compute.jobs.tick({"iam"}))["iam/check-projection"] == 1
+    assert "1 projected resource(s) name a tenant that does not exist" in caplog.text
+    async with plane.store.transaction() as tx:
+        await tx.unproject("widget", "wd_2")
+    assert (await plane.compute.jobs.tick({"iam"}))["iam/check-projection"] == 0

@@ -114,3 +114,13 @@ async def _noop(call: Any, input: Any) -> VersionOutput:
 )
 def test_version_ranges(version: str, spec: str, ok: bool) -> None:
     assert version_in_range(version, spec) is ok
+
+
+@pytest.mark.anyio
+async def test_initialize_refuses_a_method_whose_action_is_not_in_the_catalog() -> None:
+    # The echo module forgets to declare one of its actions: initialize() says so before touching the database.
+    compute = make_compute(modules=[EchoModule(actions=("compute:echo:say", "compute:echo:fail"))])
+    with pytest.raises(InvalidConfigError) as info:
+        await compute.initialize()
+    assert info.value.details["problems"] == ["echo.ping: compute:echo:ping"]
+    assert not compute.initialized
