@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import psycopg
 import pytest
@@ -108,3 +109,26 @@ _INFO_FIELDS = (
     "last_used_at",
     "state",
 )
+
+
+async def test_no_secret_reaches_a_log_line_or_an_error(plane: Plane, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    tenant = data(await post(plane, plane.root, "tenants/create", {"name": "acme"}))["id"]
+    bob = data(await post(plane, plane.root, "principals/create", {"tenant": tenant, "name": "bob", "kind": "user"}))
+    body = {"tenant": tenant, "principal_id": bob["id"], "expires_in_seconds": None}
+    created = data(await post(plane, plane.root, "credentials/create", body))
+    credential = created["credential"]
+    secret = credential.split(".", 1)[1]
+    forged = credential[: -len(secret)] + secret[::-1]
+    responses = [
+        await post(plane, credential, "system/whoami", {}),
+        await post(plane, forged, "system/whoami", {}),  # right id, wrong secret
+        await post(plane, credential + "x", "system/whoami", {}),  # malformed
+        await post(plane, plane.root, "credentials/revoke", {"tenant": tenant, "credential_id": created["id"]}),
+        await post(plane, credential, "system/whoami", {}),  # revoked
+    ]
+    assert [r.status_code for r in responses] == [200, 401, 401, 200, 401]
+    assert caplog.records  # the story did log (so the check below looks at something)
+    for text in (caplog.text, *(r.text for r in responses)):
+        assert secret not in text and secret[::-1] not in text
+        assert plane.root.split(".", 1)[1] not in text
