@@ -18,7 +18,7 @@ __all__ = ["BUILTIN_ROLES", "Grant", "allows", "covered", "matches", "pattern_pr
 _SEGMENT = re.compile(r"^(\*|[a-z][a-z0-9-]*)$")
 
 # Built-in roles. The admin of a scope also manages IAM inside it; an operator runs the fleet; a member uses
-# capacity; a viewer reads.
+# capacity; a viewer reads; an authz client asks for decisions on behalf of another process.
 BUILTIN_ROLES: dict[str, tuple[str, ...]] = {
     "compute.admin": ("compute:*:*", "iam:*:*"),
     "compute.operator": ("compute:*:*", "iam:*:list"),
@@ -31,6 +31,8 @@ BUILTIN_ROLES: dict[str, tuple[str, ...]] = {
         "iam:*:list",
     ),
     "compute.viewer": ("compute:system:*", "compute:*:list", "compute:*:get", "iam:*:list"),
+    # For the service account of an api process whose RemoteIam asks a central IAM (bind it on the root scope).
+    "compute.authz-client": ("iam:authz:*",),
 }
 
 

@@ -33,7 +33,7 @@ class Population:
     expired: str = attrs.field(repr=False)
     disabled: str = attrs.field(repr=False)
     authz_client: str = attrs.field(repr=False)
-    """A root service account bound on the root scope to a role of ``iam:authz:*`` only: what RemoteIam uses."""
+    """A root service account bound on the root scope to the built-in ``compute.authz-client``: what RemoteIam uses."""
 
 
 class Writer:
@@ -81,22 +81,12 @@ class Writer:
                 )
         return full
 
-    def role(self, tenant: str, actions: list[str]) -> str:
-        role = f"ro_{secrets.token_hex(8)}"
-        with psycopg.connect(self._url, autocommit=True) as conn:
-            conn.execute(
-                f"INSERT INTO {self._q}.iam_roles (id, tenant_id, name, actions) VALUES (%s, %s, %s, %s)",
-                (role, tenant, role, actions),
-            )
-        return role
-
 
 def populate(url: str, schema: str, root_admin: str) -> Population:
     """Two tenants, and the principals of ``IamCase`` plus RemoteIam's service account."""
     w = Writer(url, schema)
     w.tenant(TENANT)
     w.tenant(OTHER_TENANT)
-    authz_role = w.role("root", ["iam:authz:*"])
     return Population(
         root_admin=root_admin,
         tenant_admin=w.principal(TENANT, role="compute.admin", scope=TENANT),
@@ -104,7 +94,7 @@ def populate(url: str, schema: str, root_admin: str) -> Population:
         revoked=w.principal(TENANT, role="compute.admin", scope=TENANT, credential="revoked"),
         expired=w.principal(TENANT, role="compute.admin", scope=TENANT, credential="expired"),
         disabled=w.principal(TENANT, role="compute.admin", scope=TENANT, disabled=True),
-        authz_client=w.principal("root", role=authz_role, kind="service_account"),
+        authz_client=w.principal("root", role="compute.authz-client", kind="service_account"),
     )
 
 
