@@ -22,11 +22,20 @@ import bettercompute
 import bettercompute_iam
 import bettercompute_store_pg
 from bettercompute.errors import ComputeError
-from bettercompute_iam import Bootstrap
+from bettercompute_iam import Bootstrap, RemoteIam
 from bettercompute_store_pg import EmbeddedPostgres
 
-from ._config import DATABASE_URL_ENV, WORKER_ROLES, Config, ConfigError, load_config
-from ._runtime import Plan, build, display_host, plan_roles, require_database_url, run
+from ._config import DATABASE_URL_ENV, IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
+from ._runtime import (
+    Plan,
+    build,
+    build_serving,
+    display_host,
+    plan_roles,
+    require_database_url,
+    require_embedded_iam,
+    run,
+)
 from ._version import __version__
 
 __all__ = ["DEV_DATA", "app", "main"]
@@ -158,12 +167,41 @@ def migrate(ctx: typer.Context) -> None:
 # --- serve ----------------------------------------------------------------------------------------------------------
 
 
+async def _serve(
+    compute: bettercompute.BetterCompute,
+    remote: RemoteIam | None,
+    plan: Plan,
+    config: Config,
+    *,
+    migrate: bool,
+    access_log: bool,
+) -> None:
+    """``run``, then close the central IAM's connections when there is one."""
+    try:
+        await run(compute, plan, host=config.host, port=config.port, migrate=migrate, access_log=access_log)
+    finally:
+        if remote is not None:
+            with anyio.CancelScope(shield=True):
+                await remote.aclose()
+
+
 @app.command()
 def serve(
     ctx: typer.Context,
     roles: Annotated[str | None, typer.Option("--roles", help=_ROLES_HELP, show_default="all")] = None,
     host: Annotated[str | None, typer.Option("--host", help="Where the API listens.", show_default="127.0.0.1")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Where the API listens.", show_default="3000")] = None,
+    iam_url: Annotated[
+        str | None,
+        typer.Option(
+            "--iam-url",
+            help=(
+                "Use the IAM of the central control plane served there instead of an embedded one; this process's "
+                f"credential comes from {IAM_CREDENTIAL_ENV} or iam_credential in the config file."
+            ),
+            show_default="embedded IAM",
+        ),
+    ] = None,
     no_migrate: Annotated[
         bool, typer.Option("--no-migrate", help="Do not apply migrations (run `better-compute migrate` first).")
     ] = False,
@@ -171,15 +209,13 @@ def serve(
 ) -> None:
     """Run the control plane in one process mode until SIGINT or SIGTERM."""
     with _errors():
-        config = _config(ctx, roles=roles, host=host, port=port)
+        config = _config(ctx, roles=roles, host=host, port=port, iam_url=iam_url)
         plan = plan_roles(config.roles)
-        compute, _iam = build(config, require_database_url(config))
+        compute, remote = build_serving(config, require_database_url(config))
         _setup_logging()
-        anyio.run(
-            lambda: run(
-                compute, plan, host=config.host, port=config.port, migrate=not no_migrate, access_log=access_log
-            )
-        )
+        if remote is not None:
+            log.info("using the central IAM at %s", config.iam_url)
+        anyio.run(lambda: _serve(compute, remote, plan, config, migrate=not no_migrate, access_log=access_log))
 
 
 # --- dev ------------------------------------------------------------------------------------------------------------
@@ -262,6 +298,8 @@ def dev(
     with _errors():
         config = _config(ctx, host=host, port=port)
         _setup_logging()
+        if config.iam_url is not None:
+            log.info("dev runs its own embedded IAM; iam_url is not used")
         server: EmbeddedPostgres | None = None
         try:
             url = config.database_url
@@ -303,11 +341,14 @@ def iam_bootstrap(
 ) -> None:
     """Create the root tenant and its admin, and print the admin's credential once.
 
+    Runs where IAM is embedded: with iam_url configured it refuses (exit 2).
+
     Without --rotate, a second run mints nothing. With --output token and nothing minted, stdout stays empty and the
     exit code is 1, so a script notices.
     """
     with _errors():
         config = _config(ctx)
+        require_embedded_iam(config, "better-compute iam bootstrap")
         result = anyio.run(_bootstrap, config, require_database_url(config), rotate)
     nothing = "a root admin credential already exists; nothing was minted (use --rotate to replace it)"
     if output is Output.token:

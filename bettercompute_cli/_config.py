@@ -2,7 +2,7 @@
 
 ``load_config`` is a pure function of the file's text, the environment mapping and the flags given, so every rule
 here is unit-testable. Every problem is collected and reported at once, each naming its key and where it came from;
-a value is never echoed when it may hold a secret (the database URL).
+a value is never echoed when it may hold a secret (the database URL, the IAM credential).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -22,6 +23,8 @@ __all__ = [
     "DATABASE_URL_ENV",
     "ENV_PREFIX",
     "GATEWAY_ROLE",
+    "IAM_CREDENTIAL_ENV",
+    "IAM_URL_ENV",
     "KEYS",
     "WORKER_ROLES",
     "Config",
@@ -33,13 +36,15 @@ __all__ = [
 ENV_PREFIX = "BETTERCOMPUTE_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 DATABASE_URL_ENV = ENV_PREFIX + "DATABASE_URL"
+IAM_URL_ENV = ENV_PREFIX + "IAM_URL"
+IAM_CREDENTIAL_ENV = ENV_PREFIX + "IAM_CREDENTIAL"
 API_ROLE = "api"
 GATEWAY_ROLE = "gateway"
 WORKER_ROLES = ("controllers", "scheduler", "sinks", "iam")
 # ``gateway`` is a known name so that asking for it gets "arrives in a later release" rather than "unknown".
 _ROLE_NAMES = ("all", API_ROLE, *WORKER_ROLES, GATEWAY_ROLE)
 
-KEYS = ("database_url", "schema", "host", "port", "roles", "pgbouncer", "instance")
+KEYS = ("database_url", "schema", "host", "port", "roles", "pgbouncer", "instance", "iam_url", "iam_credential")
 """The keys of the file; each is also ``BETTERCOMPUTE_<KEY>`` in the environment."""
 
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -68,6 +73,8 @@ class Config:
         roles: What ``serve`` runs (``all``, ``api``, worker roles).
         pgbouncer: Connect through PgBouncer in transaction mode (no server-side prepared statements).
         instance: This process's name in leases and worker rows (host and pid by default).
+        iam_url: A central control plane whose IAM ``serve`` uses (``RemoteIam``) instead of an embedded one.
+        iam_credential: This process's own credential for the central IAM; set exactly when ``iam_url`` is.
     """
 
     database_url: str | None = attrs.field(default=None, repr=False)
@@ -77,6 +84,8 @@ class Config:
     roles: tuple[str, ...] = ("all",)
     pgbouncer: bool = False
     instance: str | None = None
+    iam_url: str | None = None
+    iam_credential: str | None = attrs.field(default=None, repr=False)
 
 
 def parse_roles(value: str | list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -111,6 +120,15 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
             # The URL may hold a password: say what is wrong without repeating it.
             return None, f"{where} must be a URL starting with postgresql://"
         return url, None
+    if key == "iam_url":
+        if not isinstance(value, str):
+            return None, f"{where} must be a string"
+        return _check_iam_url(value.strip(), where)
+    if key == "iam_credential":
+        if not isinstance(value, str) or not value.strip():
+            # Never repeat it: it is a secret.
+            return None, f"{where} must be a non-empty string"
+        return value.strip(), None
     if key in ("host", "instance", "schema"):
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty string"
@@ -147,6 +165,33 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
     raise AssertionError(f"unhandled key {key}")  # every key of KEYS is handled above
 
 
+def _check_iam_url(url: str, where: str) -> tuple[str | None, str | None]:
+    """An ``http(s)://host[:port][/path]`` URL; it may not carry a user or password (the credential goes apart)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return None, f"{where} must be an http:// or https:// URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None, f"{where} must be an http:// or https:// URL"
+    if parts.username is not None or parts.password is not None:
+        # It may hold a password: say what is wrong without repeating it.
+        return None, f"{where} must not hold a user or password; the credential goes in iam_credential"
+    if parts.query or parts.fragment:
+        return None, f"{where} must not have a query or a fragment, not {url!r}"
+    return url.rstrip("/"), None
+
+
+def _check_pairs(given: set[str], problems: list[str]) -> None:
+    """Keys that only make sense together, by the keys some source gave (well-formed or not)."""
+    if ("iam_url" in given) != ("iam_credential" in given):
+        present, missing = ("iam_url", "iam_credential") if "iam_url" in given else ("iam_credential", "iam_url")
+        problems.append(
+            f"{present} is set but {missing} is not: a central IAM needs both iam_url and iam_credential "
+            f"({IAM_URL_ENV}, {IAM_CREDENTIAL_ENV}), or neither for the embedded IAM"
+        )
+
+
 def _merge(values: dict[str, Any], problems: list[str], key: str, value: Any, problem: str | None) -> None:
     if problem is None:
         values[key] = value
@@ -179,11 +224,13 @@ def load_config(
         overrides: Values from command-line flags, by key; ``None`` values are ignored.
 
     Raises:
-        ConfigError: listing every problem: an unknown key, a wrong type, a bad port, role or schema name.
+        ConfigError: listing every problem: an unknown key, a wrong type, a bad port, role or schema name, or
+            ``iam_url`` without ``iam_credential`` (or the reverse).
     """
     env = os.environ if environ is None else environ
     problems: list[str] = []
     values: dict[str, Any] = {}
+    given: set[str] = set()  # keys some source set, well-formed or not
     if path is None and env.get(CONFIG_ENV, "").strip():
         path = env[CONFIG_ENV].strip()
     if path is not None:
@@ -193,17 +240,21 @@ def load_config(
             problems.append(f"{file}: unknown key {key!r}; the keys are {', '.join(KEYS)}")
         for key in KEYS:
             if key in data:
+                given.add(key)
                 _merge(values, problems, key, *_check(key, data[key], f"{file}: {key}"))
     for key in KEYS:
         name = ENV_PREFIX + key.upper()
         raw = env.get(name, "")
         if raw.strip():
+            given.add(key)
             _merge(values, problems, key, *_check(key, raw, name, from_env=True))
     for key, raw_value in (overrides or {}).items():
         if key not in KEYS:
             raise TypeError(f"load_config() got an unknown override {key!r}")
         if raw_value is not None:
+            given.add(key)
             _merge(values, problems, key, *_check(key, raw_value, f"--{key.replace('_', '-')}"))
+    _check_pairs(given, problems)
     if problems:
         raise ConfigError(problems)
     return attrs.evolve(Config(), **values)

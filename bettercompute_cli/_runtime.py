@@ -4,6 +4,10 @@ Worker roles run in a task of their own (``compute.run``). The HTTP app served h
 instead of letting ``compute.asgi`` initialize and close the control plane: the process has already initialized it
 (with or without migrations, as ``--no-migrate`` says) before listening, and closes it after its worker roles have
 stopped.
+
+``serve`` uses the embedded IAM unless ``iam_url`` is configured; then it asks that central control plane's IAM
+(``RemoteIam``) and registers none of IAM's groups or tables. ``dev``, ``migrate`` and ``iam bootstrap`` always
+compose the embedded IAM.
 """
 
 from __future__ import annotations
@@ -22,12 +26,22 @@ import uvicorn
 
 from bettercompute import BetterCompute, Options, better_compute
 from bettercompute.errors import ComputeError, UnavailableError
-from bettercompute_iam import EmbeddedIam
+from bettercompute.ports import Iam
+from bettercompute_iam import EmbeddedIam, RemoteIam
 from bettercompute_store_pg import PgStore
 
-from ._config import API_ROLE, DATABASE_URL_ENV, GATEWAY_ROLE, WORKER_ROLES, Config, ConfigError
+from ._config import (
+    API_ROLE,
+    DATABASE_URL_ENV,
+    GATEWAY_ROLE,
+    IAM_CREDENTIAL_ENV,
+    IAM_URL_ENV,
+    WORKER_ROLES,
+    Config,
+    ConfigError,
+)
 
-__all__ = ["Plan", "build", "plan_roles", "run", "serve_workers"]
+__all__ = ["Plan", "build", "build_serving", "plan_roles", "require_embedded_iam", "run", "serve_workers"]
 
 log = logging.getLogger("bettercompute.cli")
 
@@ -82,15 +96,53 @@ def require_database_url(config: Config) -> str:
     return config.database_url
 
 
+def _compose(config: Config, url: str, iam: Iam) -> BetterCompute:
+    store = PgStore(url, schema=config.schema, prepared_statements=not config.pgbouncer)
+    return better_compute(Options(store=store, iam=iam, instance=config.instance))
+
+
 def build(config: Config, url: str) -> tuple[BetterCompute, EmbeddedIam]:
-    """The control plane this command runs: the PostgreSQL store and the embedded IAM.
+    """The control plane with the PostgreSQL store and the embedded IAM (``iam_url`` plays no part).
 
     Raises:
         InvalidConfigError: The URL or the schema is malformed.
     """
-    store = PgStore(url, schema=config.schema, prepared_statements=not config.pgbouncer)
     iam = EmbeddedIam()
-    return better_compute(Options(store=store, iam=iam, instance=config.instance)), iam
+    return _compose(config, url, iam), iam
+
+
+def build_serving(config: Config, url: str) -> tuple[BetterCompute, RemoteIam | None]:
+    """The control plane ``serve`` runs: with the central IAM at ``iam_url`` when configured, else embedded.
+
+    The ``RemoteIam`` is returned so the caller closes its connections (``aclose()``) after the control plane.
+
+    Raises:
+        ConfigError: Only one of ``iam_url`` and ``iam_credential`` is set (``load_config`` already refuses this).
+        InvalidConfigError: The URL or the schema is malformed.
+    """
+    if config.iam_url is None and config.iam_credential is None:
+        return build(config, url)[0], None
+    if config.iam_url is None or config.iam_credential is None:
+        raise ConfigError(
+            [f"a central IAM needs both iam_url and iam_credential ({IAM_URL_ENV}, {IAM_CREDENTIAL_ENV})"]
+        )
+    remote = RemoteIam(config.iam_url, config.iam_credential)
+    return _compose(config, url, remote), remote
+
+
+def require_embedded_iam(config: Config, command: str) -> None:
+    """Refuse a command that administers the embedded IAM in a configuration that points at a central one.
+
+    Raises:
+        ConfigError: ``iam_url`` is configured.
+    """
+    if config.iam_url is not None:
+        raise ConfigError(
+            [
+                f"iam_url is set, so this configuration uses the central IAM at {config.iam_url}; `{command}` runs "
+                f"where IAM is embedded: run it with the central control plane's configuration (without iam_url)"
+            ]
+        )
 
 
 def display_host(host: str) -> str:

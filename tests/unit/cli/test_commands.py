@@ -96,3 +96,44 @@ def test_help_lists_the_commands() -> None:
     assert result.exit_code == 0
     for command in ("migrate", "serve", "dev", "iam", "version"):
         assert command in result.stdout
+
+
+_CREDENTIAL = "bcak_0000000000000000." + "s" * 43
+
+
+def test_serve_with_an_iam_url_needs_the_credential_from_the_environment() -> None:
+    result = _invoke(
+        "serve", "--iam-url", "http://127.0.0.1:1", BETTERCOMPUTE_DATABASE_URL="postgresql://u@127.0.0.1:1/x"
+    )
+    _assert_clean_failure(result, 2)
+    assert "iam_url is set but iam_credential is not" in result.stderr
+    assert "BETTERCOMPUTE_IAM_CREDENTIAL" in result.stderr
+
+
+def test_a_credential_without_an_iam_url_is_refused_and_not_echoed() -> None:
+    result = _invoke(
+        "serve", BETTERCOMPUTE_DATABASE_URL="postgresql://u@127.0.0.1:1/x", BETTERCOMPUTE_IAM_CREDENTIAL=_CREDENTIAL
+    )
+    _assert_clean_failure(result, 2)
+    assert "iam_credential is set but iam_url is not" in result.stderr
+    assert _CREDENTIAL not in result.stderr
+
+
+def test_serve_has_no_credential_flag() -> None:
+    result = _invoke("serve", "--help")
+    assert result.exit_code == 0
+    assert "--iam-url" in result.stdout
+    assert "--iam-credential" not in result.stdout
+
+
+def test_iam_bootstrap_refuses_a_central_iam_configuration() -> None:
+    result = _invoke(
+        "iam",
+        "bootstrap",
+        BETTERCOMPUTE_DATABASE_URL="postgresql://u@127.0.0.1:1/x",
+        BETTERCOMPUTE_IAM_URL="http://iam.internal:3000",
+        BETTERCOMPUTE_IAM_CREDENTIAL=_CREDENTIAL,
+    )
+    _assert_clean_failure(result, 2)
+    assert "where IAM is embedded" in result.stderr
+    assert _CREDENTIAL not in result.stderr

@@ -198,3 +198,72 @@ def test_role_plans() -> None:
     assert plan_roles(("sinks", "iam")) == Plan(api=False, workers=frozenset({"sinks", "iam"}))
     with pytest.raises(ConfigError, match="gateway role arrives in a later release"):
         plan_roles(("api", "gateway"))
+
+
+CREDENTIAL = "bcak_0000000000000000." + "s" * 43
+
+
+def test_the_central_iam_keys_from_file_environment_and_flag(tmp_path: Path) -> None:
+    path = _write(tmp_path, f'iam_url = "http://iam-from-file:3000/"\niam_credential = "{CREDENTIAL}"\n')
+    from_file = load_config(path, {})
+    # A trailing slash is dropped, so the client's paths join cleanly.
+    assert (from_file.iam_url, from_file.iam_credential) == ("http://iam-from-file:3000", CREDENTIAL)
+
+    environ = {"BETTERCOMPUTE_IAM_URL": "https://iam-from-env", "BETTERCOMPUTE_IAM_CREDENTIAL": f" {CREDENTIAL}\n"}
+    from_env = load_config(path, environ)
+    assert (from_env.iam_url, from_env.iam_credential) == ("https://iam-from-env", CREDENTIAL)
+
+    from_flag = load_config(path, environ, {"iam_url": "http://iam-from-flag:4000"})
+    assert from_flag.iam_url == "http://iam-from-flag:4000"
+    assert load_config(None, {}).iam_url is None
+
+
+@pytest.mark.parametrize(
+    ("environ", "present", "missing"),
+    [
+        ({"BETTERCOMPUTE_IAM_URL": "http://iam:3000"}, "iam_url", "iam_credential"),
+        ({"BETTERCOMPUTE_IAM_CREDENTIAL": CREDENTIAL}, "iam_credential", "iam_url"),
+    ],
+)
+def test_one_central_iam_key_without_the_other_names_both(environ: dict[str, str], present: str, missing: str) -> None:
+    [problem] = _problems(environ=environ)
+    assert problem.startswith(f"{present} is set but {missing} is not")
+    assert "BETTERCOMPUTE_IAM_URL" in problem
+    assert "BETTERCOMPUTE_IAM_CREDENTIAL" in problem
+    assert CREDENTIAL not in problem
+
+
+def test_the_iam_url_flag_without_a_credential_is_refused() -> None:
+    [problem] = _problems(iam_url="http://iam:3000")
+    assert "iam_url is set but iam_credential is not" in problem
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("iam:3000", "must be an http:// or https:// URL"),
+        ("ftp://iam", "must be an http:// or https:// URL"),
+        ("http://", "must be an http:// or https:// URL"),
+        ("http://iam:99999", "must be an http:// or https:// URL"),
+        ("http://u:hunter2@iam", "must not hold a user or password"),
+        ("http://iam/?x=1", "must not have a query or a fragment"),
+    ],
+)
+def test_a_bad_iam_url_is_named(url: str, needle: str) -> None:
+    [problem] = _problems(environ={"BETTERCOMPUTE_IAM_URL": url, "BETTERCOMPUTE_IAM_CREDENTIAL": CREDENTIAL})
+    assert problem.startswith("BETTERCOMPUTE_IAM_URL ")
+    assert needle in problem
+    assert "hunter2" not in problem
+
+
+def test_a_bad_iam_credential_is_reported_without_its_value(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'iam_url = "http://iam"\niam_credential = 12345\n')
+    [problem] = _problems(path)
+    assert problem == f"{path}: iam_credential must be a non-empty string"
+
+
+def test_the_iam_credential_stays_out_of_the_repr() -> None:
+    config = load_config(None, {"BETTERCOMPUTE_IAM_URL": "http://iam", "BETTERCOMPUTE_IAM_CREDENTIAL": CREDENTIAL})
+    assert config.iam_credential == CREDENTIAL
+    assert CREDENTIAL not in repr(config)
+    assert "http://iam" in repr(config)
