@@ -13,6 +13,7 @@ from ._http import Request as Request
 from ._http import Response as Response
 from ._jobs import Events as Events
 from ._jobs import Job as Job
+from ._kms import LocalKeyKms as LocalKeyKms
 from ._options import Module as Module
 from ._options import Options as Options
 from ._options import Plugin as Plugin
@@ -43,6 +44,7 @@ __all__ = [
     "Events",
     "GroupSpec",
     "Job",
+    "LocalKeyKms",
     "MethodDef",
     "Module",
     "ModuleContext",

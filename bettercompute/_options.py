@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
-from .ports import Clock, Iam, Migration, Notifier, Store
+from .ports import Clock, Iam, Kms, Migration, Notifier, Store
 
 if TYPE_CHECKING:
     from ._core import ModuleContext
@@ -82,6 +82,9 @@ class Options:
         max_body_bytes: Larger request bodies are refused with 413.
         max_in_flight: Requests handled at once by this process's HTTP handler; more wait their turn.
         instance: This process's name in leases and worker rows (host and pid by default).
+        kms: Envelope encryption of secrets at rest (``bettercompute.LocalKeyKms(path)``, or a Vault adapter). The
+            built-in ``webhooks`` group keeps its signing secrets with it and is registered only when one is given;
+            there is no implicit key file, because every process of one deployment must share the key.
     """
 
     store: Store | None = None
@@ -95,6 +98,7 @@ class Options:
     max_in_flight: int = 16
     instance: str | None = None
     lease_ttl: dt.timedelta = dt.timedelta(seconds=15)
+    kms: Kms | None = None
 
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")

@@ -61,7 +61,9 @@ class ComputeError(Exception):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.code:
+        # Only a class that declares a code registers it: a subclass of a coded class (a more precise error for
+        # one caller, like ``WebhookVerificationError``) keeps its parent's code and is not a second owner of it.
+        if "code" in cls.__dict__ and cls.code:
             if cls.code in _BY_CODE:
                 raise TypeError(f"error code {cls.code} is registered twice")
             _BY_CODE[cls.code] = cls

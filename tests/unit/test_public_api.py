@@ -16,6 +16,7 @@ PACKAGES = [
     "bettercompute.client",
     "bettercompute.testing",
     "bettercompute.modules.system",
+    "bettercompute.webhooks",
     "bettercompute_store_pg",
     "bettercompute_iam",
     "bettercompute_cli",

@@ -1,0 +1,121 @@
+"""Signed webhooks: how Better Compute signs a delivery, and ``verify`` for the receiving side.
+
+Every delivery is a ``POST`` of a JSON body with these headers:
+
+- ``Bettercompute-Event-Id``: the event's id, the same on every retry of it; use it to drop duplicates (delivery is
+  at least once).
+- ``Bettercompute-Event-Type``: the event's type (``webhook.test`` for ``webhooks.test``).
+- ``Bettercompute-Signature``: ``t=<unix seconds>,v1=<hex>``, where ``<hex>`` is HMAC-SHA256, keyed by the
+  subscription's secret (``whsec_...``, the whole string), of ``<t>.<body>`` (the raw body bytes). A new ``t`` and
+  signature are made for every attempt, so a receiver may refuse old timestamps (the replay window).
+
+A receiver reads the raw body (before any JSON parsing) and calls::
+
+    from bettercompute.webhooks import verify
+    verify(secret, request.headers, body)  # raises WebhookVerificationError
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+from collections.abc import Mapping
+
+from .errors import InvalidInputError
+
+__all__ = [
+    "EVENT_ID_HEADER",
+    "EVENT_TYPE_HEADER",
+    "SIGNATURE_HEADER",
+    "WebhookVerificationError",
+    "sign",
+    "signature_header",
+    "verify",
+]
+
+SIGNATURE_HEADER = "Bettercompute-Signature"
+EVENT_ID_HEADER = "Bettercompute-Event-Id"
+EVENT_TYPE_HEADER = "Bettercompute-Event-Type"
+DEFAULT_TOLERANCE = dt.timedelta(minutes=5)
+
+
+class WebhookVerificationError(InvalidInputError):
+    """A webhook delivery failed verification: no or a garbled signature header, a signature that does not match,
+    or a timestamp outside the replay window. ``details["reason"]`` says which (``missing``, ``malformed``,
+    ``mismatch``, ``expired``). Answer it with 400 and do not act on the body."""
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    """The hex HMAC-SHA256 of ``<timestamp>.<body>`` keyed by ``secret``."""
+    return hmac.new(secret.encode(), str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def signature_header(secret: str, timestamp: int, body: bytes) -> str:
+    """The value of ``Bettercompute-Signature`` for ``body`` sent at ``timestamp`` (unix seconds)."""
+    return f"t={timestamp},v1={sign(secret, timestamp, body)}"
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    wanted = name.lower()
+    for key, value in headers.items():
+        if key.lower() == wanted:
+            return value
+    return None
+
+
+def verify(
+    secret: str,
+    headers: Mapping[str, str],
+    body: bytes | str,
+    *,
+    tolerance: dt.timedelta = DEFAULT_TOLERANCE,
+    now: dt.datetime | None = None,
+) -> None:
+    """Check that ``body`` was signed with ``secret`` within ``tolerance`` of ``now``; return quietly if so.
+
+    Args:
+        secret: The subscription's signing secret (``whsec_...``), as ``webhooks.create`` showed it.
+        headers: The request's headers (any mapping; names are matched case-insensitively).
+        body: The raw request body, exactly as received.
+        tolerance: How far the signature's timestamp may be from ``now``, either way.
+        now: The current time (timezone-aware); the system clock when left out.
+
+    Raises:
+        WebhookVerificationError: the signature header is missing or garbled, no ``v1`` signature matches (compared
+            in constant time), or the timestamp is outside the window.
+    """
+    raw = body.encode() if isinstance(body, str) else body
+    value = _header(headers, SIGNATURE_HEADER)
+    if value is None:
+        raise WebhookVerificationError(
+            f"the {SIGNATURE_HEADER} header is missing", details={"reason": "missing", "header": SIGNATURE_HEADER}
+        )
+    timestamp: int | None = None
+    candidates: list[str] = []
+    for part in value.split(","):
+        key, sep, item = part.strip().partition("=")
+        if not sep:
+            continue
+        if key == "t" and item.isascii() and item.isdigit() and len(item) <= 12:
+            timestamp = int(item)
+        elif key == "v1":
+            candidates.append(item)
+    if timestamp is None or not candidates:
+        raise WebhookVerificationError(
+            f"the {SIGNATURE_HEADER} header is not 't=<unix>,v1=<hex>'",
+            details={"reason": "malformed", "header": SIGNATURE_HEADER},
+        )
+    expected = sign(secret, timestamp, raw)
+    # Every candidate is compared, so the time taken does not depend on which one matched.
+    matched = False
+    for candidate in candidates:
+        matched |= hmac.compare_digest(expected.encode(), candidate.encode())
+    if not matched:
+        raise WebhookVerificationError("the webhook signature does not match", details={"reason": "mismatch"})
+    current = (now or dt.datetime.now(dt.UTC)).timestamp()
+    if abs(current - timestamp) > tolerance.total_seconds():
+        raise WebhookVerificationError(
+            "the webhook signature's timestamp is outside the replay window",
+            details={"reason": "expired", "tolerance_seconds": tolerance.total_seconds()},
+        )
