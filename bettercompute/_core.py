@@ -23,6 +23,7 @@ from ._version import __version__
 from .errors import ComputeError, InvalidConfigError
 from .modules.system import ACTIONS as SYSTEM_ACTIONS
 from .modules.system import HealthCheck, HealthOutput, SystemGroup
+from .modules.webhooks import WebhooksModule
 from .ports import Clock, Decision, Iam, Identity, Notifier, ResourceRef, Store
 
 __all__ = ["Api", "BetterCompute", "Caches", "DatabaseClock", "ModuleContext", "better_compute"]
@@ -348,13 +349,24 @@ def _problems_of(options: Options) -> tuple[list[str], list[Module], Registry]:
         problems.append("max_in_flight: must be a positive integer")
     if options.lease_ttl < dt.timedelta(seconds=1):
         problems.append("lease_ttl: must be at least one second")
+    kms: Any = options.kms
+    if kms is not None:
+        missing = [m for m in ("encrypt", "decrypt") if not hasattr(kms, m)]
+        if missing:
+            problems.append(f"kms: {type(kms).__name__} lacks {', '.join(missing)}")
+        if store is not None and not hasattr(store, "webhooks"):
+            problems.append(f"store: {type(store).__name__} lacks webhooks (needed by the webhooks module)")
+        problems.extend(options.webhooks.problems())
 
     modules: list[Module] = [_CoreModule()]
+    # Webhooks keep their signing secrets sealed by the KMS: the group exists only where one is configured.
+    if kms is not None:
+        modules.append(WebhooksModule())
     extra: list[Any] = []
     if iam is not None and isinstance(iam, Module):
         extra.append(iam)
     extra.extend(options.modules)
-    names = {"core"}
+    names = {"core", "webhooks"}
     for index, module in enumerate(extra):
         if not isinstance(module, Module):
             problems.append(f"modules[{index}]: {type(module).__name__} is not a module (see bettercompute.Module)")
@@ -363,6 +375,11 @@ def _problems_of(options: Options) -> tuple[list[str], list[Module], Registry]:
             problems.append(f"modules[{index}]: the name {module.name!r} is used twice")
             continue
         problems.extend(_range_problems(f"module {module.name!r}", module.core_range))
+        if "kms" in getattr(module, "requires", ()) and kms is None:
+            problems.append(
+                f"kms: module {module.name!r} keeps secrets at rest and needs Options.kms"
+                " (bettercompute.LocalKeyKms(path), the same key file in every process)"
+            )
         names.add(module.name)
         modules.append(module)
     plugin_names: set[str] = set()

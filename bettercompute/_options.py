@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import attrs
 
 from .ports import Clock, Iam, Kms, Migration, Notifier, Store
+from .webhooks import WebhookSettings
 
 if TYPE_CHECKING:
     from ._core import ModuleContext
@@ -84,7 +85,9 @@ class Options:
         instance: This process's name in leases and worker rows (host and pid by default).
         kms: Envelope encryption of secrets at rest (``bettercompute.LocalKeyKms(path)``, or a Vault adapter). The
             built-in ``webhooks`` group keeps its signing secrets with it and is registered only when one is given;
-            there is no implicit key file, because every process of one deployment must share the key.
+            there is no implicit key file, because every process of one deployment must share the key. A module
+            that keeps secrets declares ``requires = ("kms",)``; ``better_compute()`` refuses it without one.
+        webhooks: How the ``sinks`` role sends webhooks (attempts, backoff, timeout).
     """
 
     store: Store | None = None
@@ -99,6 +102,7 @@ class Options:
     instance: str | None = None
     lease_ttl: dt.timedelta = dt.timedelta(seconds=15)
     kms: Kms | None = None
+    webhooks: WebhookSettings = attrs.field(factory=WebhookSettings)
 
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")

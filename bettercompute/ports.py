@@ -22,6 +22,8 @@ __all__ = [
     "Claim",
     "Clock",
     "Decision",
+    "DeliveryOutcome",
+    "DueDelivery",
     "Iam",
     "IdempotencyKeys",
     "IdempotencyOutcome",
@@ -37,6 +39,9 @@ __all__ = [
     "Store",
     "StoredEvent",
     "Transaction",
+    "WebhookDelivery",
+    "WebhookSubscription",
+    "Webhooks",
     "WorkItem",
     "WorkQueue",
 ]
@@ -147,6 +152,69 @@ class IdempotencyOutcome:
     result: Mapping[str, Any] | None = None
 
 
+@attrs.frozen(kw_only=True)
+class WebhookSubscription:
+    """A stored webhook subscription. ``secret`` is the signing secret as the KMS sealed it, never in the clear."""
+
+    id: str
+    tenant: str
+    url: str
+    event_types: tuple[str, ...]
+    description: str
+    created_at: dt.datetime
+
+
+@attrs.frozen(kw_only=True)
+class WebhookDelivery:
+    """One event's delivery to one subscription, as its log shows it (``status``: pending, delivered, dead)."""
+
+    id: int
+    event_id: str
+    event_type: str
+    event_key: str
+    status: str
+    attempts: int
+    last_status: int | None
+    last_error: str | None
+    next_attempt_at: dt.datetime | None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class DueDelivery:
+    """A delivery claimed for one attempt until ``claimed_until``; ``token`` proves the claim is still its own.
+
+    ``sealed_secret`` is the subscription's KMS blob (context ``webhook:<tenant>:<subscription_id>``); ``body`` the
+    exact bytes to sign and send; ``attempts`` counts the attempts made before this one.
+    """
+
+    id: int
+    token: str
+    subscription_id: str
+    tenant: str
+    url: str
+    sealed_secret: bytes
+    event_id: str
+    event_type: str
+    body: str
+    attempts: int
+
+    def __repr__(self) -> str:
+        return f"DueDelivery(id={self.id}, subscription_id={self.subscription_id!r}, event_id={self.event_id!r})"
+
+
+@attrs.frozen(kw_only=True)
+class DeliveryOutcome:
+    """What an attempt came to: ``status`` ``delivered``, ``pending`` (retry after ``retry_in``) or ``dead``."""
+
+    delivery: DueDelivery
+    status: str
+    http_status: int | None = None
+    error: str | None = None
+    retry_in: dt.timedelta = dt.timedelta(0)
+
+
 # --- repositories -----------------------------------------------------------------------------------------------
 
 
@@ -239,6 +307,62 @@ class Outbox(Protocol):
         ...
 
 
+class Webhooks(Protocol):
+    """Webhook subscriptions of tenants, and their deliveries (the ``webhooks`` module's state).
+
+    Deliveries of one subscription and one event key are handed out one at a time in the order they were added: a
+    delivery is not claimed while an earlier one of its key is still pending (delivered and dead ones no longer
+    hold it back). A subscription's deletion deletes its deliveries. Writes given a ``tx`` commit with it.
+    """
+
+    async def create(
+        self,
+        tx: Transaction,
+        *,
+        id: str,
+        tenant: str,
+        url: str,
+        event_types: Sequence[str],
+        description: str,
+        sealed_secret: bytes,
+    ) -> WebhookSubscription:
+        """Add a subscription."""
+        ...
+
+    async def for_tenant(self, tenant: str) -> list[WebhookSubscription]:
+        """The tenant's subscriptions, oldest first (at most 1000)."""
+        ...
+
+    async def delete(self, tx: Transaction, *, tenant: str, id: str) -> WebhookSubscription | None:
+        """Delete a subscription of ``tenant`` and its deliveries; ``None`` when the tenant has no such one."""
+        ...
+
+    async def add_delivery(
+        self, tx: Transaction, *, tenant: str, id: str, event_id: str, event_type: str, event_key: str, body: str
+    ) -> bool:
+        """Queue one event for one subscription of ``tenant``; ``False`` when the tenant has no such one."""
+        ...
+
+    async def fan_out(self, *, tenant: str, event_id: str, event_type: str, event_key: str, body: str) -> int:
+        """Queue an event for every subscription of ``tenant`` whose filters match ``event_type``; returns how many.
+
+        Idempotent per ``(subscription, event_id)``: an event handed out twice is queued once.
+        """
+        ...
+
+    async def claim(self, *, limit: int, claim_for: dt.timedelta) -> list[DueDelivery]:
+        """Claim up to ``limit`` due deliveries (expired claims are due again), oldest due first."""
+        ...
+
+    async def record(self, outcomes: Sequence[DeliveryOutcome]) -> int:
+        """Record attempts' outcomes (attempts + 1); returns how many claims were still held (others are ignored)."""
+        ...
+
+    async def deliveries(self, *, tenant: str, id: str, limit: int) -> list[WebhookDelivery] | None:
+        """The newest ``limit`` deliveries of a subscription of ``tenant``; ``None`` when it has no such one."""
+        ...
+
+
 class IdempotencyKeys(Protocol):
     """Idempotency keys: per identity, a key is bound to the hash of the first request made with it."""
 
@@ -314,6 +438,11 @@ class Store(Protocol):
     @property
     def idempotency(self) -> IdempotencyKeys:
         """Idempotency keys."""
+        ...
+
+    @property
+    def webhooks(self) -> Webhooks:
+        """Webhook subscriptions and deliveries."""
         ...
 
     async def open(self) -> None:

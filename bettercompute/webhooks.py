@@ -22,12 +22,15 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 
+import attrs
+
 from .errors import InvalidInputError
 
 __all__ = [
     "EVENT_ID_HEADER",
     "EVENT_TYPE_HEADER",
     "SIGNATURE_HEADER",
+    "WebhookSettings",
     "WebhookVerificationError",
     "sign",
     "signature_header",
@@ -38,6 +41,41 @@ SIGNATURE_HEADER = "Bettercompute-Signature"
 EVENT_ID_HEADER = "Bettercompute-Event-Id"
 EVENT_TYPE_HEADER = "Bettercompute-Event-Type"
 DEFAULT_TOLERANCE = dt.timedelta(minutes=5)
+
+
+@attrs.frozen(kw_only=True)
+class WebhookSettings:
+    """How the ``sinks`` role sends webhooks (``Options.webhooks``).
+
+    Args:
+        max_attempts: A delivery that failed this many times is ``dead`` (the dead letter; it stays in the log).
+        backoff: The wait after the first failure; it doubles after each further one, up to ``max_backoff``, and
+            is jittered to between half and all of that.
+        max_backoff: The longest wait between two attempts.
+        timeout: The whole of one attempt (connect, send, answer); a slower receiver counts as a failure.
+        batch_size: Deliveries claimed per pass of the sender.
+        concurrency: Deliveries sent at once by one pass.
+    """
+
+    max_attempts: int = 12
+    backoff: dt.timedelta = dt.timedelta(seconds=10)
+    max_backoff: dt.timedelta = dt.timedelta(hours=1)
+    timeout: dt.timedelta = dt.timedelta(seconds=10)
+    batch_size: int = 50
+    concurrency: int = 8
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings (``better_compute()`` reports it as ``INVALID_CONFIG``)."""
+        problems = []
+        if self.max_attempts < 1:
+            problems.append("webhooks.max_attempts: must be at least 1")
+        if self.backoff <= dt.timedelta(0) or self.max_backoff < self.backoff:
+            problems.append("webhooks.backoff: must be positive and at most max_backoff")
+        if self.timeout <= dt.timedelta(0):
+            problems.append("webhooks.timeout: must be positive")
+        if self.batch_size < 1 or self.concurrency < 1:
+            problems.append("webhooks.batch_size, webhooks.concurrency: must be at least 1")
+        return problems
 
 
 class WebhookVerificationError(InvalidInputError):

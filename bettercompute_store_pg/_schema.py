@@ -144,8 +144,47 @@ CREATE TABLE {schema}.authz_resources (
 CREATE INDEX authz_resources_tenant ON {schema}.authz_resources (tenant_id);
 """
 
+# Webhooks: subscriptions (the signing secret only as the KMS sealed it) and one delivery row per (subscription,
+# event), kept after it ends as the subscription's delivery log.
+_CORE_V4 = """
+CREATE TABLE {schema}.webhook_subscriptions (
+    id text PRIMARY KEY,
+    tenant text NOT NULL,
+    url text NOT NULL,
+    event_types text[] NOT NULL DEFAULT '{}',
+    description text NOT NULL DEFAULT '',
+    sealed_secret bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX webhook_subscriptions_tenant ON {schema}.webhook_subscriptions (tenant, created_at, id);
+
+CREATE TABLE {schema}.webhook_deliveries (
+    id bigserial PRIMARY KEY,
+    subscription_id text NOT NULL REFERENCES {schema}.webhook_subscriptions (id) ON DELETE CASCADE,
+    event_id text NOT NULL,
+    event_type text NOT NULL,
+    event_key text NOT NULL,
+    body text NOT NULL,
+    status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'delivered', 'dead')),
+    attempts integer NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz DEFAULT now(),
+    claim_token text,
+    claimed_until timestamptz,
+    last_status integer,
+    last_error text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz,
+    UNIQUE (subscription_id, event_id)
+);
+CREATE INDEX webhook_deliveries_due ON {schema}.webhook_deliveries (next_attempt_at, id) WHERE status = 'pending';
+CREATE INDEX webhook_deliveries_key ON {schema}.webhook_deliveries (subscription_id, event_key, id)
+    WHERE status = 'pending';
+CREATE INDEX webhook_deliveries_log ON {schema}.webhook_deliveries (subscription_id, id);
+"""
+
 CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="core tables", sql=_CORE_V1),
     Migration(version=2, name="authorization projection", sql=_CORE_V2),
+    Migration(version=4, name="webhooks", sql=_CORE_V4),
 )
 """The migrations of module ``"core"``: the tables ``PgStore`` itself uses."""

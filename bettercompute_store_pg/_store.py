@@ -22,6 +22,7 @@ from ._migrations import run_migrations
 from ._outbox import PgOutbox
 from ._queue import PgWorkQueue
 from ._schema import CORE_MIGRATIONS, validate_schema
+from ._webhooks import PgWebhooks
 
 __all__ = ["PgStore", "PgTransaction", "driver_url"]
 
@@ -154,6 +155,7 @@ class PgStore:
         self.queue = PgWorkQueue(self._db)
         self.outbox = PgOutbox(self._db)
         self.idempotency = PgIdempotencyKeys(self._db)
+        self.webhooks = PgWebhooks(self._db)
         self._audit = self._db.sql(_AUDIT)
         self._project = self._db.sql(_PROJECT)
         self._unproject = self._db.sql(_UNPROJECT)

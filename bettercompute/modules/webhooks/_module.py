@@ -1,0 +1,52 @@
+"""The ``webhooks`` module: its group, the fan-out subscriber and the sender job."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..._jobs import Job
+from ..._version import __version__
+from ...ports import Migration, StoredEvent
+from . import _service
+from ._methods import ACTIONS, WebhooksGroup
+
+if TYPE_CHECKING:
+    from ..._core import ModuleContext
+    from ..._registry import GroupSpec
+
+__all__ = ["SENDER", "WebhooksModule"]
+
+SENDER = Job(name="webhooks", role="sinks", interval=dt.timedelta(seconds=1), run=_service.send_due)
+"""The sender: ``sinks/webhooks``, after ``sinks/events`` in each ``tick()``."""
+
+
+class WebhooksModule:
+    """Registered by ``better_compute()`` when ``Options.kms`` is set. Its tables are core migration 4."""
+
+    name = "webhooks"
+    version = __version__
+    core_range = f"=={__version__}"
+    groups: Sequence[type[GroupSpec[Any]]] = (WebhooksGroup,)
+    actions: Sequence[str] = ACTIONS
+    migrations: Mapping[str, Sequence[Migration]] = {}
+    jobs: Sequence[Job] = (SENDER,)
+
+    def __init__(self) -> None:
+        self._unsubscribe: Callable[[], None] | None = None
+
+    async def start(self, context: ModuleContext) -> None:
+        """Subscribe the fan-out to committed events."""
+        if self._unsubscribe is None:
+
+            async def subscriber(event: StoredEvent) -> None:
+                await _service.fan_out(context, event)
+
+            self._unsubscribe = context.events.subscribe(subscriber)
+
+    async def stop(self) -> None:
+        """Stop fanning out events (the outbox keeps them for whoever runs ``sinks`` next)."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None

@@ -1,0 +1,195 @@
+"""Inputs and outputs of the ``webhooks`` group.
+
+Tenant-scoped like IAM's groups: every input names its ``tenant``, so the core's pre-check refuses a caller from
+another tenant before any database access. Field rules are attrs validators raising ``(message, attribute, value)``,
+which the codec reports as ``INVALID_INPUT`` at the field's path.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import urllib.parse
+from typing import Any, Literal
+
+import attrs
+
+__all__ = [
+    "CreateWebhookInput",
+    "CreatedWebhook",
+    "DeleteWebhookInput",
+    "DeleteWebhookOutput",
+    "Delivery",
+    "ListDeliveriesInput",
+    "ListDeliveriesOutput",
+    "ListWebhooksInput",
+    "ListWebhooksOutput",
+    "Webhook",
+    "WebhookTestInput",
+    "WebhookTestOutput",
+]
+
+MAX_EVENT_TYPES = 64
+MAX_DELIVERIES = 200
+_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+# ``reservation.created`` matches that type; ``reservation.*`` every type under ``reservation.``; ``*`` all.
+_EVENT_TYPE_PATTERN = re.compile(r"\*|[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*(\.\*)?")
+
+
+def _fail(attribute: attrs.Attribute[Any], value: Any, reason: str) -> ValueError:
+    return ValueError(reason, attribute, value)
+
+
+def _id(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not _ID.fullmatch(value):
+        raise _fail(attribute, value, "must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
+
+
+def _url(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if len(value) > 2048:
+        raise _fail(attribute, value, "must be at most 2048 characters")
+    try:
+        parsed = urllib.parse.urlsplit(value)
+        port = parsed.port
+    except ValueError:
+        raise _fail(attribute, value, "must be an absolute http:// or https:// URL") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise _fail(attribute, value, "must be an absolute http:// or https:// URL")
+    if parsed.username is not None or parsed.password is not None:
+        # The URL is listed back and stored in the clear: credentials in it would leak. Sign instead.
+        raise _fail(attribute, value, "may not carry a user name or password")
+    if parsed.fragment or any(c.isspace() for c in value):
+        raise _fail(attribute, value, "may not have a fragment or white space")
+    del port
+
+
+def _event_types(_: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    if len(value) > MAX_EVENT_TYPES:
+        raise _fail(attribute, value, f"at most {MAX_EVENT_TYPES} patterns")
+    for pattern in value:
+        if len(pattern) > 128 or not _EVENT_TYPE_PATTERN.fullmatch(pattern):
+            raise _fail(
+                attribute,
+                value,
+                f"{pattern!r} is not an event type pattern: 'reservation.created', 'reservation.*' or '*'",
+            )
+
+
+def _description(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if len(value) > 500:
+        raise _fail(attribute, value, "must be at most 500 characters")
+
+
+def _limit(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not 1 <= value <= MAX_DELIVERIES:
+        raise _fail(attribute, value, f"must be between 1 and {MAX_DELIVERIES}")
+
+
+@attrs.frozen(kw_only=True)
+class CreateWebhookInput:
+    """A subscription: where to POST the tenant's events, and which types (none listed: every type)."""
+
+    tenant: str = attrs.field(validator=_id)
+    url: str = attrs.field(validator=_url)
+    event_types: tuple[str, ...] = attrs.field(default=(), validator=_event_types)
+    description: str = attrs.field(default="", validator=_description)
+
+
+@attrs.frozen(kw_only=True)
+class Webhook:
+    """A subscription, without its secret."""
+
+    id: str
+    tenant: str
+    url: str
+    event_types: tuple[str, ...]
+    description: str
+    created_at: dt.datetime
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class CreatedWebhook:
+    """The new subscription and its signing secret, which is shown here only: store it now."""
+
+    webhook: Webhook
+    secret: str
+
+    def __repr__(self) -> str:
+        return f"CreatedWebhook(webhook={self.webhook!r}, secret=<hidden>)"
+
+
+@attrs.frozen(kw_only=True)
+class ListWebhooksInput:
+    """The tenant whose subscriptions to list."""
+
+    tenant: str = attrs.field(validator=_id)
+
+
+@attrs.frozen(kw_only=True)
+class ListWebhooksOutput:
+    """The tenant's subscriptions, oldest first."""
+
+    webhooks: tuple[Webhook, ...]
+
+
+@attrs.frozen(kw_only=True)
+class DeleteWebhookInput:
+    """A subscription to delete, with its pending deliveries."""
+
+    tenant: str = attrs.field(validator=_id)
+    id: str = attrs.field(validator=_id)
+
+
+@attrs.frozen(kw_only=True)
+class DeleteWebhookOutput:
+    """Always ``deleted=True`` (an unknown subscription is ``NOT_FOUND``)."""
+
+    deleted: bool
+
+
+@attrs.frozen(kw_only=True)
+class WebhookTestInput:
+    """A subscription to send a ``webhook.test`` event to."""
+
+    tenant: str = attrs.field(validator=_id)
+    id: str = attrs.field(validator=_id)
+
+
+@attrs.frozen(kw_only=True)
+class WebhookTestOutput:
+    """The id of the test event, as the receiver will see it in ``Bettercompute-Event-Id``."""
+
+    event_id: str
+
+
+@attrs.frozen(kw_only=True)
+class ListDeliveriesInput:
+    """A subscription's delivery log, newest first."""
+
+    tenant: str = attrs.field(validator=_id)
+    id: str = attrs.field(validator=_id)
+    limit: int = attrs.field(default=50, validator=_limit)
+
+
+@attrs.frozen(kw_only=True)
+class Delivery:
+    """One event's delivery to one subscription: its state, attempts, and the last answer or error."""
+
+    id: int
+    event_id: str
+    event_type: str
+    event_key: str
+    status: Literal["pending", "delivered", "dead"]
+    attempts: int
+    last_status: int | None
+    last_error: str | None
+    next_attempt_at: dt.datetime | None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+@attrs.frozen(kw_only=True)
+class ListDeliveriesOutput:
+    """The newest deliveries of a subscription."""
+
+    deliveries: tuple[Delivery, ...]

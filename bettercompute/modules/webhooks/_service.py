@@ -1,0 +1,311 @@
+"""The ``webhooks`` group's logic, the fan-out of committed events, and the sender.
+
+Events reach webhooks through the core's ``events`` dispatcher: after an event's transaction commits, ``fan_out``
+queues one delivery per matching subscription of the event's tenant (database writes only). The sender (the job
+``sinks/webhooks``) claims due deliveries and POSTs them outside any transaction, then records each outcome.
+
+An event is delivered to the webhooks of the tenant named by ``payload["tenant"]``; an event without one (a
+system event) goes to no webhook. Publish tenant-scoped events with ``Events.event(type, key, tenant=..., ...)``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import random
+import secrets
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+
+from ..._registry import CallContext
+from ..._version import __version__
+from ...errors import ComputeError, InternalError, NotFoundError
+from ...ports import DeliveryOutcome, DueDelivery, Kms, StoredEvent, WebhookDelivery, WebhookSubscription
+from ...webhooks import EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, WebhookSettings, signature_header
+from ._schemas import (
+    CreatedWebhook,
+    CreateWebhookInput,
+    DeleteWebhookInput,
+    DeleteWebhookOutput,
+    Delivery,
+    ListDeliveriesInput,
+    ListDeliveriesOutput,
+    ListWebhooksInput,
+    ListWebhooksOutput,
+    Webhook,
+    WebhookTestInput,
+    WebhookTestOutput,
+)
+
+if TYPE_CHECKING:
+    from ..._core import ModuleContext
+
+log = logging.getLogger("bettercompute.webhooks")
+
+SECRET_PREFIX = "whsec_"  # noqa: S105 - the prefix of generated secrets, not a secret
+TEST_EVENT = "webhook.test"
+
+
+def secret_context(tenant: str, subscription_id: str) -> str:
+    """The KMS context a subscription's secret is sealed under: a sealed secret moved to another row won't open."""
+    return f"webhook:{tenant}:{subscription_id}"
+
+
+def event_body(
+    *, event_id: str, type: str, key: str, seq: int, tenant: str, created_at: dt.datetime, data: Mapping[str, Any]
+) -> str:
+    """The JSON body a receiver gets: the event's identity, then its payload under ``data``."""
+    envelope = {
+        "id": event_id,
+        "type": type,
+        "key": key,
+        "seq": seq,
+        "tenant": tenant,
+        "created_at": created_at.isoformat(),
+        "data": dict(data),
+    }
+    return json.dumps(envelope, separators=(",", ":"), sort_keys=True)
+
+
+def _kms(options_kms: Kms | None) -> Kms:
+    if options_kms is None:  # better_compute() registers this module only with a KMS
+        raise InternalError("the webhooks module runs without a KMS")
+    return options_kms
+
+
+def _webhook(subscription: WebhookSubscription) -> Webhook:
+    return Webhook(
+        id=subscription.id,
+        tenant=subscription.tenant,
+        url=subscription.url,
+        event_types=subscription.event_types,
+        description=subscription.description,
+        created_at=subscription.created_at,
+    )
+
+
+def _delivery(delivery: WebhookDelivery) -> Delivery:
+    status: Any = delivery.status
+    return Delivery(
+        id=delivery.id,
+        event_id=delivery.event_id,
+        event_type=delivery.event_type,
+        event_key=delivery.event_key,
+        status=status,
+        attempts=delivery.attempts,
+        last_status=delivery.last_status,
+        last_error=delivery.last_error,
+        next_attempt_at=delivery.next_attempt_at,
+        created_at=delivery.created_at,
+        finished_at=delivery.finished_at,
+    )
+
+
+# --- methods ----------------------------------------------------------------------------------------------------
+
+
+async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook:
+    """Subscribe a URL to the tenant's events; the signing secret is in this answer only."""
+    context = call.context
+    subscription_id = f"wh_{secrets.token_hex(8)}"
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    sealed = await _kms(context.options.kms).encrypt(
+        secret.encode(), context=secret_context(input.tenant, subscription_id)
+    )
+    event_types = tuple(dict.fromkeys(input.event_types))
+    async with context.store.transaction() as tx:
+        subscription = await context.store.webhooks.create(
+            tx,
+            id=subscription_id,
+            tenant=input.tenant,
+            url=input.url,
+            event_types=event_types,
+            description=input.description,
+            sealed_secret=sealed,
+        )
+        await tx.audit(
+            call.audit_record(
+                resource_type="webhook",
+                resource_id=subscription_id,
+                tenant=input.tenant,
+                details={"url": input.url, "event_types": list(event_types)},
+            )
+        )
+    return CreatedWebhook(webhook=_webhook(subscription), secret=secret)
+
+
+async def list_webhooks(call: CallContext, input: ListWebhooksInput) -> ListWebhooksOutput:
+    """List the tenant's subscriptions (never a secret)."""
+    subscriptions = await call.context.store.webhooks.for_tenant(input.tenant)
+    return ListWebhooksOutput(webhooks=tuple(_webhook(s) for s in subscriptions))
+
+
+async def delete(call: CallContext, input: DeleteWebhookInput) -> DeleteWebhookOutput:
+    """Delete a subscription and its deliveries (pending ones are not sent).
+
+    Raises:
+        NotFoundError: the tenant has no such subscription.
+    """
+    store = call.context.store
+    async with store.transaction() as tx:
+        deleted = await store.webhooks.delete(tx, tenant=input.tenant, id=input.id)
+        if deleted is None:
+            raise NotFoundError("no such webhook in this tenant", details={"id": input.id})
+        await tx.audit(
+            call.audit_record(
+                resource_type="webhook", resource_id=input.id, tenant=input.tenant, details={"url": deleted.url}
+            )
+        )
+    return DeleteWebhookOutput(deleted=True)
+
+
+async def test(call: CallContext, input: WebhookTestInput) -> WebhookTestOutput:
+    """Queue a ``webhook.test`` event for this subscription only.
+
+    Raises:
+        NotFoundError: the tenant has no such subscription.
+    """
+    store = call.context.store
+    event_id = f"evt_test_{secrets.token_hex(8)}"
+    key = f"{TEST_EVENT}:{event_id}"  # its own key: a test never waits for, or holds back, real events
+    body = event_body(
+        event_id=event_id,
+        type=TEST_EVENT,
+        key=key,
+        seq=1,
+        tenant=input.tenant,
+        created_at=call.context.clock.now(),
+        data={"webhook_id": input.id},
+    )
+    async with store.transaction() as tx:
+        added = await store.webhooks.add_delivery(
+            tx, tenant=input.tenant, id=input.id, event_id=event_id, event_type=TEST_EVENT, event_key=key, body=body
+        )
+        if not added:
+            raise NotFoundError("no such webhook in this tenant", details={"id": input.id})
+        await tx.audit(
+            call.audit_record(
+                resource_type="webhook", resource_id=input.id, tenant=input.tenant, details={"event_id": event_id}
+            )
+        )
+    return WebhookTestOutput(event_id=event_id)
+
+
+async def deliveries(call: CallContext, input: ListDeliveriesInput) -> ListDeliveriesOutput:
+    """A subscription's delivery log, newest first: status, attempts, the last HTTP status and error.
+
+    Raises:
+        NotFoundError: the tenant has no such subscription.
+    """
+    found = await call.context.store.webhooks.deliveries(tenant=input.tenant, id=input.id, limit=input.limit)
+    if found is None:
+        raise NotFoundError("no such webhook in this tenant", details={"id": input.id})
+    return ListDeliveriesOutput(deliveries=tuple(_delivery(d) for d in found))
+
+
+# --- fan-out and sending ----------------------------------------------------------------------------------------
+
+
+async def fan_out(context: ModuleContext, event: StoredEvent) -> None:
+    """Queue a committed event for its tenant's matching subscriptions (an ``events`` subscriber)."""
+    tenant = event.payload.get("tenant")
+    if not isinstance(tenant, str) or not tenant:
+        return
+    event_id = f"evt_{event.id}"
+    body = event_body(
+        event_id=event_id,
+        type=event.type,
+        key=event.key,
+        seq=event.seq,
+        tenant=tenant,
+        created_at=event.created_at,
+        data=event.payload,
+    )
+    await context.store.webhooks.fan_out(
+        tenant=tenant, event_id=event_id, event_type=event.type, event_key=event.key, body=body
+    )
+
+
+def backoff(settings: WebhookSettings, failures: int) -> dt.timedelta:
+    """The wait after ``failures`` failed attempts: doubling from ``backoff``, capped, jittered to 50-100%."""
+    base = settings.backoff.total_seconds() * 2 ** min(failures - 1, 30)
+    capped = min(base, settings.max_backoff.total_seconds())
+    return dt.timedelta(seconds=capped * random.uniform(0.5, 1.0))  # noqa: S311 - jitter, not security
+
+
+async def _attempt(
+    context: ModuleContext, client: httpx.AsyncClient, settings: WebhookSettings, delivery: DueDelivery
+) -> DeliveryOutcome:
+    http_status: int | None = None
+    error: str | None = None
+    try:
+        secret = await _kms(context.options.kms).decrypt(
+            delivery.sealed_secret, context=secret_context(delivery.tenant, delivery.subscription_id)
+        )
+    except ComputeError as exc:
+        # A worker without the deployment's key: retried, so fixing the key recovers the backlog.
+        log.error("cannot open the secret of webhook %s: %s", delivery.subscription_id, type(exc).__name__)
+        secret, error = b"", "the signing secret cannot be decrypted by this worker"
+    if error is None:
+        body = delivery.body.encode()
+        timestamp = int(context.clock.now().timestamp())
+        headers = {
+            "content-type": "application/json",
+            "user-agent": f"bettercompute-webhooks/{__version__}",
+            SIGNATURE_HEADER: signature_header(secret.decode(), timestamp, body),
+            EVENT_ID_HEADER: delivery.event_id,
+            EVENT_TYPE_HEADER: delivery.event_type,
+        }
+        try:
+            with anyio.fail_after(settings.timeout.total_seconds() + 1):
+                # Streamed and never read: a receiver's answer body cannot fill this process's memory.
+                async with client.stream("POST", delivery.url, content=body, headers=headers) as response:
+                    http_status = response.status_code
+        except TimeoutError:
+            error = "timed out"
+        except httpx.HTTPError as exc:
+            # The class name only: the text may quote the URL, whose query string a tenant may treat as secret.
+            error = f"request failed: {type(exc).__name__}"
+        else:
+            if not 200 <= http_status < 300:
+                error = f"the receiver answered HTTP {http_status}"
+    if error is None:
+        return DeliveryOutcome(delivery=delivery, status="delivered", http_status=http_status)
+    failures = delivery.attempts + 1
+    if failures >= settings.max_attempts:
+        return DeliveryOutcome(delivery=delivery, status="dead", http_status=http_status, error=error)
+    return DeliveryOutcome(
+        delivery=delivery,
+        status="pending",
+        http_status=http_status,
+        error=error,
+        retry_in=backoff(settings, failures),
+    )
+
+
+async def send_due(context: ModuleContext) -> int:
+    """One pass of the sender: claim due deliveries, POST them (no transaction open), record the outcomes."""
+    settings = context.options.webhooks
+    store = context.store
+    claim_for = settings.timeout * 2 + dt.timedelta(seconds=30)
+    claimed = await store.webhooks.claim(limit=settings.batch_size, claim_for=claim_for)
+    if not claimed:
+        return 0
+    outcomes: list[DeliveryOutcome] = []
+    limiter = anyio.CapacityLimiter(settings.concurrency)
+    timeout = httpx.Timeout(settings.timeout.total_seconds())
+
+    async def one(delivery: DueDelivery) -> None:
+        async with limiter:
+            outcomes.append(await _attempt(context, client, settings, delivery))
+
+    client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False)
+    async with client, anyio.create_task_group() as tg:
+        for delivery in claimed:
+            tg.start_soon(one, delivery)
+    await store.webhooks.record(outcomes)
+    return sum(1 for o in outcomes if o.status == "delivered")

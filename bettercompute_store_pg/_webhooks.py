@@ -1,0 +1,254 @@
+"""Webhook subscriptions and their deliveries (``bettercompute.ports.Webhooks``).
+
+A delivery row per (subscription, event), kept after it ends as the subscription's log. Claims follow the outbox's
+rule per subscription: only the oldest pending delivery of a (subscription, event key) is a candidate, so a key's
+events reach each receiver in order, and a delivery waiting for its retry holds back the later ones of its key.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from bettercompute.errors import InternalError
+from bettercompute.ports import DeliveryOutcome, DueDelivery, Transaction, WebhookDelivery, WebhookSubscription
+
+from ._db import Database, dumps, fetch_in, utc
+
+__all__ = ["PgWebhooks"]
+
+_LIST_LIMIT = 1000
+_COLUMNS = "id, tenant, url, event_types, description, created_at"
+
+_CREATE = f"""
+INSERT INTO {{s}}.webhook_subscriptions (id, tenant, url, event_types, description, sealed_secret)
+VALUES (:id, :tenant, :url, CAST(:event_types AS text[]), :description, :sealed_secret)
+RETURNING {_COLUMNS}
+"""
+
+_LIST = f"""
+SELECT {_COLUMNS} FROM {{s}}.webhook_subscriptions WHERE tenant = :tenant ORDER BY created_at, id LIMIT :limit
+"""
+
+_DELETE = f"DELETE FROM {{s}}.webhook_subscriptions WHERE id = :id AND tenant = :tenant RETURNING {_COLUMNS}"
+
+_ADD = """
+INSERT INTO {s}.webhook_deliveries (subscription_id, event_id, event_type, event_key, body)
+SELECT id, :event_id, :event_type, :event_key, :body FROM {s}.webhook_subscriptions
+WHERE id = :id AND tenant = :tenant
+ON CONFLICT (subscription_id, event_id) DO NOTHING
+RETURNING id
+"""
+
+# A pattern is an exact type, '*', or 'prefix.*' (matching every type that starts with 'prefix.').
+_FAN_OUT = """
+INSERT INTO {s}.webhook_deliveries (subscription_id, event_id, event_type, event_key, body)
+SELECT w.id, :event_id, :event_type, :event_key, :body FROM {s}.webhook_subscriptions AS w
+WHERE w.tenant = :tenant AND (
+    cardinality(w.event_types) = 0
+    OR EXISTS (
+        SELECT 1 FROM unnest(w.event_types) AS p(pattern)
+        WHERE p.pattern = :event_type OR p.pattern = '*'
+           OR (right(p.pattern, 2) = '.*' AND starts_with(:event_type, left(p.pattern, -1)))
+    )
+)
+ORDER BY w.id
+ON CONFLICT (subscription_id, event_id) DO NOTHING
+"""
+
+_CLAIM = """
+WITH picked AS (
+    SELECT d.id FROM {s}.webhook_deliveries AS d
+    WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+      AND (d.claimed_until IS NULL OR d.claimed_until <= now())
+      AND NOT EXISTS (
+          SELECT 1 FROM {s}.webhook_deliveries AS e
+          WHERE e.subscription_id = d.subscription_id AND e.event_key = d.event_key AND e.status = 'pending'
+            AND e.id < d.id
+      )
+    ORDER BY d.next_attempt_at, d.id LIMIT :limit
+    FOR UPDATE OF d SKIP LOCKED
+)
+UPDATE {s}.webhook_deliveries AS d SET claim_token = gen_random_uuid()::text, claimed_until = now() + :claim_for
+FROM picked, {s}.webhook_subscriptions AS w
+WHERE d.id = picked.id AND w.id = d.subscription_id
+RETURNING d.id, d.claim_token, d.subscription_id, w.tenant, w.url, w.sealed_secret, d.event_id, d.event_type, d.body,
+    d.attempts, d.next_attempt_at
+"""
+
+_RECORD = """
+UPDATE {s}.webhook_deliveries AS d SET
+    attempts = d.attempts + 1,
+    status = r.status,
+    next_attempt_at = CASE WHEN r.status = 'pending' THEN now() + make_interval(secs => r.retry_in) END,
+    finished_at = CASE WHEN r.status = 'pending' THEN NULL ELSE now() END,
+    last_status = r.http_status,
+    last_error = r.error,
+    claim_token = NULL,
+    claimed_until = NULL
+FROM jsonb_to_recordset(CAST(:outcomes AS jsonb))
+    AS r(id bigint, token text, status text, http_status integer, error text, retry_in double precision)
+WHERE d.id = r.id AND d.claim_token = r.token AND d.status = 'pending'
+"""
+
+_DELIVERIES = """
+SELECT w.id AS subscription_id, d.* FROM {s}.webhook_subscriptions AS w
+LEFT JOIN LATERAL (
+    SELECT id, event_id, event_type, event_key, status, attempts, last_status, last_error, next_attempt_at,
+        created_at, finished_at
+    FROM {s}.webhook_deliveries WHERE subscription_id = w.id ORDER BY id DESC LIMIT :limit
+) AS d ON true
+WHERE w.id = :id AND w.tenant = :tenant
+ORDER BY d.id DESC
+"""
+
+
+def _conn(tx: Transaction) -> AsyncConnection:
+    connection = getattr(tx, "connection", None)
+    if not isinstance(connection, AsyncConnection):
+        raise InternalError("webhooks need a transaction of the PostgreSQL store")
+    return connection
+
+
+def _subscription(row: Any) -> WebhookSubscription:
+    return WebhookSubscription(
+        id=row.id,
+        tenant=row.tenant,
+        url=row.url,
+        event_types=tuple(row.event_types),
+        description=row.description,
+        created_at=utc(row.created_at),
+    )
+
+
+def _due(row: Any) -> DueDelivery:
+    return DueDelivery(
+        id=row.id,
+        token=row.claim_token,
+        subscription_id=row.subscription_id,
+        tenant=row.tenant,
+        url=row.url,
+        sealed_secret=bytes(row.sealed_secret),
+        event_id=row.event_id,
+        event_type=row.event_type,
+        body=row.body,
+        attempts=row.attempts,
+    )
+
+
+def _delivery(row: Any) -> WebhookDelivery:
+    return WebhookDelivery(
+        id=row.id,
+        event_id=row.event_id,
+        event_type=row.event_type,
+        event_key=row.event_key,
+        status=row.status,
+        attempts=row.attempts,
+        last_status=row.last_status,
+        last_error=row.last_error,
+        next_attempt_at=utc(row.next_attempt_at) if row.next_attempt_at is not None else None,
+        created_at=utc(row.created_at),
+        finished_at=utc(row.finished_at) if row.finished_at is not None else None,
+    )
+
+
+class PgWebhooks:
+    """``bettercompute.ports.Webhooks`` on ``webhook_subscriptions`` and ``webhook_deliveries``; one statement per
+    call."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._create = db.sql(_CREATE)
+        self._list = db.sql(_LIST)
+        self._delete = db.sql(_DELETE)
+        self._add = db.sql(_ADD)
+        self._fan_out = db.sql(_FAN_OUT)
+        self._claim = db.sql(_CLAIM)
+        self._record = db.sql(_RECORD)
+        self._deliveries = db.sql(_DELIVERIES)
+
+    async def create(
+        self,
+        tx: Transaction,
+        *,
+        id: str,
+        tenant: str,
+        url: str,
+        event_types: Sequence[str],
+        description: str,
+        sealed_secret: bytes,
+    ) -> WebhookSubscription:
+        """Add a subscription in the caller's transaction."""
+        params = {
+            "id": id,
+            "tenant": tenant,
+            "url": url,
+            "event_types": list(event_types),
+            "description": description,
+            "sealed_secret": sealed_secret,
+        }
+        rows = await fetch_in(_conn(tx), self._create, params)
+        return _subscription(rows[0])
+
+    async def for_tenant(self, tenant: str) -> list[WebhookSubscription]:
+        """The tenant's subscriptions, oldest first."""
+        rows = await self._db.fetch(self._list, {"tenant": tenant, "limit": _LIST_LIMIT})
+        return [_subscription(row) for row in rows]
+
+    async def delete(self, tx: Transaction, *, tenant: str, id: str) -> WebhookSubscription | None:
+        """Delete a subscription of ``tenant`` (its deliveries go with it)."""
+        rows = await fetch_in(_conn(tx), self._delete, {"id": id, "tenant": tenant})
+        return _subscription(rows[0]) if rows else None
+
+    async def add_delivery(
+        self, tx: Transaction, *, tenant: str, id: str, event_id: str, event_type: str, event_key: str, body: str
+    ) -> bool:
+        """Queue one event for one subscription of ``tenant``; ``False`` when it has no such one."""
+        params = {
+            "id": id,
+            "tenant": tenant,
+            "event_id": event_id,
+            "event_type": event_type,
+            "event_key": event_key,
+            "body": body,
+        }
+        return bool(await fetch_in(_conn(tx), self._add, params))
+
+    async def fan_out(self, *, tenant: str, event_id: str, event_type: str, event_key: str, body: str) -> int:
+        """Queue an event for every matching subscription of ``tenant``, once per (subscription, event)."""
+        params = {"tenant": tenant, "event_id": event_id, "event_type": event_type, "event_key": event_key}
+        return await self._db.rowcount(self._fan_out, {**params, "body": body})
+
+    async def claim(self, *, limit: int, claim_for: dt.timedelta) -> list[DueDelivery]:
+        """Claim up to ``limit`` due deliveries, heads of their (subscription, key) only, oldest due first."""
+        if limit <= 0:
+            return []
+        rows = await self._db.fetch(self._claim, {"limit": limit, "claim_for": claim_for})
+        return [_due(row) for row in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
+
+    async def record(self, outcomes: Sequence[DeliveryOutcome]) -> int:
+        """Record attempts' outcomes; those whose claim was lost are ignored."""
+        if not outcomes:
+            return 0
+        payload = [
+            {
+                "id": o.delivery.id,
+                "token": o.delivery.token,
+                "status": o.status,
+                "http_status": o.http_status,
+                "error": o.error,
+                "retry_in": o.retry_in.total_seconds(),
+            }
+            for o in outcomes
+        ]
+        return await self._db.rowcount(self._record, {"outcomes": dumps(payload)})
+
+    async def deliveries(self, *, tenant: str, id: str, limit: int) -> list[WebhookDelivery] | None:
+        """The newest deliveries of a subscription of ``tenant``; ``None`` when it has no such one."""
+        rows = await self._db.fetch(self._deliveries, {"tenant": tenant, "id": id, "limit": limit})
+        if not rows:
+            return None
+        return [_delivery(row) for row in rows if row.id is not None]

@@ -1,0 +1,150 @@
+"""A control plane with a KMS (so the ``webhooks`` group is registered), and a real HTTP receiver on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import httpx
+import pytest
+
+from bettercompute import BetterCompute, Events, LocalKeyKms, Options, better_compute
+from bettercompute.modules.webhooks import CreateWebhookInput, WebhooksGroup
+from bettercompute.webhooks import WebhookSettings
+from bettercompute_iam import CreateTenantInput, EmbeddedIam
+from bettercompute_store_pg import PgStore
+
+from ..iam.conftest import make_user
+
+FAST = WebhookSettings(
+    max_attempts=4,
+    backoff=dt.timedelta(milliseconds=100),
+    max_backoff=dt.timedelta(milliseconds=300),
+    timeout=dt.timedelta(seconds=2),
+)
+
+
+@attrs.frozen
+class Received:
+    headers: dict[str, str]
+    body: bytes
+
+
+class Receiver:
+    """A minimal HTTP/1.1 server on a real loopback socket: records every POST, answers ``status``."""
+
+    def __init__(self) -> None:
+        self.received: list[Received] = []
+        self.status = 200
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            headers = {}
+            for line in lines[1:]:
+                if ":" in line:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+            body = await reader.readexactly(int(headers.get("content-length", "0")))
+            if self.status < 300:
+                self.received.append(Received(headers=headers, body=body))
+            writer.write(f"HTTP/1.1 {self.status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode())
+            await writer.drain()
+        finally:
+            writer.close()
+
+
+@attrs.frozen(kw_only=True)
+class Hooks:
+    compute: BetterCompute
+    store: PgStore
+    root: str
+    acme: str
+    alice: str
+    globex: str
+    mallory: str
+    http: httpx.AsyncClient
+
+    @property
+    def api(self) -> WebhooksGroup[Any]:
+        group: WebhooksGroup[Any] = self.compute.api.group(WebhooksGroup)
+        return group
+
+    async def subscribe(self, url: str, *types: str) -> tuple[str, str]:
+        created = await self.api.create(self.alice, CreateWebhookInput(tenant=self.acme, url=url, event_types=types))
+        return created.webhook.id, created.secret
+
+    async def publish(self, type: str, key: str, tenant: str | None = None, **payload: Any) -> None:
+        async with self.store.transaction() as tx:
+            await tx.publish([Events.event(type, key, tenant=tenant or self.acme, **payload)])
+
+    async def pump(self, done: Callable[[], bool], *, within: float = 20) -> None:
+        """Run the ``sinks`` role's jobs, pass after pass, until ``done()``."""
+        with anyio.fail_after(within):
+            while not done():
+                await self.compute.jobs.tick({"sinks"})
+                await anyio.sleep(0.02)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    server = Receiver()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def hooks(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIterator[Hooks]:
+    store = PgStore(database_url, schema=fresh_schema, pool_size=4)
+    iam = EmbeddedIam()
+    options = Options(store=store, iam=iam, instance="test-1", kms=LocalKeyKms(tmp_path / "kms.key"), webhooks=FAST)
+    compute = better_compute(options)
+    await compute.initialize()
+    boot = await iam.bootstrap()
+    assert boot.credential is not None
+    root = boot.credential
+    transport = httpx.ASGITransport(app=compute.asgi)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            acme = (await compute.api.tenants.create(root, CreateTenantInput(name="acme"))).id
+            globex = (await compute.api.tenants.create(root, CreateTenantInput(name="globex"))).id
+            plane: Any = attrs.make_class("P", ["compute", "root"])(compute, root)
+            _, alice, _ = await make_user(plane, acme, "alice", "compute.admin")
+            _, mallory, _ = await make_user(plane, globex, "mallory", "compute.admin")
+            yield Hooks(
+                compute=compute,
+                store=store,
+                root=root,
+                acme=acme,
+                alice=alice,
+                globex=globex,
+                mallory=mallory,
+                http=http,
+            )
+    finally:
+        await compute.close()

@@ -1,0 +1,155 @@
+"""Webhooks end to end: committed events reach a real HTTP receiver, signed, in per-key order, at least once."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import psycopg
+import pytest
+
+from bettercompute.modules.webhooks import ListDeliveriesInput, WebhookTestInput
+from bettercompute.webhooks import EVENT_ID_HEADER, EVENT_TYPE_HEADER, verify
+
+from .conftest import FAST, Hooks, Receiver
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+
+def _events(receiver: Receiver) -> list[dict[str, object]]:
+    return [json.loads(r.body) for r in receiver.received]
+
+
+async def test_every_event_arrives_signed_and_in_order_per_key(hooks: Hooks, receiver: Receiver) -> None:
+    _, secret = await hooks.subscribe(receiver.url)
+    keys = [f"res_{k}" for k in range(4)]
+    for n in range(5):
+        for key in keys:
+            await hooks.publish("reservation.updated", key, n=n)
+    await hooks.pump(lambda: len({json.loads(r.body)["id"] for r in receiver.received}) >= 20)
+
+    per_key: dict[str, list[int]] = defaultdict(list)
+    seen_ids: set[str] = set()
+    for item in receiver.received:
+        verify(secret, item.headers, item.body)
+        event = json.loads(item.body)
+        assert item.headers[EVENT_ID_HEADER.lower()] == event["id"]
+        assert item.headers[EVENT_TYPE_HEADER.lower()] == "reservation.updated"
+        assert event["tenant"] == hooks.acme
+        if event["id"] not in seen_ids:  # at least once: the receiver drops duplicates by event id
+            seen_ids.add(event["id"])
+            per_key[event["key"]].append(event["data"]["n"])
+    assert len(seen_ids) == 20
+    assert {key: per_key[key] for key in keys} == {key: [0, 1, 2, 3, 4] for key in keys}
+
+
+async def test_a_receiver_down_for_a_while_gets_its_backlog(hooks: Hooks, receiver: Receiver) -> None:
+    webhook_id, secret = await hooks.subscribe(receiver.url)
+    await receiver.stop()
+    for n in range(3):
+        await hooks.publish("node.changed", "node_1", n=n)
+    # While it is down, the first event of the key is tried and the others wait behind it, untried.
+    for _ in range(3):  # the outbox hands out one event of a key per pass
+        await hooks.compute.jobs.tick({"sinks"})
+    log = await hooks.api.deliveries(hooks.alice, ListDeliveriesInput(tenant=hooks.acme, id=webhook_id))
+    assert [d.status for d in log.deliveries] == ["pending"] * 3
+    first = log.deliveries[-1]
+    assert 1 <= first.attempts < FAST.max_attempts
+    assert first.last_error is not None and "ConnectError" in first.last_error
+    assert all(d.attempts == 0 for d in log.deliveries[:-1])
+
+    await receiver.start()  # same port
+    await hooks.pump(lambda: len(receiver.received) >= 3)
+    for item in receiver.received:
+        verify(secret, item.headers, item.body)
+    assert [e["data"]["n"] for e in _events(receiver)] == [0, 1, 2]  # type: ignore[index]
+    log = await hooks.api.deliveries(hooks.alice, ListDeliveriesInput(tenant=hooks.acme, id=webhook_id))
+    assert [d.status for d in log.deliveries] == ["delivered"] * 3
+    assert log.deliveries[-1].last_status == 200
+
+
+async def test_a_receiver_that_always_fails_ends_dead_and_shows_in_the_log(hooks: Hooks, receiver: Receiver) -> None:
+    receiver.status = 500
+    webhook_id, _ = await hooks.subscribe(receiver.url)
+    await hooks.publish("reservation.created", "res_9")
+    await hooks.publish("reservation.created", "res_9", second=True)
+
+    async def statuses() -> list[str]:
+        log = await hooks.api.deliveries(hooks.alice, ListDeliveriesInput(tenant=hooks.acme, id=webhook_id))
+        return [d.status for d in log.deliveries]
+
+    state: list[str] = []
+
+    def done() -> bool:
+        return state == ["dead", "dead"]
+
+    import anyio
+
+    with anyio.fail_after(30):
+        while not done():
+            await hooks.compute.jobs.tick({"sinks"})
+            state = await statuses()
+            await anyio.sleep(0.05)
+    log = await hooks.api.deliveries(hooks.alice, ListDeliveriesInput(tenant=hooks.acme, id=webhook_id))
+    for delivery in log.deliveries:
+        assert delivery.attempts == FAST.max_attempts
+        assert delivery.last_status == 500
+        assert delivery.last_error == "the receiver answered HTTP 500"
+        assert delivery.finished_at is not None and delivery.next_attempt_at is None
+    assert receiver.received == []
+    text = json.dumps([str(d) for d in log.deliveries])
+    assert "whsec_" not in text
+
+
+async def test_event_type_filters_select_what_is_sent(hooks: Hooks, receiver: Receiver) -> None:
+    await hooks.subscribe(receiver.url, "reservation.*", "node.adopted")
+    await hooks.publish("reservation.created", "a")
+    await hooks.publish("node.adopted", "b")
+    await hooks.publish("node.lost", "c")
+    await hooks.publish("reservations.created", "d")  # not under 'reservation.'
+    await hooks.publish("reservation.created", "e", tenant=hooks.globex)  # another tenant's event
+    await hooks.pump(lambda: len(receiver.received) >= 2)
+    for _ in range(5):  # give any wrongly queued delivery its chance to arrive
+        await hooks.compute.jobs.tick({"sinks"})
+    assert sorted(e["key"] for e in _events(receiver)) == ["a", "b"]  # type: ignore[type-var]
+
+
+async def test_webhooks_test_delivers_to_that_subscription_only(hooks: Hooks, receiver: Receiver) -> None:
+    webhook_id, secret = await hooks.subscribe(receiver.url)
+    other = Receiver()
+    await other.start()
+    try:
+        await hooks.subscribe(other.url)
+        sent = await hooks.api.test(hooks.alice, WebhookTestInput(tenant=hooks.acme, id=webhook_id))
+        await hooks.pump(lambda: len(receiver.received) >= 1)
+        for _ in range(3):
+            await hooks.compute.jobs.tick({"sinks"})
+        assert other.received == []
+    finally:
+        await other.stop()
+    (item,) = receiver.received
+    verify(secret, item.headers, item.body)
+    event = json.loads(item.body)
+    assert event["type"] == "webhook.test" and event["id"] == sent.event_id
+    assert item.headers[EVENT_ID_HEADER.lower()] == sent.event_id
+
+
+async def test_no_table_holds_a_plain_secret(hooks: Hooks, receiver: Receiver, database_url: str) -> None:
+    _, secret = await hooks.subscribe(receiver.url)
+    await hooks.publish("reservation.created", "a")
+    await hooks.pump(lambda: len(receiver.received) >= 1)
+    token = secret.removeprefix("whsec_")
+    schema = hooks.store.schema
+    with psycopg.connect(database_url) as conn:
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+            )
+        ]
+        assert "webhook_subscriptions" in tables and "audit" in tables
+        for table in tables:
+            for row in conn.execute(f'SELECT * FROM "{schema}"."{table}"'):
+                for value in row:
+                    raw = bytes(value) if isinstance(value, bytes | memoryview) else str(value).encode()
+                    assert token.encode() not in raw, table

@@ -1,0 +1,61 @@
+"""The KMS in ``better_compute()``: the webhooks group exists only with one, and a module needing one is refused
+without it (``INVALID_CONFIG`` naming ``kms``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from bettercompute import LocalKeyKms, Options, better_compute
+from bettercompute.errors import InvalidConfigError
+from bettercompute.webhooks import WebhookSettings
+
+from ..core._echo import EchoModule
+from ..core.conftest import make_compute, make_iam
+
+
+@attrs.frozen(kw_only=True)
+class SecretKeepingModule(EchoModule):
+    requires: tuple[str, ...] = ("kms",)
+
+
+def _problems(options: Options) -> list[str]:
+    with pytest.raises(InvalidConfigError) as info:
+        better_compute(options)
+    problems: list[str] = info.value.details["problems"]
+    return problems
+
+
+def test_the_webhooks_group_and_its_sender_come_with_a_kms(tmp_path: Path) -> None:
+    without = make_compute()
+    assert without.registry.group("webhooks") is None
+    assert "sinks/webhooks" not in [job.lease_name for job in without.jobs.all]
+    with_kms = make_compute(kms=LocalKeyKms(tmp_path / "k"))
+    assert with_kms.registry.owner("webhooks") == "webhooks"
+    assert "sinks/webhooks" in [job.lease_name for job in with_kms.jobs.all]
+    assert not (tmp_path / "k").exists()  # better_compute() does no I/O
+
+
+def test_a_module_that_keeps_secrets_needs_a_kms() -> None:
+    store = make_compute().context.store
+    problems = _problems(Options(store=store, iam=make_iam(), modules=[SecretKeepingModule()]))
+    assert len(problems) == 1 and problems[0].startswith("kms: module 'echo'")
+
+
+def test_a_kms_without_its_methods_and_bad_settings_are_refused(tmp_path: Path) -> None:
+    store = make_compute().context.store
+    problems = _problems(
+        Options(store=store, iam=make_iam(), kms=object(), webhooks=WebhookSettings(max_attempts=0))  # type: ignore[arg-type]
+    )
+    assert any(p.startswith("kms: object lacks encrypt, decrypt") for p in problems)
+    assert any(p.startswith("webhooks.max_attempts") for p in problems)
+
+
+def test_a_module_may_not_take_the_name_webhooks(tmp_path: Path) -> None:
+    store = make_compute().context.store
+    problems = _problems(
+        Options(store=store, iam=make_iam(), kms=LocalKeyKms(tmp_path / "k"), modules=[EchoModule(name="webhooks")])
+    )
+    assert problems == ["modules[0]: the name 'webhooks' is used twice"]
