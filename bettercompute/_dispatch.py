@@ -79,8 +79,8 @@ class Dispatcher:
         except Exception as exc:
             raise _internal(method, uuid.uuid4().hex, exc) from exc
 
-    async def run(self, method: MethodDef[Any, Any], identity: Identity | None, input: Any) -> Any:
-        """Steps 3 to 5, for an input already decoded; returns the handler's output object."""
+    async def run(self, method: MethodDef[Any, Any], identity: Identity | None, input: Any) -> tuple[Any, Any]:
+        """Steps 3 to 5, for an input already decoded; returns the handler's output object and its JSON value."""
         request_id = uuid.uuid4().hex
         try:
             decision = None
@@ -95,7 +95,9 @@ class Dispatcher:
             output = await self._chain(call, input)
             if not isinstance(output, method.output):
                 raise TypeError(f"{method!r} returned {type(output).__name__}, not {method.output.__name__}")
-            return output
+            # Encoded here on both paths, so an output that cannot be sent fails the same way in-process and
+            # over HTTP, inside this error mapping.
+            return output, _codec.encode(output)
         except ComputeError:
             raise
         except Exception as exc:
@@ -111,10 +113,11 @@ class Dispatcher:
             )
         try:
             wire = _codec.encode(input)
-        except (TypeError, ValueError, AttributeError):
+        except (TypeError, ValueError, AttributeError, RecursionError):
             raise InvalidInputError("the input holds a value of the wrong type", details={"path": ""}) from None
         decoded = _codec.decode(method.input, wire)
-        return await self.run(method, identity, decoded)
+        output, _ = await self.run(method, identity, decoded)
+        return output
 
     async def call_json(self, method: MethodDef[Any, Any], credential: str | None, body: bytes) -> Any:
         """The HTTP path: ``body`` is the raw request body (empty means ``{}``); returns a JSON value."""
@@ -122,10 +125,10 @@ class Dispatcher:
         if body.strip():
             try:
                 parsed = json.loads(body)
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):
                 raise InvalidInputError("the body is not valid JSON", details={"path": ""}) from None
         else:
             parsed = {}
         decoded = _codec.decode(method.input, parsed)
-        output = await self.run(method, identity, decoded)
-        return _codec.encode(output)
+        _, wire = await self.run(method, identity, decoded)
+        return wire

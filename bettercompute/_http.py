@@ -60,6 +60,7 @@ class Response:
 
 
 _JSON = {"content-type": "application/json", "cache-control": "no-store"}
+_DISCONNECTED = b"\x00disconnected"  # a sentinel no real body is compared with by identity
 
 
 def _json_response(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> Response:
@@ -167,6 +168,8 @@ class HttpTransport:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         body = await self._read_body(headers, receive)
+        if body is _DISCONNECTED:
+            return  # the client left before its body arrived: nothing to run, nobody to answer
         if body is None:
             response = self._too_large()
         else:
@@ -186,7 +189,8 @@ class HttpTransport:
         await send({"type": "http.response.body", "body": response.body})
 
     async def _read_body(self, headers: Mapping[str, str], receive: Receive) -> bytes | None:
-        """The whole body, or ``None`` as soon as it is known to exceed the limit."""
+        """The whole body; ``None`` as soon as it is known to exceed the limit; ``_DISCONNECTED`` (that very object)
+        when the client went away first."""
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self._max_body:
             return None
@@ -195,7 +199,7 @@ class HttpTransport:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                return _DISCONNECTED
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self._max_body:
@@ -213,6 +217,11 @@ class HttpTransport:
                     await self._compute.initialize()
                 except ComputeError as exc:
                     await send({"type": "lifespan.startup.failed", "message": f"{exc.code}: {exc.message}"})
+                    return
+                except Exception as exc:
+                    # A module's start() failing otherwise reads as "lifespan unsupported" and serves uninitialized.
+                    log.error("initialize() failed: %s", type(exc).__name__)
+                    await send({"type": "lifespan.startup.failed", "message": "INTERNAL: initialize() failed"})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":

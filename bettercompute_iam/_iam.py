@@ -88,6 +88,9 @@ class EmbeddedIam:
         self._size = cache_size
         self._cache: dict[str, _Cached] = {}
         self._grants: dict[str, _CachedGrants] = {}
+        # Bumped by every invalidation: an answer read from the database before a revoke committed must not be
+        # cached after the revoke cleared the cache (it would undo the revoke for a whole TTL).
+        self._generation = 0
         self._tables: IamTables | None = None
         self._context: ModuleContext | None = None
 
@@ -150,6 +153,7 @@ class EmbeddedIam:
         cached = self._cache.get(key)
         if cached is not None and cached.until > now:
             return cached.identity
+        generation = self._generation
         row = await self._db().credential(parsed.id)
         if row is None or not _credentials.secret_matches(parsed.secret, row.secret_hash) or not row.usable:
             self._cache.pop(key, None)
@@ -165,15 +169,17 @@ class EmbeddedIam:
         until = now + self._ttl
         if row.expires_at is not None:
             until = min(until, now + (row.expires_at - dt.datetime.now(dt.UTC)).total_seconds())
-        if len(self._cache) >= self._size:
-            self._cache.pop(next(iter(self._cache)))
-        self._cache[key] = _Cached(identity=identity, until=until)
+        if generation == self._generation:
+            if len(self._cache) >= self._size:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = _Cached(identity=identity, until=until)
         last = row.last_used_at
         if last is None or dt.datetime.now(dt.UTC) - last > _TOUCH_EVERY:
             await self._db().touch(row.id)
         return identity
 
     def _invalidate(self, credential_id: str | None) -> None:
+        self._generation += 1
         if credential_id is None:
             self._cache.clear()
             return
@@ -186,17 +192,22 @@ class EmbeddedIam:
     async def require(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
         """Allow (one decision, with a fresh id) or raise ``AccessDeniedError``.
 
-        A resource given by id without a tenant is looked up in the authorization projection first.
+        A resource given by id is looked up in the authorization projection: when it is there, its recorded tenant
+        and pool decide (never the caller's); when it is not, only the tenant the input named (which the core's
+        pre-check compared with the caller's) or a root-scope grant can allow it, never a pool the caller named.
 
         The principal's bindings are cached like credentials; a change made in this process clears them at once.
         """
         if action not in _OPEN_TO_ALL:
             tenant, pool = resource.tenant, resource.pool
-            if resource.id is not None and tenant is None:
-                # Addressed by id alone: the authorization projection says whose it is.
+            if resource.id is not None:
                 projected = await self._db().projected(resource.type, resource.id)
-                if projected is not None:
-                    tenant, pool = projected[0], projected[1] or pool
+                if projected is None:
+                    pool = None
+                else:
+                    if resource.tenant is not None and resource.tenant != projected[0]:
+                        raise AccessDeniedError("the resource is not in this tenant", details={"action": action})
+                    tenant, pool = projected
                     if tenant != identity.tenant_id and not identity.is_root:
                         raise AccessDeniedError(
                             "the caller is outside this resource's tenant", details={"action": action}
@@ -206,8 +217,11 @@ class EmbeddedIam:
                 raise AccessDeniedError(f"{action} is not allowed here", details={"action": action})
         return Decision(id=uuid.uuid4().hex, action=action, resource=resource, principal_id=identity.principal_id)
 
-    async def grants_of(self, principal_id: str) -> tuple[Grant, ...]:
-        """What a principal's bindings give it (cached like its decisions)."""
+    async def grants_of(self, principal_id: str, *, fresh: bool = False) -> tuple[Grant, ...]:
+        """What a principal's bindings give it (cached like its decisions, unless ``fresh``)."""
+        if fresh:
+            rows = await self._db().grants(principal_id)
+            return tuple(Grant(patterns=p, scope_type=t, scope_id=i) for p, t, i in rows)
         return await self._grants_of(principal_id)
 
     async def _grants_of(self, principal_id: str) -> tuple[Grant, ...]:
@@ -215,14 +229,17 @@ class EmbeddedIam:
         cached = self._grants.get(principal_id)
         if cached is not None and cached.until > now:
             return cached.grants
+        generation = self._generation
         rows = await self._db().grants(principal_id)
         grants = tuple(Grant(patterns=p, scope_type=t, scope_id=i) for p, t, i in rows)
-        if len(self._grants) >= self._size:
-            self._grants.pop(next(iter(self._grants)))
-        self._grants[principal_id] = _CachedGrants(grants=grants, until=now + self._ttl)
+        if generation == self._generation:
+            if len(self._grants) >= self._size:
+                self._grants.pop(next(iter(self._grants)))
+            self._grants[principal_id] = _CachedGrants(grants=grants, until=now + self._ttl)
         return grants
 
     def _invalidate_grants(self, principal_id: str | None) -> None:
+        self._generation += 1
         if principal_id is None:
             self._grants.clear()
         else:

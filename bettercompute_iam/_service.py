@@ -62,14 +62,33 @@ def _new_id(prefix: str) -> str:
 
 @runtime_checkable
 class _GrantSource(Protocol):
-    async def grants_of(self, principal_id: str) -> tuple[Grant, ...]: ...
+    async def grants_of(self, principal_id: str, *, fresh: bool = False) -> tuple[Grant, ...]: ...
 
 
-async def _grants(call: CallContext, identity: Identity) -> tuple[Grant, ...]:
+def _grant_source(call: CallContext) -> _GrantSource:
     iam = call.context.iam
     if not isinstance(iam, _GrantSource):
         raise InternalError("IAM's methods run with the embedded IAM")
-    return await iam.grants_of(identity.principal_id)
+    return iam
+
+
+async def _grants(call: CallContext, identity: Identity) -> tuple[Grant, ...]:
+    return await _grant_source(call).grants_of(identity.principal_id)
+
+
+async def _must_hold_what_target_holds(call: CallContext, principal_id: str) -> None:
+    """Refuse acting as or against a principal that holds more than the caller (a root- or pool-scope service
+    account living in a tenant, say): minting its credential would hand its powers to the caller."""
+    source = _grant_source(call)
+    mine = await source.grants_of(_caller(call).principal_id)
+    missing: list[str] = []
+    for grant in await source.grants_of(principal_id, fresh=True):
+        missing += uncovered(mine, grant.patterns, scope_type=grant.scope_type, scope_id=grant.scope_id)
+    if missing:
+        raise AccessDeniedError(
+            "the principal holds more than the caller does",
+            details={"action": call.method.action, "missing": sorted(set(missing))},
+        )
 
 
 def _caller(call: CallContext) -> Identity:
@@ -145,6 +164,7 @@ async def disable_principal(call: CallContext, input: DisablePrincipalInput) -> 
         principal = await admin.lock_principal(tx, tenant=input.tenant, principal_id=input.principal_id, share=False)
         if principal is None:
             raise NotFoundError("no such principal in this tenant", details={"principal_id": input.principal_id})
+        await _must_hold_what_target_holds(call, principal.id)
         changed = principal.disabled_at is None
         if changed:
             admins = await admin.root_admins(tx, without_principal=principal.id)
@@ -172,6 +192,7 @@ async def create_credential(call: CallContext, input: CreateCredentialInput) -> 
     """Mint an API credential for a principal; the credential itself is in this answer only.
 
     Raises:
+        AccessDeniedError: the principal holds grants the caller does not (see ``_must_hold_what_target_holds``).
         NotFoundError: the tenant has no such principal.
         FailedPreconditionError: the principal is disabled.
     """
@@ -181,6 +202,8 @@ async def create_credential(call: CallContext, input: CreateCredentialInput) -> 
         principal = await admin.lock_principal(tx, tenant=input.tenant, principal_id=input.principal_id, share=True)
         if principal is None:
             raise NotFoundError("no such principal in this tenant", details={"principal_id": input.principal_id})
+        # Checked once the principal is known to be this tenant's, so the refusal tells nothing about others'.
+        await _must_hold_what_target_holds(call, principal.id)
         if principal.disabled_at is not None:
             raise FailedPreconditionError(
                 "the principal is disabled", details={"principal_id": principal.id, "path": "principal_id"}

@@ -20,6 +20,7 @@ import importlib.util
 import logging
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
@@ -78,7 +79,7 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        """The URL of the running server, ``postgresql://postgres@127.0.0.1:<port>/bettercompute``.
+        """The URL of the running server, ``postgresql://postgres:<password>@127.0.0.1:<port>/bettercompute``.
 
         Raises:
             RuntimeError: The server is not running.
@@ -131,14 +132,16 @@ class EmbeddedPostgres:
         if _must_copy(install, runner):
             install = _copy_install(install, root / "dist", runner)
         data = root / "data"
+        password = _password(root, create=not (data / "PG_VERSION").exists())
         if not (data / "PG_VERSION").exists():
-            _initdb(install, data, runner, cwd=root)
+            assert password is not None
+            _initdb(install, data, runner, cwd=root, password=password)
         for _attempt in range(_PORT_ATTEMPTS):
             port = _free_port()
             self._process = _spawn_postgres(install, data, port, root / "postgres.log", runner, cwd=root)
-            if _wait_ready(self._process, port, root / "postgres.log"):
-                _ensure_database(port)
-                return f"postgresql://{_SUPERUSER}@127.0.0.1:{port}/{_DATABASE}"
+            if _wait_ready(self._process, port, root / "postgres.log", password):
+                _ensure_database(port, password)
+                return _url(port, _DATABASE, password)
             # Another process took the port between our probe and the server's bind: pick another one.
             self._process.wait()
             self._process = None
@@ -350,12 +353,47 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _initdb(install: Path, data: Path, runner: _Runner, *, cwd: Path) -> None:
+def _password(root: Path, *, create: bool) -> str | None:
+    """The superuser's password, kept in a 0600 file of ours; ``None`` for a cluster made before there was one."""
+    path = root / "password"
+    if path.exists():
+        return path.read_text().strip()
+    if not create:
+        return None
+    password = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(password)
+    return password
+
+
+def _url(port: int, database: str, password: str | None) -> str:
+    user = f"{_SUPERUSER}:{password}" if password else _SUPERUSER
+    return f"postgresql://{user}@127.0.0.1:{port}/{database}"
+
+
+def _initdb(install: Path, data: Path, runner: _Runner, *, cwd: Path, password: str) -> None:
+    # Local TCP connections need the password: on a shared machine any user could otherwise connect as the
+    # superuser and run programs as the account that owns the server.
+    pwfile = cwd / "initdb-password"
+    fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(password)
+    runner.give(pwfile)
+    try:
+        _run_initdb(install, data, runner, cwd=cwd, pwfile=pwfile)
+    finally:
+        pwfile.unlink(missing_ok=True)
+
+
+def _run_initdb(install: Path, data: Path, runner: _Runner, *, cwd: Path, pwfile: Path) -> None:
     command = [
         str(install / "bin" / "initdb"),
         f"--pgdata={data}",
         f"--username={_SUPERUSER}",
-        "--auth=trust",
+        "--auth-local=trust",
+        "--auth-host=scram-sha-256",
+        f"--pwfile={pwfile}",
         "--encoding=UTF8",
         "--locale=C",
         "--no-sync",
@@ -427,7 +465,7 @@ def _spawn_postgres(
             raise UnavailableError(f"the embedded PostgreSQL server could not run ({exc}); {_HINT}") from exc
 
 
-def _wait_ready(process: subprocess.Popen[bytes], port: int, log: Path) -> bool:
+def _wait_ready(process: subprocess.Popen[bytes], port: int, log: Path, password: str | None) -> bool:
     """Wait until the server accepts connections; False when it exited because its port was taken."""
     import psycopg  # the pg extra brings it along with the binaries; imported late so this module imports without
 
@@ -442,7 +480,7 @@ def _wait_ready(process: subprocess.Popen[bytes], port: int, log: Path) -> bool:
                 + _tail(text)
             )
         try:
-            with psycopg.connect(_admin_url(port), connect_timeout=2):
+            with psycopg.connect(_url(port, "postgres", password), connect_timeout=2):
                 return True
         except psycopg.OperationalError:
             time.sleep(0.05)
@@ -451,14 +489,10 @@ def _wait_ready(process: subprocess.Popen[bytes], port: int, log: Path) -> bool:
     )
 
 
-def _admin_url(port: int) -> str:
-    return f"postgresql://{_SUPERUSER}@127.0.0.1:{port}/postgres"
-
-
-def _ensure_database(port: int) -> None:
+def _ensure_database(port: int, password: str | None) -> None:
     import psycopg
 
-    with psycopg.connect(_admin_url(port), autocommit=True) as conn:
+    with psycopg.connect(_url(port, "postgres", password), autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (_DATABASE,)).fetchone()
         if exists is None:
             conn.execute(f'CREATE DATABASE "{_DATABASE}"')

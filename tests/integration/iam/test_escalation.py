@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from bettercompute.errors import AccessDeniedError
-from bettercompute_iam import CreateBindingInput, CreateRoleInput
+from bettercompute_iam import (
+    CreateBindingInput,
+    CreateCredentialInput,
+    CreatePrincipalInput,
+    CreateRoleInput,
+    DisablePrincipalInput,
+)
 
 from ..conftest import Plane
 from .conftest import Acme, make_user
@@ -60,3 +66,36 @@ async def test_a_tenant_admin_gives_her_tenant_roles_but_not_the_root_scope(plan
         ),
     )
     assert on_pool.scope_type == "pool"
+
+
+async def test_a_tenant_admin_cannot_mint_or_disable_for_a_principal_holding_more(plane: Plane, acme: Acme) -> None:
+    # A service account living in acme but bound by root on the root scope holds more than acme's admin.
+    api = plane.compute.api
+    svc = await api.principals.create(
+        plane.root, CreatePrincipalInput(tenant=acme.tenant, name="svc", kind="service_account")
+    )
+    await api.bindings.create(
+        plane.root,
+        CreateBindingInput(tenant=acme.tenant, principal_id=svc.id, role="compute.operator", scope_type="root"),
+    )
+    with pytest.raises(AccessDeniedError) as info:
+        await api.credentials.create(
+            acme.alice_credential,
+            CreateCredentialInput(tenant=acme.tenant, principal_id=svc.id, expires_in_seconds=None),
+        )
+    assert "compute:*:*" in info.value.details["missing"]
+    with pytest.raises(AccessDeniedError):
+        await api.principals.disable(
+            acme.alice_credential, DisablePrincipalInput(tenant=acme.tenant, principal_id=svc.id)
+        )
+    # Root may; and acme's admin still manages acme's ordinary principals.
+    assert (
+        await api.credentials.create(
+            plane.root, CreateCredentialInput(tenant=acme.tenant, principal_id=svc.id, expires_in_seconds=None)
+        )
+    ).credential
+    bob, _, _ = await make_user(plane, acme.tenant, "bob", "compute.viewer")
+    minted = await api.credentials.create(
+        acme.alice_credential, CreateCredentialInput(tenant=acme.tenant, principal_id=bob, expires_in_seconds=3600)
+    )
+    assert minted.credential

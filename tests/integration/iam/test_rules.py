@@ -84,12 +84,10 @@ async def test_a_principal_cannot_disable_itself(plane: Plane, acme: Acme) -> No
 
 
 async def test_the_last_root_admin_cannot_be_disabled_by_anyone(plane: Plane) -> None:
-    # ops may disable principals anywhere, but not the only enabled root administrator.
-    role = data(
-        await post(
-            plane, plane.root, "roles/create", {"tenant": ROOT, "name": "disabler", "actions": ["iam:principals:*"]}
-        )
-    )
+    # ops holds everything on the root scope through a custom role (so it is no compute.admin itself), and may
+    # disable anyone, but not the only enabled root administrator.
+    actions = ["compute:*:*", "iam:*:*"]
+    role = data(await post(plane, plane.root, "roles/create", {"tenant": ROOT, "name": "disabler", "actions": actions}))
     ops = data(await post(plane, plane.root, "principals/create", {"tenant": ROOT, "name": "ops", "kind": "user"}))
     binding = {"tenant": ROOT, "principal_id": ops["id"], "role": role["id"], "scope_type": "root"}
     data(await post(plane, plane.root, "bindings/create", binding))

@@ -33,6 +33,12 @@ class GetWidget:
 
 
 @attrs.frozen(kw_only=True)
+class PeekWidget:
+    id: str
+    pool: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class Widget:
     id: str
     name: str
@@ -54,6 +60,10 @@ async def get(call: CallContext, input: GetWidget) -> Widget:
     return Widget(id=input.id, name=NAMES[input.id])
 
 
+async def peek(call: CallContext, input: PeekWidget) -> Widget:
+    return Widget(id=input.id, name=NAMES.get(input.id, ""))
+
+
 class Widgets(GroupSpec[B]):
     name = "widgets"
     create = MethodDef(
@@ -70,6 +80,14 @@ class Widgets(GroupSpec[B]):
         mutates=False,
         resource=lambda i: ResourceRef(type="widget", id=i.id),
     )
+    # A method that (carelessly) lets the caller name the pool of a resource it addresses by id.
+    peek = MethodDef(
+        input=PeekWidget,
+        output=Widget,
+        handler=peek,
+        mutates=False,
+        resource=lambda i: ResourceRef(type="widget", id=i.id, pool=i.pool),
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -78,7 +96,7 @@ class WidgetModule:
     version: str = "1.0.0"
     core_range: str = ">=0.1,<0.2"
     groups: Sequence[type[GroupSpec[Any]]] = (Widgets,)
-    actions: Sequence[str] = ("compute:widgets:create", "compute:widgets:get")
+    actions: Sequence[str] = ("compute:widgets:create", "compute:widgets:get", "compute:widgets:peek")
     migrations: Mapping[str, Sequence[Migration]] = attrs.field(factory=dict)
     jobs: Sequence[Job] = ()
 
@@ -118,3 +136,17 @@ async def test_the_projection_decides_by_tenant(api: Any, database_url: str, fre
     # An unknown id has no tenant: only a root-scope grant could allow it, and the outsiders get no further.
     with pytest.raises(AccessDeniedError):
         await api.widgets.get(mallory, GetWidget(id="wd_unknown"))
+
+
+async def test_a_pool_named_by_the_caller_never_decides(api: Any, database_url: str, fresh_schema: str) -> None:
+    acme = add_tenant(database_url, fresh_schema, "acme")
+    globex = add_tenant(database_url, fresh_schema, "globex")
+    owner = add_principal(database_url, fresh_schema, acme, ["compute:widgets:*"], scope_type="tenant", scope_id=acme)
+    # Carol operates pool-a only.
+    carol = add_principal(
+        database_url, fresh_schema, globex, ["compute:widgets:*"], scope_type="pool", scope_id="pool-a"
+    )
+    widget = await api.widgets.create(owner, CreateWidget(tenant=acme, name="w"))
+    for target in (widget.id, "wd_unprojected"):
+        with pytest.raises(AccessDeniedError):
+            await api.widgets.peek(carol, PeekWidget(id=target, pool="pool-a"))

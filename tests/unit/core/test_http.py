@@ -210,3 +210,32 @@ async def test_plugins_wrap_the_handler_after_authorization() -> None:
     with pytest.raises(Exception, match="outside this tenant"):
         await compute.api.echo.say(OTHER_TENANT, SayInput(tenant="acme", text="x"))
     assert seen == ["echo.say"]
+
+
+async def test_deeply_nested_json_is_400_not_500(http: httpx.AsyncClient) -> None:
+    body = b"[" * 200_000 + b"]" * 200_000
+    response = await http.post(f"{URL}/system/version", headers=_auth(ROOT), content=body)
+    _error(response, 400, "INVALID_INPUT")
+
+
+async def test_a_client_that_leaves_before_its_body_runs_nothing(compute: BetterCompute) -> None:
+    calls.clear()
+    sent: list[Any] = []
+    messages = iter(
+        [{"type": "http.request", "body": b'{"tenant": "acme",', "more_body": True}, {"type": "http.disconnect"}]
+    )
+
+    async def receive() -> Any:
+        return next(messages)
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": f"{URL}/echo/say",
+        "headers": [(b"authorization", f"Bearer {ROOT}".encode()), (b"content-type", b"application/json")],
+    }
+    await compute.asgi(scope, receive, send)
+    assert calls == [] and sent == []

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -57,7 +58,7 @@ def test_temporary_server_serves_btree_gist_and_stop_removes_its_folder() -> Non
     server = EmbeddedPostgres()
     url = server.start()
     try:
-        assert url.startswith("postgresql://postgres@127.0.0.1:")
+        assert url.startswith("postgresql://postgres:") and "@127.0.0.1:" in url
         assert url.endswith("/bettercompute")
         assert server.start() == url
         assert server.url == url
@@ -151,3 +152,15 @@ def test_database_url_from_env(monkeypatch: pytest.MonkeyPatch, value: str | Non
     else:
         monkeypatch.setenv(DATABASE_URL_ENV, value)
     assert database_url_from_env() == expected
+
+
+@pytest.mark.pg
+def test_a_local_tcp_connection_needs_the_password() -> None:
+    with EmbeddedPostgres() as server:
+        parts = urlsplit(server.url)
+        assert parts.password
+        with psycopg.connect(server.url) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        without = urlunsplit(parts._replace(netloc=f"postgres@{parts.hostname}:{parts.port}"))
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(without, connect_timeout=5).close()
