@@ -17,6 +17,10 @@ from ._kms import LocalKeyKms as LocalKeyKms
 from ._options import Module as Module
 from ._options import Options as Options
 from ._options import Plugin as Plugin
+from ._reconcile import Outcome as Outcome
+from ._reconcile import ReconcileContext as ReconcileContext
+from ._reconcile import Reconciler as Reconciler
+from ._reconcile import RetryPolicy as RetryPolicy
 from ._registry import ApiBinding as ApiBinding
 from ._registry import ApiCall as ApiCall
 from ._registry import AsyncClientBinding as AsyncClientBinding
@@ -27,6 +31,7 @@ from ._registry import ClientCall as ClientCall
 from ._registry import GroupSpec as GroupSpec
 from ._registry import MethodDef as MethodDef
 from ._registry import Registry as Registry
+from ._shards import shard_of as shard_of
 from ._version import __version__ as __version__
 
 __all__ = [
@@ -49,10 +54,15 @@ __all__ = [
     "Module",
     "ModuleContext",
     "Options",
+    "Outcome",
     "Plugin",
+    "ReconcileContext",
+    "Reconciler",
     "Registry",
     "Request",
     "Response",
+    "RetryPolicy",
     "__version__",
     "better_compute",
+    "shard_of",
 ]

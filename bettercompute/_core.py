@@ -195,7 +195,12 @@ class BetterCompute:
         )
         self._dispatcher = Dispatcher(iam=self._iam, context=self.context, plugins=options.plugins)
         self.api = Api(registry, self._dispatcher)
-        self.jobs = Jobs([job for m in self._modules for job in m.jobs], self.context)
+        self.jobs = Jobs(
+            [job for m in self._modules for job in m.jobs],
+            self.context,
+            [r for m in self._modules for r in getattr(m, "reconcilers", ())],
+            injected_clock=options.clock is not None,
+        )
         self._http = HttpTransport(self, self._dispatcher)
         self._initialized = False
         self._started = False

@@ -1,8 +1,8 @@
-"""Background jobs: one pass each per ``tick()``, or loops on timers under leases after ``start(roles)``.
+"""Background jobs and reconcilers: one pass of everything per ``tick()``, or loops after ``start(roles)``.
 
-This is the first slice of the worker runtime: every job is a singleton under the lease ``<role>/<name>``, so any
-number of processes may run the same roles and each pass still has one writer. Loops converge by polling alone; a
-notifier only shortens the wait.
+Every job is a singleton under the lease ``<role>/<name>``, so any number of processes may run the same roles and
+each pass still has one writer. Reconcilers run on sharded work (``_workers``): each worker process holds the shard
+leases rendezvous hashing gives it. Loops converge by polling alone; a notifier only shortens the wait.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 import anyio
 import attrs
 
+from ._reconcile import Reconciler
+from ._workers import WORK_CHANNEL, ShardedWorker, reconcile_one
 from .errors import ComputeError, InvalidConfigError
 from .ports import Lease, OutboxEvent, StoredEvent
 
@@ -112,10 +114,28 @@ def _check_roles(roles: Collection[str]) -> None:
 BUILTIN_JOBS = (Job(name="events", role="sinks", interval=dt.timedelta(seconds=1), run=dispatch_events),)
 
 
-class Jobs:
-    """The jobs of one control plane."""
+TICK_BATCH = 500
 
-    def __init__(self, jobs: Sequence[Job], context: ModuleContext) -> None:
+
+class Jobs:
+    """The jobs and reconcilers of one control plane.
+
+    Args:
+        jobs: Singleton jobs.
+        context: The control plane's parts.
+        reconcilers: Every module's reconcilers (kinds unique).
+        injected_clock: Whether ``context.clock`` was injected (``Options.clock``): then ``tick()`` decides what is
+            due by it rather than by the database's clock.
+    """
+
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        context: ModuleContext,
+        reconcilers: Sequence[Reconciler] = (),
+        *,
+        injected_clock: bool = False,
+    ) -> None:
         seen: set[str] = set()
         problems: list[str] = []
         for job in jobs:
@@ -124,12 +144,43 @@ class Jobs:
             if job.lease_name in seen:
                 problems.append(f"job {job.lease_name!r} is registered twice")
             seen.add(job.lease_name)
+        kinds: set[str] = set()
+        untyped: Sequence[object] = reconcilers  # a module may declare anything: check what is really there
+        for reconciler in untyped:
+            if not isinstance(reconciler, Reconciler):
+                problems.append(f"{type(reconciler).__name__} is not a bettercompute.Reconciler")
+                continue
+            if reconciler.kind in kinds:
+                problems.append(f"reconciler kind {reconciler.kind!r} is registered twice")
+            kinds.add(reconciler.kind)
         if problems:
             raise InvalidConfigError("the jobs are misdeclared", details={"problems": problems})
         self._jobs = sorted(jobs, key=lambda j: (j.role, j.name))
+        self._reconcilers = sorted(reconcilers, key=lambda r: r.kind)
         self._context = context
+        self._injected_clock = injected_clock
         self._runner: asyncio.Task[None] | None = None
         self._held: dict[str, Lease] = {}
+        self._worker: ShardedWorker | None = None
+        if context.notifier is not None:
+            # Every process pokes after enqueuing (API processes too), whatever roles it runs.
+            context.store.on_enqueued(self._poke)
+
+    async def _poke(self, kinds: frozenset[str]) -> None:
+        notifier = self._context.notifier
+        if notifier is not None:
+            with anyio.fail_after(2):
+                await notifier.notify(WORK_CHANNEL, ",".join(sorted(kinds)))
+
+    @property
+    def reconcilers(self) -> list[Reconciler]:
+        """Every registered reconciler, by kind."""
+        return list(self._reconcilers)
+
+    @property
+    def worker(self) -> ShardedWorker | None:
+        """This process's sharded worker while roles run (its ``id`` is the holder of its shard leases)."""
+        return self._worker
 
     @property
     def all(self) -> list[Job]:
@@ -137,12 +188,47 @@ class Jobs:
         return list(self._jobs)
 
     async def tick(self, roles: Collection[str] | None = None) -> dict[str, int]:
-        """One deterministic pass of every job (of ``roles``, when given), in a stable order. For tests and the
-        simulator; it takes no leases, so call it where no worker loop runs."""
+        """One deterministic pass (of ``roles``, when given), for tests and the simulator.
+
+        First every singleton job, by role and name; then every work item due now, over all shards, claimed before
+        any runs and reconciled one at a time in (kind, key) order. Items that a pass requeues or retries are due
+        again at a later tick, never in this one. It takes no leases, so call it where no worker loop runs.
+
+        Time: with an injected clock (``Options.clock``, such as ``testing.ManualClock``), "due" means ``run_at`` at
+        or before the clock's now, and retry and requeue delays count from it; items enqueued without ``run_at``
+        are stamped with the database's now, so start a manual clock at or after the database's time. Without one,
+        the database's clock decides. Retry jitter is a function of kind, key and attempt, so the same start state
+        gives the same result.
+
+        Returns:
+            Items handled per job (``<role>/<name>``) and per reconciler kind (``reconcile:<kind>``).
+        """
         done: dict[str, int] = {}
         for job in self._jobs:
             if roles is None or job.role in roles:
                 done[job.lease_name] = await job.run(self._context)
+        reconcilers = {r.kind: r for r in self._reconcilers if roles is None or r.role in roles}
+        if not reconcilers:
+            return done
+        now = self._context.clock.now() if self._injected_clock else None
+        claim_for = max(r.deadline for r in reconcilers.values()) + self._context.options.lease_ttl
+        claims = []
+        while True:
+            batch = await self._context.store.queue.claim(
+                holder=f"{self._context.instance}/tick",
+                kinds=sorted(reconcilers),
+                limit=TICK_BATCH,
+                claim_for=claim_for,
+                now=now,
+            )
+            claims.extend(batch)
+            if len(batch) < TICK_BATCH:
+                break
+        for kind in reconcilers:
+            done[f"reconcile:{kind}"] = 0
+        for claim in sorted(claims, key=lambda c: (c.kind, c.key)):
+            await reconcile_one(self._context, reconcilers[claim.kind], claim, None, now)
+            done[f"reconcile:{claim.kind}"] += 1
         return done
 
     async def run(
@@ -152,11 +238,14 @@ class Jobs:
         _check_roles(roles)
         try:
             async with anyio.create_task_group() as tg:
+                self._worker = ShardedWorker(self._context, self._reconcilers, roles)
+                await tg.start(self._worker.run)
                 for job in self._jobs:
                     if job.role in roles:
                         await tg.start(self._loop, job)
                 task_status.started()
         finally:
+            self._worker = None
             held, self._held = self._held, {}
             with anyio.CancelScope(shield=True):
                 for lease in held.values():

@@ -27,6 +27,10 @@ class Module(Protocol):
     ``core_range`` is the range of core versions it supports (``">=0.1,<0.2"``); ``better_compute()`` refuses a
     module whose range excludes the running core. ``migrations`` maps a store dialect (``"postgresql"``) to its
     steps. ``start`` runs in ``initialize()`` after migrations; ``stop`` in ``stop()``.
+
+    Optional member, not part of this protocol so that modules without it still conform: ``reconcilers``, a
+    sequence of ``bettercompute.Reconciler`` (read with ``getattr(module, "reconcilers", ())``), run by the worker
+    processes of each reconciler's role on the shards they own, and by ``jobs.tick()``.
     """
 
     @property
@@ -83,6 +87,8 @@ class Options:
         max_body_bytes: Larger request bodies are refused with 413.
         max_in_flight: Requests handled at once by this process's HTTP handler; more wait their turn.
         instance: This process's name in leases and worker rows (host and pid by default).
+        lease_ttl: How long a worker's leases and membership rows live unrenewed; renewed every third of it.
+        poll_interval: How often an idle reconcile loop looks for due work when no notifier poke wakes it.
         kms: Envelope encryption of secrets at rest (``bettercompute.LocalKeyKms(path)``, or a Vault adapter). The
             built-in ``webhooks`` group keeps its signing secrets with it and is registered only when one is given;
             there is no implicit key file, because every process of one deployment must share the key. A module
@@ -101,6 +107,7 @@ class Options:
     max_in_flight: int = 16
     instance: str | None = None
     lease_ttl: dt.timedelta = dt.timedelta(seconds=15)
+    poll_interval: dt.timedelta = dt.timedelta(seconds=1)
     kms: Kms | None = None
     webhooks: WebhookSettings = attrs.field(factory=WebhookSettings)
 

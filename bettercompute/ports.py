@@ -11,7 +11,7 @@ the cause stays in the traceback but never in the message.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,6 +31,8 @@ __all__ = [
     "Kms",
     "Lease",
     "Leases",
+    "Member",
+    "Membership",
     "Migration",
     "Notifier",
     "Outbox",
@@ -74,6 +76,18 @@ class Lease:
     name: str
     holder: str
     token: int
+    expires_at: dt.datetime
+
+
+@attrs.frozen(kw_only=True)
+class Member:
+    """A live worker process in one role: ``id`` is unique per process (it is the holder of its shard leases)."""
+
+    role: str
+    id: str
+    instance: str
+    started_at: dt.datetime
+    heartbeat_at: dt.datetime
     expires_at: dt.datetime
 
 
@@ -241,6 +255,35 @@ class Leases(Protocol):
         """The lease's current, unexpired state, or ``None``."""
         ...
 
+    async def acquire_many(self, names: Collection[str], holder: str, ttl: dt.timedelta) -> list[Lease]:
+        """``acquire`` for many leases in one call: the leases obtained (or extended), by name; safe to retry."""
+        ...
+
+    async def renew_many(self, leases: Collection[Lease], ttl: dt.timedelta) -> list[Lease]:
+        """``renew`` for many leases in one call: those still held, extended; the others were lost."""
+        ...
+
+    async def release_many(self, leases: Collection[Lease]) -> int:
+        """``release`` for many leases in one call; returns how many were still held."""
+        ...
+
+
+class Membership(Protocol):
+    """Worker membership: one row per ``(role, id)``, live until it expires, refreshed by heartbeats."""
+
+    async def heartbeat(self, *, roles: Collection[str], id: str, instance: str, ttl: dt.timedelta) -> list[Member]:
+        """Register (or refresh) ``id`` in each role, live for ``ttl``; returns the live members of those roles,
+        this one included, ordered by role and id. Idempotent; also forgets members long expired."""
+        ...
+
+    async def leave(self, *, roles: Collection[str], id: str) -> None:
+        """Remove ``id``'s rows, so the others rebalance at once. Idempotent."""
+        ...
+
+    async def live(self, role: str) -> list[Member]:
+        """The unexpired members of ``role``, ordered by id."""
+        ...
+
 
 class WorkQueue(Protocol):
     """The work queue: claims with ``FOR UPDATE SKIP LOCKED`` semantics, so concurrent claimers never share work.
@@ -262,20 +305,43 @@ class WorkQueue(Protocol):
         claim_for: dt.timedelta,
         shards: Sequence[int] | None = None,
         fence: Lease | None = None,
+        now: dt.datetime | None = None,
     ) -> list[Claim]:
         """Claim up to ``limit`` due items, oldest ``run_at`` first.
 
         Expired claims are due again. With ``fence``, nothing is claimed (empty list) unless the lease is still held
-        with that token.
+        with that token. ``now`` replaces the store's clock in deciding what is due and when the claim expires
+        (``jobs.tick()`` passes an injected clock's time).
         """
         ...
 
-    async def complete(self, claim: Claim) -> bool:
-        """Remove finished work. ``False`` (and no change) if the claim was lost, e.g. it expired and was re-claimed."""
+    async def complete(
+        self,
+        claim: Claim,
+        *,
+        fence: Lease | None = None,
+        again_after: dt.timedelta | None = None,
+        now: dt.datetime | None = None,
+    ) -> bool:
+        """Remove finished work. ``False`` (and no change) if the claim was lost, e.g. it expired and was re-claimed,
+        or if ``fence`` is no longer held with its token.
+
+        With ``again_after``, the item stays, ready again after that delay (counted from ``now`` when given), with
+        its attempts and error cleared; work enqueued meanwhile merges in at the earlier time.
+        """
         ...
 
-    async def retry(self, claim: Claim, *, delay: dt.timedelta, error: str) -> bool:
-        """Hand the item back, due after ``delay``, recording ``error``. ``False`` if the claim was lost."""
+    async def retry(
+        self,
+        claim: Claim,
+        *,
+        delay: dt.timedelta,
+        error: str,
+        fence: Lease | None = None,
+        now: dt.datetime | None = None,
+    ) -> bool:
+        """Hand the item back, due after ``delay`` (from ``now`` when given), recording ``error``. ``False`` if the
+        claim was lost or ``fence`` is stale."""
         ...
 
     async def extend(self, claim: Claim, claim_for: dt.timedelta) -> Claim | None:
@@ -443,6 +509,16 @@ class Store(Protocol):
     @property
     def webhooks(self) -> Webhooks:
         """Webhook subscriptions and deliveries."""
+        ...
+
+    @property
+    def membership(self) -> Membership:
+        """Worker membership rows."""
+        ...
+
+    def on_enqueued(self, listener: Callable[[frozenset[str]], Awaitable[None]]) -> Callable[[], None]:
+        """Call ``listener(kinds)`` after each commit that enqueued work of ``kinds`` (``Transaction.enqueue`` or
+        ``queue.enqueue``); a listener's failure is logged, never raised to the writer. Returns an unsubscribe."""
         ...
 
     async def open(self) -> None:

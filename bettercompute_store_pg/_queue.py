@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -19,7 +19,7 @@ from bettercompute.ports import Claim, Lease, WorkItem
 
 from ._db import Database, Statement, dumps, fetch_in, utc, when
 
-__all__ = ["PgWorkQueue", "claim_sql", "complete_sql"]
+__all__ = ["PgWorkQueue", "claim_sql", "complete_sql", "retry_sql"]
 
 # Duplicates inside one batch are merged first: ON CONFLICT cannot touch one row twice in a statement.
 _ENQUEUE = """
@@ -44,15 +44,21 @@ _FENCE_CTE = """fence AS (
 ), """
 
 
+# What "now" is for due times and delays: the ``:now`` parameter when given (an injected clock), else the database's.
+_NOW = "COALESCE(CAST(:now AS timestamptz), now())"
+
+
 @functools.cache
-def claim_sql(*, shards: bool, fence: bool) -> str:
-    """The claim statement (``{s}`` stands for the schema), with or without the shard filter and the lease check.
+def claim_sql(*, shards: bool, fence: bool, clock: bool = False) -> str:
+    """The claim statement (``{s}`` stands for the schema), with or without the shard filter and the lease check;
+    with ``clock``, a ``:now`` parameter (``NULL`` for the database's clock) decides what is due.
 
     Ready rows that are due and claimed rows whose claim expired are both candidates; each branch takes its own
     partial index. Ready rows are read per kind (``kind = ANY(...)`` would not let the index give ``run_at``
     order, and PostgreSQL would sort every ready row on each claim). A reclaimed row absorbs a pending rerun, since
     its new claimer sees the latest state anyway.
     """
+    now = _NOW if clock else "now()"
     extra = ""
     if shards:
         extra += " AND shard = ANY(CAST(:shards AS smallint[]))"
@@ -62,13 +68,13 @@ def claim_sql(*, shards: bool, fence: bool) -> str:
 WITH {_FENCE_CTE if fence else ""}due AS (
     SELECT d.id, d.due_at FROM unnest(CAST(:kinds AS text[])) AS k(kind) CROSS JOIN LATERAL (
         SELECT id, run_at AS due_at FROM {{s}}.work_queue
-        WHERE state = 'ready' AND kind = k.kind AND run_at <= now(){extra}
+        WHERE state = 'ready' AND kind = k.kind AND run_at <= {now}{extra}
         ORDER BY run_at, id LIMIT :limit
         FOR UPDATE SKIP LOCKED
     ) AS d
 ), expired AS (
     SELECT id, claimed_until AS due_at FROM {{s}}.work_queue
-    WHERE state = 'claimed' AND claimed_until <= now() AND kind = ANY(CAST(:kinds AS text[])){extra}
+    WHERE state = 'claimed' AND claimed_until <= {now} AND kind = ANY(CAST(:kinds AS text[])){extra}
     ORDER BY claimed_until, id LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), picked AS (
@@ -80,7 +86,7 @@ UPDATE {{s}}.work_queue AS q SET
     attempts = q.attempts + 1,
     claim_token = gen_random_uuid()::text,
     claimed_by = :holder,
-    claimed_until = now() + :claim_for,
+    claimed_until = {now} + :claim_for,
     payload = COALESCE(q.rerun_payload, q.payload),
     rerun_at = NULL,
     rerun_payload = NULL
@@ -92,36 +98,44 @@ RETURNING q.id, q.kind, q.key, q.shard, q.payload, q.attempts, q.claim_token, q.
 
 
 # The row is locked first so both branches judge the latest rerun_at, even if an enqueue committed a moment ago.
-_COMPLETE = """
-WITH cur AS (
-    SELECT id, rerun_at FROM {s}.work_queue WHERE id = :id AND claim_token = :token FOR UPDATE
+# ``again_after`` (timed form) asks for a rerun of its own, merged with one requested meanwhile.
+@functools.cache
+def complete_sql(*, fence: bool = False, timed: bool = False) -> str:
+    """The complete statement (``{s}`` stands for the schema); ``fence`` adds the lease check, ``timed`` the
+    ``:again_after`` and ``:now`` parameters."""
+    again = f"LEAST(cur.rerun_at, {_NOW} + CAST(:again_after AS interval))" if timed else "cur.rerun_at"
+    return f"""
+WITH {_FENCE_CTE if fence else ""}cur AS (
+    SELECT id, {again} AS again_at FROM {{s}}.work_queue AS cur
+    WHERE id = :id AND claim_token = :token{" AND EXISTS (SELECT 1 FROM fence)" if fence else ""}
+    FOR UPDATE
 ), gone AS (
-    DELETE FROM {s}.work_queue AS q USING cur WHERE q.id = cur.id AND cur.rerun_at IS NULL RETURNING q.id
+    DELETE FROM {{s}}.work_queue AS q USING cur WHERE q.id = cur.id AND cur.again_at IS NULL RETURNING q.id
 ), again AS (
-    UPDATE {s}.work_queue AS q SET
-        state = 'ready', run_at = cur.rerun_at, payload = COALESCE(q.rerun_payload, q.payload), attempts = 0,
+    UPDATE {{s}}.work_queue AS q SET
+        state = 'ready', run_at = cur.again_at, payload = COALESCE(q.rerun_payload, q.payload), attempts = 0,
         rerun_at = NULL, rerun_payload = NULL, claim_token = NULL, claimed_by = NULL, claimed_until = NULL,
         last_error = NULL
-    FROM cur WHERE q.id = cur.id AND cur.rerun_at IS NOT NULL
+    FROM cur WHERE q.id = cur.id AND cur.again_at IS NOT NULL
     RETURNING q.id
 )
 SELECT count(*) AS n FROM cur
 """
 
 
-def complete_sql() -> str:
-    """The complete statement (``{s}`` stands for the schema)."""
-    return _COMPLETE
-
-
 # A rerun requested meanwhile merges in: one ready row, due at the earlier of the two times.
-_RETRY = """
-UPDATE {s}.work_queue SET
-    state = 'ready', run_at = LEAST(now() + :delay, rerun_at), payload = COALESCE(rerun_payload, payload),
+@functools.cache
+def retry_sql(*, fence: bool) -> str:
+    """The retry statement (``{s}`` stands for the schema), with or without the lease check."""
+    return f"""
+WITH {_FENCE_CTE if fence else ""}go AS (SELECT 1)
+UPDATE {{s}}.work_queue SET
+    state = 'ready', run_at = LEAST({_NOW} + :delay, rerun_at), payload = COALESCE(rerun_payload, payload),
     rerun_at = NULL, rerun_payload = NULL, claim_token = NULL, claimed_by = NULL, claimed_until = NULL,
     last_error = :error
-WHERE id = :id AND claim_token = :token
+WHERE id = :id AND claim_token = :token{" AND EXISTS (SELECT 1 FROM fence)" if fence else ""}
 """
+
 
 _EXTEND = """
 UPDATE {s}.work_queue SET claimed_until = now() + :claim_for
@@ -149,6 +163,12 @@ def _items(items: Sequence[WorkItem]) -> str:
     )
 
 
+def _fence(lease: Lease | None) -> dict[str, Any]:
+    if lease is None:
+        return {}
+    return {"lease_name": lease.name, "lease_holder": lease.holder, "lease_token": lease.token}
+
+
 def _claim(row: Any) -> Claim:
     return Claim(
         id=row.id,
@@ -166,16 +186,17 @@ def _claim(row: Any) -> Claim:
 class PgWorkQueue:
     """``bettercompute.ports.WorkQueue`` on the ``work_queue`` table."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, on_enqueued: Callable[[frozenset[str]], Awaitable[None]] | None = None) -> None:
         self._db = db
+        self._on_enqueued = on_enqueued
         self._enqueue = db.sql(_ENQUEUE)
         self._claims: dict[tuple[bool, bool], Statement] = {
-            (shards, fence): db.sql(claim_sql(shards=shards, fence=fence))
+            (shards, fence): db.sql(claim_sql(shards=shards, fence=fence, clock=True))
             for shards in (False, True)
             for fence in (False, True)
         }
-        self._complete = db.sql(_COMPLETE)
-        self._retry = db.sql(_RETRY)
+        self._completes = {fence: db.sql(complete_sql(fence=fence, timed=True)) for fence in (False, True)}
+        self._retries = {fence: db.sql(retry_sql(fence=fence)) for fence in (False, True)}
         self._extend = db.sql(_EXTEND)
         self._pending_all = db.sql(_PENDING_ALL)
         self._pending_kinds = db.sql(_PENDING_KINDS)
@@ -184,6 +205,8 @@ class PgWorkQueue:
         """Add work in its own transaction; a key already waiting keeps one item, due at the earlier time."""
         if items:
             await self._db.fetch(self._enqueue, {"items": _items(items)})
+            if self._on_enqueued is not None:
+                await self._on_enqueued(frozenset(item.kind for item in items))
 
     async def enqueue_in(self, conn: AsyncConnection, items: Sequence[WorkItem]) -> None:
         """Add work in the caller's transaction."""
@@ -199,27 +222,51 @@ class PgWorkQueue:
         claim_for: dt.timedelta,
         shards: Sequence[int] | None = None,
         fence: Lease | None = None,
+        now: dt.datetime | None = None,
     ) -> list[Claim]:
-        """Claim up to ``limit`` due items (expired claims included), oldest first; none if ``fence`` is stale."""
+        """Claim up to ``limit`` items due at ``now`` (expired claims included), oldest first; none if ``fence`` is
+        stale."""
         if limit <= 0 or not kinds or (shards is not None and not shards):
             return []
-        params: dict[str, Any] = {"holder": holder, "kinds": list(kinds), "limit": limit, "claim_for": claim_for}
+        params: dict[str, Any] = {
+            "holder": holder,
+            "kinds": list(kinds),
+            "limit": limit,
+            "claim_for": claim_for,
+            "now": now,
+        }
         if shards is not None:
             params["shards"] = list(shards)
-        if fence is not None:
-            params.update(lease_name=fence.name, lease_holder=fence.holder, lease_token=fence.token)
+        params.update(_fence(fence))
         rows = await self._db.fetch(self._claims[shards is not None, fence is not None], params)
         return [_claim(row) for row in sorted(rows, key=lambda r: (r.due_at, r.id))]
 
-    async def complete(self, claim: Claim) -> bool:
-        """Remove finished work (or make a rerun requested meanwhile ready); ``False`` if the claim was lost."""
-        rows = await self._db.fetch(self._complete, {"id": claim.id, "token": claim.token})
+    async def complete(
+        self,
+        claim: Claim,
+        *,
+        fence: Lease | None = None,
+        again_after: dt.timedelta | None = None,
+        now: dt.datetime | None = None,
+    ) -> bool:
+        """Remove finished work (or make it, or a rerun requested meanwhile, ready again); ``False`` if the claim
+        was lost or ``fence`` is stale."""
+        params = {"id": claim.id, "token": claim.token, "again_after": again_after, "now": now, **_fence(fence)}
+        rows = await self._db.fetch(self._completes[fence is not None], params)
         return bool(rows[0].n)
 
-    async def retry(self, claim: Claim, *, delay: dt.timedelta, error: str) -> bool:
-        """Hand the item back, due after ``delay``; ``False`` if the claim was lost."""
-        params = {"id": claim.id, "token": claim.token, "delay": delay, "error": error}
-        return await self._db.rowcount(self._retry, params) == 1
+    async def retry(
+        self,
+        claim: Claim,
+        *,
+        delay: dt.timedelta,
+        error: str,
+        fence: Lease | None = None,
+        now: dt.datetime | None = None,
+    ) -> bool:
+        """Hand the item back, due after ``delay``; ``False`` if the claim was lost or ``fence`` is stale."""
+        params = {"id": claim.id, "token": claim.token, "delay": delay, "error": error, "now": now, **_fence(fence)}
+        return await self._db.rowcount(self._retries[fence is not None], params) == 1
 
     async def extend(self, claim: Claim, claim_for: dt.timedelta) -> Claim | None:
         """Push the claim's expiry to ``claim_for`` from now; ``None`` if it was lost."""

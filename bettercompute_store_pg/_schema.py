@@ -144,6 +144,20 @@ CREATE TABLE {schema}.authz_resources (
 CREATE INDEX authz_resources_tenant ON {schema}.authz_resources (tenant_id);
 """
 
+# Worker membership: one row per (role, worker id), live while unexpired; shard ownership is computed from it.
+_CORE_V3 = """
+CREATE TABLE {schema}.workers (
+    role text NOT NULL,
+    id text NOT NULL,
+    instance text NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (role, id)
+);
+CREATE INDEX workers_expires_at ON {schema}.workers (role, expires_at);
+"""
+
 # Webhooks: subscriptions (the signing secret only as the KMS sealed it) and one delivery row per (subscription,
 # event), kept after it ends as the subscription's delivery log.
 _CORE_V4 = """
@@ -185,6 +199,7 @@ CREATE INDEX webhook_deliveries_log ON {schema}.webhook_deliveries (subscription
 CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="core tables", sql=_CORE_V1),
     Migration(version=2, name="authorization projection", sql=_CORE_V2),
+    Migration(version=3, name="worker membership", sql=_CORE_V3),
     Migration(version=4, name="webhooks", sql=_CORE_V4),
 )
 """The migrations of module ``"core"``: the tables ``PgStore`` itself uses."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator, Mapping, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.engine import URL, make_url
@@ -18,6 +19,7 @@ from ._db import Database, Statement, dumps, fetch_in, utc
 from ._errors import translated
 from ._idempotency import PgIdempotencyKeys
 from ._leases import PgLeases
+from ._membership import PgMembership
 from ._migrations import run_migrations
 from ._outbox import PgOutbox
 from ._queue import PgWorkQueue
@@ -25,6 +27,10 @@ from ._schema import CORE_MIGRATIONS, validate_schema
 from ._webhooks import PgWebhooks
 
 __all__ = ["PgStore", "PgTransaction", "driver_url"]
+
+log = logging.getLogger("bettercompute.store_pg")
+
+EnqueueListener = Callable[[frozenset[str]], Awaitable[None]]
 
 CONNECT_TIMEOUT_SECONDS = 5
 """libpq's connect timeout: an unreachable server fails fast instead of hanging a request."""
@@ -73,10 +79,12 @@ class PgTransaction:
     def __init__(self, store: PgStore, connection: AsyncConnection) -> None:
         self._store = store
         self.connection = connection
+        self.enqueued: set[str] = set()
 
     async def enqueue(self, items: Sequence[WorkItem]) -> None:
         """Add work that becomes visible when the transaction commits."""
         await self._store.queue.enqueue_in(self.connection, items)
+        self.enqueued.update(item.kind for item in items)
 
     async def publish(self, events: Sequence[OutboxEvent]) -> None:
         """Add outbox events that become visible, numbered per key, when the transaction commits.
@@ -127,6 +135,9 @@ class PgStore:
     settings, no session locks, no LISTEN; with ``prepared_statements=False`` no server-side prepared statements
     either.
 
+    ``on_enqueued`` listeners (the control plane's notifier pokes) run after the commit of a transaction that
+    enqueued work, outside it.
+
     The store's own tables are the migrations of module ``"core"``: ``await store.install()`` applies them (the same
     as ``await store.migrate("core", PgStore.core_migrations())``).
 
@@ -151,8 +162,10 @@ class PgStore:
         self._pool_size = pool_size
         self._prepared_statements = prepared_statements
         self._db = Database(self.schema)
+        self._enqueue_listeners: list[EnqueueListener] = []
         self.leases = PgLeases(self._db)
-        self.queue = PgWorkQueue(self._db)
+        self.queue = PgWorkQueue(self._db, self._enqueued)
+        self.membership = PgMembership(self._db)
         self.outbox = PgOutbox(self._db)
         self.idempotency = PgIdempotencyKeys(self._db)
         self.webhooks = PgWebhooks(self._db)
@@ -226,6 +239,23 @@ class PgStore:
         """
         return await self._db.fetch(statement, params)
 
+    def on_enqueued(self, listener: EnqueueListener) -> Callable[[], None]:
+        """Call ``listener(kinds)`` after each commit that enqueued work; returns an unsubscribe."""
+        self._enqueue_listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._enqueue_listeners:
+                self._enqueue_listeners.remove(listener)
+
+        return unsubscribe
+
+    async def _enqueued(self, kinds: frozenset[str]) -> None:
+        for listener in list(self._enqueue_listeners):
+            try:
+                await listener(kinds)
+            except Exception as exc:  # a poke is an optimisation: the writer's commit stands
+                log.warning("an enqueue listener failed: %s", type(exc).__name__)
+
     async def ping(self) -> None:
         """Raise ``UnavailableError`` unless the database answers now."""
         await self._db.fetch(self._ping, {})
@@ -273,4 +303,7 @@ class PgStore:
             async with engine.connect() as conn, conn.begin():
                 if fence is not None:
                     await self.leases.check_fence(conn, fence)
-                yield PgTransaction(self, conn)
+                tx = PgTransaction(self, conn)
+                yield tx
+        if tx.enqueued:
+            await self._enqueued(frozenset(tx.enqueued))

@@ -1,9 +1,10 @@
 """Test kits: doubles of the ports and conformance suites that implementations run against themselves."""
 
+from ._clock import ManualClock as ManualClock
 from ._iam_double import StaticIamDouble as StaticIamDouble
 from ._iam_double import identity as identity
 from ._iam_suite import IamCase as IamCase
 from ._iam_suite import IamConformance as IamConformance
 from ._store_suite import StoreConformance as StoreConformance
 
-__all__ = ["IamCase", "IamConformance", "StaticIamDouble", "StoreConformance", "identity"]
+__all__ = ["IamCase", "IamConformance", "ManualClock", "StaticIamDouble", "StoreConformance", "identity"]

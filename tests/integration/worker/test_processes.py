@@ -1,0 +1,159 @@
+"""Three worker OS processes on one schema: shard ownership, takeover after kill -9, no overlapping passes, fencing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+
+from bettercompute._shards import SHARDS
+from bettercompute.errors import FailedPreconditionError
+from bettercompute.ports import Lease
+from bettercompute_store_pg import PgStore
+
+from ._probe import KIND, RECONCILER
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+SCRIPT = Path(__file__).with_name("_probe.py")
+TTL = 2.0
+
+
+def _start(url: str, schema: str, instance: str) -> subprocess.Popen[str]:
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), url, schema, instance, str(TTL)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if not os.environ.get("BC_WORKER_LOGS") else None,
+        text=True,
+        env=env,
+    )
+
+
+@pytest.fixture
+def workers(database_url: str, fresh_schema: str) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    processes = {name: _start(database_url, fresh_schema, name) for name in ("w1", "w2", "w3")}
+    try:
+        for process in processes.values():
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() == "ready"
+        yield processes
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=30)
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def _owners(url: str, schema: str) -> dict[int, tuple[str, str]]:
+    """Shard -> (holder, instance) for every unexpired controllers shard lease held by a live member."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            f"""SELECT l.name, l.holder, w.instance FROM "{schema}".leases l
+            JOIN "{schema}".workers w ON w.id = l.holder AND w.role = 'controllers' AND w.expires_at > now()
+            WHERE l.name LIKE 'controllers/shard:%' AND l.expires_at > now()"""
+        ).fetchall()
+    return {int(name.split(":")[1]): (holder, instance) for name, holder, instance in rows}
+
+
+async def _wait_for(predicate: Callable[[], bool], within: float, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        if predicate():
+            return time.monotonic() - started
+        await anyio.sleep(0.2)
+    raise AssertionError(f"timed out after {within} s waiting for {what}")
+
+
+async def test_three_workers_share_every_shard_take_over_and_never_overlap(
+    workers: dict[str, subprocess.Popen[str]], database_url: str, fresh_schema: str
+) -> None:
+    url, schema = database_url, fresh_schema
+    await _wait_for(
+        lambda: len(_owners(url, schema)) == SHARDS and {i for _, i in _owners(url, schema).values()} == set(workers),
+        30,
+        "all 256 shards owned, by all three workers",
+    )
+    owners = _owners(url, schema)
+    assert sorted(owners) == list(range(SHARDS))  # exactly one live holder per shard (one lease row per name)
+
+    store = PgStore(url, schema=schema, pool_size=2)
+    await store.open()
+    keys = [f"node/{i}" for i in range(40)]
+
+    async def enqueue() -> None:
+        await store.queue.enqueue([RECONCILER.item(key) for key in keys])
+
+    for _ in range(3):  # the same keys again and again: passes on one key must still never overlap
+        await enqueue()
+        await anyio.sleep(0.3)
+
+    with psycopg.connect(url) as conn:
+        victim_leases = conn.execute(
+            f"""SELECT l.name, l.holder, l.token, l.expires_at FROM "{schema}".leases l
+            JOIN "{schema}".workers w ON w.id = l.holder WHERE w.instance = 'w2'"""
+        ).fetchall()
+    assert victim_leases
+    workers["w2"].send_signal(signal.SIGKILL)
+    workers["w2"].wait(timeout=10)
+    await enqueue()
+
+    took = await _wait_for(
+        lambda: len(_owners(url, schema)) == SHARDS and {i for _, i in _owners(url, schema).values()} == {"w1", "w3"},
+        30,
+        "the killed worker's shards owned again",
+    )
+    # One TTL for its row and leases to expire, plus a shard cycle (a third of it) and a loaded machine's slack.
+    assert took < 6 * TTL, took
+
+    await enqueue()
+    try:
+        with anyio.fail_after(40):  # every item done by the two survivors
+            while await store.queue.pending([KIND]):  # noqa: ASYNC110 - polling the database, no event to wait on
+                await anyio.sleep(0.3)
+
+        # A write fenced by the dead worker's (now stale) shard lease is refused.
+        name, holder, token, expires_at = victim_leases[0]
+        stale = Lease(name=name, holder=holder, token=token, expires_at=expires_at)
+        with pytest.raises(FailedPreconditionError):
+            async with store.transaction(fence=stale):
+                pass
+        await store.queue.enqueue([RECONCILER.item("fenced")])
+        shard = RECONCILER.item("fenced").shard
+        claims = await store.queue.claim(
+            holder="stale", kinds=[KIND], limit=1, claim_for=dt.timedelta(seconds=30), shards=[shard]
+        )
+        if claims:  # unless a live worker got there first
+            stale_for_shard = Lease(
+                name=f"controllers/shard:{shard}", holder=holder, token=token, expires_at=expires_at
+            )
+            assert not await store.queue.complete(claims[0], fence=stale_for_shard)
+    finally:
+        await store.close()
+
+    with psycopg.connect(url) as conn:
+        runs = conn.execute(f'SELECT key, started, ended FROM "{schema}".probe_runs ORDER BY key, started').fetchall()
+    assert {key for key, _, _ in runs} >= set(keys)
+    for (key_a, _, end_a), (key_b, start_b, _) in itertools.pairwise(runs):
+        if key_a == key_b:
+            assert start_b >= end_a, f"two passes on {key_a} overlapped"
+
+    for name in ("w1", "w3"):
+        workers[name].send_signal(signal.SIGTERM)
+    for name in ("w1", "w3"):
+        assert workers[name].wait(timeout=30) == 0
+    # Stopping hands every shard lease back and leaves the membership at once.
+    assert _owners(url, schema) == {}
