@@ -1,0 +1,86 @@
+"""The worker loops in one process: they converge by polling alone, and a notifier poke wakes them sooner."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+import pytest
+
+from bettercompute import BetterCompute, Options, Outcome, ReconcileContext, Reconciler, better_compute
+from bettercompute._shards import SHARDS
+from bettercompute_iam import EmbeddedIam
+from bettercompute_store_pg import PgNotifier, PgStore
+
+from ._probe import ProbeModule
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+
+def _compute(url: str, schema: str, *, notifier: PgNotifier | None, poll: float) -> tuple[BetterCompute, list[str]]:
+    done: list[str] = []
+
+    async def record(ctx: ReconcileContext, key: str) -> Outcome:
+        done.append(key)
+        return Outcome.done()
+
+    module = ProbeModule(reconcilers=(Reconciler(kind="probe", reconcile=record),))
+    compute = better_compute(
+        Options(
+            store=PgStore(url, schema=schema, pool_size=4),
+            iam=EmbeddedIam(),
+            modules=[module],
+            notifier=notifier,
+            instance="loops",
+            lease_ttl=dt.timedelta(seconds=3),
+            poll_interval=dt.timedelta(seconds=poll),
+        )
+    )
+    return compute, done
+
+
+async def _until(condition: Callable[[], bool], within: float) -> None:
+    with anyio.fail_after(within):
+        while not condition():  # noqa: ASYNC110 - polling state another task changes, with a deadline
+            await anyio.sleep(0.1)
+
+
+async def test_loops_converge_with_the_notifier_off(database_url: str, fresh_schema: str) -> None:
+    compute, done = _compute(database_url, fresh_schema, notifier=None, poll=0.5)
+    await compute.start({"controllers"})
+    try:
+        worker = compute.jobs.worker
+        assert worker is not None
+        await _until(lambda: len(worker.held) == SHARDS, 15)  # the only member owns every shard
+        reconciler = compute.jobs.reconcilers[0]
+        async with compute.context.store.transaction() as tx:
+            await tx.enqueue([reconciler.item(f"k-{i}") for i in range(30)])
+        await _until(lambda: len(set(done)) == 30, 20)
+        assert await compute.context.store.queue.pending() == 0
+    finally:
+        await compute.close()
+
+
+@pytest.fixture
+async def notifier(database_url: str, fresh_schema: str) -> AsyncIterator[PgNotifier]:
+    async with PgNotifier(database_url, schema=fresh_schema) as notifier:
+        yield notifier
+
+
+async def test_a_poke_wakes_an_idle_loop_long_before_its_poll(
+    database_url: str, fresh_schema: str, notifier: PgNotifier
+) -> None:
+    compute, done = _compute(database_url, fresh_schema, notifier=notifier, poll=120)
+    await compute.start({"controllers"})
+    try:
+        worker = compute.jobs.worker
+        assert worker is not None
+        await _until(lambda: len(worker.held) == SHARDS, 15)
+        await anyio.sleep(1)  # the loop has looked once, found nothing, and sleeps for its two-minute poll
+        reconciler = compute.jobs.reconcilers[0]
+        async with compute.context.store.transaction() as tx:
+            await tx.enqueue([reconciler.item("poked")])
+        await _until(lambda: "poked" in done, 30)  # only a poke can have woken it this soon
+    finally:
+        await compute.close()
