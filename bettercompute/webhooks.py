@@ -55,6 +55,12 @@ class WebhookSettings:
         timeout: The whole of one attempt (connect, send, answer); a slower receiver counts as a failure.
         batch_size: Deliveries claimed per pass of the sender.
         concurrency: Deliveries sent at once by one pass.
+        allow_private_destinations: Let subscriptions reach internal addresses. Off (the default), ``create``
+            refuses a URL naming ``localhost`` or a loopback, private, link-local (``169.254.169.254``), multicast,
+            reserved or unspecified address, and the sender resolves the host right before each attempt and refuses
+            it (``last_error`` "destination address not allowed", no request made) when any address it resolves to
+            is one of those, then connects to the address it checked. Turn it on only where every tenant is trusted
+            to reach your internal network (tests with a loopback receiver, a single-team installation).
     """
 
     max_attempts: int = 12
@@ -63,6 +69,7 @@ class WebhookSettings:
     timeout: dt.timedelta = dt.timedelta(seconds=10)
     batch_size: int = 50
     concurrency: int = 8
+    allow_private_destinations: bool = False
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (``better_compute()`` reports it as ``INVALID_CONFIG``)."""

@@ -3,6 +3,8 @@
 Events reach webhooks through the core's ``events`` dispatcher: after an event's transaction commits, ``fan_out``
 queues one delivery per matching subscription of the event's tenant (database writes only). The sender (the job
 ``sinks/webhooks``) claims due deliveries and POSTs them outside any transaction, then records each outcome.
+Unless ``WebhookSettings.allow_private_destinations`` is set, internal destinations are refused at ``create`` and
+again, after a fresh DNS lookup, before every attempt (``_guard``).
 
 An event is delivered to the webhooks of the tenant named by ``payload["tenant"]``; an event without one (a
 system event) goes to no webhook. Publish tenant-scoped events with ``Events.event(type, key, tenant=..., ...)``.
@@ -23,9 +25,10 @@ import httpx
 
 from ..._registry import CallContext
 from ..._version import __version__
-from ...errors import ComputeError, InternalError, NotFoundError
+from ...errors import ComputeError, InternalError, InvalidInputError, NotFoundError
 from ...ports import DeliveryOutcome, DueDelivery, Kms, StoredEvent, WebhookDelivery, WebhookSubscription
 from ...webhooks import EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, WebhookSettings, signature_header
+from . import _guard
 from ._schemas import (
     CreatedWebhook,
     CreateWebhookInput,
@@ -109,8 +112,17 @@ def _delivery(delivery: WebhookDelivery) -> Delivery:
 
 
 async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook:
-    """Subscribe a URL to the tenant's events; the signing secret is in this answer only."""
+    """Subscribe a URL to the tenant's events; the signing secret is in this answer only.
+
+    Raises:
+        InvalidInputError: the URL points at localhost or an internal address literal (``details["path"]`` is
+            ``url``), unless ``WebhookSettings.allow_private_destinations`` is set.
+    """
     context = call.context
+    if not context.options.webhooks.allow_private_destinations:
+        problem = _guard.url_problem(input.url)
+        if problem is not None:
+            raise InvalidInputError(f"url: {problem}", details={"path": "url", "reason": problem})
     subscription_id = f"wh_{secrets.token_hex(8)}"
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     sealed = await _kms(context.options.kms).encrypt(
@@ -262,9 +274,18 @@ async def _attempt(
         }
         try:
             with anyio.fail_after(settings.timeout.total_seconds() + 1):
+                url: str | httpx.URL = delivery.url
+                extensions: dict[str, Any] = {}
+                if not settings.allow_private_destinations:
+                    # Resolved now, not at create: the name may point elsewhere since (DNS rebinding).
+                    target = await _guard.pinned(delivery.url)
+                    url, extensions = target.url, dict(target.extensions)
+                    headers.update(target.headers)
                 # Streamed and never read: a receiver's answer body cannot fill this process's memory.
-                async with client.stream("POST", delivery.url, content=body, headers=headers) as response:
+                async with client.stream("POST", url, content=body, headers=headers, extensions=extensions) as response:
                     http_status = response.status_code
+        except _guard.DestinationRefusedError as exc:
+            error = str(exc)
         except TimeoutError:
             error = "timed out"
         except httpx.HTTPError as exc:
@@ -303,7 +324,10 @@ async def send_due(context: ModuleContext) -> int:
         async with limiter:
             outcomes.append(await _attempt(context, client, settings, delivery))
 
-    client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False)
+    # A request pinned to a checked address must not reuse a connection made for another host name on that address.
+    keepalive = 20 if settings.allow_private_destinations else 0
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=keepalive)
+    client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False, limits=limits)
     async with client, anyio.create_task_group() as tg:
         for delivery in claimed:
             tg.start_soon(one, delivery)

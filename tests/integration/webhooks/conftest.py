@@ -26,7 +26,9 @@ FAST = WebhookSettings(
     backoff=dt.timedelta(milliseconds=100),
     max_backoff=dt.timedelta(milliseconds=300),
     timeout=dt.timedelta(seconds=2),
+    allow_private_destinations=True,  # the receiver listens on loopback
 )
+GUARDED = attrs.evolve(FAST, allow_private_destinations=False)
 
 
 @attrs.frozen
@@ -40,6 +42,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.received: list[Received] = []
+        self.connections = 0
         self.status = 200
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -59,6 +62,7 @@ class Receiver:
             self._server = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
@@ -80,6 +84,7 @@ class Receiver:
 class Hooks:
     compute: BetterCompute
     store: PgStore
+    key_file: Path
     root: str
     acme: str
     alice: str
@@ -122,7 +127,8 @@ async def receiver() -> AsyncIterator[Receiver]:
 async def hooks(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIterator[Hooks]:
     store = PgStore(database_url, schema=fresh_schema, pool_size=4)
     iam = EmbeddedIam()
-    options = Options(store=store, iam=iam, instance="test-1", kms=LocalKeyKms(tmp_path / "kms.key"), webhooks=FAST)
+    key_file = tmp_path / "kms.key"
+    options = Options(store=store, iam=iam, instance="test-1", kms=LocalKeyKms(key_file), webhooks=FAST)
     compute = better_compute(options)
     await compute.initialize()
     boot = await iam.bootstrap()
@@ -139,6 +145,7 @@ async def hooks(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
             yield Hooks(
                 compute=compute,
                 store=store,
+                key_file=key_file,
                 root=root,
                 acme=acme,
                 alice=alice,
@@ -146,5 +153,20 @@ async def hooks(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
                 mallory=mallory,
                 http=http,
             )
+    finally:
+        await compute.close()
+
+
+@pytest.fixture
+async def guarded(hooks: Hooks, database_url: str) -> AsyncIterator[BetterCompute]:
+    """A second control plane on the same schema and key, with the SSRF guard on (the default settings)."""
+    store = PgStore(database_url, schema=hooks.store.schema, pool_size=2)
+    options = Options(
+        store=store, iam=EmbeddedIam(), instance="test-2", kms=LocalKeyKms(hooks.key_file), webhooks=GUARDED
+    )
+    compute = better_compute(options)
+    await compute.initialize()
+    try:
+        yield compute
     finally:
         await compute.close()
