@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
+import attrs
 import click
 import typer
 
@@ -38,12 +41,15 @@ from ._runtime import (
 )
 from ._version import __version__
 
-__all__ = ["DEV_DATA", "app", "main"]
+__all__ = ["DEV_DATA", "DEV_KMS_KEY", "app", "main"]
 
 log = logging.getLogger("bettercompute.cli")
 
 DEV_DATA = Path(".bettercompute") / "pg"
 """Where ``dev`` keeps its embedded PostgreSQL's data, below the current folder."""
+
+DEV_KMS_KEY = Path(".bettercompute") / "kms.key"
+"""The key file sealing ``dev``'s webhook signing secrets unless ``kms_key_file`` is set (0600, made on first use)."""
 
 _ROLES_HELP = f"Comma-separated: api, {', '.join(WORKER_ROLES)}, or all (the API and every worker role)."
 
@@ -283,7 +289,10 @@ def dev(
     port: Annotated[int | None, typer.Option("--port", help="Where the API listens.", show_default="3000")] = None,
     ephemeral: Annotated[
         bool,
-        typer.Option("--ephemeral", help=f"Keep the embedded PostgreSQL's data in a temporary folder, not {DEV_DATA}."),
+        typer.Option(
+            "--ephemeral",
+            help=f"Keep the embedded PostgreSQL's data and the KMS key in temporary folders, not {DEV_DATA.parent}.",
+        ),
     ] = False,
     rotate: Annotated[
         bool, typer.Option("--rotate", help="Mint a new root admin credential, revoking the old one.")
@@ -293,7 +302,9 @@ def dev(
     """Run the whole control plane on this machine, for development.
 
     Uses BETTERCOMPUTE_DATABASE_URL when set, else an embedded PostgreSQL whose data stays in ./.bettercompute/pg.
-    Migrates, makes sure a root admin credential exists (printing it when it is new), and serves every role.
+    Webhook signing secrets are sealed with the key in ./.bettercompute/kms.key (or kms_key_file; with --ephemeral,
+    a temporary one). Migrates, makes sure a root admin credential exists (printing it when it is new), and serves
+    every role.
     """
     with _errors():
         config = _config(ctx, host=host, port=port)
@@ -301,7 +312,16 @@ def dev(
         if config.iam_url is not None:
             log.info("dev runs its own embedded IAM; iam_url is not used")
         server: EmbeddedPostgres | None = None
+        key_folder: str | None = None
         try:
+            if config.kms_key_file is None:
+                if ephemeral:
+                    key_folder = tempfile.mkdtemp(prefix="bettercompute-kms-")  # mode 0700
+                    key_file = Path(key_folder) / "kms.key"
+                else:
+                    key_file = DEV_KMS_KEY.absolute()
+                config = attrs.evolve(config, kms_key_file=key_file)
+            log.info("webhook signing secrets are sealed with the key in %s", config.kms_key_file)
             url = config.database_url
             if url is None:
                 directory = None if ephemeral else DEV_DATA
@@ -314,6 +334,8 @@ def dev(
             if server is not None:
                 log.info("stopping the embedded PostgreSQL")
                 server.stop()
+            if key_folder is not None:
+                shutil.rmtree(key_folder, ignore_errors=True)
 
 
 # --- iam ------------------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ __all__ = [
     "IAM_CREDENTIAL_ENV",
     "IAM_URL_ENV",
     "KEYS",
+    "KMS_KEY_FILE_ENV",
     "WORKER_ROLES",
     "Config",
     "ConfigError",
@@ -38,13 +39,25 @@ CONFIG_ENV = ENV_PREFIX + "CONFIG"
 DATABASE_URL_ENV = ENV_PREFIX + "DATABASE_URL"
 IAM_URL_ENV = ENV_PREFIX + "IAM_URL"
 IAM_CREDENTIAL_ENV = ENV_PREFIX + "IAM_CREDENTIAL"
+KMS_KEY_FILE_ENV = ENV_PREFIX + "KMS_KEY_FILE"
 API_ROLE = "api"
 GATEWAY_ROLE = "gateway"
 WORKER_ROLES = ("controllers", "scheduler", "sinks", "iam")
 # ``gateway`` is a known name so that asking for it gets "arrives in a later release" rather than "unknown".
 _ROLE_NAMES = ("all", API_ROLE, *WORKER_ROLES, GATEWAY_ROLE)
 
-KEYS = ("database_url", "schema", "host", "port", "roles", "pgbouncer", "instance", "iam_url", "iam_credential")
+KEYS = (
+    "database_url",
+    "schema",
+    "host",
+    "port",
+    "roles",
+    "pgbouncer",
+    "instance",
+    "iam_url",
+    "iam_credential",
+    "kms_key_file",
+)
 """The keys of the file; each is also ``BETTERCOMPUTE_<KEY>`` in the environment."""
 
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -75,6 +88,9 @@ class Config:
         instance: This process's name in leases and worker rows (host and pid by default).
         iam_url: A central control plane whose IAM ``serve`` uses (``RemoteIam``) instead of an embedded one.
         iam_credential: This process's own credential for the central IAM; set exactly when ``iam_url`` is.
+        kms_key_file: The ``LocalKeyKms`` key file that seals webhook signing secrets; with it, ``serve`` and
+            ``migrate`` register the ``webhooks`` group and its sender. Every process of one deployment that runs the
+            API or ``sinks`` must read the same file. ``dev`` defaults to ``./.bettercompute/kms.key``.
     """
 
     database_url: str | None = attrs.field(default=None, repr=False)
@@ -86,6 +102,7 @@ class Config:
     instance: str | None = None
     iam_url: str | None = None
     iam_credential: str | None = attrs.field(default=None, repr=False)
+    kms_key_file: Path | None = None
 
 
 def parse_roles(value: str | list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -129,6 +146,10 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
             # Never repeat it: it is a secret.
             return None, f"{where} must be a non-empty string"
         return value.strip(), None
+    if key == "kms_key_file":
+        if not isinstance(value, str) or not value.strip():
+            return None, f"{where} must be a non-empty path"
+        return Path(value.strip()).expanduser(), None
     if key in ("host", "instance", "schema"):
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty string"

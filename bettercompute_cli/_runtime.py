@@ -24,7 +24,7 @@ import anyio
 import attrs
 import uvicorn
 
-from bettercompute import BetterCompute, Options, better_compute
+from bettercompute import BetterCompute, LocalKeyKms, Options, better_compute
 from bettercompute.errors import ComputeError, UnavailableError
 from bettercompute.ports import Iam
 from bettercompute_iam import EmbeddedIam, RemoteIam
@@ -98,11 +98,14 @@ def require_database_url(config: Config) -> str:
 
 def _compose(config: Config, url: str, iam: Iam) -> BetterCompute:
     store = PgStore(url, schema=config.schema, prepared_statements=not config.pgbouncer)
-    return better_compute(Options(store=store, iam=iam, instance=config.instance))
+    # With a key file, the webhooks group and its sinks/webhooks sender are registered (no I/O until first use).
+    kms = LocalKeyKms(config.kms_key_file) if config.kms_key_file is not None else None
+    return better_compute(Options(store=store, iam=iam, instance=config.instance, kms=kms))
 
 
 def build(config: Config, url: str) -> tuple[BetterCompute, EmbeddedIam]:
-    """The control plane with the PostgreSQL store and the embedded IAM (``iam_url`` plays no part).
+    """The control plane with the PostgreSQL store and the embedded IAM (``iam_url`` plays no part), and with
+    ``LocalKeyKms(kms_key_file)`` (so the ``webhooks`` group) when a key file is configured.
 
     Raises:
         InvalidConfigError: The URL or the schema is malformed.

@@ -49,11 +49,11 @@ def free_port() -> int:
 class Running:
     """A long-running command (``serve``, ``dev``) with its output in files, so no pipe can fill up and block it."""
 
-    def __init__(self, env: dict[str, str], args: list[str], folder: Path) -> None:
+    def __init__(self, env: dict[str, str], args: list[str], folder: Path, cwd: Path | None = None) -> None:
         self.stdout_path = folder / "stdout"
         self.stderr_path = folder / "stderr"
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
-            self.process = subprocess.Popen([*command(), *args], env=env, stdout=out, stderr=err)
+            self.process = subprocess.Popen([*command(), *args], env=env, stdout=out, stderr=err, cwd=cwd)
 
     @property
     def stdout(self) -> str:
@@ -97,13 +97,14 @@ StartCli = Callable[..., Running]
 
 @pytest.fixture
 def start_cli(tmp_path: Path) -> Iterator[StartCli]:
-    """``start_cli(env, *args)`` starts a long-running command; anything still running is killed after the test."""
+    """``start_cli(env, *args, cwd=None)`` starts a long-running command; anything still running is killed after
+    the test."""
     started: list[Running] = []
 
-    def start(env: dict[str, str], *args: str) -> Running:
+    def start(env: dict[str, str], *args: str, cwd: Path | None = None) -> Running:
         folder = tmp_path / f"run{len(started)}"
         folder.mkdir()
-        running = Running(env, list(args), folder)
+        running = Running(env, list(args), folder, cwd)
         started.append(running)
         return running
 

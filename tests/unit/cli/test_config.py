@@ -8,7 +8,7 @@ import pytest
 
 from bettercompute_cli import Config, load_config
 from bettercompute_cli._config import KEYS, ConfigError, parse_roles
-from bettercompute_cli._runtime import Plan, plan_roles
+from bettercompute_cli._runtime import Plan, build, build_serving, plan_roles
 
 URL_FILE = "postgresql://postgres@db-from-file:5432/x"
 URL_ENV = "postgresql://postgres@db-from-env:5432/x"
@@ -267,3 +267,30 @@ def test_the_iam_credential_stays_out_of_the_repr() -> None:
     assert config.iam_credential == CREDENTIAL
     assert CREDENTIAL not in repr(config)
     assert "http://iam" in repr(config)
+
+
+def test_the_kms_key_file_from_file_and_environment(tmp_path: Path) -> None:
+    assert load_config(None, {}).kms_key_file is None
+    path = _write(tmp_path, 'kms_key_file = "/etc/bettercompute/kms.key"\n')
+    assert load_config(path, {}).kms_key_file == Path("/etc/bettercompute/kms.key")
+    from_env = load_config(path, {"BETTERCOMPUTE_KMS_KEY_FILE": " ~/kms.key "})
+    assert from_env.kms_key_file == Path("~/kms.key").expanduser()
+
+
+@pytest.mark.parametrize("toml", ["kms_key_file = 3", 'kms_key_file = "  "'])
+def test_a_bad_kms_key_file_names_the_key(tmp_path: Path, toml: str) -> None:
+    path = _write(tmp_path, toml + "\n")
+    [problem] = _problems(path)
+    assert problem == f"{path}: kms_key_file must be a non-empty path"
+
+
+def test_a_kms_key_file_registers_the_webhooks_group_without_touching_the_file(tmp_path: Path) -> None:
+    url = "postgresql://postgres@127.0.0.1:1/x"
+    without, _ = build(load_config(None, {}), url)
+    assert without.registry.group("webhooks") is None
+    key = tmp_path / "keys" / "kms.key"
+    config = load_config(None, {"BETTERCOMPUTE_KMS_KEY_FILE": str(key)})
+    for compute in (build(config, url)[0], build_serving(config, url)[0]):
+        assert compute.registry.owner("webhooks") == "webhooks"
+        assert "sinks/webhooks" in [job.lease_name for job in compute.jobs.all]
+    assert not key.parent.exists()  # created on first use, not when composing
