@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import enum
+import tempfile
 import types
 import typing
 import uuid
+from pathlib import Path
 from typing import Any, Literal
 
 import attrs
@@ -18,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from bettercompute import BetterCompute, CallContext, MethodDef, Options, better_compute
+from bettercompute import BetterCompute, CallContext, LocalKeyKms, MethodDef, Options, better_compute
 from bettercompute.errors import AccessDeniedError, ComputeError
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
@@ -47,10 +49,14 @@ class Recorder:
         return await next(call, input)
 
 
+# A KMS makes the webhooks group exist; the key file is only touched if a secret is sealed.
+_KMS = LocalKeyKms(Path(tempfile.gettempdir()) / f"bc-matrix-{uuid.uuid4().hex}" / "kms.key")
+
+
 def compose(url: str, schema: str, recorder: Recorder) -> BetterCompute:
     """Everything the project ships, so that every registered method is in the matrix."""
     return better_compute(
-        Options(store=PgStore(url, schema=schema, pool_size=2), iam=EmbeddedIam(), plugins=[recorder])
+        Options(store=PgStore(url, schema=schema, pool_size=2), iam=EmbeddedIam(), plugins=[recorder], kms=_KMS)
     )
 
 
@@ -91,6 +97,8 @@ def matrix(database_url: str) -> typing.Iterator[Matrix]:
 def _values(tp: Any, name: str) -> st.SearchStrategy[Any]:
     if name == "tenant" and tp in (str, str | None):
         return st.just(TENANT)
+    if name == "url" and tp is str:
+        return st.just("https://hooks.example.com/in")
     if tp is str:
         return st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True)
     if tp is bool:
