@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import enum
+import shutil
 import tempfile
 import types
 import typing
@@ -50,7 +51,8 @@ class Recorder:
 
 
 # A KMS makes the webhooks group exist; the key file is only touched if a secret is sealed.
-_KMS = LocalKeyKms(Path(tempfile.gettempdir()) / f"bc-matrix-{uuid.uuid4().hex}" / "kms.key")
+_KMS_DIR = Path(tempfile.gettempdir()) / f"bc-matrix-{uuid.uuid4().hex}"
+_KMS = LocalKeyKms(_KMS_DIR / "kms.key")
 
 
 def compose(url: str, schema: str, recorder: Recorder) -> BetterCompute:
@@ -92,6 +94,7 @@ def matrix(database_url: str) -> typing.Iterator[Matrix]:
     finally:
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        shutil.rmtree(_KMS_DIR, ignore_errors=True)
 
 
 def _values(tp: Any, name: str) -> st.SearchStrategy[Any]:
