@@ -36,12 +36,18 @@ ROLES = frozenset({"controllers", "scheduler", "sinks", "iam"})
 
 @attrs.frozen(kw_only=True)
 class Job:
-    """A periodic job. ``run`` makes one pass and returns how many items it handled."""
+    """A periodic job. ``run`` makes one pass and returns how many items it handled.
+
+    A pass runs while its lease is renewed beside it, for at most ``budget``; it is cancelled when the lease is lost
+    (or at ``stop()``), so a pass must keep the progress it made when cancelled (record it in a shielded
+    ``finally``).
+    """
 
     name: str
     role: str
     interval: dt.timedelta
     run: Callable[[ModuleContext], Awaitable[int]]
+    budget: dt.timedelta = dt.timedelta(minutes=5)
 
     @property
     def lease_name(self) -> str:
@@ -88,18 +94,26 @@ async def dispatch_events(context: ModuleContext) -> int:
     claimed = await store.outbox.claim(holder=context.instance, limit=100, claim_for=dt.timedelta(seconds=30))
     delivered: list[StoredEvent] = []
     failed: list[StoredEvent] = []
-    for event in claimed:
-        try:
-            await context.events.deliver(event)
-        except Exception as exc:
-            log.warning("an event subscriber failed on %s %s: %s", event.type, event.id, type(exc).__name__)
-            failed.append(event)
-        else:
-            delivered.append(event)
-    if delivered:
-        await store.outbox.ack(delivered)
-    if failed:
-        await store.outbox.release(failed, delay=dt.timedelta(seconds=5))
+    try:
+        for event in claimed:
+            try:
+                await context.events.deliver(event)
+            except Exception as exc:
+                log.warning("an event subscriber failed on %s %s: %s", event.type, event.id, type(exc).__name__)
+                failed.append(event)
+            else:
+                delivered.append(event)
+    finally:
+        # Even when the pass is cancelled (lease lost, stop()), keep what it did and hand the rest back at once:
+        # otherwise the delivered events would come again and the untried ones wait for their claim to expire.
+        untried = claimed[len(delivered) + len(failed) :]
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            if delivered:
+                await store.outbox.ack(delivered)
+            if failed:
+                await store.outbox.release(failed, delay=dt.timedelta(seconds=5))
+            if untried:
+                await store.outbox.release(untried, delay=dt.timedelta(0))
     return len(delivered)
 
 
@@ -283,6 +297,29 @@ class Jobs:
         with contextlib.suppress(asyncio.CancelledError):
             await runner
 
+    async def _pass(self, job: Job, lease: Lease) -> None:
+        """One pass of ``job`` while a companion task renews its lease; losing the lease cancels the pass."""
+        store = self._context.store
+        ttl = self._context.options.lease_ttl
+
+        async with anyio.create_task_group() as tg:
+
+            async def keep(current: Lease) -> None:
+                while True:
+                    await anyio.sleep(ttl.total_seconds() / 3)
+                    renewed = await store.leases.renew(current, ttl)
+                    if renewed is None:
+                        log.warning("job %s lost its lease during a pass; the pass stops", job.lease_name)
+                        self._held.pop(job.lease_name, None)
+                        tg.cancel_scope.cancel()
+                        return
+                    current = self._held[job.lease_name] = renewed
+
+            tg.start_soon(keep, lease)
+            with anyio.fail_after(job.budget.total_seconds()):
+                await job.run(self._context)
+            tg.cancel_scope.cancel()
+
     async def _loop(self, job: Job, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Hold the job's lease (renewed every third of its TTL) and run a pass every ``interval`` while held.
 
@@ -312,10 +349,12 @@ class Jobs:
                     task_status.started()
                     started = True
                 if lease is not None and anyio.current_time() >= next_run:
-                    with anyio.fail_after(ttl * 2 / 3):
-                        await job.run(self._context)
+                    await self._pass(job, lease)
                     next_run = anyio.current_time() + interval
-                    wait = min(interval, ttl / 3)
+                if lease is not None:
+                    # Wake for the next pass (or the next renewal, whichever comes first), not a fixed nap that
+                    # may end just before the pass is due and then skip it for a whole renewal period.
+                    wait = max(0.05, min(ttl / 3, next_run - anyio.current_time()))
                 failures = 0
             except Exception as exc:
                 if not started:

@@ -328,8 +328,13 @@ async def send_due(context: ModuleContext) -> int:
     keepalive = 20 if settings.allow_private_destinations else 0
     limits = httpx.Limits(max_connections=100, max_keepalive_connections=keepalive)
     client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False, limits=limits)
-    async with client, anyio.create_task_group() as tg:
-        for delivery in claimed:
-            tg.start_soon(one, delivery)
-    await store.webhooks.record(outcomes)
+    try:
+        async with client, anyio.create_task_group() as tg:
+            for delivery in claimed:
+                tg.start_soon(one, delivery)
+    finally:
+        # Recorded even when the pass is cancelled (its lease lost, stop()): attempts that were made count, and
+        # deliveries that succeeded are not sent again.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            await store.webhooks.record(outcomes)
     return sum(1 for o in outcomes if o.status == "delivered")
