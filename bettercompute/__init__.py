@@ -33,6 +33,11 @@ from ._registry import MethodDef as MethodDef
 from ._registry import Registry as Registry
 from ._shards import shard_of as shard_of
 from ._version import __version__ as __version__
+from ._workflows import Step as Step
+from ._workflows import StepContext as StepContext
+from ._workflows import StepOutcome as StepOutcome
+from ._workflows import Workflow as Workflow
+from ._workflows import Workflows as Workflows
 
 __all__ = [
     "Api",
@@ -62,6 +67,11 @@ __all__ = [
     "Request",
     "Response",
     "RetryPolicy",
+    "Step",
+    "StepContext",
+    "StepOutcome",
+    "Workflow",
+    "Workflows",
     "__version__",
     "better_compute",
     "shard_of",

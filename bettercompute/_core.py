@@ -20,6 +20,7 @@ from ._jobs import BUILTIN_JOBS, Events, Job, Jobs
 from ._options import Module, Options, Plugin, version_in_range
 from ._registry import ApiBinding, ApiCall, GroupSpec, Registry
 from ._version import __version__
+from ._workflows import Workflows
 from .errors import ComputeError, InvalidConfigError
 from .modules.system import ACTIONS as SYSTEM_ACTIONS
 from .modules.system import HealthCheck, HealthOutput, SystemGroup
@@ -195,10 +196,15 @@ class BetterCompute:
         )
         self._dispatcher = Dispatcher(iam=self._iam, context=self.context, plugins=options.plugins)
         self.api = Api(registry, self._dispatcher)
+        self.workflows = Workflows(self.context, [w for m in self._modules for w in getattr(m, "workflows", ())])
+        """Start, inspect, signal and cancel workflows (the types modules declare in ``workflows``)."""
+        reconcilers = [r for m in self._modules for r in getattr(m, "reconcilers", ())]
+        if self.workflows.types:
+            reconcilers.append(self.workflows.reconciler)
         self.jobs = Jobs(
             [job for m in self._modules for job in m.jobs],
             self.context,
-            [r for m in self._modules for r in getattr(m, "reconcilers", ())],
+            reconcilers,
             injected_clock=options.clock is not None,
         )
         self._http = HttpTransport(self, self._dispatcher)

@@ -30,7 +30,8 @@ class Module(Protocol):
 
     Optional member, not part of this protocol so that modules without it still conform: ``reconcilers``, a
     sequence of ``bettercompute.Reconciler`` (read with ``getattr(module, "reconcilers", ())``), run by the worker
-    processes of each reconciler's role on the shards they own, and by ``jobs.tick()``.
+    processes of each reconciler's role on the shards they own, and by ``jobs.tick()``; ``workflows``, a sequence of
+    ``bettercompute.Workflow`` (read the same way), started with ``compute.workflows.start``.
     """
 
     @property

@@ -196,10 +196,54 @@ CREATE INDEX webhook_deliveries_key ON {schema}.webhook_deliveries (subscription
 CREATE INDEX webhook_deliveries_log ON {schema}.webhook_deliveries (subscription_id, id);
 """
 
+# Workflows: one row per workflow (its current step, attempts, reason, data and wait) and its step log. The engine
+# locks the row and writes progress in the transaction that holds the step's own writes.
+_CORE_V5 = """
+CREATE TABLE {schema}.workflows (
+    id text PRIMARY KEY,
+    type text NOT NULL,
+    tenant text NOT NULL,
+    subject text NOT NULL DEFAULT '',
+    state text NOT NULL
+        CHECK (state IN ('running', 'waiting', 'succeeded', 'failed', 'cancelling', 'cancelled')),
+    step_index integer NOT NULL DEFAULT 0,
+    step text,
+    attempt integer NOT NULL DEFAULT 1,
+    completed integer NOT NULL DEFAULT 0,
+    compensating boolean NOT NULL DEFAULT false,
+    reason text,
+    message text NOT NULL DEFAULT '',
+    data jsonb NOT NULL DEFAULT '{}',
+    inbox jsonb NOT NULL DEFAULT '{}',
+    waiting_for text,
+    on_timeout text CHECK (on_timeout IN ('fail', 'next')),
+    wake_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX workflows_tenant ON {schema}.workflows (tenant, created_at, id);
+CREATE INDEX workflows_subject ON {schema}.workflows (subject, created_at);
+CREATE INDEX workflows_active ON {schema}.workflows (state, updated_at)
+    WHERE state IN ('running', 'waiting', 'cancelling');
+
+CREATE TABLE {schema}.workflow_steps (
+    id bigserial PRIMARY KEY,
+    workflow_id text NOT NULL REFERENCES {schema}.workflows (id) ON DELETE CASCADE,
+    step_index integer NOT NULL,
+    step text NOT NULL,
+    attempt integer NOT NULL,
+    outcome text NOT NULL,
+    reason text,
+    at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX workflow_steps_workflow ON {schema}.workflow_steps (workflow_id, id);
+"""
+
 CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="core tables", sql=_CORE_V1),
     Migration(version=2, name="authorization projection", sql=_CORE_V2),
     Migration(version=3, name="worker membership", sql=_CORE_V3),
     Migration(version=4, name="webhooks", sql=_CORE_V4),
+    Migration(version=5, name="workflows", sql=_CORE_V5),
 )
 """The migrations of module ``"core"``: the tables ``PgStore`` itself uses."""

@@ -25,6 +25,7 @@ from ._outbox import PgOutbox
 from ._queue import PgWorkQueue
 from ._schema import CORE_MIGRATIONS, validate_schema
 from ._webhooks import PgWebhooks
+from ._workflows import PgWorkflows
 
 __all__ = ["PgStore", "PgTransaction", "driver_url"]
 
@@ -169,6 +170,7 @@ class PgStore:
         self.outbox = PgOutbox(self._db)
         self.idempotency = PgIdempotencyKeys(self._db)
         self.webhooks = PgWebhooks(self._db)
+        self.workflows = PgWorkflows(self._db)
         self._audit = self._db.sql(_AUDIT)
         self._project = self._db.sql(_PROJECT)
         self._unproject = self._db.sql(_UNPROJECT)

@@ -1,0 +1,227 @@
+"""Workflow types for the workflow tests, in a module with a table where steps record their effects.
+
+Run as a script, it is one worker process: ``python _flows.py URL SCHEMA INSTANCE LEASE_TTL`` composes a control
+plane with this module and runs the ``controllers`` role until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import attrs
+from sqlalchemy import text
+
+from bettercompute import Job, RetryPolicy, Step, StepContext, StepOutcome, Workflow
+from bettercompute.errors import UnavailableError
+from bettercompute.ports import Migration
+
+_TABLES = """
+CREATE TABLE {schema}.wf_effects (
+    id bigserial PRIMARY KEY,
+    workflow text NOT NULL,
+    step text NOT NULL,
+    worker text NOT NULL,
+    UNIQUE (workflow, step)
+);
+CREATE TABLE {schema}.wf_compensations (
+    id bigserial PRIMARY KEY,
+    workflow text NOT NULL,
+    step text NOT NULL
+);
+CREATE TABLE {schema}.wf_markers (
+    workflow text PRIMARY KEY,
+    worker text NOT NULL,
+    pid integer NOT NULL
+);
+"""
+
+STEP_DEADLINE = dt.timedelta(seconds=4)
+"""The steps of ``crashy`` (short, so a killed worker's claim runs out soon: deadline + margin + lease TTL)."""
+
+
+async def _execute(ctx: StepContext, sql: str, params: Mapping[str, Any]) -> None:
+    """Run ``sql`` in the step's transaction (``{s}`` is the schema)."""
+    schema = getattr(ctx.store, "schema")  # noqa: B009 - PgStore's, not on the port
+    async with ctx.transaction() as tx:
+        connection: Any = getattr(tx, "connection")  # noqa: B009 - PgTransaction's, not on the port
+        await connection.execute(text(sql.replace("{s}", f'"{schema}"')), dict(params))
+
+
+async def effect(ctx: StepContext) -> None:
+    """Record this step's effect; the unique (workflow, step) makes a second application fail loudly."""
+    await _execute(
+        ctx,
+        "INSERT INTO {s}.wf_effects (workflow, step, worker) VALUES (:w, :step, :worker)",
+        {"w": ctx.workflow_id, "step": ctx.step, "worker": ctx.context.instance},
+    )
+
+
+async def compensation(ctx: StepContext) -> None:
+    await _execute(
+        ctx,
+        "INSERT INTO {s}.wf_compensations (workflow, step) VALUES (:w, :step)",
+        {"w": ctx.workflow_id, "step": ctx.step},
+    )
+
+
+async def _first(ctx: StepContext) -> StepOutcome:
+    await effect(ctx)
+    return StepOutcome.next(data={"first": 1})
+
+
+async def _second(ctx: StepContext) -> StepOutcome:
+    await effect(ctx)
+    return StepOutcome.next(data={"second": ctx.data["first"] + 1})
+
+
+async def _third(ctx: StepContext) -> StepOutcome:
+    await effect(ctx)
+    return StepOutcome.next(data={"third": ctx.data["second"] + 1, "seen": sorted(ctx.data)})
+
+
+THREE = Workflow(
+    name="three", steps=(Step(name="one", run=_first), Step(name="two", run=_second), Step(name="three", run=_third))
+)
+
+
+async def _always_unavailable(ctx: StepContext) -> StepOutcome:
+    await effect(ctx)  # rolled back with the failed attempt, so it never sticks
+    raise UnavailableError("the BMC does not answer")
+
+
+async def _give_up(ctx: StepContext) -> StepOutcome:
+    return StepOutcome.fail("NO_DISKS", "the machine has no disks")
+
+
+FLAKY = Workflow(
+    name="flaky",
+    steps=(
+        Step(
+            name="call",
+            run=_always_unavailable,
+            retry=RetryPolicy(base=dt.timedelta(seconds=10), max_attempts=3, jitter=0.0),
+        ),
+    ),
+)
+REFUSE = Workflow(name="refuse", steps=(Step(name="inspect", run=_give_up),))
+
+
+async def _ask(ctx: StepContext) -> StepOutcome:
+    await effect(ctx)
+    return StepOutcome.wait(
+        "approved", timeout=dt.timedelta(hours=1), on_timeout=ctx.data.get("on_timeout", "fail"), data={"asked": True}
+    )
+
+
+async def _finish(ctx: StepContext) -> StepOutcome:
+    await effect(ctx)
+    return StepOutcome.next(data={"approved_by": ctx.data.get("approved", {}).get("by")})
+
+
+APPROVAL = Workflow(name="approval", steps=(Step(name="ask", run=_ask), Step(name="finish", run=_finish)))
+
+
+async def _saga_wait(ctx: StepContext) -> StepOutcome:
+    await effect(ctx)
+    return StepOutcome.wait("never")
+
+
+SAGA = Workflow(
+    name="saga",
+    steps=(
+        Step(name="reserve", run=_first, compensate=compensation),
+        Step(name="no-undo", run=_second),
+        Step(name="configure", run=_saga_wait, compensate=compensation),
+        Step(name="unreached", run=_third, compensate=compensation),
+    ),
+)
+
+
+async def _crash_here(ctx: StepContext) -> StepOutcome:
+    """Apply the effect, then (the first time only) announce it and hang with the transaction open until killed."""
+    await effect(ctx)
+    store: Any = ctx.store  # PgStore: fetch runs outside the step's transaction, so the marker commits at once
+    first = await store.fetch(
+        store.sql(
+            "INSERT INTO {s}.wf_markers (workflow, worker, pid) VALUES (:w, :worker, :pid) "
+            "ON CONFLICT (workflow) DO NOTHING RETURNING workflow"
+        ),
+        {"w": ctx.workflow_id, "worker": ctx.context.instance, "pid": os.getpid()},
+    )
+    if first:
+        await anyio.sleep(3600)  # cut short by kill -9 (or, on a machine too slow to kill us, by the deadline)
+    return StepOutcome.next(data={"second": ctx.data["first"] + 1})
+
+
+CRASHY = Workflow(
+    name="crashy",
+    steps=(
+        Step(name="one", run=_first, deadline=STEP_DEADLINE),
+        Step(name="two", run=_crash_here, deadline=STEP_DEADLINE),
+        Step(name="three", run=_third, deadline=STEP_DEADLINE),
+    ),
+)
+
+ALL = (THREE, FLAKY, REFUSE, APPROVAL, SAGA)
+
+
+@attrs.frozen(kw_only=True)
+class FlowsModule:
+    """No methods; a table of effects and some workflow types."""
+
+    workflows: Sequence[Workflow] = ALL
+    name: str = "flows"
+    version: str = "0.1.0"
+    core_range: str = ">=0.1"
+    groups: Sequence[Any] = ()
+    actions: Sequence[str] = ()
+    migrations: Mapping[str, Sequence[Migration]] = attrs.field(
+        factory=lambda: {"postgresql": [Migration(version=1, name="effects", sql=_TABLES)]}
+    )
+    jobs: Sequence[Job] = ()
+
+    async def start(self, context: Any) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+async def _main(url: str, schema: str, instance: str, ttl: float) -> None:
+    import signal
+
+    from bettercompute import Options, better_compute
+    from bettercompute_iam import EmbeddedIam
+    from bettercompute_store_pg import PgStore
+
+    store = PgStore(url, schema=schema, pool_size=4)
+    compute = better_compute(
+        Options(
+            store=store,
+            iam=EmbeddedIam(),
+            modules=[FlowsModule(workflows=(CRASHY,))],
+            instance=instance,
+            lease_ttl=dt.timedelta(seconds=ttl),
+            poll_interval=dt.timedelta(seconds=0.3),
+        )
+    )
+    try:
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            async with anyio.create_task_group() as tg:
+                await tg.start(compute.run, {"controllers"})
+                print("ready", flush=True)
+                async for _ in signals:
+                    break
+                tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await compute.close()
+
+
+if __name__ == "__main__":
+    anyio.run(_main, sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]))
