@@ -19,7 +19,7 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -28,7 +28,7 @@ import anyio.abc
 from ._reconcile import ReconcileContext, Reconciler, reason_of
 from ._shards import SHARDS, owned_by
 from .errors import ComputeError
-from .ports import Claim, Lease
+from .ports import Claim, Lease, WorkQueue
 
 if TYPE_CHECKING:
     from ._core import ModuleContext
@@ -98,18 +98,26 @@ async def reconcile_one(
                 except Exception as hook_exc:
                     log.warning("on_failure of %s %s failed: %s", claim.kind, claim.key, reason_of(hook_exc))
                     delay = reconciler.retry.delay(claim.kind, claim.key, claim.attempts)
-                    await queue.retry(claim, delay=delay, error=reason, fence=lease, now=now)
+                    await _settle(queue.retry(claim, delay=delay, error=reason, fence=lease, now=now), queue, claim)
                     return "retry"
-            await queue.complete(claim, fence=lease, now=now)
+            await _settle(queue.complete(claim, fence=lease, now=now), queue, claim)
             return "failed"
         delay = reconciler.retry.delay(claim.kind, claim.key, claim.attempts)
         log.info(
             "reconciling %s %s failed (%s); retrying in %.1f s", claim.kind, claim.key, reason, delay.total_seconds()
         )
-        await queue.retry(claim, delay=delay, error=reason, fence=lease, now=now)
+        await _settle(queue.retry(claim, delay=delay, error=reason, fence=lease, now=now), queue, claim)
         return "retry"
-    await queue.complete(claim, fence=lease, again_after=outcome.requeue_after, now=now)
+    settled = queue.complete(claim, fence=lease, again_after=outcome.requeue_after, now=now)
+    await _settle(settled, queue, claim)
     return "done" if outcome.requeue_after is None else "requeued"
+
+
+async def _settle(fenced: Awaitable[bool], queue: WorkQueue, claim: Claim) -> None:
+    """Settle under the shard lease; when the lease moved meanwhile, hand the item straight back (the claim token
+    still guards it) so its new owner runs it now rather than when this claim would have run out."""
+    if not await fenced:
+        await queue.retry(claim, delay=dt.timedelta(0), error=claim.last_error or "SHARD_MOVED")
 
 
 class ShardedWorker:
@@ -241,9 +249,10 @@ class ShardedWorker:
             lease for name, lease in self._held.items() if name not in wanted_names and not self._running.get(name)
         ]
         if unwanted:
-            await store.leases.release_many(unwanted)
+            # Forgotten before the release is awaited, so no claim made meanwhile counts on them.
             for lease in unwanted:
                 self._held.pop(lease.name, None)
+            await store.leases.release_many(unwanted)
         missing = sorted(wanted_names - set(self._held))
         if missing:
             for lease in await store.leases.acquire_many(missing, self.id, ttl):
@@ -291,6 +300,12 @@ class ShardedWorker:
             self._running[name] = self._running.get(name, 0) + 1
             try:
                 await reconcile_one(self._context, self._reconcilers[claim.kind], claim, lease, None)
+            except anyio.get_cancelled_exc_class():
+                # stop() cut the pass short: hand the item back at once instead of leaving it claimed until its
+                # claim runs out (a rolling deploy would otherwise stall these keys).
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    await queue.retry(claim, delay=dt.timedelta(0), error=claim.last_error or "WORKER_STOPPED")
+                raise
             finally:
                 self._running[name] -= 1
                 if not self._running[name]:

@@ -57,7 +57,10 @@ async def test_loops_converge_with_the_notifier_off(database_url: str, fresh_sch
         async with compute.context.store.transaction() as tx:
             await tx.enqueue([reconciler.item(f"k-{i}") for i in range(30)])
         await _until(lambda: len(set(done)) == 30, 20)
-        assert await compute.context.store.queue.pending() == 0
+        # The last items are settled just after their reconcile returns: give the queue a moment to empty.
+        with anyio.fail_after(10):
+            while await compute.context.store.queue.pending():  # noqa: ASYNC110 - polling the database
+                await anyio.sleep(0.05)
     finally:
         await compute.close()
 
