@@ -20,9 +20,13 @@ _COLUMNS = "name, holder, token, expires_at"
 
 # The token grows whenever the lease was not live in this holder's hands (taken over, expired, or released), so an
 # old Lease object never becomes valid again.
+# Fenced transactions hold their lease row FOR KEY SHARE: renewals (plain UPDATEs of expires_at) pass it, while a
+# takeover first locks the row FOR UPDATE and so waits until the fenced transaction ends. The ``locked`` CTE is
+# referenced (count) because PostgreSQL skips a read-only CTE nobody reads.
 _ACQUIRE = """
+WITH locked AS (SELECT name FROM {s}.leases WHERE name = :name FOR UPDATE)
 INSERT INTO {s}.leases AS l (name, holder, token, expires_at)
-VALUES (:name, :holder, 1, now() + :ttl)
+SELECT :name, :holder, 1, now() + :ttl FROM (SELECT count(*) FROM locked) AS _
 ON CONFLICT (name) DO UPDATE SET
     holder = EXCLUDED.holder,
     token = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > now() THEN l.token ELSE l.token + 1 END,
@@ -45,8 +49,12 @@ WHERE name = :name AND holder = :holder AND token = :token AND expires_at > now(
 
 # The batch forms lock rows in name order, so two workers trading shards never wait for each other in a cycle.
 _ACQUIRE_MANY = """
+WITH locked AS (
+    SELECT name FROM {s}.leases WHERE name = ANY(CAST(:names AS text[])) ORDER BY name FOR UPDATE
+)
 INSERT INTO {s}.leases AS l (name, holder, token, expires_at)
 SELECT n.name, :holder, 1, now() + :ttl FROM unnest(CAST(:names AS text[])) WITH ORDINALITY AS n(name, ord)
+CROSS JOIN (SELECT count(*) FROM locked) AS _
 ORDER BY n.ord
 ON CONFLICT (name) DO UPDATE SET
     holder = EXCLUDED.holder,
@@ -62,7 +70,7 @@ _HELD = """held AS (
         ON l.name = k.name AND l.holder = k.holder AND l.token = k.token
     WHERE l.expires_at > now()
     ORDER BY l.name
-    FOR UPDATE OF l
+    FOR NO KEY UPDATE OF l
 )"""
 
 _RENEW_MANY = f"""
@@ -78,11 +86,12 @@ UPDATE {{s}}.leases AS l SET expires_at = now() FROM held WHERE l.name = held.na
 
 _GET = "SELECT name, holder, token, expires_at FROM {s}.leases WHERE name = :name AND expires_at > now()"
 
-# FOR SHARE: a takeover (acquire's ON CONFLICT DO UPDATE) waits until the fenced transaction ends.
+# FOR KEY SHARE: a takeover (acquire locks FOR UPDATE first) waits until the fenced transaction ends; a renewal
+# by the holder does not.
 _FENCE = """
 SELECT 1 FROM {s}.leases
 WHERE name = :name AND holder = :holder AND token = :token AND expires_at > now()
-FOR SHARE
+FOR KEY SHARE
 """
 
 

@@ -40,7 +40,7 @@ ON CONFLICT (kind, key) DO UPDATE SET
 _FENCE_CTE = """fence AS (
     SELECT 1 FROM {s}.leases
     WHERE name = :lease_name AND holder = :lease_holder AND token = :lease_token AND expires_at > now()
-    FOR SHARE
+    FOR KEY SHARE
 ), """
 
 
