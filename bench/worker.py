@@ -233,7 +233,7 @@ def nullable(statement: str) -> str:
 def pgbench_script(processes: int) -> str:
     """Per client: the worker's claim on its own shards (``CONCURRENCY`` rows, handed out as columns to ``\\gset``),
     then the worker's fenced complete for each, under the lease of the item's shard."""
-    claim = nullable(claim_sql(shards=True, fence=False, clock=True))
+    claim = nullable(claim_sql(shards=True, fence=False, clock=True, owned=True))
     complete = nullable(complete_sql(fence=True, timed=True))
     order = "ORDER BY c.due_at, c.id"
     columns = ", ".join(
@@ -262,6 +262,7 @@ def pgbench(binary: str, script: Path, processes: int, seconds: int) -> None:
         "again_after": "null",
         "lease_holder": PGBENCH_HOLDER,
         "lease_token": "1",
+        "owner_prefix": "controllers/shard:",
     }
     for client in range(processes):  # client n claims on the shards s with s % processes == n
         variables[f"shards{client}"] = "{" + ",".join(str(s) for s in range(client, 256, processes)) + "}"

@@ -44,9 +44,14 @@ CONCURRENCY = 8
 """Items one reconcile loop runs at once (each may hold a pooled connection)."""
 
 
+def shard_lease_prefix(role: str) -> str:
+    """``controllers/shard:``: the name of a role's shard lease, less the shard number."""
+    return f"{role}/shard:"
+
+
 def shard_lease_name(role: str, shard: int) -> str:
     """``controllers/shard:17``."""
-    return f"{role}/shard:{shard}"
+    return f"{shard_lease_prefix(role)}{shard}"
 
 
 class _Wake:
@@ -274,7 +279,12 @@ class ShardedWorker:
             try:
                 owned = self._owned(role)
                 claims = await self._context.store.queue.claim(
-                    holder=self.id, kinds=kinds, limit=CONCURRENCY, claim_for=claim_for, shards=owned
+                    holder=self.id,
+                    kinds=kinds,
+                    limit=CONCURRENCY,
+                    claim_for=claim_for,
+                    shards=owned,
+                    owner_prefix=shard_lease_prefix(role),
                 )
                 if claims:
                     async with anyio.create_task_group() as tg:

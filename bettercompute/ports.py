@@ -357,11 +357,13 @@ class WorkQueue(Protocol):
         shards: Sequence[int] | None = None,
         fence: Lease | None = None,
         now: dt.datetime | None = None,
+        owner_prefix: str | None = None,
     ) -> list[Claim]:
         """Claim up to ``limit`` due items, oldest ``run_at`` first.
 
         Expired claims are due again. With ``fence``, nothing is claimed (empty list) unless the lease is still held
-        with that token. ``now`` replaces the store's clock in deciding what is due and when the claim expires
+        with that token. With ``owner_prefix``, only items on shards whose lease ``<owner_prefix><shard>`` is held
+        (unexpired) by ``holder``. ``now`` replaces the store's clock in deciding what is due and when the claim expires
         (``jobs.tick()`` passes an injected clock's time).
         """
         ...

@@ -49,7 +49,7 @@ _NOW = "COALESCE(CAST(:now AS timestamptz), now())"
 
 
 @functools.cache
-def claim_sql(*, shards: bool, fence: bool, clock: bool = False) -> str:
+def claim_sql(*, shards: bool, fence: bool, clock: bool = False, owned: bool = False) -> str:
     """The claim statement (``{s}`` stands for the schema), with or without the shard filter and the lease check;
     with ``clock``, a ``:now`` parameter (``NULL`` for the database's clock) decides what is due.
 
@@ -62,6 +62,13 @@ def claim_sql(*, shards: bool, fence: bool, clock: bool = False) -> str:
     extra = ""
     if shards:
         extra += " AND shard = ANY(CAST(:shards AS smallint[]))"
+    if owned:
+        # Only shards whose lease this holder still has: a worker that paused past its TTL and lost its shards
+        # claims nothing there, even before it has noticed.
+        extra += (
+            " AND EXISTS (SELECT 1 FROM {s}.leases AS o WHERE o.name = :owner_prefix || shard::text"
+            " AND o.holder = :holder AND o.expires_at > now())"
+        )
     if fence:
         extra += " AND EXISTS (SELECT 1 FROM fence)"
     return f"""
@@ -190,10 +197,11 @@ class PgWorkQueue:
         self._db = db
         self._on_enqueued = on_enqueued
         self._enqueue = db.sql(_ENQUEUE)
-        self._claims: dict[tuple[bool, bool], Statement] = {
-            (shards, fence): db.sql(claim_sql(shards=shards, fence=fence, clock=True))
+        self._claims: dict[tuple[bool, bool, bool], Statement] = {
+            (shards, fence, owned): db.sql(claim_sql(shards=shards, fence=fence, clock=True, owned=owned))
             for shards in (False, True)
             for fence in (False, True)
+            for owned in (False, True)
         }
         self._completes = {fence: db.sql(complete_sql(fence=fence, timed=True)) for fence in (False, True)}
         self._retries = {fence: db.sql(retry_sql(fence=fence)) for fence in (False, True)}
@@ -223,9 +231,10 @@ class PgWorkQueue:
         shards: Sequence[int] | None = None,
         fence: Lease | None = None,
         now: dt.datetime | None = None,
+        owner_prefix: str | None = None,
     ) -> list[Claim]:
         """Claim up to ``limit`` items due at ``now`` (expired claims included), oldest first; none if ``fence`` is
-        stale."""
+        stale; with ``owner_prefix``, only on shards whose lease ``<owner_prefix><shard>`` ``holder`` holds."""
         if limit <= 0 or not kinds or (shards is not None and not shards):
             return []
         params: dict[str, Any] = {
@@ -237,8 +246,11 @@ class PgWorkQueue:
         }
         if shards is not None:
             params["shards"] = list(shards)
+        if owner_prefix is not None:
+            params["owner_prefix"] = owner_prefix
         params.update(_fence(fence))
-        rows = await self._db.fetch(self._claims[shards is not None, fence is not None], params)
+        key = (shards is not None, fence is not None, owner_prefix is not None)
+        rows = await self._db.fetch(self._claims[key], params)
         return [_claim(row) for row in sorted(rows, key=lambda r: (r.due_at, r.id))]
 
     async def complete(
