@@ -19,6 +19,8 @@ import attrs
 
 __all__ = [
     "AuditRecord",
+    "CaKey",
+    "Certificates",
     "Claim",
     "Clock",
     "Decision",
@@ -28,6 +30,7 @@ __all__ = [
     "IdempotencyKeys",
     "IdempotencyOutcome",
     "Identity",
+    "IssuedCertificate",
     "Kms",
     "Lease",
     "Leases",
@@ -38,6 +41,7 @@ __all__ = [
     "Outbox",
     "OutboxEvent",
     "ResourceRef",
+    "Revocation",
     "Store",
     "StoredEvent",
     "Transaction",
@@ -278,6 +282,53 @@ class WorkflowLogEntry:
     outcome: str
     reason: str | None
     at: dt.datetime
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class CaKey:
+    """One signing key of the node CA of ``trust_domain``.
+
+    ``sealed_key`` is the private key (PKCS#8 DER) as the KMS sealed it (context ``ca:<trust_domain>:<id>``), never
+    in the clear; ``certificate_pem`` its self-signed CA certificate. ``state`` is ``active`` (signs; exactly one per
+    trust domain), ``previous`` (signs no more, still in the trust bundle) or ``retired`` (out of the bundle).
+    """
+
+    id: str
+    trust_domain: str
+    algorithm: str
+    sealed_key: bytes
+    certificate_pem: str
+    state: str
+    not_after: dt.datetime
+    created_at: dt.datetime
+    retired_at: dt.datetime | None = None
+
+    def __repr__(self) -> str:
+        return f"CaKey(id={self.id!r}, trust_domain={self.trust_domain!r}, state={self.state!r})"
+
+
+@attrs.frozen(kw_only=True)
+class IssuedCertificate:
+    """A certificate the CA issued: ``serial`` is the serial number in lower-case hex (no leading zeros)."""
+
+    serial: str
+    node_id: str
+    spiffe_id: str
+    role: str
+    ca_key_id: str
+    not_before: dt.datetime
+    not_after: dt.datetime
+    issued_at: dt.datetime | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Revocation:
+    """The revocation of one issued certificate."""
+
+    serial: str
+    spiffe_id: str
+    reason: str
+    revoked_at: dt.datetime
 
 
 # --- repositories -----------------------------------------------------------------------------------------------
@@ -521,6 +572,58 @@ class WorkflowStore(Protocol):
         ...
 
 
+class Certificates(Protocol):
+    """The node CA's state: its signing keys (sealed), the certificates it issued, and their revocations.
+
+    Writes given a ``tx`` commit with it. ``lock`` serializes the key changes of one trust domain.
+    """
+
+    async def lock(self, tx: Transaction, trust_domain: str) -> None:
+        """Hold the trust domain's key lock until ``tx`` ends (creating, rotating and retiring keys take it)."""
+        ...
+
+    async def keys(self, trust_domain: str, *, tx: Transaction | None = None) -> list[CaKey]:
+        """The trust domain's keys, retired ones included, oldest first (read in ``tx`` when given)."""
+        ...
+
+    async def add_key(self, tx: Transaction, key: CaKey) -> None:
+        """Add a key (its ``created_at`` is the store's now). ``ConflictError`` for a second active key."""
+        ...
+
+    async def set_key_state(self, tx: Transaction, *, trust_domain: str, id: str, state: str) -> bool:
+        """Move a key to ``state`` (``retired`` stamps ``retired_at``); ``False`` when there is no such key."""
+        ...
+
+    async def record(self, tx: Transaction, certificate: IssuedCertificate) -> None:
+        """Record an issued certificate. ``ConflictError`` if its serial is recorded already."""
+        ...
+
+    async def get(self, serial: str) -> IssuedCertificate | None:
+        """The issued certificate with this serial, or ``None``."""
+        ...
+
+    async def live_count(self, ca_key_id: str, *, now: dt.datetime) -> int:
+        """How many certificates issued under ``ca_key_id`` are unexpired at ``now`` and not revoked."""
+        ...
+
+    async def revoke(
+        self, tx: Transaction, *, serial: str | None = None, spiffe_id: str | None = None, reason: str
+    ) -> list[Revocation]:
+        """Revoke the certificate ``serial``, or every certificate of ``spiffe_id`` (exactly one of them given).
+
+        Returns the revocations this call added (a certificate revoked before is left as it was).
+        """
+        ...
+
+    async def is_revoked(self, serial: str) -> bool:
+        """Whether the certificate ``serial`` is revoked."""
+        ...
+
+    async def revocations(self, spiffe_id: str) -> list[Revocation]:
+        """The revocations of ``spiffe_id``'s certificates, oldest first."""
+        ...
+
+
 class IdempotencyKeys(Protocol):
     """Idempotency keys: per identity, a key is bound to the hash of the first request made with it."""
 
@@ -611,6 +714,11 @@ class Store(Protocol):
     @property
     def workflows(self) -> WorkflowStore:
         """Workflows and their step logs."""
+        ...
+
+    @property
+    def certificates(self) -> Certificates:
+        """The node CA's keys, issued certificates and revocations."""
         ...
 
     def on_enqueued(self, listener: Callable[[frozenset[str]], Awaitable[None]]) -> Callable[[], None]:

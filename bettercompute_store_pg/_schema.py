@@ -239,11 +239,51 @@ CREATE TABLE {schema}.workflow_steps (
 CREATE INDEX workflow_steps_workflow ON {schema}.workflow_steps (workflow_id, id);
 """
 
+# The node CA: its signing keys (the private key only as the KMS sealed it; one active key per trust domain), every
+# certificate it issued, and revocations (by serial; a SPIFFE ID's revocation adds a row per certificate of it).
+_CORE_V7 = """
+CREATE TABLE {schema}.ca_keys (
+    id text PRIMARY KEY,
+    trust_domain text NOT NULL,
+    algorithm text NOT NULL,
+    sealed_key bytea NOT NULL,
+    certificate_pem text NOT NULL,
+    state text NOT NULL CHECK (state IN ('active', 'previous', 'retired')),
+    not_after timestamptz NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    retired_at timestamptz
+);
+CREATE UNIQUE INDEX ca_keys_active ON {schema}.ca_keys (trust_domain) WHERE state = 'active';
+CREATE INDEX ca_keys_trust_domain ON {schema}.ca_keys (trust_domain, created_at);
+
+CREATE TABLE {schema}.certificates (
+    serial text PRIMARY KEY,
+    node_id text NOT NULL,
+    spiffe_id text NOT NULL,
+    role text NOT NULL CHECK (role IN ('node', 'site', 'ramdisk')),
+    ca_key_id text NOT NULL REFERENCES {schema}.ca_keys (id),
+    not_before timestamptz NOT NULL,
+    not_after timestamptz NOT NULL,
+    issued_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX certificates_spiffe_id ON {schema}.certificates (spiffe_id, issued_at);
+CREATE INDEX certificates_ca_key ON {schema}.certificates (ca_key_id, not_after);
+
+CREATE TABLE {schema}.revocations (
+    serial text PRIMARY KEY REFERENCES {schema}.certificates (serial),
+    spiffe_id text NOT NULL,
+    reason text NOT NULL,
+    revoked_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX revocations_spiffe_id ON {schema}.revocations (spiffe_id, revoked_at);
+"""
+
 CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="core tables", sql=_CORE_V1),
     Migration(version=2, name="authorization projection", sql=_CORE_V2),
     Migration(version=3, name="worker membership", sql=_CORE_V3),
     Migration(version=4, name="webhooks", sql=_CORE_V4),
     Migration(version=5, name="workflows", sql=_CORE_V5),
+    Migration(version=7, name="node certificate authority", sql=_CORE_V7),
 )
 """The migrations of module ``"core"``: the tables ``PgStore`` itself uses."""

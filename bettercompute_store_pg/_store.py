@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from bettercompute.errors import InternalError, InvalidConfigError
 from bettercompute.ports import AuditRecord, Lease, Migration, OutboxEvent, ResourceRef, WorkItem
 
+from ._certificates import PgCertificates
 from ._db import Database, Statement, dumps, fetch_in, utc
 from ._errors import translated
 from ._idempotency import PgIdempotencyKeys
@@ -171,6 +172,7 @@ class PgStore:
         self.idempotency = PgIdempotencyKeys(self._db)
         self.webhooks = PgWebhooks(self._db)
         self.workflows = PgWorkflows(self._db)
+        self.certificates = PgCertificates(self._db)
         self._audit = self._db.sql(_AUDIT)
         self._project = self._db.sql(_PROJECT)
         self._unproject = self._db.sql(_UNPROJECT)

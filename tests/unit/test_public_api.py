@@ -17,6 +17,7 @@ PACKAGES = [
     "bettercompute.testing",
     "bettercompute.modules.system",
     "bettercompute.webhooks",
+    "bettercompute.ca",
     "bettercompute_store_pg",
     "bettercompute_iam",
     "bettercompute_cli",

@@ -1,0 +1,197 @@
+"""The node CA's state (``bettercompute.ports.Certificates``): ``ca_keys``, ``certificates`` and ``revocations``.
+
+A key's private half is stored only as the KMS sealed it (``sealed_key``); nothing here ever sees it in the clear.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from bettercompute.errors import ConflictError, InternalError, InvalidInputError
+from bettercompute.ports import CaKey, IssuedCertificate, Revocation, Transaction
+
+from ._db import Database, fetch_in, utc
+
+__all__ = ["PgCertificates"]
+
+_KEY_COLUMNS = "id, trust_domain, algorithm, sealed_key, certificate_pem, state, not_after, created_at, retired_at"
+_CERT_COLUMNS = "serial, node_id, spiffe_id, role, ca_key_id, not_before, not_after, issued_at"
+
+_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('bettercompute.ca:' || :trust_domain, 0))"
+
+_KEYS = f"SELECT {_KEY_COLUMNS} FROM {{s}}.ca_keys WHERE trust_domain = :trust_domain ORDER BY created_at, id"
+
+_ADD_KEY = """
+INSERT INTO {s}.ca_keys (id, trust_domain, algorithm, sealed_key, certificate_pem, state, not_after)
+VALUES (:id, :trust_domain, :algorithm, :sealed_key, :certificate_pem, :state, :not_after)
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
+
+_SET_STATE = """
+UPDATE {s}.ca_keys SET state = :state,
+    retired_at = CASE WHEN :state = 'retired' THEN coalesce(retired_at, now()) ELSE NULL END
+WHERE trust_domain = :trust_domain AND id = :id
+RETURNING id
+"""
+
+_RECORD = f"""
+INSERT INTO {{s}}.certificates ({_CERT_COLUMNS})
+VALUES (:serial, :node_id, :spiffe_id, :role, :ca_key_id, :not_before, :not_after, now())
+ON CONFLICT DO NOTHING
+RETURNING serial
+"""
+
+_GET = f"SELECT {_CERT_COLUMNS} FROM {{s}}.certificates WHERE serial = :serial"
+
+_LIVE = """
+SELECT count(*) AS n FROM {s}.certificates AS c
+WHERE c.ca_key_id = :ca_key_id AND c.not_after > :now
+  AND NOT EXISTS (SELECT 1 FROM {s}.revocations AS r WHERE r.serial = c.serial)
+"""
+
+_REVOKE = """
+INSERT INTO {s}.revocations (serial, spiffe_id, reason)
+SELECT c.serial, c.spiffe_id, :reason FROM {s}.certificates AS c
+WHERE (CAST(:serial AS text) IS NULL OR c.serial = :serial)
+  AND (CAST(:spiffe_id AS text) IS NULL OR c.spiffe_id = :spiffe_id)
+ORDER BY c.serial
+ON CONFLICT (serial) DO NOTHING
+RETURNING serial, spiffe_id, reason, revoked_at
+"""
+
+_IS_REVOKED = "SELECT EXISTS (SELECT 1 FROM {s}.revocations WHERE serial = :serial) AS revoked"
+
+_REVOCATIONS = """
+SELECT serial, spiffe_id, reason, revoked_at FROM {s}.revocations WHERE spiffe_id = :spiffe_id
+ORDER BY revoked_at, serial
+"""
+
+
+def _conn(tx: Transaction) -> AsyncConnection:
+    connection = getattr(tx, "connection", None)
+    if not isinstance(connection, AsyncConnection):
+        raise InternalError("certificates need a transaction of the PostgreSQL store")
+    return connection
+
+
+def _key(row: Any) -> CaKey:
+    return CaKey(
+        id=row.id,
+        trust_domain=row.trust_domain,
+        algorithm=row.algorithm,
+        sealed_key=bytes(row.sealed_key),
+        certificate_pem=row.certificate_pem,
+        state=row.state,
+        not_after=utc(row.not_after),
+        created_at=utc(row.created_at),
+        retired_at=utc(row.retired_at) if row.retired_at is not None else None,
+    )
+
+
+def _certificate(row: Any) -> IssuedCertificate:
+    return IssuedCertificate(
+        serial=row.serial,
+        node_id=row.node_id,
+        spiffe_id=row.spiffe_id,
+        role=row.role,
+        ca_key_id=row.ca_key_id,
+        not_before=utc(row.not_before),
+        not_after=utc(row.not_after),
+        issued_at=utc(row.issued_at),
+    )
+
+
+def _revocation(row: Any) -> Revocation:
+    return Revocation(serial=row.serial, spiffe_id=row.spiffe_id, reason=row.reason, revoked_at=utc(row.revoked_at))
+
+
+class PgCertificates:
+    """``bettercompute.ports.Certificates`` on ``ca_keys``, ``certificates`` and ``revocations``."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._lock = db.sql(_LOCK)
+        self._keys = db.sql(_KEYS)
+        self._add_key = db.sql(_ADD_KEY)
+        self._set_state = db.sql(_SET_STATE)
+        self._record = db.sql(_RECORD)
+        self._get = db.sql(_GET)
+        self._live = db.sql(_LIVE)
+        self._revoke = db.sql(_REVOKE)
+        self._is_revoked = db.sql(_IS_REVOKED)
+        self._revocations = db.sql(_REVOCATIONS)
+
+    async def lock(self, tx: Transaction, trust_domain: str) -> None:
+        """Take the trust domain's transaction-scoped advisory lock."""
+        await fetch_in(_conn(tx), self._lock, {"trust_domain": trust_domain})
+
+    async def keys(self, trust_domain: str, *, tx: Transaction | None = None) -> list[CaKey]:
+        """The trust domain's keys, oldest first."""
+        params = {"trust_domain": trust_domain}
+        rows = await (fetch_in(_conn(tx), self._keys, params) if tx is not None else self._db.fetch(self._keys, params))
+        return [_key(row) for row in rows]
+
+    async def add_key(self, tx: Transaction, key: CaKey) -> None:
+        """Add a key; a second active key of one trust domain (or a taken id) is a ``ConflictError``."""
+        params = {
+            "id": key.id,
+            "trust_domain": key.trust_domain,
+            "algorithm": key.algorithm,
+            "sealed_key": key.sealed_key,
+            "certificate_pem": key.certificate_pem,
+            "state": key.state,
+            "not_after": key.not_after,
+        }
+        if not await fetch_in(_conn(tx), self._add_key, params):
+            raise ConflictError("the trust domain has an active CA key already, or the key id is taken")
+
+    async def set_key_state(self, tx: Transaction, *, trust_domain: str, id: str, state: str) -> bool:
+        """Move a key to ``state``."""
+        params = {"trust_domain": trust_domain, "id": id, "state": state}
+        return bool(await fetch_in(_conn(tx), self._set_state, params))
+
+    async def record(self, tx: Transaction, certificate: IssuedCertificate) -> None:
+        """Record an issued certificate."""
+        params = {
+            "serial": certificate.serial,
+            "node_id": certificate.node_id,
+            "spiffe_id": certificate.spiffe_id,
+            "role": certificate.role,
+            "ca_key_id": certificate.ca_key_id,
+            "not_before": certificate.not_before,
+            "not_after": certificate.not_after,
+        }
+        if not await fetch_in(_conn(tx), self._record, params):
+            raise ConflictError("a certificate with this serial is recorded already")
+
+    async def get(self, serial: str) -> IssuedCertificate | None:
+        """The issued certificate ``serial``, or ``None``."""
+        rows = await self._db.fetch(self._get, {"serial": serial})
+        return _certificate(rows[0]) if rows else None
+
+    async def live_count(self, ca_key_id: str, *, now: dt.datetime) -> int:
+        """Unexpired, unrevoked certificates issued under ``ca_key_id``."""
+        rows = await self._db.fetch(self._live, {"ca_key_id": ca_key_id, "now": now})
+        return int(rows[0].n)
+
+    async def revoke(
+        self, tx: Transaction, *, serial: str | None = None, spiffe_id: str | None = None, reason: str
+    ) -> list[Revocation]:
+        """Revoke one certificate by serial, or all of a SPIFFE ID's; returns the revocations added."""
+        if (serial is None) == (spiffe_id is None):
+            raise InvalidInputError("revoke takes a serial or a SPIFFE ID")
+        params = {"serial": serial, "spiffe_id": spiffe_id, "reason": reason}
+        return [_revocation(row) for row in await fetch_in(_conn(tx), self._revoke, params)]
+
+    async def is_revoked(self, serial: str) -> bool:
+        """Whether ``serial`` is revoked."""
+        rows = await self._db.fetch(self._is_revoked, {"serial": serial})
+        return bool(rows[0].revoked)
+
+    async def revocations(self, spiffe_id: str) -> list[Revocation]:
+        """The revocations of ``spiffe_id``'s certificates, oldest first."""
+        return [_revocation(row) for row in await self._db.fetch(self._revocations, {"spiffe_id": spiffe_id})]

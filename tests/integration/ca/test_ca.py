@@ -1,0 +1,355 @@
+"""The node CA against PostgreSQL: issuing, chains, refusals, revocation events, rotation, and no key in the clear."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
+
+from bettercompute import LocalKeyKms
+from bettercompute.ca import CertificateAuthority, serial_hex
+from bettercompute.errors import FailedPreconditionError, InvalidInputError, NotFoundError
+from bettercompute.testing import ManualClock
+from bettercompute_store_pg import PgStore
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+TD = "compute.example.test"
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(dt.datetime(2030, 1, 1, 12, tzinfo=dt.UTC))
+
+
+@pytest.fixture
+async def ca(pg_store: PgStore, tmp_path: Path, clock: ManualClock) -> AsyncIterator[CertificateAuthority]:
+    yield CertificateAuthority(pg_store, LocalKeyKms(tmp_path / "kms.key"), trust_domain=TD, clock=clock)
+
+
+def csr(key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey | None = None, *, san: bool = False) -> str:
+    key = key or ec.generate_private_key(ec.SECP256R1())
+    builder = x509.CertificateSigningRequestBuilder().subject_name(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "whatever-the-node-says")])
+    )
+    if san:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(f"spiffe://{TD}/site/admin")]),
+            critical=False,
+        )
+    algorithm = None if isinstance(key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
+    return builder.sign(key, algorithm).public_bytes(serialization.Encoding.PEM).decode()
+
+
+def verify(bundle: list[x509.Certificate], pem: str, at: dt.datetime) -> list[x509.GeneralName]:
+    leaf = x509.load_pem_x509_certificate(pem.encode())
+    verifier = PolicyBuilder().store(Store(bundle)).time(at).build_client_verifier()
+    verified = verifier.verify(leaf, [])
+    assert verified.subjects is not None
+    return list(verified.subjects)
+
+
+async def test_issued_certificate_chains_to_the_bundle_with_exactly_its_spiffe_id(
+    ca: CertificateAuthority, pg_store: PgStore, clock: ManualClock
+) -> None:
+    issued = await ca.issue(csr(), node_id="n-1", role="node")
+    assert issued.spiffe_id == f"spiffe://{TD}/node/n-1"
+    bundle = await ca.trust_bundle()
+    assert len(bundle) == 1
+    assert verify(bundle, issued.certificate_pem, clock.now()) == [x509.UniformResourceIdentifier(issued.spiffe_id)]
+    cert = x509.load_pem_x509_certificate(issued.certificate_pem.encode())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert list(san) == [x509.UniformResourceIdentifier(f"spiffe://{TD}/node/n-1")]
+    assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)[0].value == "node"
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "n-1"
+    eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc == dt.timedelta(hours=24)
+    assert issued.chain_pem == bundle[0].public_bytes(serialization.Encoding.PEM).decode()
+    record = await pg_store.certificates.get(issued.serial)
+    assert record is not None
+    assert (record.node_id, record.spiffe_id, record.role, record.ca_key_id) == (
+        "n-1",
+        issued.spiffe_id,
+        "node",
+        issued.ca_key_id,
+    )
+    assert record.serial == serial_hex(cert.serial_number)
+    assert (record.not_before, record.not_after) == (cert.not_valid_before_utc, cert.not_valid_after_utc)
+    # An expired certificate no longer verifies.
+    with pytest.raises(VerificationError):
+        verify(bundle, issued.certificate_pem, clock.now() + dt.timedelta(hours=25))
+
+
+async def test_roles_paths_and_key_types(ca: CertificateAuthority, clock: ManualClock) -> None:
+    site = await ca.issue(csr(ed25519.Ed25519PrivateKey.generate()), node_id="site-a", role="site")
+    ramdisk = await ca.issue(csr(), node_id="n-2", role="ramdisk")
+    assert site.spiffe_id == f"spiffe://{TD}/site/site-a"
+    assert ramdisk.spiffe_id == f"spiffe://{TD}/ramdisk/n-2"
+    assert ramdisk.not_after - ramdisk.not_before == dt.timedelta(hours=2)
+    bundle = await ca.trust_bundle()
+    assert verify(bundle, ramdisk.certificate_pem, clock.now()) == [x509.UniformResourceIdentifier(ramdisk.spiffe_id)]
+    cert = x509.load_pem_x509_certificate(site.certificate_pem.encode())
+    assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)[0].value == "site"
+
+
+async def test_bad_csrs_and_ttls_are_invalid_input(ca: CertificateAuthority, pg_store: PgStore) -> None:
+    # A CSR whose signature is not by its own key: sign with one key, then swap in another's public key.
+    good = x509.load_pem_x509_csr(csr().encode())
+    other = ec.generate_private_key(ec.SECP256R1()).public_key()
+    der = bytearray(good.public_bytes(serialization.Encoding.DER))
+    old_spki = good.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    new_spki = other.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    assert len(old_spki) == len(new_spki)
+    at = bytes(der).index(old_spki)
+    der[at : at + len(old_spki)] = new_spki
+    forged = "-----BEGIN CERTIFICATE REQUEST-----\n" + base64.encodebytes(bytes(der)).decode()
+    forged += "-----END CERTIFICATE REQUEST-----\n"
+    with pytest.raises(InvalidInputError) as caught:
+        await ca.issue(forged, node_id="n-1")
+    assert caught.value.details["reason"] == "signature"
+
+    with pytest.raises(InvalidInputError) as caught:
+        await ca.issue(csr(san=True), node_id="n-1")
+    assert caught.value.details["reason"] == "san"
+
+    with pytest.raises(InvalidInputError):
+        await ca.issue("not a csr", node_id="n-1")
+    with pytest.raises(InvalidInputError) as caught:
+        await ca.issue(csr(), node_id="n-1", role="ramdisk", ttl=dt.timedelta(hours=2, seconds=1))
+    assert caught.value.details["field"] == "ttl"
+    with pytest.raises(InvalidInputError):
+        await ca.issue(csr(), node_id="n-1", ttl=dt.timedelta(hours=25))
+    with pytest.raises(InvalidInputError):
+        await ca.issue(csr(), node_id="n-1", ttl=dt.timedelta(0))
+    with pytest.raises(InvalidInputError):
+        await ca.issue(csr(), node_id="n-1", role="admin")
+    with pytest.raises(InvalidInputError):
+        await ca.issue(csr(), node_id="../etc")
+    with pytest.raises(InvalidInputError):
+        await ca.issue(csr(ec.generate_private_key(ec.SECP256K1())), node_id="n-1")
+    rows = await pg_store.fetch(pg_store.sql("SELECT count(*) AS n FROM {s}.certificates"), {})
+    assert rows[0].n == 0
+
+
+async def outbox(store: PgStore) -> list[tuple[str, str, dict[str, object]]]:
+    rows = await store.fetch(store.sql("SELECT type, key, payload FROM {s}.outbox ORDER BY id"), {})
+    return [(r.type, r.key, r.payload) for r in rows]
+
+
+async def test_revocation_by_serial_and_by_spiffe_id_is_recorded_and_published(
+    ca: CertificateAuthority, pg_store: PgStore
+) -> None:
+    a1 = await ca.issue(csr(), node_id="a")
+    a2 = await ca.issue(csr(), node_id="a")
+    b1 = await ca.issue(csr(), node_id="b")
+    assert not await ca.is_revoked(a1.serial)
+
+    result = await ca.revoke(int(b1.serial, 16), reason="stolen")
+    assert result.serials == (b1.serial,)
+    assert await ca.is_revoked(b1.serial)
+    assert await ca.is_revoked(b1.serial.upper())
+    again = await ca.revoke(b1.serial, reason="stolen")
+    assert again.serials == ()
+
+    result = await ca.revoke_spiffe_id(a1.spiffe_id, reason="reclaimed")
+    assert sorted(result.serials) == sorted([a1.serial, a2.serial])
+    assert await ca.is_revoked(a1.serial) and await ca.is_revoked(a2.serial)
+    assert len(await pg_store.certificates.revocations(a1.spiffe_id)) == 2
+
+    events = await outbox(pg_store)
+    assert events == [
+        ("certificate.revoked", b1.spiffe_id, {"spiffe_id": b1.spiffe_id, "serials": [b1.serial], "reason": "stolen"}),
+        (
+            "certificate.revoked",
+            a1.spiffe_id,
+            {"spiffe_id": a1.spiffe_id, "serials": sorted([a1.serial, a2.serial]), "reason": "reclaimed"},
+        ),
+    ]
+    with pytest.raises(NotFoundError):
+        await ca.revoke("abcdef")
+    with pytest.raises(InvalidInputError):
+        await ca.revoke("not-hex")
+    with pytest.raises(InvalidInputError):
+        await ca.revoke_spiffe_id("spiffe://elsewhere.test/node/a")
+
+
+async def test_revocation_rolls_back_with_its_transaction(ca: CertificateAuthority, pg_store: PgStore) -> None:
+    issued = await ca.issue(csr(), node_id="a")
+
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort):
+        async with pg_store.transaction() as tx:
+            await ca.revoke(issued.serial, tx=tx)
+            raise Abort
+    assert not await ca.is_revoked(issued.serial)
+    assert await outbox(pg_store) == []
+
+
+async def test_rotation_keeps_old_certificates_valid_until_retire(
+    ca: CertificateAuthority, pg_store: PgStore, clock: ManualClock
+) -> None:
+    old = await ca.issue(csr(), node_id="n-1")
+    new_key = await ca.rotate()
+    assert new_key.id != old.ca_key_id
+    new = await ca.issue(csr(), node_id="n-1")
+    assert new.ca_key_id == new_key.id
+    bundle = await ca.trust_bundle()
+    assert len(bundle) == 2
+    for issued in (old, new):
+        assert verify(bundle, issued.certificate_pem, clock.now()) == [x509.UniformResourceIdentifier(issued.spiffe_id)]
+
+    with pytest.raises(FailedPreconditionError):
+        await ca.retire(new_key.id)  # the active key
+    with pytest.raises(FailedPreconditionError):
+        await ca.retire(old.ca_key_id)  # its certificate is still valid
+    with pytest.raises(NotFoundError):
+        await ca.retire("cak_nope")
+
+    clock.advance(dt.timedelta(hours=25))
+    await ca.retire(old.ca_key_id)
+    bundle = await ca.trust_bundle()
+    assert len(bundle) == 1
+    with pytest.raises(VerificationError):
+        verify(bundle, old.certificate_pem, old.not_before + dt.timedelta(hours=1))
+    assert [k.state for k in await ca.keys()] == ["retired", "active"]
+
+
+async def test_a_second_process_sees_one_active_key(pg_store: PgStore, tmp_path: Path, clock: ManualClock) -> None:
+    kms = LocalKeyKms(tmp_path / "kms.key")
+    one = CertificateAuthority(pg_store, kms, trust_domain=TD, clock=clock)
+    two = CertificateAuthority(pg_store, kms, trust_domain=TD, clock=clock)
+    first, second = await one.ensure(), await two.ensure()
+    assert first.id == second.id
+    issued = await two.issue(csr(), node_id="n-1")  # decrypts the key the other one sealed
+    assert verify(await one.trust_bundle(), issued.certificate_pem, clock.now())
+
+
+async def test_no_private_key_in_any_table_nor_in_logs(
+    ca: CertificateAuthority,
+    pg_store: PgStore,
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    await ca.issue(csr(), node_id="n-1")
+    await ca.rotate()
+    await ca.issue(csr(), node_id="n-1", role="ramdisk")
+    await ca.revoke_spiffe_id(f"spiffe://{TD}/node/n-1", reason="test")
+    secrets: list[bytes] = []
+    for key in await ca.keys():
+        private = await ca._private_key(key)
+        der = private.private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        pem = private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        scalar = private.private_numbers().private_value.to_bytes(32, "big")
+        body = b"".join(pem.splitlines()[1:-1])
+        secrets += [der, scalar, body[:40], base64.b64encode(der)[:40], scalar.hex().encode()]
+    assert len(secrets) == 10
+
+    dump = bytearray()
+    with psycopg.connect(database_url) as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (pg_store.schema,)
+        ).fetchall()
+        assert {"ca_keys", "certificates", "revocations", "outbox"} <= {t[0] for t in tables}
+        for (table,) in tables:
+            with conn.cursor().copy(f'COPY "{pg_store.schema}"."{table}" TO STDOUT') as copy:
+                for chunk in copy:
+                    dump += bytes(chunk)
+    assert b"cak_" in dump  # the dump did capture the key rows
+    logs = "\n".join(r.getMessage() for r in caplog.records).encode()
+    for secret in secrets:
+        assert secret not in dump
+        assert secret.hex().encode() not in dump  # COPY shows bytea as \x<hex>
+        assert secret not in logs
+    assert b"PRIVATE KEY" not in dump and b"PRIVATE KEY" not in logs
+
+
+def _server_identity(tmp_path: Path) -> tuple[Path, Path]:
+    """A throwaway server certificate for ``localhost`` (its own self-signed CA is not under test)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "server.pem", tmp_path / "server.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_file, key_file
+
+
+async def test_python_ssl_accepts_an_issued_client_certificate(pg_store: PgStore, tmp_path: Path) -> None:
+    import ssl
+
+    ca = CertificateAuthority(pg_store, LocalKeyKms(tmp_path / "kms.key"), trust_domain=TD)  # real clock
+    node_key = ec.generate_private_key(ec.SECP256R1())
+    issued = await ca.issue(csr(node_key), node_id="n-1")
+    bundle_file = tmp_path / "bundle.pem"
+    bundle_file.write_text(await ca.trust_bundle_pem())
+    client_cert, client_key = tmp_path / "node.pem", tmp_path / "node.key"
+    client_cert.write_text(issued.certificate_pem)
+    client_key.write_bytes(
+        node_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    server_cert, server_key = _server_identity(tmp_path)
+
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(bundle_file))
+    server_ctx.verify_mode = ssl.CERT_REQUIRED
+    server_ctx.load_cert_chain(server_cert, server_key)
+    client_ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(server_cert))
+    client_ctx.load_cert_chain(client_cert, client_key)
+
+    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_ctx.wrap_bio(c_in, c_out, server_hostname="localhost")
+    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+    done = {"client": False, "server": False}
+    for _ in range(10):
+        for side, obj in (("client", client), ("server", server)):
+            if not done[side]:
+                try:
+                    obj.do_handshake()
+                    done[side] = True
+                except ssl.SSLWantReadError:
+                    pass
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if all(done.values()):
+            break
+    assert all(done.values())
+    client.write(b"ping")  # TLS 1.3: the server sees the client certificate once it reads
+    s_in.write(c_out.read())
+    assert server.read() == b"ping"
+    peer = server.getpeercert()
+    assert peer is not None
+    assert peer["subjectAltName"] == (("URI", issued.spiffe_id),)
