@@ -22,6 +22,7 @@ from ._registry import ApiBinding, ApiCall, GroupSpec, Registry
 from ._version import __version__
 from ._workflows import Workflows
 from .errors import ComputeError, InvalidConfigError
+from .modules.secrets import SecretsModule
 from .modules.system import ACTIONS as SYSTEM_ACTIONS
 from .modules.system import HealthCheck, HealthOutput, SystemGroup
 from .modules.webhooks import WebhooksModule
@@ -367,17 +368,20 @@ def _problems_of(options: Options) -> tuple[list[str], list[Module], Registry]:
             problems.append(f"kms: {type(kms).__name__} lacks {', '.join(missing)}")
         if store is not None and not hasattr(store, "webhooks"):
             problems.append(f"store: {type(store).__name__} lacks webhooks (needed by the webhooks module)")
+        if store is not None and not hasattr(store, "secrets"):
+            problems.append(f"store: {type(store).__name__} lacks secrets (needed by the secrets module)")
         problems.extend(options.webhooks.problems())
 
     modules: list[Module] = [_CoreModule()]
     # Webhooks keep their signing secrets sealed by the KMS: the group exists only where one is configured.
     if kms is not None:
         modules.append(WebhooksModule())
+        modules.append(SecretsModule())
     extra: list[Any] = []
     if iam is not None and isinstance(iam, Module):
         extra.append(iam)
     extra.extend(options.modules)
-    names = {"core", "webhooks"}
+    names = {"core", "webhooks", "secrets"}
     for index, module in enumerate(extra):
         if not isinstance(module, Module):
             problems.append(f"modules[{index}]: {type(module).__name__} is not a module (see bettercompute.Module)")

@@ -40,8 +40,11 @@ __all__ = [
     "Notifier",
     "Outbox",
     "OutboxEvent",
+    "ReplayGuard",
     "ResourceRef",
     "Revocation",
+    "SecretRecord",
+    "SecretStore",
     "Store",
     "StoredEvent",
     "Transaction",
@@ -234,6 +237,24 @@ class DeliveryOutcome:
     http_status: int | None = None
     error: str | None = None
     retry_in: dt.timedelta = dt.timedelta(0)
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class SecretRecord:
+    """A secret of the ``secrets`` group as stored: ``sealed_value`` is what the KMS made of the value (context
+    ``secret:<tenant>:<name>``), never the value itself. ``scope`` is ``node:<id>``, ``pool:<id>`` or ``site:<id>``.
+    Its ``repr`` leaves the sealed value out."""
+
+    id: str
+    tenant: str
+    name: str
+    scope: str
+    description: str
+    sealed_value: bytes
+    created_at: dt.datetime
+
+    def __repr__(self) -> str:
+        return f"SecretRecord(id={self.id!r}, tenant={self.tenant!r}, name={self.name!r}, scope={self.scope!r})"
 
 
 @attrs.frozen(kw_only=True)
@@ -533,6 +554,41 @@ class Webhooks(Protocol):
         ...
 
 
+class SecretStore(Protocol):
+    """Secrets of the ``secrets`` group, sealed by the KMS; a name is unique within its tenant. Writes given a ``tx``
+    commit with it."""
+
+    async def create(self, tx: Transaction, record: SecretRecord) -> SecretRecord:
+        """Add a secret (``created_at`` is the store's now). ``ConflictError`` if the tenant has one of that name."""
+        ...
+
+    async def for_tenant(self, tenant: str) -> list[SecretRecord]:
+        """The tenant's secrets by name (at most 1000)."""
+        ...
+
+    async def delete(self, tx: Transaction, *, tenant: str, name: str) -> SecretRecord | None:
+        """Delete a secret of ``tenant``; ``None`` when it has no such one."""
+        ...
+
+    async def named(self, name: str, *, scopes: Sequence[str], tenant: str | None = None) -> list[SecretRecord]:
+        """The secrets called ``name`` whose scope is one of ``scopes`` (of ``tenant`` only, when given)."""
+        ...
+
+
+class ReplayGuard(Protocol):
+    """Remembers nonces so that a sealed message is accepted once (``Unsealer``). Implementations: the PostgreSQL
+    store's ``nonces`` (shared by every process) and ``bettercompute.testing.InMemoryReplayGuard`` (tests only)."""
+
+    async def first_use(self, scope: str, nonce: bytes, *, expires_at: dt.datetime, now: dt.datetime) -> bool:
+        """Record ``nonce`` in ``scope`` until ``expires_at``; ``True`` the first time, ``False`` while it is still
+        remembered (a nonce whose record expired by ``now`` counts as new). Atomic across concurrent callers."""
+        ...
+
+    async def purge(self, *, now: dt.datetime, limit: int = 10_000) -> int:
+        """Forget up to ``limit`` nonces expired by ``now``; returns how many."""
+        ...
+
+
 class WorkflowStore(Protocol):
     """Workflows and their step logs (the state of ``bettercompute.Workflows``). Writes given a ``tx`` commit with
     it, so a step's own writes and the workflow's progress commit together."""
@@ -704,6 +760,16 @@ class Store(Protocol):
     @property
     def webhooks(self) -> Webhooks:
         """Webhook subscriptions and deliveries."""
+        ...
+
+    @property
+    def secrets(self) -> SecretStore:
+        """Secrets of the ``secrets`` group (sealed by the KMS)."""
+        ...
+
+    @property
+    def nonces(self) -> ReplayGuard:
+        """Nonces seen by ``Unsealer`` (replay protection of sealed join payloads)."""
         ...
 
     @property

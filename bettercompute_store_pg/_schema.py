@@ -278,6 +278,30 @@ CREATE TABLE {schema}.revocations (
 CREATE INDEX revocations_spiffe_id ON {schema}.revocations (spiffe_id, revoked_at);
 """
 
+# Replay protection of sealed join payloads (a nonce is remembered until its payload would be refused as expired
+# anyway), and the secrets of the ``secrets`` group (the value only as the KMS sealed it, bound to tenant and name).
+_CORE_V8 = """
+CREATE TABLE {schema}.replay_nonces (
+    scope text NOT NULL,
+    nonce bytea NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (scope, nonce)
+);
+CREATE INDEX replay_nonces_expires_at ON {schema}.replay_nonces (expires_at);
+
+CREATE TABLE {schema}.secrets (
+    id text PRIMARY KEY,
+    tenant text NOT NULL,
+    name text NOT NULL,
+    scope text NOT NULL CHECK (scope ~ '^(node|pool|site):.+$'),
+    description text NOT NULL DEFAULT '',
+    sealed_value bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (tenant, name)
+);
+CREATE INDEX secrets_name_scope ON {schema}.secrets (name, scope);
+"""
+
 CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="core tables", sql=_CORE_V1),
     Migration(version=2, name="authorization projection", sql=_CORE_V2),
@@ -285,5 +309,6 @@ CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=4, name="webhooks", sql=_CORE_V4),
     Migration(version=5, name="workflows", sql=_CORE_V5),
     Migration(version=7, name="node certificate authority", sql=_CORE_V7),
+    Migration(version=8, name="join nonces and secrets", sql=_CORE_V8),
 )
 """The migrations of module ``"core"``: the tables ``PgStore`` itself uses."""

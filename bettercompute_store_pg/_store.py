@@ -24,7 +24,9 @@ from ._membership import PgMembership
 from ._migrations import run_migrations
 from ._outbox import PgOutbox
 from ._queue import PgWorkQueue
+from ._replay import PgReplayGuard
 from ._schema import CORE_MIGRATIONS, validate_schema
+from ._secrets import PgSecrets
 from ._webhooks import PgWebhooks
 from ._workflows import PgWorkflows
 
@@ -171,6 +173,8 @@ class PgStore:
         self.outbox = PgOutbox(self._db)
         self.idempotency = PgIdempotencyKeys(self._db)
         self.webhooks = PgWebhooks(self._db)
+        self.secrets = PgSecrets(self._db)
+        self.nonces = PgReplayGuard(self._db)
         self.workflows = PgWorkflows(self._db)
         self.certificates = PgCertificates(self._db)
         self._audit = self._db.sql(_AUDIT)

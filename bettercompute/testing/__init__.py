@@ -5,6 +5,15 @@ from ._iam_double import StaticIamDouble as StaticIamDouble
 from ._iam_double import identity as identity
 from ._iam_suite import IamCase as IamCase
 from ._iam_suite import IamConformance as IamConformance
+from ._replay import InMemoryReplayGuard as InMemoryReplayGuard
 from ._store_suite import StoreConformance as StoreConformance
 
-__all__ = ["IamCase", "IamConformance", "ManualClock", "StaticIamDouble", "StoreConformance", "identity"]
+__all__ = [
+    "IamCase",
+    "IamConformance",
+    "InMemoryReplayGuard",
+    "ManualClock",
+    "StaticIamDouble",
+    "StoreConformance",
+    "identity",
+]

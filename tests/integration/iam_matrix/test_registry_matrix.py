@@ -102,6 +102,8 @@ def _values(tp: Any, name: str) -> st.SearchStrategy[Any]:
         return st.just(TENANT)
     if name == "url" and tp is str:
         return st.just("https://hooks.example.com/in")
+    if name == "scope" and tp is str:
+        return st.sampled_from(["node:n1", "pool:p1", "site:s1"])
     if tp is str:
         return st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True)
     if tp is bool:

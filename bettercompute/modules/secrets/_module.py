@@ -1,0 +1,35 @@
+"""The ``secrets`` module: its group (the broker, ``SecretBroker``, is built by whoever serves ``Secret``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..._jobs import Job
+from ..._version import __version__
+from ...ports import Migration
+from ._methods import ACTIONS, SecretsGroup
+
+if TYPE_CHECKING:
+    from ..._core import ModuleContext
+    from ..._registry import GroupSpec
+
+__all__ = ["SecretsModule"]
+
+
+class SecretsModule:
+    """Registered by ``better_compute()`` when ``Options.kms`` is set. Its table is core migration 8."""
+
+    name = "secrets"
+    version = __version__
+    core_range = f"=={__version__}"
+    groups: Sequence[type[GroupSpec[Any]]] = (SecretsGroup,)
+    actions: Sequence[str] = ACTIONS
+    migrations: Mapping[str, Sequence[Migration]] = {}
+    jobs: Sequence[Job] = ()
+
+    async def start(self, context: ModuleContext) -> None:
+        """Nothing to start."""
+
+    async def stop(self) -> None:
+        """Nothing to stop."""

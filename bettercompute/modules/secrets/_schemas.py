@@ -1,0 +1,105 @@
+"""Inputs and outputs of the ``secrets`` group.
+
+Tenant-scoped: every input names its ``tenant``, so the core's pre-check refuses a caller from another tenant
+before any database access. A secret's value goes in through ``create`` and never comes back out of this group: it
+leaves only through ``SecretBroker.secret``, as JWE to one node's ephemeral key.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "CreateSecretInput",
+    "DeleteSecretInput",
+    "DeleteSecretOutput",
+    "ListSecretsInput",
+    "ListSecretsOutput",
+    "Secret",
+]
+
+MAX_VALUE_CHARS = 64 * 1024
+_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+SCOPE = re.compile(r"(node|pool|site):[A-Za-z0-9._-]{1,128}")
+
+
+def _fail(attribute: attrs.Attribute[Any], reason: str) -> ValueError:
+    # The value is never put in the error: for ``value`` it is the secret itself.
+    return ValueError(reason, attribute, "<hidden>")
+
+
+def _id(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not _ID.fullmatch(value):
+        raise _fail(attribute, "must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
+
+
+def _scope(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not SCOPE.fullmatch(value):
+        raise _fail(attribute, "must be 'node:<id>', 'pool:<id>' or 'site:<id>'")
+
+
+def _value(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not 1 <= len(value) <= MAX_VALUE_CHARS:
+        raise _fail(attribute, f"must be 1 to {MAX_VALUE_CHARS} characters")
+
+
+def _description(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if len(value) > 500:
+        raise _fail(attribute, "must be at most 500 characters")
+
+
+@attrs.frozen(kw_only=True)
+class CreateSecretInput:
+    """A secret: its name (unique in the tenant), who may have it (``node:<id>``, ``pool:<id>`` or ``site:<id>``)
+    and its value, which is sealed by the KMS and never shown again (its ``repr`` hides it)."""
+
+    tenant: str = attrs.field(validator=_id)
+    name: str = attrs.field(validator=_id)
+    scope: str = attrs.field(validator=_scope)
+    value: str = attrs.field(validator=_value, repr=False)
+    description: str = attrs.field(default="", validator=_description)
+
+
+@attrs.frozen(kw_only=True)
+class Secret:
+    """A secret's metadata; there is no way to read its value back."""
+
+    id: str
+    tenant: str
+    name: str
+    scope: str
+    description: str
+    created_at: dt.datetime
+
+
+@attrs.frozen(kw_only=True)
+class ListSecretsInput:
+    """The tenant whose secrets to list."""
+
+    tenant: str = attrs.field(validator=_id)
+
+
+@attrs.frozen(kw_only=True)
+class ListSecretsOutput:
+    """The tenant's secrets by name (metadata only)."""
+
+    secrets: tuple[Secret, ...]
+
+
+@attrs.frozen(kw_only=True)
+class DeleteSecretInput:
+    """A secret to delete, by name."""
+
+    tenant: str = attrs.field(validator=_id)
+    name: str = attrs.field(validator=_id)
+
+
+@attrs.frozen(kw_only=True)
+class DeleteSecretOutput:
+    """Always ``deleted=True`` (an unknown secret is ``NOT_FOUND``)."""
+
+    deleted: bool

@@ -1,0 +1,101 @@
+"""The ``secrets`` group's logic: values sealed by the KMS on the way in, metadata only on the way out."""
+
+from __future__ import annotations
+
+import secrets as _random
+
+from ..._registry import CallContext
+from ...errors import InternalError, NotFoundError
+from ...ports import Kms, SecretRecord
+from ._schemas import (
+    CreateSecretInput,
+    DeleteSecretInput,
+    DeleteSecretOutput,
+    ListSecretsInput,
+    ListSecretsOutput,
+    Secret,
+)
+
+
+def value_context(tenant: str, name: str) -> str:
+    """The KMS context a secret's value is sealed under: a sealed value moved to another row won't open."""
+    return f"secret:{tenant}:{name}"
+
+
+def require_kms(kms: Kms | None) -> Kms:
+    """The configured KMS (``better_compute()`` registers the group only with one)."""
+    if kms is None:
+        raise InternalError("the secrets module runs without a KMS")
+    return kms
+
+
+def metadata(record: SecretRecord) -> Secret:
+    """What callers may see of a secret."""
+    return Secret(
+        id=record.id,
+        tenant=record.tenant,
+        name=record.name,
+        scope=record.scope,
+        description=record.description,
+        created_at=record.created_at,
+    )
+
+
+async def create(call: CallContext, input: CreateSecretInput) -> Secret:
+    """Seal the value through the KMS and store it; returns the metadata only.
+
+    Raises:
+        ConflictError: the tenant has a secret of this name (delete it first to replace it).
+    """
+    context = call.context
+    sealed = await require_kms(context.options.kms).encrypt(
+        input.value.encode(), context=value_context(input.tenant, input.name)
+    )
+    record = SecretRecord(
+        id=f"sec_{_random.token_hex(8)}",
+        tenant=input.tenant,
+        name=input.name,
+        scope=input.scope,
+        description=input.description,
+        sealed_value=sealed,
+        created_at=context.clock.now(),
+    )
+    async with context.store.transaction() as tx:
+        stored = await context.store.secrets.create(tx, record)
+        await tx.audit(
+            call.audit_record(
+                resource_type="secret",
+                resource_id=stored.id,
+                tenant=input.tenant,
+                details={"name": input.name, "scope": input.scope},
+            )
+        )
+    return metadata(stored)
+
+
+async def list_secrets(call: CallContext, input: ListSecretsInput) -> ListSecretsOutput:
+    """The tenant's secrets, by name (never a value)."""
+    records = await call.context.store.secrets.for_tenant(input.tenant)
+    return ListSecretsOutput(secrets=tuple(metadata(r) for r in records))
+
+
+async def delete(call: CallContext, input: DeleteSecretInput) -> DeleteSecretOutput:
+    """Delete a secret by name.
+
+    Raises:
+        NotFoundError: the tenant has no secret of this name.
+    """
+    store = call.context.store
+    async with store.transaction() as tx:
+        deleted = await store.secrets.delete(tx, tenant=input.tenant, name=input.name)
+        if deleted is None:
+            raise NotFoundError("no secret of this name in this tenant", details={"name": input.name})
+        await tx.audit(
+            call.audit_record(
+                resource_type="secret",
+                resource_id=deleted.id,
+                tenant=input.tenant,
+                details={"name": deleted.name, "scope": deleted.scope},
+            )
+        )
+    return DeleteSecretOutput(deleted=True)

@@ -1,0 +1,96 @@
+"""Secrets of the ``secrets`` group (``bettercompute.ports.SecretStore``) in ``secrets``: the value only as the KMS
+sealed it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from bettercompute.errors import ConflictError, InternalError
+from bettercompute.ports import SecretRecord, Transaction
+
+from ._db import Database, fetch_in, utc
+
+__all__ = ["PgSecrets"]
+
+_LIST_LIMIT = 1000
+_COLUMNS = "id, tenant, name, scope, description, sealed_value, created_at"
+
+_CREATE = f"""
+INSERT INTO {{s}}.secrets (id, tenant, name, scope, description, sealed_value)
+VALUES (:id, :tenant, :name, :scope, :description, :sealed_value)
+ON CONFLICT (tenant, name) DO NOTHING
+RETURNING {_COLUMNS}
+"""
+
+_LIST = f"SELECT {_COLUMNS} FROM {{s}}.secrets WHERE tenant = :tenant ORDER BY name LIMIT :limit"
+
+_DELETE = f"DELETE FROM {{s}}.secrets WHERE tenant = :tenant AND name = :name RETURNING {_COLUMNS}"
+
+_NAMED = f"""
+SELECT {_COLUMNS} FROM {{s}}.secrets
+WHERE name = :name AND scope = ANY(CAST(:scopes AS text[])) AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+ORDER BY tenant, id
+"""
+
+
+def _conn(tx: Transaction) -> AsyncConnection:
+    connection = getattr(tx, "connection", None)
+    if not isinstance(connection, AsyncConnection):
+        raise InternalError("secrets need a transaction of the PostgreSQL store")
+    return connection
+
+
+def _record(row: Any) -> SecretRecord:
+    return SecretRecord(
+        id=row.id,
+        tenant=row.tenant,
+        name=row.name,
+        scope=row.scope,
+        description=row.description,
+        sealed_value=bytes(row.sealed_value),
+        created_at=utc(row.created_at),
+    )
+
+
+class PgSecrets:
+    """``bettercompute.ports.SecretStore`` on the ``secrets`` table (core migration 8); one statement per call."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._create = db.sql(_CREATE)
+        self._list = db.sql(_LIST)
+        self._delete = db.sql(_DELETE)
+        self._named = db.sql(_NAMED)
+
+    async def create(self, tx: Transaction, record: SecretRecord) -> SecretRecord:
+        """Add a secret in the caller's transaction; ``ConflictError`` if the tenant has one of that name."""
+        params = {
+            "id": record.id,
+            "tenant": record.tenant,
+            "name": record.name,
+            "scope": record.scope,
+            "description": record.description,
+            "sealed_value": record.sealed_value,
+        }
+        rows = await fetch_in(_conn(tx), self._create, params)
+        if not rows:
+            raise ConflictError("this tenant has a secret of this name", details={"name": record.name})
+        return _record(rows[0])
+
+    async def for_tenant(self, tenant: str) -> list[SecretRecord]:
+        """The tenant's secrets, by name."""
+        rows = await self._db.fetch(self._list, {"tenant": tenant, "limit": _LIST_LIMIT})
+        return [_record(row) for row in rows]
+
+    async def delete(self, tx: Transaction, *, tenant: str, name: str) -> SecretRecord | None:
+        """Delete a secret of ``tenant`` in the caller's transaction."""
+        rows = await fetch_in(_conn(tx), self._delete, {"tenant": tenant, "name": name})
+        return _record(rows[0]) if rows else None
+
+    async def named(self, name: str, *, scopes: Sequence[str], tenant: str | None = None) -> list[SecretRecord]:
+        """The secrets called ``name`` scoped to one of ``scopes``."""
+        rows = await self._db.fetch(self._named, {"name": name, "scopes": list(scopes), "tenant": tenant})
+        return [_record(row) for row in rows]
