@@ -38,6 +38,7 @@ from ._workflows import StepContext as StepContext
 from ._workflows import StepOutcome as StepOutcome
 from ._workflows import Workflow as Workflow
 from ._workflows import Workflows as Workflows
+from .joins import JoinSettings as JoinSettings
 
 __all__ = [
     "Api",
@@ -54,6 +55,7 @@ __all__ = [
     "Events",
     "GroupSpec",
     "Job",
+    "JoinSettings",
     "LocalKeyKms",
     "MethodDef",
     "Module",

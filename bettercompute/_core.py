@@ -22,6 +22,7 @@ from ._registry import ApiBinding, ApiCall, GroupSpec, Registry
 from ._version import __version__
 from ._workflows import Workflows
 from .errors import ComputeError, InvalidConfigError
+from .modules.pools import PoolsModule
 from .modules.secrets import SecretsModule
 from .modules.system import ACTIONS as SYSTEM_ACTIONS
 from .modules.system import HealthCheck, HealthOutput, SystemGroup
@@ -372,7 +373,15 @@ def _problems_of(options: Options) -> tuple[list[str], list[Module], Registry]:
             problems.append(f"store: {type(store).__name__} lacks secrets (needed by the secrets module)")
         problems.extend(options.webhooks.problems())
 
-    modules: list[Module] = [_CoreModule()]
+    if store is not None:
+        missing = [m for m in ("pools", "join_tokens") if not hasattr(store, m)]
+        if missing:
+            problems.append(f"store: {type(store).__name__} lacks {', '.join(missing)} (needed by the pools module)")
+    join: Any = options.join
+    if join is not None:
+        problems.extend(join.problems())
+
+    modules: list[Module] = [_CoreModule(), PoolsModule()]
     # Webhooks keep their signing secrets sealed by the KMS: the group exists only where one is configured.
     if kms is not None:
         modules.append(WebhooksModule())
@@ -381,7 +390,7 @@ def _problems_of(options: Options) -> tuple[list[str], list[Module], Registry]:
     if iam is not None and isinstance(iam, Module):
         extra.append(iam)
     extra.extend(options.modules)
-    names = {"core", "webhooks", "secrets"}
+    names = {"core", "pools", "webhooks", "secrets"}
     for index, module in enumerate(extra):
         if not isinstance(module, Module):
             problems.append(f"modules[{index}]: {type(module).__name__} is not a module (see bettercompute.Module)")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
+from .joins import JoinSettings
 from .ports import Clock, Iam, Kms, Migration, Notifier, Store
 from .webhooks import WebhookSettings
 
@@ -95,6 +96,8 @@ class Options:
             there is no implicit key file, because every process of one deployment must share the key. A module
             that keeps secrets declares ``requires = ("kms",)``; ``better_compute()`` refuses it without one.
         webhooks: How the ``sinks`` role sends webhooks (attempts, backoff, timeout).
+        join: What ``bcd join`` is pinned to (gateway address, trust domain, and once the CA and JoinService set
+            them, the CA bundle and JoinService's key); ``join-tokens.create`` renders it into the join command.
     """
 
     store: Store | None = None
@@ -111,6 +114,7 @@ class Options:
     poll_interval: dt.timedelta = dt.timedelta(seconds=1)
     kms: Kms | None = None
     webhooks: WebhookSettings = attrs.field(factory=WebhookSettings)
+    join: JoinSettings | None = None
 
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")

@@ -239,6 +239,39 @@ CREATE TABLE {schema}.workflow_steps (
 CREATE INDEX workflow_steps_workflow ON {schema}.workflow_steps (workflow_id, id);
 """
 
+# Pools (one name per tenant; the class and the acceptance checks a joining machine must pass) and their join
+# tokens (only the SHA-256 of a token's secret; uses left, expiry, revocation, expected claims, the reclaim rule).
+_CORE_V6 = """
+CREATE TABLE {schema}.pools (
+    id text PRIMARY KEY,
+    tenant text NOT NULL,
+    name text NOT NULL,
+    pool_class text NOT NULL CHECK (pool_class IN ('gpu', 'vps-host', 'provider')),
+    acceptance_checks text[] NOT NULL DEFAULT '{diag.nvml}',
+    labels jsonb NOT NULL DEFAULT '{}',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (tenant, name)
+);
+
+CREATE TABLE {schema}.join_tokens (
+    id text PRIMARY KEY,
+    pool_id text NOT NULL REFERENCES {schema}.pools (id),
+    tenant text NOT NULL,
+    secret_hash bytea NOT NULL CHECK (octet_length(secret_hash) = 32),
+    uses integer NOT NULL CHECK (uses BETWEEN 1 AND 10000),
+    uses_left integer NOT NULL CHECK (uses_left BETWEEN 0 AND uses),
+    expires_at timestamptz NOT NULL,
+    expect jsonb NOT NULL DEFAULT '{}',
+    reclaim text NOT NULL CHECK (reclaim IN ('none', 'same-hardware')),
+    created_by text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    last_used_at timestamptz,
+    revoked_at timestamptz
+);
+CREATE INDEX join_tokens_pool ON {schema}.join_tokens (pool_id, created_at);
+"""
+
 # The node CA: its signing keys (the private key only as the KMS sealed it; one active key per trust domain), every
 # certificate it issued, and revocations (by serial; a SPIFFE ID's revocation adds a row per certificate of it).
 _CORE_V7 = """
@@ -308,6 +341,7 @@ CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=3, name="worker membership", sql=_CORE_V3),
     Migration(version=4, name="webhooks", sql=_CORE_V4),
     Migration(version=5, name="workflows", sql=_CORE_V5),
+    Migration(version=6, name="pools and join tokens", sql=_CORE_V6),
     Migration(version=7, name="node certificate authority", sql=_CORE_V7),
     Migration(version=8, name="join nonces and secrets", sql=_CORE_V8),
 )

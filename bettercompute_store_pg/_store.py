@@ -23,6 +23,7 @@ from ._leases import PgLeases
 from ._membership import PgMembership
 from ._migrations import run_migrations
 from ._outbox import PgOutbox
+from ._pools import PgJoinTokens, PgPools
 from ._queue import PgWorkQueue
 from ._replay import PgReplayGuard
 from ._schema import CORE_MIGRATIONS, validate_schema
@@ -176,6 +177,8 @@ class PgStore:
         self.secrets = PgSecrets(self._db)
         self.nonces = PgReplayGuard(self._db)
         self.workflows = PgWorkflows(self._db)
+        self.pools = PgPools(self._db)
+        self.join_tokens = PgJoinTokens(self._db)
         self.certificates = PgCertificates(self._db)
         self._audit = self._db.sql(_AUDIT)
         self._project = self._db.sql(_PROJECT)

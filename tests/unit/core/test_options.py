@@ -62,7 +62,8 @@ def test_two_modules_of_one_name_are_refused() -> None:
 
 def test_a_valid_composition_registers_core_then_modules() -> None:
     compute = make_compute(modules=[EchoModule()])
-    assert [g.name for g in compute.registry.groups()] == ["echo", "system"]
+    assert [g.name for g in compute.registry.groups()] == ["echo", "join-tokens", "pools", "system"]
+    assert compute.registry.owner("pools") == "pools"
     assert compute.registry.owner("system") == "core"
     assert compute.registry.owner("echo") == "echo"
     assert compute.registry.method("echo", "say") is EchoGroup.say

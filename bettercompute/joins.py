@@ -1,0 +1,80 @@
+"""Join tokens as a daemon and JoinService see them: their format, their hash, and the join configuration.
+
+A token is ``bcjt_<id>.<secret>``: ``<id>`` is the token's id (``jt_`` and 20 hex digits), ``<secret>`` 32 random
+bytes in URL-safe base64 (43 characters). Only ``hash_secret(secret)``, SHA-256 of the secret's text, is stored;
+``parse_token`` splits a token and ``secret_matches`` compares in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+
+import attrs
+
+__all__ = [
+    "TOKEN_PREFIX",
+    "JoinSettings",
+    "hash_secret",
+    "new_token",
+    "parse_token",
+    "secret_matches",
+]
+
+TOKEN_PREFIX = "bcjt_"  # noqa: S105 - the prefix of join tokens, not a secret
+_TOKEN = re.compile(r"bcjt_(jt_[0-9a-f]{20})\.([A-Za-z0-9_-]{43})")
+_TRUST_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+_ADDRESS = re.compile(r"[A-Za-z0-9.-]{1,253}:[0-9]{1,5}")
+
+
+@attrs.frozen(kw_only=True)
+class JoinSettings:
+    """What ``bcd join`` is pinned to (``Options.join``); ``join-tokens.create`` renders it into the join command.
+
+    Args:
+        gateway_address: ``host:port`` the daemon dials (``gw.eu-1.example.com:443``).
+        trust_domain: The SPIFFE trust domain of node identities (``example.com``).
+        ca_bundle_pem: The CA bundle the daemon trusts, PEM. A placeholder until the CA module sets it; while it is
+            ``None`` the join command carries no ``--ca-bundle``.
+        join_public_key: JoinService's public key the token is sealed to. A placeholder until JoinService sets it;
+            while it is ``None`` the join command carries no ``--join-key``.
+    """
+
+    gateway_address: str
+    trust_domain: str
+    ca_bundle_pem: str | None = None
+    join_public_key: str | None = None
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings (``better_compute()`` reports it as ``INVALID_CONFIG``)."""
+        problems = []
+        if not _ADDRESS.fullmatch(self.gateway_address):
+            problems.append("join.gateway_address: must be host:port")
+        if not _TRUST_DOMAIN.fullmatch(self.trust_domain):
+            problems.append("join.trust_domain: must be a lower-case DNS name")
+        return problems
+
+
+def new_token() -> tuple[str, str, bytes]:
+    """A fresh token: ``(id, token, secret_hash)``; show ``token`` once and store only ``secret_hash``."""
+    token_id = f"jt_{secrets.token_hex(10)}"
+    secret = secrets.token_urlsafe(32)
+    return token_id, f"{TOKEN_PREFIX}{token_id}.{secret}", hash_secret(secret)
+
+
+def hash_secret(secret: str) -> bytes:
+    """SHA-256 of the secret's text (a 256-bit random secret needs no salt or stretching)."""
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def parse_token(token: str) -> tuple[str, str] | None:
+    """``(id, secret)`` of a well-formed token, ``None`` for anything else."""
+    match = _TOKEN.fullmatch(token)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def secret_matches(secret: str, secret_hash: bytes) -> bool:
+    """Whether ``secret`` hashes to ``secret_hash``, compared in constant time."""
+    return hmac.compare_digest(hash_secret(secret), secret_hash)

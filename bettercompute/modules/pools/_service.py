@@ -1,0 +1,278 @@
+"""The ``pools`` and ``join-tokens`` groups' logic.
+
+Pools are projected (``ResourceRef(type="pool", id=..., tenant=..., pool=id)``) in the transaction that creates
+them, so decisions on a pool follow its tenant and pool-scoped bindings. A join token is projected too, with its
+pool, so ``join-tokens.get`` and ``revoke`` (which name only the token) are decided on the token's pool.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import shlex
+from typing import Any
+
+import attrs
+
+from ..._registry import CallContext
+from ...errors import NotFoundError
+from ...joins import JoinSettings, new_token
+from ...ports import JoinTokenRecord, PoolRecord, ResourceRef
+from ._schemas import (
+    CreatedJoinToken,
+    CreateJoinTokenInput,
+    CreatePoolInput,
+    GetJoinTokenInput,
+    GetPoolInput,
+    JoinExpect,
+    JoinToken,
+    ListJoinTokensInput,
+    ListJoinTokensOutput,
+    ListPoolsInput,
+    ListPoolsOutput,
+    Pool,
+    RevokeJoinTokenInput,
+    UpdatePoolInput,
+)
+
+POOL = "pool"
+JOIN_TOKEN = "join-token"  # noqa: S105 - a resource type, not a secret
+
+
+def _pool(record: PoolRecord) -> Pool:
+    pool_class: Any = record.pool_class
+    return Pool(
+        id=record.id,
+        tenant=record.tenant,
+        name=record.name,
+        pool_class=pool_class,
+        acceptance_checks=record.acceptance_checks,
+        labels=dict(record.labels),
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+    )
+
+
+def _expect(stored: Any) -> JoinExpect:
+    return JoinExpect(**{k: v for k, v in dict(stored).items() if k in {f.name for f in attrs.fields(JoinExpect)}})
+
+
+def token_state(record: JoinTokenRecord, now: dt.datetime) -> str:
+    """``revoked``, ``expired``, ``exhausted`` or ``active``, in that order of precedence."""
+    if record.revoked_at is not None:
+        return "revoked"
+    if record.expires_at <= now:
+        return "expired"
+    if record.uses_left <= 0:
+        return "exhausted"
+    return "active"
+
+
+def _token(record: JoinTokenRecord, now: dt.datetime) -> JoinToken:
+    reclaim: Any = record.reclaim
+    state: Any = token_state(record, now)
+    return JoinToken(
+        id=record.id,
+        pool_id=record.pool_id,
+        tenant=record.tenant,
+        uses=record.uses,
+        uses_left=record.uses_left,
+        expires_at=record.expires_at,
+        expect=_expect(record.expect),
+        reclaim=reclaim,
+        state=state,
+        created_at=record.created_at,
+        revoked_at=record.revoked_at,
+    )
+
+
+def join_command(token: str, settings: JoinSettings | None) -> str:
+    """The ``bcd join`` command line for ``token``, pinned to what ``Options.join`` knows.
+
+    Only what is configured is rendered: ``--gateway`` and ``--trust-domain`` when ``Options.join`` is set,
+    ``--ca-bundle`` (base64 of the PEM bundle) once ``JoinSettings.ca_bundle_pem`` is set by the CA, and
+    ``--join-key`` once ``JoinSettings.join_public_key`` is set by JoinService. Without ``Options.join`` it is the
+    bare ``bcd join --token ...``.
+    """
+    import base64
+
+    parts = ["bcd", "join", "--token", token]
+    if settings is not None:
+        parts += ["--gateway", settings.gateway_address, "--trust-domain", settings.trust_domain]
+        if settings.ca_bundle_pem is not None:
+            parts += ["--ca-bundle", base64.b64encode(settings.ca_bundle_pem.encode()).decode()]
+        if settings.join_public_key is not None:
+            parts += ["--join-key", settings.join_public_key]
+    return shlex.join(parts)
+
+
+# --- pools ------------------------------------------------------------------------------------------------------
+
+
+async def create_pool(call: CallContext, input: CreatePoolInput) -> Pool:
+    """Create a pool in a tenant.
+
+    Raises:
+        ConflictError: the tenant has a pool of that name.
+    """
+    store = call.context.store
+    pool_id = f"pool_{secrets.token_hex(8)}"
+    async with store.transaction() as tx:
+        record = await store.pools.create(
+            tx,
+            id=pool_id,
+            tenant=input.tenant,
+            name=input.name,
+            pool_class=input.pool_class,
+            acceptance_checks=input.acceptance_checks,
+            labels=input.labels,
+        )
+        await tx.project(ResourceRef(type=POOL, id=pool_id, tenant=input.tenant, pool=pool_id))
+        await tx.audit(
+            call.audit_record(
+                resource_type=POOL,
+                resource_id=pool_id,
+                tenant=input.tenant,
+                details={"name": input.name, "pool_class": input.pool_class},
+            )
+        )
+    return _pool(record)
+
+
+async def list_pools(call: CallContext, input: ListPoolsInput) -> ListPoolsOutput:
+    """List a tenant's pools, by name."""
+    records = await call.context.store.pools.for_tenant(input.tenant)
+    return ListPoolsOutput(pools=tuple(_pool(r) for r in records))
+
+
+async def _existing_pool(call: CallContext, pool_id: str) -> PoolRecord:
+    record = await call.context.store.pools.get(pool_id)
+    if record is None:
+        raise NotFoundError("no such pool", details={"id": pool_id})
+    return record
+
+
+async def get_pool(call: CallContext, input: GetPoolInput) -> Pool:
+    """A pool by id.
+
+    Raises:
+        NotFoundError: there is no such pool.
+    """
+    return _pool(await _existing_pool(call, input.id))
+
+
+async def update_pool(call: CallContext, input: UpdatePoolInput) -> Pool:
+    """Rename a pool, or replace its acceptance checks or labels.
+
+    Raises:
+        NotFoundError: there is no such pool.
+        ConflictError: another pool of the tenant has the new name.
+    """
+    store = call.context.store
+    async with store.transaction() as tx:
+        record = await store.pools.update(
+            tx, id=input.id, name=input.name, acceptance_checks=input.acceptance_checks, labels=input.labels
+        )
+        if record is None:
+            raise NotFoundError("no such pool", details={"id": input.id})
+        changed = [f for f in ("name", "acceptance_checks", "labels") if getattr(input, f) is not None]
+        await tx.audit(
+            call.audit_record(
+                resource_type=POOL, resource_id=input.id, tenant=record.tenant, details={"changed": changed}
+            )
+        )
+    return _pool(record)
+
+
+# --- join tokens ------------------------------------------------------------------------------------------------
+
+
+async def create_token(call: CallContext, input: CreateJoinTokenInput) -> CreatedJoinToken:
+    """Mint a join token for a pool; the token is in this answer only (only its secret's hash is stored).
+
+    Raises:
+        NotFoundError: there is no such pool.
+    """
+    context = call.context
+    pool = await _existing_pool(call, input.pool_id)
+    token_id, token, secret_hash = new_token()
+    expires_at = context.clock.now() + dt.timedelta(seconds=input.expires_in_seconds)
+    expect = {k: v for k, v in attrs.asdict(input.expect).items() if v is not None}
+    async with context.store.transaction() as tx:
+        record = await context.store.join_tokens.create(
+            tx,
+            id=token_id,
+            pool_id=pool.id,
+            tenant=pool.tenant,
+            secret_hash=secret_hash,
+            uses=input.uses,
+            expires_at=expires_at,
+            expect=expect,
+            reclaim=input.reclaim,
+            created_by=call.identity.principal_id if call.identity else None,
+        )
+        await tx.project(ResourceRef(type=JOIN_TOKEN, id=token_id, tenant=pool.tenant, pool=pool.id))
+        await tx.audit(
+            call.audit_record(
+                resource_type=JOIN_TOKEN,
+                resource_id=token_id,
+                tenant=pool.tenant,
+                details={"pool_id": pool.id, "uses": input.uses, "expires_at": expires_at.isoformat()},
+            )
+        )
+    return CreatedJoinToken(
+        id=record.id,
+        token=token,
+        pool_id=record.pool_id,
+        uses_left=record.uses_left,
+        expires_at=record.expires_at,
+        expect=_expect(record.expect),
+        reclaim=input.reclaim,
+        join_command=join_command(token, context.options.join),
+    )
+
+
+async def list_tokens(call: CallContext, input: ListJoinTokensInput) -> ListJoinTokensOutput:
+    """List a pool's join tokens, newest first, without secrets.
+
+    Raises:
+        NotFoundError: there is no such pool.
+    """
+    await _existing_pool(call, input.pool_id)
+    records = await call.context.store.join_tokens.for_pool(input.pool_id)
+    now = call.context.clock.now()
+    return ListJoinTokensOutput(tokens=tuple(_token(r, now) for r in records))
+
+
+async def get_token(call: CallContext, input: GetJoinTokenInput) -> JoinToken:
+    """A join token by id, without its secret, with its state.
+
+    Raises:
+        NotFoundError: there is no such token.
+    """
+    record = await call.context.store.join_tokens.get(input.id)
+    if record is None:
+        raise NotFoundError("no such join token", details={"id": input.id})
+    return _token(record, call.context.clock.now())
+
+
+async def revoke_token(call: CallContext, input: RevokeJoinTokenInput) -> JoinToken:
+    """End a join token now; joins with it are refused from then on.
+
+    Raises:
+        NotFoundError: there is no such token.
+    """
+    store = call.context.store
+    async with store.transaction() as tx:
+        record = await store.join_tokens.revoke(tx, input.id)
+        if record is None:
+            raise NotFoundError("no such join token", details={"id": input.id})
+        await tx.audit(
+            call.audit_record(
+                resource_type=JOIN_TOKEN,
+                resource_id=input.id,
+                tenant=record.tenant,
+                details={"pool_id": record.pool_id},
+            )
+        )
+    return _token(record, call.context.clock.now())

@@ -1,0 +1,285 @@
+"""Pools and their join tokens (``bettercompute.ports.Pools`` and ``bettercompute.ports.JoinTokens``).
+
+A join token row holds the SHA-256 of its secret only, never the secret. ``consume`` spends a use in one statement:
+the row is locked, and the decrement's own conditions (secret hash, not revoked, not expired, a use left) are
+checked again on the row's latest version, so of two joins racing for the last use exactly one gets it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from bettercompute.errors import ConflictError, InternalError
+from bettercompute.ports import JoinTokenRecord, PoolRecord, TokenConsumption, Transaction
+
+from ._db import Database, dumps, fetch_in, utc
+
+__all__ = ["PgJoinTokens", "PgPools"]
+
+_LIST_LIMIT = 1000
+_POOL_COLUMNS = "id, tenant, name, pool_class, acceptance_checks, labels, created_at, updated_at"
+
+_POOL_CREATE = f"""
+INSERT INTO {{s}}.pools (id, tenant, name, pool_class, acceptance_checks, labels)
+VALUES (:id, :tenant, :name, :pool_class, CAST(:checks AS text[]), CAST(:labels AS jsonb))
+ON CONFLICT (tenant, name) DO NOTHING
+RETURNING {_POOL_COLUMNS}
+"""
+
+_POOL_LIST = f"SELECT {_POOL_COLUMNS} FROM {{s}}.pools WHERE tenant = :tenant ORDER BY name LIMIT :limit"
+
+_POOL_GET = f"SELECT {_POOL_COLUMNS} FROM {{s}}.pools WHERE id = :id"
+
+# ``taken``: another pool of the tenant has the new name (then nothing is updated).
+_POOL_UPDATE = f"""
+WITH p AS (SELECT id, tenant FROM {{s}}.pools WHERE id = :id FOR UPDATE),
+taken AS (
+    SELECT 1 FROM {{s}}.pools AS o, p
+    WHERE CAST(:name AS text) IS NOT NULL AND o.tenant = p.tenant AND o.name = :name AND o.id <> p.id
+),
+u AS (
+    UPDATE {{s}}.pools AS t SET
+        name = coalesce(CAST(:name AS text), t.name),
+        acceptance_checks = coalesce(CAST(:checks AS text[]), t.acceptance_checks),
+        labels = coalesce(CAST(:labels AS jsonb), t.labels),
+        updated_at = now()
+    FROM p WHERE t.id = p.id AND NOT EXISTS (SELECT 1 FROM taken)
+    RETURNING t.{_POOL_COLUMNS.replace(", ", ", t.")}
+)
+SELECT u.*, EXISTS (SELECT 1 FROM taken) AS taken, EXISTS (SELECT 1 FROM p) AS found
+FROM (SELECT 1) AS one LEFT JOIN u ON true
+"""
+
+_TOKEN_COLUMNS = "id, pool_id, tenant, uses, uses_left, expires_at, expect, reclaim, created_by, created_at, revoked_at, last_used_at"  # noqa: S105, E501
+
+_TOKEN_CREATE = f"""
+INSERT INTO {{s}}.join_tokens (id, pool_id, tenant, secret_hash, uses, uses_left, expires_at, expect, reclaim,
+    created_by)
+VALUES (:id, :pool_id, :tenant, :secret_hash, :uses, :uses, :expires_at, CAST(:expect AS jsonb), :reclaim,
+    :created_by)
+RETURNING {_TOKEN_COLUMNS}
+"""
+
+_TOKEN_LIST = f"""
+SELECT {_TOKEN_COLUMNS} FROM {{s}}.join_tokens WHERE pool_id = :pool_id ORDER BY created_at DESC, id LIMIT :limit
+"""
+
+_TOKEN_GET = f"SELECT {_TOKEN_COLUMNS} FROM {{s}}.join_tokens WHERE id = :id"
+
+_TOKEN_REVOKE = f"""
+UPDATE {{s}}.join_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = :id RETURNING {_TOKEN_COLUMNS}
+"""
+
+# One statement: lock the row, spend a use if every condition holds on its latest version, and report the row as
+# it was before (so the caller can say why nothing was spent) with the uses left after, if one was spent.
+_TOKEN_CONSUME = f"""
+WITH t AS (SELECT {_TOKEN_COLUMNS}, secret_hash FROM {{s}}.join_tokens WHERE id = :id FOR UPDATE),
+spent AS (
+    UPDATE {{s}}.join_tokens AS j SET uses_left = j.uses_left - 1, last_used_at = :now
+    FROM t
+    WHERE j.id = t.id AND j.secret_hash = :secret_hash AND j.revoked_at IS NULL AND j.expires_at > :now
+      AND j.uses_left > 0
+    RETURNING j.uses_left
+)
+SELECT t.*, (SELECT uses_left FROM spent) AS uses_after FROM t
+"""
+
+
+def _conn(tx: Transaction) -> AsyncConnection:
+    connection = getattr(tx, "connection", None)
+    if not isinstance(connection, AsyncConnection):
+        raise InternalError("pools need a transaction of the PostgreSQL store")
+    return connection
+
+
+def _pool(row: Any) -> PoolRecord:
+    return PoolRecord(
+        id=row.id,
+        tenant=row.tenant,
+        name=row.name,
+        pool_class=row.pool_class,
+        acceptance_checks=tuple(row.acceptance_checks),
+        labels=dict(row.labels),
+        created_at=utc(row.created_at),
+        updated_at=utc(row.updated_at),
+    )
+
+
+def _token(row: Any, *, uses_left: int | None = None) -> JoinTokenRecord:
+    return JoinTokenRecord(
+        id=row.id,
+        pool_id=row.pool_id,
+        tenant=row.tenant,
+        uses=row.uses,
+        uses_left=row.uses_left if uses_left is None else uses_left,
+        expires_at=utc(row.expires_at),
+        expect=dict(row.expect),
+        reclaim=row.reclaim,
+        created_by=row.created_by,
+        created_at=utc(row.created_at),
+        revoked_at=utc(row.revoked_at) if row.revoked_at is not None else None,
+        last_used_at=utc(row.last_used_at) if row.last_used_at is not None else None,
+    )
+
+
+class PgPools:
+    """``bettercompute.ports.Pools`` on the ``pools`` table; one statement per call."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._create = db.sql(_POOL_CREATE)
+        self._list = db.sql(_POOL_LIST)
+        self._get = db.sql(_POOL_GET)
+        self._update = db.sql(_POOL_UPDATE)
+
+    async def create(
+        self,
+        tx: Transaction,
+        *,
+        id: str,
+        tenant: str,
+        name: str,
+        pool_class: str,
+        acceptance_checks: Sequence[str],
+        labels: Mapping[str, str],
+    ) -> PoolRecord:
+        """Add a pool in the caller's transaction.
+
+        Raises:
+            ConflictError: the tenant has a pool of that name.
+        """
+        params = {
+            "id": id,
+            "tenant": tenant,
+            "name": name,
+            "pool_class": pool_class,
+            "checks": list(acceptance_checks),
+            "labels": dumps(dict(labels)),
+        }
+        rows = await fetch_in(_conn(tx), self._create, params)
+        if not rows:
+            raise ConflictError("the tenant has a pool of that name", details={"path": "name", "name": name})
+        return _pool(rows[0])
+
+    async def for_tenant(self, tenant: str) -> list[PoolRecord]:
+        """The tenant's pools, by name."""
+        rows = await self._db.fetch(self._list, {"tenant": tenant, "limit": _LIST_LIMIT})
+        return [_pool(row) for row in rows]
+
+    async def get(self, id: str) -> PoolRecord | None:
+        """A pool by id."""
+        rows = await self._db.fetch(self._get, {"id": id})
+        return _pool(rows[0]) if rows else None
+
+    async def update(
+        self,
+        tx: Transaction,
+        *,
+        id: str,
+        name: str | None = None,
+        acceptance_checks: Sequence[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> PoolRecord | None:
+        """Change the given fields of a pool; ``None`` when there is no such pool.
+
+        Raises:
+            ConflictError: another pool of the tenant has the new name.
+        """
+        params = {
+            "id": id,
+            "name": name,
+            "checks": list(acceptance_checks) if acceptance_checks is not None else None,
+            "labels": dumps(dict(labels)) if labels is not None else None,
+        }
+        row = (await fetch_in(_conn(tx), self._update, params))[0]
+        if not row.found:
+            return None
+        if row.taken:
+            raise ConflictError("the tenant has a pool of that name", details={"path": "name", "name": name})
+        return _pool(row)
+
+
+class PgJoinTokens:
+    """``bettercompute.ports.JoinTokens`` on the ``join_tokens`` table; one statement per call."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._create = db.sql(_TOKEN_CREATE)
+        self._list = db.sql(_TOKEN_LIST)
+        self._get = db.sql(_TOKEN_GET)
+        self._revoke = db.sql(_TOKEN_REVOKE)
+        self._consume = db.sql(_TOKEN_CONSUME)
+
+    async def create(
+        self,
+        tx: Transaction,
+        *,
+        id: str,
+        pool_id: str,
+        tenant: str,
+        secret_hash: bytes,
+        uses: int,
+        expires_at: dt.datetime,
+        expect: Mapping[str, Any],
+        reclaim: str,
+        created_by: str | None,
+    ) -> JoinTokenRecord:
+        """Add a token in the caller's transaction (only the secret's hash is given, and stored)."""
+        params = {
+            "id": id,
+            "pool_id": pool_id,
+            "tenant": tenant,
+            "secret_hash": secret_hash,
+            "uses": uses,
+            "expires_at": expires_at,
+            "expect": dumps(dict(expect)),
+            "reclaim": reclaim,
+            "created_by": created_by,
+        }
+        rows = await fetch_in(_conn(tx), self._create, params)
+        return _token(rows[0])
+
+    async def for_pool(self, pool_id: str) -> list[JoinTokenRecord]:
+        """The pool's tokens, newest first."""
+        rows = await self._db.fetch(self._list, {"pool_id": pool_id, "limit": _LIST_LIMIT})
+        return [_token(row) for row in rows]
+
+    async def get(self, id: str) -> JoinTokenRecord | None:
+        """A token by id."""
+        rows = await self._db.fetch(self._get, {"id": id})
+        return _token(rows[0]) if rows else None
+
+    async def revoke(self, tx: Transaction, id: str) -> JoinTokenRecord | None:
+        """End a token now (a revoked one keeps its first ``revoked_at``); ``None`` when there is no such token."""
+        rows = await fetch_in(_conn(tx), self._revoke, {"id": id})
+        return _token(rows[0]) if rows else None
+
+    async def consume(self, tx: Transaction, *, id: str, secret_hash: bytes, now: dt.datetime) -> TokenConsumption:
+        """Spend one use of a token in the caller's transaction (rolled back with it), in one statement.
+
+        The outcome is ``consumed`` (``token.uses_left`` is what is left after), or why nothing was spent:
+        ``unknown`` (no such token, or a secret that does not match it: report both alike), ``revoked``,
+        ``expired`` (at ``now``) or ``exhausted``. The hash is compared in SQL, to make the decrement conditional
+        on it; the result is re-checked here with ``hmac.compare_digest``.
+        """
+        rows = await fetch_in(_conn(tx), self._consume, {"id": id, "secret_hash": secret_hash, "now": now})
+        if not rows:
+            return TokenConsumption(outcome="unknown", token=None)
+        row = rows[0]
+        if not hmac.compare_digest(bytes(row.secret_hash), secret_hash):
+            return TokenConsumption(outcome="unknown", token=None)
+        if row.uses_after is not None:
+            return TokenConsumption(outcome="consumed", token=_token(row, uses_left=row.uses_after))
+        token = _token(row)
+        if token.revoked_at is not None:
+            outcome = "revoked"
+        elif token.expires_at <= now:
+            outcome = "expired"
+        else:
+            outcome = "exhausted"
+        return TokenConsumption(outcome=outcome, token=token)
