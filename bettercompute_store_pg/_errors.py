@@ -13,13 +13,14 @@ import psycopg
 import psycopg.errors
 from sqlalchemy import exc as sa_exc
 
-from bettercompute.errors import ComputeError, InternalError, UnavailableError
+from bettercompute.errors import ComputeError, ConflictError, InternalError, UnavailableError
 
 __all__ = ["translate", "translated"]
 
 UNREACHABLE = "the database is unreachable"
 RETRY = "the database could not complete the transaction now; retry"
 FAILED = "the database failed unexpectedly"
+CONFLICT = "the change conflicts with one committed meanwhile (a name or key already taken); retry or change it"
 
 
 def translate(exc: BaseException) -> ComputeError | None:
@@ -33,6 +34,10 @@ def translate(exc: BaseException) -> ComputeError | None:
             return UnavailableError(UNREACHABLE)
         cause = translate(exc.orig) if isinstance(exc.orig, BaseException) else None
         return cause or InternalError(FAILED)
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == "23505":
+        # A uniqueness rule the statement's own checks could not see yet: a concurrent transaction committed the
+        # same name or key first. That is the caller's conflict to resolve, not an internal failure.
+        return ConflictError(CONFLICT)
     if isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith("40"):
         # Class 40 (serialization failure, deadlock) is worth retrying, unlike the other driver errors.
         return UnavailableError(RETRY)
@@ -56,6 +61,7 @@ def translated() -> Iterator[None]:
 
     Raises:
         UnavailableError: The database cannot be reached, or asked for the transaction to be retried.
+        ConflictError: A uniqueness rule was broken (a concurrent writer committed the same name or key first).
         InternalError: Any other database error.
     """
     try:

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 
 import bettercompute_store_pg
-from bettercompute.errors import InternalError, InvalidConfigError, UnavailableError
+from bettercompute.errors import ConflictError, InternalError, InvalidConfigError, UnavailableError
 from bettercompute.ports import AuditRecord, WorkItem
 from bettercompute_store_pg import PgNotifier, PgStore
 
@@ -139,3 +139,16 @@ async def test_notifier_delivers_pokes_per_schema(database_url: str) -> None:
             with anyio.fail_after(5):
                 assert await anext(aiter(pokes)) == "hello"
                 assert await anext(aiter(other_pokes)) == "for two"
+
+
+async def test_a_unique_violation_is_a_conflict_without_sql(pg_store: PgStore) -> None:
+    # What a race between two writers of one name ends in, once the loser's own checks passed.
+    table = f'"{pg_store.schema}".names'
+    async with pg_store.transaction() as tx:
+        await tx.connection.execute(text(f"CREATE TABLE {table} (name text PRIMARY KEY)"))
+        await tx.connection.execute(text(f"INSERT INTO {table} VALUES ('a')"))
+    with pytest.raises(ConflictError) as info:
+        async with pg_store.transaction() as tx:
+            await tx.connection.execute(text(f"INSERT INTO {table} VALUES ('a')"))
+    assert info.value.code == "CONFLICT"
+    assert "INSERT" not in info.value.message and "names" not in info.value.message
