@@ -16,6 +16,10 @@ PACKAGES = [
     "bettercompute.client",
     "bettercompute.testing",
     "bettercompute.modules.system",
+    "bettercompute.modules.webhooks",
+    "bettercompute.modules.secrets",
+    "bettercompute.modules.pools",
+    "bettercompute.joins",
     "bettercompute.webhooks",
     "bettercompute.ca",
     "bettercompute_store_pg",
@@ -27,6 +31,15 @@ PACKAGES = [
     "bettercompute_metal",
     "bettercompute_vps",
 ]
+
+
+def _isort_key(name: str) -> tuple[int, str]:
+    # The order ruff keeps __all__ in (RUF022): CONSTANTS, then Classes, then everything else, each alphabetical.
+    if name.isupper():
+        return (0, name)
+    if name[:1].isupper():
+        return (1, name)
+    return (2, name)
 
 
 def _public_names(module: ModuleType) -> set[str]:
@@ -46,7 +59,7 @@ def _public_names(module: ModuleType) -> set[str]:
 def test_all_is_sorted_and_names_what_exists(name: str) -> None:
     module = importlib.import_module(name)
     exported = list(module.__all__)
-    assert exported == sorted(exported)
+    assert exported == sorted(exported, key=_isort_key)
     missing = [n for n in exported if not hasattr(module, n)]
     assert missing == []
 
