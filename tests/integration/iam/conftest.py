@@ -6,18 +6,23 @@ httpx client over ASGITransport.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
 import httpx
 import pytest
 
+from bettercompute import BetterCompute, Options, better_compute
 from bettercompute_iam import (
     CreateBindingInput,
     CreateCredentialInput,
     CreatePrincipalInput,
     CreateTenantInput,
+    EmbeddedIam,
 )
+from bettercompute_store_pg import PgStore
 
 from ..conftest import Plane as Plane
 
@@ -89,3 +94,49 @@ async def acme(plane: Plane) -> Acme:
         alice_binding=binding,
         other_tenant=other.id,
     )
+
+
+@attrs.frozen(kw_only=True)
+class TwoTenants:
+    """A control plane with tenants acme and globex, each with an admin holding a credential (alice, mallory)."""
+
+    compute: BetterCompute
+    store: PgStore
+    root: str
+    acme: str
+    alice: str
+    globex: str
+    mallory: str
+    http: httpx.AsyncClient
+
+
+@contextlib.asynccontextmanager
+async def two_tenants(database_url: str, schema: str, **options: Any) -> AsyncIterator[TwoTenants]:
+    """Compose, initialize and bootstrap a control plane (with ``options``), then add the two tenants."""
+    store = PgStore(database_url, schema=schema, pool_size=4)
+    iam = EmbeddedIam()
+    compute = better_compute(Options(store=store, iam=iam, instance="test-1", **options))
+    await compute.initialize()
+    try:
+        boot = await iam.bootstrap()
+        assert boot.credential is not None
+        root = boot.credential
+        holder: Any = attrs.make_class("P", ["compute", "root"])(compute, root)
+        acme = (await compute.api.tenants.create(root, CreateTenantInput(name="acme"))).id
+        globex = (await compute.api.tenants.create(root, CreateTenantInput(name="globex"))).id
+        _, alice, _ = await make_user(holder, acme, "alice", "compute.admin")
+        _, mallory, _ = await make_user(holder, globex, "mallory", "compute.admin")
+        transport = httpx.ASGITransport(app=compute.asgi)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            yield TwoTenants(
+                compute=compute,
+                store=store,
+                root=root,
+                acme=acme,
+                alice=alice,
+                globex=globex,
+                mallory=mallory,
+                http=http,
+            )
+    finally:
+        await compute.close()

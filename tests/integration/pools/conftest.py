@@ -9,12 +9,11 @@ import attrs
 import httpx
 import pytest
 
-from bettercompute import BetterCompute, JoinSettings, Options, better_compute
+from bettercompute import BetterCompute, JoinSettings
 from bettercompute.modules.pools import JoinTokensGroup, PoolsGroup
-from bettercompute_iam import CreateTenantInput, EmbeddedIam
 from bettercompute_store_pg import PgStore
 
-from ..iam.conftest import make_user
+from ..iam.conftest import two_tenants
 
 
 @attrs.frozen(kw_only=True)
@@ -41,31 +40,15 @@ class Plane:
 
 @pytest.fixture
 async def plane(database_url: str, fresh_schema: str) -> AsyncIterator[Plane]:
-    store = PgStore(database_url, schema=fresh_schema, pool_size=4)
-    iam = EmbeddedIam()
     join = JoinSettings(gateway_address="gw.eu-1.example.com:443", trust_domain="example.com")
-    compute = better_compute(Options(store=store, iam=iam, instance="test-1", join=join))
-    await compute.initialize()
-    boot = await iam.bootstrap()
-    assert boot.credential is not None
-    root = boot.credential
-    transport = httpx.ASGITransport(app=compute.asgi)
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
-            acme = (await compute.api.tenants.create(root, CreateTenantInput(name="acme"))).id
-            globex = (await compute.api.tenants.create(root, CreateTenantInput(name="globex"))).id
-            holder: Any = attrs.make_class("P", ["compute", "root"])(compute, root)
-            _, alice, _ = await make_user(holder, acme, "alice", "compute.admin")
-            _, mallory, _ = await make_user(holder, globex, "mallory", "compute.admin")
-            yield Plane(
-                compute=compute,
-                store=store,
-                root=root,
-                acme=acme,
-                alice=alice,
-                globex=globex,
-                mallory=mallory,
-                http=http,
-            )
-    finally:
-        await compute.close()
+    async with two_tenants(database_url, fresh_schema, join=join) as t:
+        yield Plane(
+            compute=t.compute,
+            store=t.store,
+            root=t.root,
+            acme=t.acme,
+            alice=t.alice,
+            globex=t.globex,
+            mallory=t.mallory,
+            http=t.http,
+        )

@@ -16,10 +16,10 @@ import pytest
 from bettercompute import BetterCompute, Events, LocalKeyKms, Options, better_compute
 from bettercompute.modules.webhooks import CreateWebhookInput, WebhooksGroup
 from bettercompute.webhooks import WebhookSettings
-from bettercompute_iam import CreateTenantInput, EmbeddedIam
+from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
 
-from ..iam.conftest import make_user
+from ..iam.conftest import two_tenants
 
 FAST = WebhookSettings(
     max_attempts=4,
@@ -125,36 +125,19 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 @pytest.fixture
 async def hooks(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIterator[Hooks]:
-    store = PgStore(database_url, schema=fresh_schema, pool_size=4)
-    iam = EmbeddedIam()
     key_file = tmp_path / "kms.key"
-    options = Options(store=store, iam=iam, instance="test-1", kms=LocalKeyKms(key_file), webhooks=FAST)
-    compute = better_compute(options)
-    await compute.initialize()
-    boot = await iam.bootstrap()
-    assert boot.credential is not None
-    root = boot.credential
-    transport = httpx.ASGITransport(app=compute.asgi)
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
-            acme = (await compute.api.tenants.create(root, CreateTenantInput(name="acme"))).id
-            globex = (await compute.api.tenants.create(root, CreateTenantInput(name="globex"))).id
-            plane: Any = attrs.make_class("P", ["compute", "root"])(compute, root)
-            _, alice, _ = await make_user(plane, acme, "alice", "compute.admin")
-            _, mallory, _ = await make_user(plane, globex, "mallory", "compute.admin")
-            yield Hooks(
-                compute=compute,
-                store=store,
-                key_file=key_file,
-                root=root,
-                acme=acme,
-                alice=alice,
-                globex=globex,
-                mallory=mallory,
-                http=http,
-            )
-    finally:
-        await compute.close()
+    async with two_tenants(database_url, fresh_schema, kms=LocalKeyKms(key_file), webhooks=FAST) as t:
+        yield Hooks(
+            compute=t.compute,
+            store=t.store,
+            key_file=key_file,
+            root=t.root,
+            acme=t.acme,
+            alice=t.alice,
+            globex=t.globex,
+            mallory=t.mallory,
+            http=t.http,
+        )
 
 
 @pytest.fixture
