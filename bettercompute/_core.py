@@ -21,7 +21,8 @@ from ._options import Module, Options, Plugin, version_in_range
 from ._registry import ApiBinding, ApiCall, GroupSpec, Registry
 from ._version import __version__
 from ._workflows import Workflows
-from .errors import ComputeError, InvalidConfigError
+from .errors import ComputeError, FailedPreconditionError, InvalidConfigError
+from .identity import Attestor, GatewayServices, IdentityModule
 from .modules.pools import PoolsModule
 from .modules.secrets import SecretsModule
 from .modules.system import ACTIONS as SYSTEM_ACTIONS
@@ -225,6 +226,19 @@ class BetterCompute:
         """The ASGI application; its lifespan runs ``initialize()`` at startup and ``close()`` at shutdown."""
         return self._http.asgi
 
+    @property
+    def gateway_services(self) -> GatewayServices:
+        """JoinService's ``join``, ``renew_challenge`` and ``renew`` and the secret broker's ``secret``, for
+        ``create_gateway``: set ``Options.join`` and ``Options.kms``, and call ``initialize()`` first.
+
+        Raises:
+            FailedPreconditionError: ``Options.join`` or ``Options.kms`` is not set, or ``initialize()`` has not run.
+        """
+        for module in self._modules:
+            if isinstance(module, IdentityModule):
+                return module.services
+        raise FailedPreconditionError("gateway services need Options.join and Options.kms")
+
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
     def catalog(self) -> set[str]:
@@ -380,17 +394,28 @@ def _problems_of(options: Options) -> tuple[list[str], list[Module], Registry]:
     join: Any = options.join
     if join is not None:
         problems.extend(join.problems())
+        missing = [m for m in ("nodes", "join_keys", "certificates", "nonces") if not hasattr(store, m)]
+        if store is not None and missing:
+            problems.append(f"store: {type(store).__name__} lacks {', '.join(missing)} (needed by JoinService)")
+    attestors: Sequence[Any] = options.attestors
+    for index, attestor in enumerate(attestors):
+        if not isinstance(attestor, Attestor):
+            problems.append(f"attestors[{index}]: {type(attestor).__name__} is not an attestor (name and attest())")
+    if attestors and (join is None or kms is None):
+        problems.append("attestors: JoinService runs only with Options.join and Options.kms")
 
     modules: list[Module] = [_CoreModule(), PoolsModule()]
     # Webhooks keep their signing secrets sealed by the KMS: the group exists only where one is configured.
     if kms is not None:
         modules.append(WebhooksModule())
         modules.append(SecretsModule())
+        if join is not None:
+            modules.append(IdentityModule(join, kms, attestors))
     extra: list[Any] = []
     if iam is not None and isinstance(iam, Module):
         extra.append(iam)
     extra.extend(options.modules)
-    names = {"core", "pools", "webhooks", "secrets"}
+    names = {"core", "pools", "webhooks", "secrets", "identity"}
     for index, module in enumerate(extra):
         if not isinstance(module, Module):
             problems.append(f"modules[{index}]: {type(module).__name__} is not a module (see bettercompute.Module)")

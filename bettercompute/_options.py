@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._core import ModuleContext
     from ._jobs import Job
     from ._registry import CallContext, GroupSpec
+    from .identity import Attestor
 
 __all__ = ["Module", "Options", "Plugin", "version_in_range"]
 
@@ -96,8 +97,10 @@ class Options:
             there is no implicit key file, because every process of one deployment must share the key. A module
             that keeps secrets declares ``requires = ("kms",)``; ``better_compute()`` refuses it without one.
         webhooks: How the ``sinks`` role sends webhooks (attempts, backoff, timeout).
-        join: What ``bcd join`` is pinned to (gateway address, trust domain, and once the CA and JoinService set
-            them, the CA bundle and JoinService's key); ``join-tokens.create`` renders it into the join command.
+        join: The node identity settings (gateway address, SPIFFE trust domain). With ``kms`` it turns on JoinService,
+            the node CA and ``compute.gateway_services``; ``join-tokens.create`` renders it into the join command.
+        attestors: JoinService's attestor chain after the built-in ``claims`` attestor
+            (``bettercompute.identity.Attestor``), run in order.
     """
 
     store: Store | None = None
@@ -115,6 +118,7 @@ class Options:
     kms: Kms | None = None
     webhooks: WebhookSettings = attrs.field(factory=WebhookSettings)
     join: JoinSettings | None = None
+    attestors: Sequence[Attestor] = ()
 
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")

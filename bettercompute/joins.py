@@ -7,6 +7,7 @@ bytes in URL-safe base64 (43 characters). Only ``hash_secret(secret)``, SHA-256 
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import re
@@ -31,21 +32,23 @@ _ADDRESS = re.compile(r"[A-Za-z0-9.-]{1,253}:[0-9]{1,5}")
 
 @attrs.frozen(kw_only=True)
 class JoinSettings:
-    """What ``bcd join`` is pinned to (``Options.join``); ``join-tokens.create`` renders it into the join command.
+    """What ``bcd join`` is pinned to (``Options.join``); ``join-tokens.create`` renders it into the join command,
+    together with the live CA bundle and JoinService's public key (both read from the store, so a rotation shows
+    up in the next command).
+
+    Setting it (with ``Options.kms``) also turns on JoinService, the CA of ``trust_domain`` and
+    ``compute.gateway_services``.
 
     Args:
         gateway_address: ``host:port`` the daemon dials (``gw.eu-1.example.com:443``).
         trust_domain: The SPIFFE trust domain of node identities (``example.com``).
-        ca_bundle_pem: The CA bundle the daemon trusts, PEM. A placeholder until the CA module sets it; while it is
-            ``None`` the join command carries no ``--ca-bundle``.
-        join_public_key: JoinService's public key the token is sealed to. A placeholder until JoinService sets it;
-            while it is ``None`` the join command carries no ``--join-key``.
+        sealed_token_max_age: How old a sealed join token may be when it arrives (the daemon seals it right before
+            sending).
     """
 
     gateway_address: str
     trust_domain: str
-    ca_bundle_pem: str | None = None
-    join_public_key: str | None = None
+    sealed_token_max_age: dt.timedelta = dt.timedelta(minutes=5)
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (``better_compute()`` reports it as ``INVALID_CONFIG``)."""
@@ -54,6 +57,8 @@ class JoinSettings:
             problems.append("join.gateway_address: must be host:port")
         if not _TRUST_DOMAIN.fullmatch(self.trust_domain):
             problems.append("join.trust_domain: must be a lower-case DNS name")
+        if not dt.timedelta(seconds=10) <= self.sealed_token_max_age <= dt.timedelta(hours=1):
+            problems.append("join.sealed_token_max_age: must be between 10 seconds and 1 hour")
         return problems
 
 

@@ -71,6 +71,8 @@ SELECT {_TOKEN_COLUMNS} FROM {{s}}.join_tokens WHERE pool_id = :pool_id ORDER BY
 
 _TOKEN_GET = f"SELECT {_TOKEN_COLUMNS} FROM {{s}}.join_tokens WHERE id = :id"
 
+_TOKEN_MATCHING = f"SELECT {_TOKEN_COLUMNS} FROM {{s}}.join_tokens WHERE id = :id AND secret_hash = :secret_hash"
+
 _TOKEN_REVOKE = f"""
 UPDATE {{s}}.join_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = :id RETURNING {_TOKEN_COLUMNS}
 """
@@ -212,6 +214,7 @@ class PgJoinTokens:
         self._create = db.sql(_TOKEN_CREATE)
         self._list = db.sql(_TOKEN_LIST)
         self._get = db.sql(_TOKEN_GET)
+        self._matching = db.sql(_TOKEN_MATCHING)
         self._revoke = db.sql(_TOKEN_REVOKE)
         self._consume = db.sql(_TOKEN_CONSUME)
 
@@ -252,6 +255,11 @@ class PgJoinTokens:
     async def get(self, id: str) -> JoinTokenRecord | None:
         """A token by id."""
         rows = await self._db.fetch(self._get, {"id": id})
+        return _token(rows[0]) if rows else None
+
+    async def matching(self, id: str, *, secret_hash: bytes) -> JoinTokenRecord | None:
+        """The token ``id`` if its stored hash is ``secret_hash``."""
+        rows = await self._db.fetch(self._matching, {"id": id, "secret_hash": secret_hash})
         return _token(rows[0]) if rows else None
 
     async def revoke(self, tx: Transaction, id: str) -> JoinTokenRecord | None:

@@ -335,6 +335,43 @@ CREATE TABLE {schema}.secrets (
 CREATE INDEX secrets_name_scope ON {schema}.secrets (name, scope);
 """
 
+# Nodes (a machine joined to a pool; at most one live node per hardware key in a pool, which is what reclaiming
+# relies on) and JoinService's X25519 keys (the private key only as the KMS sealed it; one active key).
+_CORE_V9 = """
+CREATE TABLE {schema}.nodes (
+    id text PRIMARY KEY,
+    tenant text NOT NULL,
+    pool_id text NOT NULL REFERENCES {schema}.pools (id),
+    site_id text,
+    state text NOT NULL CHECK (state IN ('adopting', 'adopted', 'failed', 'retired')),
+    hardware_key text NOT NULL,
+    claims jsonb NOT NULL DEFAULT '{}',
+    attestation jsonb NOT NULL DEFAULT '{}',
+    join_token_id text,
+    enrollments integer NOT NULL DEFAULT 1,
+    session_epoch bigint NOT NULL DEFAULT 0,
+    desired_generation bigint NOT NULL DEFAULT 0,
+    observed_generation bigint NOT NULL DEFAULT 0,
+    last_seen_at timestamptz,
+    joined_at timestamptz NOT NULL DEFAULT now(),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    retired_at timestamptz,
+    CHECK ((state = 'retired') = (retired_at IS NOT NULL))
+);
+CREATE UNIQUE INDEX nodes_live_hardware ON {schema}.nodes (pool_id, hardware_key) WHERE state <> 'retired';
+CREATE INDEX nodes_pool ON {schema}.nodes (pool_id, created_at);
+
+CREATE TABLE {schema}.join_keys (
+    id text PRIMARY KEY,
+    public_key text NOT NULL,
+    sealed_key bytea NOT NULL,
+    state text NOT NULL CHECK (state IN ('active', 'previous')),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX join_keys_active ON {schema}.join_keys ((true)) WHERE state = 'active';
+"""
+
 CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="core tables", sql=_CORE_V1),
     Migration(version=2, name="authorization projection", sql=_CORE_V2),
@@ -344,5 +381,6 @@ CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=6, name="pools and join tokens", sql=_CORE_V6),
     Migration(version=7, name="node certificate authority", sql=_CORE_V7),
     Migration(version=8, name="join nonces and secrets", sql=_CORE_V8),
+    Migration(version=9, name="nodes and join keys", sql=_CORE_V9),
 )
 """The migrations of module ``"core"``: the tables ``PgStore`` itself uses."""

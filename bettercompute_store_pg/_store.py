@@ -22,6 +22,7 @@ from ._idempotency import PgIdempotencyKeys
 from ._leases import PgLeases
 from ._membership import PgMembership
 from ._migrations import run_migrations
+from ._nodes import PgJoinKeys, PgNodes
 from ._outbox import PgOutbox
 from ._pools import PgJoinTokens, PgPools
 from ._queue import PgWorkQueue
@@ -180,6 +181,8 @@ class PgStore:
         self.pools = PgPools(self._db)
         self.join_tokens = PgJoinTokens(self._db)
         self.certificates = PgCertificates(self._db)
+        self.nodes = PgNodes(self._db)
+        self.join_keys = PgJoinKeys(self._db)
         self._audit = self._db.sql(_AUDIT)
         self._project = self._db.sql(_PROJECT)
         self._unproject = self._db.sql(_UNPROJECT)

@@ -274,8 +274,9 @@ class CertificateAuthority:
         """
         spiffe_id = self.spiffe_id(node_id, role)
         lifetime = self._lifetime(role, ttl)
-        public_key = _checked_csr_key(csr_pem)
-        key = await self._active() or await self.ensure()
+        public_key = checked_csr_key(csr_pem)
+        # Read in ``tx`` when given: a second pooled connection per join could starve the pool under load.
+        key = await self._active(tx) or await self.ensure()
         private = await self._private_key(key)
         ca_cert = x509.load_pem_x509_certificate(key.certificate_pem.encode())
         not_before = _utc_seconds(self._clock.now()) - CLOCK_SKEW
@@ -400,8 +401,8 @@ class CertificateAuthority:
 
     # --- internals ----------------------------------------------------------------------------------------------
 
-    async def _active(self) -> CaKey | None:
-        keys = await self._store.certificates.keys(self.trust_domain)
+    async def _active(self, tx: Transaction | None = None) -> CaKey | None:
+        keys = await self._store.certificates.keys(self.trust_domain, tx=tx)
         return next((k for k in keys if k.state == "active"), None)
 
     def _context(self, key_id: str) -> str:
@@ -495,7 +496,7 @@ def _leaf_key_usage() -> x509.KeyUsage:
 _AcceptedKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | rsa.RSAPublicKey
 
 
-def _checked_csr_key(csr_pem: str | bytes) -> _AcceptedKey:
+def checked_csr_key(csr_pem: str | bytes) -> _AcceptedKey:
     """The public key of a well-formed, self-consistent CSR that asks for no name of its own."""
     data = csr_pem.encode() if isinstance(csr_pem, str) else csr_pem
     if len(data) > _MAX_CSR_BYTES:

@@ -7,6 +7,7 @@ pool, so ``join-tokens.get`` and ``revoke`` (which name only the token) are deci
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import secrets
 import shlex
@@ -86,24 +87,44 @@ def _token(record: JoinTokenRecord, now: dt.datetime) -> JoinToken:
     )
 
 
-def join_command(token: str, settings: JoinSettings | None) -> str:
-    """The ``bcd join`` command line for ``token``, pinned to what ``Options.join`` knows.
+def join_command(
+    token: str,
+    settings: JoinSettings | None,
+    *,
+    pool_id: str | None = None,
+    ca_bundle_pem: str | None = None,
+    join_key: str | None = None,
+) -> str:
+    """The ``bcd join`` command line for ``token``, pinned to what is known.
 
-    Only what is configured is rendered: ``--gateway`` and ``--trust-domain`` when ``Options.join`` is set,
-    ``--ca-bundle`` (base64 of the PEM bundle) once ``JoinSettings.ca_bundle_pem`` is set by the CA, and
-    ``--join-key`` once ``JoinSettings.join_public_key`` is set by JoinService. Without ``Options.join`` it is the
+    ``--pool`` pins the pool the machine is meant for (JoinService refuses a token of another pool);
+    ``--gateway`` and ``--trust-domain`` come from ``Options.join``; ``--ca-bundle`` (base64 of the PEM bundle) and
+    ``--join-key`` (JoinService's X25519 public key) are the live ones, once the CA and JoinService have made their
+    keys (at ``initialize()`` when ``Options.join`` and ``Options.kms`` are set). Without ``Options.join`` it is the
     bare ``bcd join --token ...``.
     """
-    import base64
-
     parts = ["bcd", "join", "--token", token]
+    if pool_id is not None:
+        parts += ["--pool", pool_id]
     if settings is not None:
         parts += ["--gateway", settings.gateway_address, "--trust-domain", settings.trust_domain]
-        if settings.ca_bundle_pem is not None:
-            parts += ["--ca-bundle", base64.b64encode(settings.ca_bundle_pem.encode()).decode()]
-        if settings.join_public_key is not None:
-            parts += ["--join-key", settings.join_public_key]
+        if ca_bundle_pem:
+            parts += ["--ca-bundle", base64.b64encode(ca_bundle_pem.encode()).decode()]
+        if join_key is not None:
+            parts += ["--join-key", join_key]
     return shlex.join(parts)
+
+
+async def _pins(call: CallContext) -> tuple[str | None, str | None]:
+    """The live CA bundle (PEM) and JoinService public key, when ``Options.join`` is set and they exist."""
+    settings = call.context.options.join
+    store = call.context.store
+    if settings is None:
+        return None, None
+    keys = await store.certificates.keys(settings.trust_domain)
+    bundle = "".join(k.certificate_pem for k in keys if k.state != "retired") or None
+    join_key = await store.join_keys.active()
+    return bundle, join_key.public_key if join_key is not None else None
 
 
 # --- pools ------------------------------------------------------------------------------------------------------
@@ -195,6 +216,7 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
     """
     context = call.context
     pool = await _existing_pool(call, input.pool_id)
+    bundle, join_key = await _pins(call)
     token_id, token, secret_hash = new_token()
     expires_at = context.clock.now() + dt.timedelta(seconds=input.expires_in_seconds)
     expect = {k: v for k, v in attrs.asdict(input.expect).items() if v is not None}
@@ -228,7 +250,9 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
         expires_at=record.expires_at,
         expect=_expect(record.expect),
         reclaim=input.reclaim,
-        join_command=join_command(token, context.options.join),
+        join_command=join_command(
+            token, context.options.join, pool_id=pool.id, ca_bundle_pem=bundle, join_key=join_key
+        ),
     )
 
 

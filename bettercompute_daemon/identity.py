@@ -1,0 +1,129 @@
+"""The daemon's side of node identity: its key and CSR, the sealed join token, and what it signs.
+
+The daemon may not import the control plane, so the wire formats live here a second time; the tests check both
+sides against each other (``tests/integration/joins``). The formats:
+
+- Sealed token: ``b"bcj1"`` | HPKE (X25519, HKDF-SHA256, AES-256-GCM; ``info`` ``b"bettercompute/join/v1"``) of
+  sealed_at (8 bytes, big-endian ms since the epoch) | nonce (16) | the token text.
+- Renewal proof: the signature over ``b"bettercompute/renew/v1\\n"`` | challenge | SHA-256 of the new CSR (DER).
+- Secret request: the signature over ``b"bettercompute/secret/v1\\n"`` | signed_at (8, ms) | nonce (16) | name |
+  ``b"\\n"`` | RFC 7638 thumbprint of the ephemeral public JWK.
+
+Signatures are ECDSA P-256 with SHA-256 (the key ``NodeKey`` makes).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import secrets
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, hpke, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+from cryptography.x509.oid import NameOID
+from joserfc import jwe
+from joserfc.jwk import ECKey
+
+__all__ = ["EphemeralKey", "NodeKey", "SecretRequestProof", "seal_token"]
+
+_INFO = b"bettercompute/join/v1"
+_SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
+_RENEW = b"bettercompute/renew/v1\n"
+_SECRET = b"bettercompute/secret/v1\n"
+
+
+def _ms(at: dt.datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def seal_token(join_key: str, token: str, *, now: dt.datetime | None = None) -> bytes:
+    """Seal ``token`` to JoinService's public key (``--join-key``: base64url of 32 bytes), stamped now."""
+    raw = base64.urlsafe_b64decode(join_key + "=" * (-len(join_key) % 4))
+    public = X25519PublicKey.from_public_bytes(raw)
+    stamp = _ms(now or dt.datetime.now(dt.UTC)).to_bytes(8, "big", signed=True)
+    return b"bcj1" + _SUITE.encrypt(stamp + secrets.token_bytes(16) + token.encode(), public, info=_INFO)
+
+
+class NodeKey:
+    """The node's private key (ECDSA P-256). It never leaves the machine; only CSRs and signatures do."""
+
+    def __init__(self, private_key: ec.EllipticCurvePrivateKey | None = None) -> None:
+        self.private_key = private_key or ec.generate_private_key(ec.SECP256R1())
+
+    def __repr__(self) -> str:
+        return "NodeKey(<private>)"
+
+    def csr_pem(self, hostname: str = "node") -> str:
+        """A CSR for this key (the CA ignores its subject and sets the SPIFFE ID itself)."""
+        csr = (
+            x509.CertificateSigningRequestBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)]))
+            .sign(self.private_key, hashes.SHA256())
+        )
+        return csr.public_bytes(serialization.Encoding.PEM).decode()
+
+    def private_key_pem(self) -> bytes:
+        """The key as unencrypted PKCS#8 PEM, for the TLS stack (keep the file mode 0600)."""
+        return self.private_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    def sign(self, message: bytes) -> bytes:
+        """An ECDSA-SHA256 signature (DER)."""
+        return self.private_key.sign(message, ec.ECDSA(hashes.SHA256()))
+
+    def renewal_proof(self, challenge: bytes, new_csr_pem: str) -> bytes:
+        """The proof of possession that goes with a renewal: this key's signature over the challenge and the CSR."""
+        csr_der = x509.load_pem_x509_csr(new_csr_pem.encode()).public_bytes(serialization.Encoding.DER)
+        return self.sign(_RENEW + challenge + hashlib.sha256(csr_der).digest())
+
+    def secret_request(
+        self, name: str, ephemeral: EphemeralKey, *, now: dt.datetime | None = None
+    ) -> SecretRequestProof:
+        """The signed fields of a secret request for ``name``, answered to ``ephemeral``."""
+        signed_at_ms = _ms(now or dt.datetime.now(dt.UTC))
+        nonce = secrets.token_bytes(16)
+        message = (
+            _SECRET
+            + signed_at_ms.to_bytes(8, "big", signed=True)
+            + nonce
+            + name.encode()
+            + b"\n"
+            + ephemeral.thumbprint().encode()
+        )
+        return SecretRequestProof(signed_at_ms=signed_at_ms, nonce=nonce, signature=self.sign(message))
+
+
+class SecretRequestProof:
+    """``signed_at_ms``, ``nonce`` and ``signature`` of one secret request."""
+
+    def __init__(self, *, signed_at_ms: int, nonce: bytes, signature: bytes) -> None:
+        self.signed_at_ms = signed_at_ms
+        self.nonce = nonce
+        self.signature = signature
+
+
+class EphemeralKey:
+    """A key made for one secret request: send ``public_jwk()``, open the answer with ``open()``, then drop it."""
+
+    def __init__(self) -> None:
+        self._key = ECKey.generate_key("P-256", private=True)
+
+    def __repr__(self) -> str:
+        return "EphemeralKey(<private>)"
+
+    def public_jwk(self) -> dict[str, Any]:
+        """The public half as a JWK."""
+        return dict(self._key.as_dict(private=False))
+
+    def thumbprint(self) -> str:
+        """Its RFC 7638 thumbprint (what the request's signature covers)."""
+        return str(self._key.thumbprint())
+
+    def open(self, token: str) -> bytes:
+        """The plaintext of the broker's JWE answer."""
+        return bytes(jwe.decrypt_compact(token, self._key).plaintext or b"")

@@ -1,0 +1,191 @@
+"""Nodes and JoinService's keys (``bettercompute.ports.Nodes`` and ``bettercompute.ports.JoinKeys``).
+
+``enroll`` is one statement: it locks the pool's live node with the hardware key, if there is one, and either takes
+it back (reclaim) or reports it; otherwise it inserts the new node. The partial unique index on ``(pool_id,
+hardware_key)`` of live nodes makes the loser of two concurrent first enrollments of one machine a unique violation,
+which the store boundary turns into ``ConflictError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from bettercompute.errors import ConflictError, InternalError
+from bettercompute.ports import Enrollment, JoinKeyRecord, NodeRecord, Transaction
+
+from ._db import Database, dumps, fetch_in, utc
+
+__all__ = ["PgJoinKeys", "PgNodes"]
+
+_COLUMNS = (
+    "id, tenant, pool_id, site_id, state, hardware_key, claims, attestation, join_token_id, enrollments, "
+    "session_epoch, desired_generation, observed_generation, last_seen_at, joined_at, created_at, updated_at, "
+    "retired_at"
+)
+_N_COLUMNS = ", ".join(f"n.{c.strip()}" for c in _COLUMNS.split(","))
+
+_ENROLL = f"""
+WITH live AS (
+    SELECT id FROM {{s}}.nodes
+    WHERE pool_id = :pool_id AND hardware_key = :hardware_key AND state <> 'retired'
+    FOR UPDATE
+),
+reclaimed AS (
+    UPDATE {{s}}.nodes AS n SET state = 'adopting', claims = CAST(:claims AS jsonb),
+        attestation = CAST(:attestation AS jsonb), join_token_id = :join_token_id, enrollments = n.enrollments + 1,
+        joined_at = now(), updated_at = now()
+    FROM live WHERE n.id = live.id AND :reclaim
+    RETURNING {_N_COLUMNS}
+),
+created AS (
+    INSERT INTO {{s}}.nodes (id, tenant, pool_id, state, hardware_key, claims, attestation, join_token_id)
+    SELECT :new_id, :tenant, :pool_id, 'adopting', :hardware_key, CAST(:claims AS jsonb),
+        CAST(:attestation AS jsonb), :join_token_id
+    WHERE NOT EXISTS (SELECT 1 FROM live)
+    RETURNING {_COLUMNS}
+)
+SELECT 'reclaimed' AS outcome, * FROM reclaimed
+UNION ALL SELECT 'created', * FROM created
+UNION ALL SELECT 'conflict', {_N_COLUMNS} FROM {{s}}.nodes AS n JOIN live ON n.id = live.id WHERE NOT :reclaim
+"""
+
+_GET = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE id = :id"
+_FOR_POOL = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE pool_id = :pool_id ORDER BY created_at, id LIMIT 10000"
+_RETIRE = f"""
+UPDATE {{s}}.nodes SET state = 'retired', retired_at = coalesce(retired_at, now()), updated_at = now()
+WHERE id = :id RETURNING {_COLUMNS}
+"""
+
+_KEY_COLUMNS = "id, public_key, sealed_key, state, created_at"
+_ACTIVE_KEY = f"SELECT {_KEY_COLUMNS} FROM {{s}}.join_keys WHERE state = 'active'"
+# Insert unless an active key exists (the partial unique index settles a race); then read the active key.
+_CREATE_KEY = f"""
+WITH ins AS (
+    INSERT INTO {{s}}.join_keys (id, public_key, sealed_key, state) VALUES (:id, :public_key, :sealed_key, 'active')
+    ON CONFLICT DO NOTHING
+    RETURNING {_KEY_COLUMNS}
+)
+SELECT * FROM ins
+UNION ALL SELECT {_KEY_COLUMNS} FROM {{s}}.join_keys WHERE state = 'active' AND NOT EXISTS (SELECT 1 FROM ins)
+"""
+
+
+def _conn(tx: Transaction) -> AsyncConnection:
+    connection = getattr(tx, "connection", None)
+    if not isinstance(connection, AsyncConnection):
+        raise InternalError("nodes need a transaction of the PostgreSQL store")
+    return connection
+
+
+def _node(row: Any) -> NodeRecord:
+    return NodeRecord(
+        id=row.id,
+        tenant=row.tenant,
+        pool_id=row.pool_id,
+        site_id=row.site_id,
+        state=row.state,
+        hardware_key=row.hardware_key,
+        claims=dict(row.claims),
+        attestation=dict(row.attestation),
+        join_token_id=row.join_token_id,
+        enrollments=row.enrollments,
+        session_epoch=row.session_epoch,
+        desired_generation=row.desired_generation,
+        observed_generation=row.observed_generation,
+        last_seen_at=utc(row.last_seen_at) if row.last_seen_at is not None else None,
+        joined_at=utc(row.joined_at),
+        created_at=utc(row.created_at),
+        updated_at=utc(row.updated_at),
+        retired_at=utc(row.retired_at) if row.retired_at is not None else None,
+    )
+
+
+class PgNodes:
+    """``Nodes`` on the ``nodes`` table (core migration 9)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._enroll = db.sql(_ENROLL)
+        self._get = db.sql(_GET)
+        self._for_pool = db.sql(_FOR_POOL)
+        self._retire = db.sql(_RETIRE)
+
+    async def enroll(
+        self,
+        tx: Transaction,
+        *,
+        new_id: str,
+        pool_id: str,
+        tenant: str,
+        hardware_key: str,
+        claims: Mapping[str, Any],
+        attestation: Mapping[str, Any],
+        join_token_id: str,
+        reclaim: bool,
+    ) -> Enrollment:
+        """Create the node, or take back (or report) the pool's live node with this hardware key."""
+        params = {
+            "new_id": new_id,
+            "pool_id": pool_id,
+            "tenant": tenant,
+            "hardware_key": hardware_key,
+            "claims": dumps(dict(claims)),
+            "attestation": dumps(dict(attestation)),
+            "join_token_id": join_token_id,
+            "reclaim": reclaim,
+        }
+        rows = await fetch_in(_conn(tx), self._enroll, params)
+        if not rows:  # only if the live node was retired between the lock and the update: let the caller retry
+            raise ConflictError("the node with this hardware key changed during the join; retry")
+        return Enrollment(outcome=rows[0].outcome, node=_node(rows[0]))
+
+    async def get(self, id: str, *, tx: Transaction | None = None) -> NodeRecord | None:
+        """A node by id."""
+        if tx is not None:
+            rows = await fetch_in(_conn(tx), self._get, {"id": id})
+        else:
+            rows = await self._db.fetch(self._get, {"id": id})
+        return _node(rows[0]) if rows else None
+
+    async def for_pool(self, pool_id: str) -> list[NodeRecord]:
+        """The pool's nodes, oldest first."""
+        return [_node(r) for r in await self._db.fetch(self._for_pool, {"pool_id": pool_id})]
+
+    async def retire(self, tx: Transaction, id: str) -> NodeRecord | None:
+        """Retire a node (idempotent)."""
+        rows = await fetch_in(_conn(tx), self._retire, {"id": id})
+        return _node(rows[0]) if rows else None
+
+
+def _key(row: Any) -> JoinKeyRecord:
+    return JoinKeyRecord(
+        id=row.id,
+        public_key=row.public_key,
+        sealed_key=bytes(row.sealed_key),
+        state=row.state,
+        created_at=utc(row.created_at),
+    )
+
+
+class PgJoinKeys:
+    """``JoinKeys`` on the ``join_keys`` table (core migration 9)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._active = db.sql(_ACTIVE_KEY)
+        self._create = db.sql(_CREATE_KEY)
+
+    async def active(self) -> JoinKeyRecord | None:
+        """The active key, if any."""
+        rows = await self._db.fetch(self._active, {})
+        return _key(rows[0]) if rows else None
+
+    async def create_if_none(self, *, id: str, public_key: str, sealed_key: bytes) -> JoinKeyRecord:
+        """Store this key as the active one unless one exists; the active key either way."""
+        rows = await self._db.fetch(self._create, {"id": id, "public_key": public_key, "sealed_key": sealed_key})
+        if not rows:  # pragma: no cover - the insert or the existing row always answers
+            raise InternalError("no active join key after creating one")
+        return _key(rows[0])

@@ -1,0 +1,143 @@
+"""A control plane with JoinService on (``Options.join`` and a KMS), a manual clock, two tenants and a GPU pool in
+acme; ``Fleet`` helpers act as ``bcd`` does, through ``bettercompute_daemon.identity``."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+
+from bettercompute import BetterCompute, JoinSettings, LocalKeyKms
+from bettercompute.identity import Attestor, GatewayServices, JoinResult
+from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, JoinExpect, Pool
+from bettercompute.testing import ManualClock
+from bettercompute_daemon.identity import NodeKey, seal_token
+from bettercompute_store_pg import PgStore
+
+from ..iam.conftest import two_tenants
+
+TRUST_DOMAIN = "compute.example.test"
+
+
+def claims(serial: str = "SN-0001", **more: Any) -> dict[str, Any]:
+    """Hardware claims as ``bcd`` sends them."""
+    return {"hostname": f"host-{serial.lower()}", "serial": serial, "product": "PowerEdge XE9680", **more}
+
+
+@attrs.frozen(kw_only=True)
+class Fleet:
+    compute: BetterCompute
+    store: PgStore
+    kms: LocalKeyKms
+    clock: ManualClock
+    acme: str
+    alice: str
+    globex: str
+    mallory: str
+    pool: str
+    http: httpx.AsyncClient
+
+    @property
+    def services(self) -> GatewayServices:
+        return self.compute.gateway_services
+
+    async def new_pool(self, name: str, pool_class: str = "gpu") -> str:
+        created: Pool = await self.compute.api.pools.create(
+            self.alice,
+            CreatePoolInput(tenant=self.acme, name=name, pool_class=pool_class),  # type: ignore[arg-type]
+        )
+        return created.id
+
+    async def token(
+        self,
+        *,
+        pool: str | None = None,
+        uses: int = 1,
+        expires_in_seconds: int = 3600,
+        expect: JoinExpect | None = None,
+        reclaim: str = "none",
+    ) -> CreatedJoinToken:
+        created: CreatedJoinToken = await self.compute.api.join_tokens.create(
+            self.alice,
+            CreateJoinTokenInput(
+                pool_id=pool or self.pool,
+                uses=uses,
+                expires_in_seconds=expires_in_seconds,
+                expect=expect or JoinExpect(),
+                reclaim=reclaim,  # type: ignore[arg-type]
+            ),
+        )
+        return created
+
+    async def events(self, event_type: str) -> list[tuple[str, dict[str, Any]]]:
+        """The outbox's events of ``event_type``, oldest first: (key, payload)."""
+        rows = await self.store.fetch(
+            self.store.sql("SELECT key, payload FROM {s}.outbox WHERE type = :type ORDER BY id"), {"type": event_type}
+        )
+        return [(r.key, dict(r.payload)) for r in rows]
+
+    async def join_key(self) -> str:
+        record = await self.store.join_keys.active()
+        assert record is not None
+        return record.public_key
+
+    async def seal(self, token: str) -> bytes:
+        return seal_token(await self.join_key(), token, now=self.clock.now())
+
+    async def join(
+        self,
+        token: str,
+        *,
+        key: NodeKey | None = None,
+        hardware: Mapping[str, Any] | None = None,
+        pool_id: str | None = None,
+        evidence: Mapping[str, str] | None = None,
+    ) -> tuple[JoinResult, NodeKey]:
+        """Join as ``bcd join`` does: a fresh key, its CSR, the token sealed to the published join key."""
+        key = key or NodeKey()
+        result = await self.services.join(
+            sealed_token=await self.seal(token),
+            csr_pem=key.csr_pem(),
+            claims=dict(hardware or claims()),
+            evidence=evidence,
+            pool_id=pool_id,
+        )
+        return result, key
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(dt.datetime.now(dt.UTC).replace(microsecond=0))
+
+
+@pytest.fixture
+def attestors() -> Sequence[Attestor]:
+    """The host's attestors (none by default; a test module may override this fixture)."""
+    return ()
+
+
+@pytest.fixture
+async def fleet(
+    database_url: str, fresh_schema: str, tmp_path: Path, clock: ManualClock, attestors: Sequence[Attestor]
+) -> AsyncIterator[Fleet]:
+    kms = LocalKeyKms(tmp_path / "kms.key")
+    join = JoinSettings(gateway_address="gw.eu-1.example.com:443", trust_domain=TRUST_DOMAIN)
+    async with two_tenants(database_url, fresh_schema, kms=kms, join=join, clock=clock, attestors=attestors) as t:
+        pool: Pool = await t.compute.api.pools.create(t.alice, CreatePoolInput(tenant=t.acme, name="gpus"))
+        yield Fleet(
+            compute=t.compute,
+            store=t.store,
+            kms=kms,
+            clock=clock,
+            acme=t.acme,
+            alice=t.alice,
+            globex=t.globex,
+            mallory=t.mallory,
+            pool=pool.id,
+            http=t.http,
+        )
