@@ -22,6 +22,8 @@ PACKAGES = [
     "bettercompute.joins",
     "bettercompute.webhooks",
     "bettercompute.ca",
+    "bettercompute.identity",
+    "bettercompute_daemon.identity",
     "bettercompute_store_pg",
     "bettercompute_iam",
     "bettercompute_cli",

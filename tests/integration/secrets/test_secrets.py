@@ -27,31 +27,13 @@ from bettercompute.modules.secrets import (
     NodeIdentity,
 )
 
+from ..dump import dump_schema
 from .conftest import Vault
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
 PLAINTEXT = "pl41ntext-db-password-7f3a9c"
 NODE = NodeIdentity(node_id="nd_1", pool_id="pl_a", site_id="st_x")
-
-
-def _dump(url: str, schema: str) -> str:
-    """Every row of every table of the schema, as text (bytea as hex and as bytes)."""
-    out: list[str] = []
-    with psycopg.connect(url) as conn:
-        tables = [
-            r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,)).fetchall()
-        ]
-        for table in tables:
-            for row in conn.execute(f'SELECT * FROM "{schema}"."{table}"').fetchall():
-                for cell in row:
-                    if isinstance(cell, bytes | memoryview):
-                        raw = bytes(cell)
-                        out.append(raw.hex())
-                        out.append(raw.decode("latin-1"))
-                    else:
-                        out.append(str(cell))
-    return "\n".join(out)
 
 
 async def _create(vault: Vault, name: str, scope: str, value: str = PLAINTEXT) -> Any:
@@ -207,7 +189,7 @@ async def test_every_release_and_refusal_is_audited_and_no_plaintext_is_stored_o
         ("compute:secrets:delete", "ok"),
     ]
     assert rows[1][2] == vault.acme and rows[1][3] == "node:nd_1" and "by-node" in rows[1][4]
-    dump = _dump(database_url, schema)
+    dump = dump_schema(database_url, schema)
     assert PLAINTEXT not in dump and PLAINTEXT.encode().hex() not in dump
     assert str(key.as_dict(private=True)["d"]) not in dump
     logged = "\n".join(f"{r.getMessage()} {r.args!r}" for r in caplog.records)

@@ -1,0 +1,165 @@
+"""Renewal with proof of possession, and the refusals: no proof, someone else's CSR, a revoked certificate, a retired
+node, a used or foreign challenge, an expired certificate (which re-enrolls through reclaim instead)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from bettercompute.errors import AccessDeniedError, ComputeError, InvalidInputError, UnauthenticatedError
+from bettercompute.identity import JoinResult
+from bettercompute_daemon.identity import NodeKey
+
+from .conftest import Fleet, claims
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+
+def _reason(exc: pytest.ExceptionInfo[ComputeError]) -> Any:
+    return exc.value.details.get("reason")
+
+
+async def _joined(fleet: Fleet, serial: str = "SN-1", *, reclaim: str = "none") -> tuple[JoinResult, NodeKey]:
+    created = await fleet.token(reclaim=reclaim)
+    return await fleet.join(created.token, hardware=claims(serial))
+
+
+async def test_a_node_renews_with_a_signature_over_the_challenge_and_its_new_csr(fleet: Fleet) -> None:
+    joined, key = await _joined(fleet)
+    fleet.clock.advance(dt.timedelta(hours=20))
+    challenge = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
+    new_key = NodeKey()
+    csr = new_key.csr_pem()
+    renewed = await fleet.services.renew(
+        certificate_pem=joined.certificate_pem,
+        challenge=challenge,
+        signature=key.renewal_proof(challenge, csr),
+        csr_pem=csr,
+    )
+    assert renewed.node_id == joined.node_id and renewed.spiffe_id == joined.spiffe_id
+    assert renewed.serial != joined.serial and renewed.not_after > joined.not_after
+    cert = x509.load_pem_x509_certificate(renewed.certificate_pem.encode())
+    assert cert.public_key() == new_key.private_key.public_key()
+    # The old certificate is not revoked: it keeps the live session up until it expires.
+    assert not await fleet.services.is_revoked(joined.serial)
+
+
+async def test_a_renewal_without_proof_of_possession_is_refused(fleet: Fleet) -> None:
+    joined, key = await _joined(fleet)
+    thief = NodeKey()  # holds the certificate (it is public), not the key
+    challenge = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
+    csr = thief.csr_pem()
+    with pytest.raises(UnauthenticatedError) as no_proof:
+        await fleet.services.renew(
+            certificate_pem=joined.certificate_pem,
+            challenge=challenge,
+            signature=thief.renewal_proof(challenge, csr),
+            csr_pem=csr,
+        )
+    assert _reason(no_proof) == "bad_signature"
+    # A relay swapping in its own CSR under the node's genuine signature is refused too.
+    genuine = key.renewal_proof(challenge, key.csr_pem())
+    with pytest.raises(UnauthenticatedError) as swapped:
+        await fleet.services.renew(
+            certificate_pem=joined.certificate_pem, challenge=challenge, signature=genuine, csr_pem=csr
+        )
+    assert _reason(swapped) == "bad_signature"
+    with pytest.raises(InvalidInputError):
+        await fleet.services.renew(
+            certificate_pem=joined.certificate_pem, challenge=challenge, signature=b"", csr_pem=csr
+        )
+
+
+async def test_a_challenge_is_used_once_and_only_for_its_certificate(fleet: Fleet) -> None:
+    joined, key = await _joined(fleet, "SN-1")
+    other, other_key = await _joined(fleet, "SN-2")
+    challenge = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
+    csr = key.csr_pem()
+    proof = key.renewal_proof(challenge, csr)
+    await fleet.services.renew(
+        certificate_pem=joined.certificate_pem, challenge=challenge, signature=proof, csr_pem=csr
+    )
+    with pytest.raises(UnauthenticatedError) as replayed:
+        await fleet.services.renew(
+            certificate_pem=joined.certificate_pem, challenge=challenge, signature=proof, csr_pem=csr
+        )
+    assert _reason(replayed) == "replayed"
+    other_csr = other_key.csr_pem()
+    with pytest.raises(UnauthenticatedError) as foreign:
+        await fleet.services.renew(
+            certificate_pem=other.certificate_pem,
+            challenge=challenge,
+            signature=other_key.renewal_proof(challenge, other_csr),
+            csr_pem=other_csr,
+        )
+    assert _reason(foreign) == "bad_challenge"
+    stale = await fleet.services.renew_challenge(certificate_pem=other.certificate_pem)
+    fleet.clock.advance(dt.timedelta(minutes=3))
+    with pytest.raises(UnauthenticatedError) as too_old:
+        await fleet.services.renew(
+            certificate_pem=other.certificate_pem,
+            challenge=stale,
+            signature=other_key.renewal_proof(stale, other_csr),
+            csr_pem=other_csr,
+        )
+    assert _reason(too_old) == "challenge_expired"
+
+
+async def test_a_revoked_certificate_or_a_retired_node_cannot_renew(fleet: Fleet) -> None:
+    revoked, _ = await _joined(fleet, "SN-1")
+    await fleet.services.joins.ca.revoke(revoked.serial, reason="stolen")
+    with pytest.raises(UnauthenticatedError) as was_revoked:
+        await fleet.services.renew_challenge(certificate_pem=revoked.certificate_pem)
+    assert _reason(was_revoked) == "certificate_revoked"
+
+    retired, key = await _joined(fleet, "SN-2")
+    challenge = await fleet.services.renew_challenge(certificate_pem=retired.certificate_pem)
+    async with fleet.store.transaction() as tx:
+        await fleet.store.nodes.retire(tx, retired.node_id)
+    csr = key.csr_pem()
+    with pytest.raises(AccessDeniedError) as was_retired:
+        await fleet.services.renew(
+            certificate_pem=retired.certificate_pem,
+            challenge=challenge,
+            signature=key.renewal_proof(challenge, csr),
+            csr_pem=csr,
+        )
+    assert _reason(was_retired) == "node_retired"
+
+
+async def test_a_certificate_from_another_ca_is_untrusted(fleet: Fleet, database_url: str) -> None:
+    from bettercompute.ca import CertificateAuthority
+    from bettercompute_store_pg import PgStore
+
+    joined, _ = await _joined(fleet)
+    # Same trust domain, another CA (another schema's keys): the chain does not verify here.
+    other_store = PgStore(database_url, schema=fleet.store.schema + "_x")
+    await other_store.open()
+    try:
+        await other_store.install()
+        stranger = CertificateAuthority(other_store, fleet.kms, trust_domain=fleet.services.joins.ca.trust_domain)
+        forged = await stranger.issue(NodeKey().csr_pem(), node_id=joined.node_id)
+    finally:
+        async with other_store.transaction() as tx:
+            await tx.connection.exec_driver_sql(f'DROP SCHEMA "{other_store.schema}" CASCADE')
+        await other_store.close()
+    with pytest.raises(UnauthenticatedError) as untrusted:
+        await fleet.services.renew_challenge(certificate_pem=forged.certificate_pem)
+    assert _reason(untrusted) == "untrusted"
+    with pytest.raises(InvalidInputError):
+        await fleet.services.renew_challenge(certificate_pem="not a certificate")
+
+
+async def test_an_expired_certificate_re_enrolls_through_reclaim_not_renewal(fleet: Fleet) -> None:
+    joined, _ = await _joined(fleet, "SN-5", reclaim="same-hardware")
+    fleet.clock.advance(dt.timedelta(hours=25))  # offline past its certificate's lifetime
+    with pytest.raises(UnauthenticatedError) as expired:
+        await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
+    assert _reason(expired) == "certificate_expired"
+    # The documented path: join again with a reclaiming token; the same hardware gets its node id back.
+    token = await fleet.token(reclaim="same-hardware")
+    again, _ = await fleet.join(token.token, hardware=claims("SN-5"))
+    assert again.node_id == joined.node_id and again.reclaimed
