@@ -20,7 +20,6 @@ from bettercompute_daemon.identity import EphemeralKey, NodeKey, seal_token
 
 from ..core.conftest import make_compute, make_iam
 
-
 JOIN = JoinSettings(gateway_address="gw.example.com:443", trust_domain="example.com")
 
 
