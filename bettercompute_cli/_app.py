@@ -49,6 +49,10 @@ DEV_DATA = Path(".bettercompute") / "pg"
 """Where ``dev`` keeps its embedded PostgreSQL's data, below the current folder."""
 
 DEV_KMS_KEY = Path(".bettercompute") / "kms.key"
+DEV_TRUST_DOMAIN = "dev.localhost"
+"""``dev``'s SPIFFE trust domain unless ``trust_domain`` is set."""
+DEV_GATEWAY_PORT = 7443
+"""The gateway port ``dev``'s join commands pin unless ``gateway_address`` is set."""
 """The key file sealing ``dev``'s webhook signing secrets unless ``kms_key_file`` is set (0600, made on first use)."""
 
 _ROLES_HELP = f"Comma-separated: api, {', '.join(WORKER_ROLES)}, or all (the API and every worker role)."
@@ -302,9 +306,10 @@ def dev(
     """Run the whole control plane on this machine, for development.
 
     Uses BETTERCOMPUTE_DATABASE_URL when set, else an embedded PostgreSQL whose data stays in ./.bettercompute/pg.
-    Webhook signing secrets are sealed with the key in ./.bettercompute/kms.key (or kms_key_file; with --ephemeral,
-    a temporary one). Migrates, makes sure a root admin credential exists (printing it when it is new), and serves
-    every role.
+    Webhook signing secrets, the node CA's key and JoinService's key are sealed with the key in
+    ./.bettercompute/kms.key (or kms_key_file; with --ephemeral, a temporary one); nodes join the trust domain
+    dev.localhost through <host>:7443 unless trust_domain and gateway_address are set. Migrates, makes sure a root
+    admin credential exists (printing it when it is new), and serves every role.
     """
     with _errors():
         config = _config(ctx, host=host, port=port)
@@ -322,6 +327,11 @@ def dev(
                     key_file = DEV_KMS_KEY.absolute()
                 config = attrs.evolve(config, kms_key_file=key_file)
             log.info("webhook signing secrets are sealed with the key in %s", config.kms_key_file)
+            if config.trust_domain is None and config.gateway_address is None:
+                config = attrs.evolve(
+                    config, trust_domain=DEV_TRUST_DOMAIN, gateway_address=f"{config.host}:{DEV_GATEWAY_PORT}"
+                )
+            log.info("nodes join the trust domain %s through %s", config.trust_domain, config.gateway_address)
             url = config.database_url
             if url is None:
                 directory = None if ephemeral else DEV_DATA

@@ -57,10 +57,14 @@ KEYS = (
     "iam_url",
     "iam_credential",
     "kms_key_file",
+    "trust_domain",
+    "gateway_address",
 )
 """The keys of the file; each is also ``BETTERCOMPUTE_<KEY>`` in the environment."""
 
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_TRUST_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+_ADDRESS = re.compile(r"[A-Za-z0-9.-]{1,253}:[0-9]{1,5}")
 _URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -91,6 +95,9 @@ class Config:
         kms_key_file: The ``LocalKeyKms`` key file that seals webhook signing secrets; with it, ``serve`` and
             ``migrate`` register the ``webhooks`` group and its sender. Every process of one deployment that runs the
             API or ``sinks`` must read the same file. ``dev`` defaults to ``./.bettercompute/kms.key``.
+        trust_domain: The SPIFFE trust domain of node identities; with ``gateway_address`` and ``kms_key_file`` it
+            turns on JoinService and the node CA (``dev`` defaults to ``dev.localhost``).
+        gateway_address: ``host:port`` daemons dial, pinned in the join command (``dev``: ``<host>:7443``).
     """
 
     database_url: str | None = attrs.field(default=None, repr=False)
@@ -103,6 +110,8 @@ class Config:
     iam_url: str | None = None
     iam_credential: str | None = attrs.field(default=None, repr=False)
     kms_key_file: Path | None = None
+    trust_domain: str | None = None
+    gateway_address: str | None = None
 
 
 def parse_roles(value: str | list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -150,6 +159,15 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty path"
         return Path(value.strip()).expanduser(), None
+    if key in ("trust_domain", "gateway_address"):
+        if not isinstance(value, str) or not value.strip():
+            return None, f"{where} must be a non-empty string"
+        text = value.strip()
+        if key == "trust_domain" and not _TRUST_DOMAIN.fullmatch(text):
+            return None, f"{where} {text!r} must be a lower-case DNS name like compute.example.com"
+        if key == "gateway_address" and not _ADDRESS.fullmatch(text):
+            return None, f"{where} {text!r} must be host:port"
+        return text, None
     if key in ("host", "instance", "schema"):
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty string"
@@ -211,6 +229,11 @@ def _check_pairs(given: set[str], problems: list[str]) -> None:
             f"{present} is set but {missing} is not: a central IAM needs both iam_url and iam_credential "
             f"({IAM_URL_ENV}, {IAM_CREDENTIAL_ENV}), or neither for the embedded IAM"
         )
+    if ("trust_domain" in given) != ("gateway_address" in given):
+        present, missing = (
+            ("trust_domain", "gateway_address") if "trust_domain" in given else ("gateway_address", "trust_domain")
+        )
+        problems.append(f"{present} is set but {missing} is not: joining nodes needs both (the join command pins both)")
 
 
 def _merge(values: dict[str, Any], problems: list[str], key: str, value: Any, problem: str | None) -> None:

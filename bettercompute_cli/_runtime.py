@@ -24,7 +24,7 @@ import anyio
 import attrs
 import uvicorn
 
-from bettercompute import BetterCompute, LocalKeyKms, Options, better_compute
+from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute.errors import ComputeError, UnavailableError
 from bettercompute.ports import Iam
 from bettercompute_iam import EmbeddedIam, RemoteIam
@@ -100,7 +100,11 @@ def _compose(config: Config, url: str, iam: Iam) -> BetterCompute:
     store = PgStore(url, schema=config.schema, prepared_statements=not config.pgbouncer)
     # With a key file, the webhooks group and its sinks/webhooks sender are registered (no I/O until first use).
     kms = LocalKeyKms(config.kms_key_file) if config.kms_key_file is not None else None
-    return better_compute(Options(store=store, iam=iam, instance=config.instance, kms=kms))
+    # With the trust domain and gateway address as well, JoinService and the node CA are on.
+    join = None
+    if config.trust_domain is not None and config.gateway_address is not None:
+        join = JoinSettings(gateway_address=config.gateway_address, trust_domain=config.trust_domain)
+    return better_compute(Options(store=store, iam=iam, instance=config.instance, kms=kms, join=join))
 
 
 def build(config: Config, url: str) -> tuple[BetterCompute, EmbeddedIam]:

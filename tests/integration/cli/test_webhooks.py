@@ -109,3 +109,31 @@ def test_serve_has_webhooks_only_with_a_kms_key_file(
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert served.stop(signal.SIGTERM, timeout=5) == 0
     assert "Traceback" not in served.stderr
+
+
+def test_dev_runs_join_service_and_renders_a_pinned_join_command(
+    cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path
+) -> None:
+    cwd = tmp_path / "project"
+    cwd.mkdir()
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    dev = start_cli(cli_env, "dev", "--ephemeral", "--port", str(port), cwd=cwd)
+    dev.wait_for("Stop with Ctrl-C.")
+    token = _dev_token(dev.stdout)
+    headers = {"authorization": f"Bearer {token}"}
+    pool = httpx.post(
+        f"{base_url}/api/compute/pools/create", headers=headers, json={"tenant": "root", "name": "gpus"}, timeout=10
+    )
+    assert pool.status_code == 200, pool.text
+    created = httpx.post(
+        f"{base_url}/api/compute/join-tokens/create",
+        headers=headers,
+        json={"pool_id": pool.json()["data"]["id"]},
+        timeout=10,
+    )
+    assert created.status_code == 200, created.text
+    command = created.json()["data"]["join_command"]
+    assert "--gateway 127.0.0.1:7443 --trust-domain dev.localhost" in command
+    assert re.search(r"--ca-bundle \S+ --join-key [A-Za-z0-9_-]{43}$", command), command
+    assert dev.stop(signal.SIGINT, timeout=5) == 0

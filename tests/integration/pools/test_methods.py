@@ -146,7 +146,7 @@ async def test_create_shows_the_token_once_with_the_join_command(plane: Plane) -
     assert created.uses_left == 3 and created.expect == JoinExpect(gpu_model="H100", gpu_count=8)
     assert created.join_command.startswith("bcd join --token " + created.token)
     assert "--gateway gw.eu-1.example.com:443 --trust-domain example.com" in created.join_command
-    assert "--ca-bundle" not in created.join_command  # not known yet: rendered only once the CA sets it
+    assert "--ca-bundle" not in created.join_command  # no KMS here, so no CA and no JoinService key to pin
     assert parsed[1] not in repr(created)
     secret = parsed[1]
     got = await plane.tokens.get(plane.alice, GetJoinTokenInput(id=created.id))

@@ -294,3 +294,20 @@ def test_a_kms_key_file_registers_the_webhooks_group_without_touching_the_file(t
         assert compute.registry.owner("webhooks") == "webhooks"
         assert "sinks/webhooks" in [job.lease_name for job in compute.jobs.all]
     assert not key.parent.exists()  # created on first use, not when composing
+
+
+def test_the_trust_domain_and_gateway_address_come_together(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'trust_domain = "compute.example.com"\ngateway_address = "gw.example.com:443"\n')
+    config = load_config(path, {})
+    assert (config.trust_domain, config.gateway_address) == ("compute.example.com", "gw.example.com:443")
+    with pytest.raises(ConfigError) as alone:
+        load_config(None, {"BETTERCOMPUTE_TRUST_DOMAIN": "compute.example.com"})
+    assert alone.value.problems == [
+        "trust_domain is set but gateway_address is not: joining nodes needs both (the join command pins both)"
+    ]
+    with pytest.raises(ConfigError) as bad:
+        load_config(None, {"BETTERCOMPUTE_TRUST_DOMAIN": "Not A Domain", "BETTERCOMPUTE_GATEWAY_ADDRESS": "gw"})
+    assert bad.value.problems == [
+        "BETTERCOMPUTE_TRUST_DOMAIN 'Not A Domain' must be a lower-case DNS name like compute.example.com",
+        "BETTERCOMPUTE_GATEWAY_ADDRESS 'gw' must be host:port",
+    ]
