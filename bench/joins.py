@@ -82,7 +82,7 @@ from bettercompute.identity import GatewayServices
 from bettercompute.joins import new_token
 from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, Pool
 from bettercompute.testing import InMemoryReplayGuard
-from bettercompute_daemon.identity import NodeKey, seal_token
+from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_iam import CreateTenantInput, EmbeddedIam
 from bettercompute_store_pg import PgStore
 from bettercompute_store_pg._certificates import _KEYS, _RECORD
@@ -196,14 +196,15 @@ class Join:
 
 def prepare(plane: Plane, token: str, serials: Sequence[str]) -> list[Join]:
     """The daemon's side of joining these machines with ``token``, done before the clock starts."""
-    return [
-        Join(
-            sealed_token=seal_token(plane.join_key, token),
-            csr_pem=NodeKey().csr_pem(),
-            claims={"hostname": f"host-{serial.lower()}", "serial": serial, "product": PRODUCT},
+    joins = []
+    for serial in serials:
+        csr_pem = NodeKey().csr_pem()
+        claims = {"hostname": f"host-{serial.lower()}", "serial": serial, "product": PRODUCT}
+        binding = join_binding(csr_pem, claims)
+        joins.append(
+            Join(sealed_token=seal_token(plane.join_key, token, binding=binding), csr_pem=csr_pem, claims=claims)
         )
-        for serial in serials
-    ]
+    return joins
 
 
 @attrs.frozen(kw_only=True)
@@ -348,7 +349,7 @@ async def bench_cpu(repeats: int) -> CpuSteps:
     pair = JoinKeyPair.generate()
     unsealer = Unsealer(pair, InMemoryReplayGuard())
     token = new_token()[1]
-    sealed = [seal_token(pair.public_key_text(), token) for _ in range(repeats)]
+    sealed = [seal_token(pair.public_key_text(), token, binding=bytes(32)) for _ in range(repeats)]
     csrs = [NodeKey().csr_pem() for _ in range(repeats)]
     ca_key, ca_pem = self_signed_ca()
     keys = []

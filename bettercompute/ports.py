@@ -350,6 +350,8 @@ class IssuedCertificate:
     not_before: dt.datetime
     not_after: dt.datetime
     issued_at: dt.datetime | None = None
+    key_sha256: str | None = None
+    """SHA-256 (hex) of the certified public key (SubjectPublicKeyInfo, DER)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -756,12 +758,25 @@ class Certificates(Protocol):
         """Record an issued certificate. ``ConflictError`` if its serial is recorded already."""
         ...
 
-    async def get(self, serial: str) -> IssuedCertificate | None:
+    async def get(self, serial: str, *, tx: Transaction | None = None) -> IssuedCertificate | None:
         """The issued certificate with this serial, or ``None``."""
         ...
 
-    async def live_count(self, ca_key_id: str, *, now: dt.datetime) -> int:
+    async def live_count(self, ca_key_id: str, *, now: dt.datetime, tx: Transaction | None = None) -> int:
         """How many certificates issued under ``ca_key_id`` are unexpired at ``now`` and not revoked."""
+        ...
+
+    async def live_count_for(self, spiffe_id: str, *, now: dt.datetime, tx: Transaction | None = None) -> int:
+        """How many certificates of ``spiffe_id`` are unexpired at ``now`` and not revoked."""
+        ...
+
+    async def newest(self, spiffe_id: str, *, tx: Transaction | None = None) -> IssuedCertificate | None:
+        """The most recently issued certificate of ``spiffe_id`` that is not revoked, or ``None``."""
+        ...
+
+    async def lock_identity(self, tx: Transaction, spiffe_id: str, *, shared: bool) -> None:
+        """Hold the identity lock of ``spiffe_id`` until ``tx`` ends: shared while a renewal checks and issues,
+        exclusive while a revocation writes, so neither misses the other."""
         ...
 
     async def revoke(
@@ -773,7 +788,7 @@ class Certificates(Protocol):
         """
         ...
 
-    async def is_revoked(self, serial: str) -> bool:
+    async def is_revoked(self, serial: str, *, tx: Transaction | None = None) -> bool:
         """Whether the certificate ``serial`` is revoked."""
         ...
 
@@ -884,8 +899,9 @@ class Nodes(Protocol):
         one creates the node and the other gets ``ConflictError``."""
         ...
 
-    async def get(self, id: str, *, tx: Transaction | None = None) -> NodeRecord | None:
-        """A node by id."""
+    async def get(self, id: str, *, tx: Transaction | None = None, lock: bool = False) -> NodeRecord | None:
+        """A node by id; with ``lock`` (and ``tx``) its row is share-locked until ``tx`` ends, so a reclaim or a
+        retirement of it waits (or is waited for)."""
         ...
 
     async def for_pool(self, pool_id: str) -> list[NodeRecord]:

@@ -4,7 +4,9 @@ The daemon may not import the control plane, so the wire formats live here a sec
 sides against each other (``tests/integration/joins``). The formats:
 
 - Sealed token: ``b"bcj1"`` | HPKE (X25519, HKDF-SHA256, AES-256-GCM; ``info`` ``b"bettercompute/join/v1"``) of
-  sealed_at (8 bytes, big-endian ms since the epoch) | nonce (16) | the token text.
+  sealed_at (8 bytes, big-endian ms since the epoch) | nonce (16) | binding (32) | the token text. The binding is
+  SHA-256 of ``b"bettercompute/join-binding/v1\n"`` | SHA-256 of the CSR (DER) | the canonical JSON (sorted keys,
+  no spaces, ASCII) of ``{"claims", "evidence", "pool_id"}`` as sent: the token is good only with them.
 - Renewal proof: the signature over ``b"bettercompute/renew/v1\\n"`` | challenge | SHA-256 of the new CSR (DER).
 - Secret request: the signature over ``b"bettercompute/secret/v1\\n"`` | signed_at (8, ms) | nonce (16) | name |
   ``b"\\n"`` | RFC 7638 thumbprint of the ephemeral public JWK.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+import json
 import secrets
 from typing import Any
 
@@ -28,24 +31,41 @@ from cryptography.x509.oid import NameOID
 from joserfc import jwe
 from joserfc.jwk import ECKey
 
-__all__ = ["EphemeralKey", "NodeKey", "SecretRequestProof", "seal_token"]
+__all__ = ["EphemeralKey", "NodeKey", "SecretRequestProof", "join_binding", "seal_token"]
 
 _INFO = b"bettercompute/join/v1"
 _SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
 _RENEW = b"bettercompute/renew/v1\n"
 _SECRET = b"bettercompute/secret/v1\n"
+_BINDING = b"bettercompute/join-binding/v1\n"
 
 
 def _ms(at: dt.datetime) -> int:
     return int(at.timestamp() * 1000)
 
 
-def seal_token(join_key: str, token: str, *, now: dt.datetime | None = None) -> bytes:
-    """Seal ``token`` to JoinService's public key (``--join-key``: base64url of 32 bytes), stamped now."""
+def join_binding(csr_pem: str, claims: Any, evidence: Any = None, pool_id: str | None = None) -> bytes:
+    """The 32 bytes the sealed token is bound to (see the module docstring)."""
+    csr_der = x509.load_pem_x509_csr(csr_pem.encode()).public_bytes(serialization.Encoding.DER)
+    canonical = json.dumps(
+        {"claims": claims, "evidence": evidence or {}, "pool_id": pool_id},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+        allow_nan=False,
+    )
+    return hashlib.sha256(_BINDING + hashlib.sha256(csr_der).digest() + canonical.encode()).digest()
+
+
+def seal_token(join_key: str, token: str, *, binding: bytes, now: dt.datetime | None = None) -> bytes:
+    """Seal ``token`` to JoinService's public key (``--join-key``: base64url of 32 bytes), stamped now, bound to
+    ``binding`` (``join_binding`` of the request it goes with)."""
+    if len(binding) != 32:
+        raise ValueError("the binding is 32 bytes")
     raw = base64.urlsafe_b64decode(join_key + "=" * (-len(join_key) % 4))
     public = X25519PublicKey.from_public_bytes(raw)
     stamp = _ms(now or dt.datetime.now(dt.UTC)).to_bytes(8, "big", signed=True)
-    return b"bcj1" + _SUITE.encrypt(stamp + secrets.token_bytes(16) + token.encode(), public, info=_INFO)
+    return b"bcj1" + _SUITE.encrypt(stamp + secrets.token_bytes(16) + binding + token.encode(), public, info=_INFO)
 
 
 class NodeKey:

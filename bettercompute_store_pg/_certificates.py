@@ -18,7 +18,7 @@ from ._db import Database, fetch_in, utc
 __all__ = ["PgCertificates"]
 
 _KEY_COLUMNS = "id, trust_domain, algorithm, sealed_key, certificate_pem, state, not_after, created_at, retired_at"
-_CERT_COLUMNS = "serial, node_id, spiffe_id, role, ca_key_id, not_before, not_after, issued_at"
+_CERT_COLUMNS = "serial, node_id, spiffe_id, role, ca_key_id, not_before, not_after, issued_at, key_sha256"
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('bettercompute.ca:' || :trust_domain, 0))"
 
@@ -40,7 +40,7 @@ RETURNING id
 
 _RECORD = f"""
 INSERT INTO {{s}}.certificates ({_CERT_COLUMNS})
-VALUES (:serial, :node_id, :spiffe_id, :role, :ca_key_id, :not_before, :not_after, now())
+VALUES (:serial, :node_id, :spiffe_id, :role, :ca_key_id, :not_before, :not_after, now(), :key_sha256)
 ON CONFLICT DO NOTHING
 RETURNING serial
 """
@@ -64,6 +64,24 @@ RETURNING serial, spiffe_id, reason, revoked_at
 """
 
 _IS_REVOKED = "SELECT EXISTS (SELECT 1 FROM {s}.revocations WHERE serial = :serial) AS revoked"
+
+# The newest certificate of an identity that is not revoked (renewal renews only that one).
+_NEWEST = f"""
+SELECT {_CERT_COLUMNS} FROM {{s}}.certificates AS c
+WHERE c.spiffe_id = :spiffe_id AND NOT EXISTS (SELECT 1 FROM {{s}}.revocations AS r WHERE r.serial = c.serial)
+ORDER BY c.issued_at DESC, c.not_after DESC LIMIT 1
+"""
+
+_LIVE_FOR = """
+SELECT count(*) AS n FROM {s}.certificates AS c
+WHERE c.spiffe_id = :spiffe_id AND c.not_after > :now
+  AND NOT EXISTS (SELECT 1 FROM {s}.revocations AS r WHERE r.serial = c.serial)
+"""
+
+_LOCK_IDENTITY = "SELECT pg_advisory_xact_lock(hashtextextended('bettercompute.identity:' || :spiffe_id, 0))"
+_LOCK_IDENTITY_SHARED = (
+    "SELECT pg_advisory_xact_lock_shared(hashtextextended('bettercompute.identity:' || :spiffe_id, 0))"
+)
 
 _REVOCATIONS = """
 SELECT serial, spiffe_id, reason, revoked_at FROM {s}.revocations WHERE spiffe_id = :spiffe_id
@@ -102,6 +120,7 @@ def _certificate(row: Any) -> IssuedCertificate:
         not_before=utc(row.not_before),
         not_after=utc(row.not_after),
         issued_at=utc(row.issued_at),
+        key_sha256=row.key_sha256,
     )
 
 
@@ -123,6 +142,10 @@ class PgCertificates:
         self._live = db.sql(_LIVE)
         self._revoke = db.sql(_REVOKE)
         self._is_revoked = db.sql(_IS_REVOKED)
+        self._newest = db.sql(_NEWEST)
+        self._live_for = db.sql(_LIVE_FOR)
+        self._lock_identity = db.sql(_LOCK_IDENTITY)
+        self._lock_identity_shared = db.sql(_LOCK_IDENTITY_SHARED)
         self._revocations = db.sql(_REVOCATIONS)
 
     async def lock(self, tx: Transaction, trust_domain: str) -> None:
@@ -164,19 +187,40 @@ class PgCertificates:
             "ca_key_id": certificate.ca_key_id,
             "not_before": certificate.not_before,
             "not_after": certificate.not_after,
+            "key_sha256": certificate.key_sha256,
         }
         if not await fetch_in(_conn(tx), self._record, params):
             raise ConflictError("a certificate with this serial is recorded already")
 
-    async def get(self, serial: str) -> IssuedCertificate | None:
+    async def _rows(self, tx: Transaction | None, statement: Any, params: dict[str, Any]) -> Any:
+        if tx is not None:
+            return await fetch_in(_conn(tx), statement, params)
+        return await self._db.fetch(statement, params)
+
+    async def get(self, serial: str, *, tx: Transaction | None = None) -> IssuedCertificate | None:
         """The issued certificate ``serial``, or ``None``."""
-        rows = await self._db.fetch(self._get, {"serial": serial})
+        rows = await self._rows(tx, self._get, {"serial": serial})
         return _certificate(rows[0]) if rows else None
 
-    async def live_count(self, ca_key_id: str, *, now: dt.datetime) -> int:
+    async def live_count(self, ca_key_id: str, *, now: dt.datetime, tx: Transaction | None = None) -> int:
         """Unexpired, unrevoked certificates issued under ``ca_key_id``."""
-        rows = await self._db.fetch(self._live, {"ca_key_id": ca_key_id, "now": now})
+        rows = await self._rows(tx, self._live, {"ca_key_id": ca_key_id, "now": now})
         return int(rows[0].n)
+
+    async def live_count_for(self, spiffe_id: str, *, now: dt.datetime, tx: Transaction | None = None) -> int:
+        """Unexpired, unrevoked certificates of ``spiffe_id``."""
+        rows = await self._rows(tx, self._live_for, {"spiffe_id": spiffe_id, "now": now})
+        return int(rows[0].n)
+
+    async def newest(self, spiffe_id: str, *, tx: Transaction | None = None) -> IssuedCertificate | None:
+        """The most recently issued unrevoked certificate of ``spiffe_id``."""
+        rows = await self._rows(tx, self._newest, {"spiffe_id": spiffe_id})
+        return _certificate(rows[0]) if rows else None
+
+    async def lock_identity(self, tx: Transaction, spiffe_id: str, *, shared: bool) -> None:
+        """Hold ``spiffe_id``'s identity lock until ``tx`` ends: shared while renewing, exclusive while revoking."""
+        statement = self._lock_identity_shared if shared else self._lock_identity
+        await fetch_in(_conn(tx), statement, {"spiffe_id": spiffe_id})
 
     async def revoke(
         self, tx: Transaction, *, serial: str | None = None, spiffe_id: str | None = None, reason: str
@@ -187,9 +231,9 @@ class PgCertificates:
         params = {"serial": serial, "spiffe_id": spiffe_id, "reason": reason}
         return [_revocation(row) for row in await fetch_in(_conn(tx), self._revoke, params)]
 
-    async def is_revoked(self, serial: str) -> bool:
+    async def is_revoked(self, serial: str, *, tx: Transaction | None = None) -> bool:
         """Whether ``serial`` is revoked."""
-        rows = await self._db.fetch(self._is_revoked, {"serial": serial})
+        rows = await self._rows(tx, self._is_revoked, {"serial": serial})
         return bool(rows[0].revoked)
 
     async def revocations(self, spiffe_id: str) -> list[Revocation]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from bettercompute.errors import ConflictError, InternalError
+from bettercompute.errors import InternalError
 from bettercompute.ports import Enrollment, JoinKeyRecord, NodeRecord, Transaction
 
 from ._db import Database, dumps, fetch_in, utc
@@ -53,6 +53,7 @@ UNION ALL SELECT 'conflict', {_N_COLUMNS} FROM {{s}}.nodes AS n JOIN live ON n.i
 """
 
 _GET = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE id = :id"
+_GET_LOCKED = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE id = :id FOR SHARE"
 _FOR_POOL = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE pool_id = :pool_id ORDER BY created_at, id LIMIT 10000"
 _RETIRE = f"""
 UPDATE {{s}}.nodes SET state = 'retired', retired_at = coalesce(retired_at, now()), updated_at = now()
@@ -110,6 +111,7 @@ class PgNodes:
         self._db = db
         self._enroll = db.sql(_ENROLL)
         self._get = db.sql(_GET)
+        self._get_locked = db.sql(_GET_LOCKED)
         self._for_pool = db.sql(_FOR_POOL)
         self._retire = db.sql(_RETIRE)
 
@@ -138,14 +140,16 @@ class PgNodes:
             "reclaim": reclaim,
         }
         rows = await fetch_in(_conn(tx), self._enroll, params)
-        if not rows:  # only if the live node was retired between the lock and the update: let the caller retry
-            raise ConflictError("the node with this hardware key changed during the join; retry")
+        if not rows:  # pragma: no cover - one of the three branches always answers
+            raise InternalError("enrolling a node gave no answer")
         return Enrollment(outcome=rows[0].outcome, node=_node(rows[0]))
 
-    async def get(self, id: str, *, tx: Transaction | None = None) -> NodeRecord | None:
-        """A node by id."""
+    async def get(self, id: str, *, tx: Transaction | None = None, lock: bool = False) -> NodeRecord | None:
+        """A node by id (share-locked until ``tx`` ends with ``lock``)."""
         if tx is not None:
-            rows = await fetch_in(_conn(tx), self._get, {"id": id})
+            rows = await fetch_in(_conn(tx), self._get_locked if lock else self._get, {"id": id})
+        elif lock:
+            raise InternalError("locking a node needs a transaction")
         else:
             rows = await self._db.fetch(self._get, {"id": id})
         return _node(rows[0]) if rows else None

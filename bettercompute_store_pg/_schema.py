@@ -336,7 +336,8 @@ CREATE INDEX secrets_name_scope ON {schema}.secrets (name, scope);
 """
 
 # Nodes (a machine joined to a pool; at most one live node per hardware key in a pool, which is what reclaiming
-# relies on) and JoinService's X25519 keys (the private key only as the KMS sealed it; one active key).
+# relies on), JoinService's X25519 keys (the private key only as the KMS sealed it; one active key), and the
+# certified key's hash on each certificate (a renewal retried after a lost answer is recognised by it).
 _CORE_V9 = """
 CREATE TABLE {schema}.nodes (
     id text PRIMARY KEY,
@@ -370,6 +371,8 @@ CREATE TABLE {schema}.join_keys (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE UNIQUE INDEX join_keys_active ON {schema}.join_keys ((true)) WHERE state = 'active';
+
+ALTER TABLE {schema}.certificates ADD COLUMN key_sha256 text;
 """
 
 CORE_MIGRATIONS: tuple[Migration, ...] = (

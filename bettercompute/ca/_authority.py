@@ -24,6 +24,7 @@ Issued certificates (X.509-SVID style):
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import re
 import secrets
@@ -35,7 +36,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ..errors import FailedPreconditionError, InternalError, InvalidConfigError, InvalidInputError, NotFoundError
+from ..errors import (
+    FailedPreconditionError,
+    InternalError,
+    InvalidConfigError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+)
 from ..ports import CaKey, Clock, IssuedCertificate, Kms, OutboxEvent, Revocation, Store, Transaction
 
 __all__ = ["CertificateAuthority", "IssuedBundle", "RevocationResult", "serial_hex"]
@@ -195,6 +203,16 @@ class CertificateAuthority:
                 return current
             return await self._new_key(tx)
 
+    async def prepare(self) -> CaKey:
+        """``ensure()``, and load the active key's private half from the KMS into this process.
+
+        Call it before a transaction that issues: ``issue(tx=...)`` never calls the KMS (a remote KMS would be
+        network I/O inside the transaction) and refuses, retryably, when the key it needs is not loaded.
+        """
+        key = await self.ensure()
+        await self._private_key(key)
+        return key
+
     async def rotate(self) -> CaKey:
         """Make a new active key; the current one becomes ``previous`` and stays in the trust bundle."""
         async with self._store.transaction() as tx:
@@ -226,7 +244,7 @@ class CertificateAuthority:
                 raise FailedPreconditionError(
                     "the active CA key cannot be retired; rotate first", details={"key_id": key_id}
                 )
-            live = await self._store.certificates.live_count(key_id, now=self._clock.now())
+            live = await self._store.certificates.live_count(key_id, now=self._clock.now(), tx=tx)
             if live and not force:
                 raise FailedPreconditionError(
                     "certificates issued under this CA key are still valid; retire it after they expire",
@@ -275,9 +293,18 @@ class CertificateAuthority:
         spiffe_id = self.spiffe_id(node_id, role)
         lifetime = self._lifetime(role, ttl)
         public_key = checked_csr_key(csr_pem)
-        # Read in ``tx`` when given: a second pooled connection per join could starve the pool under load.
-        key = await self._active(tx) or await self.ensure()
-        private = await self._private_key(key)
+        if tx is None:
+            key = await self._active() or await self.ensure()
+            private = await self._private_key(key)
+        else:
+            # Only reads in ``tx`` (a second pooled connection per join could starve the pool), and no KMS call.
+            active = await self._active(tx)
+            loaded = self._private.get(active.id) if active is not None else None
+            if active is None or loaded is None:
+                raise UnavailableError(
+                    "the CA's signing key changed while this request ran; retry", details={"reason": "ca_key_changed"}
+                )
+            key, private = active, loaded
         ca_cert = x509.load_pem_x509_certificate(key.certificate_pem.encode())
         not_before = _utc_seconds(self._clock.now()) - CLOCK_SKEW
         not_after = min(not_before + lifetime, key.not_after)
@@ -314,6 +341,7 @@ class CertificateAuthority:
             ca_key_id=key.id,
             not_before=not_before,
             not_after=not_after,
+            key_sha256=key_sha256(public_key),
         )
         if tx is not None:
             await self._store.certificates.record(tx, record)
@@ -355,7 +383,7 @@ class CertificateAuthority:
             NotFoundError: the CA issued no certificate with this serial.
         """
         canonical = serial_hex(serial)
-        issued = await self._store.certificates.get(canonical)
+        issued = await self._store.certificates.get(canonical, tx=tx)
         if issued is None:
             raise NotFoundError("no certificate with this serial was issued", details={"serial": canonical})
         return await self._revoke(tx, issued.spiffe_id, reason, serial=canonical)
@@ -383,6 +411,9 @@ class CertificateAuthority:
             raise InvalidInputError("a revocation reason is at most 1000 characters", details={"field": "reason"})
 
         async def run(t: Transaction) -> list[Revocation]:
+            # Exclusive: a renewal of this identity checks and issues under the shared lock, so it either sees this
+            # revocation or its new certificate is revoked by it.
+            await self._store.certificates.lock_identity(t, key, shared=False)
             added = await self._store.certificates.revoke(t, serial=serial, spiffe_id=spiffe_id, reason=reason)
             if added:
                 serials = [r.serial for r in added]
@@ -479,6 +510,13 @@ class CertificateAuthority:
         return key
 
 
+def key_sha256(public_key: _AcceptedKey | x509.Certificate) -> str:
+    """SHA-256 (hex) of a public key's SubjectPublicKeyInfo (DER), or of a certificate's key."""
+    key = public_key.public_key() if isinstance(public_key, x509.Certificate) else public_key
+    spki = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(spki).hexdigest()
+
+
 def _leaf_key_usage() -> x509.KeyUsage:
     return x509.KeyUsage(
         digital_signature=True,
@@ -498,6 +536,8 @@ _AcceptedKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | rsa.RSAPub
 
 def checked_csr_key(csr_pem: str | bytes) -> _AcceptedKey:
     """The public key of a well-formed, self-consistent CSR that asks for no name of its own."""
+    if not isinstance(csr_pem, str | bytes):
+        raise InvalidInputError("the CSR must be PEM text", details={"field": "csr"})
     data = csr_pem.encode() if isinstance(csr_pem, str) else csr_pem
     if len(data) > _MAX_CSR_BYTES:
         raise InvalidInputError("the CSR is too large", details={"field": "csr"})

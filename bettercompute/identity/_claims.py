@@ -126,8 +126,9 @@ class Attestor(Protocol):
 class ClaimsAttestor:
     """The built-in attestor: the claims must match the token's ``expect`` (serial, product, GPU model and count).
 
-    Text claims compare exactly after trimming; a claim the token expects but the machine did not send is a
-    mismatch. The refusal names the fields that did not match, never the expected values (they are the operator's).
+    Text claims compare without regard to case (as the hardware key does); a claim the token expects but the
+    machine did not send is a mismatch. The refusal names the fields that did not match, never the expected
+    values (they are the operator's).
     """
 
     name: str = "claims"
@@ -142,7 +143,7 @@ class ClaimsAttestor:
             if want is None:
                 continue
             have = getattr(claims, field)
-            if have is None or have.strip() != str(want).strip():
+            if have is None or have.strip().casefold() != str(want).strip().casefold():
                 mismatched.append(field)
         want_count = expect.get("gpu_count")
         if want_count is not None and claims.gpu_count != want_count:

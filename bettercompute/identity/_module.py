@@ -103,7 +103,7 @@ class IdentityModule:
             sealed_token_max_age=self._settings.sealed_token_max_age,
         )
         broker = SecretBroker(store, self._kms)
-        self._services = GatewayServices(joins, broker, replay_guard=store.nonces, clock=context.clock)
+        self._services = GatewayServices(joins, broker, store=store, replay_guard=store.nonces, clock=context.clock)
 
     async def stop(self) -> None:
         """Nothing to stop (the services stay usable until ``close()``)."""

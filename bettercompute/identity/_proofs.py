@@ -6,6 +6,10 @@ certificate key over a message that binds everything the answer depends on.
 - Renewal: ``renew_message(challenge, csr_der)`` = ``b"bettercompute/renew/v1\\n"`` | challenge | SHA-256 of the
   new CSR (DER). The challenge comes from JoinService (``renew_challenge``) and is bound to the certificate's serial,
   so a relay can neither swap in its own CSR nor reuse the signature.
+- Join binding: the sealed join payload is ``join_binding(...)`` (32 bytes) | the token. The binding is the SHA-256
+  of ``b"bettercompute/join-binding/v1\n"`` | SHA-256 of the CSR (DER) | the canonical JSON (sorted keys, no
+  spaces, ASCII) of ``{"claims": ..., "evidence": ..., "pool_id": ...}`` exactly as sent, so a relay cannot pair
+  the daemon's sealed token with its own CSR, claims or pool.
 - Secret request: ``secret_message(signed_at_ms, nonce, name, jwk_thumbprint)`` = ``b"bettercompute/secret/v1\\n"``
   | signed_at (8 bytes, big-endian milliseconds) | nonce (16) | the name | ``b"\\n"`` | the RFC 7638 thumbprint of
   the ephemeral public JWK, so the answer can only be opened by the key the node made.
@@ -17,7 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -27,10 +33,12 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from ..errors import InvalidInputError, UnauthenticatedError
 
 __all__ = [
+    "BINDING_BYTES",
     "CHALLENGE_BYTES",
     "RENEW_CONTEXT",
     "SECRET_CONTEXT",
     "ChallengeIssuer",
+    "join_binding",
     "renew_message",
     "secret_message",
     "verify_signature",
@@ -44,6 +52,29 @@ _NONCE = 16
 _MAC = 32
 CHALLENGE_BYTES = len(_CHALLENGE_MAGIC) + _STAMP + _NONCE + _MAC
 MAX_SIGNATURE_BYTES = 1024
+
+
+BINDING_BYTES = 32
+_BINDING_CONTEXT = b"bettercompute/join-binding/v1\n"
+
+
+def join_binding(csr_der: bytes, claims: Any, evidence: Any, pool_id: str | None) -> bytes:
+    """What a sealed join token is bound to: the CSR, the claims, the evidence and the pool, as sent.
+
+    Raises:
+        InvalidInputError: the claims or the evidence are not JSON values.
+    """
+    try:
+        canonical = json.dumps(
+            {"claims": claims, "evidence": evidence or {}, "pool_id": pool_id},
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=True,
+            allow_nan=False,
+        )
+    except (TypeError, ValueError):
+        raise InvalidInputError("claims and evidence must be JSON values", details={"path": "claims"}) from None
+    return hashlib.sha256(_BINDING_CONTEXT + hashlib.sha256(csr_der).digest() + canonical.encode()).digest()
 
 
 def renew_message(challenge: bytes, csr_der: bytes) -> bytes:

@@ -1,31 +1,37 @@
-"""JoinService (join, renewal) and ``GatewayServices`` (what the gateway relays to: join, renew, secret).
+"""JoinService (join, renewal, retirement) and ``GatewayServices`` (what the gateway relays to).
 
 No step calls IAM: a join is authorized by its token, a renewal and a secret request by the node's certificate and
-a signature by its key.
+a signature by its key. The gateway relaying them is not trusted: the sealed token is bound to the CSR, claims,
+evidence and pool it was sealed with; renewals and secret requests are signed by the node over everything the
+answer depends on.
 
-Join, in order (nothing is written until every check passed; the token's use, the node and the certificate record
-commit in one transaction):
+Join, in order (nothing is written until every check passed; the node, its certificate record and the token's use
+commit in one transaction, and nothing in it calls out):
 
-1. Unseal the token (HPKE to JoinService's key, fresh, never seen before); parse it.
-2. Find the token by id and secret hash; refuse it revoked, expired, exhausted or for another pool.
-3. Check the CSR (parses, its signature matches its key, asks for no name of its own) and decode the claims.
+1. Check the CSR (parses, its signature matches its key, asks for no name of its own).
+2. Unseal the token (HPKE to JoinService's key, fresh, never seen before), check its binding, parse it.
+3. Find the token by id and secret hash; refuse it revoked, expired, exhausted or for another pool; decode the
+   claims.
 4. Run the attestor chain (the built-in ``claims`` attestor enforcing the token's ``expect`` first, then
-   ``Options.attestors``), outside any transaction: an attestor may call out.
-5. In one transaction: spend a use of the token (atomic: of two joins racing for the last use, one wins); enroll
-   the node as ``adopting`` by its hardware key (a new node, or with ``reclaim: same-hardware`` the pool's live
-   node with the same key, whose certificates are then revoked); sign and record its 24-hour certificate; project
-   it, audit it and publish ``node.joined``.
+   ``Options.attestors``), outside any transaction: an attestor may call out. Load the CA key.
+5. In one transaction: enroll the node as ``adopting`` by its hardware key (a new node, or with ``reclaim:
+   same-hardware`` the pool's live node with the same key, whose certificates are then revoked; while that node
+   still holds a valid certificate only a token naming the serial, or an attestor's facts, may take it); sign and
+   record its 24-hour certificate; project it; spend a use of the token last (atomic: of two joins racing for the
+   last use, one wins); audit it and publish ``node.joined``.
 
-Renewal needs the current certificate (valid, chaining to the trust bundle, not revoked, its node not retired), a
-challenge from ``renew_challenge`` for that certificate, not used before, at most two minutes old, and the
-certificate key's signature over the challenge and the new CSR. A certificate that expired cannot be renewed: the
-machine joins again with a token whose ``reclaim`` is ``same-hardware`` and gets its node id back (see the README).
+Renewal needs the node's newest certificate (valid, chaining to the trust bundle, not revoked, its node not
+retired), a challenge from ``renew_challenge`` for that certificate, not used before, at most two minutes old, and
+the certificate key's signature over the challenge and the new CSR. It is checked again, and the certificate
+issued, under the node's row lock and the identity's shared lock, so a concurrent reclaim, retirement or
+revocation is never outlived. A certificate that expired cannot be renewed: the machine joins again with a token
+whose ``reclaim`` is ``same-hardware`` and gets its node id back (see the README).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
+import hmac
 import logging
 import re
 import secrets
@@ -43,7 +49,7 @@ from joserfc.jwk import JWKRegistry
 from .._codec import decode
 from .._sealing import Unsealer
 from ..ca import CertificateAuthority
-from ..ca._authority import checked_csr_key
+from ..ca._authority import checked_csr_key, key_sha256
 from ..errors import (
     AccessDeniedError,
     ComputeError,
@@ -51,13 +57,25 @@ from ..errors import (
     FailedPreconditionError,
     InternalError,
     InvalidInputError,
+    NotFoundError,
     UnauthenticatedError,
 )
 from ..joins import hash_secret, parse_token
 from ..modules.secrets import NodeIdentity, SecretBroker
-from ..ports import AuditRecord, Clock, IssuedCertificate, NodeRecord, OutboxEvent, ReplayGuard, ResourceRef, Store
+from ..modules.secrets._broker import RELEASE_ACTION
+from ..ports import (
+    AuditRecord,
+    Clock,
+    IssuedCertificate,
+    NodeRecord,
+    OutboxEvent,
+    ReplayGuard,
+    ResourceRef,
+    Store,
+    Transaction,
+)
 from ._claims import AttestationRequest, Attestor, HardwareClaims, chain, checked_evidence, hardware_key
-from ._proofs import ChallengeIssuer, renew_message, secret_message, verify_signature
+from ._proofs import BINDING_BYTES, ChallengeIssuer, join_binding, renew_message, secret_message, verify_signature
 
 __all__ = ["GatewayServices", "JoinResult", "JoinService", "RenewResult"]
 
@@ -174,21 +192,35 @@ class JoinService:
         Raises:
             InvalidInputError: a malformed sealed payload, token, CSR (also one whose signature does not match its
                 key, or that asks for a SAN), claims, evidence or pool id.
-            UnauthenticatedError: the payload does not open, is stale or replayed; the token is unknown, revoked,
-                expired or exhausted (``details["reason"]`` says which).
+            UnauthenticatedError: the payload does not open, is stale or replayed, or was sealed for another CSR,
+                other claims or another pool (``binding_mismatch``); the token is unknown, revoked, expired or
+                exhausted (``details["reason"]`` says which).
             AccessDeniedError: the token is for another pool (``wrong_pool``), or the claims violate its ``expect``
                 (``expect_mismatch``), or another attestor refused.
             FailedPreconditionError: the pool's class takes no daemons (``provider``).
-            ConflictError: the pool has a live node with this hardware key and the token does not reclaim.
+            ConflictError: the pool has a live node with this hardware key and the token does not reclaim
+                (``hardware_taken``), or the node to reclaim still holds a valid certificate and nothing but the
+                claims says this is the same machine (``node_live``).
+            UnavailableError: the CA key changed during the join (retry).
         """
         if not isinstance(sealed_token, bytes):
             raise InvalidInputError("sealed_token: expected bytes", details={"path": "sealed_token"})
         if pool_id is not None and not (isinstance(pool_id, str) and _POOL_ID.fullmatch(pool_id)):
             raise InvalidInputError("pool_id: not a pool id", details={"path": "pool_id"})
+        csr_key = checked_csr_key(csr_pem)
+        csr_der = x509.load_pem_x509_csr(csr_pem.encode()).public_bytes(serialization.Encoding.DER)
+        binding = join_binding(csr_der, claims, evidence, pool_id)
         now = self._clock.now()
         unsealed = await self._unsealer.unseal(sealed_token, now=now, max_age=self._max_age)
+        if len(unsealed.plaintext) < BINDING_BYTES or not hmac.compare_digest(
+            unsealed.plaintext[:BINDING_BYTES], binding
+        ):
+            raise UnauthenticatedError(
+                "the sealed token was sealed for another CSR, other claims or another pool",
+                details={"reason": "binding_mismatch"},
+            )
         try:
-            parsed = parse_token(unsealed.plaintext.decode())
+            parsed = parse_token(unsealed.plaintext[BINDING_BYTES:].decode())
         except UnicodeDecodeError:
             parsed = None
         if parsed is None:
@@ -207,7 +239,6 @@ class JoinService:
                 "the join token is for another pool than the one this machine is pinned to",
                 details={"reason": "wrong_pool", "pool_id": pool_id},
             )
-        csr_key = checked_csr_key(csr_pem)
         hardware = _claims(claims)
         facts = checked_evidence(evidence)
         pool = await self._store.pools.get(token.pool_id)
@@ -218,18 +249,17 @@ class JoinService:
                 "a provider pool takes no daemons: its machines are run through the provider's API",
                 details={"reason": "pool_class", "pool_class": pool.pool_class},
             )
-        spki = csr_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
         request = AttestationRequest(
-            claims=hardware, evidence=facts, token=token, pool=pool, csr_key_sha256=hashlib.sha256(spki).hexdigest()
+            claims=hardware, evidence=facts, token=token, pool=pool, csr_key_sha256=key_sha256(csr_key)
         )
         attestation = await self._attest(request)
         hw_key = hardware_key(hardware)
-        await self.ca.ensure()  # the signing key is loaded before the transaction
+        # Everything that may call out happens before the transaction: the CA key is loaded from the KMS, the
+        # trust bundle read. The transaction itself only reads and writes the database.
+        await self.ca.prepare()
+        bundle_pem = await self.ca.trust_bundle_pem()
+        vouched = "serial" in token.expect or bool(attestation)
         async with self._store.transaction() as tx:
-            spent = await self._store.join_tokens.consume(tx, id=token_id, secret_hash=secret_hash, now=now)
-            if spent.outcome != "consumed":
-                _refuse_spent(spent.outcome == "revoked", spent.outcome == "expired", spent.outcome == "exhausted")
-                raise UnauthenticatedError("the join token is not valid", details={"reason": "unknown_token"})
             enrollment = await self._store.nodes.enroll(
                 tx,
                 new_id=f"node_{secrets.token_hex(8)}",
@@ -246,15 +276,29 @@ class JoinService:
                 raise ConflictError(
                     "this pool has a node with the same hardware; retire it, or join with a token whose reclaim is"
                     " same-hardware",
-                    details={"reason": "hardware_taken", "node_id": node.id},
+                    details={"reason": "hardware_taken"},
                 )
             reclaimed = enrollment.outcome == "reclaimed"
+            spiffe_id = self.ca.spiffe_id(node.id)
             if reclaimed:
-                await self.ca.revoke_spiffe_id(
-                    self.ca.spiffe_id(node.id), reason="reclaimed by a new join of the same hardware", tx=tx
-                )
+                # Claims alone do not prove it is the same machine: while the node still holds a valid certificate
+                # (it may be up and running), only a token that names the serial or an attestor may take it back.
+                live = await self._store.certificates.live_count_for(spiffe_id, now=now, tx=tx)
+                if live and not vouched:
+                    raise ConflictError(
+                        "the node with this hardware still holds a valid certificate: revoke it or retire the node"
+                        " first, or join with a token whose expect names the serial",
+                        details={"reason": "node_live"},
+                    )
+                await self.ca.revoke_spiffe_id(spiffe_id, reason="reclaimed by a new join of the same hardware", tx=tx)
             issued = await self.ca.issue(csr_pem, node_id=node.id, role="node", tx=tx)
             await tx.project(ResourceRef(type=NODE, id=node.id, tenant=node.tenant, pool=node.pool_id))
+            # The token's row stays locked from here to the commit: spend the use last, so joins sharing a token
+            # wait for each other as briefly as possible.
+            spent = await self._store.join_tokens.consume(tx, id=token_id, secret_hash=secret_hash, now=now)
+            if spent.outcome != "consumed":
+                _refuse_spent(spent.outcome == "revoked", spent.outcome == "expired", spent.outcome == "exhausted")
+                raise UnauthenticatedError("the join token is not valid", details={"reason": "unknown_token"})
             await tx.audit(
                 AuditRecord(
                     action=JOIN_ACTION,
@@ -296,7 +340,7 @@ class JoinService:
             spiffe_id=issued.spiffe_id,
             certificate_pem=issued.certificate_pem,
             chain_pem=issued.chain_pem,
-            trust_bundle_pem=await self.ca.trust_bundle_pem(),
+            trust_bundle_pem=bundle_pem,
             serial=issued.serial,
             not_after=issued.not_after,
             reclaimed=reclaimed,
@@ -333,12 +377,16 @@ class JoinService:
     async def renew(self, *, certificate_pem: str, challenge: bytes, signature: bytes, csr_pem: str) -> RenewResult:
         """A new certificate for the node of ``certificate_pem``, for the key of ``csr_pem``.
 
+        Only the node's newest certificate renews (so a key the node rotated away from is dead once it expires);
+        a renewal retried with the same new key after its answer was lost is answered again.
+
         Raises:
             InvalidInputError: a malformed certificate, challenge, signature or CSR.
-            UnauthenticatedError: the certificate is expired, untrusted or revoked; the challenge was not issued
-                for it, is older than two minutes or was used; the signature is not by the certificate's key over
-                the challenge and the CSR (``bad_signature``).
+            UnauthenticatedError: the certificate is expired, untrusted, revoked or superseded; the challenge was
+                not issued for it, is older than two minutes or was used; the signature is not by the
+                certificate's key over the challenge and the CSR (``bad_signature``).
             AccessDeniedError: the node is retired.
+            UnavailableError: the CA key changed during the renewal (retry).
         """
         presented = await self._presented(certificate_pem)
         issued_ms, nonce = self._challenges.open(challenge, presented.record.serial)
@@ -348,13 +396,25 @@ class JoinService:
             raise UnauthenticatedError(
                 "the challenge is too old; ask for a new one", details={"reason": "challenge_expired"}
             )
-        checked_csr_key(csr_pem)
+        csr_key = checked_csr_key(csr_pem)
         csr_der = x509.load_pem_x509_csr(csr_pem.encode()).public_bytes(serialization.Encoding.DER)
         verify_signature(presented.certificate.public_key(), signature, renew_message(challenge, csr_der))
         if not await self._guard.first_use("renew/v1", nonce, expires_at=issued_at + CHALLENGE_TTL + _SKEW, now=now):
             raise UnauthenticatedError("this challenge was already used", details={"reason": "replayed"})
+        await self.ca.prepare()
+        bundle_pem = await self.ca.trust_bundle_pem()
         node = presented.node
+        spiffe_id = presented.record.spiffe_id
         async with self._store.transaction() as tx:
+            # Checked again under the node's row lock (a reclaim or a retirement holds it exclusively) and the
+            # identity's shared lock (a revocation holds it exclusively): whichever commits first, the other sees it.
+            current = await self._store.nodes.get(node.id, tx=tx, lock=True)
+            await self._store.certificates.lock_identity(tx, spiffe_id, shared=True)
+            if current is None or current.state == "retired":
+                raise AccessDeniedError("the node is retired", details={"reason": "node_retired"})
+            if await self._store.certificates.is_revoked(presented.record.serial, tx=tx):
+                raise UnauthenticatedError("the certificate was revoked", details={"reason": "certificate_revoked"})
+            await self._check_newest(presented, csr_key_digest=key_sha256(csr_key), tx=tx)
             issued = await self.ca.issue(csr_pem, node_id=node.id, role="node", tx=tx)
             await tx.audit(
                 AuditRecord(
@@ -374,10 +434,37 @@ class JoinService:
             spiffe_id=issued.spiffe_id,
             certificate_pem=issued.certificate_pem,
             chain_pem=issued.chain_pem,
-            trust_bundle_pem=await self.ca.trust_bundle_pem(),
+            trust_bundle_pem=bundle_pem,
             serial=issued.serial,
             not_after=issued.not_after,
         )
+
+    async def _check_newest(self, presented: _Presented, *, csr_key_digest: str, tx: Transaction) -> None:
+        """Only the newest certificate renews, unless the CSR asks again for the newest one's key (a renewal whose
+        answer was lost: the CSR proves possession of that key)."""
+        newest = await self._store.certificates.newest(presented.record.spiffe_id, tx=tx)
+        if newest is not None and newest.serial != presented.record.serial and newest.key_sha256 != csr_key_digest:
+            raise UnauthenticatedError(
+                "a newer certificate of this node exists: renew that one", details={"reason": "superseded"}
+            )
+
+    # --- retirement -------------------------------------------------------------------------------------------
+
+    async def retire(self, node_id: str, *, reason: str = "retired") -> NodeRecord:
+        """Retire a node for good and revoke its certificates (publishing ``certificate.revoked``), in one
+        transaction: it can no longer renew, fetch secrets or hold a session, and its hardware may join again as a
+        new node.
+
+        Raises:
+            NotFoundError: there is no such node.
+        """
+        async with self._store.transaction() as tx:
+            node = await self._store.nodes.retire(tx, node_id)
+            if node is None:
+                raise NotFoundError("no such node", details={"node_id": node_id})
+            await self.ca.revoke_spiffe_id(self.ca.spiffe_id(node_id), reason=reason, tx=tx)
+        log.info("node %s retired", node_id)
+        return node
 
     # --- presented certificates -------------------------------------------------------------------------------
 
@@ -437,8 +524,11 @@ class GatewayServices:
     signed.
     """
 
-    def __init__(self, joins: JoinService, broker: SecretBroker, *, replay_guard: ReplayGuard, clock: Clock) -> None:
+    def __init__(
+        self, joins: JoinService, broker: SecretBroker, *, store: Store, replay_guard: ReplayGuard, clock: Clock
+    ) -> None:
         self.joins = joins
+        self._store = store
         self._broker = broker
         self._guard = replay_guard
         self._clock = clock
@@ -483,17 +573,23 @@ class GatewayServices:
         """The secret ``name`` as JWE to ``ephemeral_public_jwk``, for the node of ``certificate_pem``, which signed
         the request (``secret_message``) at ``signed_at_ms`` with a fresh 16-byte ``nonce``.
 
+        Every refusal of a request made with a certificate this CA issued is audited (``compute:secrets:release``,
+        outcome ``denied``, with the reason), as the broker audits its own answers.
+
         Raises:
-            InvalidInputError: a malformed certificate, name, JWK, nonce or signature.
+            InvalidInputError: a malformed certificate, name, JWK, time, nonce or signature.
             UnauthenticatedError: the certificate is expired, untrusted or revoked; the request is older than two
                 minutes, from the future, replayed, or not signed by the certificate's key.
             AccessDeniedError: the node is retired, or no secret of that name is granted to it (audited).
         """
         if not isinstance(nonce, bytes) or len(nonce) != 16:
             raise InvalidInputError("nonce: expected 16 bytes", details={"path": "nonce"})
-        if isinstance(signed_at_ms, bool) or not isinstance(signed_at_ms, int):
-            raise InvalidInputError("signed_at_ms: expected an integer", details={"path": "signed_at_ms"})
-        presented = await self.joins._presented(certificate_pem)
+        if isinstance(signed_at_ms, bool) or not isinstance(signed_at_ms, int) or abs(signed_at_ms) >= 2**62:
+            raise InvalidInputError(
+                "signed_at_ms: expected milliseconds since the epoch", details={"path": "signed_at_ms"}
+            )
+        if not isinstance(name, str) or not 1 <= len(name) <= 128:
+            raise InvalidInputError("name: must be 1 to 128 characters", details={"path": "name"})
         if not isinstance(ephemeral_public_jwk, Mapping):
             raise InvalidInputError(
                 "ephemeral_public_jwk: expected a JWK object", details={"path": "ephemeral_public_jwk"}
@@ -504,8 +600,20 @@ class GatewayServices:
             raise InvalidInputError(
                 "ephemeral_public_jwk: not a valid public key", details={"path": "ephemeral_public_jwk"}
             ) from None
-        if not isinstance(name, str) or len(name) > 128:
-            raise InvalidInputError("name: must be 1 to 128 characters", details={"path": "name"})
+        try:
+            node = await self._checked_request(
+                certificate_pem, name, thumbprint, signed_at_ms=signed_at_ms, nonce=nonce, signature=signature
+            )
+        except (UnauthenticatedError, AccessDeniedError, FailedPreconditionError) as exc:
+            await self._audit_refusal(certificate_pem, name, thumbprint, exc)
+            raise
+        identity = NodeIdentity(node_id=node.id, pool_id=node.pool_id, site_id=node.site_id, tenant=node.tenant)
+        return await self._broker.secret(identity, name, ephemeral_public_jwk)
+
+    async def _checked_request(
+        self, certificate_pem: str, name: str, thumbprint: str, *, signed_at_ms: int, nonce: bytes, signature: bytes
+    ) -> NodeRecord:
+        presented = await self.joins._presented(certificate_pem)
         verify_signature(
             presented.certificate.public_key(), signature, secret_message(signed_at_ms, nonce, name, thumbprint)
         )
@@ -517,13 +625,41 @@ class GatewayServices:
             raise UnauthenticatedError(
                 "the request is stamped in the future: check the node's clock", details={"reason": "from_the_future"}
             )
-        if not await self._guard.first_use(
-            "secret/v1", nonce, expires_at=signed_at + SECRET_REQUEST_TTL + _SKEW, now=now
-        ):
+        remember_until = signed_at + SECRET_REQUEST_TTL + _SKEW
+        if not await self._guard.first_use("secret/v1", nonce, expires_at=remember_until, now=now):
             raise UnauthenticatedError("this request was already used", details={"reason": "replayed"})
-        node = presented.node
-        identity = NodeIdentity(node_id=node.id, pool_id=node.pool_id, site_id=node.site_id, tenant=node.tenant)
-        return await self._broker.secret(identity, name, ephemeral_public_jwk)
+        return presented.node
+
+    async def _audit_refusal(self, certificate_pem: str, name: str, thumbprint: str, error: ComputeError) -> None:
+        """Audit a refused request whose certificate this CA issued (garbage from nowhere is only refused)."""
+        try:
+            serial = format(x509.load_pem_x509_certificate(certificate_pem.encode()).serial_number, "x")
+        except ValueError:
+            return
+        record = await self._store.certificates.get(serial)
+        if record is None:
+            return
+        node = await self._store.nodes.get(record.node_id)
+        async with self._store.transaction() as tx:
+            await tx.audit(
+                AuditRecord(
+                    action=RELEASE_ACTION,
+                    actor=f"node:{record.node_id}",
+                    tenant=node.tenant if node is not None else None,
+                    resource_type="secret",
+                    resource_id=None,
+                    decision_id=None,
+                    outcome="denied",
+                    details={
+                        "name": name,
+                        "node_id": record.node_id,
+                        "serial": serial,
+                        "jwk_thumbprint": thumbprint,
+                        "reason": error.details.get("reason", error.code),
+                    },
+                )
+            )
+        log.info("secret %r refused to node %s: %s", name, record.node_id, error.details.get("reason", error.code))
 
     async def trust_bundle_pem(self) -> str:
         """The CA certificates a gateway trusts for client certificates (PEM)."""

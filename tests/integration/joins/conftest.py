@@ -16,7 +16,7 @@ from bettercompute import BetterCompute, JoinSettings, LocalKeyKms
 from bettercompute.identity import Attestor, GatewayServices, JoinResult
 from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, JoinExpect, Pool
 from bettercompute.testing import ManualClock
-from bettercompute_daemon.identity import NodeKey, seal_token
+from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_store_pg import PgStore
 
 from ..iam.conftest import two_tenants
@@ -86,8 +86,19 @@ class Fleet:
         assert record is not None
         return record.public_key
 
-    async def seal(self, token: str) -> bytes:
-        return seal_token(await self.join_key(), token, now=self.clock.now())
+    async def seal(
+        self,
+        token: str,
+        *,
+        csr_pem: str | None = None,
+        hardware: Mapping[str, Any] | None = None,
+        evidence: Mapping[str, str] | None = None,
+        pool_id: str | None = None,
+    ) -> bytes:
+        """``token`` sealed as ``bcd`` seals it for a request with this CSR, claims, evidence and pool (without a
+        CSR: bound to nothing a request can match, for tests refused before the binding is compared)."""
+        binding = join_binding(csr_pem, dict(hardware or {}), evidence, pool_id) if csr_pem else bytes(32)
+        return seal_token(await self.join_key(), token, binding=binding, now=self.clock.now())
 
     async def join(
         self,
@@ -100,12 +111,11 @@ class Fleet:
     ) -> tuple[JoinResult, NodeKey]:
         """Join as ``bcd join`` does: a fresh key, its CSR, the token sealed to the published join key."""
         key = key or NodeKey()
+        csr_pem = key.csr_pem()
+        hardware = dict(hardware or claims())
+        sealed = await self.seal(token, csr_pem=csr_pem, hardware=hardware, evidence=evidence, pool_id=pool_id)
         result = await self.services.join(
-            sealed_token=await self.seal(token),
-            csr_pem=key.csr_pem(),
-            claims=dict(hardware or claims()),
-            evidence=evidence,
-            pool_id=pool_id,
+            sealed_token=sealed, csr_pem=csr_pem, claims=hardware, evidence=evidence, pool_id=pool_id
         )
         return result, key
 

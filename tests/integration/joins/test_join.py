@@ -19,7 +19,7 @@ from bettercompute.errors import (
     UnauthenticatedError,
 )
 from bettercompute.modules.pools import GetJoinTokenInput, JoinExpect, RevokeJoinTokenInput
-from bettercompute_daemon.identity import NodeKey, seal_token
+from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 
 from .conftest import TRUST_DOMAIN, Fleet, claims
 
@@ -115,20 +115,45 @@ async def test_a_payload_sealed_to_another_key_or_replayed_is_refused(fleet: Fle
     created = await fleet.token(uses=3)
     stranger = JoinKeyPair.generate().public_key_text()
     key = NodeKey()
+    csr = key.csr_pem()
+    binding = join_binding(csr, claims(), None, None)
     with pytest.raises(UnauthenticatedError) as wrong_key:
         await fleet.services.join(
-            sealed_token=seal_token(stranger, created.token, now=fleet.clock.now()),
-            csr_pem=key.csr_pem(),
+            sealed_token=seal_token(stranger, created.token, binding=binding, now=fleet.clock.now()),
+            csr_pem=csr,
             claims=claims(),
         )
     assert _reason(wrong_key) == "unopenable"
 
-    sealed = await fleet.seal(created.token)
-    await fleet.services.join(sealed_token=sealed, csr_pem=key.csr_pem(), claims=claims("SN-1"))
+    sealed = await fleet.seal(created.token, csr_pem=csr, hardware=claims())
+    await fleet.services.join(sealed_token=sealed, csr_pem=csr, claims=claims())
     with pytest.raises(UnauthenticatedError) as replayed:
-        await fleet.services.join(sealed_token=sealed, csr_pem=key.csr_pem(), claims=claims("SN-2"))
+        await fleet.services.join(sealed_token=sealed, csr_pem=csr, claims=claims())
     assert _reason(replayed) == "replayed"
     assert await _uses_left(fleet, created.id) == 2
+
+
+async def test_a_relay_cannot_pair_a_sealed_token_with_its_own_csr_claims_or_pool(fleet: Fleet) -> None:
+    created = await fleet.token(uses=3)
+    other_pool = await fleet.new_pool("other")
+    key = NodeKey()
+    csr = key.csr_pem()
+    relay_key = NodeKey()
+    for change in (
+        {"csr_pem": relay_key.csr_pem()},
+        {"claims": claims("SN-STOLEN")},
+        {"claims": {**claims(), "gpu_count": 8}},
+        {"evidence": {"quote": "x"}},
+        {"pool_id": other_pool},
+    ):
+        # Each time the daemon's genuine sealed token, for its own request, is sent with one thing changed.
+        sealed = await fleet.seal(created.token, csr_pem=csr, hardware=claims())
+        request: dict[str, Any] = {"sealed_token": sealed, "csr_pem": csr, "claims": claims(), **change}
+        with pytest.raises(UnauthenticatedError) as mismatch:
+            await fleet.services.join(**request)
+        assert _reason(mismatch) == "binding_mismatch", change
+    assert await _uses_left(fleet, created.id) == 3
+    assert await fleet.store.nodes.for_pool(fleet.pool) == []
 
 
 async def test_a_csr_with_a_foreign_signature_or_its_own_san_is_refused(fleet: Fleet) -> None:
@@ -214,9 +239,10 @@ async def test_two_joins_racing_for_the_last_use_exactly_one_wins(fleet: Fleet) 
 
 
 async def test_same_hardware_reclaims_its_node_id_and_revokes_the_old_certificates(fleet: Fleet) -> None:
-    created = await fleet.token(uses=2, reclaim="same-hardware")
-    first, _ = await fleet.join(created.token, hardware=claims("SN-77"))
-    # Re-imaged: a new key and host name, the same serial and product.
+    first_token = await fleet.token(reclaim="same-hardware")
+    first, _ = await fleet.join(first_token.token, hardware=claims("SN-77"))
+    # Re-imaged: a new key and host name, the same serial and product; the operator's token names the serial.
+    created = await fleet.token(reclaim="same-hardware", expect=JoinExpect(serial="SN-77"))
     second, _ = await fleet.join(created.token, hardware=claims("SN-77", hostname="reimaged"))
     assert second.node_id == first.node_id and second.reclaimed
     assert await fleet.services.is_revoked(first.serial) and not await fleet.services.is_revoked(second.serial)
@@ -226,12 +252,80 @@ async def test_same_hardware_reclaims_its_node_id_and_revokes_the_old_certificat
     assert [key for key, _ in revoked] == [first.spiffe_id]
 
 
+async def test_claims_alone_cannot_take_over_a_node_that_holds_a_valid_certificate(fleet: Fleet) -> None:
+    victim_token = await fleet.token()
+    victim, _ = await fleet.join(victim_token.token, hardware=claims("SN-VICTIM"))
+    # Someone with a reclaiming token for the pool who knows (or guesses) the victim's serial and product.
+    created = await fleet.token(reclaim="same-hardware")
+    with pytest.raises(ConflictError) as live:
+        await fleet.join(created.token, hardware=claims("SN-VICTIM"))
+    assert live.value.details == {"reason": "node_live"}
+    assert not await fleet.services.is_revoked(victim.serial)
+    assert await _uses_left(fleet, created.id) == 1
+    node = await fleet.store.nodes.get(victim.node_id)
+    assert node is not None and node.enrollments == 1
+    # Once the operator revokes the victim's certificate (a decommissioned disk, say), the same token may reclaim.
+    await fleet.services.joins.ca.revoke_spiffe_id(victim.spiffe_id, reason="re-imaging")
+    again, _ = await fleet.join(created.token, hardware=claims("SN-VICTIM"))
+    assert again.node_id == victim.node_id and again.reclaimed
+
+
 async def test_without_reclaim_the_same_hardware_is_a_conflict_and_spends_nothing(fleet: Fleet) -> None:
     first_token = await fleet.token()
     first, _ = await fleet.join(first_token.token, hardware=claims("SN-9"))
     again = await fleet.token()
     with pytest.raises(ConflictError) as conflict:
         await fleet.join(again.token, hardware=claims("SN-9"))
-    assert conflict.value.details == {"reason": "hardware_taken", "node_id": first.node_id}
+    assert conflict.value.details == {"reason": "hardware_taken"}  # which node it is stays the operator's to see
     assert await _uses_left(fleet, again.id) == 1
     assert not await fleet.services.is_revoked(first.serial)
+
+
+async def test_two_first_joins_of_one_machine_make_one_node(fleet: Fleet) -> None:
+    tokens = [await fleet.token() for _ in range(3)]
+    outcomes: list[str] = []
+
+    async def attempt(token: str) -> None:
+        try:
+            await fleet.join(token, hardware=claims("SN-TWIN"))
+            outcomes.append("joined")
+        except ConflictError:
+            outcomes.append("conflict")
+
+    async with anyio.create_task_group() as tg:
+        for created in tokens:
+            tg.start_soon(attempt, created.token)
+    assert sorted(outcomes) == ["conflict", "conflict", "joined"]
+    assert len(await fleet.store.nodes.for_pool(fleet.pool)) == 1
+    assert sorted([await _uses_left(fleet, t.id) for t in tokens]) == [0, 1, 1]  # the losers spent nothing
+
+
+async def test_an_unknown_token_id_and_a_wrong_secret_look_the_same(fleet: Fleet) -> None:
+    created = await fleet.token()
+    token_id = created.id
+    errors = []
+    for token in (f"bcjt_{token_id}.{'A' * 43}", f"bcjt_jt_{'0' * 20}.{'A' * 43}"):
+        with pytest.raises(UnauthenticatedError) as refused:
+            await fleet.join(token)
+        errors.append((str(refused.value), refused.value.details))
+    assert errors[0] == errors[1] == ("the join token is not valid", {"reason": "unknown_token"})
+
+
+async def test_expect_compares_text_claims_without_regard_to_case(fleet: Fleet) -> None:
+    created = await fleet.token(expect=JoinExpect(serial="sn-abc", gpu_model="NVIDIA H100 80GB HBM3"))
+    result, _ = await fleet.join(created.token, hardware=claims("SN-ABC", gpu_model="nvidia h100 80gb hbm3"))
+    assert result.node_id
+
+
+async def test_malformed_request_fields_are_invalid_input(fleet: Fleet) -> None:
+    created = await fleet.token()
+    sealed = await fleet.seal(created.token)
+    for request in (
+        {"sealed_token": "text", "csr_pem": NodeKey().csr_pem(), "claims": claims()},
+        {"sealed_token": sealed, "csr_pem": None, "claims": claims()},
+        {"sealed_token": sealed, "csr_pem": NodeKey().csr_pem(), "claims": claims(), "pool_id": "../etc"},
+        {"sealed_token": sealed, "csr_pem": NodeKey().csr_pem(), "claims": {"hostname": float("nan")}},
+    ):
+        with pytest.raises(InvalidInputError):
+            await fleet.services.join(**request)
+    assert await _uses_left(fleet, created.id) == 1

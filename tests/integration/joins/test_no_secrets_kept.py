@@ -10,6 +10,7 @@ from cryptography.hazmat.primitives import serialization
 
 from bettercompute.ca import CertificateAuthority
 from bettercompute.identity._module import join_key_context
+from bettercompute.modules.pools import JoinExpect
 from bettercompute.modules.secrets import CreateSecretInput
 from bettercompute_daemon.identity import EphemeralKey, NodeKey
 
@@ -25,7 +26,7 @@ async def test_the_database_and_the_logs_hold_no_secret_after_a_run(
     fleet: Fleet, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    created = await fleet.token(uses=2, reclaim="same-hardware")
+    created = await fleet.token(uses=2, reclaim="same-hardware", expect=JoinExpect(serial="SN-1"))
     token_secret = created.token.partition(".")[2]
     node, key = await fleet.join(created.token, hardware=claims("SN-1"))
     again, key = await fleet.join(created.token, hardware=claims("SN-1"))  # a reclaim: revocation and a new key

@@ -163,3 +163,83 @@ async def test_an_expired_certificate_re_enrolls_through_reclaim_not_renewal(fle
     token = await fleet.token(reclaim="same-hardware")
     again, _ = await fleet.join(token.token, hardware=claims("SN-5"))
     assert again.node_id == joined.node_id and again.reclaimed
+
+
+async def test_only_the_newest_certificate_renews_but_a_lost_answer_can_be_asked_again(fleet: Fleet) -> None:
+    joined, old_key = await _joined(fleet)
+    new_key = NodeKey()
+    new_csr = new_key.csr_pem()
+    challenge = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
+    await fleet.services.renew(
+        certificate_pem=joined.certificate_pem,
+        challenge=challenge,
+        signature=old_key.renewal_proof(challenge, new_csr),
+        csr_pem=new_csr,
+    )
+    # The answer was lost: the node asks again with its old certificate for the same new key, and gets it.
+    again = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
+    retried = await fleet.services.renew(
+        certificate_pem=joined.certificate_pem,
+        challenge=again,
+        signature=old_key.renewal_proof(again, new_csr),
+        csr_pem=new_csr,
+    )
+    assert (
+        x509.load_pem_x509_certificate(retried.certificate_pem.encode()).public_key()
+        == new_key.private_key.public_key()
+    )
+    # Whoever stole the old key cannot renew it into a key of their own: the node moved on.
+    thief_csr = NodeKey().csr_pem()
+    third = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
+    with pytest.raises(UnauthenticatedError) as superseded:
+        await fleet.services.renew(
+            certificate_pem=joined.certificate_pem,
+            challenge=third,
+            signature=old_key.renewal_proof(third, thief_csr),
+            csr_pem=thief_csr,
+        )
+    assert _reason(superseded) == "superseded"
+
+
+async def test_a_renewal_racing_a_revocation_never_outlives_it(fleet: Fleet) -> None:
+    import anyio
+
+    joined, key = await _joined(fleet)
+    challenge = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
+    csr = key.csr_pem()
+    outcome: list[str] = []
+
+    async def renew() -> None:
+        try:
+            await fleet.services.renew(
+                certificate_pem=joined.certificate_pem,
+                challenge=challenge,
+                signature=key.renewal_proof(challenge, csr),
+                csr_pem=csr,
+            )
+            outcome.append("renewed")
+        except UnauthenticatedError as exc:
+            outcome.append(str(exc.details.get("reason")))
+
+    # The revocation's transaction is open (holding the identity lock) while the renewal runs; it commits later.
+    async with anyio.create_task_group() as tg, fleet.store.transaction() as tx:
+        await fleet.services.joins.ca.revoke_spiffe_id(joined.spiffe_id, reason="compromised", tx=tx)
+        tg.start_soon(renew)
+        await anyio.sleep(0.5)
+        assert outcome == []  # the renewal waits for the revocation
+    assert outcome == ["certificate_revoked"]
+    assert all(c.serial == joined.serial for c in await fleet.store.certificates.revocations(joined.spiffe_id))
+
+
+async def test_retiring_a_node_revokes_its_certificates(fleet: Fleet) -> None:
+    joined, _ = await _joined(fleet)
+    node = await fleet.services.joins.retire(joined.node_id, reason="decommissioned")
+    assert node.state == "retired" and node.retired_at is not None
+    assert await fleet.services.is_revoked(joined.serial)
+    assert [k for k, _ in await fleet.events("certificate.revoked")] == [joined.spiffe_id]
+    with pytest.raises(UnauthenticatedError):
+        await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
+    # Its hardware may join again, as a new node.
+    token = await fleet.token()
+    again, _ = await fleet.join(token.token, hardware=claims("SN-1"))
+    assert again.node_id != joined.node_id and not again.reclaimed

@@ -118,3 +118,30 @@ async def test_a_revoked_or_retired_node_gets_no_secret(fleet: Fleet) -> None:
     with pytest.raises(AccessDeniedError) as was_retired:
         await _ask(fleet, retired, retired_key, "db")
     assert _reason(was_retired) == "node_retired"
+
+
+async def test_refusals_are_audited_and_malformed_requests_are_invalid_input(fleet: Fleet) -> None:
+    token = await fleet.token()
+    node, key = await fleet.join(token.token)
+    thief = NodeKey()
+    with pytest.raises(UnauthenticatedError):
+        await _ask(fleet, node, thief, "db")
+    rows = await fleet.store.fetch(
+        fleet.store.sql("SELECT action, outcome, actor, details FROM {s}.audit WHERE resource_type = 'secret'"), {}
+    )
+    assert [(r.action, r.outcome, r.actor, r.details["reason"]) for r in rows] == [
+        ("compute:secrets:release", "denied", f"node:{node.node_id}", "bad_signature")
+    ]
+    ephemeral = EphemeralKey()
+    proof = key.secret_request("db", ephemeral, now=fleet.clock.now())
+    good: dict[str, Any] = {
+        "certificate_pem": node.certificate_pem,
+        "name": "db",
+        "ephemeral_public_jwk": ephemeral.public_jwk(),
+        "signed_at_ms": proof.signed_at_ms,
+        "nonce": proof.nonce,
+        "signature": proof.signature,
+    }
+    for change in ({"signed_at_ms": 2**63}, {"name": ""}, {"ephemeral_public_jwk": {"kty": "EC"}}, {"signature": b""}):
+        with pytest.raises(InvalidInputError):
+            await fleet.services.secret(**{**good, **change})

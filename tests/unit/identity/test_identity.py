@@ -7,16 +7,18 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import hashes
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
 from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute._sealing import JoinKeyPair, Unsealer
 from bettercompute.errors import FailedPreconditionError, InvalidConfigError, InvalidInputError, UnauthenticatedError
 from bettercompute.identity import HardwareClaims, IdentityModule, hardware_key, renew_message, secret_message
-from bettercompute.identity._proofs import ChallengeIssuer, verify_signature
+from bettercompute.identity._proofs import ChallengeIssuer, join_binding, verify_signature
 from bettercompute.testing import InMemoryReplayGuard
 from bettercompute_daemon.identity import EphemeralKey, NodeKey, seal_token
+from bettercompute_daemon.identity import join_binding as daemon_binding
 
 from ..core.conftest import make_compute, make_iam
 
@@ -99,18 +101,20 @@ def test_signatures_of_every_accepted_key_type_verify_and_others_do_not(kind: st
 async def test_the_daemon_seals_and_signs_what_the_control_plane_opens_and_checks() -> None:
     pair = JoinKeyPair.generate()
     now = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
-    sealed = seal_token(pair.public_key_text(), "bcjt_jt_x.y", now=now)
-    opened = await Unsealer(pair, InMemoryReplayGuard()).unseal(sealed, now=now, max_age=dt.timedelta(minutes=5))
-    assert opened.plaintext == b"bcjt_jt_x.y" and opened.sealed_at == now
-
     key = NodeKey()
-    challenge = ChallengeIssuer(b"k" * 32).issue("1f", now_ms=5)
-    csr = key.csr_pem()
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
+    csr_pem = key.csr_pem()
+    claims = {"hostname": "h", "serial": "SN-1", "gpu_uuids": ["GPU-1"]}
+    binding = daemon_binding(csr_pem, claims, {"quote": "q"}, "pool_1")
+    sealed = seal_token(pair.public_key_text(), "bcjt_jt_x.y", binding=binding, now=now)
+    opened = await Unsealer(pair, InMemoryReplayGuard()).unseal(sealed, now=now, max_age=dt.timedelta(minutes=5))
+    assert opened.plaintext == binding + b"bcjt_jt_x.y" and opened.sealed_at == now
+    csr_der = x509.load_pem_x509_csr(csr_pem.encode()).public_bytes(serialization.Encoding.DER)
+    assert join_binding(csr_der, claims, {"quote": "q"}, "pool_1") == binding
+    assert join_binding(csr_der, claims, None, "pool_1") != binding
 
-    der = x509.load_pem_x509_csr(csr.encode()).public_bytes(serialization.Encoding.DER)
-    verify_signature(key.private_key.public_key(), key.renewal_proof(challenge, csr), renew_message(challenge, der))
+    challenge = ChallengeIssuer(b"k" * 32).issue("1f", now_ms=5)
+    renewal = key.renewal_proof(challenge, csr_pem)
+    verify_signature(key.private_key.public_key(), renewal, renew_message(challenge, csr_der))
 
     ephemeral = EphemeralKey()
     proof = key.secret_request("db", ephemeral, now=now)
