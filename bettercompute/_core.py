@@ -21,6 +21,7 @@ from ._options import Module, Options, Plugin, version_in_range
 from ._registry import ApiBinding, ApiCall, GroupSpec, Registry
 from ._version import __version__
 from ._workflows import Workflows
+from .commands import COMMAND_SWEEPER
 from .errors import ComputeError, FailedPreconditionError, InvalidConfigError
 from .identity import Attestor, GatewayServices, IdentityModule
 from .modules.pools import PoolsModule
@@ -33,7 +34,20 @@ from .ports import Clock, Decision, Iam, Identity, Notifier, ResourceRef, Store
 __all__ = ["Api", "BetterCompute", "Caches", "DatabaseClock", "ModuleContext", "better_compute"]
 
 _ENDPOINT = re.compile(r"^(/[a-z0-9][a-z0-9._-]*)+$")
-_STORE_MEMBERS = ("open", "close", "ping", "now", "migrate", "transaction", "leases", "queue", "outbox", "idempotency")
+_STORE_MEMBERS = (
+    "open",
+    "close",
+    "ping",
+    "now",
+    "migrate",
+    "transaction",
+    "leases",
+    "queue",
+    "outbox",
+    "idempotency",
+    "commands",
+    "sessions",
+)
 _IAM_MEMBERS = ("authenticate", "require")
 
 
@@ -156,7 +170,7 @@ class _CoreModule:
     groups: Sequence[type[GroupSpec[Any]]] = (SystemGroup,)
     actions: Sequence[str] = SYSTEM_ACTIONS
     migrations: Any = attrs.field(factory=dict)
-    jobs: Sequence[Job] = BUILTIN_JOBS
+    jobs: Sequence[Job] = (*BUILTIN_JOBS, COMMAND_SWEEPER)
 
     async def start(self, context: ModuleContext) -> None:
         return None
@@ -376,6 +390,8 @@ def _problems_of(options: Options) -> tuple[list[str], list[Module], Registry]:
         problems.append("max_in_flight: must be a positive integer")
     if options.lease_ttl < dt.timedelta(seconds=1):
         problems.append("lease_ttl: must be at least one second")
+    if options.session_timeout < dt.timedelta(seconds=1):
+        problems.append("session_timeout: must be at least one second")
     kms: Any = options.kms
     if kms is not None:
         missing = [m for m in ("encrypt", "decrypt") if not hasattr(kms, m)]

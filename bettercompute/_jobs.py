@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import datetime as dt
 import logging
 import math
@@ -22,16 +23,24 @@ import attrs
 from ._reconcile import Reconciler
 from ._workers import WORK_CHANNEL, ShardedWorker, reconcile_one
 from .errors import ComputeError, InvalidConfigError
-from .ports import Lease, OutboxEvent, StoredEvent
+from .ports import Lease, OutboxEvent, StoredEvent, Transaction
 
 if TYPE_CHECKING:
     from ._core import ModuleContext
 
-__all__ = ["ROLES", "Events", "Job", "Jobs"]
+__all__ = ["ROLES", "Events", "Job", "Jobs", "job_transaction"]
 
 log = logging.getLogger("bettercompute.jobs")
 
 ROLES = frozenset({"controllers", "scheduler", "sinks", "iam"})
+
+_job_lease: contextvars.ContextVar[Lease | None] = contextvars.ContextVar("bettercompute_job_lease", default=None)
+
+
+def job_transaction(context: ModuleContext) -> contextlib.AbstractAsyncContextManager[Transaction]:
+    """A transaction fenced by the lease of the job pass running it (unfenced in ``tick()``, which holds no
+    lease): if the job's lease was lost and taken over, its writes are refused with ``FailedPreconditionError``."""
+    return context.store.transaction(fence=_job_lease.get())
 
 
 @attrs.frozen(kw_only=True)
@@ -316,8 +325,12 @@ class Jobs:
                     current = self._held[job.lease_name] = renewed
 
             tg.start_soon(keep, lease)
-            with anyio.fail_after(job.budget.total_seconds()):
-                await job.run(self._context)
+            token = _job_lease.set(lease)
+            try:
+                with anyio.fail_after(job.budget.total_seconds()):
+                    await job.run(self._context)
+            finally:
+                _job_lease.reset(token)
             tg.cancel_scope.cancel()
 
     async def _loop(self, job: Job, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

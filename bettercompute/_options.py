@@ -92,6 +92,8 @@ class Options:
         instance: This process's name in leases and worker rows (host and pid by default).
         lease_ttl: How long a worker's leases and membership rows live unrenewed; renewed every third of it.
         poll_interval: How often an idle reconcile loop looks for due work when no notifier poke wakes it.
+        session_timeout: How long a daemon session may go unreported by its gateway before it counts as dead (the
+            CommandSweeper then re-dispatches or fails what was sent on it).
         kms: Envelope encryption of secrets at rest (``bettercompute.LocalKeyKms(path)``, or a Vault adapter). The
             built-in ``webhooks`` group keeps its signing secrets with it and is registered only when one is given;
             there is no implicit key file, because every process of one deployment must share the key. A module
@@ -115,6 +117,7 @@ class Options:
     instance: str | None = None
     lease_ttl: dt.timedelta = dt.timedelta(seconds=15)
     poll_interval: dt.timedelta = dt.timedelta(seconds=1)
+    session_timeout: dt.timedelta = dt.timedelta(seconds=45)
     kms: Kms | None = None
     webhooks: WebhookSettings = attrs.field(factory=WebhookSettings)
     join: JoinSettings | None = None

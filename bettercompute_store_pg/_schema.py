@@ -375,6 +375,44 @@ CREATE UNIQUE INDEX join_keys_active ON {schema}.join_keys ((true)) WHERE state 
 ALTER TABLE {schema}.certificates ADD COLUMN key_sha256 text;
 """
 
+# Commands for daemons (a deadline, what to do when the session they were sent on dies, the result) and daemon
+# sessions (one row per node: its latest epoch, the gateway holding it, when it was last seen).
+_CORE_V10 = """
+CREATE TABLE {schema}.commands (
+    id text PRIMARY KEY,
+    node_id text NOT NULL REFERENCES {schema}.nodes (id),
+    tenant text NOT NULL,
+    kind text NOT NULL,
+    payload jsonb NOT NULL DEFAULT '{}',
+    state text NOT NULL
+        CHECK (state IN ('pending', 'dispatched', 'succeeded', 'failed', 'expired', 'cancelled')),
+    on_session_loss text NOT NULL CHECK (on_session_loss IN ('redispatch', 'fail')),
+    deadline timestamptz NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    max_attempts integer NOT NULL DEFAULT 3 CHECK (max_attempts BETWEEN 1 AND 100),
+    session_epoch bigint,
+    dispatched_at timestamptz,
+    result jsonb,
+    reason text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz,
+    CHECK (state <> 'dispatched' OR session_epoch IS NOT NULL)
+);
+CREATE INDEX commands_open_deadline ON {schema}.commands (deadline) WHERE state IN ('pending', 'dispatched');
+CREATE INDEX commands_pending ON {schema}.commands (node_id, created_at) WHERE state = 'pending';
+CREATE INDEX commands_dispatched ON {schema}.commands (dispatched_at) WHERE state = 'dispatched';
+
+CREATE TABLE {schema}.sessions (
+    node_id text PRIMARY KEY REFERENCES {schema}.nodes (id),
+    epoch bigint NOT NULL,
+    gateway text NOT NULL,
+    opened_at timestamptz NOT NULL,
+    last_seen_at timestamptz NOT NULL,
+    closed_at timestamptz
+);
+"""
+
 CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="core tables", sql=_CORE_V1),
     Migration(version=2, name="authorization projection", sql=_CORE_V2),
@@ -385,5 +423,6 @@ CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=7, name="node certificate authority", sql=_CORE_V7),
     Migration(version=8, name="join nonces and secrets", sql=_CORE_V8),
     Migration(version=9, name="nodes and join keys", sql=_CORE_V9),
+    Migration(version=10, name="commands and sessions", sql=_CORE_V10),
 )
 """The migrations of module ``"core"``: the tables ``PgStore`` itself uses."""

@@ -16,6 +16,7 @@ from bettercompute.errors import InternalError, InvalidConfigError
 from bettercompute.ports import AuditRecord, Lease, Migration, OutboxEvent, ResourceRef, WorkItem
 
 from ._certificates import PgCertificates
+from ._commands import PgCommands, PgSessions
 from ._db import Database, Statement, dumps, fetch_in, utc
 from ._errors import translated
 from ._idempotency import PgIdempotencyKeys
@@ -183,6 +184,8 @@ class PgStore:
         self.certificates = PgCertificates(self._db)
         self.nodes = PgNodes(self._db)
         self.join_keys = PgJoinKeys(self._db)
+        self.commands = PgCommands(self._db)
+        self.sessions = PgSessions(self._db)
         self._audit = self._db.sql(_AUDIT)
         self._project = self._db.sql(_PROJECT)
         self._unproject = self._db.sql(_UNPROJECT)

@@ -23,6 +23,7 @@ PACKAGES = [
     "bettercompute.webhooks",
     "bettercompute.ca",
     "bettercompute.identity",
+    "bettercompute.commands",
     "bettercompute_daemon.identity",
     "bettercompute_store_pg",
     "bettercompute_iam",

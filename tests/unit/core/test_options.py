@@ -125,3 +125,11 @@ async def test_initialize_refuses_a_method_whose_action_is_not_in_the_catalog() 
         await compute.initialize()
     assert info.value.details["problems"] == ["echo.ping: compute:echo:ping"]
     assert not compute.initialized
+
+
+def test_a_session_timeout_under_a_second_is_refused() -> None:
+    import datetime as dt
+
+    store = make_compute().context.store
+    problems = _problems(Options(store=store, iam=make_iam(), session_timeout=dt.timedelta(milliseconds=500)))
+    assert problems == ["session_timeout: must be at least one second"]
