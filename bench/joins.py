@@ -2,10 +2,10 @@
 and pgbench running the same SQL as the baseline.
 
 One join is what the gateway hands over for ``bcd join``: open the HPKE-sealed token (its nonce recorded in
-``replay_nonces``), read the token, the pool and the CA key, check the CSR and the claims, run the ``claims``
-attestor, then one transaction (spend a use of the token, insert the node, read the CA key, sign its certificate and
-record it, project it, audit it, publish ``node.joined``), then read the trust bundle for the answer: 13 statements
-and BEGIN and COMMIT, so 15 round trips. What the daemon does (make its key and CSR, seal the token) happens before
+``replay_nonces``), read the token and the pool, check the CSR and the claims, run the ``claims`` attestor, read
+the CA key and the trust bundle, then one transaction (insert the node, read the CA key, sign its certificate and
+record it, project it, spend a use of the token, audit it, publish ``node.joined``): 13 statements and BEGIN and
+COMMIT, so 15 round trips. What the daemon does (make its key and CSR, seal the token) happens before
 the clock starts, as it is not the server's cost. A sealed token carries the time it was sealed and is refused after
 5 minutes, so each batch is sealed just before it is sent.
 
@@ -26,10 +26,10 @@ the clock starts, as it is not the server's cost. A sealed token carries the tim
 
 (3) Baseline. pgbench runs the store's own statements (imported from ``bettercompute_store_pg``; bound parameters,
     prepared) on the same tables, with as many clients as there are callers and with the same token arrangement, as
-    two scripts: "transaction" is the join's transaction (BEGIN, token consume, node enroll, CA key read,
-    certificate record, projection, audit, outbox publish, COMMIT); "whole join" also has the nonce insert and the
-    token, pool and CA key reads before it and the two trust-bundle reads after it (the same 15 round trips as a
-    join). The few differences are all small. One random number per transaction serves as node id, hardware key,
+    two scripts: "transaction" is the join's transaction (BEGIN, node enroll, CA key read, certificate record,
+    projection, token consume, audit, outbox publish, COMMIT); "whole join" also has the nonce insert and the
+    token, pool, CA key and trust-bundle reads before it (the same round trips as a join). The few differences are
+    all small. One random number per transaction serves as node id, hardware key,
     serial and nonce. The outbox event's key is set to it with ``jsonb_set``. NULLs are bound as ``'null'`` through
     ``NULLIF``. pgbench's token rows are inserted directly. After each run, the token uses spent must equal the
     transactions pgbench counted. The ratio joins/s / pgbench tx/s is what Python, the cryptography, SQLAlchemy and
@@ -39,7 +39,7 @@ Reading the numbers: on 2 cores, Python and PostgreSQL share the machine, and th
 core at most). If cores is near 1.00, joins/s is about 1 / CPU per join, and more callers will not raise it; more
 processes would. Compare (a) + CSR checks + (b) with the CPU line of (2) to see how much of a join is cryptography.
 If the shared-token rows fall below the per-caller rows, joins are queueing on the token's row lock. A transaction
-holds that lock from the consume to its COMMIT, and the CA signing happens while it is held. pgbench's shared-token
+holds that lock from the consume (its last write but two) to its COMMIT. pgbench's shared-token
 figure is the ceiling for joins on a single token, however fast the Python side gets.
 
     python bench/joins.py                 # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
@@ -393,15 +393,17 @@ def pgbench_script(*, whole: bool, shared: bool) -> str:
         one_line(_FIRST_USE, {":nonce": ":n", ":expires_at": ":far"}),
         one_line(_TOKEN_MATCHING, {":id": ":tok", ":secret_hash": ":hash"}),
         one_line(_POOL_GET, {":id": ":pool"}),
-        keys,  # ca.ensure() before the transaction
+        keys,  # ca.prepare() before the transaction (the private key is cached)
+        keys,  # trust_bundle_pem(), read before the transaction too: ensure(), then the keys
+        keys,
     ]
     # The event's key is the node id, so each transaction gets its own outbox_keys row, as a join does.
     publish = _PUBLISH.replace(
         "CAST(:events AS jsonb)", "jsonb_set(CAST(:events AS jsonb), '{0,key}', to_jsonb(CAST(:n AS text)))"
     )
+    consume = one_line(_TOKEN_CONSUME, {":id": ":tok", ":secret_hash": ":hash"})
     transaction = [
         "BEGIN;",
-        one_line(_TOKEN_CONSUME, {":id": ":tok", ":secret_hash": ":hash"}),
         one_line(
             _ENROLL,
             {":new_id": ":n", ":pool_id": ":pool", ":hardware_key": ":n", ":join_token_id": ":tok"},
@@ -416,9 +418,11 @@ def pgbench_script(*, whole: bool, shared: bool) -> str:
                 ":ca_key_id": ":cakey",
                 ":not_before": ":now",
                 ":not_after": ":later",
+                ":key_sha256": ":keyhash",
             },
         ),
         one_line(_PROJECT.replace(":owner", "NULLIF(:owner, 'null')"), {":type": ":rtype", ":id": ":n"}),
+        consume,  # spent last, so the token's row lock is held as briefly as possible
         one_line(
             _AUDIT.replace(":decision_id", "NULLIF(:decision_id, 'null')"),
             {":resource_type": ":rtype", ":resource_id": ":n"},
@@ -426,7 +430,7 @@ def pgbench_script(*, whole: bool, shared: bool) -> str:
         one_line(publish),
         "COMMIT;",
     ]
-    after = [keys, keys]  # trust_bundle_pem(): ensure(), then the keys again
+    after: list[str] = []
     head = ["\\set n random(1, 9000000000000000000)"]
     if not shared:
         head.append("\\set tok :client_id")
@@ -465,6 +469,7 @@ def pgbench_variables(plane: Plane) -> dict[str, str]:
         "role": "node",
         "cakey": plane.ca_key_id,
         "later": (now + dt.timedelta(hours=24)).isoformat(),
+        "keyhash": "0" * 64,
         "rtype": "node",
         "owner": "null",
         "action": "compute:nodes:join",
