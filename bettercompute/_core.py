@@ -30,6 +30,7 @@ from .modules.system import ACTIONS as SYSTEM_ACTIONS
 from .modules.system import HealthCheck, HealthOutput, SystemGroup
 from .modules.webhooks import WebhooksModule
 from .ports import Clock, Decision, Iam, Identity, Notifier, ResourceRef, Store
+from .usage import USAGE
 
 __all__ = ["Api", "BetterCompute", "Caches", "DatabaseClock", "ModuleContext", "better_compute"]
 
@@ -47,6 +48,8 @@ _STORE_MEMBERS = (
     "idempotency",
     "commands",
     "sessions",
+    "bookings",
+    "usage",
 )
 _IAM_MEMBERS = ("authenticate", "require")
 
@@ -170,7 +173,7 @@ class _CoreModule:
     groups: Sequence[type[GroupSpec[Any]]] = (SystemGroup,)
     actions: Sequence[str] = SYSTEM_ACTIONS
     migrations: Any = attrs.field(factory=dict)
-    jobs: Sequence[Job] = (*BUILTIN_JOBS, COMMAND_SWEEPER)
+    jobs: Sequence[Job] = (*BUILTIN_JOBS, COMMAND_SWEEPER, USAGE)
 
     async def start(self, context: ModuleContext) -> None:
         return None

@@ -21,6 +21,7 @@ UNREACHABLE = "the database is unreachable"
 RETRY = "the database could not complete the transaction now; retry"
 FAILED = "the database failed unexpectedly"
 CONFLICT = "the change conflicts with one committed meanwhile (a name or key already taken); retry or change it"
+OVERLAP = "the change overlaps one committed meanwhile (a unit of capacity already booked for that time)"
 
 
 def translate(exc: BaseException) -> ComputeError | None:
@@ -38,6 +39,9 @@ def translate(exc: BaseException) -> ComputeError | None:
         # A uniqueness rule the statement's own checks could not see yet: a concurrent transaction committed the
         # same name or key first. That is the caller's conflict to resolve, not an internal failure.
         return ConflictError(CONFLICT)
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == "23P01":
+        # An exclusion constraint: a booking overlapping one a concurrent transaction committed first.
+        return ConflictError(OVERLAP)
     if isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith("40"):
         # Class 40 (serialization failure, deadlock) is worth retrying, unlike the other driver errors.
         return UnavailableError(RETRY)

@@ -30,6 +30,7 @@ from ._queue import PgWorkQueue
 from ._replay import PgReplayGuard
 from ._schema import CORE_MIGRATIONS, validate_schema
 from ._secrets import PgSecrets
+from ._usage import PgBookings, PgUsage
 from ._webhooks import PgWebhooks
 from ._workflows import PgWorkflows
 
@@ -186,6 +187,8 @@ class PgStore:
         self.join_keys = PgJoinKeys(self._db)
         self.commands = PgCommands(self._db)
         self.sessions = PgSessions(self._db)
+        self.bookings = PgBookings(self._db)
+        self.usage = PgUsage(self._db)
         self._audit = self._db.sql(_AUDIT)
         self._project = self._db.sql(_PROJECT)
         self._unproject = self._db.sql(_UNPROJECT)

@@ -24,6 +24,7 @@ PACKAGES = [
     "bettercompute.ca",
     "bettercompute.identity",
     "bettercompute.commands",
+    "bettercompute.usage",
     "bettercompute_daemon.identity",
     "bettercompute_store_pg",
     "bettercompute_iam",

@@ -1,0 +1,117 @@
+"""Bookings and the usage job against PostgreSQL: no double booking, GPU-seconds per tenant, pool and hour, and a
+rerun (or a crash and a rerun) that never counts anything twice."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import anyio
+import pytest
+
+from bettercompute.errors import ConflictError
+from bettercompute.usage import account_usage
+
+from ..joins.conftest import Fleet
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+DAY = dt.datetime(2031, 3, 4, tzinfo=dt.UTC)
+
+
+def at(hour: int, minute: int = 0) -> dt.datetime:
+    return DAY + dt.timedelta(hours=hour, minutes=minute)
+
+
+async def _book(
+    fleet: Fleet,
+    atom: str,
+    reservation: str,
+    start: dt.datetime,
+    end: dt.datetime | None,
+    *,
+    tenant: str = "t-a",
+    pool: str = "p-1",
+    gpus: float = 1.0,
+) -> None:
+    async with fleet.store.transaction() as tx:
+        await fleet.store.bookings.book(
+            tx, atom_id=atom, reservation_id=reservation, tenant=tenant, pool_id=pool, gpus=gpus, start=start, end=end
+        )
+
+
+async def _usage(fleet: Fleet, tenant: str) -> list[tuple[int, str, float]]:
+    records = await fleet.store.usage.records(tenant=tenant, since=at(0), until=at(48))
+    # gpus is stored with 6 decimals (1/7 -> 0.142857): compare to a tenth of a GPU-second.
+    return [(int((r.period_start - DAY).total_seconds() // 3600), r.pool_id, round(r.gpu_seconds, 1)) for r in records]
+
+
+async def test_gpu_seconds_per_tenant_pool_and_hour_counted_once_however_often_the_job_runs(fleet: Fleet) -> None:
+    await _book(fleet, "gpu-1", "r-1", at(10, 30), at(12, 15))
+    await _book(fleet, "mig-1/3", "r-2", at(11), None, gpus=1 / 7)
+    await _book(fleet, "gpu-2", "r-3", at(11, 45), at(11, 50), tenant="t-b")
+    await _book(fleet, "vcpu-1", "r-4", at(10), at(14), pool="p-vps", gpus=0)
+
+    fleet.clock.set(at(12, 4))  # the 11:00 hour closed, but less than the grace period ago
+    await account_usage(fleet.compute.context)
+    assert await _usage(fleet, "t-a") == [(10, "p-1", 1800.0), (10, "p-vps", 0.0)]
+
+    fleet.clock.set(at(12, 10))
+    await account_usage(fleet.compute.context)
+    expected_a = [(10, "p-1", 1800.0), (10, "p-vps", 0.0), (11, "p-1", round(3600 + 3600 / 7, 1)), (11, "p-vps", 0.0)]
+    assert await _usage(fleet, "t-a") == expected_a
+    assert await _usage(fleet, "t-b") == [(11, "p-1", 300.0)]
+
+    # Again, and again from an earlier watermark (as after a crash): the same numbers, nothing added.
+    assert await account_usage(fleet.compute.context) == 0
+    await fleet.store.fetch(fleet.store.sql("UPDATE {s}.usage_state SET accounted_until = :at"), {"at": at(9)})
+    await account_usage(fleet.compute.context)
+    assert await _usage(fleet, "t-a") == expected_a
+    assert await _usage(fleet, "t-b") == [(11, "p-1", 300.0)]
+
+    # The MIG slice is released at 12:30; the 12:00 hour is accounted once it closed.
+    async with fleet.store.transaction() as tx:
+        assert await fleet.store.bookings.release(tx, reservation_id="r-2", at=at(12, 30)) == 1
+    fleet.clock.set(at(13, 6))
+    await fleet.compute.jobs.tick()
+    assert (await _usage(fleet, "t-a"))[4:] == [(12, "p-1", round(900 + 1800 / 7, 1)), (12, "p-vps", 0.0)]
+
+
+async def test_a_late_change_to_the_last_hour_is_picked_up_and_replaces_its_numbers(fleet: Fleet) -> None:
+    await _book(fleet, "gpu-1", "r-1", at(10), None)
+    fleet.clock.set(at(11, 10))
+    await account_usage(fleet.compute.context)
+    assert await _usage(fleet, "t-a") == [(10, "p-1", 3600.0)]
+    # A release at 10:20 recorded late (after the hour was accounted): the next pass recounts that hour.
+    async with fleet.store.transaction() as tx:
+        await fleet.store.bookings.release(tx, reservation_id="r-1", at=at(10, 20))
+    fleet.clock.set(at(12, 10))
+    await account_usage(fleet.compute.context)
+    assert await _usage(fleet, "t-a") == [(10, "p-1", 1200.0)]
+
+
+async def test_the_database_refuses_a_double_booking_even_from_racing_writers(fleet: Fleet) -> None:
+    await _book(fleet, "gpu-1", "r-1", at(10), at(12))
+    with pytest.raises(ConflictError):
+        await _book(fleet, "gpu-1", "r-2", at(11), at(13))
+    await _book(fleet, "gpu-1", "r-3", at(12), at(13))  # back to back is fine: [10, 12) and [12, 13)
+    outcomes: list[str] = []
+
+    async def race(reservation: str) -> None:
+        try:
+            await _book(fleet, "gpu-9", reservation, at(20), None)
+            outcomes.append("booked")
+        except ConflictError:
+            outcomes.append("conflict")
+
+    async with anyio.create_task_group() as tg:
+        for n in range(4):
+            tg.start_soon(race, f"race-{n}")
+    assert sorted(outcomes) == ["booked", "conflict", "conflict", "conflict"]
+
+
+async def test_the_usage_job_holds_its_singleton_lease(fleet: Fleet) -> None:
+    await _book(fleet, "gpu-1", "r-1", at(10), at(11))
+    fleet.clock.set(at(11, 10))
+    passes = await fleet.compute.jobs.tick()
+    assert passes["controllers/usage"] == 1
+    assert await _usage(fleet, "t-a") == [(10, "p-1", 3600.0)]
