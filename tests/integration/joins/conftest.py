@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms
-from bettercompute.identity import Attestor, GatewayServices, JoinResult
+from bettercompute.identity import Attestor, GatewayServices, JoinResult, RenewResult
 from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, JoinExpect, Pool
 from bettercompute.testing import ManualClock
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
@@ -73,6 +73,15 @@ class Fleet:
             ),
         )
         return created
+
+    async def renew(self, certificate_pem: str, signer: NodeKey, challenge: bytes, csr_pem: str) -> RenewResult:
+        """A renewal as ``bcd`` sends it: ``signer``'s proof over the challenge and the CSR, with the certificate."""
+        return await self.services.renew(
+            certificate_pem=certificate_pem,
+            challenge=challenge,
+            signature=signer.renewal_proof(challenge, csr_pem),
+            csr_pem=csr_pem,
+        )
 
     async def events(self, event_type: str) -> list[tuple[str, dict[str, Any]]]:
         """The outbox's events of ``event_type``, oldest first: (key, payload)."""

@@ -33,12 +33,7 @@ async def test_the_database_and_the_logs_hold_no_secret_after_a_run(
     challenge = await fleet.services.renew_challenge(certificate_pem=again.certificate_pem)
     new_key = NodeKey()
     csr = new_key.csr_pem()
-    renewed = await fleet.services.renew(
-        certificate_pem=again.certificate_pem,
-        challenge=challenge,
-        signature=key.renewal_proof(challenge, csr),
-        csr_pem=csr,
-    )
+    renewed = await fleet.renew(again.certificate_pem, key, challenge, csr)
     await fleet.compute.api.secrets.create(
         fleet.alice, CreateSecretInput(tenant=fleet.acme, name="bmc", scope=f"node:{node.node_id}", value=PLAINTEXT)
     )

@@ -33,12 +33,7 @@ async def test_a_node_renews_with_a_signature_over_the_challenge_and_its_new_csr
     challenge = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
     new_key = NodeKey()
     csr = new_key.csr_pem()
-    renewed = await fleet.services.renew(
-        certificate_pem=joined.certificate_pem,
-        challenge=challenge,
-        signature=key.renewal_proof(challenge, csr),
-        csr_pem=csr,
-    )
+    renewed = await fleet.renew(joined.certificate_pem, key, challenge, csr)
     assert renewed.node_id == joined.node_id and renewed.spiffe_id == joined.spiffe_id
     assert renewed.serial != joined.serial and renewed.not_after > joined.not_after
     cert = x509.load_pem_x509_certificate(renewed.certificate_pem.encode())
@@ -53,12 +48,7 @@ async def test_a_renewal_without_proof_of_possession_is_refused(fleet: Fleet) ->
     challenge = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
     csr = thief.csr_pem()
     with pytest.raises(UnauthenticatedError) as no_proof:
-        await fleet.services.renew(
-            certificate_pem=joined.certificate_pem,
-            challenge=challenge,
-            signature=thief.renewal_proof(challenge, csr),
-            csr_pem=csr,
-        )
+        await fleet.renew(joined.certificate_pem, thief, challenge, csr)
     assert _reason(no_proof) == "bad_signature"
     # A relay swapping in its own CSR under the node's genuine signature is refused too.
     genuine = key.renewal_proof(challenge, key.csr_pem())
@@ -89,22 +79,12 @@ async def test_a_challenge_is_used_once_and_only_for_its_certificate(fleet: Flee
     assert _reason(replayed) == "replayed"
     other_csr = other_key.csr_pem()
     with pytest.raises(UnauthenticatedError) as foreign:
-        await fleet.services.renew(
-            certificate_pem=other.certificate_pem,
-            challenge=challenge,
-            signature=other_key.renewal_proof(challenge, other_csr),
-            csr_pem=other_csr,
-        )
+        await fleet.renew(other.certificate_pem, other_key, challenge, other_csr)
     assert _reason(foreign) == "bad_challenge"
     stale = await fleet.services.renew_challenge(certificate_pem=other.certificate_pem)
     fleet.clock.advance(dt.timedelta(minutes=3))
     with pytest.raises(UnauthenticatedError) as too_old:
-        await fleet.services.renew(
-            certificate_pem=other.certificate_pem,
-            challenge=stale,
-            signature=other_key.renewal_proof(stale, other_csr),
-            csr_pem=other_csr,
-        )
+        await fleet.renew(other.certificate_pem, other_key, stale, other_csr)
     assert _reason(too_old) == "challenge_expired"
 
 
@@ -121,12 +101,7 @@ async def test_a_revoked_certificate_or_a_retired_node_cannot_renew(fleet: Fleet
         await fleet.store.nodes.retire(tx, retired.node_id)
     csr = key.csr_pem()
     with pytest.raises(AccessDeniedError) as was_retired:
-        await fleet.services.renew(
-            certificate_pem=retired.certificate_pem,
-            challenge=challenge,
-            signature=key.renewal_proof(challenge, csr),
-            csr_pem=csr,
-        )
+        await fleet.renew(retired.certificate_pem, key, challenge, csr)
     assert _reason(was_retired) == "node_retired"
 
 
@@ -170,20 +145,10 @@ async def test_only_the_newest_certificate_renews_but_a_lost_answer_can_be_asked
     new_key = NodeKey()
     new_csr = new_key.csr_pem()
     challenge = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
-    await fleet.services.renew(
-        certificate_pem=joined.certificate_pem,
-        challenge=challenge,
-        signature=old_key.renewal_proof(challenge, new_csr),
-        csr_pem=new_csr,
-    )
+    await fleet.renew(joined.certificate_pem, old_key, challenge, new_csr)
     # The answer was lost: the node asks again with its old certificate for the same new key, and gets it.
     again = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
-    retried = await fleet.services.renew(
-        certificate_pem=joined.certificate_pem,
-        challenge=again,
-        signature=old_key.renewal_proof(again, new_csr),
-        csr_pem=new_csr,
-    )
+    retried = await fleet.renew(joined.certificate_pem, old_key, again, new_csr)
     assert (
         x509.load_pem_x509_certificate(retried.certificate_pem.encode()).public_key()
         == new_key.private_key.public_key()
@@ -192,12 +157,7 @@ async def test_only_the_newest_certificate_renews_but_a_lost_answer_can_be_asked
     thief_csr = NodeKey().csr_pem()
     third = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
     with pytest.raises(UnauthenticatedError) as superseded:
-        await fleet.services.renew(
-            certificate_pem=joined.certificate_pem,
-            challenge=third,
-            signature=old_key.renewal_proof(third, thief_csr),
-            csr_pem=thief_csr,
-        )
+        await fleet.renew(joined.certificate_pem, old_key, third, thief_csr)
     assert _reason(superseded) == "superseded"
 
 
@@ -211,12 +171,7 @@ async def test_a_renewal_racing_a_revocation_never_outlives_it(fleet: Fleet) -> 
 
     async def renew() -> None:
         try:
-            await fleet.services.renew(
-                certificate_pem=joined.certificate_pem,
-                challenge=challenge,
-                signature=key.renewal_proof(challenge, csr),
-                csr_pem=csr,
-            )
+            await fleet.renew(joined.certificate_pem, key, challenge, csr)
             outcome.append("renewed")
         except UnauthenticatedError as exc:
             outcome.append(str(exc.details.get("reason")))
