@@ -248,13 +248,18 @@ class DueDelivery:
 
 @attrs.frozen(kw_only=True)
 class DeliveryOutcome:
-    """What an attempt came to: ``status`` ``delivered``, ``pending`` (retry after ``retry_in``) or ``dead``."""
+    """What an attempt came to: ``status`` ``delivered``, ``pending`` (retry after ``retry_in``) or ``dead``.
+
+    ``attempted`` is ``False`` when no request was made for a reason that is this worker's, not the receiver's (it
+    cannot open the signing secret): the delivery goes back to ``pending`` and its attempts stay as they were.
+    """
 
     delivery: DueDelivery
     status: str
     http_status: int | None = None
     error: str | None = None
     retry_in: dt.timedelta = dt.timedelta(0)
+    attempted: bool = True
 
 
 @attrs.frozen(kw_only=True, repr=False)
@@ -729,7 +734,8 @@ class Webhooks(Protocol):
         ...
 
     async def record(self, outcomes: Sequence[DeliveryOutcome]) -> int:
-        """Record attempts' outcomes (attempts + 1); returns how many claims were still held (others are ignored)."""
+        """Record outcomes (attempts + 1 for each one ``attempted``); returns how many claims were still held (others
+        are ignored)."""
         ...
 
     async def deliveries(self, *, tenant: str, id: str, limit: int) -> list[WebhookDelivery] | None:

@@ -49,6 +49,8 @@ class WebhookSettings:
 
     Args:
         max_attempts: A delivery that failed this many times is ``dead`` (the dead letter; it stays in the log).
+            A pass of a worker that cannot decrypt the signing secret (it lacks the deployment's key) sends nothing
+            and is not an attempt: the delivery waits as after a failure, never becoming ``dead`` for it.
         backoff: The wait after the first failure; it doubles after each further one, up to ``max_backoff``, and
             is jittered to between half and all of that.
         max_backoff: The longest wait between two attempts.

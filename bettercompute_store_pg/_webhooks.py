@@ -81,7 +81,7 @@ RETURNING d.id, d.claim_token, d.subscription_id, w.tenant, w.url, w.sealed_secr
 
 _RECORD = """
 UPDATE {s}.webhook_deliveries AS d SET
-    attempts = d.attempts + 1,
+    attempts = d.attempts + CASE WHEN r.attempted THEN 1 ELSE 0 END,
     status = r.status,
     next_attempt_at = CASE WHEN r.status = 'pending' THEN now() + make_interval(secs => r.retry_in) END,
     finished_at = CASE WHEN r.status = 'pending' THEN NULL ELSE now() END,
@@ -90,7 +90,8 @@ UPDATE {s}.webhook_deliveries AS d SET
     claim_token = NULL,
     claimed_until = NULL
 FROM jsonb_to_recordset(CAST(:outcomes AS jsonb))
-    AS r(id bigint, token text, status text, http_status integer, error text, retry_in double precision)
+    AS r(id bigint, token text, status text, http_status integer, error text, retry_in double precision,
+        attempted boolean)
 WHERE d.id = r.id AND d.claim_token = r.token AND d.status = 'pending'
 """
 
@@ -230,7 +231,7 @@ class PgWebhooks:
         return [_due(row) for row in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
 
     async def record(self, outcomes: Sequence[DeliveryOutcome]) -> int:
-        """Record attempts' outcomes; those whose claim was lost are ignored."""
+        """Record outcomes (attempts + 1 where ``attempted``); those whose claim was lost are ignored."""
         if not outcomes:
             return 0
         payload = [
@@ -241,6 +242,7 @@ class PgWebhooks:
                 "http_status": o.http_status,
                 "error": o.error,
                 "retry_in": o.retry_in.total_seconds(),
+                "attempted": o.attempted,
             }
             for o in outcomes
         ]

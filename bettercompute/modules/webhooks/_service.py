@@ -259,41 +259,47 @@ async def _attempt(
             delivery.sealed_secret, context=secret_context(delivery.tenant, delivery.subscription_id)
         )
     except ComputeError as exc:
-        # A worker without the deployment's key: retried, so fixing the key recovers the backlog.
+        # A worker without the deployment's key: nothing was sent, so it is not an attempt. The delivery waits as
+        # after a failure and is never dead for this, so fixing the key (or another worker) recovers the backlog.
         log.error("cannot open the secret of webhook %s: %s", delivery.subscription_id, type(exc).__name__)
-        secret, error = b"", "the signing secret cannot be decrypted by this worker"
-    if error is None:
-        body = delivery.body.encode()
-        timestamp = int(context.clock.now().timestamp())
-        headers = {
-            "content-type": "application/json",
-            "user-agent": f"bettercompute-webhooks/{__version__}",
-            SIGNATURE_HEADER: signature_header(secret.decode(), timestamp, body),
-            EVENT_ID_HEADER: delivery.event_id,
-            EVENT_TYPE_HEADER: delivery.event_type,
-        }
-        try:
-            with anyio.fail_after(settings.timeout.total_seconds() + 1):
-                url: str | httpx.URL = delivery.url
-                extensions: dict[str, Any] = {}
-                if not settings.allow_private_destinations:
-                    # Resolved now, not at create: the name may point elsewhere since (DNS rebinding).
-                    target = await _guard.pinned(delivery.url)
-                    url, extensions = target.url, dict(target.extensions)
-                    headers.update(target.headers)
-                # Streamed and never read: a receiver's answer body cannot fill this process's memory.
-                async with client.stream("POST", url, content=body, headers=headers, extensions=extensions) as response:
-                    http_status = response.status_code
-        except _guard.DestinationRefusedError as exc:
-            error = str(exc)
-        except TimeoutError:
-            error = "timed out"
-        except httpx.HTTPError as exc:
-            # The class name only: the text may quote the URL, whose query string a tenant may treat as secret.
-            error = f"request failed: {type(exc).__name__}"
-        else:
-            if not 200 <= http_status < 300:
-                error = f"the receiver answered HTTP {http_status}"
+        return DeliveryOutcome(
+            delivery=delivery,
+            status="pending",
+            error="the signing secret cannot be decrypted by this worker",
+            retry_in=backoff(settings, delivery.attempts + 1),
+            attempted=False,
+        )
+    body = delivery.body.encode()
+    timestamp = int(context.clock.now().timestamp())
+    headers = {
+        "content-type": "application/json",
+        "user-agent": f"bettercompute-webhooks/{__version__}",
+        SIGNATURE_HEADER: signature_header(secret.decode(), timestamp, body),
+        EVENT_ID_HEADER: delivery.event_id,
+        EVENT_TYPE_HEADER: delivery.event_type,
+    }
+    try:
+        with anyio.fail_after(settings.timeout.total_seconds() + 1):
+            url: str | httpx.URL = delivery.url
+            extensions: dict[str, Any] = {}
+            if not settings.allow_private_destinations:
+                # Resolved now, not at create: the name may point elsewhere since (DNS rebinding).
+                target = await _guard.pinned(delivery.url)
+                url, extensions = target.url, dict(target.extensions)
+                headers.update(target.headers)
+            # Streamed and never read: a receiver's answer body cannot fill this process's memory.
+            async with client.stream("POST", url, content=body, headers=headers, extensions=extensions) as response:
+                http_status = response.status_code
+    except _guard.DestinationRefusedError as exc:
+        error = str(exc)
+    except TimeoutError:
+        error = "timed out"
+    except httpx.HTTPError as exc:
+        # The class name only: the text may quote the URL, whose query string a tenant may treat as secret.
+        error = f"request failed: {type(exc).__name__}"
+    else:
+        if not 200 <= http_status < 300:
+            error = f"the receiver answered HTTP {http_status}"
     if error is None:
         return DeliveryOutcome(delivery=delivery, status="delivered", http_status=http_status)
     failures = delivery.attempts + 1

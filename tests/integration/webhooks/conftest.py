@@ -153,3 +153,17 @@ async def guarded(hooks: Hooks, database_url: str) -> AsyncIterator[BetterComput
         yield compute
     finally:
         await compute.close()
+
+
+@pytest.fixture
+async def keyless(hooks: Hooks, database_url: str, tmp_path: Path) -> AsyncIterator[BetterCompute]:
+    """A second control plane on the same schema whose KMS has another key file: it cannot open any secret."""
+    store = PgStore(database_url, schema=hooks.store.schema, pool_size=2)
+    other_key = tmp_path / "other" / "kms.key"
+    options = Options(store=store, iam=EmbeddedIam(), instance="keyless", kms=LocalKeyKms(other_key), webhooks=FAST)
+    compute = better_compute(options)
+    await compute.initialize()
+    try:
+        yield compute
+    finally:
+        await compute.close()

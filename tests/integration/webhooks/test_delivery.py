@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 
+import anyio
 import psycopg
 import pytest
 
-from bettercompute.modules.webhooks import ListDeliveriesInput, WebhookTestInput
+from bettercompute import BetterCompute
+from bettercompute.modules.webhooks import Delivery, ListDeliveriesInput, WebhookTestInput
 from bettercompute.webhooks import EVENT_ID_HEADER, EVENT_TYPE_HEADER, verify
 
 from .conftest import FAST, Hooks, Receiver
@@ -83,8 +86,6 @@ async def test_a_receiver_that_always_fails_ends_dead_and_shows_in_the_log(hooks
     def done() -> bool:
         return state == ["dead", "dead"]
 
-    import anyio
-
     with anyio.fail_after(30):
         while not done():
             await hooks.compute.jobs.tick({"sinks"})
@@ -153,3 +154,45 @@ async def test_no_table_holds_a_plain_secret(hooks: Hooks, receiver: Receiver, d
                 for value in row:
                     raw = bytes(value) if isinstance(value, bytes | memoryview) else str(value).encode()
                     assert token.encode() not in raw, table
+
+
+async def _only_delivery(hooks: Hooks, webhook_id: str) -> Delivery:
+    log = await hooks.api.deliveries(hooks.alice, ListDeliveriesInput(tenant=hooks.acme, id=webhook_id))
+    deliveries: tuple[Delivery, ...] = log.deliveries
+    (delivery,) = deliveries
+    return delivery
+
+
+async def test_a_sender_without_the_key_spends_no_attempt_and_never_dead_letters(
+    hooks: Hooks, keyless: BetterCompute, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    webhook_id, secret = await hooks.subscribe(receiver.url)
+    receiver.status = 500
+    await hooks.publish("node.changed", "node_1")
+    await hooks.pump(lambda: receiver.connections >= 1)  # one real attempt, by a worker with the key: it counts
+    assert (await _only_delivery(hooks, webhook_id)).attempts == 1
+
+    def refusals() -> int:
+        return sum("cannot open the secret" in record.getMessage() for record in caplog.records)
+
+    # A worker whose key file holds another key claims the delivery again and again, many times max_attempts.
+    with caplog.at_level(logging.ERROR, logger="bettercompute.webhooks"), anyio.fail_after(30):
+        while refusals() < 3 * FAST.max_attempts:
+            await keyless.jobs.tick({"sinks"})
+            if (await _only_delivery(hooks, webhook_id)).status != "pending":
+                break
+            await anyio.sleep(0.02)
+    held = await _only_delivery(hooks, webhook_id)
+    assert held.status == "pending" and held.attempts == 1
+    assert held.last_error == "the signing secret cannot be decrypted by this worker"
+    assert held.finished_at is None and held.next_attempt_at is not None
+    assert receiver.connections == 1  # nothing was sent unsigned
+    assert "whsec_" not in caplog.text and secret.removeprefix("whsec_") not in caplog.text
+
+    # A worker with the key delivers it; only real attempts were counted.
+    receiver.status = 200
+    await hooks.pump(lambda: len(receiver.received) >= 1)
+    (item,) = receiver.received
+    verify(secret, item.headers, item.body)
+    done = await _only_delivery(hooks, webhook_id)
+    assert done.status == "delivered" and done.attempts == 2 and done.last_error is None
