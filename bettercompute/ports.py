@@ -742,6 +742,13 @@ class Webhooks(Protocol):
         """The newest ``limit`` deliveries of a subscription of ``tenant``; ``None`` when it has no such one."""
         ...
 
+    async def purge(self, *, retention: dt.timedelta, dead_retention: dt.timedelta, batch: int) -> int:
+        """Delete ``delivered`` deliveries that finished more than ``retention`` ago and ``dead`` ones more than
+        ``dead_retention`` ago, by the store's clock; never a ``pending`` one. Each statement touches at most
+        ``batch`` rows and commits on its own (an interrupted purge keeps what it deleted; safe to run again).
+        Returns how many were deleted."""
+        ...
+
 
 class SecretStore(Protocol):
     """Secrets of the ``secrets`` group, sealed by the KMS; a name is unique within its tenant. Writes given a ``tx``

@@ -41,6 +41,7 @@ SIGNATURE_HEADER = "Bettercompute-Signature"
 EVENT_ID_HEADER = "Bettercompute-Event-Id"
 EVENT_TYPE_HEADER = "Bettercompute-Event-Type"
 DEFAULT_TOLERANCE = dt.timedelta(minutes=5)
+_MAX_RETENTION = dt.timedelta(days=36525)  # beyond, the database's timestamps would overflow
 
 
 @attrs.frozen(kw_only=True)
@@ -63,6 +64,12 @@ class WebhookSettings:
             it (``last_error`` "destination address not allowed", no request made) when any address it resolves to
             is one of those, then connects to the address it checked. Turn it on only where every tenant is trusted
             to reach your internal network (tests with a loopback receiver, a single-team installation).
+        retention: How long a ``delivered`` delivery stays in the delivery log after it finished: 7 days, enough to
+            answer "did my receiver get last week's event?". The job ``sinks/webhooks-retention`` deletes older
+            ones every 10 minutes, a bounded batch at a time.
+        dead_retention: The same for ``dead`` deliveries (the dead letters): 30 days, so a receiver that was broken
+            for a while can still be diagnosed from its log well after the fact. A ``pending`` delivery is never
+            deleted, whatever its age.
     """
 
     max_attempts: int = 12
@@ -72,6 +79,8 @@ class WebhookSettings:
     batch_size: int = 50
     concurrency: int = 8
     allow_private_destinations: bool = False
+    retention: dt.timedelta = dt.timedelta(days=7)
+    dead_retention: dt.timedelta = dt.timedelta(days=30)
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (``better_compute()`` reports it as ``INVALID_CONFIG``)."""
@@ -84,6 +93,9 @@ class WebhookSettings:
             problems.append("webhooks.timeout: must be positive")
         if self.batch_size < 1 or self.concurrency < 1:
             problems.append("webhooks.batch_size, webhooks.concurrency: must be at least 1")
+        for name, kept in (("retention", self.retention), ("dead_retention", self.dead_retention)):
+            if not dt.timedelta(0) < kept <= _MAX_RETENTION:
+                problems.append(f"webhooks.{name}: must be positive and at most 100 years")
         return problems
 
 

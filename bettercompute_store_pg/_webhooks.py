@@ -1,8 +1,9 @@
 """Webhook subscriptions and their deliveries (``bettercompute.ports.Webhooks``).
 
-A delivery row per (subscription, event), kept after it ends as the subscription's log. Claims follow the outbox's
-rule per subscription: only the oldest pending delivery of a (subscription, event key) is a candidate, so a key's
-events reach each receiver in order, and a delivery waiting for its retry holds back the later ones of its key.
+A delivery row per (subscription, event), kept after it ends as the subscription's log until ``purge`` deletes it
+past its retention. Claims follow the outbox's rule per subscription: only the oldest pending delivery of a
+(subscription, event key) is a candidate, so a key's events reach each receiver in order, and a delivery waiting for
+its retry holds back the later ones of its key.
 """
 
 from __future__ import annotations
@@ -107,6 +108,30 @@ ORDER BY d.id DESC
 """
 
 
+# One bounded step of the purge: the next ``batch`` rows by primary key after ``after``, of which the finished ones
+# past their retention are deleted. It needs no index on finished_at (there is none): walking the key from the
+# oldest row, a pass stops at the first step that reaches rows created within the shorter retention (a row finishes
+# after it is created, so none from there on can be due), so each pass reads the retained old rows (dead letters
+# younger than dead_retention) plus what it deletes, never the young bulk of the table.
+_PURGE = """
+WITH chunk AS (
+    SELECT id, created_at FROM {s}.webhook_deliveries WHERE id > :after ORDER BY id LIMIT :batch
+), purged AS (
+    DELETE FROM {s}.webhook_deliveries AS d USING chunk
+    WHERE d.id = chunk.id AND (
+        (d.status = 'delivered' AND d.finished_at < now() - :retention)
+        OR (d.status = 'dead' AND d.finished_at < now() - :dead_retention)
+    )
+    RETURNING d.id
+), last AS (
+    SELECT id, created_at FROM chunk ORDER BY id DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM chunk) AS scanned, (SELECT count(*) FROM purged) AS purged,
+    (SELECT id FROM last) AS last_id,
+    coalesce((SELECT created_at >= now() - :horizon FROM last), true) AS reached_recent
+"""
+
+
 def _conn(tx: Transaction) -> AsyncConnection:
     connection = getattr(tx, "connection", None)
     if not isinstance(connection, AsyncConnection):
@@ -158,7 +183,7 @@ def _delivery(row: Any) -> WebhookDelivery:
 
 class PgWebhooks:
     """``bettercompute.ports.Webhooks`` on ``webhook_subscriptions`` and ``webhook_deliveries``; one statement per
-    call."""
+    call, except ``purge`` (one bounded statement per step)."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -170,6 +195,7 @@ class PgWebhooks:
         self._claim = db.sql(_CLAIM)
         self._record = db.sql(_RECORD)
         self._deliveries = db.sql(_DELIVERIES)
+        self._purge = db.sql(_PURGE)
 
     async def create(
         self,
@@ -254,3 +280,21 @@ class PgWebhooks:
         if not rows:
             return None
         return [_delivery(row) for row in rows if row.id is not None]
+
+    async def purge(self, *, retention: dt.timedelta, dead_retention: dt.timedelta, batch: int) -> int:
+        """Delete finished deliveries past their retention, walking the primary key ``batch`` rows per statement."""
+        if batch <= 0:
+            return 0
+        params = {
+            "retention": retention,
+            "dead_retention": dead_retention,
+            "horizon": min(retention, dead_retention),
+            "batch": batch,
+        }
+        after, deleted = 0, 0
+        while True:
+            (row,) = await self._db.fetch(self._purge, {**params, "after": after})
+            deleted += int(row.purged)
+            if row.scanned < batch or row.reached_recent:
+                return deleted
+            after = int(row.last_id)

@@ -2,6 +2,7 @@
 
 from ._methods import ACTIONS as ACTIONS
 from ._methods import WebhooksGroup as WebhooksGroup
+from ._module import RETENTION as RETENTION
 from ._module import SENDER as SENDER
 from ._module import WebhooksModule as WebhooksModule
 from ._schemas import CreatedWebhook as CreatedWebhook
@@ -19,6 +20,7 @@ from ._schemas import WebhookTestOutput as WebhookTestOutput
 
 __all__ = [
     "ACTIONS",
+    "RETENTION",
     "SENDER",
     "CreateWebhookInput",
     "CreatedWebhook",

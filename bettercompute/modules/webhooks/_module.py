@@ -16,10 +16,15 @@ if TYPE_CHECKING:
     from ..._core import ModuleContext
     from ..._registry import GroupSpec
 
-__all__ = ["SENDER", "WebhooksModule"]
+__all__ = ["RETENTION", "SENDER", "WebhooksModule"]
 
 SENDER = Job(name="webhooks", role="sinks", interval=dt.timedelta(seconds=1), run=_service.send_due)
 """The sender: ``sinks/webhooks``, after ``sinks/events`` in each ``tick()``."""
+
+RETENTION = Job(name="webhooks-retention", role="sinks", interval=dt.timedelta(minutes=10), run=_service.purge_finished)
+"""The purge of finished deliveries: ``sinks/webhooks-retention``, after the sender in each ``tick()``. A job of its
+own rather than a step of the sender's pass: it needs to run every few minutes, not every second, and a slow or
+failing purge never holds back a delivery."""
 
 
 class WebhooksModule:
@@ -31,7 +36,7 @@ class WebhooksModule:
     groups: Sequence[type[GroupSpec[Any]]] = (WebhooksGroup,)
     actions: Sequence[str] = ACTIONS
     migrations: Mapping[str, Sequence[Migration]] = {}
-    jobs: Sequence[Job] = (SENDER,)
+    jobs: Sequence[Job] = (SENDER, RETENTION)
 
     def __init__(self) -> None:
         self._unsubscribe: Callable[[], None] | None = None

@@ -2,7 +2,8 @@
 
 Events reach webhooks through the core's ``events`` dispatcher: after an event's transaction commits, ``fan_out``
 queues one delivery per matching subscription of the event's tenant (database writes only). The sender (the job
-``sinks/webhooks``) claims due deliveries and POSTs them outside any transaction, then records each outcome.
+``sinks/webhooks``) claims due deliveries and POSTs them outside any transaction, then records each outcome. The
+job ``sinks/webhooks-retention`` deletes finished deliveries past ``WebhookSettings.retention``.
 Unless ``WebhookSettings.allow_private_destinations`` is set, internal destinations are refused at ``create`` and
 again, after a fresh DNS lookup, before every attempt (``_guard``).
 
@@ -344,3 +345,15 @@ async def send_due(context: ModuleContext) -> int:
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             await store.webhooks.record(outcomes)
     return sum(1 for o in outcomes if o.status == "delivered")
+
+
+PURGE_BATCH = 1000
+"""Rows read (and at most deleted) by one statement of the retention job."""
+
+
+async def purge_finished(context: ModuleContext) -> int:
+    """One pass of ``sinks/webhooks-retention``: delete finished deliveries past their retention."""
+    settings = context.options.webhooks
+    return await context.store.webhooks.purge(
+        retention=settings.retention, dead_retention=settings.dead_retention, batch=PURGE_BATCH
+    )

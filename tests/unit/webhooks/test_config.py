@@ -3,7 +3,9 @@ without it (``INVALID_CONFIG`` naming ``kms``)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -59,3 +61,24 @@ def test_a_module_may_not_take_the_name_webhooks(tmp_path: Path) -> None:
         Options(store=store, iam=make_iam(), kms=LocalKeyKms(tmp_path / "k"), modules=[EchoModule(name="webhooks")])
     )
     assert problems == ["modules[0]: the name 'webhooks' is used twice"]
+
+
+def test_finished_deliveries_are_kept_a_week_and_dead_letters_a_month_by_default() -> None:
+    settings = WebhookSettings()
+    assert settings.retention == dt.timedelta(days=7)
+    assert settings.dead_retention == dt.timedelta(days=30)
+    assert settings.problems() == []
+
+
+@pytest.mark.parametrize("field", ["retention", "dead_retention"])
+@pytest.mark.parametrize("value", [dt.timedelta(0), dt.timedelta(seconds=-1), dt.timedelta(days=36526)])
+def test_a_retention_that_is_not_positive_or_absurdly_long_is_refused(
+    field: str, value: dt.timedelta, tmp_path: Path
+) -> None:
+    changes: dict[str, Any] = {field: value}
+    settings = attrs.evolve(WebhookSettings(), **changes)
+    problem = f"webhooks.{field}: must be positive and at most 100 years"
+    assert settings.problems() == [problem]
+    store = make_compute().context.store
+    kms = LocalKeyKms(tmp_path / "k")
+    assert _problems(Options(store=store, iam=make_iam(), kms=kms, webhooks=settings)) == [problem]
