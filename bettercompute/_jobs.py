@@ -2,7 +2,9 @@
 
 Every job is a singleton under the lease ``<role>/<name>``, so any number of processes may run the same roles and
 each pass still has one writer. Reconcilers run on sharded work (``_workers``): each worker process holds the shard
-leases rendezvous hashing gives it. Loops converge by polling alone; a notifier only shortens the wait.
+leases rendezvous hashing gives it. Loops converge by polling alone; a notifier only shortens the wait: reconcile
+loops wake when work is enqueued, and the ``sinks`` jobs (events, webhooks) on the ``@sinks`` poke, sent after a
+commit that published events and after an events pass handed some to subscribers.
 """
 
 from __future__ import annotations
@@ -15,20 +17,20 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import anyio
 import attrs
 
 from ._reconcile import Reconciler
-from ._workers import WORK_CHANNEL, ShardedWorker, reconcile_one
+from ._workers import SINKS_POKE, WORK_CHANNEL, ShardedWorker, _Wake, notify_work, reconcile_one
 from .errors import ComputeError, InvalidConfigError
 from .ports import Lease, OutboxEvent, StoredEvent, Transaction
 
 if TYPE_CHECKING:
     from ._core import ModuleContext
 
-__all__ = ["ROLES", "Events", "Job", "Jobs", "job_transaction"]
+__all__ = ["ROLES", "SINKS_POKE", "Events", "Job", "Jobs", "job_transaction"]
 
 log = logging.getLogger("bettercompute.jobs")
 
@@ -50,13 +52,21 @@ class Job:
     A pass runs while its lease is renewed beside it, for at most ``budget``; it is cancelled when the lease is lost
     (or at ``stop()``), so a pass must keep the progress it made when cancelled (record it in a shielded
     ``finally``).
+
+    Args:
+        interval: The time between two passes; ``None`` for ``Options.poll_interval``.
+        wake_on: A notifier poke (a ``WORK_CHANNEL`` payload such as ``SINKS_POKE``) that starts a pass at once
+            on the process holding the job's lease. A pass of such a job that handled something is followed by
+            another at once (what it did may have made more due). Pokes only shorten waits: the job still runs
+            every ``interval``, so a lost poke, or no notifier at all, costs at most that.
     """
 
     name: str
     role: str
-    interval: dt.timedelta
+    interval: dt.timedelta | None
     run: Callable[[ModuleContext], Awaitable[int]]
     budget: dt.timedelta = dt.timedelta(minutes=5)
+    wake_on: str | None = None
 
     @property
     def lease_name(self) -> str:
@@ -123,6 +133,10 @@ async def dispatch_events(context: ModuleContext) -> int:
                 await store.outbox.release(failed, delay=dt.timedelta(seconds=5))
             if untried:
                 await store.outbox.release(untried, delay=dt.timedelta(0))
+    if delivered:
+        # Subscribers may have queued work for the other sinks jobs (webhook deliveries): wake whichever process
+        # holds them.
+        await notify_work(context, SINKS_POKE)
     return len(delivered)
 
 
@@ -134,10 +148,17 @@ def _check_roles(roles: Collection[str]) -> None:
         )
 
 
-BUILTIN_JOBS = (Job(name="events", role="sinks", interval=dt.timedelta(seconds=1), run=dispatch_events),)
+BUILTIN_JOBS = (Job(name="events", role="sinks", interval=None, run=dispatch_events, wake_on=SINKS_POKE),)
 
 
 TICK_BATCH = 500
+
+
+@runtime_checkable
+class _PublishHooks(Protocol):
+    """A store that says when a commit published outbox events (``PgStore`` does; ``Store`` does not require it)."""
+
+    def on_published(self, listener: Callable[[], Awaitable[None]]) -> Callable[[], None]: ...
 
 
 class Jobs:
@@ -185,15 +206,27 @@ class Jobs:
         self._runner: asyncio.Task[None] | None = None
         self._held: dict[str, Lease] = {}
         self._worker: ShardedWorker | None = None
+        self._wakes: dict[str, _Wake] = {}
         if context.notifier is not None:
-            # Every process pokes after enqueuing (API processes too), whatever roles it runs.
+            # Every process pokes after enqueuing or publishing (API processes too), whatever roles it runs.
             context.store.on_enqueued(self._poke)
+            if isinstance(context.store, _PublishHooks):
+                context.store.on_published(self._poke_sinks)
 
     async def _poke(self, kinds: frozenset[str]) -> None:
         notifier = self._context.notifier
         if notifier is not None:
             with anyio.fail_after(2):
                 await notifier.notify(WORK_CHANNEL, ",".join(sorted(kinds)))
+
+    async def _poke_sinks(self) -> None:
+        await notify_work(self._context, SINKS_POKE)
+
+    def _on_job_poke(self, payload: str) -> None:
+        for job in self._jobs:
+            wake = self._wakes.get(job.lease_name)
+            if wake is not None and job.wake_on == payload:
+                wake.poke()
 
     @property
     def reconcilers(self) -> list[Reconciler]:
@@ -261,7 +294,8 @@ class Jobs:
         _check_roles(roles)
         try:
             async with anyio.create_task_group() as tg:
-                self._worker = ShardedWorker(self._context, self._reconcilers, roles)
+                self._wakes = {job.lease_name: _Wake() for job in self._jobs if job.role in roles and job.wake_on}
+                self._worker = ShardedWorker(self._context, self._reconcilers, roles, self._on_job_poke)
                 await tg.start(self._worker.run)
                 for job in self._jobs:
                     if job.role in roles:
@@ -269,6 +303,7 @@ class Jobs:
                 task_status.started()
         finally:
             self._worker = None
+            self._wakes = {}
             held, self._held = self._held, {}
             with anyio.CancelScope(shield=True):
                 for lease in held.values():
@@ -306,8 +341,11 @@ class Jobs:
         with contextlib.suppress(asyncio.CancelledError):
             await runner
 
-    async def _pass(self, job: Job, lease: Lease) -> None:
-        """One pass of ``job`` while a companion task renews its lease; losing the lease cancels the pass."""
+    async def _pass(self, job: Job, lease: Lease) -> int:
+        """One pass of ``job`` while a companion task renews its lease; losing the lease cancels the pass.
+
+        Returns how many items the pass handled (0 when it was cancelled).
+        """
         store = self._context.store
         ttl = self._context.options.lease_ttl
 
@@ -326,27 +364,32 @@ class Jobs:
 
             tg.start_soon(keep, lease)
             token = _job_lease.set(lease)
+            handled = 0  # stays 0 when losing the lease cancels the pass
             try:
                 with anyio.fail_after(job.budget.total_seconds()):
-                    await job.run(self._context)
+                    handled = await job.run(self._context)
             finally:
                 _job_lease.reset(token)
             tg.cancel_scope.cancel()
+        return handled
 
     async def _loop(self, job: Job, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Hold the job's lease (renewed every third of its TTL) and run a pass every ``interval`` while held.
+        """Hold the job's lease (renewed every third of its TTL) and run a pass every ``interval`` while held, or at
+        once when a ``wake_on`` poke comes (or a pass of such a job handled something).
 
         ``started`` is signalled after the first attempt at the lease, so ``start()`` returns with leases taken
         where they were free.
         """
         store = self._context.store
         ttl = self._context.options.lease_ttl.total_seconds()
-        interval = job.interval.total_seconds()
+        interval = (job.interval or self._context.options.poll_interval).total_seconds()
+        wake = self._wakes.get(job.lease_name)
         next_run = 0.0
         failures = 0
         started = False
         while True:
             wait = ttl / 3
+            wakeable = False
             try:
                 held = self._held.get(job.lease_name)
                 lease = await (
@@ -361,13 +404,17 @@ class Jobs:
                 if not started:
                     task_status.started()
                     started = True
+                again = False
                 if lease is not None and anyio.current_time() >= next_run:
-                    await self._pass(job, lease)
-                    next_run = anyio.current_time() + interval
+                    handled = await self._pass(job, lease)
+                    # What a poked job did may have made more due (the next event of a key): no poke would say so.
+                    again = wake is not None and handled > 0
+                    next_run = anyio.current_time() + (0.0 if again else interval)
                 if lease is not None:
                     # Wake for the next pass (or the next renewal, whichever comes first), not a fixed nap that
                     # may end just before the pass is due and then skip it for a whole renewal period.
-                    wait = max(0.05, min(ttl / 3, next_run - anyio.current_time()))
+                    wait = 0.0 if again else max(0.05, min(ttl / 3, next_run - anyio.current_time()))
+                    wakeable = True  # only the lease's holder heeds pokes; the others retry the lease on their own
                 failures = 0
             except Exception as exc:
                 if not started:
@@ -376,4 +423,9 @@ class Jobs:
                 failures += 1
                 wait = min(60.0, interval * math.pow(2, min(failures, 6)))
                 log.warning("job %s failed (%s); retrying in about %.0f s", job.lease_name, type(exc).__name__, wait)
-            await anyio.sleep(wait * random.uniform(0.8, 1.2))  # noqa: S311 - jitter, not security
+            nap = wait * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
+            if wake is not None and wakeable:
+                if await wake.sleep(nap):
+                    next_run = 0.0
+            else:
+                await anyio.sleep(nap)

@@ -91,7 +91,9 @@ class Options:
         max_in_flight: Requests handled at once by this process's HTTP handler; more wait their turn.
         instance: This process's name in leases and worker rows (host and pid by default).
         lease_ttl: How long a worker's leases and membership rows live unrenewed; renewed every third of it.
-        poll_interval: How often an idle reconcile loop looks for due work when no notifier poke wakes it.
+        poll_interval: How often an idle loop looks for due work when no notifier poke wakes it: the reconcile
+            loops, the events dispatcher and the webhook sender (``sinks/events``, ``sinks/webhooks``). A poke
+            announces new work, not retries coming due, so those wait for the next poll even with a notifier.
         session_timeout: How long a daemon session may go unreported by its gateway before it counts as dead (the
             CommandSweeper then re-dispatches or fails what was sent on it).
         kms: Envelope encryption of secrets at rest (``bettercompute.LocalKeyKms(path)``, or a Vault adapter). The

@@ -9,7 +9,8 @@ last heartbeat.
 
 The reconcile loop of a role claims due work only on the shards it holds, runs each item under its deadline, and
 completes or retries it fenced by the shard lease. Loops poll; a notifier poke (``"work"`` channel) wakes them
-sooner, and a membership change pokes the shard cycle the same way.
+sooner, and a membership change pokes the shard cycle the same way. The same listener hands the singleton job loops
+their pokes (``@sinks``: see ``_jobs``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -33,15 +34,29 @@ from .ports import Claim, Lease, WorkQueue
 if TYPE_CHECKING:
     from ._core import ModuleContext
 
-__all__ = ["WORK_CHANNEL", "ShardedWorker", "reconcile_one", "shard_lease_name"]
+__all__ = ["SINKS_POKE", "WORK_CHANNEL", "ShardedWorker", "notify_work", "reconcile_one", "shard_lease_name"]
 
 log = logging.getLogger("bettercompute.workers")
 
 WORK_CHANNEL = "work"
-"""The notifier channel: payload ``kind,kind,...`` after work is enqueued, ``@members`` after a membership change."""
+"""The notifier channel: payload ``kind,kind,...`` after work is enqueued, ``@members`` after a membership change,
+``@sinks`` when the ``sinks`` jobs have something to do."""
 MEMBERS_POKE = "@members"
+SINKS_POKE = "@sinks"
+"""Events were committed to the outbox, or handed to subscribers that may have queued work (webhook deliveries)."""
 CONCURRENCY = 8
 """Items one reconcile loop runs at once (each may hold a pooled connection)."""
+
+
+async def notify_work(context: ModuleContext, payload: str) -> None:
+    """Poke the loops of every process on ``WORK_CHANNEL``, when there is a notifier; a lost poke costs one poll."""
+    notifier = context.notifier
+    if notifier is not None:
+        try:
+            with anyio.fail_after(2):
+                await notifier.notify(WORK_CHANNEL, payload)
+        except (ComputeError, TimeoutError) as exc:
+            log.debug("a poke was lost (%s); the loops will poll", type(exc).__name__)
 
 
 def shard_lease_prefix(role: str) -> str:
@@ -63,10 +78,13 @@ class _Wake:
     def poke(self) -> None:
         self._event.set()
 
-    async def sleep(self, seconds: float) -> None:
+    async def sleep(self, seconds: float) -> bool:
+        """Sleep until poked or ``seconds`` have passed; whether it was poked."""
         with anyio.move_on_after(seconds):
             await self._event.wait()
+        poked = self._event.is_set()
         self._event = anyio.Event()
+        return poked
 
 
 async def reconcile_one(
@@ -126,10 +144,21 @@ async def _settle(fenced: Awaitable[bool], queue: WorkQueue, claim: Claim) -> No
 
 
 class ShardedWorker:
-    """One process's membership, shard leases and reconcile loops, for the roles it runs."""
+    """One process's membership, shard leases and reconcile loops, for the roles it runs.
 
-    def __init__(self, context: ModuleContext, reconcilers: Sequence[Reconciler], roles: Collection[str]) -> None:
+    ``on_job_poke`` gets the pokes meant for singleton job loops (payloads starting with ``@`` other than
+    ``@members``).
+    """
+
+    def __init__(
+        self,
+        context: ModuleContext,
+        reconcilers: Sequence[Reconciler],
+        roles: Collection[str],
+        on_job_poke: Callable[[str], None] | None = None,
+    ) -> None:
         self._context = context
+        self._on_job_poke = on_job_poke
         self._roles = sorted(roles)
         self._shard_roles = [r for r in self._roles if r in ("controllers", "scheduler")]
         self._reconcilers = {r.kind: r for r in reconcilers if r.role in roles}
@@ -177,13 +206,7 @@ class ShardedWorker:
         await self._poke(MEMBERS_POKE)
 
     async def _poke(self, payload: str) -> None:
-        notifier = self._context.notifier
-        if notifier is not None:
-            try:
-                with anyio.fail_after(2):
-                    await notifier.notify(WORK_CHANNEL, payload)
-            except (ComputeError, TimeoutError):
-                pass  # a lost poke costs one poll interval
+        await notify_work(self._context, payload)
 
     async def _listen(self) -> None:
         """Turn notifier pokes into wake-ups; reconnect with backoff, forever (the loops poll meanwhile)."""
@@ -206,6 +229,8 @@ class ShardedWorker:
         if payload == MEMBERS_POKE:
             self._shard_wake.poke()
             return
+        if payload.startswith("@") and self._on_job_poke is not None:
+            self._on_job_poke(payload)  # a singleton job loop's poke: no reconciler kind matches it below
         kinds = set(payload.split(",")) if payload else set()
         for role, wake in self._work_wakes.items():
             if not kinds or kinds & set(self._kinds[role]):

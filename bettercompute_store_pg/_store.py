@@ -39,6 +39,7 @@ __all__ = ["PgStore", "PgTransaction", "driver_url"]
 log = logging.getLogger("bettercompute.store_pg")
 
 EnqueueListener = Callable[[frozenset[str]], Awaitable[None]]
+PublishListener = Callable[[], Awaitable[None]]
 
 CONNECT_TIMEOUT_SECONDS = 5
 """libpq's connect timeout: an unreachable server fails fast instead of hanging a request."""
@@ -88,6 +89,7 @@ class PgTransaction:
         self._store = store
         self.connection = connection
         self.enqueued: set[str] = set()
+        self.published = False
 
     async def enqueue(self, items: Sequence[WorkItem]) -> None:
         """Add work that becomes visible when the transaction commits."""
@@ -103,6 +105,7 @@ class PgTransaction:
         a deadlock, reported as a retryable ``UnavailableError``).
         """
         await self._store.outbox.publish_in(self.connection, events)
+        self.published = self.published or bool(events)
 
     async def audit(self, record: AuditRecord) -> None:
         """Add an audit row."""
@@ -143,8 +146,8 @@ class PgStore:
     settings, no session locks, no LISTEN; with ``prepared_statements=False`` no server-side prepared statements
     either.
 
-    ``on_enqueued`` listeners (the control plane's notifier pokes) run after the commit of a transaction that
-    enqueued work, outside it.
+    ``on_enqueued`` and ``on_published`` listeners (the control plane's notifier pokes) run after the commit of a
+    transaction that enqueued work or published events, outside it.
 
     The store's own tables are the migrations of module ``"core"``: ``await store.install()`` applies them (the same
     as ``await store.migrate("core", PgStore.core_migrations())``).
@@ -171,6 +174,7 @@ class PgStore:
         self._prepared_statements = prepared_statements
         self._db = Database(self.schema)
         self._enqueue_listeners: list[EnqueueListener] = []
+        self._publish_listeners: list[PublishListener] = []
         self.leases = PgLeases(self._db)
         self.queue = PgWorkQueue(self._db, self._enqueued)
         self.membership = PgMembership(self._db)
@@ -276,6 +280,27 @@ class PgStore:
             except Exception as exc:  # a poke is an optimisation: the writer's commit stands
                 log.warning("an enqueue listener failed: %s", type(exc).__name__)
 
+    def on_published(self, listener: PublishListener) -> Callable[[], None]:
+        """Call ``listener()`` after each commit that published outbox events; returns an unsubscribe.
+
+        A listener's failure is logged, never raised to the writer. (Not in ``bettercompute.ports.Store``: the
+        control plane uses it when a store has it, to wake the ``sinks`` jobs.)
+        """
+        self._publish_listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._publish_listeners:
+                self._publish_listeners.remove(listener)
+
+        return unsubscribe
+
+    async def _published(self) -> None:
+        for listener in list(self._publish_listeners):
+            try:
+                await listener()
+            except Exception as exc:  # a poke is an optimisation: the writer's commit stands
+                log.warning("a publish listener failed: %s", type(exc).__name__)
+
     async def ping(self) -> None:
         """Raise ``UnavailableError`` unless the database answers now."""
         await self._db.fetch(self._ping, {})
@@ -327,3 +352,5 @@ class PgStore:
                 yield tx
         if tx.enqueued:
             await self._enqueued(frozenset(tx.enqueued))
+        if tx.published:
+            await self._published()

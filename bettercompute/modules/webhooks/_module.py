@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..._jobs import Job
+from ..._jobs import SINKS_POKE, Job
 from ..._version import __version__
 from ...ports import Migration, StoredEvent
 from . import _service
@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RETENTION", "SENDER", "WebhooksModule"]
 
-SENDER = Job(name="webhooks", role="sinks", interval=dt.timedelta(seconds=1), run=_service.send_due)
-"""The sender: ``sinks/webhooks``, after ``sinks/events`` in each ``tick()``."""
+SENDER = Job(name="webhooks", role="sinks", interval=None, run=_service.send_due, wake_on=SINKS_POKE)
+"""The sender: ``sinks/webhooks``, after ``sinks/events`` in each ``tick()``; in loops, every
+``Options.poll_interval`` and at once when the events dispatcher (or ``webhooks.test``) pokes ``@sinks``."""
 
 RETENTION = Job(name="webhooks-retention", role="sinks", interval=dt.timedelta(minutes=10), run=_service.purge_finished)
 """The purge of finished deliveries: ``sinks/webhooks-retention``, after the sender in each ``tick()``. A job of its

@@ -26,6 +26,7 @@ import httpx
 
 from ..._registry import CallContext
 from ..._version import __version__
+from ..._workers import SINKS_POKE, notify_work
 from ...errors import ComputeError, InternalError, InvalidInputError, NotFoundError
 from ...ports import DeliveryOutcome, DueDelivery, Kms, StoredEvent, WebhookDelivery, WebhookSubscription
 from ...webhooks import EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, WebhookSettings, signature_header
@@ -205,6 +206,7 @@ async def test(call: CallContext, input: WebhookTestInput) -> WebhookTestOutput:
                 resource_type="webhook", resource_id=input.id, tenant=input.tenant, details={"event_id": event_id}
             )
         )
+    await notify_work(call.context, SINKS_POKE)  # wake the sender now rather than at its next poll
     return WebhookTestOutput(event_id=event_id)
 
 

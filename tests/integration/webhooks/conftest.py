@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -123,10 +124,10 @@ async def receiver() -> AsyncIterator[Receiver]:
         await server.stop()
 
 
-@pytest.fixture
-async def hooks(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIterator[Hooks]:
-    key_file = tmp_path / "kms.key"
-    async with two_tenants(database_url, fresh_schema, kms=LocalKeyKms(key_file), webhooks=FAST) as t:
+@contextlib.asynccontextmanager
+async def open_hooks(database_url: str, schema: str, key_file: Path, **options: Any) -> AsyncIterator[Hooks]:
+    """A control plane with a KMS on ``key_file`` and the ``FAST`` settings (and ``options``), with two tenants."""
+    async with two_tenants(database_url, schema, kms=LocalKeyKms(key_file), webhooks=FAST, **options) as t:
         yield Hooks(
             compute=t.compute,
             store=t.store,
@@ -138,6 +139,12 @@ async def hooks(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
             mallory=t.mallory,
             http=t.http,
         )
+
+
+@pytest.fixture
+async def hooks(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIterator[Hooks]:
+    async with open_hooks(database_url, fresh_schema, tmp_path / "kms.key") as opened:
+        yield opened
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 import pytest
 
-from bettercompute import BetterCompute, Options, Outcome, ReconcileContext, Reconciler, better_compute
+from bettercompute import BetterCompute, Events, Options, Outcome, ReconcileContext, Reconciler, better_compute
 from bettercompute._shards import SHARDS
+from bettercompute.ports import StoredEvent
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgNotifier, PgStore
 
@@ -85,5 +86,28 @@ async def test_a_poke_wakes_an_idle_loop_long_before_its_poll(
         async with compute.context.store.transaction() as tx:
             await tx.enqueue([reconciler.item("poked")])
         await _until(lambda: "poked" in done, 30)  # only a poke can have woken it this soon
+    finally:
+        await compute.close()
+
+
+async def test_the_events_dispatcher_drains_a_key_backlog_without_waiting_for_its_polls(
+    database_url: str, fresh_schema: str
+) -> None:
+    """The outbox hands out one event of a key per pass; a pass that delivered some is followed by another at once,
+    so a key's backlog does not go out one poll (here a minute) per event."""
+    compute, _ = _compute(database_url, fresh_schema, notifier=None, poll=60)
+    seen: list[object] = []
+
+    async def record(event: StoredEvent) -> None:
+        seen.append(event.payload["n"])
+
+    compute.events.subscribe(record)
+    await compute.initialize()
+    try:
+        async with compute.context.store.transaction() as tx:
+            await tx.publish([Events.event("probe.changed", "one-key", n=n) for n in range(4)])
+        await compute.start({"sinks"})
+        await _until(lambda: len(seen) >= 4, 15)
+        assert seen == [0, 1, 2, 3]
     finally:
         await compute.close()
