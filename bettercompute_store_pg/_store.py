@@ -67,7 +67,7 @@ def driver_url(url: str) -> URL:
     """
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
         # The URL may hold a password: neither it nor the parser's text goes into the message.
         raise InvalidConfigError("the database URL cannot be parsed") from exc
     if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg"):

@@ -137,3 +137,11 @@ def test_iam_bootstrap_refuses_a_central_iam_configuration() -> None:
     _assert_clean_failure(result, 2)
     assert "where IAM is embedded" in result.stderr
     assert _CREDENTIAL not in result.stderr
+
+
+def test_an_unparsable_database_url_is_a_clean_error_without_its_password() -> None:
+    # It starts with postgresql://, so only the parser finds the port that is not a number.
+    result = _invoke("serve", BETTERCOMPUTE_DATABASE_URL="postgresql://u:hunter2@127.0.0.1:port/x")
+    _assert_clean_failure(result, 1)
+    assert result.stderr == "error: INVALID_CONFIG: the database URL cannot be parsed\n"
+
