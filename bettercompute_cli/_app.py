@@ -33,7 +33,9 @@ from ._runtime import (
     Plan,
     build,
     build_serving,
+    close,
     display_host,
+    notifier_note,
     plan_roles,
     require_database_url,
     require_embedded_iam,
@@ -125,6 +127,12 @@ def _config(ctx: typer.Context, **flags: Any) -> Config:
 
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _log_notifier(config: Config) -> None:
+    note = notifier_note(config)
+    if note is not None:
+        log.info("%s", note)
 
 
 @app.callback()
@@ -225,6 +233,7 @@ def serve(
         _setup_logging()
         if remote is not None:
             log.info("using the central IAM at %s", config.iam_url)
+        _log_notifier(config)
         anyio.run(lambda: _serve(compute, remote, plan, config, migrate=not no_migrate, access_log=access_log))
 
 
@@ -265,13 +274,13 @@ def _dev_banner(config: Config, result: Bootstrap, embedded_url: str | None) -> 
 
 
 async def _dev(config: Config, url: str, embedded: bool, rotate: bool, access_log: bool) -> None:
-    compute, iam = build(config, url)
+    compute, iam = build(config, url, notify=True)
     try:
         await compute.initialize()
         result = await iam.bootstrap(rotate=rotate)
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await compute.close()
+            await close(compute)
         raise
     banner = _dev_banner(config, result, url if embedded else None)
     plan = Plan(api=True, workers=frozenset(WORKER_ROLES))
@@ -332,6 +341,7 @@ def dev(
                     config, trust_domain=DEV_TRUST_DOMAIN, gateway_address=f"{config.host}:{DEV_GATEWAY_PORT}"
                 )
             log.info("nodes join the trust domain %s through %s", config.trust_domain, config.gateway_address)
+            _log_notifier(config)
             url = config.database_url
             if url is None:
                 directory = None if ephemeral else DEV_DATA

@@ -2,11 +2,12 @@
 
 ``load_config`` is a pure function of the file's text, the environment mapping and the flags given, so every rule
 here is unit-testable. Every problem is collected and reported at once, each naming its key and where it came from;
-a value is never echoed when it may hold a secret (the database URL, the IAM credential).
+a value is never echoed when it may hold a secret (the database and notifier URLs, the IAM credential).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -59,6 +60,8 @@ KEYS = (
     "kms_key_file",
     "trust_domain",
     "gateway_address",
+    "lease_ttl_seconds",
+    "notify_url",
 )
 """The keys of the file; each is also ``BETTERCOMPUTE_<KEY>`` in the environment."""
 
@@ -66,6 +69,9 @@ _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _TRUST_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
 _ADDRESS = re.compile(r"[A-Za-z0-9.-]{1,253}:[0-9]{1,5}")
 _URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://")
+_LEASE_TTL_SECONDS_RANGE = (1, 3600)
+"""Allowed lease TTLs: ``Options`` refuses less than a second, and past an hour a dead worker's shards would stall
+for longer than anyone would choose."""
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -98,6 +104,11 @@ class Config:
         trust_domain: The SPIFFE trust domain of node identities; with ``gateway_address`` and ``kms_key_file`` it
             turns on JoinService and the node CA (``dev`` defaults to ``dev.localhost``).
         gateway_address: ``host:port`` daemons dial, pinned in the join command (``dev``: ``<host>:7443``).
+        lease_ttl_seconds: How long a worker's leases and membership rows live unrenewed (``Options.lease_ttl``):
+            a dead worker's shards move on after about this long; leases are renewed every third of it.
+        notify_url: A PostgreSQL URL straight to the server (not through a pooler) for the notifier's LISTEN and
+            NOTIFY connections; ``None`` uses ``database_url``, unless ``pgbouncer`` is on, when there is no notifier
+            and the worker loops only poll.
     """
 
     database_url: str | None = attrs.field(default=None, repr=False)
@@ -112,6 +123,8 @@ class Config:
     kms_key_file: Path | None = None
     trust_domain: str | None = None
     gateway_address: str | None = None
+    lease_ttl_seconds: float = 15.0
+    notify_url: str | None = attrs.field(default=None, repr=False)
 
 
 def parse_roles(value: str | list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -138,7 +151,7 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
     Environment values are strings and are parsed (``"3000"``, ``"true"``); file and flag values must already
     have the right type.
     """
-    if key == "database_url":
+    if key in ("database_url", "notify_url"):
         if not isinstance(value, str):
             return None, f"{where} must be a string"
         url = value.strip()
@@ -146,6 +159,8 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
             # The URL may hold a password: say what is wrong without repeating it.
             return None, f"{where} must be a URL starting with postgresql://"
         return url, None
+    if key == "lease_ttl_seconds":
+        return _check_seconds(value, where, from_env=from_env)
     if key == "iam_url":
         if not isinstance(value, str):
             return None, f"{where} must be a string"
@@ -202,6 +217,25 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
         except ValueError as exc:
             return None, f"{where}: {exc}"
     raise AssertionError(f"unhandled key {key}")  # every key of KEYS is handled above
+
+
+def _check_seconds(value: Any, where: str, *, from_env: bool) -> tuple[float | None, str | None]:
+    """A lease TTL in seconds within ``_LEASE_TTL_SECONDS_RANGE``: an integer or a decimal number."""
+    seconds: Any = value
+    if from_env:
+        try:
+            seconds = float(value.strip())
+        except ValueError:
+            seconds = None
+    low, high = _LEASE_TTL_SECONDS_RANGE
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or not low <= seconds <= high
+    ):
+        return None, f"{where} must be a number of seconds from {low} to {high}, not {value!r}"
+    return float(seconds), None
 
 
 def _check_iam_url(url: str, where: str) -> tuple[str | None, str | None]:
@@ -268,8 +302,8 @@ def load_config(
         overrides: Values from command-line flags, by key; ``None`` values are ignored.
 
     Raises:
-        ConfigError: listing every problem: an unknown key, a wrong type, a bad port, role or schema name, or
-            ``iam_url`` without ``iam_credential`` (or the reverse).
+        ConfigError: listing every problem: an unknown key, a wrong type, a bad port, role, schema name or lease
+            TTL, or ``iam_url`` without ``iam_credential`` (or the reverse).
     """
     env = os.environ if environ is None else environ
     problems: list[str] = []

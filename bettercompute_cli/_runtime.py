@@ -8,11 +8,17 @@ stopped.
 ``serve`` uses the embedded IAM unless ``iam_url`` is configured; then it asks that central control plane's IAM
 (``RemoteIam``) and registers none of IAM's groups or tables. ``dev``, ``migrate`` and ``iam bootstrap`` always
 compose the embedded IAM.
+
+``serve`` and ``dev`` also compose a ``PgNotifier``, so work enqueued in one process (and a worker joining or leaving)
+wakes the worker loops of every process at once instead of at their next poll. LISTEN is session state, which
+PgBouncer in transaction mode does not keep: behind it (``pgbouncer = true``) the notifier needs ``notify_url``, a
+direct URL to the server; without one there is no notifier and the loops poll. The one-shot commands have none.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import signal
 import socket
@@ -25,10 +31,10 @@ import attrs
 import uvicorn
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute.errors import ComputeError, UnavailableError
+from bettercompute.errors import ComputeError, InvalidConfigError, UnavailableError
 from bettercompute.ports import Iam
 from bettercompute_iam import EmbeddedIam, RemoteIam
-from bettercompute_store_pg import PgStore
+from bettercompute_store_pg import PgNotifier, PgStore
 
 from ._config import (
     API_ROLE,
@@ -41,7 +47,18 @@ from ._config import (
     ConfigError,
 )
 
-__all__ = ["Plan", "build", "build_serving", "plan_roles", "require_embedded_iam", "run", "serve_workers"]
+__all__ = [
+    "Plan",
+    "build",
+    "build_notifier",
+    "build_serving",
+    "close",
+    "notifier_note",
+    "plan_roles",
+    "require_embedded_iam",
+    "run",
+    "serve_workers",
+]
 
 log = logging.getLogger("bettercompute.cli")
 
@@ -96,7 +113,39 @@ def require_database_url(config: Config) -> str:
     return config.database_url
 
 
-def _compose(config: Config, url: str, iam: Iam) -> BetterCompute:
+def build_notifier(config: Config, url: str) -> PgNotifier | None:
+    """The LISTEN/NOTIFY notifier: on ``notify_url`` when set, else on ``url`` unless ``pgbouncer`` is on.
+
+    Through PgBouncer in transaction mode a LISTEN would hold on to no server session (the next transaction may run
+    on another one), so pokes would be lost; without a direct URL there is no notifier and the loops poll.
+
+    Raises:
+        ConfigError: ``notify_url`` cannot be parsed.
+    """
+    if config.notify_url is not None:
+        try:
+            return PgNotifier(config.notify_url, schema=config.schema)
+        except InvalidConfigError:
+            # The URL may hold a password: name the key, not the value.
+            raise ConfigError(["notify_url cannot be parsed as a PostgreSQL URL"]) from None
+    if config.pgbouncer:
+        return None
+    return PgNotifier(url, schema=config.schema)
+
+
+def notifier_note(config: Config) -> str | None:
+    """A log line for a notifier that is not simply the database URL's, or for none at all."""
+    if config.notify_url is not None:
+        return "worker loops are woken by LISTEN/NOTIFY pokes over notify_url"
+    if config.pgbouncer:
+        return (
+            "pgbouncer is on and notify_url is not set: no LISTEN/NOTIFY (LISTEN cannot go through a "
+            "transaction-mode pooler), so worker loops find new work by polling, every second"
+        )
+    return None
+
+
+def _compose(config: Config, url: str, iam: Iam, *, notify: bool) -> BetterCompute:
     store = PgStore(url, schema=config.schema, prepared_statements=not config.pgbouncer)
     # With a key file, the webhooks group and its sinks/webhooks sender are registered (no I/O until first use).
     kms = LocalKeyKms(config.kms_key_file) if config.kms_key_file is not None else None
@@ -104,37 +153,64 @@ def _compose(config: Config, url: str, iam: Iam) -> BetterCompute:
     join = None
     if config.trust_domain is not None and config.gateway_address is not None:
         join = JoinSettings(gateway_address=config.gateway_address, trust_domain=config.trust_domain)
-    return better_compute(Options(store=store, iam=iam, instance=config.instance, kms=kms, join=join))
+    options = Options(
+        store=store,
+        iam=iam,
+        instance=config.instance,
+        kms=kms,
+        join=join,
+        notifier=build_notifier(config, url) if notify else None,  # connects on first use only
+        lease_ttl=dt.timedelta(seconds=config.lease_ttl_seconds),
+    )
+    return better_compute(options)
 
 
-def build(config: Config, url: str) -> tuple[BetterCompute, EmbeddedIam]:
+def build(config: Config, url: str, *, notify: bool = False) -> tuple[BetterCompute, EmbeddedIam]:
     """The control plane with the PostgreSQL store and the embedded IAM (``iam_url`` plays no part), and with
     ``LocalKeyKms(kms_key_file)`` (so the ``webhooks`` group) when a key file is configured.
 
+    Args:
+        config: The configuration.
+        url: The database URL.
+        notify: Compose the notifier (``build_notifier``), for a process that runs until stopped (``dev``).
+
     Raises:
+        ConfigError: ``notify_url`` cannot be parsed.
         InvalidConfigError: The URL or the schema is malformed.
     """
     iam = EmbeddedIam()
-    return _compose(config, url, iam), iam
+    return _compose(config, url, iam, notify=notify), iam
 
 
 def build_serving(config: Config, url: str) -> tuple[BetterCompute, RemoteIam | None]:
-    """The control plane ``serve`` runs: with the central IAM at ``iam_url`` when configured, else embedded.
+    """The control plane ``serve`` runs: with the central IAM at ``iam_url`` when configured, else embedded, and
+    with the notifier (``build_notifier``).
 
     The ``RemoteIam`` is returned so the caller closes its connections (``aclose()``) after the control plane.
 
     Raises:
-        ConfigError: Only one of ``iam_url`` and ``iam_credential`` is set (``load_config`` already refuses this).
+        ConfigError: Only one of ``iam_url`` and ``iam_credential`` is set (``load_config`` already refuses this),
+            or ``notify_url`` cannot be parsed.
         InvalidConfigError: The URL or the schema is malformed.
     """
     if config.iam_url is None and config.iam_credential is None:
-        return build(config, url)[0], None
+        return build(config, url, notify=True)[0], None
     if config.iam_url is None or config.iam_credential is None:
         raise ConfigError(
             [f"a central IAM needs both iam_url and iam_credential ({IAM_URL_ENV}, {IAM_CREDENTIAL_ENV})"]
         )
     remote = RemoteIam(config.iam_url, config.iam_credential)
-    return _compose(config, url, remote), remote
+    return _compose(config, url, remote, notify=True), remote
+
+
+async def close(compute: BetterCompute) -> None:
+    """Close the control plane, then its notifier's sending connection (the control plane does not own it)."""
+    try:
+        await compute.close()
+    finally:
+        notifier = compute.options.notifier
+        if isinstance(notifier, PgNotifier):
+            await notifier.close()
 
 
 def require_embedded_iam(config: Config, command: str) -> None:
@@ -343,4 +419,4 @@ async def run(
             await serve_workers(compute, plan, on_ready=on_ready)
     finally:
         with anyio.CancelScope(shield=True):
-            await compute.close()
+            await close(compute)

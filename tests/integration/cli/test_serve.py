@@ -91,7 +91,7 @@ def test_worker_roles_run_without_http_until_sigterm_and_hand_back_their_lease(
     assert not lease_live()
 
 
-def test_dev_prints_a_credential_and_serves(cli_env: dict[str, str], start_cli: StartCli) -> None:
+def test_dev_prints_a_credential_and_serves(cli_env: dict[str, str], database_url: str, start_cli: StartCli) -> None:
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     dev = start_cli(cli_env, "dev", "--port", str(port))
@@ -110,6 +110,15 @@ def test_dev_prints_a_credential_and_serves(cli_env: dict[str, str], start_cli: 
     response = _post_version(base_url, match.group(1))
     assert response.status_code == 200
     assert response.json()["data"]["version"] == bettercompute.__version__
+
+    # Its worker roles listen for notifier pokes on the schema's work channel, over a connection of their own.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            """SELECT count(*) FROM pg_stat_activity
+            WHERE datname = current_database() AND query = 'LISTEN ' || quote_ident(%s || '.work')""",
+            (cli_env["BETTERCOMPUTE_SCHEMA"],),
+        ).fetchone()
+    assert row == (1,)
 
     assert dev.stop(signal.SIGINT, timeout=5) == 0
     assert "Traceback" not in dev.stderr

@@ -1,8 +1,8 @@
 """``better-compute serve --roles controllers,scheduler`` as real processes: membership, all 256 shard leases of each
 role, no HTTP port, and everything handed back on SIGTERM; two processes split the shards between them.
 
-The lease TTL is not configurable from the command line (the default, 15 s, applies): a shard cycle runs every 5 s,
-so the waits here are generous.
+These processes keep the default lease TTL (15 s, ``lease_ttl_seconds``): a shard cycle runs every 5 s, so the waits
+here are generous.
 """
 
 from __future__ import annotations

@@ -145,3 +145,13 @@ def test_an_unparsable_database_url_is_a_clean_error_without_its_password() -> N
     _assert_clean_failure(result, 1)
     assert result.stderr == "error: INVALID_CONFIG: the database URL cannot be parsed\n"
 
+
+def test_a_lease_ttl_out_of_range_is_a_usage_error() -> None:
+    result = _invoke(
+        "serve", BETTERCOMPUTE_DATABASE_URL="postgresql://u@127.0.0.1:1/x", BETTERCOMPUTE_LEASE_TTL_SECONDS="0.5"
+    )
+    _assert_clean_failure(result, 2)
+    assert (
+        result.stderr
+        == "error: BETTERCOMPUTE_LEASE_TTL_SECONDS must be a number of seconds from 1 to 3600, not '0.5'\n"
+    )

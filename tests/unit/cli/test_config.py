@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import pytest
 
+from bettercompute import Options
 from bettercompute_cli import Config, load_config
 from bettercompute_cli._config import KEYS, ConfigError, parse_roles
-from bettercompute_cli._runtime import Plan, build, build_serving, plan_roles
+from bettercompute_cli._runtime import Plan, build, build_serving, notifier_note, plan_roles
+from bettercompute_store_pg import PgNotifier
 
 URL_FILE = "postgresql://postgres@db-from-file:5432/x"
 URL_ENV = "postgresql://postgres@db-from-env:5432/x"
@@ -311,3 +314,70 @@ def test_the_trust_domain_and_gateway_address_come_together(tmp_path: Path) -> N
         "BETTERCOMPUTE_TRUST_DOMAIN 'Not A Domain' must be a lower-case DNS name like compute.example.com",
         "BETTERCOMPUTE_GATEWAY_ADDRESS 'gw' must be host:port",
     ]
+
+
+# --- lease TTL and notifier ----------------------------------------------------------------------------------------
+
+LOCAL_URL = "postgresql://postgres@127.0.0.1:1/x"
+
+
+def test_the_default_lease_ttl_is_the_libraries() -> None:
+    assert dt.timedelta(seconds=load_config(None, {}).lease_ttl_seconds) == Options().lease_ttl
+
+
+def test_the_lease_ttl_from_file_environment_and_decimals(tmp_path: Path) -> None:
+    path = _write(tmp_path, "lease_ttl_seconds = 30\n")
+    assert load_config(path, {}).lease_ttl_seconds == 30
+    assert load_config(path, {"BETTERCOMPUTE_LEASE_TTL_SECONDS": " 2.5 "}).lease_ttl_seconds == 2.5
+    assert load_config(_write(tmp_path, "lease_ttl_seconds = 1.5\n"), {}).lease_ttl_seconds == 1.5
+    assert load_config(None, {"BETTERCOMPUTE_LEASE_TTL_SECONDS": "3600"}).lease_ttl_seconds == 3600
+
+
+@pytest.mark.parametrize("value", ["0", "0.5", "3601", "-5", '"15"', "true", "nan", "inf"])
+def test_a_bad_lease_ttl_in_the_file_names_the_key_and_the_range(tmp_path: Path, value: str) -> None:
+    path = _write(tmp_path, f"lease_ttl_seconds = {value}\n")
+    [problem] = _problems(path)
+    assert problem.startswith(f"{path}: lease_ttl_seconds must be a number of seconds from 1 to 3600, not ")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "0.99", "1e9", "nan", "inf", "15s"])
+def test_a_bad_lease_ttl_in_the_environment_names_the_variable(value: str) -> None:
+    [problem] = _problems(environ={"BETTERCOMPUTE_LEASE_TTL_SECONDS": value})
+    assert problem == f"BETTERCOMPUTE_LEASE_TTL_SECONDS must be a number of seconds from 1 to 3600, not {value!r}"
+
+
+def test_a_bad_notify_url_is_reported_without_its_password(tmp_path: Path) -> None:
+    [problem] = _problems(environ={"BETTERCOMPUTE_NOTIFY_URL": "mysql://root:hunter2@db/x"})
+    assert problem == "BETTERCOMPUTE_NOTIFY_URL must be a URL starting with postgresql://"
+    config = load_config(None, {"BETTERCOMPUTE_NOTIFY_URL": "postgresql://u:hunter2@db-direct/x"})
+    assert config.notify_url == "postgresql://u:hunter2@db-direct/x"
+    assert "hunter2" not in repr(config)
+    # One that passes the first look but cannot be parsed is refused when composing, naming the key only.
+    unparsable = load_config(None, {"BETTERCOMPUTE_NOTIFY_URL": "postgresql://u:hunter2@db-direct:port/x"})
+    with pytest.raises(ConfigError) as info:
+        build_serving(unparsable, LOCAL_URL)
+    assert info.value.problems == ["notify_url cannot be parsed as a PostgreSQL URL"]
+
+
+def test_serve_and_dev_compose_the_notifier_and_the_lease_ttl() -> None:
+    config = load_config(None, {"BETTERCOMPUTE_LEASE_TTL_SECONDS": "3", "BETTERCOMPUTE_SCHEMA": "bc_notify"})
+    for compute in (build_serving(config, LOCAL_URL)[0], build(config, LOCAL_URL, notify=True)[0]):
+        assert compute.options.lease_ttl == dt.timedelta(seconds=3)
+        notifier = compute.options.notifier
+        assert isinstance(notifier, PgNotifier)
+        assert notifier.schema == "bc_notify"  # channels are per schema, like the tables
+    # The one-shot commands (migrate, iam bootstrap) send no pokes, but keep the TTL.
+    one_shot, _ = build(config, LOCAL_URL)
+    assert one_shot.options.notifier is None
+    assert one_shot.options.lease_ttl == dt.timedelta(seconds=3)
+
+
+def test_behind_pgbouncer_only_a_notify_url_gives_a_notifier() -> None:
+    pooled = load_config(None, {"BETTERCOMPUTE_PGBOUNCER": "true"})
+    assert build_serving(pooled, LOCAL_URL)[0].options.notifier is None
+    note = notifier_note(pooled)
+    assert note is not None and "polling" in note and "notify_url" in note
+    direct = load_config(None, {"BETTERCOMPUTE_PGBOUNCER": "true", "BETTERCOMPUTE_NOTIFY_URL": LOCAL_URL})
+    assert isinstance(build_serving(direct, LOCAL_URL)[0].options.notifier, PgNotifier)
+    assert notifier_note(direct) == "worker loops are woken by LISTEN/NOTIFY pokes over notify_url"
+    assert notifier_note(load_config(None, {})) is None
