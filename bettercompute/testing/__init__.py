@@ -7,6 +7,7 @@ from ._iam_suite import IamCase as IamCase
 from ._iam_suite import IamConformance as IamConformance
 from ._replay import InMemoryReplayGuard as InMemoryReplayGuard
 from ._store_suite import StoreConformance as StoreConformance
+from ._workflow_suite import WorkflowStoreConformance as WorkflowStoreConformance
 
 __all__ = [
     "IamCase",
@@ -15,5 +16,6 @@ __all__ = [
     "ManualClock",
     "StaticIamDouble",
     "StoreConformance",
+    "WorkflowStoreConformance",
     "identity",
 ]

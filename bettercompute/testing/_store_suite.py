@@ -8,6 +8,8 @@ Subclass it in a test module and provide a ``store`` fixture (open, migrated wit
         async def store(self) -> AsyncIterator[Store]: ...
 
 Expiry is tested with real time: leases and claims of a few hundred milliseconds, and sleeps a little longer.
+
+It includes the workflow store's cases (``WorkflowStoreConformance``): ``store.workflows`` is part of the contract.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import pytest
 
 from bettercompute.errors import FailedPreconditionError, InvalidConfigError
 from bettercompute.ports import Claim, Lease, Migration, OutboxEvent, Store, StoredEvent, WorkItem
+
+from ._workflow_suite import WorkflowStoreConformance
 
 __all__ = ["StoreConformance"]
 
@@ -37,7 +41,7 @@ def _keys(items: Sequence[Claim | StoredEvent]) -> list[str]:
 
 
 @pytest.mark.anyio
-class StoreConformance:
+class StoreConformance(WorkflowStoreConformance):
     """The store contract. Tests use only the ``Store`` protocol, so they run against any implementation."""
 
     probe_migrations: Sequence[Migration] = (
