@@ -7,6 +7,16 @@ chain's plugin point, and ``GatewayServices``, what a gateway relays ``Join``, `
 
 from ._claims import AttestationRequest, Attestor, ClaimsAttestor, HardwareClaims, hardware_key
 from ._module import IdentityModule
+from ._nodes import (
+    GetNodeInput,
+    ListNodesInput,
+    ListNodesOutput,
+    Node,
+    NodesGroup,
+    RetireNodeInput,
+    RevokedNode,
+    RevokeNodeInput,
+)
 from ._proofs import CHALLENGE_BYTES, RENEW_CONTEXT, SECRET_CONTEXT, renew_message, secret_message
 from ._service import GatewayServices, JoinResult, JoinService, RenewResult
 
@@ -18,11 +28,19 @@ __all__ = [
     "Attestor",
     "ClaimsAttestor",
     "GatewayServices",
+    "GetNodeInput",
     "HardwareClaims",
     "IdentityModule",
     "JoinResult",
     "JoinService",
+    "ListNodesInput",
+    "ListNodesOutput",
+    "Node",
+    "NodesGroup",
     "RenewResult",
+    "RetireNodeInput",
+    "RevokeNodeInput",
+    "RevokedNode",
     "hardware_key",
     "renew_message",
     "secret_message",

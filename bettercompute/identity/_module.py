@@ -17,6 +17,7 @@ from ..joins import JoinSettings
 from ..modules.secrets import SecretBroker
 from ..ports import Kms, Migration, Store
 from ._claims import Attestor
+from ._nodes import ACTIONS, NodesGroup
 from ._proofs import ChallengeIssuer
 from ._service import GatewayServices, JoinService
 
@@ -62,14 +63,14 @@ NONCE_PURGE = Job(name="nonce-purge", role="controllers", interval=dt.timedelta(
 
 
 class IdentityModule:
-    """Registered by ``better_compute()`` when ``Options.join`` and ``Options.kms`` are set. ``start`` makes (once
-    per deployment) or loads the CA key and JoinService's key and builds ``services``."""
+    """Registered by ``better_compute()`` when ``Options.join`` and ``Options.kms`` are set, with the ``nodes``
+    group. ``start`` makes (once per deployment) or loads the CA key and JoinService's key and builds ``services``."""
 
     name = "identity"
     version = __version__
     core_range = f"=={__version__}"
-    groups: Sequence[type[GroupSpec[Any]]] = ()
-    actions: Sequence[str] = ()
+    groups: Sequence[type[GroupSpec[Any]]] = (NodesGroup,)
+    actions: Sequence[str] = ACTIONS
     migrations: Mapping[str, Sequence[Migration]] = {}
     jobs: Sequence[Job] = (NONCE_PURGE,)
 

@@ -57,7 +57,6 @@ from ..errors import (
     FailedPreconditionError,
     InternalError,
     InvalidInputError,
-    NotFoundError,
     UnauthenticatedError,
 )
 from ..joins import hash_secret, parse_token
@@ -75,6 +74,7 @@ from ..ports import (
     Transaction,
 )
 from ._claims import AttestationRequest, Attestor, HardwareClaims, chain, checked_evidence, hardware_key
+from ._nodes import retire_node
 from ._proofs import BINDING_BYTES, ChallengeIssuer, join_binding, renew_message, secret_message, verify_signature
 
 __all__ = ["GatewayServices", "JoinResult", "JoinService", "RenewResult"]
@@ -459,10 +459,7 @@ class JoinService:
             NotFoundError: there is no such node.
         """
         async with self._store.transaction() as tx:
-            node = await self._store.nodes.retire(tx, node_id)
-            if node is None:
-                raise NotFoundError("no such node", details={"node_id": node_id})
-            await self.ca.revoke_spiffe_id(self.ca.spiffe_id(node_id), reason=reason, tx=tx)
+            node = await retire_node(tx, self._store, self.ca, node_id, reason=reason)
         log.info("node %s retired", node_id)
         return node
 

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from bettercompute import BetterCompute, CallContext, LocalKeyKms, MethodDef, Options, better_compute
+from bettercompute import BetterCompute, CallContext, JoinSettings, LocalKeyKms, MethodDef, Options, better_compute
 from bettercompute.errors import AccessDeniedError, ComputeError
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
@@ -50,7 +50,7 @@ class Recorder:
         return await next(call, input)
 
 
-# A KMS makes the webhooks group exist; the key file is only touched if a secret is sealed.
+# A KMS makes the webhooks and secrets groups exist, and with join settings the nodes group (JoinService).
 _KMS_DIR = Path(tempfile.gettempdir()) / f"bc-matrix-{uuid.uuid4().hex}"
 _KMS = LocalKeyKms(_KMS_DIR / "kms.key")
 
@@ -58,7 +58,13 @@ _KMS = LocalKeyKms(_KMS_DIR / "kms.key")
 def compose(url: str, schema: str, recorder: Recorder) -> BetterCompute:
     """Everything the project ships, so that every registered method is in the matrix."""
     return better_compute(
-        Options(store=PgStore(url, schema=schema, pool_size=2), iam=EmbeddedIam(), plugins=[recorder], kms=_KMS)
+        Options(
+            store=PgStore(url, schema=schema, pool_size=2),
+            iam=EmbeddedIam(),
+            plugins=[recorder],
+            kms=_KMS,
+            join=JoinSettings(gateway_address="gw.matrix.example:443", trust_domain="matrix.example"),
+        )
     )
 
 
