@@ -274,8 +274,8 @@ class JoinService:
             node = enrollment.node
             if enrollment.outcome == "conflict":
                 raise ConflictError(
-                    "this pool has a node with the same hardware; retire it, or join with a token whose reclaim is"
-                    " same-hardware",
+                    "this pool has a node with the same hardware; retire it (nodes.retire), or join with a token whose"
+                    " reclaim is same-hardware",
                     details={"reason": "hardware_taken"},
                 )
             reclaimed = enrollment.outcome == "reclaimed"
@@ -286,8 +286,8 @@ class JoinService:
                 live = await self._store.certificates.live_count_for(spiffe_id, now=now, tx=tx)
                 if live and not vouched:
                     raise ConflictError(
-                        "the node with this hardware still holds a valid certificate: revoke it or retire the node"
-                        " first, or join with a token whose expect names the serial",
+                        "the node with this hardware still holds a valid certificate: revoke it (nodes.revoke) or"
+                        " retire it (nodes.retire) first, or join with a token whose expect names the serial",
                         details={"reason": "node_live"},
                     )
                 await self.ca.revoke_spiffe_id(spiffe_id, reason="reclaimed by a new join of the same hardware", tx=tx)
