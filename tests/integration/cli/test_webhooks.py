@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import StartCli, free_port, run_cli
+from .conftest import Running, StartCli, free_port, run_cli
 
 pytestmark = pytest.mark.pg
 
@@ -29,6 +29,14 @@ def _dev_token(stdout: str) -> str:
     match = re.search(r"export TOKEN=(bcak_\S+)", stdout)
     assert match is not None, stdout
     return match.group(1)
+
+
+def _start_dev(cli_env: dict[str, str], start_cli: StartCli, cwd: Path, *args: str) -> tuple[Running, str, str]:
+    """``better-compute dev`` in ``cwd`` on a free port, ready: (the process, its base URL, the root credential)."""
+    port = free_port()
+    dev = start_cli(cli_env, "dev", *args, "--port", str(port), cwd=cwd)
+    dev.wait_for("Stop with Ctrl-C.")
+    return dev, f"http://127.0.0.1:{port}", _dev_token(dev.stdout)
 
 
 def test_dev_serves_webhooks_with_a_key_in_its_folder(
@@ -65,11 +73,7 @@ def test_dev_ephemeral_keeps_its_key_out_of_the_folder(
 ) -> None:
     cwd = tmp_path / "project"
     cwd.mkdir()
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    dev = start_cli(cli_env, "dev", "--ephemeral", "--port", str(port), cwd=cwd)
-    dev.wait_for("Stop with Ctrl-C.")
-    token = _dev_token(dev.stdout)
+    dev, base_url, token = _start_dev(cli_env, start_cli, cwd, "--ephemeral")
     created = _call(base_url, token, "create", {"tenant": "root", "url": "https://hooks.example.com/in"})
     assert created.status_code == 200, created.text
     match = re.search(r"sealed with the key in (\S+)", dev.stderr)
@@ -116,11 +120,7 @@ def test_dev_runs_join_service_and_renders_a_pinned_join_command(
 ) -> None:
     cwd = tmp_path / "project"
     cwd.mkdir()
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    dev = start_cli(cli_env, "dev", "--ephemeral", "--port", str(port), cwd=cwd)
-    dev.wait_for("Stop with Ctrl-C.")
-    token = _dev_token(dev.stdout)
+    dev, base_url, token = _start_dev(cli_env, start_cli, cwd, "--ephemeral")
     headers = {"authorization": f"Bearer {token}"}
     pool = httpx.post(
         f"{base_url}/api/compute/pools/create", headers=headers, json={"tenant": "root", "name": "gpus"}, timeout=10
