@@ -1000,6 +1000,10 @@ class Nodes(Protocol):
         """The pool's nodes, oldest first."""
         ...
 
+    async def for_tenant(self, tenant: str, *, pool_id: str | None = None) -> list[NodeRecord]:
+        """The tenant's nodes (of one pool when ``pool_id`` is given), oldest first."""
+        ...
+
     async def retire(self, tx: Transaction, id: str) -> NodeRecord | None:
         """Retire a node for good (idempotent): it can no longer renew, fetch secrets or be reclaimed; ``None`` for
         no such node."""

@@ -55,6 +55,11 @@ UNION ALL SELECT 'conflict', {_N_COLUMNS} FROM {{s}}.nodes AS n JOIN live ON n.i
 _GET = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE id = :id"
 _GET_LOCKED = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE id = :id FOR SHARE"
 _FOR_POOL = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE pool_id = :pool_id ORDER BY created_at, id LIMIT 10000"
+_FOR_TENANT = f"""
+SELECT {_COLUMNS} FROM {{s}}.nodes
+WHERE tenant = :tenant AND (CAST(:pool_id AS text) IS NULL OR pool_id = :pool_id)
+ORDER BY created_at, id LIMIT 10000
+"""
 _RETIRE = f"""
 UPDATE {{s}}.nodes SET state = 'retired', retired_at = coalesce(retired_at, now()), updated_at = now()
 WHERE id = :id RETURNING {_COLUMNS}
@@ -113,6 +118,7 @@ class PgNodes:
         self._get = db.sql(_GET)
         self._get_locked = db.sql(_GET_LOCKED)
         self._for_pool = db.sql(_FOR_POOL)
+        self._for_tenant = db.sql(_FOR_TENANT)
         self._retire = db.sql(_RETIRE)
 
     async def enroll(
@@ -157,6 +163,11 @@ class PgNodes:
     async def for_pool(self, pool_id: str) -> list[NodeRecord]:
         """The pool's nodes, oldest first."""
         return [_node(r) for r in await self._db.fetch(self._for_pool, {"pool_id": pool_id})]
+
+    async def for_tenant(self, tenant: str, *, pool_id: str | None = None) -> list[NodeRecord]:
+        """The tenant's nodes (of one pool), oldest first, in one statement."""
+        rows = await self._db.fetch(self._for_tenant, {"tenant": tenant, "pool_id": pool_id})
+        return [_node(r) for r in rows]
 
     async def retire(self, tx: Transaction, id: str) -> NodeRecord | None:
         """Retire a node (idempotent)."""

@@ -168,12 +168,7 @@ async def _existing(call: CallContext, node_id: str) -> NodeRecord:
 
 async def list_nodes(call: CallContext, input: ListNodesInput) -> ListNodesOutput:
     """A tenant's nodes (of one pool), oldest first."""
-    store = call.context.store
-    pools = [input.pool_id] if input.pool_id else [p.id for p in await store.pools.for_tenant(input.tenant)]
-    found: list[NodeRecord] = []
-    for pool_id in pools:
-        found.extend(n for n in await store.nodes.for_pool(pool_id) if n.tenant == input.tenant)
-    found.sort(key=lambda n: (n.created_at, n.id))
+    found = await call.context.store.nodes.for_tenant(input.tenant, pool_id=input.pool_id)
     return ListNodesOutput(nodes=tuple(_node(n) for n in found))
 
 
