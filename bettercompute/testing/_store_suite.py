@@ -192,6 +192,49 @@ class StoreConformance(WorkflowStoreConformance):
         assert current is not None
         assert _keys(await self._claim(store, fence=current)) == ["x"]
 
+    # The same holder taking its own lapsed lease again: between the two, another holder may have held it and
+    # written, so the old token must be as dead as if someone else had taken the lease.
+
+    async def test_holder_reacquiring_after_expiry_gets_a_new_token(self, store: Store) -> None:
+        old, new = await self._reacquired_by_the_same_holder(store)
+        assert new.token > old.token
+        assert await store.leases.renew(old, LONG) is None
+        assert await store.leases.release(old) is False
+        assert await store.leases.get("job") == new
+
+    async def test_fenced_transaction_refuses_the_same_holders_lapsed_token(self, store: Store) -> None:
+        old, new = await self._reacquired_by_the_same_holder(store)
+        with pytest.raises(FailedPreconditionError):
+            async with store.transaction(fence=old) as tx:
+                await tx.enqueue([WorkItem(kind="k", key="x")])
+        assert await store.queue.pending() == 0
+        async with store.transaction(fence=new) as tx:
+            await tx.enqueue([WorkItem(kind="k", key="x")])
+        assert await store.queue.pending() == 1
+
+    async def test_fenced_claim_and_complete_refuse_the_same_holders_lapsed_token(self, store: Store) -> None:
+        await store.queue.enqueue([WorkItem(kind="k", key="x"), WorkItem(kind="k", key="y")])
+        old = await store.leases.acquire("job", "a", SHORT)
+        assert old is not None
+        [claimed] = await self._claim(store, fence=old, limit=1)
+        await anyio.sleep(PAST_SHORT)
+        new = await store.leases.acquire("job", "a", LONG)
+        assert new is not None
+        assert await self._claim(store, fence=old) == []
+        assert await store.queue.complete(claimed, fence=old) is False
+        assert await store.queue.retry(claimed, delay=LONG, error="stale", fence=old) is False
+        assert await store.queue.pending() == 2
+        assert await store.queue.complete(claimed, fence=new) is True
+        assert await store.queue.pending() == 1
+
+    async def _reacquired_by_the_same_holder(self, store: Store) -> tuple[Lease, Lease]:
+        old = await store.leases.acquire("job", "a", SHORT)
+        assert old is not None
+        await anyio.sleep(PAST_SHORT)
+        new = await store.leases.acquire("job", "a", LONG)
+        assert new is not None
+        return old, new
+
     async def _taken_over_lease(self, store: Store) -> Lease:
         old = await store.leases.acquire("job", "a", SHORT)
         assert old is not None

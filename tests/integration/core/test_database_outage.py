@@ -51,6 +51,16 @@ async def tcp_proxy(port: int, target_host: str, target_port: int) -> AsyncItera
             tg.cancel_scope.cancel()
 
 
+def proxied_url(url: str, port: int) -> str:
+    """``url`` pointed at a proxy on 127.0.0.1:``port``, keeping its user, password, database and query.
+
+    The embedded server listens with a password, so dropping the userinfo would fail only where it runs.
+    """
+    parts = urlsplit(url)
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{at}127.0.0.1:{port}"))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -62,7 +72,7 @@ async def test_an_outage_is_503_and_the_api_recovers(database_url: str, fresh_sc
     parts = urlsplit(database_url)
     assert parts.hostname and parts.port
     port = _free_port()
-    via_proxy = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}"))
+    via_proxy = proxied_url(database_url, port)
     iam = EmbeddedIam()
     compute = better_compute(Options(store=PgStore(via_proxy, schema=fresh_schema, pool_size=2), iam=iam))
     transport = httpx.ASGITransport(app=compute.asgi)

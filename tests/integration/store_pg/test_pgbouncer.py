@@ -64,6 +64,8 @@ def pgbouncer_url(database_url: str) -> Iterator[str]:
     target = conninfo_to_dict(database_url)
     user = str(target.get("user") or "postgres")
     dbname = str(target.get("dbname") or user)
+    # The embedded server listens with a password; PgBouncer must pass it on (clients still log in by trust).
+    password = f" password={target['password']}" if target.get("password") else ""
     port = _free_port()
     # Not pytest's tmp_path: that lives under a 0700 folder the unprivileged runner cannot enter.
     folder = Path(tempfile.mkdtemp(prefix="bc-pgbouncer-"))
@@ -72,7 +74,7 @@ def pgbouncer_url(database_url: str) -> Iterator[str]:
     (folder / "pgbouncer.ini").write_text(
         "[databases]\n"
         f"{dbname} = host={target.get('host') or '127.0.0.1'} port={target.get('port') or 5432} "
-        f"dbname={dbname} user={user}\n"
+        f"dbname={dbname} user={user}{password}\n"
         "[pgbouncer]\n"
         "listen_addr = 127.0.0.1\n"
         f"listen_port = {port}\n"
