@@ -205,6 +205,35 @@ async def test_claims_that_violate_expect_are_refused_and_spend_nothing(fleet: F
     assert result.node_id
 
 
+_EXPECTED = {"serial": "SN-0042", "product": "PowerEdge XE9680", "gpu_model": "H100", "gpu_count": 8}
+_OTHER = {"serial": "SN-0043", "product": "PowerEdge R760", "gpu_model": "A100", "gpu_count": 7}
+
+
+@pytest.mark.parametrize("field", sorted(_EXPECTED))
+async def test_each_expected_claim_is_compared_on_its_own(fleet: Fleet, field: str) -> None:
+    # Every other claim matches, so only this field's comparison can refuse the join.
+    created = await fleet.token(expect=JoinExpect(**_EXPECTED))
+    differing = {**_EXPECTED, field: _OTHER[field]}
+    with pytest.raises(AccessDeniedError) as refused:
+        await fleet.join(created.token, hardware=claims(**differing))
+    assert _reason(refused) == "expect_mismatch" and refused.value.details["fields"] == [field]
+    absent = {name: value for name, value in _EXPECTED.items() if name != field}
+    with pytest.raises(AccessDeniedError) as missing:
+        await fleet.join(created.token, hardware=claims(**absent) if field != "product" else _without_product(absent))
+    assert missing.value.details["fields"] == [field]
+    assert await _uses_left(fleet, created.id) == 1
+    assert await fleet.store.nodes.for_pool(fleet.pool) == []
+    result, _ = await fleet.join(created.token, hardware=claims(**_EXPECTED))
+    assert result.node_id
+
+
+def _without_product(fields: dict[str, Any]) -> dict[str, Any]:
+    # ``claims()`` fills in a product; a machine that reports none must not match an expected one.
+    sent = claims(**fields)
+    del sent["product"]
+    return sent
+
+
 async def test_bad_claims_and_a_provider_pool_are_refused(fleet: Fleet) -> None:
     created = await fleet.token(uses=5)
     with pytest.raises(InvalidInputError) as no_serial:
