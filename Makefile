@@ -4,6 +4,7 @@
 #   make test    lint, type-check, check import contracts, run the tests
 #   make lint    the checks without the tests        make fmt     format and apply safe lint fixes
 #   make bench   measure the performance claims       make clean   remove caches and build output (distclean: + .venv)
+#   make test-embedded   pytest on the embedded PostgreSQL (URL unset), the subset CI runs there
 
 PYTHON ?= python3
 VENV := .venv
@@ -20,7 +21,7 @@ define step
 	echo "<== $(1): $$(( ($$(date +%s%N) - started) / 1000000 )) ms, exit $$rc"; exit $$rc
 endef
 
-.PHONY: dev install test lint check-ruff check-format check-types check-imports pytest fmt bench clean distclean
+.PHONY: dev install test test-embedded lint check-ruff check-format check-types check-imports pytest fmt bench clean distclean
 
 $(BIN)/python:
 	@# Debian's python3 has no ensurepip without python3-venv; a half-made .venv would fool the next run.
@@ -58,6 +59,10 @@ RUN_PYTEST = $(BIN)/pytest $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "p
 
 pytest: $(STAMP)
 	$(call step,pytest,$(RUN_PYTEST))
+
+# The embedded PostgreSQL path: the URL unset, every test that hands it on, and one use of every fixture.
+test-embedded: $(STAMP)
+	$(call step,pytest (embedded PostgreSQL),env -u BETTERCOMPUTE_DATABASE_URL $(BIN)/pytest --fixture-cover $(PYTEST_ARGS))
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .

@@ -28,3 +28,52 @@ def database_url() -> Iterator[str]:
 
     with EmbeddedPostgres() as server:
         yield server.url
+
+
+# Directories that hand the database URL on (to subprocesses, proxies, PgBouncer, a second server) run whole in
+# the embedded phase: there a URL that loses its password or host fails only against the embedded server.
+_HANDS_THE_URL_ON = (
+    "tests/integration/cli/",
+    "tests/integration/core/",
+    "tests/integration/store_pg/",
+    "tests/integration/iam_conformance/",
+    "tests/unit/store_pg/",
+    "tests/unit/cli/",
+    "tests/integration/worker/test_processes.py",
+    "tests/integration/workflows/test_processes.py",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fixture-cover",
+        action="store_true",
+        help="run the directories that hand the database URL on, plus the fewest other tests that use every fixture",
+    )
+
+
+def _fixtures(item: pytest.Item) -> set[tuple[str, str]]:
+    """The fixture definitions ``item`` sets up, by where each is defined (two conftests may reuse a name)."""
+    info = getattr(item, "_fixtureinfo", None)  # pytest keeps the resolved definitions here, on test functions
+    if info is None:
+        return set()
+    return {(defs[-1].baseid, name) for name, defs in info.name2fixturedefs.items() if defs}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``--fixture-cover``, keep a subset that still sets up every fixture of the suite at least once."""
+    if not config.getoption("--fixture-cover"):
+        return
+    covered: set[tuple[str, str]] = set()
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in sorted(items, key=lambda it: not it.nodeid.startswith(_HANDS_THE_URL_ON)):
+        names = _fixtures(item)
+        if item.nodeid.startswith(_HANDS_THE_URL_ON) or not names <= covered:
+            keep.append(item)
+            covered |= names
+        else:
+            dropped.append(item)
+    config.hook.pytest_deselected(items=dropped)
+    kept = set(keep)
+    items[:] = [item for item in items if item in kept]
