@@ -21,6 +21,7 @@ import attrs
 
 from ._codec import check_supported
 from .errors import InvalidConfigError
+from .paging import convention_problems
 from .ports import AuditRecord, Decision, Identity, ResourceRef
 
 if TYPE_CHECKING:
@@ -336,10 +337,28 @@ class Registry:
         self._by_attr: dict[str, str] = {}
 
     def add(self, spec: type[GroupSpec[Any]], *, owner: str) -> list[str]:
-        """Register a group for ``owner`` (a module's name); returns problems instead of raising, to collect them."""
+        """Register a group for ``owner`` (a module's name); returns problems instead of raising, to collect them.
+
+        A list method (named ``list``, or with paging fields) that breaks the paging convention of
+        ``bettercompute.paging`` is refused.
+        """
         if spec.name in self._groups:
             first = self._groups[spec.name].owner
             return [f"group {spec.name!r} of {owner!r} is already registered by {first!r}"]
+        # Every list pages the same way, so the client, the CLI and the tests can follow any of them.
+        problems = [
+            problem
+            for method in spec.methods.values()
+            for problem in convention_problems(
+                f"{spec.name}.{method.name} of {owner!r}",
+                name=method.name,
+                input=method.input,
+                output=method.output,
+                mutates=method.mutates,
+            )
+        ]
+        if problems:
+            return problems
         self._groups[spec.name] = _Entry(spec=spec, owner=owner)
         self._by_attr[spec.attr()] = spec.name
         return []

@@ -708,8 +708,8 @@ class Webhooks(Protocol):
         """Add a subscription."""
         ...
 
-    async def for_tenant(self, tenant: str) -> list[WebhookSubscription]:
-        """The tenant's subscriptions, oldest first (at most 1000)."""
+    async def for_tenant(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[WebhookSubscription]:
+        """The tenant's subscriptions in ``(created_at, id)`` order: at most ``limit``, after the key ``after``."""
         ...
 
     async def delete(self, tx: Transaction, *, tenant: str, id: str) -> WebhookSubscription | None:
@@ -738,8 +738,11 @@ class Webhooks(Protocol):
         are ignored)."""
         ...
 
-    async def deliveries(self, *, tenant: str, id: str, limit: int) -> list[WebhookDelivery] | None:
-        """The newest ``limit`` deliveries of a subscription of ``tenant``; ``None`` when it has no such one."""
+    async def deliveries(
+        self, *, tenant: str, id: str, after: Sequence[Any] | None, limit: int
+    ) -> list[WebhookDelivery] | None:
+        """A subscription of ``tenant``'s deliveries, newest first (``id`` descending): at most ``limit``, with ids
+        below ``after``'s one part; ``None`` when the tenant has no such subscription."""
         ...
 
     async def purge(self, *, retention: dt.timedelta, dead_retention: dt.timedelta, batch: int) -> int:
@@ -758,8 +761,8 @@ class SecretStore(Protocol):
         """Add a secret (``created_at`` is the store's now). ``ConflictError`` if the tenant has one of that name."""
         ...
 
-    async def for_tenant(self, tenant: str) -> list[SecretRecord]:
-        """The tenant's secrets by name (at most 1000)."""
+    async def for_tenant(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[SecretRecord]:
+        """The tenant's secrets by name (unique in a tenant): at most ``limit``, after the key ``after`` (a name)."""
         ...
 
     async def delete(self, tx: Transaction, *, tenant: str, name: str) -> SecretRecord | None:
@@ -906,8 +909,9 @@ class Pools(Protocol):
         """Add a pool. ``ConflictError`` when the tenant has a pool of that name."""
         ...
 
-    async def for_tenant(self, tenant: str) -> list[PoolRecord]:
-        """The tenant's pools, by name."""
+    async def for_tenant(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[PoolRecord]:
+        """The tenant's pools in ``(created_at, id)`` order (a name can change): at most ``limit``, after the key
+        ``after``."""
         ...
 
     async def get(self, id: str) -> PoolRecord | None:
@@ -947,8 +951,9 @@ class JoinTokens(Protocol):
         """Add a token with ``uses`` uses left."""
         ...
 
-    async def for_pool(self, pool_id: str) -> list[JoinTokenRecord]:
-        """The pool's tokens, newest first."""
+    async def for_pool(self, pool_id: str, *, after: Sequence[Any] | None, limit: int) -> list[JoinTokenRecord]:
+        """The pool's tokens, newest first (``(created_at, id)`` descending): at most ``limit``, before the key
+        ``after``."""
         ...
 
     async def get(self, id: str) -> JoinTokenRecord | None:
@@ -1000,8 +1005,11 @@ class Nodes(Protocol):
         """The pool's nodes, oldest first."""
         ...
 
-    async def for_tenant(self, tenant: str, *, pool_id: str | None = None) -> list[NodeRecord]:
-        """The tenant's nodes (of one pool when ``pool_id`` is given), oldest first."""
+    async def for_tenant(
+        self, tenant: str, *, pool_id: str | None = None, after: Sequence[Any] | None, limit: int
+    ) -> list[NodeRecord]:
+        """The tenant's nodes (of one pool when ``pool_id`` is given) in ``(created_at, id)`` order: at most
+        ``limit``, after the key ``after``."""
         ...
 
     async def retire(self, tx: Transaction, id: str) -> NodeRecord | None:

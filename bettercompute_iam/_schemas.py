@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import attrs
 
+from bettercompute.paging import PageInput
+
 __all__ = [
     "Binding",
     "CreateBindingInput",
@@ -41,9 +43,6 @@ __all__ = [
     "Role",
     "Tenant",
 ]
-
-LIST_LIMIT = 1000
-"""At most this many items per list call, in (created_at, id) order; ``truncated`` says when more exist."""
 
 MIN_EXPIRY_SECONDS = 60
 MAX_EXPIRY_SECONDS = 10 * 366 * 24 * 3600
@@ -135,16 +134,16 @@ class Tenant:
 
 
 @attrs.frozen(kw_only=True)
-class ListTenantsInput:
-    """No fields."""
+class ListTenantsInput(PageInput):
+    """Only the paging fields."""
 
 
 @attrs.frozen(kw_only=True)
 class ListTenantsOutput:
-    """Every tenant, oldest first (at most ``LIST_LIMIT``; ``truncated`` when there are more)."""
+    """A page of every tenant, oldest first; ``next_cursor`` is null on the last page."""
 
     tenants: tuple[Tenant, ...]
-    truncated: bool
+    next_cursor: str | None
 
 
 # --- principals -------------------------------------------------------------------------------------------------
@@ -172,7 +171,7 @@ class Principal:
 
 
 @attrs.frozen(kw_only=True)
-class ListPrincipalsInput:
+class ListPrincipalsInput(PageInput):
     """The tenant whose principals to list."""
 
     tenant: str = attrs.field(validator=_identifier)
@@ -180,10 +179,10 @@ class ListPrincipalsInput:
 
 @attrs.frozen(kw_only=True)
 class ListPrincipalsOutput:
-    """The tenant's principals, oldest first (at most ``LIST_LIMIT``; ``truncated`` when there are more)."""
+    """A page of the tenant's principals, oldest first; ``next_cursor`` is null on the last page."""
 
     principals: tuple[Principal, ...]
-    truncated: bool
+    next_cursor: str | None
 
 
 @attrs.frozen(kw_only=True)
@@ -236,7 +235,7 @@ class CredentialInfo:
 
 
 @attrs.frozen(kw_only=True)
-class ListCredentialsInput:
+class ListCredentialsInput(PageInput):
     """The credentials of ``tenant``, or of one of its principals."""
 
     tenant: str = attrs.field(validator=_identifier)
@@ -245,10 +244,10 @@ class ListCredentialsInput:
 
 @attrs.frozen(kw_only=True)
 class ListCredentialsOutput:
-    """Credentials, oldest first (at most ``LIST_LIMIT``; ``truncated`` when there are more)."""
+    """A page of credentials, oldest first; ``next_cursor`` is null on the last page."""
 
     credentials: tuple[CredentialInfo, ...]
-    truncated: bool
+    next_cursor: str | None
 
 
 @attrs.frozen(kw_only=True)
@@ -282,10 +281,11 @@ class Role:
     actions: tuple[str, ...]
     description: str
     builtin: bool
+    created_at: dt.datetime
 
 
 @attrs.frozen(kw_only=True)
-class ListRolesInput:
+class ListRolesInput(PageInput):
     """The tenant whose roles to list (the built-in roles come with every tenant)."""
 
     tenant: str = attrs.field(validator=_identifier)
@@ -293,10 +293,10 @@ class ListRolesInput:
 
 @attrs.frozen(kw_only=True)
 class ListRolesOutput:
-    """The built-in roles, then the tenant's, oldest first (at most ``LIST_LIMIT``; ``truncated`` when more)."""
+    """A page of roles: the built-in ones, then the tenant's, oldest first; ``next_cursor`` is null on the last page."""
 
     roles: tuple[Role, ...]
-    truncated: bool
+    next_cursor: str | None
 
 
 # --- bindings ---------------------------------------------------------------------------------------------------
@@ -332,7 +332,7 @@ class Binding:
 
 
 @attrs.frozen(kw_only=True)
-class ListBindingsInput:
+class ListBindingsInput(PageInput):
     """The bindings of ``tenant``'s principals, or of one of them."""
 
     tenant: str = attrs.field(validator=_identifier)
@@ -341,10 +341,10 @@ class ListBindingsInput:
 
 @attrs.frozen(kw_only=True)
 class ListBindingsOutput:
-    """Bindings, oldest first (at most ``LIST_LIMIT``; ``truncated`` when there are more)."""
+    """A page of bindings, oldest first; ``next_cursor`` is null on the last page."""
 
     bindings: tuple[Binding, ...]
-    truncated: bool
+    next_cursor: str | None
 
 
 @attrs.frozen(kw_only=True)

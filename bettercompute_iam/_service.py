@@ -6,6 +6,7 @@ that allowed it). Caches are cleared after the commit, so a concurrent authentic
 
 from __future__ import annotations
 
+import datetime as dt
 import secrets
 from typing import Protocol, runtime_checkable
 
@@ -17,6 +18,7 @@ from bettercompute.errors import (
     InvalidInputError,
     NotFoundError,
 )
+from bettercompute.paging import Keyset
 from bettercompute.ports import Identity
 
 from . import _credentials
@@ -54,6 +56,13 @@ from ._schemas import (
 CREDENTIALS_CACHE = "iam.credentials"
 GRANTS_CACHE = "iam.grants"
 ADMIN_ROLE = "compute.admin"
+
+# The sort key of each list, as its statement in IamAdmin orders it (a unique key, so pages never overlap).
+_TENANT_PAGES: Keyset[Tenant] = Keyset(dt.datetime, str, key=lambda t: (t.created_at, t.id))
+_PRINCIPAL_PAGES: Keyset[Principal] = Keyset(dt.datetime, str, key=lambda p: (p.created_at, p.id))
+_CREDENTIAL_PAGES: Keyset[CredentialInfo] = Keyset(dt.datetime, str, key=lambda c: (c.created_at, c.id))
+_ROLE_PAGES: Keyset[Role] = Keyset(bool, dt.datetime, str, key=lambda r: (not r.builtin, r.created_at, r.id))
+_BINDING_PAGES: Keyset[Binding] = Keyset(dt.datetime, str, key=lambda b: (b.created_at, b.id))
 
 
 def _new_id(prefix: str) -> str:
@@ -116,10 +125,17 @@ async def create_tenant(call: CallContext, input: CreateTenantInput) -> Tenant:
     return tenant
 
 
-async def list_tenants(call: CallContext, _: ListTenantsInput) -> ListTenantsOutput:
-    """List every tenant (needs a grant on the root scope)."""
-    tenants, truncated = await _admin(call).list_tenants()
-    return ListTenantsOutput(tenants=tuple(tenants), truncated=truncated)
+async def list_tenants(call: CallContext, input: ListTenantsInput) -> ListTenantsOutput:
+    """A page of every tenant, oldest first (needs a grant on the root scope).
+
+    Raises:
+        InvalidInputError: the cursor is not one this list returned.
+    """
+    scope = call.method.action
+    after = _TENANT_PAGES.after(scope, input.cursor)
+    found = await _admin(call).list_tenants(after=after, limit=input.limit + 1)
+    tenants, next_cursor = _TENANT_PAGES.page(scope, found, input.limit)
+    return ListTenantsOutput(tenants=tenants, next_cursor=next_cursor)
 
 
 # --- principals -------------------------------------------------------------------------------------------------
@@ -143,9 +159,16 @@ async def create_principal(call: CallContext, input: CreatePrincipalInput) -> Pr
 
 
 async def list_principals(call: CallContext, input: ListPrincipalsInput) -> ListPrincipalsOutput:
-    """List a tenant's principals."""
-    principals, truncated = await _admin(call).list_principals(input.tenant)
-    return ListPrincipalsOutput(principals=tuple(principals), truncated=truncated)
+    """A page of a tenant's principals, oldest first.
+
+    Raises:
+        InvalidInputError: the cursor is not one this list returned.
+    """
+    scope = call.method.action
+    after = _PRINCIPAL_PAGES.after(scope, input.cursor)
+    found = await _admin(call).list_principals(input.tenant, after=after, limit=input.limit + 1)
+    principals, next_cursor = _PRINCIPAL_PAGES.page(scope, found, input.limit)
+    return ListPrincipalsOutput(principals=principals, next_cursor=next_cursor)
 
 
 async def disable_principal(call: CallContext, input: DisablePrincipalInput) -> Principal:
@@ -235,8 +258,11 @@ async def create_credential(call: CallContext, input: CreateCredentialInput) -> 
 
 async def list_credentials(call: CallContext, input: ListCredentialsInput) -> ListCredentialsOutput:
     """List the credentials of a tenant, or of one of its principals (never a secret)."""
-    credentials, truncated = await _admin(call).list_credentials(input.tenant, input.principal_id)
-    return ListCredentialsOutput(credentials=tuple(credentials), truncated=truncated)
+    scope = call.method.action
+    after = _CREDENTIAL_PAGES.after(scope, input.cursor)
+    found = await _admin(call).list_credentials(input.tenant, input.principal_id, after=after, limit=input.limit + 1)
+    credentials, next_cursor = _CREDENTIAL_PAGES.page(scope, found, input.limit)
+    return ListCredentialsOutput(credentials=credentials, next_cursor=next_cursor)
 
 
 async def revoke_credential(call: CallContext, input: RevokeCredentialInput) -> CredentialInfo:
@@ -306,8 +332,11 @@ async def create_role(call: CallContext, input: CreateRoleInput) -> Role:
 
 async def list_roles(call: CallContext, input: ListRolesInput) -> ListRolesOutput:
     """List the built-in roles and the tenant's own."""
-    roles, truncated = await _admin(call).list_roles(input.tenant)
-    return ListRolesOutput(roles=tuple(roles), truncated=truncated)
+    scope = call.method.action
+    after = _ROLE_PAGES.after(scope, input.cursor)
+    found = await _admin(call).list_roles(input.tenant, after=after, limit=input.limit + 1)
+    roles, next_cursor = _ROLE_PAGES.page(scope, found, input.limit)
+    return ListRolesOutput(roles=roles, next_cursor=next_cursor)
 
 
 # --- bindings ---------------------------------------------------------------------------------------------------
@@ -367,8 +396,11 @@ async def create_binding(call: CallContext, input: CreateBindingInput) -> Bindin
 
 async def list_bindings(call: CallContext, input: ListBindingsInput) -> ListBindingsOutput:
     """List the bindings of a tenant's principals, or of one of them."""
-    bindings, truncated = await _admin(call).list_bindings(input.tenant, input.principal_id)
-    return ListBindingsOutput(bindings=tuple(bindings), truncated=truncated)
+    scope = call.method.action
+    after = _BINDING_PAGES.after(scope, input.cursor)
+    found = await _admin(call).list_bindings(input.tenant, input.principal_id, after=after, limit=input.limit + 1)
+    bindings, next_cursor = _BINDING_PAGES.page(scope, found, input.limit)
+    return ListBindingsOutput(bindings=bindings, next_cursor=next_cursor)
 
 
 async def delete_binding(call: CallContext, input: DeleteBindingInput) -> DeleteBindingOutput:

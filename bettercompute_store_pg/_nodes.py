@@ -8,7 +8,7 @@ which the store boundary turns into ``ConflictError``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -58,7 +58,8 @@ _FOR_POOL = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE pool_id = :pool_id ORDER 
 _FOR_TENANT = f"""
 SELECT {_COLUMNS} FROM {{s}}.nodes
 WHERE tenant = :tenant AND (CAST(:pool_id AS text) IS NULL OR pool_id = :pool_id)
-ORDER BY created_at, id LIMIT 10000
+    AND (CAST(:after_at AS timestamptz) IS NULL OR (created_at, id) > (:after_at, :after_id))
+ORDER BY created_at, id LIMIT :limit
 """
 _RETIRE = f"""
 UPDATE {{s}}.nodes SET state = 'retired', retired_at = coalesce(retired_at, now()), updated_at = now()
@@ -164,9 +165,13 @@ class PgNodes:
         """The pool's nodes, oldest first."""
         return [_node(r) for r in await self._db.fetch(self._for_pool, {"pool_id": pool_id})]
 
-    async def for_tenant(self, tenant: str, *, pool_id: str | None = None) -> list[NodeRecord]:
-        """The tenant's nodes (of one pool), oldest first, in one statement."""
-        rows = await self._db.fetch(self._for_tenant, {"tenant": tenant, "pool_id": pool_id})
+    async def for_tenant(
+        self, tenant: str, *, pool_id: str | None = None, after: Sequence[Any] | None, limit: int
+    ) -> list[NodeRecord]:
+        """The tenant's nodes (of one pool) in ``(created_at, id)`` order, after ``after``, in one statement."""
+        after_at, after_id = after if after is not None else (None, None)
+        params = {"tenant": tenant, "pool_id": pool_id, "after_at": after_at, "after_id": after_id, "limit": limit}
+        rows = await self._db.fetch(self._for_tenant, params)
         return [_node(r) for r in rows]
 
     async def retire(self, tx: Transaction, id: str) -> NodeRecord | None:

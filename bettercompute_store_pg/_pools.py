@@ -21,7 +21,6 @@ from ._db import Database, dumps, fetch_in, utc
 
 __all__ = ["PgJoinTokens", "PgPools"]
 
-_LIST_LIMIT = 1000
 _POOL_COLUMNS = "id, tenant, name, pool_class, acceptance_checks, labels, created_at, updated_at"
 
 _POOL_CREATE = f"""
@@ -31,7 +30,12 @@ ON CONFLICT (tenant, name) DO NOTHING
 RETURNING {_POOL_COLUMNS}
 """
 
-_POOL_LIST = f"SELECT {_POOL_COLUMNS} FROM {{s}}.pools WHERE tenant = :tenant ORDER BY name LIMIT :limit"
+# Keyset paging: ``(created_at, id)`` is unique and never changes (a name can), so a page boundary stays put.
+_POOL_LIST = f"""
+SELECT {_POOL_COLUMNS} FROM {{s}}.pools
+WHERE tenant = :tenant AND (CAST(:after_at AS timestamptz) IS NULL OR (created_at, id) > (:after_at, :after_id))
+ORDER BY created_at, id LIMIT :limit
+"""
 
 _POOL_GET = f"SELECT {_POOL_COLUMNS} FROM {{s}}.pools WHERE id = :id"
 
@@ -66,7 +70,9 @@ RETURNING {_TOKEN_COLUMNS}
 """
 
 _TOKEN_LIST = f"""
-SELECT {_TOKEN_COLUMNS} FROM {{s}}.join_tokens WHERE pool_id = :pool_id ORDER BY created_at DESC, id LIMIT :limit
+SELECT {_TOKEN_COLUMNS} FROM {{s}}.join_tokens
+WHERE pool_id = :pool_id AND (CAST(:after_at AS timestamptz) IS NULL OR (created_at, id) < (:after_at, :after_id))
+ORDER BY created_at DESC, id DESC LIMIT :limit
 """
 
 _TOKEN_GET = f"SELECT {_TOKEN_COLUMNS} FROM {{s}}.join_tokens WHERE id = :id"
@@ -168,9 +174,11 @@ class PgPools:
             raise ConflictError("the tenant has a pool of that name", details={"path": "name", "name": name})
         return _pool(rows[0])
 
-    async def for_tenant(self, tenant: str) -> list[PoolRecord]:
-        """The tenant's pools, by name."""
-        rows = await self._db.fetch(self._list, {"tenant": tenant, "limit": _LIST_LIMIT})
+    async def for_tenant(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[PoolRecord]:
+        """The tenant's pools in ``(created_at, id)`` order, after ``after``."""
+        after_at, after_id = after if after is not None else (None, None)
+        params = {"tenant": tenant, "after_at": after_at, "after_id": after_id, "limit": limit}
+        rows = await self._db.fetch(self._list, params)
         return [_pool(row) for row in rows]
 
     async def get(self, id: str) -> PoolRecord | None:
@@ -247,9 +255,11 @@ class PgJoinTokens:
         rows = await fetch_in(_conn(tx), self._create, params)
         return _token(rows[0])
 
-    async def for_pool(self, pool_id: str) -> list[JoinTokenRecord]:
-        """The pool's tokens, newest first."""
-        rows = await self._db.fetch(self._list, {"pool_id": pool_id, "limit": _LIST_LIMIT})
+    async def for_pool(self, pool_id: str, *, after: Sequence[Any] | None, limit: int) -> list[JoinTokenRecord]:
+        """The pool's tokens, newest first, before ``after``."""
+        after_at, after_id = after if after is not None else (None, None)
+        params = {"pool_id": pool_id, "after_at": after_at, "after_id": after_id, "limit": limit}
+        rows = await self._db.fetch(self._list, params)
         return [_token(row) for row in rows]
 
     async def get(self, id: str) -> JoinTokenRecord | None:

@@ -15,7 +15,6 @@ from ._db import Database, fetch_in, utc
 
 __all__ = ["PgSecrets"]
 
-_LIST_LIMIT = 1000
 _COLUMNS = "id, tenant, name, scope, description, sealed_value, created_at"
 
 _CREATE = f"""
@@ -25,7 +24,11 @@ ON CONFLICT (tenant, name) DO NOTHING
 RETURNING {_COLUMNS}
 """
 
-_LIST = f"SELECT {_COLUMNS} FROM {{s}}.secrets WHERE tenant = :tenant ORDER BY name LIMIT :limit"
+_LIST = f"""
+SELECT {_COLUMNS} FROM {{s}}.secrets
+WHERE tenant = :tenant AND (CAST(:after AS text) IS NULL OR name > :after)
+ORDER BY name LIMIT :limit
+"""
 
 _DELETE = f"DELETE FROM {{s}}.secrets WHERE tenant = :tenant AND name = :name RETURNING {_COLUMNS}"
 
@@ -80,9 +83,10 @@ class PgSecrets:
             raise ConflictError("this tenant has a secret of this name", details={"name": record.name})
         return _record(rows[0])
 
-    async def for_tenant(self, tenant: str) -> list[SecretRecord]:
-        """The tenant's secrets, by name."""
-        rows = await self._db.fetch(self._list, {"tenant": tenant, "limit": _LIST_LIMIT})
+    async def for_tenant(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[SecretRecord]:
+        """The tenant's secrets by name, after the name in ``after``."""
+        params = {"tenant": tenant, "after": after[0] if after is not None else None, "limit": limit}
+        rows = await self._db.fetch(self._list, params)
         return [_record(row) for row in rows]
 
     async def delete(self, tx: Transaction, *, tenant: str, name: str) -> SecretRecord | None:

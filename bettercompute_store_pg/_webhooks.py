@@ -21,7 +21,6 @@ from ._db import Database, dumps, fetch_in, utc
 
 __all__ = ["PgWebhooks"]
 
-_LIST_LIMIT = 1000
 _COLUMNS = "id, tenant, url, event_types, description, created_at"
 
 _CREATE = f"""
@@ -31,7 +30,9 @@ RETURNING {_COLUMNS}
 """
 
 _LIST = f"""
-SELECT {_COLUMNS} FROM {{s}}.webhook_subscriptions WHERE tenant = :tenant ORDER BY created_at, id LIMIT :limit
+SELECT {_COLUMNS} FROM {{s}}.webhook_subscriptions
+WHERE tenant = :tenant AND (CAST(:after_at AS timestamptz) IS NULL OR (created_at, id) > (:after_at, :after_id))
+ORDER BY created_at, id LIMIT :limit
 """
 
 _DELETE = f"DELETE FROM {{s}}.webhook_subscriptions WHERE id = :id AND tenant = :tenant RETURNING {_COLUMNS}"
@@ -101,7 +102,9 @@ SELECT w.id AS subscription_id, d.* FROM {s}.webhook_subscriptions AS w
 LEFT JOIN LATERAL (
     SELECT id, event_id, event_type, event_key, status, attempts, last_status, last_error, next_attempt_at,
         created_at, finished_at
-    FROM {s}.webhook_deliveries WHERE subscription_id = w.id ORDER BY id DESC LIMIT :limit
+    FROM {s}.webhook_deliveries
+    WHERE subscription_id = w.id AND (CAST(:after AS bigint) IS NULL OR id < :after)
+    ORDER BY id DESC LIMIT :limit
 ) AS d ON true
 WHERE w.id = :id AND w.tenant = :tenant
 ORDER BY d.id DESC
@@ -220,9 +223,11 @@ class PgWebhooks:
         rows = await fetch_in(_conn(tx), self._create, params)
         return _subscription(rows[0])
 
-    async def for_tenant(self, tenant: str) -> list[WebhookSubscription]:
-        """The tenant's subscriptions, oldest first."""
-        rows = await self._db.fetch(self._list, {"tenant": tenant, "limit": _LIST_LIMIT})
+    async def for_tenant(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[WebhookSubscription]:
+        """The tenant's subscriptions in ``(created_at, id)`` order, after ``after``."""
+        after_at, after_id = after if after is not None else (None, None)
+        params = {"tenant": tenant, "after_at": after_at, "after_id": after_id, "limit": limit}
+        rows = await self._db.fetch(self._list, params)
         return [_subscription(row) for row in rows]
 
     async def delete(self, tx: Transaction, *, tenant: str, id: str) -> WebhookSubscription | None:
@@ -274,9 +279,13 @@ class PgWebhooks:
         ]
         return await self._db.rowcount(self._record, {"outcomes": dumps(payload)})
 
-    async def deliveries(self, *, tenant: str, id: str, limit: int) -> list[WebhookDelivery] | None:
-        """The newest deliveries of a subscription of ``tenant``; ``None`` when it has no such one."""
-        rows = await self._db.fetch(self._deliveries, {"tenant": tenant, "id": id, "limit": limit})
+    async def deliveries(
+        self, *, tenant: str, id: str, after: Sequence[Any] | None, limit: int
+    ) -> list[WebhookDelivery] | None:
+        """A subscription of ``tenant``'s deliveries, newest first, below the id in ``after``; ``None`` when the
+        tenant has no such subscription."""
+        params = {"tenant": tenant, "id": id, "after": after[0] if after is not None else None, "limit": limit}
+        rows = await self._db.fetch(self._deliveries, params)
         if not rows:
             return None
         return [_delivery(row) for row in rows if row.id is not None]

@@ -19,6 +19,7 @@ import attrs
 from .._registry import CallContext, GroupSpec, MethodDef
 from ..ca import CertificateAuthority
 from ..errors import FailedPreconditionError, NotFoundError
+from ..paging import Keyset, PageInput
 from ..ports import NodeRecord, ResourceRef, Store, Transaction
 
 __all__ = [
@@ -50,8 +51,8 @@ def _reason(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
 
 
 @attrs.frozen(kw_only=True)
-class ListNodesInput:
-    """A tenant's nodes, of one pool when ``pool_id`` is given."""
+class ListNodesInput(PageInput):
+    """A tenant's nodes, of one pool when ``pool_id`` is given, one page at a time."""
 
     tenant: str = attrs.field(validator=_id)
     pool_id: str | None = attrs.field(default=None, validator=_id)
@@ -102,9 +103,10 @@ class Node:
 
 @attrs.frozen(kw_only=True)
 class ListNodesOutput:
-    """Nodes, oldest first."""
+    """A page of nodes, oldest first; ``next_cursor`` is null on the last page."""
 
     nodes: tuple[Node, ...]
+    next_cursor: str | None
 
 
 @attrs.frozen(kw_only=True)
@@ -166,10 +168,22 @@ async def _existing(call: CallContext, node_id: str) -> NodeRecord:
     return record
 
 
+_NODE_PAGES: Keyset[Node] = Keyset(dt.datetime, str, key=lambda n: (n.created_at, n.id))
+
+
 async def list_nodes(call: CallContext, input: ListNodesInput) -> ListNodesOutput:
-    """A tenant's nodes (of one pool), oldest first."""
-    found = await call.context.store.nodes.for_tenant(input.tenant, pool_id=input.pool_id)
-    return ListNodesOutput(nodes=tuple(_node(n) for n in found))
+    """A page of a tenant's nodes (of one pool), oldest first.
+
+    Raises:
+        InvalidInputError: the cursor is not one this list returned.
+    """
+    scope = call.method.action
+    after = _NODE_PAGES.after(scope, input.cursor)
+    found = await call.context.store.nodes.for_tenant(
+        input.tenant, pool_id=input.pool_id, after=after, limit=input.limit + 1
+    )
+    nodes, next_cursor = _NODE_PAGES.page(scope, [_node(n) for n in found], input.limit)
+    return ListNodesOutput(nodes=nodes, next_cursor=next_cursor)
 
 
 async def get_node(call: CallContext, input: GetNodeInput) -> Node:

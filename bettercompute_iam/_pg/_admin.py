@@ -22,7 +22,7 @@ from bettercompute.errors import ConflictError, InternalError, InvalidConfigErro
 from bettercompute.ports import Store, Transaction
 from bettercompute_store_pg import PgStore, PgTransaction, quote_schema, translated
 
-from .._schemas import LIST_LIMIT, Binding, CredentialInfo, Principal, Role, Tenant
+from .._schemas import Binding, CredentialInfo, Principal, Role, Tenant
 
 __all__ = ["IamAdmin", "RootAdmins"]
 
@@ -60,8 +60,14 @@ def _constraints(*, conflict: str, missing: str | None = None, details: Mapping[
         raise
 
 
-def _page(rows: Sequence[Any]) -> tuple[list[Any], bool]:
-    return list(rows[:LIST_LIMIT]), len(rows) > LIST_LIMIT
+def _after(created_at: str, id: str) -> str:
+    # Keyset paging on (created_at, id): rows after the previous page's last key, or all rows for the first page.
+    return f"(CAST(:after_at AS timestamptz) IS NULL OR ({created_at}, {id}) > (:after_at, :after_id))"
+
+
+def _keyset(after: Sequence[Any] | None) -> dict[str, Any]:
+    after_at, after_id = after if after is not None else (None, None)
+    return {"after_at": after_at, "after_id": after_id}
 
 
 @attrs.frozen(kw_only=True)
@@ -104,13 +110,14 @@ class IamAdmin:
             " WHEN c.expired_at IS NOT NULL OR c.expires_at <= now() THEN 'expired' ELSE 'active' END"
         )
         binding_cols = "b.id, b.tenant_id, b.principal_id, b.role_id, r.name, b.scope_type, b.scope_id, b.created_at"
-        role_cols = "r.id, r.tenant_id, r.name, r.actions, r.description"
+        role_cols = "r.id, r.tenant_id, r.name, r.actions, r.description, r.created_at"
 
         self._insert_tenant = text(
             f"INSERT INTO {q}.iam_tenants (id, name) VALUES (:id, :name) RETURNING id, name, created_at"
         )
         self._list_tenants = text(
-            f"SELECT id, name, created_at FROM {q}.iam_tenants ORDER BY created_at, id LIMIT :limit"
+            f"SELECT id, name, created_at FROM {q}.iam_tenants WHERE {_after('created_at', 'id')}"
+            f" ORDER BY created_at, id LIMIT :limit"
         )
 
         self._insert_principal = text(
@@ -118,7 +125,8 @@ class IamAdmin:
             f" RETURNING {principal_cols}"
         )
         self._list_principals = text(
-            f"SELECT {principal_cols} FROM {q}.iam_principals p WHERE p.tenant_id = :tenant"
+            f"SELECT {principal_cols} FROM {q}.iam_principals p"
+            f" WHERE p.tenant_id = :tenant AND {_after('p.created_at', 'p.id')}"
             f" ORDER BY p.created_at, p.id LIMIT :limit"
         )
         # FOR UPDATE: a disable and a new credential (FOR SHARE) for the same principal do not interleave.
@@ -142,6 +150,7 @@ class IamAdmin:
         self._list_credentials = text(
             f"SELECT {credential_cols} FROM {q}.iam_credentials c JOIN {q}.iam_principals p ON p.id = c.principal_id"
             f" WHERE p.tenant_id = :tenant AND (CAST(:principal AS text) IS NULL OR c.principal_id = :principal)"
+            f" AND {_after('c.created_at', 'c.id')}"
             f" ORDER BY c.created_at, c.id LIMIT :limit"
         )
         self._revoke_credential = text(
@@ -157,7 +166,9 @@ class IamAdmin:
             f" VALUES (:id, :tenant, :name, :actions, :description) RETURNING {role_cols}"
         )
         self._list_roles = text(
-            f"SELECT {role_cols} FROM {q}.iam_roles r WHERE r.tenant_id IS NULL OR r.tenant_id = :tenant"
+            f"SELECT {role_cols} FROM {q}.iam_roles r WHERE (r.tenant_id IS NULL OR r.tenant_id = :tenant)"
+            f" AND (CAST(:after_custom AS boolean) IS NULL OR (r.tenant_id IS NOT NULL, r.created_at, r.id)"
+            f" > (CAST(:after_custom AS boolean), :after_at, :after_id))"
             f" ORDER BY r.tenant_id IS NOT NULL, r.created_at, r.id LIMIT :limit"
         )
 
@@ -180,6 +191,7 @@ class IamAdmin:
         self._list_bindings = text(
             f"SELECT {binding_cols} FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
             f" WHERE b.tenant_id = :tenant AND (CAST(:principal AS text) IS NULL OR b.principal_id = :principal)"
+            f" AND {_after('b.created_at', 'b.id')}"
             f" ORDER BY b.created_at, b.id LIMIT :limit"
         )
         self._lock_binding = text(
@@ -202,34 +214,46 @@ class IamAdmin:
     async def _fetch(self, statement: Any, params: Mapping[str, Any]) -> list[Any]:
         with translated():
             async with self._store.engine.connect() as conn:
-                return list((await conn.execute(statement, {**params, "limit": LIST_LIMIT + 1})).all())
+                return list((await conn.execute(statement, params)).all())
 
-    async def list_tenants(self) -> tuple[list[Tenant], bool]:
-        """Every tenant (first ``LIST_LIMIT``) and whether there are more."""
-        rows, truncated = _page(await self._fetch(self._list_tenants, {}))
-        return [_tenant(r) for r in rows], truncated
+    # Each list reads one page: at most ``limit`` rows after the key ``after`` (the last key of the page before),
+    # in the statement's order, which is by a unique key. The tenant filter holds whatever ``after`` is.
 
-    async def list_principals(self, tenant: str) -> tuple[list[Principal], bool]:
-        """The tenant's principals (first ``LIST_LIMIT``) and whether there are more."""
-        rows, truncated = _page(await self._fetch(self._list_principals, {"tenant": tenant}))
-        return [_principal(r) for r in rows], truncated
+    async def list_tenants(self, *, after: Sequence[Any] | None, limit: int) -> list[Tenant]:
+        """Tenants in ``(created_at, id)`` order."""
+        rows = await self._fetch(self._list_tenants, {**_keyset(after), "limit": limit})
+        return [_tenant(r) for r in rows]
 
-    async def list_credentials(self, tenant: str, principal_id: str | None) -> tuple[list[CredentialInfo], bool]:
+    async def list_principals(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[Principal]:
+        """The tenant's principals in ``(created_at, id)`` order."""
+        rows = await self._fetch(self._list_principals, {"tenant": tenant, **_keyset(after), "limit": limit})
+        return [_principal(r) for r in rows]
+
+    async def list_credentials(
+        self, tenant: str, principal_id: str | None, *, after: Sequence[Any] | None, limit: int
+    ) -> list[CredentialInfo]:
         """The credentials of the tenant's principals, or of one of them (never a secret or its hash)."""
-        params = {"tenant": tenant, "principal": principal_id}
-        rows, truncated = _page(await self._fetch(self._list_credentials, params))
-        return [_credential(r) for r in rows], truncated
+        params = {"tenant": tenant, "principal": principal_id, **_keyset(after), "limit": limit}
+        return [_credential(r) for r in await self._fetch(self._list_credentials, params)]
 
-    async def list_roles(self, tenant: str) -> tuple[list[Role], bool]:
-        """The built-in roles, then the tenant's own."""
-        rows, truncated = _page(await self._fetch(self._list_roles, {"tenant": tenant}))
-        return [_role(r) for r in rows], truncated
+    async def list_roles(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[Role]:
+        """The built-in roles, then the tenant's own, oldest first; ``after`` is ``(custom, created_at, id)``."""
+        after_custom, after_at, after_id = after if after is not None else (None, None, None)
+        params = {
+            "tenant": tenant,
+            "after_custom": after_custom,
+            "after_at": after_at,
+            "after_id": after_id,
+            "limit": limit,
+        }
+        return [_role(r) for r in await self._fetch(self._list_roles, params)]
 
-    async def list_bindings(self, tenant: str, principal_id: str | None) -> tuple[list[Binding], bool]:
+    async def list_bindings(
+        self, tenant: str, principal_id: str | None, *, after: Sequence[Any] | None, limit: int
+    ) -> list[Binding]:
         """The bindings of the tenant's principals, or of one of them."""
-        params = {"tenant": tenant, "principal": principal_id}
-        rows, truncated = _page(await self._fetch(self._list_bindings, params))
-        return [_binding(r) for r in rows], truncated
+        params = {"tenant": tenant, "principal": principal_id, **_keyset(after), "limit": limit}
+        return [_binding(r) for r in await self._fetch(self._list_bindings, params)]
 
     # --- writes, in the caller's transaction --------------------------------------------------------------------
 
@@ -409,6 +433,7 @@ def _role(row: Any) -> Role:
         actions=tuple(row[3]),
         description=row[4],
         builtin=row[1] is None,
+        created_at=_at(row[5]),
     )
 
 

@@ -20,6 +20,7 @@ PACKAGES = [
     "bettercompute.modules.secrets",
     "bettercompute.modules.pools",
     "bettercompute.joins",
+    "bettercompute.paging",
     "bettercompute.webhooks",
     "bettercompute.ca",
     "bettercompute.identity",

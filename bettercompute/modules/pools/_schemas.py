@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import attrs
 
+from ...paging import PageInput
+
 __all__ = [
     "DEFAULT_ACCEPTANCE_CHECKS",
     "CreateJoinTokenInput",
@@ -139,17 +141,18 @@ class Pool:
 
 
 @attrs.frozen(kw_only=True)
-class ListPoolsInput:
-    """The tenant whose pools to list."""
+class ListPoolsInput(PageInput):
+    """The tenant whose pools to list, one page at a time."""
 
     tenant: str = attrs.field(validator=_id)
 
 
 @attrs.frozen(kw_only=True)
 class ListPoolsOutput:
-    """The tenant's pools, by name."""
+    """A page of the tenant's pools, oldest first; ``next_cursor`` is null on the last page."""
 
     pools: tuple[Pool, ...]
+    next_cursor: str | None
 
 
 @attrs.frozen(kw_only=True)
@@ -235,17 +238,18 @@ class CreatedJoinToken:
 
 
 @attrs.frozen(kw_only=True)
-class ListJoinTokensInput:
-    """The pool whose tokens to list."""
+class ListJoinTokensInput(PageInput):
+    """The pool whose tokens to list, one page at a time."""
 
     pool_id: str = attrs.field(validator=_id)
 
 
 @attrs.frozen(kw_only=True)
 class ListJoinTokensOutput:
-    """The pool's tokens, newest first, without secrets."""
+    """A page of the pool's tokens, newest first, without secrets; ``next_cursor`` is null on the last page."""
 
     tokens: tuple[JoinToken, ...]
+    next_cursor: str | None
 
 
 @attrs.frozen(kw_only=True)

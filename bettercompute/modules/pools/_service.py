@@ -18,6 +18,7 @@ import attrs
 from ..._registry import CallContext
 from ...errors import NotFoundError
 from ...joins import JoinSettings, new_token
+from ...paging import Keyset
 from ...ports import JoinTokenRecord, PoolRecord, ResourceRef
 from ._schemas import (
     CreatedJoinToken,
@@ -160,10 +161,22 @@ async def create_pool(call: CallContext, input: CreatePoolInput) -> Pool:
     return _pool(record)
 
 
+# Pools page by (created_at, id), not by name: a rename during a walk would otherwise skip or repeat a pool.
+_POOL_PAGES: Keyset[Pool] = Keyset(dt.datetime, str, key=lambda p: (p.created_at, p.id))
+_TOKEN_PAGES: Keyset[JoinToken] = Keyset(dt.datetime, str, key=lambda t: (t.created_at, t.id))
+
+
 async def list_pools(call: CallContext, input: ListPoolsInput) -> ListPoolsOutput:
-    """List a tenant's pools, by name."""
-    records = await call.context.store.pools.for_tenant(input.tenant)
-    return ListPoolsOutput(pools=tuple(_pool(r) for r in records))
+    """A page of a tenant's pools, oldest first.
+
+    Raises:
+        InvalidInputError: the cursor is not one this list returned.
+    """
+    scope = call.method.action
+    after = _POOL_PAGES.after(scope, input.cursor)
+    records = await call.context.store.pools.for_tenant(input.tenant, after=after, limit=input.limit + 1)
+    pools, next_cursor = _POOL_PAGES.page(scope, [_pool(r) for r in records], input.limit)
+    return ListPoolsOutput(pools=pools, next_cursor=next_cursor)
 
 
 async def _existing_pool(call: CallContext, pool_id: str) -> PoolRecord:
@@ -257,15 +270,19 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
 
 
 async def list_tokens(call: CallContext, input: ListJoinTokensInput) -> ListJoinTokensOutput:
-    """List a pool's join tokens, newest first, without secrets.
+    """A page of a pool's join tokens, newest first, without secrets.
 
     Raises:
         NotFoundError: there is no such pool.
+        InvalidInputError: the cursor is not one this list returned.
     """
+    scope = call.method.action
+    after = _TOKEN_PAGES.after(scope, input.cursor)
     await _existing_pool(call, input.pool_id)
-    records = await call.context.store.join_tokens.for_pool(input.pool_id)
+    records = await call.context.store.join_tokens.for_pool(input.pool_id, after=after, limit=input.limit + 1)
     now = call.context.clock.now()
-    return ListJoinTokensOutput(tokens=tuple(_token(r, now) for r in records))
+    tokens, next_cursor = _TOKEN_PAGES.page(scope, [_token(r, now) for r in records], input.limit)
+    return ListJoinTokensOutput(tokens=tokens, next_cursor=next_cursor)
 
 
 async def get_token(call: CallContext, input: GetJoinTokenInput) -> JoinToken:

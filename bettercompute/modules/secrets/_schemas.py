@@ -13,6 +13,8 @@ from typing import Any
 
 import attrs
 
+from ...paging import PageInput
+
 __all__ = [
     "CreateSecretInput",
     "DeleteSecretInput",
@@ -77,17 +79,18 @@ class Secret:
 
 
 @attrs.frozen(kw_only=True)
-class ListSecretsInput:
-    """The tenant whose secrets to list."""
+class ListSecretsInput(PageInput):
+    """The tenant whose secrets to list, one page at a time."""
 
     tenant: str = attrs.field(validator=_id)
 
 
 @attrs.frozen(kw_only=True)
 class ListSecretsOutput:
-    """The tenant's secrets by name (metadata only)."""
+    """A page of the tenant's secrets by name (metadata only); ``next_cursor`` is null on the last page."""
 
     secrets: tuple[Secret, ...]
+    next_cursor: str | None
 
 
 @attrs.frozen(kw_only=True)

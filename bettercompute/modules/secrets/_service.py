@@ -6,6 +6,7 @@ import secrets as _random
 
 from ..._registry import CallContext
 from ...errors import InternalError, NotFoundError
+from ...paging import Keyset
 from ...ports import Kms, SecretRecord
 from ._schemas import (
     CreateSecretInput,
@@ -73,10 +74,21 @@ async def create(call: CallContext, input: CreateSecretInput) -> Secret:
     return metadata(stored)
 
 
+# A secret's name is unique in its tenant and never changes: it is the key its pages follow.
+_SECRET_PAGES: Keyset[Secret] = Keyset(str, key=lambda s: (s.name,))
+
+
 async def list_secrets(call: CallContext, input: ListSecretsInput) -> ListSecretsOutput:
-    """The tenant's secrets, by name (never a value)."""
-    records = await call.context.store.secrets.for_tenant(input.tenant)
-    return ListSecretsOutput(secrets=tuple(metadata(r) for r in records))
+    """A page of the tenant's secrets, by name (never a value).
+
+    Raises:
+        InvalidInputError: the cursor is not one this list returned.
+    """
+    scope = call.method.action
+    after = _SECRET_PAGES.after(scope, input.cursor)
+    records = await call.context.store.secrets.for_tenant(input.tenant, after=after, limit=input.limit + 1)
+    secrets, next_cursor = _SECRET_PAGES.page(scope, [metadata(r) for r in records], input.limit)
+    return ListSecretsOutput(secrets=secrets, next_cursor=next_cursor)
 
 
 async def delete(call: CallContext, input: DeleteSecretInput) -> DeleteSecretOutput:

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import attrs
 
+from ...paging import PageInput
+
 __all__ = [
     "CreateWebhookInput",
     "CreatedWebhook",
@@ -30,7 +32,6 @@ __all__ = [
 ]
 
 MAX_EVENT_TYPES = 64
-MAX_DELIVERIES = 200
 _ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 # ``reservation.created`` matches that type; ``reservation.*`` every type under ``reservation.``; ``*`` all.
 _EVENT_TYPE_PATTERN = re.compile(r"\*|[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*(\.\*)?")
@@ -80,11 +81,6 @@ def _description(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
         raise _fail(attribute, value, "must be at most 500 characters")
 
 
-def _limit(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not 1 <= value <= MAX_DELIVERIES:
-        raise _fail(attribute, value, f"must be between 1 and {MAX_DELIVERIES}")
-
-
 @attrs.frozen(kw_only=True)
 class CreateWebhookInput:
     """A subscription: where to POST the tenant's events, and which types (none listed: every type)."""
@@ -119,17 +115,18 @@ class CreatedWebhook:
 
 
 @attrs.frozen(kw_only=True)
-class ListWebhooksInput:
-    """The tenant whose subscriptions to list."""
+class ListWebhooksInput(PageInput):
+    """The tenant whose subscriptions to list, one page at a time."""
 
     tenant: str = attrs.field(validator=_id)
 
 
 @attrs.frozen(kw_only=True)
 class ListWebhooksOutput:
-    """The tenant's subscriptions, oldest first."""
+    """A page of the tenant's subscriptions, oldest first; ``next_cursor`` is null on the last page."""
 
     webhooks: tuple[Webhook, ...]
+    next_cursor: str | None
 
 
 @attrs.frozen(kw_only=True)
@@ -163,12 +160,11 @@ class WebhookTestOutput:
 
 
 @attrs.frozen(kw_only=True)
-class ListDeliveriesInput:
-    """A subscription's delivery log, newest first."""
+class ListDeliveriesInput(PageInput):
+    """A subscription's delivery log, newest first, one page at a time."""
 
     tenant: str = attrs.field(validator=_id)
     id: str = attrs.field(validator=_id)
-    limit: int = attrs.field(default=50, validator=_limit)
 
 
 @attrs.frozen(kw_only=True)
@@ -190,6 +186,7 @@ class Delivery:
 
 @attrs.frozen(kw_only=True)
 class ListDeliveriesOutput:
-    """The newest deliveries of a subscription."""
+    """A page of a subscription's deliveries, newest first; ``next_cursor`` is null on the last page."""
 
     deliveries: tuple[Delivery, ...]
+    next_cursor: str | None

@@ -28,6 +28,7 @@ from ..._registry import CallContext
 from ..._version import __version__
 from ..._workers import SINKS_POKE, notify_work
 from ...errors import ComputeError, InternalError, InvalidInputError, NotFoundError
+from ...paging import Keyset
 from ...ports import DeliveryOutcome, DueDelivery, Kms, StoredEvent, WebhookDelivery, WebhookSubscription
 from ...webhooks import EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, WebhookSettings, signature_header
 from . import _guard
@@ -152,10 +153,21 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
     return CreatedWebhook(webhook=_webhook(subscription), secret=secret)
 
 
+_WEBHOOK_PAGES: Keyset[Webhook] = Keyset(dt.datetime, str, key=lambda w: (w.created_at, w.id))
+_DELIVERY_PAGES: Keyset[Delivery] = Keyset(int, key=lambda d: (d.id,))
+
+
 async def list_webhooks(call: CallContext, input: ListWebhooksInput) -> ListWebhooksOutput:
-    """List the tenant's subscriptions (never a secret)."""
-    subscriptions = await call.context.store.webhooks.for_tenant(input.tenant)
-    return ListWebhooksOutput(webhooks=tuple(_webhook(s) for s in subscriptions))
+    """A page of the tenant's subscriptions, oldest first (never a secret).
+
+    Raises:
+        InvalidInputError: the cursor is not one this list returned.
+    """
+    scope = call.method.action
+    after = _WEBHOOK_PAGES.after(scope, input.cursor)
+    subscriptions = await call.context.store.webhooks.for_tenant(input.tenant, after=after, limit=input.limit + 1)
+    webhooks, next_cursor = _WEBHOOK_PAGES.page(scope, [_webhook(s) for s in subscriptions], input.limit)
+    return ListWebhooksOutput(webhooks=webhooks, next_cursor=next_cursor)
 
 
 async def delete(call: CallContext, input: DeleteWebhookInput) -> DeleteWebhookOutput:
@@ -211,15 +223,21 @@ async def test(call: CallContext, input: WebhookTestInput) -> WebhookTestOutput:
 
 
 async def deliveries(call: CallContext, input: ListDeliveriesInput) -> ListDeliveriesOutput:
-    """A subscription's delivery log, newest first: status, attempts, the last HTTP status and error.
+    """A page of a subscription's delivery log, newest first: status, attempts, the last HTTP status and error.
 
     Raises:
         NotFoundError: the tenant has no such subscription.
+        InvalidInputError: the cursor is not one this list returned.
     """
-    found = await call.context.store.webhooks.deliveries(tenant=input.tenant, id=input.id, limit=input.limit)
+    scope = call.method.action
+    after = _DELIVERY_PAGES.after(scope, input.cursor)
+    found = await call.context.store.webhooks.deliveries(
+        tenant=input.tenant, id=input.id, after=after, limit=input.limit + 1
+    )
     if found is None:
         raise NotFoundError("no such webhook in this tenant", details={"id": input.id})
-    return ListDeliveriesOutput(deliveries=tuple(_delivery(d) for d in found))
+    deliveries, next_cursor = _DELIVERY_PAGES.page(scope, [_delivery(d) for d in found], input.limit)
+    return ListDeliveriesOutput(deliveries=deliveries, next_cursor=next_cursor)
 
 
 # --- fan-out and sending ----------------------------------------------------------------------------------------
