@@ -221,7 +221,7 @@ class EmbeddedIam:
         """What a principal's bindings give it (cached like its decisions, unless ``fresh``)."""
         if fresh:
             rows = await self._db().grants(principal_id)
-            return tuple(Grant(patterns=p, scope_type=t, scope_id=i) for p, t, i in rows)
+            return tuple(Grant(patterns=p, scope_type=t, scope_id=i, scope_tenant=n) for p, t, i, n in rows)
         return await self._grants_of(principal_id)
 
     async def _grants_of(self, principal_id: str) -> tuple[Grant, ...]:
@@ -231,7 +231,7 @@ class EmbeddedIam:
             return cached.grants
         generation = self._generation
         rows = await self._db().grants(principal_id)
-        grants = tuple(Grant(patterns=p, scope_type=t, scope_id=i) for p, t, i in rows)
+        grants = tuple(Grant(patterns=p, scope_type=t, scope_id=i, scope_tenant=n) for p, t, i, n in rows)
         if generation == self._generation:
             if len(self._grants) >= self._size:
                 self._grants.pop(next(iter(self._grants)))
