@@ -237,11 +237,12 @@ class EmbeddedIam:
                 raise AccessDeniedError(f"{action} is not allowed here", details={"action": action})
         return Decision(id=uuid.uuid4().hex, action=action, resource=resource, principal_id=identity.principal_id)
 
-    async def grants_of(self, principal_id: str, *, fresh: bool = False) -> tuple[Grant, ...]:
-        """What a principal's bindings give it (cached like its decisions, unless ``fresh``)."""
-        if fresh:
-            rows = await self._db().grants(principal_id)
-            return tuple(Grant(patterns=p, scope_type=t, scope_id=i, scope_tenant=n) for p, t, i, n in rows)
+    async def grants_of(self, principal_id: str) -> tuple[Grant, ...]:
+        """What a principal's bindings give it (cached like its decisions).
+
+        A write that decides on grants reads them in its own transaction instead (``_service.may_act_on``), fresh
+        and on the connection the request already holds.
+        """
         return await self._grants_of(principal_id)
 
     async def _grants_of(self, principal_id: str) -> tuple[Grant, ...]:
