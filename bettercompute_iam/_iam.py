@@ -12,13 +12,13 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from bettercompute import GroupSpec, Job, ModuleContext
-from bettercompute.errors import AccessDeniedError, InternalError, UnauthenticatedError
+from bettercompute.errors import AccessDeniedError, InternalError, InvalidConfigError, UnauthenticatedError
 from bettercompute.ports import Decision, Identity, Migration, ResourceRef
 
 from . import _credentials
@@ -71,9 +71,15 @@ class EmbeddedIam:
     """Better IAM inside this process, on the control plane's PostgreSQL store.
 
     Args:
-        cache_ttl: How long an authenticated credential is trusted without asking the database again. A revoke in
-            this process clears it at once; other processes notice within this time.
-        cache_size: At most this many credentials are cached.
+        cache_ttl: How long an authenticated credential, and a principal's grants, are trusted without asking the
+            database again (``0``: never cached). A revoke, a disable or a binding change in this process clears
+            them at once; other processes notice within this time.
+        cache_size: At most this many credentials (and as many principals' grants) are cached.
+        timer: Where the caches read the time, in seconds; ``time.monotonic`` unless a test moves time by hand.
+
+    Raises:
+        InvalidConfigError: ``cache_ttl`` is not a ``timedelta`` of zero or more, or ``cache_size`` not a positive
+            integer (every problem listed).
     """
 
     name = "iam"
@@ -83,9 +89,23 @@ class EmbeddedIam:
     actions: Sequence[str] = tuple(sorted({m.action for g in (*IAM_GROUPS, *AUTHZ_GROUPS) for m in g.methods.values()}))
     migrations: Mapping[str, Sequence[Migration]] = {"postgresql": MIGRATIONS}
 
-    def __init__(self, *, cache_ttl: dt.timedelta = dt.timedelta(seconds=30), cache_size: int = 10_000) -> None:
+    def __init__(
+        self,
+        *,
+        cache_ttl: dt.timedelta = dt.timedelta(seconds=30),
+        cache_size: int = 10_000,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        problems: list[str] = []
+        if not isinstance(cache_ttl, dt.timedelta) or cache_ttl < dt.timedelta(0):
+            problems.append("iam.cache_ttl: must be a timedelta of zero or more")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+            problems.append("iam.cache_size: must be a positive integer")
+        if problems:
+            raise InvalidConfigError("the embedded IAM's options are invalid", details={"problems": problems})
         self._ttl = cache_ttl.total_seconds()
         self._size = cache_size
+        self._timer = timer
         self._cache: dict[str, _Cached] = {}
         self._grants: dict[str, _CachedGrants] = {}
         # Bumped by every invalidation: an answer read from the database before a revoke committed must not be
@@ -149,7 +169,7 @@ class EmbeddedIam:
         if parsed is None:
             raise UnauthenticatedError("the credential is malformed")
         key = hashlib.sha256(credential.encode()).hexdigest()
-        now = time.monotonic()
+        now = self._timer()
         cached = self._cache.get(key)
         if cached is not None and cached.until > now:
             return cached.identity
@@ -169,7 +189,7 @@ class EmbeddedIam:
         until = now + self._ttl
         if row.expires_at is not None:
             until = min(until, now + (row.expires_at - dt.datetime.now(dt.UTC)).total_seconds())
-        if generation == self._generation:
+        if generation == self._generation and self._ttl > 0:
             if len(self._cache) >= self._size:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = _Cached(identity=identity, until=until)
@@ -217,22 +237,23 @@ class EmbeddedIam:
                 raise AccessDeniedError(f"{action} is not allowed here", details={"action": action})
         return Decision(id=uuid.uuid4().hex, action=action, resource=resource, principal_id=identity.principal_id)
 
-    async def grants_of(self, principal_id: str, *, fresh: bool = False) -> tuple[Grant, ...]:
-        """What a principal's bindings give it (cached like its decisions, unless ``fresh``)."""
-        if fresh:
-            rows = await self._db().grants(principal_id)
-            return tuple(Grant(patterns=p, scope_type=t, scope_id=i) for p, t, i in rows)
+    async def grants_of(self, principal_id: str) -> tuple[Grant, ...]:
+        """What a principal's bindings give it (cached like its decisions).
+
+        A write that decides on grants reads them in its own transaction instead (``_service.may_act_on``), fresh
+        and on the connection the request already holds.
+        """
         return await self._grants_of(principal_id)
 
     async def _grants_of(self, principal_id: str) -> tuple[Grant, ...]:
-        now = time.monotonic()
+        now = self._timer()
         cached = self._grants.get(principal_id)
         if cached is not None and cached.until > now:
             return cached.grants
         generation = self._generation
         rows = await self._db().grants(principal_id)
-        grants = tuple(Grant(patterns=p, scope_type=t, scope_id=i) for p, t, i in rows)
-        if generation == self._generation:
+        grants = tuple(Grant(patterns=p, scope_type=t, scope_id=i, scope_tenant=n) for p, t, i, n in rows)
+        if generation == self._generation and self._ttl > 0:
             if len(self._grants) >= self._size:
                 self._grants.pop(next(iter(self._grants)))
             self._grants[principal_id] = _CachedGrants(grants=grants, until=now + self._ttl)

@@ -46,11 +46,12 @@ B = TypeVar("B")
 
 
 def _binding_scope(input: CreateBindingInput) -> ResourceRef:
-    # Who may hand out a scope: only a root-scope grant the root scope, a grant on the pool (or root) a pool.
+    # Who may hand out a scope: only a root-scope grant the root scope; a grant on the pool, on the input's tenant or
+    # on the root a pool (the handler then checks that the pool lies in a scope the caller holds).
     if input.scope_type == "root":
         return ResourceRef(type="binding")
     if input.scope_type == "pool":
-        return ResourceRef(type="binding", pool=input.scope_id)
+        return ResourceRef(type="binding", tenant=input.tenant, pool=input.scope_id)
     return ResourceRef(type="binding", tenant=input.tenant)
 
 

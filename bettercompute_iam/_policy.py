@@ -4,6 +4,10 @@ A role is a set of action patterns. A pattern has the three segments of an actio
 and any segment may be ``*``. A binding gives a role to a principal on a scope: the root scope (everything), a
 tenant, or a pool. A principal may do an action on a resource when one of its bindings has a matching pattern and a
 scope that contains the resource.
+
+Containment is one rule (``contains``): the root scope contains every scope, a tenant contains itself and its own
+pools, a pool contains itself. The same rule decides requests (``allows``), what a binding may hand out
+(``uncovered``) and whom a principal may act on (``not_held``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,17 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-__all__ = ["BUILTIN_ROLES", "Grant", "allows", "covered", "matches", "pattern_problem", "uncovered"]
+__all__ = [
+    "BUILTIN_ROLES",
+    "Grant",
+    "allows",
+    "contains",
+    "covered",
+    "matches",
+    "not_held",
+    "pattern_problem",
+    "uncovered",
+]
 
 _SEGMENT = re.compile(r"^(\*|[a-z][a-z0-9-]*)$")
 
@@ -53,39 +67,61 @@ def matches(pattern: str, action: str) -> bool:
 
 @attrs.frozen(kw_only=True)
 class Grant:
-    """What one binding gives: the role's patterns, on a scope (``root``, or ``tenant``/``pool`` with an id)."""
+    """What one binding gives: the role's patterns, on a scope (``root``, or ``tenant``/``pool`` with an id).
+
+    ``scope_tenant`` is the tenant the scope lies in: the tenant itself for a tenant scope, the pool's tenant (from
+    the authorization projection) for a pool scope, ``None`` for the root scope or a pool nobody knows.
+    """
 
     patterns: tuple[str, ...]
     scope_type: str
     scope_id: str | None
+    scope_tenant: str | None = None
+
+
+def contains(grant: Grant, *, scope_type: str, scope_id: str | None, scope_tenant: str | None) -> bool:
+    """Whether ``grant``'s scope contains the scope ``(scope_type, scope_id)``, which lies in ``scope_tenant``.
+
+    The root contains everything; a tenant contains itself and the pools that lie in it (a pool whose tenant is
+    unknown lies in none); a pool contains only itself.
+    """
+    if grant.scope_type == "root":
+        return True
+    if grant.scope_type == "tenant" and scope_type == "pool":
+        return scope_tenant is not None and grant.scope_id == scope_tenant
+    return scope_id is not None and (grant.scope_type, grant.scope_id) == (scope_type, scope_id)
 
 
 def allows(grants: Iterable[Grant], action: str, *, tenant: str | None, pool: str | None) -> bool:
     """Whether any grant allows ``action`` on a resource of ``tenant`` and ``pool`` (either may be unknown)."""
+    scope_type, scope_id = ("pool", pool) if pool is not None else ("tenant", tenant)
     for grant in grants:
-        if grant.scope_type == "root":
-            in_scope = True
-        elif grant.scope_type == "tenant":
-            in_scope = tenant is not None and grant.scope_id == tenant
-        else:
-            in_scope = pool is not None and grant.scope_id == pool
+        in_scope = contains(grant, scope_type=scope_type, scope_id=scope_id, scope_tenant=tenant)
         if in_scope and any(matches(p, action) for p in grant.patterns):
             return True
     return False
 
 
-def uncovered(grants: Iterable[Grant], patterns: Iterable[str], *, scope_type: str, scope_id: str | None) -> list[str]:
-    """The patterns that ``grants`` do not hold on the scope ``(scope_type, scope_id)``.
+def uncovered(
+    grants: Iterable[Grant],
+    patterns: Iterable[str],
+    *,
+    scope_type: str,
+    scope_id: str | None,
+    scope_tenant: str | None = None,
+) -> list[str]:
+    """The patterns that ``grants`` do not hold on the scope ``(scope_type, scope_id)`` lying in ``scope_tenant``.
 
-    A grant holds a pattern there when its scope contains that scope (the root contains every scope; a tenant or a
-    pool contains only itself) and each segment of its own pattern is ``*`` or equal to the pattern's.
+    A grant holds a pattern there when its scope contains that scope (``contains``) and each segment of its own
+    pattern is ``*`` or equal to the pattern's.
     """
+    grants = list(grants)
     missing = []
     for pattern in patterns:
         wanted = pattern.split(":")
         held = False
         for grant in grants:
-            if grant.scope_type != "root" and (grant.scope_type, grant.scope_id) != (scope_type, scope_id):
+            if not contains(grant, scope_type=scope_type, scope_id=scope_id, scope_tenant=scope_tenant):
                 continue
             for have in grant.patterns:
                 parts = have.split(":")
@@ -97,6 +133,28 @@ def uncovered(grants: Iterable[Grant], patterns: Iterable[str], *, scope_type: s
         if not held:
             missing.append(pattern)
     return missing
+
+
+def not_held(mine: Iterable[Grant], theirs: Iterable[Grant]) -> list[str]:
+    """What another principal holds that ``mine`` do not, each pattern once, sorted (empty: I hold all of it).
+
+    Someone who acts on a principal (mints or revokes its credential, disables it, changes its bindings) must hold
+    everything that principal holds, scope by scope: otherwise minting its credential, say, would hand its powers
+    to the one who minted it.
+    """
+    mine = list(mine)
+    missing: set[str] = set()
+    for grant in theirs:
+        missing.update(
+            uncovered(
+                mine,
+                grant.patterns,
+                scope_type=grant.scope_type,
+                scope_id=grant.scope_id,
+                scope_tenant=grant.scope_tenant,
+            )
+        )
+    return sorted(missing)
 
 
 def covered(patterns: Sequence[str], catalog: Iterable[str]) -> list[str]:

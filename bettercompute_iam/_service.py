@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from typing import Protocol, runtime_checkable
 
 from bettercompute import CallContext
 from bettercompute.errors import (
     AccessDeniedError,
     FailedPreconditionError,
-    InternalError,
     InvalidInputError,
     NotFoundError,
 )
 from bettercompute.paging import Keyset
-from bettercompute.ports import Identity
+from bettercompute.ports import Identity, Transaction
 
 from . import _credentials
 from ._pg import IamAdmin
-from ._policy import Grant, covered, pattern_problem, uncovered
+from ._policy import Grant, covered, not_held, pattern_problem, uncovered
 from ._schemas import (
     Binding,
     CreateBindingInput,
@@ -69,35 +67,34 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
 
 
-@runtime_checkable
-class _GrantSource(Protocol):
-    async def grants_of(self, principal_id: str, *, fresh: bool = False) -> tuple[Grant, ...]: ...
+async def may_act_on(call: CallContext, tx: Transaction, principal_id: str) -> tuple[Grant, ...]:
+    """The one rule for acting on another principal: the caller must hold everything it holds.
 
+    "Everything" is scope by scope, with one notion of containment (``_policy.contains``): a root-scope grant
+    covers every scope, a tenant-scope grant covers the tenant and the pools that lie in it, a pool-scope grant
+    covers that pool. So a tenant admin manages the principals of her tenant, pool bindings in it included, but not
+    one that a root admin bound on the root scope or on another tenant's pool: minting or revoking its credential,
+    disabling it or taking a binding away would hand its powers to her, or take them from the one who gave them.
+    Acting on oneself always passes. Every method that acts on an existing principal calls this, after finding the
+    principal in the input's tenant (so the refusal says nothing about other tenants' principals).
 
-def _grant_source(call: CallContext) -> _GrantSource:
-    iam = call.context.iam
-    if not isinstance(iam, _GrantSource):
-        raise InternalError("IAM's methods run with the embedded IAM")
-    return iam
+    Both principals' grants are read in ``tx``: fresh, and on the one connection the request already holds.
 
+    Returns:
+        The caller's grants, as read in ``tx``.
 
-async def _grants(call: CallContext, identity: Identity) -> tuple[Grant, ...]:
-    return await _grant_source(call).grants_of(identity.principal_id)
-
-
-async def _must_hold_what_target_holds(call: CallContext, principal_id: str) -> None:
-    """Refuse acting as or against a principal that holds more than the caller (a root- or pool-scope service
-    account living in a tenant, say): minting its credential would hand its powers to the caller."""
-    source = _grant_source(call)
-    mine = await source.grants_of(_caller(call).principal_id)
-    missing: list[str] = []
-    for grant in await source.grants_of(principal_id, fresh=True):
-        missing += uncovered(mine, grant.patterns, scope_type=grant.scope_type, scope_id=grant.scope_id)
+    Raises:
+        AccessDeniedError: the principal holds something the caller does not (``details["missing"]`` lists it).
+    """
+    caller = _caller(call).principal_id
+    grants = await _admin(call).grants(tx, principal_ids=[caller, principal_id])
+    missing = not_held(grants[caller], grants[principal_id])
     if missing:
         raise AccessDeniedError(
             "the principal holds more than the caller does",
-            details={"action": call.method.action, "missing": sorted(set(missing))},
+            details={"action": call.method.action, "missing": missing},
         )
+    return grants[caller]
 
 
 def _caller(call: CallContext) -> Identity:
@@ -176,6 +173,7 @@ async def disable_principal(call: CallContext, input: DisablePrincipalInput) -> 
 
     Raises:
         NotFoundError: the tenant has no such principal.
+        AccessDeniedError: the principal holds grants the caller does not (see ``may_act_on``).
         FailedPreconditionError: the caller would disable itself, or the last enabled root administrator.
     """
     if _caller(call).principal_id == input.principal_id:
@@ -187,7 +185,7 @@ async def disable_principal(call: CallContext, input: DisablePrincipalInput) -> 
         principal = await admin.lock_principal(tx, tenant=input.tenant, principal_id=input.principal_id, share=False)
         if principal is None:
             raise NotFoundError("no such principal in this tenant", details={"principal_id": input.principal_id})
-        await _must_hold_what_target_holds(call, principal.id)
+        await may_act_on(call, tx, principal.id)
         changed = principal.disabled_at is None
         if changed:
             admins = await admin.root_admins(tx, without_principal=principal.id)
@@ -215,7 +213,7 @@ async def create_credential(call: CallContext, input: CreateCredentialInput) -> 
     """Mint an API credential for a principal; the credential itself is in this answer only.
 
     Raises:
-        AccessDeniedError: the principal holds grants the caller does not (see ``_must_hold_what_target_holds``).
+        AccessDeniedError: the principal holds grants the caller does not (see ``may_act_on``).
         NotFoundError: the tenant has no such principal.
         FailedPreconditionError: the principal is disabled.
     """
@@ -226,7 +224,7 @@ async def create_credential(call: CallContext, input: CreateCredentialInput) -> 
         if principal is None:
             raise NotFoundError("no such principal in this tenant", details={"principal_id": input.principal_id})
         # Checked once the principal is known to be this tenant's, so the refusal tells nothing about others'.
-        await _must_hold_what_target_holds(call, principal.id)
+        await may_act_on(call, tx, principal.id)
         if principal.disabled_at is not None:
             raise FailedPreconditionError(
                 "the principal is disabled", details={"principal_id": principal.id, "path": "principal_id"}
@@ -272,9 +270,15 @@ async def revoke_credential(call: CallContext, input: RevokeCredentialInput) -> 
 
     Raises:
         NotFoundError: the tenant has no such credential.
+        AccessDeniedError: the credential's principal holds grants the caller does not (see ``may_act_on``).
     """
+    admin = _admin(call)
     async with call.context.store.transaction() as tx:
-        revoked = await _admin(call).revoke_credential(tx, tenant=input.tenant, credential_id=input.credential_id)
+        owner = await admin.lock_credential(tx, tenant=input.tenant, credential_id=input.credential_id)
+        if owner is None:
+            raise NotFoundError("no such credential in this tenant", details={"credential_id": input.credential_id})
+        await may_act_on(call, tx, owner)
+        revoked = await admin.revoke_credential(tx, tenant=input.tenant, credential_id=input.credential_id)
         if revoked is None:
             raise NotFoundError("no such credential in this tenant", details={"credential_id": input.credential_id})
         info, changed = revoked
@@ -346,29 +350,36 @@ async def create_binding(call: CallContext, input: CreateBindingInput) -> Bindin
     """Give a role to a principal of the tenant on the root scope, the tenant, or a pool.
 
     Raises:
-        AccessDeniedError: the caller is outside the tenant (the core's pre-check cannot see a pool's tenant).
+        AccessDeniedError: the caller is outside the tenant, or would give more than it holds on that scope.
         NotFoundError: the tenant has no such principal, or no such role.
         ConflictError: the binding exists.
     """
     identity = _caller(call)
-    # A root or pool scope leaves the resource without a tenant, so the core's pre-check did not compare it.
+    # A root scope leaves the resource without a tenant, so the core's pre-check did not compare it.
     if not identity.is_root and identity.tenant_id != input.tenant:
         raise AccessDeniedError("the caller is outside this tenant", details={"action": call.method.action})
     scope_id = input.tenant if input.scope_type == "tenant" else input.scope_id
-    caller_grants = await _grants(call, identity)
+    admin = _admin(call)
     async with call.context.store.transaction() as tx:
-        actions = await _admin(call).role_actions(tx, tenant=input.tenant, role=input.role)
+        actions = await admin.role_actions(tx, tenant=input.tenant, role=input.role)
         if actions is None:
             raise NotFoundError("no such role in this tenant", details={"path": "role", "role": input.role})
+        caller_grants = (await admin.grants(tx, principal_ids=[identity.principal_id]))[identity.principal_id]
+        scope_tenant = scope_id if input.scope_type == "tenant" else None
+        if input.scope_type == "pool" and scope_id is not None:
+            scope_tenant = await admin.pool_tenant(tx, pool_id=scope_id)
         # As in Kubernetes RBAC: nobody hands out more than they hold on that scope, so a tenant admin cannot make
-        # anyone (herself included) an admin of the root scope or of a pool, and a member cannot make an admin.
-        missing = uncovered(caller_grants, actions, scope_type=input.scope_type, scope_id=scope_id)
+        # anyone (herself included) an admin of the root scope or of another tenant's pool, and a member cannot
+        # make an admin. Giving never acts against the principal, so ``may_act_on`` is not asked here.
+        missing = uncovered(
+            caller_grants, actions, scope_type=input.scope_type, scope_id=scope_id, scope_tenant=scope_tenant
+        )
         if missing:
             raise AccessDeniedError(
                 "a binding cannot give more than the caller holds on that scope",
                 details={"action": call.method.action, "missing": missing},
             )
-        binding = await _admin(call).create_binding(
+        binding = await admin.create_binding(
             tx,
             binding_id=_new_id("bd"),
             tenant=input.tenant,
@@ -408,7 +419,8 @@ async def delete_binding(call: CallContext, input: DeleteBindingInput) -> Delete
 
     Raises:
         NotFoundError: the tenant has no such binding.
-        AccessDeniedError: a root-scope binding, and the caller is not in the root tenant.
+        AccessDeniedError: a root-scope binding, and the caller is not in the root tenant; or the binding's principal
+            holds grants the caller does not (see ``may_act_on``).
         FailedPreconditionError: the last root-scope ``compute.admin`` binding of an enabled principal.
     """
     admin = _admin(call)
@@ -427,6 +439,7 @@ async def delete_binding(call: CallContext, input: DeleteBindingInput) -> Delete
                     f"this is the last root-scope {ADMIN_ROLE} binding of an enabled principal (lockout guard)",
                     details={"binding_id": binding.id},
                 )
+        await may_act_on(call, tx, binding.principal_id)
         await admin.delete_binding(tx, binding_id=binding.id)
         await tx.audit(
             call.audit_record(

@@ -1,8 +1,10 @@
 """The statements behind IAM's method groups (tenants, principals, credentials, roles, bindings).
 
 Writes run on the connection of a transaction the caller opened with ``Store.transaction()`` (so the audit row
-commits with them); reads open their own connection. Unique and foreign-key violations become ``CONFLICT`` and
-``NOT_FOUND`` here; the driver's text (SQL, row values) never leaves this module.
+commits with them), and so do the reads a write decides on (grants, a pool's tenant): a request holds one pooled
+connection at a time, never a second one while its transaction holds the first. Listings open their own connection.
+Unique and foreign-key violations become ``CONFLICT`` and ``NOT_FOUND`` here; the driver's text (SQL, row values)
+never leaves this module.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from bettercompute.errors import ConflictError, InternalError, InvalidConfigErro
 from bettercompute.ports import Store, Transaction
 from bettercompute_store_pg import PgStore, PgTransaction, quote_schema, translated
 
+from .._policy import Grant
 from .._schemas import Binding, CredentialInfo, Principal, Role, Tenant
 
 __all__ = ["IamAdmin", "RootAdmins"]
@@ -153,6 +156,10 @@ class IamAdmin:
             f" AND {_after('c.created_at', 'c.id')}"
             f" ORDER BY c.created_at, c.id LIMIT :limit"
         )
+        self._lock_credential = text(
+            f"SELECT c.principal_id FROM {q}.iam_credentials c JOIN {q}.iam_principals p ON p.id = c.principal_id"
+            f" WHERE c.id = :id AND p.tenant_id = :tenant FOR UPDATE OF c"
+        )
         self._revoke_credential = text(
             f"WITH old AS (SELECT c.id, c.revoked_at FROM {q}.iam_credentials c"
             f" JOIN {q}.iam_principals p ON p.id = c.principal_id"
@@ -193,6 +200,18 @@ class IamAdmin:
             f" WHERE b.tenant_id = :tenant AND (CAST(:principal AS text) IS NULL OR b.principal_id = :principal)"
             f" AND {_after('b.created_at', 'b.id')}"
             f" ORDER BY b.created_at, b.id LIMIT :limit"
+        )
+        # A pool scope lies in the tenant the authorization projection records for the pool (None: no such pool).
+        self._grants = text(
+            f"SELECT b.principal_id, r.actions, b.scope_type, b.scope_id,"
+            f" CASE b.scope_type WHEN 'tenant' THEN b.scope_id WHEN 'pool' THEN pr.tenant_id END"
+            f" FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
+            f" LEFT JOIN {q}.authz_resources pr"
+            f" ON b.scope_type = 'pool' AND pr.resource_type = 'pool' AND pr.resource_id = b.scope_id"
+            f" WHERE b.principal_id = ANY(:principals)"
+        )
+        self._pool_tenant = text(
+            f"SELECT tenant_id FROM {q}.authz_resources WHERE resource_type = 'pool' AND resource_id = :pool"
         )
         self._lock_binding = text(
             f"SELECT {binding_cols} FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
@@ -322,6 +341,12 @@ class IamAdmin:
             row = (await _connection(tx).execute(self._insert_credential, params)).one()
         return _credential(row)
 
+    async def lock_credential(self, tx: Transaction, *, tenant: str, credential_id: str) -> str | None:
+        """The principal of a credential of ``tenant``, the credential locked until the transaction ends; ``None``
+        when the tenant has no such credential."""
+        row = (await _connection(tx).execute(self._lock_credential, {"id": credential_id, "tenant": tenant})).first()
+        return row[0] if row is not None else None
+
     async def revoke_credential(
         self, tx: Transaction, *, tenant: str, credential_id: str
     ) -> tuple[CredentialInfo, bool] | None:
@@ -383,6 +408,20 @@ class IamAdmin:
         if not role_found:
             raise NotFoundError("no such role in this tenant", details={"path": "role", **details})
         raise InternalError("the binding was not stored")
+
+    async def grants(self, tx: Transaction, *, principal_ids: Sequence[str]) -> dict[str, tuple[Grant, ...]]:
+        """What the bindings of each principal give it, read in ``tx`` (a principal without bindings maps to ``()``)."""
+        rows = (await _connection(tx).execute(self._grants, {"principals": list(principal_ids)})).all()
+        grants: dict[str, tuple[Grant, ...]] = {p: () for p in principal_ids}
+        for principal_id, actions, scope_type, scope_id, scope_tenant in rows:
+            grant = Grant(patterns=tuple(actions), scope_type=scope_type, scope_id=scope_id, scope_tenant=scope_tenant)
+            grants[principal_id] += (grant,)
+        return grants
+
+    async def pool_tenant(self, tx: Transaction, *, pool_id: str) -> str | None:
+        """The tenant of a pool, read in ``tx``; ``None`` when no pool has that id."""
+        row = (await _connection(tx).execute(self._pool_tenant, {"pool": pool_id})).first()
+        return row[0] if row is not None else None
 
     async def role_actions(self, tx: Transaction, *, tenant: str, role: str) -> tuple[str, ...] | None:
         """The action patterns of a built-in role or of a role of ``tenant``; ``None`` when there is no such role."""

@@ -145,9 +145,14 @@ class IamTables:
             f" RETURNING id"
         )
         self._lock = text("SELECT pg_advisory_xact_lock(hashtext(:key))")
+        # As IamAdmin's: a pool scope lies in the tenant the projection records for the pool.
         self._grants = store.sql(
-            "SELECT r.actions, b.scope_type, b.scope_id FROM {s}.iam_bindings b"
-            " JOIN {s}.iam_roles r ON r.id = b.role_id WHERE b.principal_id = :principal"
+            "SELECT r.actions, b.scope_type, b.scope_id,"
+            " CASE b.scope_type WHEN 'tenant' THEN b.scope_id WHEN 'pool' THEN pr.tenant_id END AS scope_tenant"
+            " FROM {s}.iam_bindings b JOIN {s}.iam_roles r ON r.id = b.role_id"
+            " LEFT JOIN {s}.authz_resources pr"
+            " ON b.scope_type = 'pool' AND pr.resource_type = 'pool' AND pr.resource_id = b.scope_id"
+            " WHERE b.principal_id = :principal"
         )
         self._upsert_builtin = text(
             f"INSERT INTO {q}.iam_roles AS r (id, tenant_id, name, actions, description)"
@@ -239,10 +244,10 @@ class IamTables:
         rows = await self._store.fetch(self._orphans, {})
         return int(rows[0][0])
 
-    async def grants(self, principal_id: str) -> list[tuple[tuple[str, ...], str, str | None]]:
-        """Every binding of a principal: the role's action patterns, the scope type and the scope id."""
+    async def grants(self, principal_id: str) -> list[tuple[tuple[str, ...], str, str | None, str | None]]:
+        """Every binding of a principal: the role's action patterns, the scope type, id and tenant."""
         rows = await self._store.fetch(self._grants, {"principal": principal_id})
-        return [(tuple(r[0]), r[1], r[2]) for r in rows]
+        return [(tuple(r[0]), r[1], r[2], r[3]) for r in rows]
 
     async def bootstrap(
         self, *, principal_id: str, principal_name: str, credential_id: str, secret_hash: bytes, rotate: bool

@@ -1,0 +1,247 @@
+"""No IAM request holds two pooled connections: a burst larger than the pool completes instead of stalling.
+
+A request that read grants on a second connection while its transaction held the first could deadlock the pool:
+once every connection was held by such a transaction, each waited for a second one until the pool's timeout, and the
+whole burst failed with ``UNAVAILABLE``. These tests run bursts of four times ``max_in_flight`` calls of every
+mutating IAM method against a pool of that same size, and count the store's checkouts during each single call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import anyio
+import attrs
+import httpx
+import pytest
+from sqlalchemy import event
+
+from bettercompute.errors import ComputeError
+from bettercompute.modules.pools import CreatePoolInput
+from bettercompute_iam import (
+    CreateBindingInput,
+    CreateCredentialInput,
+    CreatePrincipalInput,
+    CreateRoleInput,
+    CreateTenantInput,
+    DeleteBindingInput,
+    DisablePrincipalInput,
+    ListBindingsInput,
+    ListCredentialsInput,
+    ListPrincipalsInput,
+    ListRolesInput,
+    ListTenantsInput,
+    RevokeCredentialInput,
+)
+from bettercompute_store_pg import PgStore
+
+from .conftest import TwoTenants, auth, two_tenants
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+T = TypeVar("T")
+IN_FLIGHT = 4
+BURST = 4 * IN_FLIGHT
+
+
+@attrs.define
+class CheckoutMeter:
+    """How many of the store's pooled connections are checked out now, and the most at once since ``reset``."""
+
+    now: int = 0
+    peak: int = 0
+
+    def checkout(self, *_: Any) -> None:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+
+    def checkin(self, *_: Any) -> None:
+        self.now -= 1
+
+    def reset(self) -> None:
+        self.peak = self.now
+
+
+@contextlib.contextmanager
+def metered(store: PgStore) -> Iterator[CheckoutMeter]:
+    """Count checkouts of ``store``'s pool (both the SQLAlchemy path and the store's one-round-trip path)."""
+    pool = store.engine.sync_engine.pool
+    meter = CheckoutMeter(now=pool.checkedout())  # type: ignore[attr-defined]  # QueuePool has it, Pool does not
+    event.listen(pool, "checkout", meter.checkout)
+    event.listen(pool, "checkin", meter.checkin)
+    try:
+        yield meter
+    finally:
+        event.remove(pool, "checkout", meter.checkout)
+        event.remove(pool, "checkin", meter.checkin)
+
+
+@pytest.fixture
+async def plane(database_url: str, fresh_schema: str) -> Any:
+    # The pool is exactly as large as the in-flight cap: a request that needs two connections starves it.
+    async with two_tenants(database_url, fresh_schema, max_in_flight=IN_FLIGHT) as t:
+        assert t.store._pool_size == IN_FLIGHT  # the premise of these tests
+        yield t
+
+
+async def burst(call: Callable[[int], Awaitable[T]]) -> list[T]:
+    """``call(i)`` for every ``i`` of the burst, all at once; their results in order, or the test fails naming every
+    error code seen."""
+    results: dict[int, T] = {}
+    failures: list[str] = []
+
+    async def one(index: int) -> None:
+        try:
+            results[index] = await call(index)
+        except ComputeError as exc:
+            failures.append(exc.code)
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for index in range(BURST):
+                tg.start_soon(one, index)
+    assert failures == [], f"{len(failures)} of {BURST} calls failed: {sorted(set(failures))}"
+    return [results[i] for i in range(BURST)]
+
+
+async def http_burst(t: TwoTenants, credential: str, path: str, bodies: list[dict[str, Any]]) -> list[Any]:
+    """POST every body at once through the ASGI app (its in-flight cap included); the ``data`` of each answer."""
+    responses: list[httpx.Response | None] = [None] * len(bodies)
+
+    async def one(index: int) -> None:
+        responses[index] = await t.http.post(f"/api/compute/{path}", headers=auth(credential), json=bodies[index])
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for index in range(len(bodies)):
+                tg.start_soon(one, index)
+    statuses = [r.status_code if r is not None else None for r in responses]
+    assert statuses == [200] * len(bodies), [r.text for r in responses if r is not None and r.status_code != 200]
+    return [r.json()["data"] for r in responses if r is not None]
+
+
+async def test_a_burst_of_every_mutating_iam_method_completes(plane: TwoTenants) -> None:
+    t, api = plane, plane.compute.api
+    tenants = await burst(lambda i: api.tenants.create(t.root, CreateTenantInput(name=f"burst-{i}")))
+    assert len({x.id for x in tenants}) == BURST
+    principals = await burst(
+        lambda i: api.principals.create(t.alice, CreatePrincipalInput(tenant=t.acme, name=f"p-{i}", kind="user"))
+    )
+    roles = await burst(
+        lambda i: api.roles.create(
+            t.alice, CreateRoleInput(tenant=t.acme, name=f"r-{i}", actions=("iam:principals:list",))
+        )
+    )
+    bindings = await burst(
+        lambda i: api.bindings.create(
+            t.alice,
+            CreateBindingInput(tenant=t.acme, principal_id=principals[i].id, role=roles[i].id, scope_type="tenant"),
+        )
+    )
+    credentials = await burst(
+        lambda i: api.credentials.create(
+            t.alice, CreateCredentialInput(tenant=t.acme, principal_id=principals[i].id, expires_in_seconds=None)
+        )
+    )
+    revoked = await burst(
+        lambda i: api.credentials.revoke(t.alice, RevokeCredentialInput(tenant=t.acme, credential_id=credentials[i].id))
+    )
+    assert all(c.state == "revoked" for c in revoked)
+    await burst(lambda i: api.bindings.delete(t.alice, DeleteBindingInput(tenant=t.acme, binding_id=bindings[i].id)))
+    disabled = await burst(
+        lambda i: api.principals.disable(t.alice, DisablePrincipalInput(tenant=t.acme, principal_id=principals[i].id))
+    )
+    assert all(p.disabled_at is not None for p in disabled)
+
+
+async def test_a_burst_over_http_gets_no_503(plane: TwoTenants) -> None:
+    t, api = plane, plane.compute.api
+    people = [
+        await api.principals.create(t.alice, CreatePrincipalInput(tenant=t.acme, name=f"h-{i}", kind="user"))
+        for i in range(BURST)
+    ]
+    minted = await http_burst(
+        t,
+        t.alice,
+        "credentials/create",
+        [{"tenant": t.acme, "principal_id": p.id, "expires_in_seconds": None} for p in people],
+    )
+    assert len({m["id"] for m in minted}) == BURST
+    disabled = await http_burst(
+        t, t.alice, "principals/disable", [{"tenant": t.acme, "principal_id": p.id} for p in people]
+    )
+    assert all(d["disabled_at"] is not None for d in disabled)
+
+
+async def test_each_iam_call_holds_one_pooled_connection_at_a_time(plane: TwoTenants) -> None:
+    t, api = plane, plane.compute.api
+    # A pool of acme, so that a pool-scoped binding (whose check reads the pool's tenant) is among the calls.
+    pool = await api.pools.create(t.alice, CreatePoolInput(tenant=t.acme, name="gpus"))
+    peaks: dict[str, int] = {}
+    with metered(t.store) as meter:
+
+        async def call(name: str, run: Callable[[], Awaitable[Any]]) -> Any:
+            meter.reset()
+            result = await run()
+            peaks[name] = meter.peak
+            return result
+
+        await call("tenants.create", lambda: api.tenants.create(t.root, CreateTenantInput(name="metered")))
+        await call("tenants.list", lambda: api.tenants.list(t.root, ListTenantsInput()))
+        bob = await call(
+            "principals.create",
+            lambda: api.principals.create(t.alice, CreatePrincipalInput(tenant=t.acme, name="bob", kind="user")),
+        )
+        await call("principals.list", lambda: api.principals.list(t.alice, ListPrincipalsInput(tenant=t.acme)))
+        role = await call(
+            "roles.create",
+            lambda: api.roles.create(t.alice, CreateRoleInput(tenant=t.acme, name="lister", actions=("iam:*:list",))),
+        )
+        await call("roles.list", lambda: api.roles.list(t.alice, ListRolesInput(tenant=t.acme)))
+        await call(
+            "bindings.create (tenant)",
+            lambda: api.bindings.create(
+                t.alice, CreateBindingInput(tenant=t.acme, principal_id=bob.id, role=role.id, scope_type="tenant")
+            ),
+        )
+        on_pool = await call(
+            "bindings.create (pool)",
+            lambda: api.bindings.create(
+                t.alice,
+                CreateBindingInput(
+                    tenant=t.acme, principal_id=bob.id, role="compute.member", scope_type="pool", scope_id=pool.id
+                ),
+            ),
+        )
+        await call("bindings.list", lambda: api.bindings.list(t.alice, ListBindingsInput(tenant=t.acme)))
+        created = await call(
+            "credentials.create",
+            lambda: api.credentials.create(
+                t.alice, CreateCredentialInput(tenant=t.acme, principal_id=bob.id, expires_in_seconds=None)
+            ),
+        )
+        await call("credentials.list", lambda: api.credentials.list(t.alice, ListCredentialsInput(tenant=t.acme)))
+        await call(
+            "credentials.revoke",
+            lambda: api.credentials.revoke(t.alice, RevokeCredentialInput(tenant=t.acme, credential_id=created.id)),
+        )
+        await call(
+            "bindings.delete",
+            lambda: api.bindings.delete(t.alice, DeleteBindingInput(tenant=t.acme, binding_id=on_pool.id)),
+        )
+        await call(
+            "principals.disable",
+            lambda: api.principals.disable(t.alice, DisablePrincipalInput(tenant=t.acme, principal_id=bob.id)),
+        )
+        # The same over HTTP, through the ASGI app.
+        carol = await api.principals.create(t.alice, CreatePrincipalInput(tenant=t.acme, name="carol", kind="user"))
+
+        async def over_http() -> None:
+            body = {"tenant": t.acme, "principal_id": carol.id, "expires_in_seconds": None}
+            answer = await t.http.post("/api/compute/credentials/create", headers=auth(t.alice), json=body)
+            assert answer.status_code == 200, answer.text
+
+        await call("credentials.create over HTTP", over_http)
+    assert peaks == dict.fromkeys(peaks, 1)
