@@ -205,8 +205,8 @@ async def test_claims_that_violate_expect_are_refused_and_spend_nothing(fleet: F
     assert result.node_id
 
 
-_EXPECTED = {"serial": "SN-0042", "product": "PowerEdge XE9680", "gpu_model": "H100", "gpu_count": 8}
-_OTHER = {"serial": "SN-0043", "product": "PowerEdge R760", "gpu_model": "A100", "gpu_count": 7}
+_EXPECTED: dict[str, Any] = {"serial": "SN-0042", "product": "PowerEdge XE9680", "gpu_model": "H100", "gpu_count": 8}
+_OTHER: dict[str, Any] = {"serial": "SN-0043", "product": "PowerEdge R760", "gpu_model": "A100", "gpu_count": 7}
 
 
 @pytest.mark.parametrize("field", sorted(_EXPECTED))
