@@ -729,8 +729,13 @@ class Webhooks(Protocol):
         """
         ...
 
-    async def claim(self, *, limit: int, claim_for: dt.timedelta) -> list[DueDelivery]:
-        """Claim up to ``limit`` due deliveries (expired claims are due again), oldest due first."""
+    async def claim(
+        self, *, limit: int, claim_for: dt.timedelta, per_tenant: int, per_webhook: int
+    ) -> list[DueDelivery]:
+        """Claim up to ``limit`` due deliveries (expired claims are due again), at most ``per_tenant`` of one tenant
+        and ``per_webhook`` of one subscription, taken in turns: each tenant's oldest due first, then each one's
+        second, and so on (within a tenant, its subscriptions likewise). Returned in that order, so a tenant with a
+        large or failing backlog neither fills a pass nor goes first in it."""
         ...
 
     async def record(self, outcomes: Sequence[DeliveryOutcome]) -> int:

@@ -23,6 +23,7 @@ import hmac
 from collections.abc import Mapping
 
 import attrs
+import httpx
 
 from .errors import InvalidInputError
 
@@ -57,6 +58,11 @@ class WebhookSettings:
         max_backoff: The longest wait between two attempts.
         timeout: The whole of one attempt (connect, send, answer); a slower receiver counts as a failure.
         batch_size: Deliveries claimed per pass of the sender.
+        max_per_tenant: At most this many of one tenant's deliveries per pass. A pass takes the tenants in turns
+            (each one's oldest due delivery, then each one's second, ...), so a tenant whose receivers fail or hang
+            holds a bounded share of a pass and never delays another tenant's delivery to a later pass.
+        max_per_webhook: At most this many of one subscription's deliveries per pass; a tenant's subscriptions take
+            turns within the tenant's share the same way.
         concurrency: Deliveries sent at once by one pass.
         allow_private_destinations: Let subscriptions reach internal addresses. Off (the default), ``create``
             refuses a URL naming ``localhost`` or a loopback, private, link-local (``169.254.169.254``), multicast,
@@ -64,6 +70,11 @@ class WebhookSettings:
             it (``last_error`` "destination address not allowed", no request made) when any address it resolves to
             is one of those, then connects to the address it checked. Turn it on only where every tenant is trusted
             to reach your internal network (tests with a loopback receiver, a single-team installation).
+        allow_loopback_destinations: Let subscriptions reach this machine's loopback addresses and ``localhost``
+            (``better-compute dev`` sets it, for a receiver under development on the same machine); every other
+            internal address stays refused, at ``create`` and before each attempt.
+        transport: The HTTP transport the sender posts through (httpx's own when ``None``): an egress proxy, a
+            custom TLS setup, or a test's transport. The sender never closes it; its owner does, after ``close()``.
         retention: How long a ``delivered`` delivery stays in the delivery log after it finished: 7 days, enough to
             answer "did my receiver get last week's event?". The job ``sinks/webhooks-retention`` deletes older
             ones every 10 minutes, a bounded batch at a time.
@@ -77,8 +88,12 @@ class WebhookSettings:
     max_backoff: dt.timedelta = dt.timedelta(hours=1)
     timeout: dt.timedelta = dt.timedelta(seconds=10)
     batch_size: int = 50
+    max_per_tenant: int = 16
+    max_per_webhook: int = 8
     concurrency: int = 8
     allow_private_destinations: bool = False
+    allow_loopback_destinations: bool = False
+    transport: httpx.AsyncBaseTransport | None = attrs.field(default=None, eq=False, repr=False)
     retention: dt.timedelta = dt.timedelta(days=7)
     dead_retention: dt.timedelta = dt.timedelta(days=30)
 
@@ -93,6 +108,8 @@ class WebhookSettings:
             problems.append("webhooks.timeout: must be positive")
         if self.batch_size < 1 or self.concurrency < 1:
             problems.append("webhooks.batch_size, webhooks.concurrency: must be at least 1")
+        if self.max_per_tenant < 1 or self.max_per_webhook < 1:
+            problems.append("webhooks.max_per_tenant, webhooks.max_per_webhook: must be at least 1")
         for name, kept in (("retention", self.retention), ("dead_retention", self.dead_retention)):
             if not dt.timedelta(0) < kept <= _MAX_RETENTION:
                 problems.append(f"webhooks.{name}: must be positive and at most 100 years")

@@ -40,6 +40,7 @@ from ._runtime import (
     require_database_url,
     require_embedded_iam,
     run,
+    webhooks_note,
 )
 from ._version import __version__
 
@@ -234,6 +235,9 @@ def serve(
         if remote is not None:
             log.info("using the central IAM at %s", config.iam_url)
         _log_notifier(config)
+        note = webhooks_note(config, dev=False)
+        if note is not None and config.kms_key_file is not None:  # without a KMS there is no webhooks group
+            log.warning("%s", note)
         anyio.run(lambda: _serve(compute, remote, plan, config, migrate=not no_migrate, access_log=access_log))
 
 
@@ -274,7 +278,7 @@ def _dev_banner(config: Config, result: Bootstrap, embedded_url: str | None) -> 
 
 
 async def _dev(config: Config, url: str, embedded: bool, rotate: bool, access_log: bool) -> None:
-    compute, iam = build(config, url, notify=True)
+    compute, iam = build(config, url, notify=True, loopback_webhooks=True)
     try:
         await compute.initialize()
         result = await iam.bootstrap(rotate=rotate)
@@ -317,8 +321,9 @@ def dev(
     Uses BETTERCOMPUTE_DATABASE_URL when set, else an embedded PostgreSQL whose data stays in ./.bettercompute/pg.
     Webhook signing secrets, the node CA's key and JoinService's key are sealed with the key in
     ./.bettercompute/kms.key (or kms_key_file; with --ephemeral, a temporary one); nodes join the trust domain
-    dev.localhost through <host>:7443 unless trust_domain and gateway_address are set. Migrates, makes sure a root
-    admin credential exists (printing it when it is new), and serves every role.
+    dev.localhost through <host>:7443 unless trust_domain and gateway_address are set. Webhooks may reach loopback
+    destinations (a receiver on this machine), which serve refuses unless webhooks_allow_private is set. Migrates,
+    makes sure a root admin credential exists (printing it when it is new), and serves every role.
     """
     with _errors():
         config = _config(ctx, host=host, port=port)
@@ -336,6 +341,7 @@ def dev(
                     key_file = DEV_KMS_KEY.absolute()
                 config = attrs.evolve(config, kms_key_file=key_file)
             log.info("webhook signing secrets are sealed with the key in %s", config.kms_key_file)
+            log.info("%s", webhooks_note(config, dev=True))
             if config.trust_domain is None and config.gateway_address is None:
                 config = attrs.evolve(
                     config, trust_domain=DEV_TRUST_DOMAIN, gateway_address=f"{config.host}:{DEV_GATEWAY_PORT}"

@@ -62,6 +62,7 @@ KEYS = (
     "gateway_address",
     "lease_ttl_seconds",
     "notify_url",
+    "webhooks_allow_private",
 )
 """The keys of the file; each is also ``BETTERCOMPUTE_<KEY>`` in the environment."""
 
@@ -109,6 +110,12 @@ class Config:
         notify_url: A PostgreSQL URL straight to the server (not through a pooler) for the notifier's LISTEN and
             NOTIFY connections; ``None`` uses ``database_url``, unless ``pgbouncer`` is on, when there is no notifier
             and the worker loops only poll.
+        webhooks_allow_private: Let webhook subscriptions reach internal destinations: loopback, private networks,
+            link-local (the cloud metadata service at ``169.254.169.254``) and other addresses that are not
+            globally reachable (``WebhookSettings.allow_private_destinations``). Off, ``serve`` refuses them at
+            ``webhooks.create`` and before every attempt; ``dev`` allows loopback alone. On, any tenant that may
+            create a webhook can make this process POST into the operator's network (SSRF): set it only where
+            every such tenant is trusted that far.
     """
 
     database_url: str | None = attrs.field(default=None, repr=False)
@@ -125,6 +132,7 @@ class Config:
     gateway_address: str | None = None
     lease_ttl_seconds: float = 15.0
     notify_url: str | None = attrs.field(default=None, repr=False)
+    webhooks_allow_private: bool = False
 
 
 def parse_roles(value: str | list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -200,7 +208,7 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             return None, f"{where} must be a port number from 1 to 65535, not {value!r}"
         return port, None
-    if key == "pgbouncer":
+    if key in ("pgbouncer", "webhooks_allow_private"):
         if from_env:
             lowered = value.strip().lower()
             if lowered in _TRUE | _FALSE:

@@ -33,6 +33,7 @@ import uvicorn
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute.errors import ComputeError, InvalidConfigError, UnavailableError
 from bettercompute.ports import Iam
+from bettercompute.webhooks import WebhookSettings
 from bettercompute_iam import EmbeddedIam, RemoteIam
 from bettercompute_store_pg import PgNotifier, PgStore
 
@@ -145,7 +146,22 @@ def notifier_note(config: Config) -> str | None:
     return None
 
 
-def _compose(config: Config, url: str, iam: Iam, *, notify: bool) -> BetterCompute:
+def webhooks_note(config: Config, *, dev: bool) -> str | None:
+    """A log line on where webhooks may be sent, when it is not simply "public destinations only"."""
+    if config.webhooks_allow_private:
+        return (
+            "webhooks_allow_private is on: webhooks may be sent to loopback, private and link-local addresses, so any "
+            "tenant that can create a webhook can make this process send requests into this network"
+        )
+    if dev:
+        return (
+            "dev allows webhooks to loopback destinations (127.0.0.1, ::1, localhost) for a receiver on this machine; "
+            "other internal addresses stay refused, and serve refuses loopback too unless webhooks_allow_private is set"
+        )
+    return None
+
+
+def _compose(config: Config, url: str, iam: Iam, *, notify: bool, loopback_webhooks: bool = False) -> BetterCompute:
     store = PgStore(url, schema=config.schema, prepared_statements=not config.pgbouncer)
     # With a key file, the webhooks group and its sinks/webhooks sender are registered (no I/O until first use).
     kms = LocalKeyKms(config.kms_key_file) if config.kms_key_file is not None else None
@@ -161,11 +177,17 @@ def _compose(config: Config, url: str, iam: Iam, *, notify: bool) -> BetterCompu
         join=join,
         notifier=build_notifier(config, url) if notify else None,  # connects on first use only
         lease_ttl=dt.timedelta(seconds=config.lease_ttl_seconds),
+        webhooks=WebhookSettings(
+            allow_private_destinations=config.webhooks_allow_private,
+            allow_loopback_destinations=loopback_webhooks,
+        ),
     )
     return better_compute(options)
 
 
-def build(config: Config, url: str, *, notify: bool = False) -> tuple[BetterCompute, EmbeddedIam]:
+def build(
+    config: Config, url: str, *, notify: bool = False, loopback_webhooks: bool = False
+) -> tuple[BetterCompute, EmbeddedIam]:
     """The control plane with the PostgreSQL store and the embedded IAM (``iam_url`` plays no part), and with
     ``LocalKeyKms(kms_key_file)`` (so the ``webhooks`` group) when a key file is configured.
 
@@ -173,13 +195,15 @@ def build(config: Config, url: str, *, notify: bool = False) -> tuple[BetterComp
         config: The configuration.
         url: The database URL.
         notify: Compose the notifier (``build_notifier``), for a process that runs until stopped (``dev``).
+        loopback_webhooks: Let webhooks reach this machine's loopback addresses (``dev``, for a receiver being
+            built next to it); ``webhooks_allow_private`` allows every internal address.
 
     Raises:
         ConfigError: ``notify_url`` cannot be parsed.
         InvalidConfigError: The URL or the schema is malformed.
     """
     iam = EmbeddedIam()
-    return _compose(config, url, iam, notify=notify), iam
+    return _compose(config, url, iam, notify=notify, loopback_webhooks=loopback_webhooks), iam
 
 
 def build_serving(config: Config, url: str) -> tuple[BetterCompute, RemoteIam | None]:

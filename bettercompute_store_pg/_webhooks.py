@@ -61,24 +61,41 @@ ORDER BY w.id
 ON CONFLICT (subscription_id, event_id) DO NOTHING
 """
 
+# Fair claims: each subscription offers at most :per_webhook of its due heads (oldest due first, through the index on
+# (subscription_id, event_key, id) and a short scan per subscription), then each tenant's candidates are numbered
+# round-robin over its subscriptions, and the claim takes turn 1 of every tenant, then turn 2, ... up to :per_tenant.
+# One tenant's thousands of failing deliveries thus take at most :per_tenant slots of a pass, and never the first.
 _CLAIM = """
-WITH picked AS (
-    SELECT d.id FROM {s}.webhook_deliveries AS d
-    WHERE d.status = 'pending' AND d.next_attempt_at <= now()
-      AND (d.claimed_until IS NULL OR d.claimed_until <= now())
-      AND NOT EXISTS (
-          SELECT 1 FROM {s}.webhook_deliveries AS e
-          WHERE e.subscription_id = d.subscription_id AND e.event_key = d.event_key AND e.status = 'pending'
-            AND e.id < d.id
-      )
-    ORDER BY d.next_attempt_at, d.id LIMIT :limit
+WITH offered AS (
+    SELECT c.id, c.next_attempt_at, w.tenant, c.subscription_id,
+        row_number() OVER (PARTITION BY c.subscription_id ORDER BY c.next_attempt_at, c.id) AS hook_turn
+    FROM {s}.webhook_subscriptions AS w
+    CROSS JOIN LATERAL (
+        SELECT d.id, d.subscription_id, d.next_attempt_at FROM {s}.webhook_deliveries AS d
+        WHERE d.subscription_id = w.id AND d.status = 'pending' AND d.next_attempt_at <= now()
+          AND (d.claimed_until IS NULL OR d.claimed_until <= now())
+          AND NOT EXISTS (
+              SELECT 1 FROM {s}.webhook_deliveries AS e
+              WHERE e.subscription_id = d.subscription_id AND e.event_key = d.event_key AND e.status = 'pending'
+                AND e.id < d.id
+          )
+        ORDER BY d.next_attempt_at, d.id LIMIT :per_webhook
+    ) AS c
+), turns AS (
+    SELECT id, next_attempt_at,
+        row_number() OVER (PARTITION BY tenant ORDER BY hook_turn, next_attempt_at, id) AS turn
+    FROM offered
+), picked AS (
+    SELECT d.id, t.turn FROM {s}.webhook_deliveries AS d JOIN turns AS t ON t.id = d.id
+    WHERE t.turn <= :per_tenant
+    ORDER BY t.turn, t.next_attempt_at, t.id LIMIT :limit
     FOR UPDATE OF d SKIP LOCKED
 )
 UPDATE {s}.webhook_deliveries AS d SET claim_token = gen_random_uuid()::text, claimed_until = now() + :claim_for
 FROM picked, {s}.webhook_subscriptions AS w
 WHERE d.id = picked.id AND w.id = d.subscription_id
 RETURNING d.id, d.claim_token, d.subscription_id, w.tenant, w.url, w.sealed_secret, d.event_id, d.event_type, d.body,
-    d.attempts, d.next_attempt_at
+    d.attempts, d.next_attempt_at, picked.turn
 """
 
 _RECORD = """
@@ -254,12 +271,15 @@ class PgWebhooks:
         params = {"tenant": tenant, "event_id": event_id, "event_type": event_type, "event_key": event_key}
         return await self._db.rowcount(self._fan_out, {**params, "body": body})
 
-    async def claim(self, *, limit: int, claim_for: dt.timedelta) -> list[DueDelivery]:
-        """Claim up to ``limit`` due deliveries, heads of their (subscription, key) only, oldest due first."""
-        if limit <= 0:
+    async def claim(
+        self, *, limit: int, claim_for: dt.timedelta, per_tenant: int, per_webhook: int
+    ) -> list[DueDelivery]:
+        """Claim up to ``limit`` due deliveries, heads of their (subscription, key) only, in turns per tenant."""
+        if min(limit, per_tenant, per_webhook) <= 0:
             return []
-        rows = await self._db.fetch(self._claim, {"limit": limit, "claim_for": claim_for})
-        return [_due(row) for row in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
+        params = {"limit": limit, "claim_for": claim_for, "per_tenant": per_tenant, "per_webhook": per_webhook}
+        rows = await self._db.fetch(self._claim, params)
+        return [_due(row) for row in sorted(rows, key=lambda r: (r.turn, r.next_attempt_at, r.id))]
 
     async def record(self, outcomes: Sequence[DeliveryOutcome]) -> int:
         """Record outcomes (attempts + 1 where ``attempted``); those whose claim was lost are ignored."""

@@ -2,7 +2,9 @@
 
 Events reach webhooks through the core's ``events`` dispatcher: after an event's transaction commits, ``fan_out``
 queues one delivery per matching subscription of the event's tenant (database writes only). The sender (the job
-``sinks/webhooks``) claims due deliveries and POSTs them outside any transaction, then records each outcome. The
+``sinks/webhooks``) claims due deliveries and POSTs them outside any transaction, then records each outcome. A pass
+takes the tenants in turns, a bounded share each (``WebhookSettings.max_per_tenant``), and whatever one attempt
+raises is that delivery's failed attempt, so one tenant's failing or poisoned deliveries cannot hold up another's. The
 job ``sinks/webhooks-retention`` deletes finished deliveries past ``WebhookSettings.retention``.
 Unless ``WebhookSettings.allow_private_destinations`` is set, internal destinations are refused at ``create`` and
 again, after a fresh DNS lookup, before every attempt (``_guard``).
@@ -114,18 +116,32 @@ def _delivery(delivery: WebhookDelivery) -> Delivery:
 # --- methods ----------------------------------------------------------------------------------------------------
 
 
+def _url_refused(problem: str) -> InvalidInputError:
+    # The problem never quotes the URL: its query string may be a secret of the tenant's.
+    return InvalidInputError(f"url: {problem}", details={"path": "url", "reason": problem})
+
+
 async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook:
     """Subscribe a URL to the tenant's events; the signing secret is in this answer only.
 
+    The URL is stored as the sender's HTTP client reads it (``_guard.parse``): IDNA-encoded, host in lower case.
+
     Raises:
-        InvalidInputError: the URL points at localhost or an internal address literal (``details["path"]`` is
-            ``url``), unless ``WebhookSettings.allow_private_destinations`` is set.
+        InvalidInputError: the sender's HTTP client cannot parse the URL, its host is neither a DNS name nor an IP
+            address, or it points at localhost or an internal address literal, unless
+            ``WebhookSettings.allow_private_destinations`` is set (``details["path"]`` is ``url``).
     """
     context = call.context
-    if not context.options.webhooks.allow_private_destinations:
-        problem = _guard.url_problem(input.url)
+    settings = context.options.webhooks
+    try:
+        destination = _guard.parse(input.url)
+    except ValueError as exc:
+        raise _url_refused(str(exc)) from None
+    if not settings.allow_private_destinations:
+        problem = _guard.url_problem(destination, loopback=settings.allow_loopback_destinations)
         if problem is not None:
-            raise InvalidInputError(f"url: {problem}", details={"path": "url", "reason": problem})
+            raise _url_refused(problem)
+    url = str(destination)
     subscription_id = f"wh_{secrets.token_hex(8)}"
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     sealed = await _kms(context.options.kms).encrypt(
@@ -137,7 +153,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
             tx,
             id=subscription_id,
             tenant=input.tenant,
-            url=input.url,
+            url=url,
             event_types=event_types,
             description=input.description,
             sealed_secret=sealed,
@@ -147,7 +163,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
                 resource_type="webhook",
                 resource_id=subscription_id,
                 tenant=input.tenant,
-                details={"url": input.url, "event_types": list(event_types)},
+                details={"url": url, "event_types": list(event_types)},
             )
         )
     return CreatedWebhook(webhook=_webhook(subscription), secret=secret)
@@ -301,11 +317,12 @@ async def _attempt(
     }
     try:
         with anyio.fail_after(settings.timeout.total_seconds() + 1):
-            url: str | httpx.URL = delivery.url
             extensions: dict[str, Any] = {}
-            if not settings.allow_private_destinations:
+            if settings.allow_private_destinations:
+                url = _guard.readable(delivery.url)
+            else:
                 # Resolved now, not at create: the name may point elsewhere since (DNS rebinding).
-                target = await _guard.pinned(delivery.url)
+                target = await _guard.pinned(delivery.url, loopback=settings.allow_loopback_destinations)
                 url, extensions = target.url, dict(target.extensions)
                 headers.update(target.headers)
             # Streamed and never read: a receiver's answer body cannot fill this process's memory.
@@ -318,11 +335,23 @@ async def _attempt(
     except httpx.HTTPError as exc:
         # The class name only: the text may quote the URL, whose query string a tenant may treat as secret.
         error = f"request failed: {type(exc).__name__}"
+    except Exception as exc:
+        # Anything else the client or its transport raised (httpx.InvalidURL, UnicodeError, a transport's bug) is
+        # this delivery's failed attempt, never the pass's failure. Its class name only, as above.
+        log.warning("webhook %s: the attempt raised %s", delivery.subscription_id, type(exc).__name__)
+        error = f"request failed: {type(exc).__name__}"
     else:
         if not 200 <= http_status < 300:
             error = f"the receiver answered HTTP {http_status}"
     if error is None:
         return DeliveryOutcome(delivery=delivery, status="delivered", http_status=http_status)
+    return _failed(settings, delivery, error, http_status)
+
+
+def _failed(
+    settings: WebhookSettings, delivery: DueDelivery, error: str, http_status: int | None = None
+) -> DeliveryOutcome:
+    """A failed attempt: retried after a backoff, or ``dead`` once it was the last one allowed."""
     failures = delivery.attempts + 1
     if failures >= settings.max_attempts:
         return DeliveryOutcome(delivery=delivery, status="dead", http_status=http_status, error=error)
@@ -335,12 +364,31 @@ async def _attempt(
     )
 
 
+class _Borrowed(httpx.AsyncBaseTransport):
+    """``WebhookSettings.transport`` lent to one pass's client: closing the client must not close it, since the
+    next pass uses it again (its owner closes it)."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+        self._transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        pass
+
+
 async def send_due(context: ModuleContext) -> int:
     """One pass of the sender: claim due deliveries, POST them (no transaction open), record the outcomes."""
     settings = context.options.webhooks
     store = context.store
     claim_for = settings.timeout * 2 + dt.timedelta(seconds=30)
-    claimed = await store.webhooks.claim(limit=settings.batch_size, claim_for=claim_for)
+    claimed = await store.webhooks.claim(
+        limit=settings.batch_size,
+        claim_for=claim_for,
+        per_tenant=settings.max_per_tenant,
+        per_webhook=settings.max_per_webhook,
+    )
     if not claimed:
         return 0
     outcomes: list[DeliveryOutcome] = []
@@ -349,12 +397,22 @@ async def send_due(context: ModuleContext) -> int:
 
     async def one(delivery: DueDelivery) -> None:
         async with limiter:
-            outcomes.append(await _attempt(context, client, settings, delivery))
+            try:
+                outcome = await _attempt(context, client, settings, delivery)
+            except Exception as exc:
+                # Nothing one delivery does may fail the pass: its task group would cancel the other attempts, and
+                # the same delivery would be claimed first again on every pass. It counts as this one's attempt.
+                log.error("webhook %s: the attempt failed with %s", delivery.subscription_id, type(exc).__name__)
+                outcome = _failed(settings, delivery, f"request failed: {type(exc).__name__}")
+            outcomes.append(outcome)
 
     # A request pinned to a checked address must not reuse a connection made for another host name on that address.
     keepalive = 20 if settings.allow_private_destinations else 0
     limits = httpx.Limits(max_connections=100, max_keepalive_connections=keepalive)
-    client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False, limits=limits)
+    transport = _Borrowed(settings.transport) if settings.transport is not None else None
+    client = httpx.AsyncClient(
+        timeout=timeout, follow_redirects=False, trust_env=False, limits=limits, transport=transport
+    )
     try:
         async with client, anyio.create_task_group() as tg:
             for delivery in claimed:

@@ -13,6 +13,7 @@ from bettercompute.errors import InvalidInputError
 from bettercompute.modules.webhooks import (
     CreateWebhookInput,
     ListDeliveriesInput,
+    ListWebhooksInput,
     WebhooksGroup,
     WebhookTestInput,
     _guard,
@@ -125,3 +126,52 @@ async def test_a_name_that_does_not_resolve_is_a_failed_attempt(hooks: Hooks, gu
     delivery = await _send_once(hooks, guarded, created.webhook.id)
     assert delivery.status == "pending" and delivery.attempts == 1
     assert delivery.last_error == "the destination host name does not resolve"
+
+
+# Spellings that an earlier parser let through: read as httpx reads them, each is internal or unreadable.
+DISGUISED = [
+    "http://127\u30020\u30020\u30021/",  # ideographic full stops: httpx reads 127.0.0.1
+    "http://127\uff0e0\uff0e0\uff0e1/",  # full-width full stops
+    "http://\uff11\uff12\uff17.0.0.1/",  # full-width digits: no client can read it
+    "http://\u0661\u0662\u0667.0.0.1/",  # Arabic-Indic digits
+    "http://\u0967\u0968\u096d.0.0.1/",  # Devanagari digits: IDNA takes them as letters
+    "http://127.0.0.1./",
+    "http://2130706433./",
+    "http://[::ffff:7f00:1]/",
+    "http://[2002:a9fe:a9fe::]/",  # 6to4 of 169.254.169.254
+    "http://[64:ff9b::a00:1]/",  # NAT64 of 10.0.0.1
+    "http://[2606:4700::1%25eth0]/",  # a zone id
+    "http://127.0.0.1\u200e/",  # a left-to-right mark
+    "http://1.2.3.4.5/",
+]
+
+
+@pytest.mark.parametrize("url", DISGUISED)
+async def test_create_reads_the_url_as_the_sender_does(hooks: Hooks, guarded: BetterCompute, url: str) -> None:
+    transport = httpx.ASGITransport(app=guarded.asgi)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        response = await http.post(
+            "/api/compute/webhooks/create",
+            headers={"authorization": f"Bearer {hooks.alice}"},
+            json={"tenant": hooks.acme, "url": url},
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "INVALID_INPUT" and error["details"]["path"] == "url"
+    assert url not in response.text
+    listed = await _api(guarded).list(hooks.alice, ListWebhooksInput(tenant=hooks.acme))
+    assert listed.webhooks == ()  # nothing half-written
+
+
+@pytest.mark.parametrize("url", ["http://\uff11\uff12\uff17.0.0.1/", "http://a..b/", "http://hooks\u202e.example.com/"])
+async def test_a_url_the_sender_cannot_read_is_refused_even_where_private_is_allowed(hooks: Hooks, url: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        await hooks.subscribe(url)
+    assert info.value.details["path"] == "url"
+
+
+async def test_the_stored_url_is_the_one_the_sender_uses(hooks: Hooks, guarded: BetterCompute) -> None:
+    created = await _api(guarded).create(
+        hooks.alice, CreateWebhookInput(tenant=hooks.acme, url="https://Hooks\u3002B\u00fccher.DE/In?x=1")
+    )
+    assert created.webhook.url == "https://hooks.xn--bcher-kva.de/In?x=1"

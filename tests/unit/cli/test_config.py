@@ -10,7 +10,7 @@ import pytest
 from bettercompute import Options
 from bettercompute_cli import Config, load_config
 from bettercompute_cli._config import KEYS, ConfigError, parse_roles
-from bettercompute_cli._runtime import Plan, build, build_serving, notifier_note, plan_roles
+from bettercompute_cli._runtime import Plan, build, build_serving, notifier_note, plan_roles, webhooks_note
 from bettercompute_store_pg import PgNotifier
 
 URL_FILE = "postgresql://postgres@db-from-file:5432/x"
@@ -381,3 +381,40 @@ def test_behind_pgbouncer_only_a_notify_url_gives_a_notifier() -> None:
     assert isinstance(build_serving(direct, LOCAL_URL)[0].options.notifier, PgNotifier)
     assert notifier_note(direct) == "worker loops are woken by LISTEN/NOTIFY pokes over notify_url"
     assert notifier_note(load_config(None, {})) is None
+
+
+@pytest.mark.parametrize(("value", "expected"), [("true", True), ("YES", True), ("1", True), ("off", False)])
+def test_webhooks_allow_private_from_the_environment(value: str, expected: bool) -> None:
+    config = load_config(None, {"BETTERCOMPUTE_WEBHOOKS_ALLOW_PRIVATE": value})
+    assert config.webhooks_allow_private is expected
+
+
+def test_webhooks_allow_private_from_the_file_and_overridden_by_the_environment(tmp_path: Path) -> None:
+    assert load_config(None, {}).webhooks_allow_private is False
+    path = _write(tmp_path, "webhooks_allow_private = true\n")
+    assert load_config(path, {}).webhooks_allow_private is True
+    assert load_config(path, {"BETTERCOMPUTE_WEBHOOKS_ALLOW_PRIVATE": "false"}).webhooks_allow_private is False
+
+
+def test_a_bad_webhooks_allow_private_names_its_source(tmp_path: Path) -> None:
+    [problem] = _problems(_write(tmp_path, 'webhooks_allow_private = "yes"\n'))
+    assert "webhooks_allow_private must be true or false" in problem
+    [problem] = _problems(None, {"BETTERCOMPUTE_WEBHOOKS_ALLOW_PRIVATE": "maybe"})
+    assert problem.startswith("BETTERCOMPUTE_WEBHOOKS_ALLOW_PRIVATE must be true or false")
+
+
+def test_dev_allows_loopback_webhooks_and_serve_only_with_the_setting() -> None:
+    default = load_config(None, {})
+    served = build_serving(default, LOCAL_URL)[0].options.webhooks
+    assert (served.allow_private_destinations, served.allow_loopback_destinations) == (False, False)
+    dev = build(default, LOCAL_URL, notify=True, loopback_webhooks=True)[0].options.webhooks
+    assert (dev.allow_private_destinations, dev.allow_loopback_destinations) == (False, True)
+    allowed = load_config(None, {"BETTERCOMPUTE_WEBHOOKS_ALLOW_PRIVATE": "true"})
+    assert build_serving(allowed, LOCAL_URL)[0].options.webhooks.allow_private_destinations is True
+
+    assert webhooks_note(default, dev=False) is None
+    dev_note = webhooks_note(default, dev=True)
+    assert dev_note is not None and "loopback" in dev_note and "webhooks_allow_private" in dev_note
+    for dev_mode in (False, True):
+        note = webhooks_note(allowed, dev=dev_mode)
+        assert note is not None and "webhooks_allow_private is on" in note

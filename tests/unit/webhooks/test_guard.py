@@ -73,7 +73,7 @@ def test_literal_addresses_in_every_form_a_resolver_takes(host: str, expected: s
     ],
 )
 def test_url_problem(url: str, problem: bool) -> None:
-    assert (_guard.url_problem(url) is not None) is problem
+    assert (_guard.url_problem(_guard.parse(url)) is not None) is problem
 
 
 async def test_a_request_is_pinned_to_the_checked_address(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,174 @@
+"""Destinations as the sender's HTTP client reads them: every spelling of a host is judged as the address or name
+httpx will connect to, and whatever ``create`` accepts, the sender can send to."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bettercompute.modules.webhooks import _guard
+
+# Unicode that passes for ASCII digits and dots in some parser or other: full-width, Arabic-Indic, Devanagari,
+# mathematical digits; ideographic, full-width and halfwidth full stops.
+_DIGITS = {
+    "fullwidth": 0xFF10,
+    "arabic-indic": 0x0660,
+    "devanagari": 0x0966,
+    "mathematical bold": 0x1D7CE,
+}
+_DOTS = ("\u3002", "\uff0e", "\uff61")
+_INVISIBLE = ("\u200e", "\u200f", "\u202e", "\u2066", "\u200b", "\ufeff", "\x00", "\u00ad")
+
+
+def refused(url: str, *, loopback: bool = False) -> bool:
+    """Whether ``webhooks.create`` (the SSRF guard on) refuses ``url``: unparsable, or internal."""
+    try:
+        parsed = _guard.parse(url)
+    except ValueError:
+        return True
+    return _guard.url_problem(parsed, loopback=loopback) is not None
+
+
+def _forms(address: ipaddress.IPv4Address) -> list[str]:
+    """``address`` written every way some resolver or URL parser reads as that address."""
+    a, b, c, d = address.packed
+    value = int(address)
+    dotted = str(address)
+    forms = [
+        dotted,
+        f"{dotted}.",
+        str(value),
+        f"{value}.",
+        hex(value),
+        f"0x{value:08X}",
+        f"{a}.{(b << 16) | (c << 8) | d}",
+        f"{a}.{b}.{(c << 8) | d}",
+        f"0{a:o}.0{b:o}.0{c:o}.0{d:o}",
+        f"0x{a:x}.0x{b:x}.0x{c:x}.0x{d:x}",
+        f"00{a}.{b}.{c}.{d}",
+        f"[::ffff:{dotted}]",
+        f"[::ffff:{value >> 16:x}:{value & 0xFFFF:x}]",
+        f"[0:0:0:0:0:ffff:{dotted}]",
+        f"[::{dotted}]",
+        f"[64:ff9b::{dotted}]",
+        f"[2002:{value >> 16:x}:{value & 0xFFFF:x}::1]",
+    ]
+    forms += [dotted.replace(".", dot) for dot in _DOTS]
+    for zero in _DIGITS.values():
+        forms.append("".join(chr(zero + int(ch)) if ch.isdigit() else ch for ch in dotted))
+    forms += [dotted + mark for mark in _INVISIBLE] + [mark + dotted for mark in _INVISIBLE]
+    return forms
+
+
+_INTERNAL_V4 = st.sampled_from(
+    [
+        "127.0.0.0/8",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "169.254.0.0/16",
+        "100.64.0.0/10",
+        "0.0.0.0/8",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+    ]
+).flatmap(
+    lambda net: st.integers(0, ipaddress.IPv4Network(net).num_addresses - 1).map(
+        lambda n: ipaddress.IPv4Network(net)[n]
+    )
+)
+
+
+@given(address=_INTERNAL_V4, port=st.sampled_from(["", ":80", ":8443"]))
+def test_every_form_of_an_internal_ipv4_address_is_refused(address: ipaddress.IPv4Address, port: str) -> None:
+    for form in _forms(address):
+        url = f"http://{form}{port}/hook"
+        assert refused(url), url
+
+
+@pytest.mark.parametrize("form", _forms(ipaddress.IPv4Address("127.0.0.1")))
+def test_loopback_in_any_form_is_refused_and_only_clean_loopback_passes_in_loopback_mode(form: str) -> None:
+    url = f"http://{form}:3000/hook"
+    assert refused(url)
+    # With loopback allowed (better-compute dev), what the client reads as loopback passes, nothing unreadable does.
+    try:
+        host = _guard.parse(url).raw_host.decode()
+    except ValueError:
+        assert refused(url, loopback=True)
+        return
+    judged = _guard.literal_address(host.rstrip("."))
+    assert judged is not None
+    assert refused(url, loopback=True) == (not judged.is_loopback and getattr(judged, "ipv4_mapped", None) is None)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[fe80::1%25eth0]/",  # a zone id names an interface of this machine
+        "http://[2606:4700::1%25eth0]/",
+        "http://[2002:a9fe:a9fe::]/",  # 6to4 of 169.254.169.254
+        "http://[64:ff9b::a00:1]/",  # NAT64 of 10.0.0.1
+        "http://1.2.3.4.5/",  # a number for a last label that is no IPv4 address
+        "http://999.1.1.1/",
+        "http://08.0.0.1/",
+        "http://0x/",
+        "http://ex%41mple.com/",  # percent-encoding in a host
+        "http://a..b/",
+        "http://exa_mple.com\u202e/",
+        "http://\uff4c\uff4f\uff43\uff41\uff4c\uff48\uff4f\uff53\uff54/",  # full-width letters
+        "http://localhost\u3002/",
+        "http://LOCALHOST./",
+        "http://[::1]./",
+        "ftp://hooks.example.com/",
+        "http:///path-only",
+    ],
+)
+def test_odd_hosts_are_refused(url: str) -> None:
+    assert refused(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "stored"),
+    [
+        ("https://Hooks.Example.COM/In?x=1", "https://hooks.example.com/In?x=1"),
+        ("https://bücher.de/h", "https://xn--bcher-kva.de/h"),
+        ("https://hooks\u3002example\u3002com/h", "https://hooks.example.com/h"),
+        ("https://hooks.example.com./h", "https://hooks.example.com./h"),
+        ("https://[2606:4700::1]/", "https://[2606:4700::1]/"),
+        ("http://93.184.216.34:8080/h", "http://93.184.216.34:8080/h"),
+        ("https://[2002:5db8:d822::1]/", "https://[2002:5db8:d822::1]/"),  # 6to4 of a public address
+        ("https://1e100.net/", "https://1e100.net/"),
+        ("https://my_hooks.example.com/", "https://my_hooks.example.com/"),
+    ],
+)
+def test_public_destinations_are_normalized_the_way_the_client_sends_them(url: str, stored: str) -> None:
+    assert not refused(url)
+    assert str(_guard.parse(url)) == stored
+
+
+_HOSTISH = st.text(
+    alphabet=st.one_of(
+        st.sampled_from("0123456789abcdefx.:[]%-_"),
+        st.sampled_from([chr(zero + n) for zero in _DIGITS.values() for n in range(10)] + [*_DOTS, *_INVISIBLE]),
+        st.characters(codec="utf-8"),
+    ),
+    max_size=40,
+)
+
+
+@given(host=_HOSTISH, rest=st.text(max_size=20))
+def test_what_create_accepts_the_sender_reads_back_unchanged(host: str, rest: str) -> None:
+    url = f"http://{host}/{rest}"
+    try:
+        parsed = _guard.parse(url)  # only ValueError may come out, whatever the text
+    except ValueError:
+        return
+    stored = str(parsed)
+    # The sender reads the stored form without error, as the same destination, and can build the request.
+    again = _guard.readable(stored)
+    assert again.raw_host == parsed.raw_host and str(again) == stored
+    httpx.Request("POST", again)
