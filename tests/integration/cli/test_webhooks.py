@@ -58,7 +58,7 @@ def test_dev_serves_webhooks_with_a_key_in_its_folder(
 
     listed = _call(base_url, token, "list", {"tenant": "root"})
     assert listed.status_code == 200, listed.text
-    assert listed.json()["data"] == {"webhooks": []}
+    assert listed.json()["data"] == {"webhooks": [], "next_cursor": None}
 
     created = _call(base_url, token, "create", {"tenant": "root", "url": "https://hooks.example.com/in"})
     assert created.status_code == 200, created.text
