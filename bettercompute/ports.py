@@ -1192,6 +1192,15 @@ class Transaction(Protocol):
         """Remove a resource from the authorization projection."""
         ...
 
+    async def tenant_exists(self, tenant: str) -> bool:
+        """Whether ``tenant`` is a tenant the IAM knows, read in this transaction.
+
+        A handler that creates a resource in a tenant asks this in the transaction that inserts it and raises
+        ``NotFoundError`` when it is ``False``, so no row is written for a tenant that does not exist. A tenant found
+        stays locked against deletion until the transaction ends.
+        """
+        ...
+
 
 class Store(Protocol):
     """The authoritative state. The only implementation shipped is ``bettercompute_store_pg.PgStore``.

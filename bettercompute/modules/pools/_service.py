@@ -19,6 +19,7 @@ from ..._registry import CallContext
 from ...errors import NotFoundError
 from ...joins import JoinSettings, new_token
 from ...ports import JoinTokenRecord, PoolRecord, ResourceRef
+from .._tenants import require_tenant
 from ._schemas import (
     CreatedJoinToken,
     CreateJoinTokenInput,
@@ -134,11 +135,13 @@ async def create_pool(call: CallContext, input: CreatePoolInput) -> Pool:
     """Create a pool in a tenant.
 
     Raises:
+        NotFoundError: there is no such tenant.
         ConflictError: the tenant has a pool of that name.
     """
     store = call.context.store
     pool_id = f"pool_{secrets.token_hex(8)}"
     async with store.transaction() as tx:
+        await require_tenant(tx, input.tenant)
         record = await store.pools.create(
             tx,
             id=pool_id,

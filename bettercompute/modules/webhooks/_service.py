@@ -30,6 +30,7 @@ from ..._workers import SINKS_POKE, notify_work
 from ...errors import ComputeError, InternalError, InvalidInputError, NotFoundError
 from ...ports import DeliveryOutcome, DueDelivery, Kms, StoredEvent, WebhookDelivery, WebhookSubscription
 from ...webhooks import EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, WebhookSettings, signature_header
+from .._tenants import require_tenant
 from . import _guard
 from ._schemas import (
     CreatedWebhook,
@@ -119,6 +120,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
     Raises:
         InvalidInputError: the URL points at localhost or an internal address literal (``details["path"]`` is
             ``url``), unless ``WebhookSettings.allow_private_destinations`` is set.
+        NotFoundError: there is no such tenant.
     """
     context = call.context
     if not context.options.webhooks.allow_private_destinations:
@@ -132,6 +134,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
     )
     event_types = tuple(dict.fromkeys(input.event_types))
     async with context.store.transaction() as tx:
+        await require_tenant(tx, input.tenant)
         subscription = await context.store.webhooks.create(
             tx,
             id=subscription_id,

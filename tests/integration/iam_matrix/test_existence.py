@@ -1,0 +1,189 @@
+"""What a caller learns about tenants and ids that are not its own, generated from the registry.
+
+- Every mutating method that names a tenant refuses a tenant that does not exist with ``NOT_FOUND``, and writes
+  nothing, even for a root caller.
+
+Methods of modules added later are covered without edits.
+"""
+
+from __future__ import annotations
+
+import secrets
+import typing
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+
+from bettercompute import JoinSettings, LocalKeyKms, MethodDef
+from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
+from bettercompute.modules.secrets import CreateSecretInput
+from bettercompute.modules.webhooks import CreateWebhookInput
+from bettercompute.ports import ResourceRef
+from bettercompute_iam import ListBindingsInput, ListCredentialsInput
+
+from ..iam.conftest import TwoTenants, two_tenants
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+JOIN = JoinSettings(gateway_address="gw.existence.example:443", trust_domain="existence.example")
+
+# Values for the other required fields, so that only the field under test decides the answer.
+OTHER_FIELDS: dict[str, Any] = {
+    "name": "probe",
+    "url": "https://hooks.example.com/in",
+    "value": "v",
+    "kind": "user",
+    "role": "compute.viewer",
+    "scope_type": "tenant",
+    "actions": ["compute:pools:get"],
+    "expires_in_seconds": 3600,
+}
+
+
+@attrs.frozen(kw_only=True)
+class World:
+    t: TwoTenants
+    schema: str
+    # Tenant A's (acme's) resources by kind: what a caller of tenant B (globex) asks for.
+    theirs: dict[str, str]
+    # Tenant B's own, for the other id fields of an input, so that only the field under test decides.
+    ours: dict[str, str]
+    url: str
+
+    async def post(self, credential: str, method: MethodDef[Any, Any], body: dict[str, Any]) -> tuple[int, Any]:
+        response = await self.t.http.post(
+            f"/api/compute{method.path}", headers={"authorization": f"Bearer {credential}"}, json=body
+        )
+        return response.status_code, response.json()
+
+    def fingerprint(self) -> dict[str, str]:
+        """Every table's content. ``iam_credentials`` by count only: authenticating touches ``last_used_at``."""
+        out = {}
+        with psycopg.connect(self.url) as conn:
+            tables = conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (self.schema,)
+            ).fetchall()
+            for (table,) in tables:
+                q = f'"{self.schema}"."{table}"'
+                if table == "iam_credentials":
+                    row = conn.execute(f"SELECT count(*)::text FROM {q}").fetchone()
+                else:
+                    row = conn.execute(
+                        f"SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) FROM {q} t"
+                    ).fetchone()
+                assert row is not None
+                out[table] = row[0]
+        return out
+
+
+@pytest.fixture
+async def world(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIterator[World]:
+    kms = LocalKeyKms(tmp_path / "kms.key")
+    async with two_tenants(database_url, fresh_schema, kms=kms, join=JOIN) as t:
+        api = t.compute.api
+        pool = await api.pools.create(t.alice, CreatePoolInput(tenant=t.acme, name="gpus"))
+        token = await api.join_tokens.create(t.alice, CreateJoinTokenInput(pool_id=pool.id))
+        async with t.store.transaction() as tx:
+            # A node as JoinService enrolls and projects one (the join itself is covered in tests/integration/joins).
+            enrolled = await t.store.nodes.enroll(
+                tx,
+                new_id=f"node_{secrets.token_hex(8)}",
+                pool_id=pool.id,
+                tenant=t.acme,
+                hardware_key=secrets.token_hex(16),
+                claims={},
+                attestation={},
+                join_token_id=token.id,
+                reclaim=False,
+            )
+            await tx.project(ResourceRef(type="node", id=enrolled.node.id, tenant=t.acme, pool=pool.id))
+        hook = await api.webhooks.create(t.alice, CreateWebhookInput(tenant=t.acme, url="https://hooks.example.com/a"))
+        await api.secrets.create(
+            t.alice, CreateSecretInput(tenant=t.acme, name="db-password", scope=f"pool:{pool.id}", value="s3cret")
+        )
+        binding = (await api.bindings.list(t.root, ListBindingsInput(tenant=t.acme))).bindings[0]
+        credential = (await api.credentials.list(t.root, ListCredentialsInput(tenant=t.acme))).credentials[0]
+        theirs = {
+            "pool": pool.id,
+            "join-token": token.id,
+            "node": enrolled.node.id,
+            "webhook": hook.webhook.id,
+            "secret": "db-password",
+            "principal": binding.principal_id,
+            "binding": binding.id,
+            "credential": credential.id,
+        }
+        own = (await api.bindings.list(t.root, ListBindingsInput(tenant=t.globex))).bindings[0]
+        ours = {
+            "principal": own.principal_id,
+            "pool": (await api.pools.create(t.mallory, CreatePoolInput(tenant=t.globex, name="ours"))).id,
+        }
+        yield World(t=t, schema=fresh_schema, theirs=theirs, ours=ours, url=database_url)
+
+
+def _required(method: MethodDef[Any, Any]) -> list[str]:
+    return [f.name for f in attrs.fields(method.input) if f.default is attrs.NOTHING]
+
+
+def _str_fields(method: MethodDef[Any, Any]) -> list[str]:
+    hints = typing.get_type_hints(method.input)
+    return [f.name for f in attrs.fields(method.input) if hints[f.name] in (str, str | None)]
+
+
+# --- unknown tenants --------------------------------------------------------------------------------------------
+
+
+def _mutating_with_tenant(world: World) -> list[MethodDef[Any, Any]]:
+    return [m for m in world.t.compute.registry.methods() if m.mutates and "tenant" in _required(m)]
+
+
+async def test_a_tenant_that_does_not_exist_is_not_found_and_nothing_is_written(world: World) -> None:
+    methods = _mutating_with_tenant(world)
+    assert {"pools.create", "secrets.create", "webhooks.create", "principals.create", "roles.create"} <= {
+        f"{m.group}.{m.name}" for m in methods
+    }
+    pool = world.theirs["pool"]
+    for method in methods:
+        ghost = f"tn_{secrets.token_hex(8)}"
+        body: dict[str, Any] = {}
+        for name in _required(method):
+            if name == "tenant":
+                body[name] = ghost
+            elif name == "scope":
+                body[name] = f"pool:{pool}"
+            elif name in OTHER_FIELDS:
+                body[name] = OTHER_FIELDS[name]
+            else:  # an id: a real one of tenant A, so that only the tenant is wrong
+                body[name] = world.theirs[_addressed(method)[name]]
+        before = world.fingerprint()
+        status, answer = await world.post(world.t.root, method, body)
+        assert (status, answer["error"]["code"]) == (404, "NOT_FOUND"), (method.path, answer)
+        assert world.fingerprint() == before, method.path
+
+
+def _probe(method: MethodDef[Any, Any], fields: dict[str, Any]) -> Any:
+    """An input with ``fields`` and placeholders for the other required ones (validators off: only for reading
+    which resource the method is decided on)."""
+    kwargs = {name: OTHER_FIELDS.get(name, "x") for name in _required(method)} | fields
+    with attrs.validators.disabled():
+        return method.input(**kwargs)
+
+
+def _addressed(method: MethodDef[Any, Any]) -> dict[str, str]:
+    """The fields of ``method``'s input that address an existing resource by id, with that resource's kind."""
+    found = {}
+    for name in _str_fields(method):
+        if name == "tenant":
+            continue
+        if name.endswith("_id"):
+            # scope_id names a pool when scope_type is "pool" (set so in the bodies below).
+            found[name] = "pool" if name == "scope_id" else name.removesuffix("_id")
+        elif method.name != "create":  # a create's name is the new resource's, it addresses nothing
+            resource = method.resource(_probe(method, {name: "probe-value"}))
+            if resource.id == "probe-value":
+                found[name] = resource.type
+    return found
