@@ -1439,5 +1439,10 @@ class Iam(Protocol):
         ...
 
     async def require(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
-        """Allow (returning the decision) or raise ``AccessDeniedError``."""
+        """Allow (returning the decision) or raise ``AccessDeniedError``.
+
+        For a ``resource.id`` the identity may not see (another tenant's, or unknown) it may raise
+        ``NotFoundError("no such <type>", details={"id": ...})`` instead (``<type>`` with ``-`` read as a space),
+        the same answer a handler gives for a missing id, so the two cases cannot be told apart.
+        """
         ...

@@ -2,13 +2,20 @@
 
 - Every mutating method that names a tenant refuses a tenant that does not exist with ``NOT_FOUND``, and writes
   nothing, even for a root caller.
+- Every method whose input addresses a resource by id answers a caller of tenant B exactly the same (status, code,
+  message, details apart from the id itself) for tenant A's id as for a random id of the same form: another
+  tenant's resource and a missing one cannot be told apart.
 
-Methods of modules added later are covered without edits.
+Methods of modules added later are covered without edits; a new kind of id fails ``test_ids_...`` until tenant A
+below gets a resource of that kind.
 """
 
 from __future__ import annotations
 
+import json
+import random
 import secrets
+import string
 import typing
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +33,7 @@ from bettercompute.ports import ResourceRef
 from bettercompute_iam import ListBindingsInput, ListCredentialsInput
 
 from ..iam.conftest import TwoTenants, two_tenants
+from ._principals import add_principal
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -165,6 +173,9 @@ async def test_a_tenant_that_does_not_exist_is_not_found_and_nothing_is_written(
         assert world.fingerprint() == before, method.path
 
 
+# --- existence oracle -------------------------------------------------------------------------------------------
+
+
 def _probe(method: MethodDef[Any, Any], fields: dict[str, Any]) -> Any:
     """An input with ``fields`` and placeholders for the other required ones (validators off: only for reading
     which resource the method is decided on)."""
@@ -187,3 +198,99 @@ def _addressed(method: MethodDef[Any, Any]) -> dict[str, str]:
             if resource.id == "probe-value":
                 found[name] = resource.type
     return found
+
+
+def _same_form(value: str) -> str:
+    """A random id shaped like ``value``: its prefix (up to the last ``_``) kept, each other character redrawn
+    from its own class."""
+    prefix, _, rest = value.rpartition("_")
+    alphabet = {
+        "digit": string.digits,
+        "hex": "0123456789abcdef",
+        "lower": string.ascii_lowercase,
+        "upper": string.ascii_uppercase,
+    }
+
+    def redraw(c: str) -> str:
+        if c in alphabet["hex"]:
+            return random.choice(alphabet["hex"])
+        for chars in alphabet.values():
+            if c in chars:
+                return random.choice(chars)
+        return c
+
+    return f"{prefix}{'_' if prefix else ''}{''.join(redraw(c) for c in rest)}"
+
+
+def _blind(answer: Any, asked: str) -> Any:
+    """``answer`` with the id that was asked for replaced (its echo is the only difference allowed); of a success,
+    only its shape (a create makes fresh ids and times each time)."""
+    if "data" in answer and isinstance(answer["data"], dict):
+        return {"data": sorted(answer["data"])}
+    return json.loads(json.dumps(answer).replace(asked, "<asked>"))
+
+
+async def test_ids_of_another_tenant_and_unknown_ids_get_the_same_answer(world: World) -> None:
+    t = world.t
+    # B's callers with full rights in B: its admin (tenant scope), and a service account of B bound on the root
+    # scope (whose unknown ids reach the handlers, so their messages are compared with IAM's too).
+    callers = {
+        "tenant admin": t.mallory,
+        "root-scope account": add_principal(world.url, world.schema, t.globex, ["*:*:*"], scope_type="root"),
+    }
+    covered = set()
+    for method in t.compute.registry.methods():
+        for field, kind in _addressed(method).items():
+            assert kind in world.theirs, f"{method.path}.{field}: give tenant A a {kind} in the world fixture"
+            covered.add(f"{method.group}.{method.name}")
+            theirs = world.theirs[kind]
+            for who, credential in callers.items():
+                others = _addressed(method)
+                body: dict[str, Any] = {
+                    name: world.ours[others[name]] if name in others and name != field else OTHER_FIELDS.get(name, "")
+                    for name in _required(method)
+                }
+                if "tenant" in body:
+                    body["tenant"] = t.globex
+                if field == "scope_id":
+                    body["scope_type"] = "pool"
+                answers = []
+                for asked in (theirs, _same_form(theirs)):
+                    status, answer = await world.post(credential, method, {**body, field: asked})
+                    answers.append((status, _blind(answer, asked)))
+                where = f"{method.path} {field} ({who})"
+                assert answers[0] == answers[1], where
+                status, answer = answers[0]
+                if method.name == "list" or (method.group, method.name) == ("webhooks", "deliveries"):
+                    # A filter naming someone else's id lists nothing, as an unknown id does (or is NOT_FOUND).
+                    assert status in (200, 404), (where, answer)
+                elif (method.group, method.name, field) == ("bindings", "create", "scope_id"):
+                    # A binding's scope is granted, not read: which pools one may name is the rule for acting on
+                    # principals (refused, or a binding that decides nothing outside B). Only sameness matters here.
+                    assert status in (200, 403, 404), (where, answer)
+                else:
+                    assert (status, answer["error"]["code"]) == (404, "NOT_FOUND"), (where, answer)
+    # The methods the issue names, at least.
+    assert {
+        "pools.get",
+        "pools.update",
+        "join-tokens.get",
+        "join-tokens.revoke",
+        "join-tokens.create",
+        "nodes.get",
+        "nodes.revoke",
+        "nodes.retire",
+        "webhooks.delete",
+        "webhooks.test",
+        "webhooks.deliveries",
+        "secrets.delete",
+        "principals.disable",
+        "credentials.revoke",
+        "bindings.delete",
+    } <= covered
+    # Tenant A's resources are all still there and untouched.
+    assert (
+        await t.http.post(
+            "/api/compute/pools/get", headers={"authorization": f"Bearer {t.alice}"}, json={"id": world.theirs["pool"]}
+        )
+    ).status_code == 200

@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from bettercompute import CallContext, GroupSpec, Job, MethodDef, ModuleContext, Options, better_compute
-from bettercompute.errors import AccessDeniedError
+from bettercompute.errors import AccessDeniedError, NotFoundError
 from bettercompute.ports import Migration, ResourceRef
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
@@ -57,6 +57,8 @@ async def create(call: CallContext, input: CreateWidget) -> Widget:
 
 
 async def get(call: CallContext, input: GetWidget) -> Widget:
+    if input.id not in NAMES:
+        raise NotFoundError("no such widget", details={"id": input.id})
     return Widget(id=input.id, name=NAMES[input.id])
 
 
@@ -128,14 +130,22 @@ async def test_the_projection_decides_by_tenant(api: Any, database_url: str, fre
     # Mallory's grants hold on every tenant's scope, yet the widget's tenant is not hers.
     wide = add_principal(database_url, fresh_schema, evil, everything, scope_type="root")
 
+    # Allowed nothing on widgets: refused, whether the id is acme's or unknown.
+    idle = add_principal(database_url, fresh_schema, evil, ["compute:system:*"], scope_type="tenant", scope_id=evil)
+
     widget = await api.widgets.create(alice, CreateWidget(tenant=acme, name="w1"))
     assert (await api.widgets.get(alice, GetWidget(id=widget.id))).name == "w1"
+    # Acme's widget is, to the outsiders, exactly an id that does not exist: the same NOT_FOUND, never the widget.
     for outsider in (mallory, wide):
-        with pytest.raises(AccessDeniedError):
+        with pytest.raises(NotFoundError) as theirs:
             await api.widgets.get(outsider, GetWidget(id=widget.id))
-    # An unknown id has no tenant: only a root-scope grant could allow it, and the outsiders get no further.
-    with pytest.raises(AccessDeniedError):
-        await api.widgets.get(mallory, GetWidget(id="wd_unknown"))
+        with pytest.raises(NotFoundError) as unknown:
+            await api.widgets.get(outsider, GetWidget(id="wd_unknown"))
+        assert (theirs.value.message, theirs.value.details) == ("no such widget", {"id": widget.id})
+        assert (unknown.value.message, unknown.value.details) == ("no such widget", {"id": "wd_unknown"})
+    for target in (widget.id, "wd_unknown"):
+        with pytest.raises(AccessDeniedError):
+            await api.widgets.get(idle, GetWidget(id=target))
 
 
 async def test_a_pool_named_by_the_caller_never_decides(api: Any, database_url: str, fresh_schema: str) -> None:
