@@ -215,7 +215,7 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
     """Mint a join token for a pool; the token is in this answer only (only its secret's hash is stored).
 
     Raises:
-        NotFoundError: there is no such pool.
+        NotFoundError: there is no such pool, or its tenant does not exist.
     """
     context = call.context
     pool = await _existing_pool(call, input.pool_id)
@@ -224,6 +224,8 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
     expires_at = context.clock.now() + dt.timedelta(seconds=input.expires_in_seconds)
     expect = {k: v for k, v in attrs.asdict(input.expect).items() if v is not None}
     async with context.store.transaction() as tx:
+        # A pool written before tenants were checked may name one that does not exist: mint nothing for it.
+        await require_tenant(tx, pool.tenant)
         record = await context.store.join_tokens.create(
             tx,
             id=token_id,

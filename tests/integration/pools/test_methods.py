@@ -207,6 +207,26 @@ async def test_an_unknown_pool_or_token_is_not_found(plane: Plane) -> None:
         await plane.tokens.revoke(plane.root, RevokeJoinTokenInput(id="jt_nope"))
 
 
+async def test_no_token_is_minted_for_a_pool_whose_tenant_does_not_exist(plane: Plane, database_url: str) -> None:
+    # A pool written before creates checked their tenant (pools.create refuses it now), of a tenant never made.
+    async with plane.store.transaction() as tx:
+        await plane.store.pools.create(
+            tx,
+            id="pool_0123456789abcdef",
+            tenant="tn_gone",
+            name="orphan",
+            pool_class="gpu",
+            acceptance_checks=(),
+            labels={},
+        )
+    with pytest.raises(NotFoundError) as refused:
+        await plane.tokens.create(plane.root, CreateJoinTokenInput(pool_id="pool_0123456789abcdef"))
+    assert refused.value.details == {"path": "tenant", "tenant": "tn_gone"}
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(f'SELECT count(*) FROM "{plane.store.schema}".join_tokens').fetchone()
+    assert row == (0,)
+
+
 @pytest.mark.parametrize(
     ("body", "path"),
     [
