@@ -1205,6 +1205,15 @@ class Transaction(Protocol):
         """Remove a resource from the authorization projection."""
         ...
 
+    async def tenant_exists(self, tenant: str) -> bool:
+        """Whether ``tenant`` is a tenant the IAM knows, read in this transaction.
+
+        A handler that creates a resource in a tenant asks this in the transaction that inserts it and raises
+        ``NotFoundError`` when it is ``False``, so no row is written for a tenant that does not exist. A tenant found
+        stays locked against deletion until the transaction ends.
+        """
+        ...
+
 
 class Store(Protocol):
     """The authoritative state. The only implementation shipped is ``bettercompute_store_pg.PgStore``.
@@ -1443,5 +1452,10 @@ class Iam(Protocol):
         ...
 
     async def require(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
-        """Allow (returning the decision) or raise ``AccessDeniedError``."""
+        """Allow (returning the decision) or raise ``AccessDeniedError``.
+
+        For a ``resource.id`` the identity may not see (another tenant's, or unknown) it may raise
+        ``NotFoundError("no such <type>", details={"id": ...})`` instead (``<type>`` with ``-`` read as a space),
+        the same answer a handler gives for a missing id, so the two cases cannot be told apart.
+        """
         ...

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import attrs
 
 from bettercompute import CallContext, GroupSpec, MethodDef
-from bettercompute.errors import AccessDeniedError, UnauthenticatedError
+from bettercompute.errors import AccessDeniedError, NotFoundError, UnauthenticatedError
 from bettercompute.ports import Decision, Identity, ResourceRef
 
 __all__ = [
@@ -148,8 +148,9 @@ async def decide_for_subject(call: CallContext, input: DecideInput) -> DecisionV
     """One authorization decision for an identity (for another process's ``RemoteIam``)."""
     try:
         decision = await call.context.iam.require(input.identity.to_identity(), input.action, input.resource.to_ref())
-    except AccessDeniedError as exc:
-        raise AccessDeniedError(exc.message, details={**exc.details, "subject": True}) from None
+    except (AccessDeniedError, NotFoundError) as exc:
+        # NotFoundError: the subject asked for an id it may not see (see ``EmbeddedIam.require``).
+        raise type(exc)(exc.message, details={**exc.details, "subject": True}) from None
     return DecisionView.from_decision(decision)
 
 

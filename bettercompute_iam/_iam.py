@@ -13,12 +13,18 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
 from bettercompute import GroupSpec, Job, ModuleContext
-from bettercompute.errors import AccessDeniedError, InternalError, InvalidConfigError, UnauthenticatedError
+from bettercompute.errors import (
+    AccessDeniedError,
+    InternalError,
+    InvalidConfigError,
+    NotFoundError,
+    UnauthenticatedError,
+)
 from bettercompute.ports import Decision, Identity, Migration, ResourceRef
 
 from . import _credentials
@@ -210,32 +216,44 @@ class EmbeddedIam:
     # --- authorization ------------------------------------------------------------------------------------------
 
     async def require(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
-        """Allow (one decision, with a fresh id) or raise ``AccessDeniedError``.
+        """Allow (one decision, with a fresh id) or raise ``AccessDeniedError`` or ``NotFoundError``.
 
         A resource given by id is looked up in the authorization projection: when it is there, its recorded tenant
         and pool decide (never the caller's); when it is not, only the tenant the input named (which the core's
         pre-check compared with the caller's) or a root-scope grant can allow it, never a pool the caller named.
 
+        An id the caller may not see (another tenant's, or one the projection does not know while no root-scope
+        grant lets the handler look) gets one answer whichever it is, so that answers never tell whether another
+        tenant's id exists: ``NotFoundError("no such <type>", {"id": ...})``, the message a handler gives for a
+        missing id, when the caller may do ``action`` in its own tenant, else the usual ``AccessDeniedError``.
+
         The principal's bindings are cached like credentials; a change made in this process clears them at once.
         """
         if action not in _OPEN_TO_ALL:
             tenant, pool = resource.tenant, resource.pool
+            grants = await self._grants_of(identity.principal_id)
             if resource.id is not None:
                 projected = await self._db().projected(resource.type, resource.id)
                 if projected is None:
                     pool = None
+                    if tenant is None and not allows(grants, action, tenant=None, pool=None):
+                        self._unseen(grants, identity, action, resource)
                 else:
-                    if resource.tenant is not None and resource.tenant != projected[0]:
-                        raise AccessDeniedError("the resource is not in this tenant", details={"action": action})
+                    if (tenant is not None and tenant != projected[0]) or (
+                        projected[0] != identity.tenant_id and not identity.is_root
+                    ):
+                        self._unseen(grants, identity, action, resource)
                     tenant, pool = projected
-                    if tenant != identity.tenant_id and not identity.is_root:
-                        raise AccessDeniedError(
-                            "the caller is outside this resource's tenant", details={"action": action}
-                        )
-            grants = await self._grants_of(identity.principal_id)
             if not allows(grants, action, tenant=tenant, pool=pool):
                 raise AccessDeniedError(f"{action} is not allowed here", details={"action": action})
         return Decision(id=uuid.uuid4().hex, action=action, resource=resource, principal_id=identity.principal_id)
+
+    @staticmethod
+    def _unseen(grants: Sequence[Grant], identity: Identity, action: str, resource: ResourceRef) -> NoReturn:
+        """The one answer for an id the caller may not see: decided on the caller's side, never on the resource's."""
+        if allows(grants, action, tenant=resource.tenant or identity.tenant_id, pool=None):
+            raise NotFoundError(f"no such {resource.type.replace('-', ' ')}", details={"id": resource.id})
+        raise AccessDeniedError(f"{action} is not allowed here", details={"action": action})
 
     async def grants_of(self, principal_id: str) -> tuple[Grant, ...]:
         """What a principal's bindings give it (cached like its decisions).

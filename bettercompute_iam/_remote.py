@@ -27,7 +27,13 @@ import httpx
 
 from bettercompute import AsyncClientBinding, AsyncClientCall
 from bettercompute.client import AsyncClient
-from bettercompute.errors import AccessDeniedError, ComputeError, UnauthenticatedError, UnavailableError
+from bettercompute.errors import (
+    AccessDeniedError,
+    ComputeError,
+    NotFoundError,
+    UnauthenticatedError,
+    UnavailableError,
+)
 from bettercompute.ports import Decision, Identity, ResourceRef
 
 from . import _credentials
@@ -112,6 +118,7 @@ class RemoteIam:
 
         Raises:
             AccessDeniedError: the identity may not do ``action`` on ``resource``.
+            NotFoundError: ``resource`` is an id the identity may not see (see ``EmbeddedIam.require``).
             UnavailableError: the central IAM cannot be reached, or refuses this process's own credential.
         """
         question = DecideInput(
@@ -128,10 +135,15 @@ class RemoteIam:
                 return await call(input)
         except TimeoutError as exc:
             raise UnavailableError("the central IAM did not answer in time", details={"method": method}) from exc
-        except (UnauthenticatedError, AccessDeniedError) as exc:
+        except (UnauthenticatedError, AccessDeniedError, NotFoundError) as exc:
             if exc.details.get("subject") is True:
                 details = {k: v for k, v in exc.details.items() if k != "subject"}
                 raise type(exc)(exc.message, details=details) from None
+            if isinstance(exc, NotFoundError):  # never about this process's credential
+                log.error("the central IAM answered %s on %s", exc.code, method)
+                raise UnavailableError(
+                    "the central IAM could not answer", details={"method": method, "code": exc.code}
+                ) from exc
             # Without the flag the refusal is about this process's own credential: an outage for the caller,
             # not the caller's fault, and something an operator must fix.
             log.error("the central IAM refused this process's credential (%s on %s)", exc.code, method)

@@ -53,6 +53,10 @@ SET tenant_id = EXCLUDED.tenant_id, pool_id = EXCLUDED.pool_id, owner = EXCLUDED
 
 _UNPROJECT = "DELETE FROM {s}.authz_resources WHERE resource_type = :type AND resource_id = :id"
 
+# The tenants are the embedded IAM's (its migrations create them in this schema; a process with RemoteIam shares
+# the schema of the central IAM's store). FOR KEY SHARE keeps the row until the transaction that relies on it ends.
+_TENANT = "SELECT id FROM {s}.iam_tenants WHERE id = :tenant FOR KEY SHARE"
+
 _AUDIT = """
 INSERT INTO {s}.audit (action, actor, tenant, resource_type, resource_id, decision_id, outcome, details)
 VALUES (:action, :actor, :tenant, :resource_type, :resource_id, :decision_id, :outcome, CAST(:details AS jsonb))
@@ -138,6 +142,10 @@ class PgTransaction:
         """Forget a deleted resource."""
         await fetch_in(self.connection, self._store._unproject, {"type": resource_type, "id": resource_id})
 
+    async def tenant_exists(self, tenant: str) -> bool:
+        """Whether the IAM knows ``tenant`` (locked against deletion until this transaction ends)."""
+        return bool(await fetch_in(self.connection, self._store._tenant, {"tenant": tenant}))
+
 
 class PgStore:
     """The authoritative state in PostgreSQL, every table in one schema.
@@ -196,6 +204,7 @@ class PgStore:
         self._audit = self._db.sql(_AUDIT)
         self._project = self._db.sql(_PROJECT)
         self._unproject = self._db.sql(_UNPROJECT)
+        self._tenant = self._db.sql(_TENANT)
         self._ping = self._db.sql("SELECT now() AS now")
 
     def __repr__(self) -> str:

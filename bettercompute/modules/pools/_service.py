@@ -20,6 +20,7 @@ from ...errors import NotFoundError
 from ...joins import JoinSettings, new_token
 from ...paging import Keyset
 from ...ports import JoinTokenRecord, PoolRecord, ResourceRef
+from .._tenants import require_tenant
 from ._schemas import (
     CreatedJoinToken,
     CreateJoinTokenInput,
@@ -135,11 +136,13 @@ async def create_pool(call: CallContext, input: CreatePoolInput) -> Pool:
     """Create a pool in a tenant.
 
     Raises:
+        NotFoundError: there is no such tenant.
         ConflictError: the tenant has a pool of that name.
     """
     store = call.context.store
     pool_id = f"pool_{secrets.token_hex(8)}"
     async with store.transaction() as tx:
+        await require_tenant(tx, input.tenant)
         record = await store.pools.create(
             tx,
             id=pool_id,
@@ -225,7 +228,7 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
     """Mint a join token for a pool; the token is in this answer only (only its secret's hash is stored).
 
     Raises:
-        NotFoundError: there is no such pool.
+        NotFoundError: there is no such pool, or its tenant does not exist.
     """
     context = call.context
     pool = await _existing_pool(call, input.pool_id)
@@ -234,6 +237,8 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
     expires_at = context.clock.now() + dt.timedelta(seconds=input.expires_in_seconds)
     expect = {k: v for k, v in attrs.asdict(input.expect).items() if v is not None}
     async with context.store.transaction() as tx:
+        # A pool written before tenants were checked may name one that does not exist: mint nothing for it.
+        await require_tenant(tx, pool.tenant)
         record = await context.store.join_tokens.create(
             tx,
             id=token_id,

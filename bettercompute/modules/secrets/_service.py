@@ -8,6 +8,7 @@ from ..._registry import CallContext
 from ...errors import InternalError, NotFoundError
 from ...paging import Keyset
 from ...ports import Kms, SecretRecord
+from .._tenants import require_tenant
 from ._schemas import (
     CreateSecretInput,
     DeleteSecretInput,
@@ -42,13 +43,32 @@ def metadata(record: SecretRecord) -> Secret:
     )
 
 
+def _scope_not_found(kind: str) -> NotFoundError:
+    # One message per kind, whether the id is unknown or another tenant's: the answer tells nothing about others.
+    return NotFoundError(f"the scope names no {kind} of this tenant", details={"path": "scope"})
+
+
 async def create(call: CallContext, input: CreateSecretInput) -> Secret:
     """Seal the value through the KMS and store it; returns the metadata only.
 
+    The scope must name a pool or a node of the secret's own tenant. A ``site:<id>`` scope names no site yet (no
+    module creates sites today), so it is refused the same way; the broker already releases site-scoped secrets,
+    for the day a sites module creates both the sites and such secrets.
+
     Raises:
+        NotFoundError: there is no such tenant (``details["path"]`` is ``tenant``), or the scope names no pool, node
+            or site of the tenant (``details["path"]`` is ``scope``).
         ConflictError: the tenant has a secret of this name (delete it first to replace it).
     """
     context = call.context
+    kind, _, scope_id = input.scope.partition(":")
+    if kind == "pool":
+        # Read before the transaction (pools are never deleted), so no request holds two connections at once.
+        pool = await context.store.pools.get(scope_id)
+        if pool is None or pool.tenant != input.tenant:
+            raise _scope_not_found(kind)
+    elif kind != "node":
+        raise _scope_not_found(kind)
     sealed = await require_kms(context.options.kms).encrypt(
         input.value.encode(), context=value_context(input.tenant, input.name)
     )
@@ -62,6 +82,12 @@ async def create(call: CallContext, input: CreateSecretInput) -> Secret:
         created_at=context.clock.now(),
     )
     async with context.store.transaction() as tx:
+        await require_tenant(tx, input.tenant)
+        if kind == "node":
+            # Read in this transaction: a second pooled connection while this one is held could exhaust the pool.
+            node = await context.store.nodes.get(scope_id, tx=tx)
+            if node is None or node.tenant != input.tenant:
+                raise _scope_not_found(kind)
         stored = await context.store.secrets.create(tx, record)
         await tx.audit(
             call.audit_record(

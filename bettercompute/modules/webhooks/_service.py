@@ -33,6 +33,7 @@ from ...errors import ComputeError, InternalError, InvalidInputError, NotFoundEr
 from ...paging import Keyset
 from ...ports import DeliveryOutcome, DueDelivery, Kms, StoredEvent, WebhookDelivery, WebhookSubscription
 from ...webhooks import EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, WebhookSettings, signature_header
+from .._tenants import require_tenant
 from . import _guard
 from ._schemas import (
     CreatedWebhook,
@@ -130,6 +131,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
         InvalidInputError: the sender's HTTP client cannot parse the URL, its host is neither a DNS name nor an IP
             address, or it points at localhost or an internal address literal, unless
             ``WebhookSettings.allow_private_destinations`` is set (``details["path"]`` is ``url``).
+        NotFoundError: there is no such tenant.
     """
     context = call.context
     settings = context.options.webhooks
@@ -149,6 +151,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
     )
     event_types = tuple(dict.fromkeys(input.event_types))
     async with context.store.transaction() as tx:
+        await require_tenant(tx, input.tenant)
         subscription = await context.store.webhooks.create(
             tx,
             id=subscription_id,

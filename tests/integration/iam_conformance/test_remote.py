@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from bettercompute import Options, better_compute
-from bettercompute.errors import AccessDeniedError, UnauthenticatedError, UnavailableError
+from bettercompute.errors import AccessDeniedError, NotFoundError, UnauthenticatedError, UnavailableError
 from bettercompute.modules.system import WhoamiInput
 from bettercompute.ports import ResourceRef
 from bettercompute.testing import IamCase, IamConformance
@@ -218,6 +218,26 @@ async def test_decide_answers_with_the_subject_decision(central: Central) -> Non
         with pytest.raises(AccessDeniedError) as info:
             await iam.require(admin, "compute:reservations:create", ResourceRef(type="reservations"))
         assert info.value.details == {"action": "compute:reservations:create"}
+    finally:
+        await iam.aclose()
+
+
+@pytest.mark.anyio
+async def test_an_id_the_subject_may_not_see_is_not_found_remotely_as_in_process(central: Central) -> None:
+    async with central.store.transaction() as tx:
+        await tx.project(ResourceRef(type="join-token", id="jt_theirs", tenant=OTHER_TENANT, pool="p-9"))
+    iam = remote(central, central.people.authz_client)
+    try:
+        admin = await central.iam.authenticate(central.people.tenant_admin)
+        for target in ("jt_theirs", "jt_unknown"):
+            resource = ResourceRef(type="join-token", id=target)
+            answers = []
+            for asked in (central.iam, iam):
+                with pytest.raises(NotFoundError) as info:
+                    await asked.require(admin, "compute:join-tokens:get", resource)
+                answers.append((info.value.message, info.value.details))
+            # Not an outage (UnavailableError), and not marked as being about the asking process.
+            assert answers == [("no such join token", {"id": target})] * 2
     finally:
         await iam.aclose()
 

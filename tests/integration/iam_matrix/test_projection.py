@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from bettercompute import CallContext, GroupSpec, Job, MethodDef, ModuleContext, Options, better_compute
-from bettercompute.errors import AccessDeniedError
+from bettercompute.errors import AccessDeniedError, NotFoundError
 from bettercompute.ports import Migration, ResourceRef
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
@@ -29,6 +29,12 @@ class CreateWidget:
 
 @attrs.frozen(kw_only=True)
 class GetWidget:
+    id: str
+
+
+@attrs.frozen(kw_only=True)
+class FindWidget:
+    tenant: str
     id: str
 
 
@@ -57,7 +63,14 @@ async def create(call: CallContext, input: CreateWidget) -> Widget:
 
 
 async def get(call: CallContext, input: GetWidget) -> Widget:
+    if input.id not in NAMES:
+        raise NotFoundError("no such widget", details={"id": input.id})
     return Widget(id=input.id, name=NAMES[input.id])
+
+
+async def find(call: CallContext, input: FindWidget) -> Widget:
+    # Only reached for an id the projection does not contradict: report it missing like get does.
+    return await get(call, GetWidget(id=input.id))
 
 
 async def peek(call: CallContext, input: PeekWidget) -> Widget:
@@ -80,6 +93,14 @@ class Widgets(GroupSpec[B]):
         mutates=False,
         resource=lambda i: ResourceRef(type="widget", id=i.id),
     )
+    # A method whose input names the tenant as well as the id (the pre-check compares that tenant with the caller's).
+    find = MethodDef(
+        input=FindWidget,
+        output=Widget,
+        handler=find,
+        mutates=False,
+        resource=lambda i: ResourceRef(type="widget", id=i.id, tenant=i.tenant),
+    )
     # A method that (carelessly) lets the caller name the pool of a resource it addresses by id.
     peek = MethodDef(
         input=PeekWidget,
@@ -96,7 +117,12 @@ class WidgetModule:
     version: str = "1.0.0"
     core_range: str = ">=0.1,<0.2"
     groups: Sequence[type[GroupSpec[Any]]] = (Widgets,)
-    actions: Sequence[str] = ("compute:widgets:create", "compute:widgets:get", "compute:widgets:peek")
+    actions: Sequence[str] = (
+        "compute:widgets:create",
+        "compute:widgets:get",
+        "compute:widgets:find",
+        "compute:widgets:peek",
+    )
     migrations: Mapping[str, Sequence[Migration]] = attrs.field(factory=dict)
     jobs: Sequence[Job] = ()
 
@@ -128,14 +154,39 @@ async def test_the_projection_decides_by_tenant(api: Any, database_url: str, fre
     # Mallory's grants hold on every tenant's scope, yet the widget's tenant is not hers.
     wide = add_principal(database_url, fresh_schema, evil, everything, scope_type="root")
 
+    # Allowed nothing on widgets: refused, whether the id is acme's or unknown.
+    idle = add_principal(database_url, fresh_schema, evil, ["compute:system:*"], scope_type="tenant", scope_id=evil)
+
     widget = await api.widgets.create(alice, CreateWidget(tenant=acme, name="w1"))
     assert (await api.widgets.get(alice, GetWidget(id=widget.id))).name == "w1"
+    # Acme's widget is, to the outsiders, exactly an id that does not exist: the same NOT_FOUND, never the widget.
     for outsider in (mallory, wide):
-        with pytest.raises(AccessDeniedError):
+        with pytest.raises(NotFoundError) as theirs:
             await api.widgets.get(outsider, GetWidget(id=widget.id))
-    # An unknown id has no tenant: only a root-scope grant could allow it, and the outsiders get no further.
-    with pytest.raises(AccessDeniedError):
-        await api.widgets.get(mallory, GetWidget(id="wd_unknown"))
+        with pytest.raises(NotFoundError) as unknown:
+            await api.widgets.get(outsider, GetWidget(id="wd_unknown"))
+        assert (theirs.value.message, theirs.value.details) == ("no such widget", {"id": widget.id})
+        assert (unknown.value.message, unknown.value.details) == ("no such widget", {"id": "wd_unknown"})
+    for target in (widget.id, "wd_unknown"):
+        with pytest.raises(AccessDeniedError):
+            await api.widgets.get(idle, GetWidget(id=target))
+
+
+async def test_an_id_named_with_the_callers_own_tenant_is_not_found_when_it_is_anothers(
+    api: Any, database_url: str, fresh_schema: str
+) -> None:
+    acme = add_tenant(database_url, fresh_schema, "acme")
+    evil = add_tenant(database_url, fresh_schema, "evil")
+    alice = add_principal(database_url, fresh_schema, acme, ["compute:widgets:*"], scope_type="tenant", scope_id=acme)
+    mallory = add_principal(database_url, fresh_schema, evil, ["compute:widgets:*"], scope_type="tenant", scope_id=evil)
+    widget = await api.widgets.create(alice, CreateWidget(tenant=acme, name="w"))
+    assert (await api.widgets.find(alice, FindWidget(tenant=acme, id=widget.id))).name == "w"
+    answers = []
+    for target in (widget.id, "wd_unknown"):
+        with pytest.raises(NotFoundError) as info:
+            await api.widgets.find(mallory, FindWidget(tenant=evil, id=target))
+        answers.append((info.value.message, {**info.value.details, "id": "<asked>"}))
+    assert answers == [("no such widget", {"id": "<asked>"})] * 2
 
 
 async def test_a_pool_named_by_the_caller_never_decides(api: Any, database_url: str, fresh_schema: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bettercompute.errors import AccessDeniedError, ConflictError, InvalidInputError
+from bettercompute.errors import AccessDeniedError, ConflictError, InvalidInputError, NotFoundError
 from bettercompute.identity import GetNodeInput, ListNodesInput, RetireNodeInput, RevokeNodeInput
 
 from .conftest import Fleet, claims
@@ -28,14 +28,14 @@ async def test_list_and_get_show_joined_nodes_to_their_tenant_only(fleet: Fleet)
     assert node.state == "adopting" and node.claims["serial"] == "SN-1" and node.pool_id == fleet.pool
     with pytest.raises(AccessDeniedError):
         await api.list(fleet.mallory, ListNodesInput(tenant=fleet.acme))
-    with pytest.raises(AccessDeniedError):
+    with pytest.raises(NotFoundError):
         await api.get(fleet.mallory, GetNodeInput(id=one.node_id))
     response = await fleet.http.post(
         "/api/compute/nodes/get", headers={"authorization": f"Bearer {fleet.alice}"}, json={"id": "../x"}
     )
     assert response.status_code == 400 and response.json()["error"]["details"]["path"] == "id"
-    # A tenant's caller cannot tell an unknown node from another tenant's: both are ACCESS_DENIED, as for pools.
-    with pytest.raises(AccessDeniedError):
+    # A tenant's caller cannot tell an unknown node from another tenant's: both are NOT_FOUND, as for pools.
+    with pytest.raises(NotFoundError):
         await api.get(fleet.alice, GetNodeInput(id="node_missing"))
     with pytest.raises(InvalidInputError):
         await api.retire(fleet.alice, {"id": "n", "reason": "x" * 501})
@@ -64,7 +64,7 @@ async def test_retire_ends_a_node_and_its_hardware_joins_again_as_a_new_node(fle
     retired = await fleet.compute.api.nodes.retire(fleet.alice, RetireNodeInput(id=first.node_id))
     assert retired.state == "retired" and retired.retired_at is not None
     assert await fleet.services.is_revoked(first.serial)
-    with pytest.raises(AccessDeniedError):
+    with pytest.raises(NotFoundError):
         await fleet.compute.api.nodes.retire(fleet.mallory, RetireNodeInput(id=first.node_id))
     again, _ = await fleet.join((await fleet.token()).token, hardware=claims("SN-8"))
     assert again.node_id != first.node_id

@@ -73,10 +73,12 @@ async def test_pool_names_are_unique_per_tenant(plane: Plane) -> None:
 
 async def test_pools_of_another_tenant_are_refused(plane: Plane) -> None:
     pool_id = await _pool(plane)
-    with pytest.raises(AccessDeniedError):
+    # Addressed by id, another tenant's pool is NOT_FOUND, as an unknown id is (tests/integration/iam_matrix).
+    with pytest.raises(NotFoundError):
         await plane.pools.get(plane.mallory, GetPoolInput(id=pool_id))
-    with pytest.raises(AccessDeniedError):
+    with pytest.raises(NotFoundError):
         await plane.pools.update(plane.mallory, UpdatePoolInput(id=pool_id, name="mine"))
+    assert (await plane.pools.get(plane.alice, GetPoolInput(id=pool_id))).name == "gpus"
     with pytest.raises(AccessDeniedError):
         await plane.pools.create(plane.mallory, CreatePoolInput(tenant=plane.acme, name="x"))
     with pytest.raises(AccessDeniedError):
@@ -84,12 +86,12 @@ async def test_pools_of_another_tenant_are_refused(plane: Plane) -> None:
 
 
 async def test_an_unknown_pool_is_not_found(plane: Plane) -> None:
-    # For a root-scope caller; a tenant's caller cannot tell an unknown pool from another tenant's (ACCESS_DENIED).
+    # For a root-scope caller and for a tenant's caller alike.
     with pytest.raises(NotFoundError):
         await plane.pools.get(plane.root, GetPoolInput(id="pool_nope"))
     with pytest.raises(NotFoundError):
         await plane.pools.update(plane.root, UpdatePoolInput(id="pool_nope", name="x"))
-    with pytest.raises(AccessDeniedError):
+    with pytest.raises(NotFoundError):
         await plane.pools.get(plane.alice, GetPoolInput(id="pool_nope"))
 
 
@@ -183,13 +185,13 @@ async def test_revoked_expired_and_exhausted_tokens_show_their_state(plane: Plan
 async def test_tokens_of_another_tenants_pool_are_refused(plane: Plane) -> None:
     pool_id = await _pool(plane)
     token = await plane.tokens.create(plane.alice, CreateJoinTokenInput(pool_id=pool_id))
-    with pytest.raises(AccessDeniedError):
+    with pytest.raises(NotFoundError):
         await plane.tokens.create(plane.mallory, CreateJoinTokenInput(pool_id=pool_id))
-    with pytest.raises(AccessDeniedError):
+    with pytest.raises(NotFoundError):
         await plane.tokens.list(plane.mallory, ListJoinTokensInput(pool_id=pool_id))
-    with pytest.raises(AccessDeniedError):
+    with pytest.raises(NotFoundError):
         await plane.tokens.get(plane.mallory, GetJoinTokenInput(id=token.id))
-    with pytest.raises(AccessDeniedError):
+    with pytest.raises(NotFoundError):
         await plane.tokens.revoke(plane.mallory, RevokeJoinTokenInput(id=token.id))
     assert (await plane.tokens.get(plane.alice, GetJoinTokenInput(id=token.id))).state == "active"
 
@@ -203,6 +205,26 @@ async def test_an_unknown_pool_or_token_is_not_found(plane: Plane) -> None:
         await plane.tokens.get(plane.root, GetJoinTokenInput(id="jt_nope"))
     with pytest.raises(NotFoundError):
         await plane.tokens.revoke(plane.root, RevokeJoinTokenInput(id="jt_nope"))
+
+
+async def test_no_token_is_minted_for_a_pool_whose_tenant_does_not_exist(plane: Plane, database_url: str) -> None:
+    # A pool written before creates checked their tenant (pools.create refuses it now), of a tenant never made.
+    async with plane.store.transaction() as tx:
+        await plane.store.pools.create(
+            tx,
+            id="pool_0123456789abcdef",
+            tenant="tn_gone",
+            name="orphan",
+            pool_class="gpu",
+            acceptance_checks=(),
+            labels={},
+        )
+    with pytest.raises(NotFoundError) as refused:
+        await plane.tokens.create(plane.root, CreateJoinTokenInput(pool_id="pool_0123456789abcdef"))
+    assert refused.value.details == {"path": "tenant", "tenant": "tn_gone"}
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(f'SELECT count(*) FROM "{plane.store.schema}".join_tokens').fetchone()
+    assert row == (0,)
 
 
 @pytest.mark.parametrize(

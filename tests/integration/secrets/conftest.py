@@ -22,6 +22,7 @@ class Vault:
     compute: BetterCompute
     store: PgStore
     broker: SecretBroker
+    kms: LocalKeyKms
     acme: str
     alice: str
     globex: str
@@ -42,6 +43,7 @@ async def vault(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
             compute=t.compute,
             store=t.store,
             broker=SecretBroker(t.store, kms),
+            kms=kms,
             acme=t.acme,
             alice=t.alice,
             globex=t.globex,
