@@ -166,7 +166,8 @@ class PgStore:
     def __init__(
         self, url: str, *, schema: str = "bettercompute", pool_size: int = 10, prepared_statements: bool = True
     ) -> None:
-        if pool_size < 1:
+        # bool is an int to Python, never a size; a str would fail the comparison with a TypeError.
+        if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
             raise InvalidConfigError("pool_size must be at least 1", details={"problems": [{"path": "pool_size"}]})
         self._url = driver_url(url)
         self.schema = validate_schema(schema)
@@ -214,6 +215,11 @@ class PgStore:
             InternalError: The store is not open.
         """
         return self._db.require()
+
+    @property
+    def pool_capacity(self) -> int:
+        """The most pooled connections handed out at once (``pool_size``; the pool never overflows it)."""
+        return self._pool_size
 
     @staticmethod
     def core_migrations() -> list[Migration]:
