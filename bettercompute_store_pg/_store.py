@@ -5,12 +5,16 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import select
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import psycopg
+from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, InvalidatePoolError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 from bettercompute.errors import InternalError, InvalidConfigError
 from bettercompute.ports import AuditRecord, Lease, Migration, OutboxEvent, ResourceRef, WorkItem
@@ -76,6 +80,37 @@ def driver_url(url: str) -> URL:
         "the database URL must start with postgresql:// or postgresql+psycopg://",
         details={"problems": [{"path": "url", "scheme": parsed.drivername}]},
     )
+
+
+def _refuse_dead_connection(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: PoolProxiedConnection) -> None:
+    """Hand out no pooled connection the server has already closed (a restart while the pool sat idle).
+
+    A live idle connection has nothing to read: the server speaks only when asked. A readable socket means the
+    server said goodbye (a FATAL message, then EOF) or sent something unasked; only then is the connection asked
+    a ``SELECT 1``, so the usual checkout costs one ``poll`` and no round trip. A dead one invalidates the whole
+    pool: after a restart every connection made before it is dead too, and the pool replaces them (SQLAlchemy
+    reconnects on the spot) before any statement was sent, so none can have run twice.
+    """
+    conn = record.driver_connection
+    if not isinstance(conn, psycopg.AsyncConnection):
+        return
+    try:
+        if conn.closed or conn.broken:
+            raise InvalidatePoolError("the pooled connection is closed")
+        poller = select.poll()
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        if not poller.poll(0):
+            return
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SELECT 1")
+        finally:
+            cursor.close()
+        dbapi_connection.rollback()  # the driver began a transaction for the SELECT; leave the connection idle
+    except InvalidatePoolError:
+        raise
+    except Exception as exc:
+        raise InvalidatePoolError("the pooled connection was closed by the server") from exc
 
 
 class PgTransaction:
@@ -241,6 +276,7 @@ class PgStore:
             connect_args=connect_args,
             execution_options={"schema_translate_map": {None: self.schema}},
         )
+        event.listen(engine.sync_engine.pool, "checkout", _refuse_dead_connection)
         self._db.attach(engine)
 
     async def close(self) -> None:
