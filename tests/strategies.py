@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -92,6 +92,12 @@ def _settings_with_anything(cls: type[Any], required: Mapping[str, Any] | None =
     )
 
 
+def _jobs_with_anything() -> st.SearchStrategy[Any]:
+    """A ``Job`` with arbitrary values in some of its fields (one a module may declare by mistake)."""
+    required = {"name": "j", "role": "iam", "interval": None, "run": _no_pass}
+    return _settings_with_anything(Job, required)
+
+
 def _durations(low: dt.timedelta, high: dt.timedelta) -> st.SearchStrategy[dt.timedelta]:
     return st.timedeltas(min_value=low, max_value=high)
 
@@ -178,7 +184,13 @@ _ARBITRARY: dict[str, st.SearchStrategy[Any]] = {
         anything(),
         _settings_with_anything(JoinSettings, {"gateway_address": "gw:1", "trust_domain": "ex.com"}),
     ),
-    "modules": st.one_of(anything(), st.lists(st.one_of(anything(), _settings_with_anything(FakeModule)), max_size=2)),
+    "modules": st.one_of(
+        anything(),
+        st.lists(st.one_of(anything(), _settings_with_anything(FakeModule)), max_size=2),
+        st.lists(
+            st.builds(lambda jobs: FakeModule(jobs=jobs), st.lists(_jobs_with_anything(), max_size=2)), max_size=2
+        ),
+    ),
     "plugins": st.one_of(anything(), st.lists(st.one_of(anything(), _settings_with_anything(FakePlugin)), max_size=2)),
 }
 
@@ -199,15 +211,19 @@ class OptionsCase:
 
 
 @st.composite
-def options_cases(draw: st.DrawFn, fields: Sequence[str] | None = None) -> OptionsCase:
-    """``Options`` whose every field (or those of ``fields``) is valid, invalid or arbitrary; the rest valid."""
+def options_cases(draw: st.DrawFn) -> OptionsCase:
+    """``Options`` with a few, many or no fields given an invalid or an arbitrary value, the others valid ones."""
+    names = sorted(_VALID)
+    some = st.sampled_from(names)
+    disturbed = draw(
+        st.one_of(st.just(frozenset()), st.frozensets(some, min_size=1, max_size=2), st.frozensets(some, min_size=3))
+    )
     chosen: dict[str, Any] = {}
     invalid: set[str] = set()
     arbitrary: set[str] = set()
-    for name in _VALID:
-        kind = draw(st.sampled_from(["valid", "invalid", "arbitrary"])) if fields is None or name in fields else "valid"
-        strategy = {"valid": _VALID, "invalid": _INVALID, "arbitrary": _ARBITRARY}[kind][name]
-        chosen[name] = draw(strategy)
+    for name in names:
+        kind = draw(st.sampled_from(["invalid", "arbitrary"])) if name in disturbed else "valid"
+        chosen[name] = draw({"valid": _VALID, "invalid": _INVALID, "arbitrary": _ARBITRARY}[kind][name])
         if kind == "invalid":
             invalid.add(name)
         elif kind == "arbitrary":

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 
 from bettercompute import BetterCompute, Job, Options, better_compute
 from bettercompute.errors import InvalidConfigError
@@ -118,6 +118,7 @@ async def _no_pass(context: Any) -> int:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(options_cases())
 def test_any_options_give_a_control_plane_or_every_problem(case: OptionsCase) -> None:
+    event("valid" if case.valid else "invalid" if case.invalid else "arbitrary only")
     try:
         compute = better_compute(case.options)
     except InvalidConfigError as exc:
