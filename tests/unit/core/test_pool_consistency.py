@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import attrs
+import httpx
 import pytest
 
-from bettercompute import Options, better_compute
+from bettercompute import CallContext, Options, better_compute
 from bettercompute.errors import InvalidConfigError
 from bettercompute_store_pg import PgStore
 
-from .conftest import UNREACHABLE, make_iam
+from .conftest import ROOT, UNREACHABLE, make_iam
 
 
 def _options(pool_size: int, **options: object) -> Options:
@@ -54,3 +60,44 @@ def test_a_pool_of_one_cannot_run_a_job_beside_its_lease_renewal() -> None:
 def test_the_pool_size_itself_must_be_a_positive_integer(pool_size: object) -> None:
     with pytest.raises(InvalidConfigError, match="pool_size must be at least 1"):
         PgStore(UNREACHABLE, pool_size=pool_size)  # type: ignore[arg-type]
+
+
+@attrs.define
+class _Gauge:
+    """A plugin that counts the calls running at once (each lingers a little, so a burst overlaps)."""
+
+    name: str = "gauge"
+    core_range: str = ">=0.1"
+    actions: Sequence[str] = ()
+    running: int = 0
+    most: int = 0
+
+    async def intercept(self, call: CallContext, input: Any, next: Any) -> Any:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await anyio.sleep(0.02)
+            return await next(call, input)
+        finally:
+            self.running -= 1
+
+
+@pytest.mark.anyio
+async def test_a_burst_over_http_waits_its_turn_within_the_pool() -> None:
+    gauge = _Gauge()
+    compute = better_compute(_options(3, plugins=[gauge]))
+    transport = httpx.ASGITransport(app=compute.asgi)
+    statuses: list[int] = []
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+
+        async def one() -> None:
+            response = await http.post(
+                "/api/compute/system/version", headers={"authorization": f"Bearer {ROOT}"}, json={}
+            )
+            statuses.append(response.status_code)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(4 * 16):
+                tg.start_soon(one)
+    assert statuses == [200] * 64
+    assert gauge.most == 3  # the pool's size, not the default 16
