@@ -591,8 +591,9 @@ def _declaration_problems(where: str, part: Any, *, module: bool) -> list[str]:
     texts = ("name", "version", "core_range") if module else ("name", "core_range")
     for attr in texts:
         value = getattr(part, attr)
-        if not isinstance(value, str) or not value:
-            problems.append(f"{where}: {attr} must be non-empty text, not {type(value).__name__}")
+        # Names land in tables (schema_migrations, leases) and in logs: no NUL, no control characters.
+        if not isinstance(value, str) or not value or not value.isprintable():
+            problems.append(f"{where}: {attr} must be non-empty printable text")
     actions = part.actions
     if not isinstance(actions, list | tuple | set | frozenset) or not all(isinstance(a, str) for a in actions):
         problems.append(f"{where}: actions must be a list of action names")
@@ -622,6 +623,11 @@ def _declaration_problems(where: str, part: Any, *, module: bool) -> list[str]:
                 problems.append(f"{where}: jobs[{index}].run must be an async function")
             if not typed and job.role not in ROLES:
                 problems.append(f"{where}: jobs[{index}] has an unknown role {job.role!r}")
+            if not typed and not (0 < len(job.name) <= _INSTANCE_LENGTH and job.name.isprintable()):
+                # It names the job's lease row: text PostgreSQL can store (no NUL) and a log can show.
+                problems.append(
+                    f"{where}: jobs[{index}].name must be printable text of 1 to {_INSTANCE_LENGTH} characters"
+                )
     return problems
 
 

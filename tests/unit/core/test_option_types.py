@@ -103,11 +103,19 @@ def test_every_wrong_option_is_listed_at_once() -> None:
 
 
 def test_a_module_with_malformed_members_is_refused_by_name() -> None:
-    fake = FakeModule(name=["x"], jobs=[Job(name="j", role="nobody", interval=None, run=_no_pass), 3])
-    assert _problems(modules=[fake]) == [
-        "modules[0]: name must be non-empty text, not list",
+    jobs = [
+        Job(name="j", role="nobody", interval=None, run=_no_pass),
+        3,
+        Job(name="j\x00", role="iam", interval=None, run=_no_pass),
+        Job(name="j", role="iam", interval=5, run=_no_pass),  # type: ignore[arg-type]
+    ]
+    assert _problems(modules=[FakeModule(name=["x"], jobs=jobs), FakeModule(version="1\x00")]) == [
+        "modules[0]: name must be non-empty printable text",
         "modules[0]: jobs[0] has an unknown role 'nobody'",
         "modules[0]: jobs[1] is a int, not a bettercompute.Job",
+        "modules[0]: jobs[2].name must be printable text of 1 to 200 characters",
+        "modules[0]: jobs[3].interval: must be datetime.timedelta or None, not int",
+        "modules[1]: version must be non-empty printable text",
     ]
 
 
