@@ -501,7 +501,8 @@ def _scalar_problems(options: Options) -> list[str]:
     problems: list[str] = []
     endpoint: Any = options.endpoint
     if not isinstance(endpoint, str) or not _ENDPOINT.match(endpoint):
-        shown = repr(endpoint) if isinstance(endpoint, str) else f"a {type(endpoint).__name__}"
+        # Quoted (repr escapes control and bidi characters), and cut short: a message is no place for a megabyte.
+        shown = repr(endpoint[:64]) if isinstance(endpoint, str) else f"a {type(endpoint).__name__}"
         problems.append(f"endpoint: {shown} must be a path like '/api/compute', without a trailing slash")
     body: Any = options.max_body_bytes
     if not is_int(body) or not 1024 <= body <= _MAX_BODY_LIMIT:

@@ -57,6 +57,11 @@ def _problems(**options: Any) -> list[str]:
         ("instance", "host\x00:1", "instance: must be printable text of 1 to 200 characters, or None"),
         ("instance", "host\ud800", "instance: must be printable text of 1 to 200 characters, or None"),
         ("endpoint", 5, "endpoint: a int must be a path like '/api/compute', without a trailing slash"),
+        (
+            "endpoint",
+            "/api\u202e" + "x" * 10_000,
+            "endpoint: '/api\\u202e" + "x" * 59 + "' must be a path like '/api/compute', without a trailing slash",
+        ),
         ("modules", "echo", "modules: must be a list or tuple, not str"),
         ("plugins", 3, "plugins: must be a list or tuple, not int"),
         ("attestors", None, "attestors: must be a list or tuple, not NoneType"),
