@@ -18,10 +18,9 @@ from ._dispatch import Dispatcher
 from ._http import HttpTransport, Request, Response
 from ._jobs import BUILTIN_JOBS, ROLES, Events, Job, Jobs
 from ._options import Module, Options, Plugin, duration_problem, is_int, settings_problems, version_in_range
-from ._reconcile import Reconciler
 from ._registry import ApiBinding, ApiCall, GroupSpec, Registry
 from ._version import __version__
-from ._workflows import Workflow, Workflows
+from ._workflows import Workflows
 from .commands import COMMAND_SWEEPER
 from .errors import ComputeError, FailedPreconditionError, InvalidConfigError
 from .identity import Attestor, GatewayServices, IdentityModule
@@ -610,11 +609,11 @@ def _declaration_problems(where: str, part: Any, *, module: bool) -> list[str]:
         problems.append(f"{where}: groups must be a list of GroupSpec classes")
     if not isinstance(part.migrations, Mapping):
         problems.append(f"{where}: migrations must be a mapping of dialect to migrations")
-    # Optional members, read with getattr() where the control plane is built: a list of their kind, or absent.
-    for attr, kind in (("reconcilers", Reconciler), ("workflows", Workflow)):
-        declared = getattr(part, attr, ())
-        if not isinstance(declared, list | tuple) or not all(isinstance(d, kind) for d in declared):
-            problems.append(f"{where}: {attr} must be a list of bettercompute.{kind.__name__}")
+    # Optional members, read with getattr() where the control plane is built: absent, or a list (whose items Jobs
+    # and Workflows check, raising INVALID_CONFIG themselves).
+    for attr in ("reconcilers", "workflows"):
+        if not isinstance(getattr(part, attr, ()), list | tuple):
+            problems.append(f"{where}: {attr} must be a list")
     jobs = part.jobs
     if not isinstance(jobs, list | tuple):
         problems.append(f"{where}: jobs must be a list of bettercompute.Job")

@@ -133,8 +133,8 @@ _INVALID: dict[str, st.SearchStrategy[Any]] = {
     "iam": st.sampled_from([None, 5, object()]),
     "modules": st.one_of(
         st.sampled_from([5, "modules", {"a": 1}, [object()], [FakeModule(name="")], [FakeModule(jobs=5)]]),
-        st.builds(lambda v: [FakeModule(reconcilers=v)], st.sampled_from([5, "r", [object()], (None,)])),
-        st.builds(lambda v: [FakeModule(workflows=v)], st.sampled_from([5, "w", [object()], {1: 2}])),
+        st.builds(lambda v: [FakeModule(reconcilers=v)], st.sampled_from([5, "r", {1: 2}, None])),
+        st.builds(lambda v: [FakeModule(workflows=v)], st.sampled_from([5, "w", {1: 2}, None])),
         st.builds(lambda name: [FakeModule(name=name)], st.one_of(st.integers(), st.lists(st.integers()))),
         st.builds(
             lambda role: [FakeModule(jobs=(Job(name="j", role=role, interval=None, run=_no_pass),))],

@@ -23,8 +23,10 @@ _FIELD = re.compile(r"^(?P<field>[a-z_]+)(?:\[\d+\])?[:.]")
 
 def _named(problem: str) -> str | None:
     """The option a problem names: ``lease_ttl: ...``, ``webhooks.timeout: ...``, ``modules[2]: ...``."""
-    if problem.startswith(("module '", "group '")):
-        return "modules"
+    if problem.startswith(("module '", "group '")) or problem.endswith(
+        ("is not a bettercompute.Reconciler", "is not a bettercompute.Workflow")
+    ):
+        return "modules"  # a module's own declaration, or the items of its reconcilers or workflows
     if problem.startswith("plugin '"):
         return "plugins"
     match = _FIELD.match(problem)
