@@ -97,7 +97,7 @@ class HttpTransport:
         self._prefix = compute.endpoint + "/"
         self._max_body = compute.options.max_body_bytes
         # Capping requests in flight keeps latency low under load: more piled up only wait on the database.
-        self._limiter = anyio.CapacityLimiter(compute.options.max_in_flight)
+        self._limiter = anyio.CapacityLimiter(compute.max_in_flight)
         self._openapi: bytes | None = None
 
     async def handle(self, request: Request) -> Response:

@@ -24,7 +24,7 @@ import attrs
 
 from ._reconcile import Reconciler
 from ._workers import SINKS_POKE, WORK_CHANNEL, ShardedWorker, _Wake, notify_work, reconcile_one
-from .errors import ComputeError, InvalidConfigError
+from .errors import ComputeError, InvalidConfigError, UnavailableError
 from .ports import Lease, OutboxEvent, StoredEvent, Transaction
 
 if TYPE_CHECKING:
@@ -138,6 +138,18 @@ async def dispatch_events(context: ModuleContext) -> int:
         # holds them.
         await notify_work(context, SINKS_POKE)
     return len(delivered)
+
+
+_BLIP_RETRY = 0.5
+"""Seconds before a job loop first retries after the database could not be reached; doubled per failure."""
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or every exception grouped in it, as a task group raises them) says the database could not
+    be reached or asked for a retry: ``UnavailableError``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_unreachable(inner) for inner in exc.exceptions)
+    return isinstance(exc, UnavailableError)
 
 
 def _check_roles(roles: Collection[str]) -> None:
@@ -421,8 +433,17 @@ class Jobs:
                     task_status.started()
                     started = True
                 failures += 1
-                wait = min(60.0, interval * math.pow(2, min(failures, 6)))
-                log.warning("job %s failed (%s); retrying in about %.0f s", job.lease_name, type(exc).__name__, wait)
+                unreachable = _unreachable(exc)
+                reason = "UNAVAILABLE" if unreachable else type(exc).__name__
+                if unreachable:
+                    # The database is away, maybe only for a restart: retry at least every sixth of the TTL, so that
+                    # the lease (kept in _held) is renewed before it lapses, even when the outage began just before
+                    # a renewal was due, and no other process takes the job over. Backing off by the job's interval
+                    # would pause a minute-interval job for minutes after a blip, and lose its lease.
+                    wait = min(ttl / 6, _BLIP_RETRY * math.pow(2, min(failures - 1, 6)))
+                else:
+                    wait = min(60.0, interval * math.pow(2, min(failures, 6)))
+                log.warning("job %s failed (%s); retrying in about %.1f s", job.lease_name, reason, wait)
             nap = wait * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
             if wake is not None and wakeable:
                 if await wake.sleep(nap):

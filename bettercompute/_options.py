@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import sys
+import types
+import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
 import attrs
 
@@ -19,7 +22,7 @@ if TYPE_CHECKING:
     from ._registry import CallContext, GroupSpec
     from .identity import Attestor
 
-__all__ = ["Module", "Options", "Plugin", "version_in_range"]
+__all__ = ["Module", "Options", "Plugin", "duration_problem", "is_int", "settings_problems", "version_in_range"]
 
 
 @runtime_checkable
@@ -88,9 +91,13 @@ class Options:
         notifier: Optional pokes that wake background loops sooner.
         clock: The wall clock; by default the process clock anchored to the database's at ``initialize()``.
         max_body_bytes: Larger request bodies are refused with 413.
-        max_in_flight: Requests handled at once by this process's HTTP handler; more wait their turn.
+        max_in_flight: Requests handled at once by this process's HTTP handler; more wait their turn. Each holds
+            at most one pooled connection, so it may not exceed the store's pool (``PgStore(pool_size=...)``);
+            ``None`` (the default) means 16, or the pool's size when that is smaller.
         instance: This process's name in leases and worker rows (host and pid by default).
         lease_ttl: How long a worker's leases and membership rows live unrenewed; renewed every third of it.
+            Between one second and one day, like ``session_timeout``; ``poll_interval`` between a millisecond and
+            a day.
         poll_interval: How often an idle loop looks for due work when no notifier poke wakes it: the reconcile
             loops, the events dispatcher and the webhook sender (``sinks/events``, ``sinks/webhooks``). A poke
             announces new work, not retries coming due, so those wait for the next poll even with a notifier.
@@ -115,7 +122,7 @@ class Options:
     notifier: Notifier | None = None
     clock: Clock | None = None
     max_body_bytes: int = 1024 * 1024
-    max_in_flight: int = 16
+    max_in_flight: int | None = None
     instance: str | None = None
     lease_ttl: dt.timedelta = dt.timedelta(seconds=15)
     poll_interval: dt.timedelta = dt.timedelta(seconds=1)
@@ -164,3 +171,77 @@ def version_in_range(version: str, spec: str) -> bool:
         if not ok:
             return False
     return True
+
+
+_INT_LIMIT = 2**31 - 1  # no count or size of these settings is sensible beyond a PostgreSQL integer
+# Far beyond any sensible setting, yet small enough that now + it stays a timestamp (a settings class may be stricter).
+_DURATION_LIMIT = dt.timedelta(days=365250)
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an ``int`` proper: ``True`` is an ``int`` to Python but never a count."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def duration_problem(name: str, value: object, *, at_least: dt.timedelta, at_most: dt.timedelta) -> str | None:
+    """The problem with ``value`` as the duration option ``name``, or ``None`` when it is one within the bounds."""
+    if not isinstance(value, dt.timedelta):
+        return f"{name}: must be a datetime.timedelta, not {type(value).__name__}"
+    if value < at_least:
+        return f"{name}: must be at least {_describe(at_least)}"
+    if value > at_most:
+        return f"{name}: must be at most {_describe(at_most)}"
+    return None
+
+
+def _describe(duration: dt.timedelta) -> str:
+    named = {
+        dt.timedelta(milliseconds=1): "one millisecond",
+        dt.timedelta(seconds=1): "one second",
+        dt.timedelta(days=1): "one day",
+    }
+    return named.get(duration, str(duration))
+
+
+def settings_problems(prefix: str, settings: attrs.AttrsInstance) -> list[str]:
+    """Fields of an attrs settings object (``WebhookSettings``, ``JoinSettings``, ``Job``) whose value is not of the
+    declared type, or a count or duration no deployment means (beyond a PostgreSQL integer, or 1000 years).
+
+    Checked before the object's own ``problems()``, which compares values and would raise ``TypeError`` on a
+    ``str`` where a ``timedelta`` belongs. Fields of types other than ``int``, ``bool``, ``str`` and ``timedelta``
+    (optionally ``None``) are left to the caller.
+    """
+    cls = type(settings)
+    namespace = vars(sys.modules[cls.__module__])
+    problems = []
+    for field in attrs.fields(cls):
+        try:
+            # One field at a time: another's annotation may name a class imported only for type checkers.
+            holder = types.SimpleNamespace(__annotations__={field.name: field.type})
+            expected = typing.get_type_hints(holder, globalns=namespace)[field.name]
+        except Exception:  # noqa: S112 - an annotation that resolves only for type checkers: not checked here
+            continue
+        value = getattr(settings, field.name)
+        problem = _type_problem(expected, value)
+        if problem is not None:
+            problems.append(f"{prefix}.{field.name}: {problem}")
+    return problems
+
+
+def _type_problem(expected: Any, value: object) -> str | None:
+    union = typing.get_origin(expected) in (typing.Union, types.UnionType)
+    allowed = typing.get_args(expected) if union else (expected,)
+    if value is None and type(None) in allowed:
+        return None
+    checked = [t for t in allowed if t in (int, bool, str, dt.timedelta)]
+    if len(checked) < len([t for t in allowed if t is not type(None)]):
+        return None  # a type this check does not know: the caller's own checks cover it
+    for kind in checked:
+        if kind is int and is_int(value):
+            return None if abs(value) <= _INT_LIMIT else f"must be at most {_INT_LIMIT} in size"
+        if kind is dt.timedelta and isinstance(value, dt.timedelta):
+            return None if abs(value) <= _DURATION_LIMIT else "must be at most 1000 years"
+        if kind in (bool, str) and isinstance(value, kind):
+            return None
+    names = " or ".join("datetime.timedelta" if t is dt.timedelta else t.__name__ for t in allowed)
+    return f"must be {names.replace('NoneType', 'None')}, not {type(value).__name__}"

@@ -1220,6 +1220,10 @@ class Store(Protocol):
 
     ``open`` may be called before ``migrate``; nothing opens a connection before ``open``. Every method may raise
     ``UnavailableError`` when the database cannot be reached.
+
+    Optional member, not part of this protocol so that stores without a pool still conform: ``pool_capacity``, an
+    ``int``, the most connections the store hands out at once (read with ``getattr(store, "pool_capacity",
+    None)``). ``better_compute()`` checks ``Options.max_in_flight`` and the worker loops' needs against it.
     """
 
     @property

@@ -5,12 +5,16 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import select
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import psycopg
+from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, InvalidatePoolError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 from bettercompute.errors import InternalError, InvalidConfigError
 from bettercompute.ports import AuditRecord, Lease, Migration, OutboxEvent, ResourceRef, WorkItem
@@ -80,6 +84,37 @@ def driver_url(url: str) -> URL:
         "the database URL must start with postgresql:// or postgresql+psycopg://",
         details={"problems": [{"path": "url", "scheme": parsed.drivername}]},
     )
+
+
+def _refuse_dead_connection(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: PoolProxiedConnection) -> None:
+    """Hand out no pooled connection the server has already closed (a restart while the pool sat idle).
+
+    A live idle connection has nothing to read: the server speaks only when asked. A readable socket means the
+    server said goodbye (a FATAL message, then EOF) or sent something unasked; only then is the connection asked
+    a ``SELECT 1``, so the usual checkout costs one ``poll`` and no round trip. A dead one invalidates the whole
+    pool: after a restart every connection made before it is dead too, and the pool replaces them (SQLAlchemy
+    reconnects on the spot) before any statement was sent, so none can have run twice.
+    """
+    conn = record.driver_connection
+    if not isinstance(conn, psycopg.AsyncConnection):
+        return
+    try:
+        if conn.closed or conn.broken:
+            raise InvalidatePoolError("the pooled connection is closed")
+        poller = select.poll()
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        if not poller.poll(0):
+            return
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SELECT 1")
+        finally:
+            cursor.close()
+        dbapi_connection.rollback()  # the driver began a transaction for the SELECT; leave the connection idle
+    except InvalidatePoolError:
+        raise
+    except Exception as exc:
+        raise InvalidatePoolError("the pooled connection was closed by the server") from exc
 
 
 class PgTransaction:
@@ -174,7 +209,8 @@ class PgStore:
     def __init__(
         self, url: str, *, schema: str = "bettercompute", pool_size: int = 10, prepared_statements: bool = True
     ) -> None:
-        if pool_size < 1:
+        # bool is an int to Python, never a size; a str would fail the comparison with a TypeError.
+        if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
             raise InvalidConfigError("pool_size must be at least 1", details={"problems": [{"path": "pool_size"}]})
         self._url = driver_url(url)
         self.schema = validate_schema(schema)
@@ -224,6 +260,11 @@ class PgStore:
         """
         return self._db.require()
 
+    @property
+    def pool_capacity(self) -> int:
+        """The most pooled connections handed out at once (``pool_size``; the pool never overflows it)."""
+        return self._pool_size
+
     @staticmethod
     def core_migrations() -> list[Migration]:
         """The migrations of module ``"core"``: the store's own tables."""
@@ -244,6 +285,7 @@ class PgStore:
             connect_args=connect_args,
             execution_options={"schema_translate_map": {None: self.schema}},
         )
+        event.listen(engine.sync_engine.pool, "checkout", _refuse_dead_connection)
         self._db.attach(engine)
 
     async def close(self) -> None:
