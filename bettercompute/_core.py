@@ -539,13 +539,17 @@ def _scalar_problems(options: Options) -> list[str]:
 # A singleton job's pass holds a connection while the lease beside it is renewed on another: one process running
 # any worker role needs two at once, whatever else it does.
 _WORKER_CONNECTIONS = 2
+# Requests never take the whole pool: this many connections stay for the worker loops of the same process (their
+# lease renewals and membership heartbeats must not wait behind a burst of requests until the leases lapse).
+_WORKER_RESERVE = 1
 
 
 def _pool_problems(store: Any, max_in_flight: Any) -> list[str]:
-    """Whether the store's pool can serve ``max_in_flight`` requests and the worker loops.
+    """Whether the store's pool can serve ``max_in_flight`` requests and the worker loops beside them.
 
-    Each request in flight holds at most one pooled connection. A cap above the pool would make the pool the
-    queue, with its timeout: a burst would fail with ``UNAVAILABLE`` instead of waiting its turn.
+    Each request in flight holds at most one pooled connection, and ``_WORKER_RESERVE`` connections stay for the
+    worker roles. A cap above that would make the pool the queue, with its timeout: a burst would fail with
+    ``UNAVAILABLE`` instead of waiting its turn, and worker loops would wait behind it.
     """
     capacity = getattr(store, "pool_capacity", None) if store is not None else None
     if capacity is None:
@@ -558,10 +562,11 @@ def _pool_problems(store: Any, max_in_flight: Any) -> list[str]:
             f"store: a pool of {capacity} connection cannot run a job pass beside its lease renewal; "
             f"give it at least {_WORKER_CONNECTIONS} (PgStore(pool_size=...))"
         )
-    if is_int(max_in_flight) and max_in_flight > capacity:
+    if is_int(max_in_flight) and max_in_flight > capacity - _WORKER_RESERVE:
         problems.append(
-            f"max_in_flight: {max_in_flight} requests at once need {max_in_flight} pooled connections, but the "
-            f"store's pool holds {capacity}: lower max_in_flight or raise the pool size"
+            f"max_in_flight: {max_in_flight} requests at once need {max_in_flight} pooled connections and the "
+            f"worker roles {_WORKER_RESERVE} more, but the store's pool holds {capacity}: lower max_in_flight to "
+            f"{max(1, capacity - _WORKER_RESERVE)} or raise the pool size to {max_in_flight + _WORKER_RESERVE}"
         )
     return problems
 
@@ -570,11 +575,13 @@ _DEFAULT_IN_FLIGHT = 16
 
 
 def effective_max_in_flight(options: Options) -> int:
-    """``Options.max_in_flight``, or by default 16 or the store's pool size when that is smaller."""
+    """``Options.max_in_flight``, or by default 16, or fewer when the store's pool must also serve the workers."""
     if options.max_in_flight is not None:
         return options.max_in_flight
     capacity: Any = getattr(options.store, "pool_capacity", None)
-    return min(_DEFAULT_IN_FLIGHT, capacity) if is_int(capacity) and capacity >= 1 else _DEFAULT_IN_FLIGHT
+    if is_int(capacity) and capacity >= 1:
+        return max(1, min(_DEFAULT_IN_FLIGHT, capacity - _WORKER_RESERVE))
+    return _DEFAULT_IN_FLIGHT
 
 
 def _sequence(name: str, value: Any, problems: list[str]) -> Sequence[Any]:

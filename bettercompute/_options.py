@@ -92,8 +92,9 @@ class Options:
         clock: The wall clock; by default the process clock anchored to the database's at ``initialize()``.
         max_body_bytes: Larger request bodies are refused with 413.
         max_in_flight: Requests handled at once by this process's HTTP handler; more wait their turn. Each holds
-            at most one pooled connection, so it may not exceed the store's pool (``PgStore(pool_size=...)``);
-            ``None`` (the default) means 16, or the pool's size when that is smaller.
+            at most one pooled connection, and one connection stays for the worker roles, so it may not exceed the
+            store's pool (``PgStore(pool_size=...)``) less one; ``None`` (the default) means 16, or the pool's size
+            less one when that is smaller.
         instance: This process's name in leases and worker rows (host and pid by default).
         lease_ttl: How long a worker's leases and membership rows live unrenewed; renewed every third of it.
             Between one second and one day, like ``session_timeout``; ``poll_interval`` between a millisecond and

@@ -110,7 +110,7 @@ _NOT_DURATIONS = st.one_of(st.integers(), st.floats(), st.text(max_size=5), st.b
 
 # Per field: values better_compute() must accept, and values it must refuse naming the field.
 _VALID: dict[str, st.SearchStrategy[Any]] = {
-    "store": st.builds(lambda size: PgStore(_UNREACHABLE, pool_size=size), st.integers(16, 64)),
+    "store": st.builds(lambda size: PgStore(_UNREACHABLE, pool_size=size), st.integers(17, 64)),
     "iam": st.builds(lambda: StaticIamDouble({})),
     "modules": st.sampled_from([(), [], (FakeModule(),)]),
     "plugins": st.sampled_from([(), (FakePlugin(),)]),

@@ -21,25 +21,26 @@ def _options(pool_size: int, **options: object) -> Options:
     return Options(store=PgStore(UNREACHABLE, pool_size=pool_size), iam=make_iam(), **options)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("pool_size", "in_flight"), [(2, 2), (4, 4), (10, 10), (16, 16), (64, 16)])
-def test_by_default_requests_in_flight_never_outnumber_the_pool(pool_size: int, in_flight: int) -> None:
+@pytest.mark.parametrize(("pool_size", "in_flight"), [(2, 1), (4, 3), (10, 9), (17, 16), (64, 16)])
+def test_by_default_requests_leave_the_workers_a_connection(pool_size: int, in_flight: int) -> None:
     assert PgStore(UNREACHABLE, pool_size=pool_size).pool_capacity == pool_size
     assert better_compute(_options(pool_size)).max_in_flight == in_flight
 
 
-@pytest.mark.parametrize(("pool_size", "in_flight"), [(2, 1), (4, 4), (20, 16), (64, 64)])
+@pytest.mark.parametrize(("pool_size", "in_flight"), [(2, 1), (4, 3), (20, 16), (64, 63)])
 def test_a_cap_the_pool_can_serve_is_kept(pool_size: int, in_flight: int) -> None:
     assert better_compute(_options(pool_size, max_in_flight=in_flight)).max_in_flight == in_flight
 
 
-@pytest.mark.parametrize(("pool_size", "in_flight"), [(2, 3), (4, 16), (10, 11)])
-def test_more_requests_in_flight_than_pooled_connections_is_refused(pool_size: int, in_flight: int) -> None:
+@pytest.mark.parametrize(("pool_size", "in_flight"), [(2, 2), (4, 4), (4, 16), (10, 10)])
+def test_requests_that_would_take_the_workers_last_connection_are_refused(pool_size: int, in_flight: int) -> None:
     with pytest.raises(InvalidConfigError) as info:
         better_compute(_options(pool_size, max_in_flight=in_flight))
     assert info.value.code == "INVALID_CONFIG"
     assert info.value.details["problems"] == [
-        f"max_in_flight: {in_flight} requests at once need {in_flight} pooled connections, but the store's pool "
-        f"holds {pool_size}: lower max_in_flight or raise the pool size"
+        f"max_in_flight: {in_flight} requests at once need {in_flight} pooled connections and the worker roles 1 "
+        f"more, but the store's pool holds {pool_size}: lower max_in_flight to {pool_size - 1} or raise the pool "
+        f"size to {in_flight + 1}"
     ]
 
 
@@ -51,8 +52,8 @@ def test_a_pool_of_one_cannot_run_a_job_beside_its_lease_renewal() -> None:
         "lease_ttl: must be a datetime.timedelta, not int",
         "store: a pool of 1 connection cannot run a job pass beside its lease renewal; give it at least 2 "
         "(PgStore(pool_size=...))",
-        "max_in_flight: 2 requests at once need 2 pooled connections, but the store's pool holds 1: lower "
-        "max_in_flight or raise the pool size",
+        "max_in_flight: 2 requests at once need 2 pooled connections and the worker roles 1 more, but the "
+        "store's pool holds 1: lower max_in_flight to 1 or raise the pool size to 3",
     ]
 
 
@@ -85,7 +86,7 @@ class _Gauge:
 @pytest.mark.anyio
 async def test_a_burst_over_http_waits_its_turn_within_the_pool() -> None:
     gauge = _Gauge()
-    compute = better_compute(_options(3, plugins=[gauge]))
+    compute = better_compute(_options(4, plugins=[gauge]))
     transport = httpx.ASGITransport(app=compute.asgi)
     statuses: list[int] = []
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
@@ -100,4 +101,4 @@ async def test_a_burst_over_http_waits_its_turn_within_the_pool() -> None:
             for _ in range(4 * 16):
                 tg.start_soon(one)
     assert statuses == [200] * 64
-    assert gauge.most == 3  # the pool's size, not the default 16
+    assert gauge.most == 3  # the pool's size less the workers' connection, not the default 16
