@@ -53,6 +53,16 @@ NOT_PARSED = "the destination URL cannot be parsed"
 _LABEL = re.compile(r"[a-z0-9_-]{1,63}")
 _NUMBER = re.compile(r"[0-9]+|0x[0-9a-f]*")  # a last label a resolver would read as part of an IPv4 address
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# Ranges that are not public destinations but that some Python releases' ``is_global`` still counts as global
+# (3.11 before the fix for CVE-2024-4032 among them): judged here, whatever the interpreter knows.
+_NEVER_GLOBAL = (
+    ipaddress.IPv4Network("192.0.0.0/24"),  # IETF protocol assignments
+    ipaddress.IPv4Network("192.88.99.0/24"),  # the retired 6to4 relay anycast
+    ipaddress.IPv6Network("fec0::/10"),  # site-local, deprecated but still routed inside some networks
+    ipaddress.IPv6Network("3fff::/20"),  # documentation
+    ipaddress.IPv6Network("2001:db8::/32"),  # documentation
+    ipaddress.IPv6Network("2001::/23"),  # IETF protocol assignments (Teredo's 2001::/32 among them)
+)
 
 
 class DestinationRefusedError(Exception):
@@ -77,6 +87,8 @@ def address_allowed(address: Address, *, loopback: bool = False) -> bool:
             return False
     if loopback and address.is_loopback:
         return True
+    if any(address in network for network in _NEVER_GLOBAL):
+        return False
     return not (
         address.is_loopback
         or address.is_private
@@ -152,10 +164,29 @@ def parse(url: str) -> httpx.URL:
     problem = _shape_problem(host)
     if problem is not None:
         raise ValueError(problem)
-    if any(label.isdecimal() and not label.isascii() for label in parsed.host.split(".")):
-        # IDNA takes Devanagari or Bengali digits as letters: a name, but one that reads as an address to a person.
-        raise ValueError("may not spell a number in non-ASCII digits")
+    for label in host.split("."):
+        problem = _idna_label_problem(label)
+        if problem is not None:
+            raise ValueError(problem)
     return parsed
+
+
+def _idna_label_problem(label: str) -> str | None:
+    """Why an IDNA label (``xn--...``) of a host is refused, or ``None``.
+
+    Each label is decoded on its own, so a label IDNA does not allow elsewhere in the host (``my_hooks``) does not
+    spoil the rest, and no decoder's error text (which quotes the host) ever reaches a message.
+    """
+    if not label.startswith("xn--"):
+        return None
+    try:
+        decoded = label[4:].encode("ascii").decode("punycode")
+    except (UnicodeError, ValueError):
+        return "cannot be parsed as a URL"
+    if decoded.isdecimal():
+        # IDNA takes Devanagari or Bengali digits as letters: a name, but one that reads as an address to a person.
+        return "may not spell a number in non-ASCII digits"
+    return None
 
 
 def url_problem(url: httpx.URL, *, loopback: bool = False) -> str | None:

@@ -124,6 +124,11 @@ def test_loopback_in_any_form_is_refused_and_only_clean_loopback_passes_in_loopb
         "http://LOCALHOST./",
         "http://[::1]./",
         "ftp://hooks.example.com/",
+        "http://hooks.xn--e4bcp/",  # a later label of Devanagari digits (127)
+        "http://[fec0::1]/",  # site-local IPv6
+        "http://[3fff::1]/",  # documentation ranges some interpreters count as global
+        "http://192.0.0.170/",
+        "http://192.88.99.1/",
         "http:///path-only",
     ],
 )
@@ -143,6 +148,8 @@ def test_odd_hosts_are_refused(url: str) -> None:
         ("https://[2002:5db8:d822::1]/", "https://[2002:5db8:d822::1]/"),  # 6to4 of a public address
         ("https://1e100.net/", "https://1e100.net/"),
         ("https://my_hooks.example.com/", "https://my_hooks.example.com/"),
+        ("https://xn--bcher-kva.my_hooks.example.com/", "https://xn--bcher-kva.my_hooks.example.com/"),
+        ("https://a.xn--11b5bs3a9aj6g/", "https://a.xn--11b5bs3a9aj6g/"),  # a Devanagari word, not digits
     ],
 )
 def test_public_destinations_are_normalized_the_way_the_client_sends_them(url: str, stored: str) -> None:
@@ -172,3 +179,22 @@ def test_what_create_accepts_the_sender_reads_back_unchanged(host: str, rest: st
     again = _guard.readable(stored)
     assert again.raw_host == parsed.raw_host and str(again) == stored
     httpx.Request("POST", again)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://xn--9999999999.example.com/",  # a label that is not valid punycode
+        "http://hooks.xn--9999999999.example/",
+        "http://xn--\ud800a.example/",
+    ],
+)
+def test_an_undecodable_idna_label_is_refused_without_quoting_it(url: str) -> None:
+    with pytest.raises(ValueError) as refusal:
+        _guard.parse(url)
+    message = str(refusal.value)
+    assert message in (
+        "cannot be parsed as a URL",
+        "must name its host as a DNS name (letters, digits, '-', '_') or an IP address",
+    )
+    assert "xn--" not in message
