@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 import attrs
 
 from .errors import InvalidConfigError, InvalidInputError
+from .fields import rules_of
 
 __all__ = ["decode", "encode", "json_schema", "quote", "storable", "supported_problems"]
 
@@ -395,7 +396,9 @@ def json_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
     if tp is Any or tp is object:
         return {}
     if tp is str:
-        return {"type": "string"}
+        # The codec refuses NUL in any string (see the module docstring); surrogates cannot be in a JSON document
+        # that is valid UTF-8, so NUL is the one character to publish.
+        return {"type": "string", "pattern": _NO_NUL}
     if tp is bool:
         return {"type": "boolean"}
     if tp is int:
@@ -415,13 +418,16 @@ def json_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
         if name not in defs:
             defs[name] = {}  # reserve first: a class may refer to itself
             hints = _field_types(tp)
-            props = {f.name: json_schema(hints[f.name], defs) for f in attrs.fields(tp)}
+            props = {f.name: _constrained(json_schema(hints[f.name], defs), f) for f in attrs.fields(tp)}
             required = [f.name for f in attrs.fields(tp) if f.default is attrs.NOTHING]
             schema: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
             if required:
                 schema["required"] = required
             if tp.__doc__:
                 schema["description"] = tp.__doc__.strip().splitlines()[0]
+            # A rule across fields (one field's allowed values depend on another's) has no place on one field:
+            # the class publishes it, in JSON Schema, next to the validator that enforces it.
+            schema.update(getattr(tp, "__json_schema__", {}))
             defs[name] = schema
         return {"$ref": f"#/components/schemas/{name}"}
     origin = get_origin(tp)
@@ -433,8 +439,34 @@ def json_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
     if origin in (list, tuple, Sequence) or origin is typing.Sequence:
         return {"type": "array", "items": json_schema(args[0], defs)}
     if origin in (dict, Mapping) or origin is typing.Mapping:
-        return {"type": "object", "additionalProperties": json_schema(args[1], defs)}
+        return {
+            "type": "object",
+            "propertyNames": {"pattern": _NO_NUL},
+            "additionalProperties": json_schema(args[1], defs),
+        }
     raise TypeError(f"type {tp!r} is not supported by the codec")
+
+
+_NO_NUL = "^[^\\u0000]*$"
+
+
+def _constrained(schema: dict[str, Any], field: attrs.Attribute[Any]) -> dict[str, Any]:
+    """``schema`` with the keywords of the field's declared rules (``bettercompute.fields``) merged in."""
+    rules = rules_of(field)
+    if not rules:
+        return schema
+    if "anyOf" in schema:
+        # ``X | None``: the rules apply to the X branch; null stays null.
+        branches = [b if b.get("type") == "null" else _constrained(b, field) for b in schema["anyOf"]]
+        return {**schema, "anyOf": branches}
+    out = dict(schema)
+    for rule in rules:
+        for key, value in rule.schema().items():
+            if key in ("items", "additionalProperties", "propertyNames") and isinstance(out.get(key), dict):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = value
+    return out
 
 
 def supported_problems(cls: type) -> list[str]:
