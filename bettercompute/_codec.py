@@ -3,6 +3,11 @@
 Field names on the wire are the attribute names (snake_case). Timestamps are ISO 8601 in UTC with a ``Z``. Decoding
 is strict: an unknown field, a missing required field or a value of the wrong type is ``InvalidInputError`` with the
 field's path (``spec.devices[2].model``) in ``details["path"]``. Converters are built once per type and cached.
+
+Text that PostgreSQL or UTF-8 cannot carry (a NUL character, an unpaired UTF-16 surrogate, which JSON's ``\\ud800``
+escapes can spell) is refused at the codec, in values, field names and map keys alike, so it never reaches a store
+or a response. Error messages escape whatever part of the input they quote (``quote``), and never quote text that
+could not be encoded.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import datetime as dt
 import enum
 import functools
 import math
+import re
 import types
 import typing
 import uuid
@@ -20,13 +26,42 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 import attrs
 
 from .errors import InvalidConfigError, InvalidInputError
+from .fields import rules_of
 
-__all__ = ["decode", "encode", "json_schema", "supported_problems"]
+__all__ = ["decode", "encode", "json_schema", "quote", "storable", "supported_problems"]
 
 T = TypeVar("T")
 Path = tuple[str | int, ...]
 _Decoder = Callable[[Any, Path], Any]
 _Encoder = Callable[[Any], Any]
+
+
+# NUL: PostgreSQL's text cannot hold it. U+D800-U+DFFF: only an unpaired surrogate lands there in a Python str, and
+# UTF-8 (PostgreSQL's encoding, and the response's) cannot encode it.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_UNSTORABLE_REASON = "holds a NUL character or an unpaired UTF-16 surrogate, which cannot be stored"
+_QUOTE_LIMIT = 64
+
+
+def storable(text: str) -> bool:
+    """Whether ``text`` can be stored in PostgreSQL and sent as UTF-8 (no NUL, no unpaired surrogate)."""
+    return _UNSTORABLE.search(text) is None
+
+
+def quote(text: str, limit: int = _QUOTE_LIMIT) -> str:
+    """``text`` made safe to put in an error message or a log line: every character that is not printable (controls,
+    bidirectional and other format marks, surrogates, separators) becomes a ``\\x``/``\\u`` escape, and the result is
+    cut at ``limit`` characters."""
+    out: list[str] = []
+    size = 0
+    for char in text:
+        piece = char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+        if size + len(piece) > limit:
+            out.append("…")
+            break
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
 
 
 def _fmt(path: Path) -> str:
@@ -35,12 +70,16 @@ def _fmt(path: Path) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else part
+            # Map keys and unknown field names come from the caller: quoted like any other input.
+            name = quote(part)
+            out += f".{name}" if out else name
     return out
 
 
 def _fail(path: Path, reason: str) -> InvalidInputError:
     where = _fmt(path)
+    # A validator's reason may quote the value it refused: escaped and bounded like any other quoted input.
+    reason = quote(reason, limit=400)
     message = f"{where}: {reason}" if where else reason
     return InvalidInputError(message, details={"path": where, "reason": reason})
 
@@ -70,7 +109,10 @@ def decode(cls: type[T], data: Any) -> T:
     Raises:
         InvalidInputError: the value does not fit ``cls``; ``details["path"]`` names the field.
     """
-    result: T = _decoder(typing.cast(Any, cls))(data, ())
+    try:
+        result: T = _decoder(typing.cast(Any, cls))(data, ())
+    except RecursionError:
+        raise InvalidInputError("the input is nested too deeply", details={"path": ""}) from None
     return result
 
 
@@ -114,12 +156,25 @@ def _decoder(tp: Any) -> _Decoder:
 
 
 def _decode_any(value: Any, path: Path) -> Any:
+    # Passed through as it is, but what it holds may still end up stored: its text is checked like any other.
+    if isinstance(value, str):
+        return _decode_str(value, path)
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _decode_any(item, (*path, i))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not storable(key):
+                raise _fail(path, f"a key {_UNSTORABLE_REASON}")
+            _decode_any(item, (*path, key))
     return value
 
 
 def _decode_str(value: Any, path: Path) -> str:
     if not isinstance(value, str):
         raise _fail(path, f"expected a string, got {_describe(value)}")
+    if not storable(value):
+        raise _fail(path, _UNSTORABLE_REASON)
     return value
 
 
@@ -224,6 +279,10 @@ def _mapping_decoder(item: _Decoder) -> _Decoder:
     def decode_mapping(value: Any, path: Path) -> Any:
         if not isinstance(value, dict):
             raise _fail(path, f"expected an object, got {_describe(value)}")
+        for key in value:
+            if not storable(key):
+                # The map's path, not the key's: the key itself cannot be quoted.
+                raise _fail(path, f"a key {_UNSTORABLE_REASON}")
         return {k: item(v, (*path, k)) for k, v in value.items()}
 
     return decode_mapping
@@ -245,6 +304,8 @@ def _attrs_decoder(cls: type) -> _Decoder:
             raise _fail(path, f"expected an object, got {_describe(value)}")
         for key in value:
             if key not in known:
+                if not storable(key):
+                    raise _fail(path, f"a field name {_UNSTORABLE_REASON}")
                 raise _fail((*path, str(key)), "unknown field")
         kwargs: dict[str, Any] = {}
         for name, init_name, field_decoder, required in fields:
@@ -335,7 +396,9 @@ def json_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
     if tp is Any or tp is object:
         return {}
     if tp is str:
-        return {"type": "string"}
+        # The codec refuses NUL in any string (see the module docstring); surrogates cannot be in a JSON document
+        # that is valid UTF-8, so NUL is the one character to publish.
+        return {"type": "string", "pattern": _NO_NUL}
     if tp is bool:
         return {"type": "boolean"}
     if tp is int:
@@ -355,13 +418,16 @@ def json_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
         if name not in defs:
             defs[name] = {}  # reserve first: a class may refer to itself
             hints = _field_types(tp)
-            props = {f.name: json_schema(hints[f.name], defs) for f in attrs.fields(tp)}
+            props = {f.name: _constrained(json_schema(hints[f.name], defs), f) for f in attrs.fields(tp)}
             required = [f.name for f in attrs.fields(tp) if f.default is attrs.NOTHING]
             schema: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
             if required:
                 schema["required"] = required
             if tp.__doc__:
                 schema["description"] = tp.__doc__.strip().splitlines()[0]
+            # A rule across fields (one field's allowed values depend on another's) has no place on one field:
+            # the class publishes it, in JSON Schema, next to the validator that enforces it.
+            schema.update(getattr(tp, "__json_schema__", {}))
             defs[name] = schema
         return {"$ref": f"#/components/schemas/{name}"}
     origin = get_origin(tp)
@@ -373,8 +439,34 @@ def json_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
     if origin in (list, tuple, Sequence) or origin is typing.Sequence:
         return {"type": "array", "items": json_schema(args[0], defs)}
     if origin in (dict, Mapping) or origin is typing.Mapping:
-        return {"type": "object", "additionalProperties": json_schema(args[1], defs)}
+        return {
+            "type": "object",
+            "propertyNames": {"pattern": _NO_NUL},
+            "additionalProperties": json_schema(args[1], defs),
+        }
     raise TypeError(f"type {tp!r} is not supported by the codec")
+
+
+_NO_NUL = "^[^\\u0000]*$"
+
+
+def _constrained(schema: dict[str, Any], field: attrs.Attribute[Any]) -> dict[str, Any]:
+    """``schema`` with the keywords of the field's declared rules (``bettercompute.fields``) merged in."""
+    rules = rules_of(field)
+    if not rules:
+        return schema
+    if "anyOf" in schema:
+        # ``X | None``: the rules apply to the X branch; null stays null.
+        branches = [b if b.get("type") == "null" else _constrained(b, field) for b in schema["anyOf"]]
+        return {**schema, "anyOf": branches}
+    out = dict(schema)
+    for rule in rules:
+        for key, value in rule.schema().items():
+            if key in ("items", "additionalProperties", "propertyNames") and isinstance(out.get(key), dict):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = value
+    return out
 
 
 def supported_problems(cls: type) -> list[str]:

@@ -11,6 +11,7 @@ the database answers).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
+from ._codec import quote
 from ._openapi import openapi_document
 from .errors import ComputeError, InternalError, InvalidInputError, NotFoundError, UnauthenticatedError
 
@@ -83,9 +85,54 @@ def _credential(headers: Mapping[str, str]) -> str | None:
     if value is None:
         return None
     scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    # A credential is visible ASCII (RFC 6750's token68); anything else could only reach the store as a lookup
+    # key it cannot hold (a NUL) or match.
+    if scheme.lower() != "bearer" or not token or not all("!" <= c <= "~" for c in token):
         raise UnauthenticatedError("the Authorization header must be 'Bearer <credential>'")
-    return token.strip()
+    return token
+
+
+# The request headers the app reads, each of which has one meaning only when it is given once.
+_SINGLE_HEADERS = frozenset({"authorization", "content-type", "content-length"})
+
+
+def _headers(raw: Any) -> tuple[dict[str, str], str | None]:
+    """The headers by lower-case name, and the first single-valued one (``_SINGLE_HEADERS``) given twice, if any."""
+    headers: dict[str, str] = {}
+    repeated: str | None = None
+    for key, value in raw:
+        name = key.decode("latin-1").lower()
+        if name in headers and name in _SINGLE_HEADERS and repeated is None:
+            repeated = name
+        headers[name] = value.decode("latin-1")
+    return headers, repeated
+
+
+def _route_path(scope: Scope) -> str:
+    """The path to route on, below ``root_path``: the raw path as the client sent it, when the server gives it.
+
+    Servers hand the app ``path`` percent-decoded, so ``pools%2Fcreate`` would read as ``pools/create``. Routing on the
+    raw bytes keeps every escape as it was sent, and as no route holds a ``%``, an escaped path matches nothing.
+    """
+    raw = scope.get("raw_path")
+    # Some clients' ASGI transports (httpx's) leave the query string on the raw path; the spec says it has none.
+    path = bytes(raw).split(b"?", 1)[0].decode("latin-1") if isinstance(raw, bytes | bytearray) else scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return str(path)
+
+
+async def _send(send: Send, response: Response) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()],
+        }
+    )
+    await send({"type": "http.response.body", "body": response.body})
 
 
 class HttpTransport:
@@ -102,12 +149,19 @@ class HttpTransport:
 
     async def handle(self, request: Request) -> Response:
         """Answer one request; never raises."""
+        error: ComputeError
         try:
             return await self._route(request)
         except ComputeError as exc:
-            return error_response(exc)
+            error = exc
         except Exception as exc:
             log.error("internal error in the HTTP handler: %s", type(exc).__name__)
+            error = InternalError("an internal error occurred")
+        try:
+            return error_response(error)
+        except Exception as exc:
+            # An error whose text or details cannot be sent (as JSON, in UTF-8): say less rather than fail.
+            log.error("could not encode a %s envelope: %s", error.code, type(exc).__name__)
             return error_response(InternalError("an internal error occurred"))
 
     async def _route(self, request: Request) -> Response:
@@ -119,7 +173,7 @@ class HttpTransport:
             checks = {c.name: c.ok for c in report.checks}
             return _json_response(200 if report.status == "ok" else 503, {"status": report.status, "checks": checks})
         if not path.startswith(self._prefix):
-            raise NotFoundError(f"no route for {path}", details={"path": path})
+            raise NotFoundError(f"no route for {quote(path)}", details={"path": quote(path, limit=256)})
         rest = path[len(self._prefix) :]
         if rest == "openapi.json":
             if request.method not in ("GET", "HEAD"):
@@ -133,6 +187,7 @@ class HttpTransport:
         group, _, name = rest.partition("/")
         method = self._compute.registry.method(group, name)
         if method is None:
+            group, name = quote(group), quote(name)
             raise NotFoundError(f"no method {group}.{name}", details={"group": group, "method": name})
         if request.method != "POST":
             return error_response(
@@ -160,33 +215,46 @@ class HttpTransport:
     # --- ASGI ---------------------------------------------------------------------------------------------------
 
     async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The ASGI 3 application."""
+        """The ASGI 3 application. No exception leaves it: the server would answer with a plain-text page."""
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self._http(scope, receive, tracked_send)
+        except Exception as exc:
+            # Only the class: the text may quote the request. Once the response has started nothing more can be
+            # said on it; the server closes the connection when the app returns.
+            log.error("internal error in the ASGI app: %s", type(exc).__name__)
+            if not started:
+                with contextlib.suppress(Exception):
+                    await _send(send, error_response(InternalError("an internal error occurred")))
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers, repeated = _headers(scope.get("headers", []))
         body = await self._read_body(headers, receive)
         if body is _DISCONNECTED:
             return  # the client left before its body arrived: nothing to run, nobody to answer
         if body is None:
             response = self._too_large()
+        elif repeated:
+            # Two values of a header the app reads: which one a proxy in front acted on is unknowable.
+            response = error_response(
+                InvalidInputError(f"the {repeated} header is given more than once", details={"header": repeated})
+            )
         else:
-            root = scope.get("root_path", "")
-            path = scope["path"]
-            if root and path.startswith(root):
-                path = path[len(root) :]
-            request = Request(method=scope["method"], path=path, headers=headers, body=body)
+            request = Request(method=scope["method"], path=_route_path(scope), headers=headers, body=body)
             response = await self.handle(request)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status,
-                "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()],
-            }
-        )
-        await send({"type": "http.response.body", "body": response.body})
+        await _send(send, response)
 
     async def _read_body(self, headers: Mapping[str, str], receive: Receive) -> bytes | None:
         """The whole body; ``None`` as soon as it is known to exceed the limit; ``_DISCONNECTED`` (that very object)
@@ -229,6 +297,10 @@ class HttpTransport:
                     await self._compute.close()
                 except ComputeError as exc:
                     await send({"type": "lifespan.shutdown.failed", "message": f"{exc.code}: {exc.message}"})
+                    return
+                except Exception as exc:
+                    log.error("close() failed: %s", type(exc).__name__)
+                    await send({"type": "lifespan.shutdown.failed", "message": "INTERNAL: close() failed"})
                     return
                 await send({"type": "lifespan.shutdown.complete"})
                 return

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from ._codec import json_schema
 from ._version import __version__
 from .errors import ComputeError
@@ -14,6 +16,10 @@ if TYPE_CHECKING:
 __all__ = ["openapi_document"]
 
 _ERROR_STATUSES = sorted({cls.http_status for cls in ComputeError.__subclasses__()} | {405, 413, 415})
+
+
+def _has_required(cls: type) -> bool:
+    return any(f.default is attrs.NOTHING for f in attrs.fields(cls))
 
 
 def openapi_document(registry: Registry, endpoint: str) -> dict[str, Any]:
@@ -42,7 +48,11 @@ def openapi_document(registry: Registry, endpoint: str) -> dict[str, Any]:
             "operationId": f"{method.group}.{method.name}",
             "summary": method.summary,
             "tags": [method.group],
-            "requestBody": {"required": False, "content": {"application/json": {"schema": input_schema}}},
+            # An empty body reads as ``{}``: it is optional only when no field is required.
+            "requestBody": {
+                "required": _has_required(method.input),
+                "content": {"application/json": {"schema": input_schema}},
+            },
             "responses": responses,
             "x-action": method.action,
             "x-mutates": method.mutates,

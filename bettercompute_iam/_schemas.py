@@ -2,18 +2,19 @@
 
 Tenant-scoped inputs name their tenant (its id, ``root`` or ``tn_…``) in a ``tenant`` field, the way a Kubernetes
 request names its namespace: the core's tenant pre-check refuses a caller from another tenant before any database
-access. Simple field rules are attrs validators; they raise ``(message, attribute, value)`` so the codec reports
-``INVALID_INPUT`` with the field's path.
+access. Field rules are declared with ``bettercompute.fields`` (the codec enforces them as ``INVALID_INPUT`` at the
+field's path, the OpenAPI document publishes them); the few no JSON Schema keyword expresses are plain validators.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import attrs
 
+from bettercompute.fields import Integer, Items, Text
 from bettercompute.paging import PageInput
 
 __all__ = [
@@ -51,10 +52,27 @@ MAX_EXPIRY_SECONDS = 10 * 366 * 24 * 3600
 RESERVED_ROLE_PREFIX = "compute."
 """Built-in roles are named ``compute.*``; custom roles may not be."""
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-_PRINCIPAL_NAME = re.compile(r"[a-z0-9]([a-z0-9._@-]{0,126}[a-z0-9])?")
-_ROLE_NAME = re.compile(r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?")
 _ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_DNS_LABEL = Text(
+    pattern=r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?",
+    reason="must be a lowercase DNS label: 1 to 63 of a-z, 0-9 and '-', alphanumeric ends",
+)
+_PRINCIPAL_NAME = Text(
+    pattern=r"[a-z0-9]([a-z0-9._@-]{0,126}[a-z0-9])?",
+    reason="must be 1 to 128 of a-z, 0-9, '.', '_', '@' and '-', starting and ending alphanumeric",
+)
+_ROLE_NAME = Text(
+    pattern=r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?",
+    reason="must be 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending alphanumeric",
+)
+_IDENTIFIER = Text(pattern=_ID.pattern, reason="must be an id of 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
+_DESCRIPTION = Text(max_length=256, reason="must be at most 256 characters")
+_EXPIRY = Integer(
+    minimum=MIN_EXPIRY_SECONDS,
+    maximum=MAX_EXPIRY_SECONDS,
+    reason=f"must be null (never) or between {MIN_EXPIRY_SECONDS} and {MAX_EXPIRY_SECONDS} seconds",
+)
+_PATTERNS = Items(min_items=1, max_items=100, reason="must hold 1 to 100 action patterns")
 
 
 def _fail(attribute: attrs.Attribute[Any], value: Any, reason: str) -> ValueError:
@@ -62,45 +80,10 @@ def _fail(attribute: attrs.Attribute[Any], value: Any, reason: str) -> ValueErro
     return ValueError(reason, attribute, value)
 
 
-def _dns_label(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if not _DNS_LABEL.fullmatch(value):
-        raise _fail(attribute, value, "must be a lowercase DNS label: 1 to 63 of a-z, 0-9 and '-', alphanumeric ends")
-
-
-def _principal_name(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if not _PRINCIPAL_NAME.fullmatch(value):
-        raise _fail(
-            attribute, value, "must be 1 to 128 of a-z, 0-9, '.', '_', '@' and '-', starting and ending alphanumeric"
-        )
-
-
-def _role_name(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+def _reserved_prefix(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    # Beside the declared rule: the document cannot say "not starting with" without a look-ahead.
     if value.startswith(RESERVED_ROLE_PREFIX):
         raise _fail(attribute, value, f"may not start with {RESERVED_ROLE_PREFIX!r}: that prefix is for built-in roles")
-    if not _ROLE_NAME.fullmatch(value):
-        raise _fail(attribute, value, "must be 1 to 63 of a-z, 0-9, '.', '_' and '-', starting and ending alphanumeric")
-
-
-def _identifier(_: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _ID.fullmatch(value):
-        raise _fail(attribute, value, "must be an id of 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
-
-
-def _description(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if len(value) > 256:
-        raise _fail(attribute, value, "must be at most 256 characters")
-
-
-def _expiry(_: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
-    if value is not None and not MIN_EXPIRY_SECONDS <= value <= MAX_EXPIRY_SECONDS:
-        raise _fail(
-            attribute, value, f"must be null (never) or between {MIN_EXPIRY_SECONDS} and {MAX_EXPIRY_SECONDS} seconds"
-        )
-
-
-def _patterns(_: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
-    if not 1 <= len(value) <= 100:
-        raise _fail(attribute, value, "must hold 1 to 100 action patterns")
 
 
 def _scope_id(instance: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
@@ -121,7 +104,7 @@ def _scope_id(instance: Any, attribute: attrs.Attribute[Any], value: str | None)
 class CreateTenantInput:
     """A new tenant's name: a lowercase DNS label, unique."""
 
-    name: str = attrs.field(validator=_dns_label)
+    name: str = attrs.field(validator=_DNS_LABEL)
 
 
 @attrs.frozen(kw_only=True)
@@ -153,8 +136,8 @@ class ListTenantsOutput:
 class CreatePrincipalInput:
     """A new user or service account in ``tenant``; the name is unique in the tenant."""
 
-    tenant: str = attrs.field(validator=_identifier)
-    name: str = attrs.field(validator=_principal_name)
+    tenant: str = attrs.field(validator=_IDENTIFIER)
+    name: str = attrs.field(validator=_PRINCIPAL_NAME)
     kind: Literal["user", "service_account"]
 
 
@@ -174,7 +157,7 @@ class Principal:
 class ListPrincipalsInput(PageInput):
     """The tenant whose principals to list."""
 
-    tenant: str = attrs.field(validator=_identifier)
+    tenant: str = attrs.field(validator=_IDENTIFIER)
 
 
 @attrs.frozen(kw_only=True)
@@ -189,8 +172,8 @@ class ListPrincipalsOutput:
 class DisablePrincipalInput:
     """The principal to disable, in ``tenant``."""
 
-    tenant: str = attrs.field(validator=_identifier)
-    principal_id: str = attrs.field(validator=_identifier)
+    tenant: str = attrs.field(validator=_IDENTIFIER)
+    principal_id: str = attrs.field(validator=_IDENTIFIER)
 
 
 # --- credentials ------------------------------------------------------------------------------------------------
@@ -203,10 +186,10 @@ class CreateCredentialInput:
     ``expires_in_seconds`` must be given: ``null`` for a credential that never expires, else 60 s to 10 years.
     """
 
-    tenant: str = attrs.field(validator=_identifier)
-    principal_id: str = attrs.field(validator=_identifier)
-    expires_in_seconds: int | None = attrs.field(validator=_expiry)
-    description: str = attrs.field(default="", validator=_description)
+    tenant: str = attrs.field(validator=_IDENTIFIER)
+    principal_id: str = attrs.field(validator=_IDENTIFIER)
+    expires_in_seconds: int | None = attrs.field(validator=_EXPIRY)
+    description: str = attrs.field(default="", validator=_DESCRIPTION)
 
 
 @attrs.frozen(kw_only=True)
@@ -238,8 +221,8 @@ class CredentialInfo:
 class ListCredentialsInput(PageInput):
     """The credentials of ``tenant``, or of one of its principals."""
 
-    tenant: str = attrs.field(validator=_identifier)
-    principal_id: str | None = attrs.field(default=None, validator=_identifier)
+    tenant: str = attrs.field(validator=_IDENTIFIER)
+    principal_id: str | None = attrs.field(default=None, validator=_IDENTIFIER)
 
 
 @attrs.frozen(kw_only=True)
@@ -254,8 +237,8 @@ class ListCredentialsOutput:
 class RevokeCredentialInput:
     """The credential to revoke, in ``tenant``."""
 
-    tenant: str = attrs.field(validator=_identifier)
-    credential_id: str = attrs.field(validator=_identifier)
+    tenant: str = attrs.field(validator=_IDENTIFIER)
+    credential_id: str = attrs.field(validator=_IDENTIFIER)
 
 
 # --- roles ------------------------------------------------------------------------------------------------------
@@ -265,10 +248,10 @@ class RevokeCredentialInput:
 class CreateRoleInput:
     """A custom role of ``tenant``: a set of action patterns (``compute:reservations:*``), each matching an action."""
 
-    tenant: str = attrs.field(validator=_identifier)
-    name: str = attrs.field(validator=_role_name)
-    actions: tuple[str, ...] = attrs.field(validator=_patterns)
-    description: str = attrs.field(default="", validator=_description)
+    tenant: str = attrs.field(validator=_IDENTIFIER)
+    name: str = attrs.field(validator=attrs.validators.and_(_ROLE_NAME, _reserved_prefix))
+    actions: tuple[str, ...] = attrs.field(validator=_PATTERNS)
+    description: str = attrs.field(default="", validator=_DESCRIPTION)
 
 
 @attrs.frozen(kw_only=True)
@@ -288,7 +271,7 @@ class Role:
 class ListRolesInput(PageInput):
     """The tenant whose roles to list (the built-in roles come with every tenant)."""
 
-    tenant: str = attrs.field(validator=_identifier)
+    tenant: str = attrs.field(validator=_IDENTIFIER)
 
 
 @attrs.frozen(kw_only=True)
@@ -310,9 +293,27 @@ class CreateBindingInput:
     null for ``root``, the tenant (or null) for ``tenant``, and the pool's id for ``pool``.
     """
 
-    tenant: str = attrs.field(validator=_identifier)
-    principal_id: str = attrs.field(validator=_identifier)
-    role: str = attrs.field(validator=_identifier)
+    # ``_scope_id`` enforces this; the document says it. A tenant scope's id may also be the tenant itself, which
+    # JSON Schema cannot compare; the document asks for null there, which is always accepted.
+    __json_schema__: ClassVar[dict[str, Any]] = {
+        "allOf": [
+            {
+                "if": {"properties": {"scope_type": {"enum": ["root", "tenant"]}}},
+                "then": {"properties": {"scope_id": {"type": "null"}}},
+            },
+            {
+                "if": {"properties": {"scope_type": {"const": "pool"}}},
+                "then": {
+                    "required": ["scope_id"],
+                    "properties": {"scope_id": {"type": "string", **_IDENTIFIER.schema()}},
+                },
+            },
+        ]
+    }
+
+    tenant: str = attrs.field(validator=_IDENTIFIER)
+    principal_id: str = attrs.field(validator=_IDENTIFIER)
+    role: str = attrs.field(validator=_IDENTIFIER)
     scope_type: Literal["root", "tenant", "pool"]
     scope_id: str | None = attrs.field(default=None, validator=_scope_id)
 
@@ -335,8 +336,8 @@ class Binding:
 class ListBindingsInput(PageInput):
     """The bindings of ``tenant``'s principals, or of one of them."""
 
-    tenant: str = attrs.field(validator=_identifier)
-    principal_id: str | None = attrs.field(default=None, validator=_identifier)
+    tenant: str = attrs.field(validator=_IDENTIFIER)
+    principal_id: str | None = attrs.field(default=None, validator=_IDENTIFIER)
 
 
 @attrs.frozen(kw_only=True)
@@ -351,8 +352,8 @@ class ListBindingsOutput:
 class DeleteBindingInput:
     """The binding to delete, in ``tenant``."""
 
-    tenant: str = attrs.field(validator=_identifier)
-    binding_id: str = attrs.field(validator=_identifier)
+    tenant: str = attrs.field(validator=_IDENTIFIER)
+    binding_id: str = attrs.field(validator=_IDENTIFIER)
 
 
 @attrs.frozen(kw_only=True)

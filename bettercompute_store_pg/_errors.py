@@ -7,6 +7,7 @@ exception stays reachable as ``__cause__`` for logs and tracebacks.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import psycopg
@@ -16,6 +17,8 @@ from sqlalchemy import exc as sa_exc
 from bettercompute.errors import ComputeError, ConflictError, InternalError, UnavailableError
 
 __all__ = ["translate", "translated"]
+
+log = logging.getLogger("bettercompute.store_pg")
 
 UNREACHABLE = "the database is unreachable"
 RETRY = "the database could not complete the transaction now; retry"
@@ -74,4 +77,13 @@ def translated() -> Iterator[None]:
         error = translate(exc)
         if error is None:
             raise
+        if isinstance(error, InternalError):
+            # A ComputeError passes the dispatcher unlogged, so this is the one place an unexpected database error
+            # can be seen: by its class and SQLSTATE only, as its text may quote SQL or values.
+            log.error("unexpected database error: %s (SQLSTATE %s)", type(exc).__name__, _sqlstate(exc))
         raise error from exc
+
+
+def _sqlstate(exc: BaseException) -> str:
+    orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    return str(getattr(orig, "sqlstate", None) or "unknown")

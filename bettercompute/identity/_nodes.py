@@ -11,7 +11,6 @@ its join, so ``get``, ``revoke`` and ``retire`` are decided on the node's pool; 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from typing import Any, Literal, TypeVar
 
 import attrs
@@ -19,6 +18,7 @@ import attrs
 from .._registry import CallContext, GroupSpec, MethodDef
 from ..ca import CertificateAuthority
 from ..errors import FailedPreconditionError, NotFoundError
+from ..fields import Text
 from ..paging import Keyset, PageInput
 from ..ports import NodeRecord, ResourceRef, Store, Transaction
 
@@ -36,49 +36,40 @@ __all__ = [
 
 NODE = "node"
 NodeState = Literal["adopting", "adopted", "failed", "retired"]
-_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_ID = Text(pattern=r"[A-Za-z0-9._-]{1,128}", reason="must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
+_REASON = Text(max_length=500, reason="at most 500 characters")
 B = TypeVar("B")
-
-
-def _id(_: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _ID.fullmatch(value):
-        raise ValueError("must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'", attribute, value)
-
-
-def _reason(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if len(value) > 500:
-        raise ValueError("at most 500 characters", attribute, value)
 
 
 @attrs.frozen(kw_only=True)
 class ListNodesInput(PageInput):
     """A tenant's nodes, of one pool when ``pool_id`` is given, one page at a time."""
 
-    tenant: str = attrs.field(validator=_id)
-    pool_id: str | None = attrs.field(default=None, validator=_id)
+    tenant: str = attrs.field(validator=_ID)
+    pool_id: str | None = attrs.field(default=None, validator=_ID)
 
 
 @attrs.frozen(kw_only=True)
 class GetNodeInput:
     """A node by id."""
 
-    id: str = attrs.field(validator=_id)
+    id: str = attrs.field(validator=_ID)
 
 
 @attrs.frozen(kw_only=True)
 class RevokeNodeInput:
     """Revoke every certificate of a node, saying why (kept in the audit row and the revocations)."""
 
-    id: str = attrs.field(validator=_id)
-    reason: str = attrs.field(default="revoked by an operator", validator=_reason)
+    id: str = attrs.field(validator=_ID)
+    reason: str = attrs.field(default="revoked by an operator", validator=_REASON)
 
 
 @attrs.frozen(kw_only=True)
 class RetireNodeInput:
     """Retire a node for good, saying why."""
 
-    id: str = attrs.field(validator=_id)
-    reason: str = attrs.field(default="retired by an operator", validator=_reason)
+    id: str = attrs.field(validator=_ID)
+    reason: str = attrs.field(default="retired by an operator", validator=_REASON)
 
 
 @attrs.frozen(kw_only=True)

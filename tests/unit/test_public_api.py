@@ -19,6 +19,7 @@ PACKAGES = [
     "bettercompute.modules.webhooks",
     "bettercompute.modules.secrets",
     "bettercompute.modules.pools",
+    "bettercompute.fields",
     "bettercompute.joins",
     "bettercompute.paging",
     "bettercompute.webhooks",

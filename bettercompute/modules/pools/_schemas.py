@@ -1,17 +1,18 @@
 """Inputs and outputs of the ``pools`` and ``join-tokens`` groups.
 
-Field rules are attrs validators raising ``(message, attribute, value)``, which the codec reports as
-``INVALID_INPUT`` at the field's path. The pool's class is ``pool_class`` on the wire (``class`` is a Python keyword).
+Field rules are declared with ``bettercompute.fields``: the codec enforces them (``INVALID_INPUT`` at the field's
+path) and the OpenAPI document publishes them. The pool's class is ``pool_class`` on the wire (``class`` is a Python
+keyword).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 
+from ...fields import Entries, Integer, Items, Text
 from ...paging import PageInput
 
 __all__ = [
@@ -45,71 +46,42 @@ MAX_EXPIRY = 30 * 24 * 3600
 MAX_LABELS = 64
 MAX_CHECKS = 32
 
-_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
-_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-_CHECK = re.compile(r"[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*")
+_ID = Text(pattern=r"[A-Za-z0-9._-]{1,128}", reason="must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
+_NAME = Text(
+    pattern=r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?",
+    reason="must be a DNS label: 1 to 63 of a-z, 0-9 and '-', not starting or ending in '-'",
+)
+_CHECKS = Items(
+    item=Text(
+        pattern=r"[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*", max_length=128, reason="is not a check name like 'diag.nvml'"
+    ),
+    max_items=MAX_CHECKS,
+    unique=True,
+    reason=f"at most {MAX_CHECKS} checks",
+)
 # Kubernetes-style: an optional DNS-subdomain prefix and '/', then a name of alphanumerics, '-', '_', '.'.
-_LABEL_KEY = re.compile(r"([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
-_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
-_CLAIM = re.compile(r"[\x21-\x7e]([\x20-\x7e]{0,126}[\x21-\x7e])?")
-
-
-def _fail(attribute: attrs.Attribute[Any], value: Any, reason: str) -> ValueError:
-    return ValueError(reason, attribute, value)
-
-
-def _id(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if not _ID.fullmatch(value):
-        raise _fail(attribute, value, "must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
-
-
-def _name(_: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _DNS_LABEL.fullmatch(value):
-        raise _fail(attribute, value, "must be a DNS label: 1 to 63 of a-z, 0-9 and '-', not starting or ending in '-'")
-
-
-def _checks(_: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...] | None) -> None:
-    if value is None:
-        return
-    if len(value) > MAX_CHECKS:
-        raise _fail(attribute, value, f"at most {MAX_CHECKS} checks")
-    for check in value:
-        if len(check) > 128 or not _CHECK.fullmatch(check):
-            raise _fail(attribute, value, f"{check!r} is not a check name like 'diag.nvml'")
-    if len(set(value)) != len(value):
-        raise _fail(attribute, value, "lists a check twice")
-
-
-def _labels(_: Any, attribute: attrs.Attribute[Any], value: dict[str, str] | None) -> None:
-    if value is None:
-        return
-    if len(value) > MAX_LABELS:
-        raise _fail(attribute, value, f"at most {MAX_LABELS} labels")
-    for key, item in value.items():
-        if not isinstance(key, str) or not _LABEL_KEY.fullmatch(key) or len(key) > 317:
-            raise _fail(attribute, value, f"{key!r} is not a label key like 'zone' or 'example.com/rack'")
-        if not isinstance(item, str) or not _LABEL_VALUE.fullmatch(item):
-            raise _fail(attribute, value, f"the value of {key!r} must be at most 63 of A-Z, a-z, 0-9, '.', '_', '-'")
-
-
-def _uses(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
-    if isinstance(value, bool) or not 1 <= value <= MAX_USES:
-        raise _fail(attribute, value, f"must be between 1 and {MAX_USES}")
-
-
-def _expiry(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
-    if isinstance(value, bool) or not MIN_EXPIRY <= value <= MAX_EXPIRY:
-        raise _fail(attribute, value, f"must be between {MIN_EXPIRY} and {MAX_EXPIRY} seconds (30 days)")
-
-
-def _claim(_: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _CLAIM.fullmatch(value):
-        raise _fail(attribute, value, "must be 1 to 128 printable ASCII characters, not starting or ending in a space")
-
-
-def _gpu_count(_: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not 0 <= value <= 1024):
-        raise _fail(attribute, value, "must be between 0 and 1024")
+_LABELS = Entries(
+    key=Text(
+        pattern=r"([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?",
+        max_length=317,
+        reason="is not a label key like 'zone' or 'example.com/rack'",
+    ),
+    value=Text(
+        pattern=r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?",
+        reason="must be at most 63 of A-Z, a-z, 0-9, '.', '_', '-'",
+    ),
+    max_entries=MAX_LABELS,
+    reason=f"at most {MAX_LABELS} labels",
+)
+_USES = Integer(minimum=1, maximum=MAX_USES, reason=f"must be between 1 and {MAX_USES}")
+_EXPIRY = Integer(
+    minimum=MIN_EXPIRY, maximum=MAX_EXPIRY, reason=f"must be between {MIN_EXPIRY} and {MAX_EXPIRY} seconds (30 days)"
+)
+_CLAIM = Text(
+    pattern=r"[\x21-\x7e]([\x20-\x7e]{0,126}[\x21-\x7e])?",
+    reason="must be 1 to 128 printable ASCII characters, not starting or ending in a space",
+)
+_GPU_COUNT = Integer(minimum=0, maximum=1024, reason="must be between 0 and 1024")
 
 
 # --- pools ------------------------------------------------------------------------------------------------------
@@ -119,11 +91,11 @@ def _gpu_count(_: Any, attribute: attrs.Attribute[Any], value: int | None) -> No
 class CreatePoolInput:
     """A pool of a tenant: its name (a DNS label, unique in the tenant), class, acceptance checks and labels."""
 
-    tenant: str = attrs.field(validator=_id)
-    name: str = attrs.field(validator=_name)
+    tenant: str = attrs.field(validator=_ID)
+    name: str = attrs.field(validator=_NAME)
     pool_class: PoolClass = "gpu"
-    acceptance_checks: tuple[str, ...] = attrs.field(default=DEFAULT_ACCEPTANCE_CHECKS, validator=_checks)
-    labels: dict[str, str] = attrs.field(factory=dict, validator=_labels)
+    acceptance_checks: tuple[str, ...] = attrs.field(default=DEFAULT_ACCEPTANCE_CHECKS, validator=_CHECKS)
+    labels: dict[str, str] = attrs.field(factory=dict, validator=_LABELS)
 
 
 @attrs.frozen(kw_only=True)
@@ -144,7 +116,7 @@ class Pool:
 class ListPoolsInput(PageInput):
     """The tenant whose pools to list, one page at a time."""
 
-    tenant: str = attrs.field(validator=_id)
+    tenant: str = attrs.field(validator=_ID)
 
 
 @attrs.frozen(kw_only=True)
@@ -159,7 +131,7 @@ class ListPoolsOutput:
 class GetPoolInput:
     """A pool by id."""
 
-    id: str = attrs.field(validator=_id)
+    id: str = attrs.field(validator=_ID)
 
 
 @attrs.frozen(kw_only=True)
@@ -169,10 +141,10 @@ class UpdatePoolInput:
     The class is fixed at ``create``.
     """
 
-    id: str = attrs.field(validator=_id)
-    name: str | None = attrs.field(default=None, validator=_name)
-    acceptance_checks: tuple[str, ...] | None = attrs.field(default=None, validator=_checks)
-    labels: dict[str, str] | None = attrs.field(default=None, validator=_labels)
+    id: str = attrs.field(validator=_ID)
+    name: str | None = attrs.field(default=None, validator=_NAME)
+    acceptance_checks: tuple[str, ...] | None = attrs.field(default=None, validator=_CHECKS)
+    labels: dict[str, str] | None = attrs.field(default=None, validator=_LABELS)
 
 
 # --- join tokens ------------------------------------------------------------------------------------------------
@@ -182,10 +154,10 @@ class UpdatePoolInput:
 class JoinExpect:
     """Hardware claims a joining machine must match (each one left out is not checked)."""
 
-    serial: str | None = attrs.field(default=None, validator=_claim)
-    product: str | None = attrs.field(default=None, validator=_claim)
-    gpu_model: str | None = attrs.field(default=None, validator=_claim)
-    gpu_count: int | None = attrs.field(default=None, validator=_gpu_count)
+    serial: str | None = attrs.field(default=None, validator=_CLAIM)
+    product: str | None = attrs.field(default=None, validator=_CLAIM)
+    gpu_model: str | None = attrs.field(default=None, validator=_CLAIM)
+    gpu_count: int | None = attrs.field(default=None, validator=_GPU_COUNT)
 
 
 @attrs.frozen(kw_only=True)
@@ -196,9 +168,9 @@ class CreateJoinTokenInput:
     ``none`` makes every join a new node.
     """
 
-    pool_id: str = attrs.field(validator=_id)
-    uses: int = attrs.field(default=1, validator=_uses)
-    expires_in_seconds: int = attrs.field(default=24 * 3600, validator=_expiry)
+    pool_id: str = attrs.field(validator=_ID)
+    uses: int = attrs.field(default=1, validator=_USES)
+    expires_in_seconds: int = attrs.field(default=24 * 3600, validator=_EXPIRY)
     expect: JoinExpect = attrs.field(factory=JoinExpect)
     reclaim: Reclaim = "none"
 
@@ -241,7 +213,7 @@ class CreatedJoinToken:
 class ListJoinTokensInput(PageInput):
     """The pool whose tokens to list, one page at a time."""
 
-    pool_id: str = attrs.field(validator=_id)
+    pool_id: str = attrs.field(validator=_ID)
 
 
 @attrs.frozen(kw_only=True)
@@ -256,11 +228,11 @@ class ListJoinTokensOutput:
 class GetJoinTokenInput:
     """A token by id."""
 
-    id: str = attrs.field(validator=_id)
+    id: str = attrs.field(validator=_ID)
 
 
 @attrs.frozen(kw_only=True)
 class RevokeJoinTokenInput:
     """A token to end now (revoking a revoked token changes nothing)."""
 
-    id: str = attrs.field(validator=_id)
+    id: str = attrs.field(validator=_ID)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any
 
 import attrs
 
+from ...fields import Text
 from ...paging import PageInput
 
 __all__ = [
@@ -25,33 +25,12 @@ __all__ = [
 ]
 
 MAX_VALUE_CHARS = 64 * 1024
-_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 SCOPE = re.compile(r"(node|pool|site):[A-Za-z0-9._-]{1,128}")
-
-
-def _fail(attribute: attrs.Attribute[Any], reason: str) -> ValueError:
-    # The value is never put in the error: for ``value`` it is the secret itself.
-    return ValueError(reason, attribute, "<hidden>")
-
-
-def _id(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if not _ID.fullmatch(value):
-        raise _fail(attribute, "must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
-
-
-def _scope(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if not SCOPE.fullmatch(value):
-        raise _fail(attribute, "must be 'node:<id>', 'pool:<id>' or 'site:<id>'")
-
-
-def _value(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if not 1 <= len(value) <= MAX_VALUE_CHARS:
-        raise _fail(attribute, f"must be 1 to {MAX_VALUE_CHARS} characters")
-
-
-def _description(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if len(value) > 500:
-        raise _fail(attribute, "must be at most 500 characters")
+_ID = Text(pattern=r"[A-Za-z0-9._-]{1,128}", reason="must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
+_SCOPE = Text(pattern=SCOPE.pattern, reason="must be 'node:<id>', 'pool:<id>' or 'site:<id>'")
+# The rules never quote the value they refuse: for ``value`` it is the secret itself.
+_VALUE = Text(min_length=1, max_length=MAX_VALUE_CHARS, reason=f"must be 1 to {MAX_VALUE_CHARS} characters")
+_DESCRIPTION = Text(max_length=500, reason="must be at most 500 characters")
 
 
 @attrs.frozen(kw_only=True)
@@ -59,11 +38,11 @@ class CreateSecretInput:
     """A secret: its name (unique in the tenant), who may have it (``node:<id>``, ``pool:<id>`` or ``site:<id>``)
     and its value, which is sealed by the KMS and never shown again (its ``repr`` hides it)."""
 
-    tenant: str = attrs.field(validator=_id)
-    name: str = attrs.field(validator=_id)
-    scope: str = attrs.field(validator=_scope)
-    value: str = attrs.field(validator=_value, repr=False)
-    description: str = attrs.field(default="", validator=_description)
+    tenant: str = attrs.field(validator=_ID)
+    name: str = attrs.field(validator=_ID)
+    scope: str = attrs.field(validator=_SCOPE)
+    value: str = attrs.field(validator=_VALUE, repr=False)
+    description: str = attrs.field(default="", validator=_DESCRIPTION)
 
 
 @attrs.frozen(kw_only=True)
@@ -82,7 +61,7 @@ class Secret:
 class ListSecretsInput(PageInput):
     """The tenant whose secrets to list, one page at a time."""
 
-    tenant: str = attrs.field(validator=_id)
+    tenant: str = attrs.field(validator=_ID)
 
 
 @attrs.frozen(kw_only=True)
@@ -97,8 +76,8 @@ class ListSecretsOutput:
 class DeleteSecretInput:
     """A secret to delete, by name."""
 
-    tenant: str = attrs.field(validator=_id)
-    name: str = attrs.field(validator=_id)
+    tenant: str = attrs.field(validator=_ID)
+    name: str = attrs.field(validator=_ID)
 
 
 @attrs.frozen(kw_only=True)

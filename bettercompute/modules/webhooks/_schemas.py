@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import attrs
 
+from ...fields import Items, Text
 from ...paging import PageInput
 
 __all__ = [
@@ -32,18 +33,13 @@ __all__ = [
 ]
 
 MAX_EVENT_TYPES = 64
-_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_ID = Text(pattern=r"[A-Za-z0-9._-]{1,128}", reason="must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
 # ``reservation.created`` matches that type; ``reservation.*`` every type under ``reservation.``; ``*`` all.
 _EVENT_TYPE_PATTERN = re.compile(r"\*|[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*(\.\*)?")
 
 
 def _fail(attribute: attrs.Attribute[Any], value: Any, reason: str) -> ValueError:
     return ValueError(reason, attribute, value)
-
-
-def _id(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if not _ID.fullmatch(value):
-        raise _fail(attribute, value, "must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
 
 
 def _url(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -64,31 +60,26 @@ def _url(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
     del port
 
 
-def _event_types(_: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
-    if len(value) > MAX_EVENT_TYPES:
-        raise _fail(attribute, value, f"at most {MAX_EVENT_TYPES} patterns")
-    for pattern in value:
-        if len(pattern) > 128 or not _EVENT_TYPE_PATTERN.fullmatch(pattern):
-            raise _fail(
-                attribute,
-                value,
-                f"{pattern!r} is not an event type pattern: 'reservation.created', 'reservation.*' or '*'",
-            )
-
-
-def _description(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if len(value) > 500:
-        raise _fail(attribute, value, "must be at most 500 characters")
+_EVENT_TYPES = Items(
+    item=Text(
+        pattern=_EVENT_TYPE_PATTERN.pattern,
+        max_length=128,
+        reason="is not an event type pattern: 'reservation.created', 'reservation.*' or '*'",
+    ),
+    max_items=MAX_EVENT_TYPES,
+    reason=f"at most {MAX_EVENT_TYPES} patterns",
+)
+_DESCRIPTION = Text(max_length=500, reason="must be at most 500 characters")
 
 
 @attrs.frozen(kw_only=True)
 class CreateWebhookInput:
     """A subscription: where to POST the tenant's events, and which types (none listed: every type)."""
 
-    tenant: str = attrs.field(validator=_id)
+    tenant: str = attrs.field(validator=_ID)
     url: str = attrs.field(validator=_url)
-    event_types: tuple[str, ...] = attrs.field(default=(), validator=_event_types)
-    description: str = attrs.field(default="", validator=_description)
+    event_types: tuple[str, ...] = attrs.field(default=(), validator=_EVENT_TYPES)
+    description: str = attrs.field(default="", validator=_DESCRIPTION)
 
 
 @attrs.frozen(kw_only=True)
@@ -118,7 +109,7 @@ class CreatedWebhook:
 class ListWebhooksInput(PageInput):
     """The tenant whose subscriptions to list, one page at a time."""
 
-    tenant: str = attrs.field(validator=_id)
+    tenant: str = attrs.field(validator=_ID)
 
 
 @attrs.frozen(kw_only=True)
@@ -133,8 +124,8 @@ class ListWebhooksOutput:
 class DeleteWebhookInput:
     """A subscription to delete, with its pending deliveries."""
 
-    tenant: str = attrs.field(validator=_id)
-    id: str = attrs.field(validator=_id)
+    tenant: str = attrs.field(validator=_ID)
+    id: str = attrs.field(validator=_ID)
 
 
 @attrs.frozen(kw_only=True)
@@ -148,8 +139,8 @@ class DeleteWebhookOutput:
 class WebhookTestInput:
     """A subscription to send a ``webhook.test`` event to."""
 
-    tenant: str = attrs.field(validator=_id)
-    id: str = attrs.field(validator=_id)
+    tenant: str = attrs.field(validator=_ID)
+    id: str = attrs.field(validator=_ID)
 
 
 @attrs.frozen(kw_only=True)
@@ -163,8 +154,8 @@ class WebhookTestOutput:
 class ListDeliveriesInput(PageInput):
     """A subscription's delivery log, newest first, one page at a time."""
 
-    tenant: str = attrs.field(validator=_id)
-    id: str = attrs.field(validator=_id)
+    tenant: str = attrs.field(validator=_ID)
+    id: str = attrs.field(validator=_ID)
 
 
 @attrs.frozen(kw_only=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import anyio
@@ -64,6 +65,26 @@ async def test_driver_errors_become_internal_errors_without_sql(pg_store: PgStor
             await tx.connection.execute(text("SELECT * FROM no_such_table_here"))
     assert "no_such_table_here" not in str(caught.value)
     assert caught.value.__cause__ is not None
+
+
+@pytest.mark.parametrize(
+    ("statement", "params", "state"),
+    [
+        ("SELECT * FROM no_such_table_here", {}, "42P01"),
+        # Refused by the driver before it reaches the server: text PostgreSQL cannot hold, no SQLSTATE.
+        ("SELECT CAST(:v AS text) AS no_such_table_here", {"v": "s3cr3t\x00"}, "unknown"),
+    ],
+)
+async def test_an_unexpected_database_error_is_logged_by_class_and_sqlstate_only(
+    pg_store: PgStore, caplog: pytest.LogCaptureFixture, statement: str, params: dict[str, str], state: str
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(InternalError):
+        async with pg_store.transaction() as tx:
+            await tx.connection.execute(text(statement), params)
+    logged = [r.getMessage() for r in caplog.records if r.name == "bettercompute.store_pg"]
+    assert any(f"SQLSTATE {state}" in line for line in logged), logged
+    assert "no_such_table_here" not in caplog.text and "s3cr3t" not in caplog.text
 
 
 async def test_audit_rows_commit_with_the_transaction(pg_store: PgStore) -> None:

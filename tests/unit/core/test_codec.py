@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import json
 from typing import Any, Literal
 
 import attrs
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bettercompute._codec import decode, encode, json_schema, supported_problems
+from bettercompute._codec import decode, encode, json_schema, quote, supported_problems
 from bettercompute.errors import InvalidInputError
 
 
@@ -147,7 +148,8 @@ def test_unsupported_types_are_reported() -> None:
     assert supported_problems(Spec) == []
 
 
-_text = st.text(max_size=20)
+# Every text the codec accepts: anything UTF-8 can encode except NUL (refused below, with surrogates).
+_text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=20)
 _devices = st.builds(Device, model=_text, memory_gib=st.integers(-(2**40), 2**40), healthy=st.booleans())
 _specs = st.builds(
     Spec,
@@ -165,3 +167,85 @@ _specs = st.builds(
 @given(_specs)
 def test_round_trip(spec: Spec) -> None:
     assert decode(Spec, encode(spec)) == spec
+
+
+# Text PostgreSQL or UTF-8 cannot carry: NUL, and each kind of unpaired surrogate (high, low, reversed pair).
+UNSTORABLE = ["a\x00b", "\x00", "x\ud800", "\udfff", "\udc00\ud800"]
+
+
+def _sendable(error: InvalidInputError) -> None:
+    """The error's envelope can be sent as UTF-8 JSON, as the HTTP transport sends it."""
+    json.dumps(error.to_envelope(), ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize("text", UNSTORABLE)
+@pytest.mark.parametrize(
+    ("build", "path"),
+    [
+        (lambda t: {"name": t}, "name"),
+        (lambda t: {"name": "a", "note": t}, "note"),
+        (
+            lambda t: {"name": "a", "devices": [{"model": "x", "memory_gib": 1}, {"model": t, "memory_gib": 1}]},
+            "devices[1].model",
+        ),
+        (lambda t: {"name": "a", "labels": {"zone": t}}, "labels.zone"),
+    ],
+)
+def test_unstorable_text_in_a_value_is_refused_at_its_path(text: str, build: Any, path: str) -> None:
+    error = _error(Spec, build(text))
+    assert error.details["path"] == path
+    assert "NUL" in error.details["reason"]
+    assert text not in error.message
+    _sendable(error)
+
+
+@pytest.mark.parametrize("text", UNSTORABLE)
+def test_an_unstorable_map_key_names_the_map_without_the_key(text: str) -> None:
+    error = _error(Spec, {"name": "a", "labels": {"ok": "1", text: "2"}})
+    assert error.details["path"] == "labels"
+    assert "key" in error.details["reason"]
+    _sendable(error)
+
+
+@pytest.mark.parametrize("text", UNSTORABLE)
+def test_an_unstorable_field_name_names_the_object_without_the_name(text: str) -> None:
+    error = _error(Spec, {"name": "a", "devices": [{"model": "x", "memory_gib": 1, text: 1}]})
+    assert error.details["path"] == "devices[0]"
+    assert "field name" in error.details["reason"]
+    _sendable(error)
+
+
+def test_unstorable_text_inside_a_free_form_value_is_refused() -> None:
+    @attrs.frozen(kw_only=True)
+    class Free:
+        data: Any
+
+    assert _error(Free, {"data": {"a": [1, {"b": "\x00"}]}}).details["path"] == "data.a[1].b"
+    assert _error(Free, {"data": {"a": {"\ud800": 1}}}).details["path"] == "data.a"
+    assert decode(Free, {"data": {"a": ["ok", 1, None]}}) == Free(data={"a": ["ok", 1, None]})
+
+
+def test_quoted_input_is_escaped_and_bounded() -> None:
+    # An unknown field name is quoted in the path: a right-to-left override, a control character or a page of text
+    # must reach the caller escaped and cut short, not as they are.
+    error = _error(Spec, {"name": "a", "x\u202eevil\x07": 1})
+    assert error.details["path"] == "x\\u202eevil\\x07"
+    error = _error(Spec, {"name": "a", "y" * 10_000: 1})
+    assert len(error.message) < 200
+    wide = "\uff46\uff55\uff4c\uff4c \u0661\u0662\u0663"  # full-width letters, Arabic-Indic digits
+    assert quote(wide) == wide  # printable text, however unusual, is kept as it is
+
+
+def test_a_validator_message_that_quotes_the_value_is_escaped() -> None:
+    @attrs.frozen(kw_only=True)
+    class Echoing:
+        name: str = attrs.field(validator=attrs.validators.in_(["a"]))
+
+    error = _error(Echoing, {"name": "\u202e" + "z" * 5000})
+    assert "\u202e" not in error.message
+    assert len(error.message) < 600
+
+
+def test_plain_text_still_decodes() -> None:
+    odd = "\uff46\uff55\uff4c\uff4c\u0661\u0662\u0663\u200f\u202e " + "é" * 100_000 + "😀"
+    assert decode(Spec, {"name": odd, "labels": {odd: odd}}) == Spec(name=odd, labels={odd: odd})

@@ -239,3 +239,121 @@ async def test_a_client_that_leaves_before_its_body_runs_nothing(compute: Better
     }
     await compute.asgi(scope, receive, send)
     assert calls == [] and sent == []
+
+
+# JSON can spell what UTF-8 and PostgreSQL cannot hold: a NUL, and unpaired surrogates through \u escapes.
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        (b'{"tenant": "acme", "text": "a\\u0000b"}', "text"),
+        (b'{"tenant": "acme", "text": "a\\ud800"}', "text"),
+        (b'{"tenant": "acme", "text": "\\udfff\\ud800"}', "text"),
+        (b'{"tenant": "acme", "text": "hi", "\\ud800": 1}', ""),
+        (b'{"tenant": "acme", "text": "hi", "\\u0000": 1}', ""),
+    ],
+)
+async def test_unstorable_text_is_400_naming_its_path(http: httpx.AsyncClient, body: bytes, path: str) -> None:
+    calls.clear()
+    response = await http.post(f"{URL}/echo/say", headers=_auth(ROOT), content=body)
+    error = _error(response, 400, "INVALID_INPUT")
+    assert error["details"]["path"] == path
+    assert calls == []
+
+
+@pytest.mark.parametrize("credential", ["root\x00x", "ro\u00e9t", "root credential", "root\x7f"])
+async def test_a_credential_that_is_not_visible_ascii_is_401(compute: BetterCompute, credential: str) -> None:
+    # httpx refuses such header values itself, so the ASGI scope is built by hand, as a lenient server passes it on.
+    sent: list[Any] = []
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": f"{URL}/system/version",
+        "headers": [(b"authorization", f"Bearer {credential}".encode("latin-1"))],
+    }
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await compute.asgi(scope, receive, send)
+    assert sent[0]["status"] == 401
+    assert json.loads(sent[1]["body"])["error"]["code"] == "UNAUTHENTICATED"
+
+
+@pytest.mark.parametrize("header", ["authorization", "content-type", "content-length"])
+async def test_a_header_given_twice_is_400(http: httpx.AsyncClient, header: str) -> None:
+    calls.clear()
+    values = {
+        "authorization": [f"Bearer {ROOT}", f"Bearer {MEMBER}"],
+        "content-type": ["application/json", "application/json"],
+        "content-length": ["29", "29"],
+    }[header]
+    headers = [(name, value) for name, value in _auth(ROOT).items() if name != header]
+    headers += [(header, value) for value in values]
+    body = b'{"tenant": "acme", "text": "x"}'[: 29 if header == "content-length" else None]
+    response = await http.post(f"{URL}/echo/say", headers=headers, content=body)
+    error = _error(response, 400, "INVALID_INPUT")
+    assert error["details"]["header"] == header
+    assert calls == []
+
+
+async def test_the_same_credential_twice_is_still_400(http: httpx.AsyncClient) -> None:
+    headers = [("authorization", f"Bearer {ROOT}"), ("authorization", f"Bearer {ROOT}")]
+    _error(await http.post(f"{URL}/system/version", headers=headers), 400, "INVALID_INPUT")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/system%2Fversion",
+        "/system%2fversion",
+        "/system%252Fversion",
+        "/system%25252fversion",
+        "%2Fsystem/version",
+        "/system/%76ersion",
+        "/system/version%2F",
+    ],
+)
+async def test_an_escaped_method_path_is_404(http: httpx.AsyncClient, path: str) -> None:
+    response = await http.post(f"{URL}{path}", headers=_auth(ROOT), json={})
+    _error(response, 404, "NOT_FOUND")
+    # The control: the same request spelled plainly is served.
+    assert (await http.post(f"{URL}/system/version", headers=_auth(ROOT), json={})).status_code == 200
+
+
+async def test_an_exception_inside_the_asgi_app_is_a_500_envelope_never_raised(
+    compute: BetterCompute, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        raise RuntimeError("the body held 's3cr3t'")
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": f"{URL}/system/version", "headers": []}
+    await compute.asgi(scope, receive, send)
+    assert sent[0]["status"] == 500
+    assert json.loads(sent[1]["body"])["error"]["code"] == "INTERNAL"
+    assert "RuntimeError" in caplog.text and "s3cr3t" not in caplog.text
+
+
+async def test_a_send_that_fails_after_the_response_started_is_not_raised(compute: BetterCompute) -> None:
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body":
+            raise OSError("the client went away")
+
+    scope = {"type": "http", "method": "GET", "path": f"{URL}/nope", "headers": []}
+    await compute.asgi(scope, receive, send)
+    # One response start only: nothing tries to answer a second time on a response already under way.
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
