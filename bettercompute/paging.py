@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from .errors import InvalidInputError
+from .fields import Integer, Text
 
 __all__ = [
     "DEFAULT_LIMIT",
@@ -59,15 +60,10 @@ KeyPart = str | int | bool | dt.datetime
 """One part of a sort key."""
 
 
-def _limit(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
-        raise ValueError(f"must be between 1 and {MAX_LIMIT}", attribute, value)
-
-
-def _cursor(_: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
-    # Only the shape here; whether it decodes to a key is the list's own check (it knows the key's shape).
-    if value is not None and (len(value) > MAX_CURSOR or not _CURSOR.fullmatch(value)):
-        raise ValueError("is not a cursor returned by this list", attribute, value)
+# Only the cursor's shape here (published in the OpenAPI document); whether it decodes to a key is the list's own
+# check, which knows the key's shape.
+_LIMIT = Integer(minimum=1, maximum=MAX_LIMIT, reason=f"must be between 1 and {MAX_LIMIT}")
+_CURSOR_SHAPE = Text(pattern=_CURSOR.pattern, max_length=MAX_CURSOR, reason="is not a cursor returned by this list")
 
 
 @attrs.frozen(kw_only=True)
@@ -78,8 +74,8 @@ class PageInput:
     ``next_cursor``, or null for the first page.
     """
 
-    limit: int = attrs.field(default=DEFAULT_LIMIT, validator=_limit)
-    cursor: str | None = attrs.field(default=None, validator=_cursor)
+    limit: int = attrs.field(default=DEFAULT_LIMIT, validator=_LIMIT)
+    cursor: str | None = attrs.field(default=None, validator=_CURSOR_SHAPE)
 
 
 def _bad_cursor() -> InvalidInputError:

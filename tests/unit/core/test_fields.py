@@ -86,7 +86,9 @@ def test_the_document_carries_patterns_lengths_ranges_and_enums() -> None:
     assert {"type": "null"} in renamed and any("pattern" in b for b in renamed)
     value = SCHEMAS["CreateSecretInput"]["properties"]["value"]
     assert (value["minLength"], value["maxLength"]) == (1, 64 * 1024)
-    assert SCHEMAS["ListDeliveriesInput"]["properties"]["limit"]["maximum"] == 200
+    paged = SCHEMAS["ListDeliveriesInput"]["properties"]
+    assert (paged["limit"]["minimum"], paged["limit"]["maximum"]) == (1, 1000)
+    assert any("pattern" in b and b.get("maxLength") == 1024 for b in paged["cursor"]["anyOf"])
     assert "allOf" in SCHEMAS["CreateBindingInput"]
     # A body is required when a field is.
     operations = {op["post"]["operationId"]: op["post"] for op in DOCUMENT["paths"].values()}
