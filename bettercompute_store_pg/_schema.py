@@ -452,6 +452,18 @@ CREATE TABLE {schema}.usage_state (
 );
 """
 
+# Indexes for reading in the order the reads want, so each stops early. The fair webhook claim takes each
+# subscription's first due heads; the global due index it replaces let the planner walk every pending row of every
+# tenant once per subscription (one tenant's large backlog then made every claim of every tenant take seconds). The
+# paged lists walk a tenant's pools and nodes by (created_at, id).
+_CORE_V12 = """
+DROP INDEX {schema}.webhook_deliveries_due;
+CREATE INDEX webhook_deliveries_heads ON {schema}.webhook_deliveries (subscription_id, next_attempt_at, id)
+    WHERE status = 'pending';
+CREATE INDEX pools_tenant_page ON {schema}.pools (tenant, created_at, id);
+CREATE INDEX nodes_tenant_page ON {schema}.nodes (tenant, created_at, id);
+"""
+
 CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="core tables", sql=_CORE_V1),
     Migration(version=2, name="authorization projection", sql=_CORE_V2),
@@ -464,5 +476,6 @@ CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=9, name="nodes and join keys", sql=_CORE_V9),
     Migration(version=10, name="commands and sessions", sql=_CORE_V10),
     Migration(version=11, name="bookings and usage", sql=_CORE_V11),
+    Migration(version=12, name="claim and paging indexes", sql=_CORE_V12),
 )
 """The migrations of module ``"core"``: the tables ``PgStore`` itself uses."""

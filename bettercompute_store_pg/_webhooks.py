@@ -85,10 +85,13 @@ WITH offered AS (
     SELECT id, next_attempt_at,
         row_number() OVER (PARTITION BY tenant ORDER BY hook_turn, next_attempt_at, id) AS turn
     FROM offered
+), chosen AS (
+    SELECT id, turn, next_attempt_at FROM turns WHERE turn <= :per_tenant
+    ORDER BY turn, next_attempt_at, id LIMIT :limit
 ), picked AS (
-    SELECT d.id, t.turn FROM {s}.webhook_deliveries AS d JOIN turns AS t ON t.id = d.id
-    WHERE t.turn <= :per_tenant
-    ORDER BY t.turn, t.next_attempt_at, t.id LIMIT :limit
+    -- Chosen first, then locked by primary key: the join never reads the deliveries table as a whole.
+    SELECT d.id, c.turn FROM chosen AS c JOIN {s}.webhook_deliveries AS d ON d.id = c.id
+    ORDER BY c.turn, c.next_attempt_at, c.id
     FOR UPDATE OF d SKIP LOCKED
 )
 UPDATE {s}.webhook_deliveries AS d SET claim_token = gen_random_uuid()::text, claimed_until = now() + :claim_for
