@@ -32,4 +32,6 @@ def transaction_scope() -> Iterator[None]:
     try:
         yield
     finally:
-        _OPEN.reset(token)
+        # Closed from another context (a generator finalized late), the marked context is gone already.
+        with contextlib.suppress(ValueError):
+            _OPEN.reset(token)

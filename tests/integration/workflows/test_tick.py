@@ -14,7 +14,7 @@ from bettercompute.testing import ManualClock
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
 
-from ._flows import FlowsModule
+from ._flows import BMC, FlowsModule
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -211,3 +211,24 @@ async def test_cancel_runs_the_completed_steps_compensations_in_reverse(plane: P
         ("reserve", "compensated"),
     ]
     assert not await workflows.cancel(id)
+
+
+async def test_a_step_calls_outside_between_its_writes_blocks_each_committed(plane: Plane) -> None:
+    workflows = plane.compute.workflows
+    id = await workflows.start("power", tenant="t-1", subject="node/3")
+    await plane.settle()
+    done = await workflows.get(id)
+    assert (done.state, done.data) == ("succeeded", {"power": "on"})
+    # The BMC double raises when called inside a transaction: the step reached it with no writes block open.
+    assert [call for call in BMC.calls if call.startswith(id)] == [f"{id}/power-on/1"]
+    assert await plane.effects(id) == ["asked", "on"]
+    assert [(e.step, e.attempt, e.outcome) for e in await workflows.history(id)] == [("power-on", 1, "next")]
+
+
+async def test_writes_blocks_do_not_nest_and_the_outer_one_rolls_back(plane: Plane) -> None:
+    workflows = plane.compute.workflows
+    id = await workflows.start("nested", tenant="t-1")
+    await plane.settle()
+    failed = await workflows.get(id)
+    assert (failed.state, failed.reason) == ("failed", "EXCEPTION:RuntimeError")
+    assert await plane.effects(id) == []

@@ -3,6 +3,8 @@ a store's ``transaction()`` sets, so a block of ``transaction_scope()`` stands f
 
 from __future__ import annotations
 
+import contextvars
+
 import anyio
 import pytest
 
@@ -53,6 +55,13 @@ async def test_the_mark_holds_in_the_block_and_in_tasks_it_starts_only() -> None
 async def test_the_mark_is_cleared_when_the_block_raises() -> None:
     with pytest.raises(RuntimeError), transaction_scope():
         raise RuntimeError("rolled back")
+    assert not in_transaction()
+
+
+async def test_a_scope_ended_from_another_context_does_not_raise() -> None:
+    scope = transaction_scope()
+    contextvars.copy_context().run(scope.__enter__)  # a transaction entered in one context...
+    scope.__exit__(None, None, None)  # ...and finalized from another must not turn its exit into an error
     assert not in_transaction()
 
 
