@@ -7,14 +7,16 @@ worker holding its shard's lease, one pass at a time, and every write is fenced 
 No network I/O inside a transaction, by structure: a step writes only inside ``async with ctx.writes() as tx:``, a
 transaction fenced by the shard lease that commits when the block ends, so the step's outside calls (an HTTP call, a
 BMC command) happen before or after a block, never while it holds a connection and the lease's share lock. A step may
-have several blocks (say: write "powering on", call the BMC, write "on"); they do not nest. When the step returns,
-the engine records its outcome (the workflow's next step, its data) in a fenced transaction of its own.
+have several blocks (say: write "powering on", call the BMC, write "on"); they do not nest. The step's outcome (the
+workflow's next step, its data) is recorded with its last block when the step names it there
+(``ctx.writes(outcome=...)``), else by the engine in a fenced transaction of its own once the step returns.
 
-Effects: a worker dying inside a block leaves none of its writes; one dying after a block committed but before the
-outcome did runs the step again, as the same attempt, on whichever worker owns the shard next. So a step is
-idempotent as a whole: its outside calls pass ``ctx.idempotency_key`` (workflow id, step, attempt) so that a repeat
-is recognised there, and its writes are repeat-safe (an upsert, a conditional update). An exception leaving a block
-rolls that block back and fails the attempt; blocks that ended before it stay committed.
+Effects once: a worker dying inside a block leaves none of its writes, and the step runs again, as the same attempt,
+on whichever worker owns the shard next; a last block that carries the outcome commits both or neither. A step
+whose blocks commit before its outcome (several blocks, or none carrying it) is run again after a crash between them,
+so those writes must be repeat-safe (an upsert, a conditional update). Outside calls are never atomic with the
+database: they pass ``ctx.idempotency_key`` (workflow id, step, attempt) so that a repeat is recognised there. An
+exception leaving a block rolls that block back and fails the attempt; blocks that ended before it stay committed.
 
 Waits hold no worker: a step returning ``StepOutcome.wait(event)`` parks the workflow (no due work item, or one at
 its timeout); ``Workflows.signal`` stores the event's payload and enqueues the workflow, which then goes on with the
@@ -155,6 +157,9 @@ class StepContext:
         self.data: dict[str, Any] = dict(record.data)
         self._lease = lease
         self._writing = False
+        self._finish: Callable[[Transaction, StepOutcome], Awaitable[Outcome | None]] | None = None
+        # Set once a block's transaction recorded the step's outcome: what the engine's pass does next.
+        self._finished: tuple[Outcome | None] | None = None
 
     @property
     def store(self) -> Store:
@@ -172,25 +177,41 @@ class StepContext:
         prefix = "compensate:" if self.compensating else ""
         return f"{self.workflow_id}/{prefix}{self.step}/{self.attempt}"
 
-    def writes(self) -> AbstractAsyncContextManager[Transaction]:
+    def writes(self, *, outcome: StepOutcome | None = None) -> AbstractAsyncContextManager[Transaction]:
         """A block for the step's writes: a transaction fenced by the shard lease, committed when the block ends
         (rolled back if it raises). Make no outside call inside it: it holds a pooled connection and the lease's
         share lock for as long as the call would take.
 
+        Args:
+            outcome: The step's outcome, recorded in this block's transaction so that the writes and the workflow's
+                progress commit together. The block is then the step's last: the step returns right after it (the
+                engine keeps the recorded outcome, whatever is returned) and opens no other block.
+
         Raises:
-            RuntimeError: the step opened a block inside another one (blocks do not nest).
+            RuntimeError: the step opened a block inside another one, or after the block that recorded its outcome;
+                a compensation gave an outcome (it has none).
             FailedPreconditionError: the shard lease was lost (nothing in the block is written).
         """
-        return self._writes()
+        if outcome is not None and not isinstance(outcome, StepOutcome):
+            raise TypeError(f"outcome is a StepOutcome, not {type(outcome).__name__}")
+        return self._writes(outcome)
 
     @contextlib.asynccontextmanager
-    async def _writes(self) -> AsyncIterator[Transaction]:
+    async def _writes(self, outcome: StepOutcome | None) -> AsyncIterator[Transaction]:
         if self._writing:
             raise RuntimeError("a step's writes blocks do not nest; end one before opening the next")
+        if self._finished is not None:
+            raise RuntimeError("the step's outcome is recorded already; its last block has ended")
+        if outcome is not None and self._finish is None:
+            raise RuntimeError("a compensation has no outcome to record")
         self._writing = True
+        finished: tuple[Outcome | None] | None = None
         try:
             async with self.context.store.transaction(fence=self._lease) as tx:
                 yield tx
+                if outcome is not None and self._finish is not None:
+                    finished = (await self._finish(tx, outcome),)
+            self._finished = finished  # only once committed
         finally:
             self._writing = False
 
@@ -514,14 +535,8 @@ class Workflows:
             attempt=record.attempt,
             lease=ctx.lease,
         )
-        try:
-            with anyio.fail_after(step.deadline.total_seconds()):
-                result = await step.run(sctx)
-            if not isinstance(result, StepOutcome):
-                raise TypeError(f"step {step.name!r} returned {type(result).__name__}, not a StepOutcome")
-        except Exception as exc:
-            return await self._failed(ctx, workflow, record, reason_of(exc), None)
-        async with ctx.transaction() as tx:
+
+        async def finish(tx: Transaction, result: StepOutcome) -> Outcome | None:
             current = await self._store.lock(tx, record.id)
             if (
                 current is None
@@ -531,6 +546,24 @@ class Workflows:
             ):
                 raise ConflictError("the workflow moved on while its step ran", details={"id": record.id})
             return await self._record(tx, workflow, current, result, ctx.clock.now())
+
+        sctx._finish = finish
+        try:
+            with anyio.fail_after(step.deadline.total_seconds()):
+                result = await step.run(sctx)
+            if sctx._finished is None and not isinstance(result, StepOutcome):
+                raise TypeError(f"step {step.name!r} returned {type(result).__name__}, not a StepOutcome")
+        except Exception as exc:
+            if sctx._finished is not None:  # committed with its last block: what failed after it changes nothing
+                log.warning(
+                    "workflow %s: step %s failed after recording its outcome (%s)", record.id, step.name, reason_of(exc)
+                )
+                return sctx._finished[0]
+            return await self._failed(ctx, workflow, record, reason_of(exc), None)
+        if sctx._finished is not None:
+            return sctx._finished[0]
+        async with ctx.transaction() as tx:
+            return await finish(tx, result)
 
     async def _record(
         self, tx: Transaction, workflow: Workflow, record: WorkflowRecord, result: StepOutcome, now: dt.datetime

@@ -153,9 +153,10 @@ SAGA = Workflow(
 
 
 async def _crash_here(ctx: StepContext) -> StepOutcome:
-    """Apply the effect in a writes block, then (the first time only) announce it and hang in the block until
-    killed."""
-    async with ctx.writes() as tx:
+    """Apply the effect in the block that records the outcome, then (the first time only) announce it and hang in
+    the block until killed."""
+    done = StepOutcome.next(data={"second": ctx.data["first"] + 1})
+    async with ctx.writes(outcome=done) as tx:
         await record_effect(ctx, tx)
         store: Any = ctx.store  # PgStore: fetch runs outside the block's transaction, so the marker commits at once
         first = await store.fetch(
@@ -167,7 +168,7 @@ async def _crash_here(ctx: StepContext) -> StepOutcome:
         )
         if first:
             await anyio.sleep(3600)  # cut short by kill -9 (or, on a machine too slow to kill us, by the deadline)
-    return StepOutcome.next(data={"second": ctx.data["first"] + 1})
+    return done
 
 
 CRASHY = Workflow(
@@ -188,9 +189,26 @@ async def _power_on(ctx: StepContext) -> StepOutcome:
     async with ctx.writes() as tx:
         await record_effect(ctx, tx, "asked")
     await BMC.call(ctx.idempotency_key)
-    async with ctx.writes() as tx:
+    done = StepOutcome.next(data={"power": "on"})
+    async with ctx.writes(outcome=done) as tx:  # the last writes and the step's outcome commit together
         await record_effect(ctx, tx, "on")
-    return StepOutcome.next(data={"power": "on"})
+    return done
+
+
+async def _finish_then(ctx: StepContext) -> StepOutcome:
+    """Record the outcome with an effect, then do what ``ctx.data["then"]`` says."""
+    then = ctx.data["then"]
+    done = StepOutcome.next(data={"finished": True})
+    async with ctx.writes(outcome=done) as tx:
+        await record_effect(ctx, tx)
+        if then == "raise inside":
+            raise UnavailableError("the database went away before the block ended")
+    if then == "raise after":
+        raise RuntimeError("a failure once the outcome is recorded")
+    if then == "write after":
+        async with ctx.writes() as tx:
+            await record_effect(ctx, tx, "late")
+    return StepOutcome.fail("IGNORED")  # the recorded outcome stands
 
 
 async def _nested(ctx: StepContext) -> StepOutcome:
@@ -202,9 +220,10 @@ async def _nested(ctx: StepContext) -> StepOutcome:
 
 
 POWER = Workflow(name="power", steps=(Step(name="power-on", run=_power_on),))
+FINISH = Workflow(name="finish", steps=(Step(name="finish", run=_finish_then, retry=RetryPolicy(max_attempts=1)),))
 NESTED = Workflow(name="nested", steps=(Step(name="nest", run=_nested, retry=RetryPolicy(max_attempts=1)),))
 
-ALL = (THREE, FLAKY, REFUSE, APPROVAL, SAGA, POWER, NESTED)
+ALL = (THREE, FLAKY, REFUSE, APPROVAL, SAGA, POWER, NESTED, FINISH)
 
 
 @attrs.frozen(kw_only=True)
