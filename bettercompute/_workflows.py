@@ -4,12 +4,19 @@ A workflow is one row (``ports.WorkflowRecord``: its current step, attempts, rea
 The engine is a ``Reconciler`` of kind ``workflow`` keyed by workflow id, so a workflow is worked on only by the
 worker holding its shard's lease, one pass at a time, and every write is fenced by that lease.
 
-Effects once: a step writes through ``ctx.transaction()``, and that transaction stays open until the step returns;
-the engine then records the step's outcome (the workflow's next step, its data) in the same transaction and commits
-both together. A worker dying anywhere before that commit leaves neither: the step runs again, from the recorded
-state, on whichever worker owns the shard next. A step's effects outside the database (an HTTP call, a BMC command)
-cannot be made atomic with it: such a step must be idempotent, passing ``ctx.idempotency_key`` (workflow id, step,
-attempt) to the outside system so that a repeat after a crash is recognised there.
+No network I/O inside a transaction, by structure: a step writes only inside ``async with ctx.writes() as tx:``, a
+transaction fenced by the shard lease that commits when the block ends, so the step's outside calls (an HTTP call, a
+BMC command) happen before or after a block, never while it holds a connection and the lease's share lock. A step may
+have several blocks (say: write "powering on", call the BMC, write "on"); they do not nest. The step's outcome (the
+workflow's next step, its data) is recorded with its last block when the step names it there
+(``ctx.writes(outcome=...)``), else by the engine in a fenced transaction of its own once the step returns.
+
+Effects once: a worker dying inside a block leaves none of its writes, and the step runs again, as the same attempt,
+on whichever worker owns the shard next; a last block that carries the outcome commits both or neither. A step
+whose blocks commit before its outcome (several blocks, or none carrying it) is run again after a crash between them,
+so those writes must be repeat-safe (an upsert, a conditional update). Outside calls are never atomic with the
+database: they pass ``ctx.idempotency_key`` (workflow id, step, attempt) so that a repeat is recognised there. An
+exception leaving a block rolls that block back and fails the attempt; blocks that ended before it stay committed.
 
 Waits hold no worker: a step returning ``StepOutcome.wait(event)`` parks the workflow (no due work item, or one at
 its timeout); ``Workflows.signal`` stores the event's payload and enqueues the workflow, which then goes on with the
@@ -121,17 +128,10 @@ class StepOutcome:
         return cls(action="fail", reason=_reason(reason), message=message)
 
 
-class _Rollback(Exception):
-    """Thrown into a step's transaction to roll it back."""
-
-
 class StepContext:
     """What one attempt of a step (or of its compensation) gets.
 
-    Write through ``transaction()``: it is fenced by the shard lease and stays open until the step returns, so the
-    step's writes commit together with the workflow's progress, or not at all. Do the writes last and return soon
-    after (the transaction holds a connection and a share lock on the lease). An exception leaving the block fails
-    the attempt.
+    Write inside ``async with ctx.writes() as tx:`` blocks; call outside systems between them, never inside one.
     """
 
     def __init__(
@@ -156,13 +156,14 @@ class StepContext:
         self.compensating = compensating
         self.data: dict[str, Any] = dict(record.data)
         self._lease = lease
-        self._stack = contextlib.AsyncExitStack()
-        self._tx: Transaction | None = None
-        self._aborted = False
+        self._writing = False
+        self._finish: Callable[[Transaction, StepOutcome], Awaitable[Outcome | None]] | None = None
+        # Set once a block's transaction recorded the step's outcome: what the engine's pass does next.
+        self._finished: tuple[Outcome | None] | None = None
 
     @property
     def store(self) -> Store:
-        """The store (for reads; write through ``transaction()``)."""
+        """The store (for reads; write inside ``writes()``)."""
         return self.context.store
 
     @property
@@ -176,38 +177,43 @@ class StepContext:
         prefix = "compensate:" if self.compensating else ""
         return f"{self.workflow_id}/{prefix}{self.step}/{self.attempt}"
 
-    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
-        """The step's transaction (opened at first use; every use is the same one), committed with its outcome."""
-        return self._use()
+    def writes(self, *, outcome: StepOutcome | None = None) -> AbstractAsyncContextManager[Transaction]:
+        """A block for the step's writes: a transaction fenced by the shard lease, committed when the block ends
+        (rolled back if it raises). Make no outside call inside it: it holds a pooled connection and the lease's
+        share lock for as long as the call would take.
+
+        Args:
+            outcome: The step's outcome, recorded in this block's transaction so that the writes and the workflow's
+                progress commit together. The block is then the step's last: the step returns right after it (the
+                engine keeps the recorded outcome, whatever is returned) and opens no other block.
+
+        Raises:
+            RuntimeError: the step opened a block inside another one, or after the block that recorded its outcome;
+                a compensation gave an outcome (it has none).
+            FailedPreconditionError: the shard lease was lost (nothing in the block is written).
+        """
+        if outcome is not None and not isinstance(outcome, StepOutcome):
+            raise TypeError(f"outcome is a StepOutcome, not {type(outcome).__name__}")
+        return self._writes(outcome)
 
     @contextlib.asynccontextmanager
-    async def _use(self) -> AsyncIterator[Transaction]:
-        if self._aborted:
-            raise _Rollback("the step's transaction failed earlier")
-        if self._tx is None:
-            self._tx = await self._stack.enter_async_context(self.context.store.transaction(fence=self._lease))
+    async def _writes(self, outcome: StepOutcome | None) -> AsyncIterator[Transaction]:
+        if self._writing:
+            raise RuntimeError("a step's writes blocks do not nest; end one before opening the next")
+        if self._finished is not None:
+            raise RuntimeError("the step's outcome is recorded already; its last block has ended")
+        if outcome is not None and self._finish is None:
+            raise RuntimeError("a compensation has no outcome to record")
+        self._writing = True
+        finished: tuple[Outcome | None] | None = None
         try:
-            yield self._tx
-        except BaseException:
-            self._aborted = True
-            raise
-
-    async def _engine_tx(self) -> Transaction:
-        """The step's transaction, or a new fenced one, for the engine to record the outcome in."""
-        if self._tx is None:
-            self._tx = await self._stack.enter_async_context(self.context.store.transaction(fence=self._lease))
-        return self._tx
-
-    async def _commit(self) -> None:
-        self._tx = None
-        await self._stack.aclose()
-
-    async def _rollback(self) -> None:
-        if self._tx is None:
-            return
-        self._tx = None
-        with contextlib.suppress(_Rollback):
-            await self._stack.__aexit__(_Rollback, _Rollback(), None)
+            async with self.context.store.transaction(fence=self._lease) as tx:
+                yield tx
+                if outcome is not None and self._finish is not None:
+                    finished = (await self._finish(tx, outcome),)
+            self._finished = finished  # only once committed
+        finally:
+            self._writing = False
 
 
 StepRun = Callable[[StepContext], Awaitable[StepOutcome]]
@@ -529,18 +535,8 @@ class Workflows:
             attempt=record.attempt,
             lease=ctx.lease,
         )
-        try:
-            try:
-                with anyio.fail_after(step.deadline.total_seconds()):
-                    result = await step.run(sctx)
-                if not isinstance(result, StepOutcome):
-                    raise TypeError(f"step {step.name!r} returned {type(result).__name__}, not a StepOutcome")
-                if sctx._aborted:
-                    raise _Rollback("the step's transaction failed")
-            except Exception as exc:
-                await sctx._rollback()
-                return await self._failed(ctx, workflow, record, reason_of(exc), None)
-            tx = await sctx._engine_tx()
+
+        async def finish(tx: Transaction, result: StepOutcome) -> Outcome | None:
             current = await self._store.lock(tx, record.id)
             if (
                 current is None
@@ -549,16 +545,30 @@ class Workflows:
                 or (current.step_index, current.attempt) != (record.step_index, record.attempt)
             ):
                 raise ConflictError("the workflow moved on while its step ran", details={"id": record.id})
-            outcome = await self._record(tx, workflow, current, result, ctx.clock.now())
-            await sctx._commit()
-            return outcome
-        finally:
-            await sctx._rollback()
+            return await self._record(tx, workflow, current, result, ctx.clock.now())
+
+        sctx._finish = finish
+        try:
+            with anyio.fail_after(step.deadline.total_seconds()):
+                result = await step.run(sctx)
+            if sctx._finished is None and not isinstance(result, StepOutcome):
+                raise TypeError(f"step {step.name!r} returned {type(result).__name__}, not a StepOutcome")
+        except Exception as exc:
+            if sctx._finished is not None:  # committed with its last block: what failed after it changes nothing
+                log.warning(
+                    "workflow %s: step %s failed after recording its outcome (%s)", record.id, step.name, reason_of(exc)
+                )
+                return sctx._finished[0]
+            return await self._failed(ctx, workflow, record, reason_of(exc), None)
+        if sctx._finished is not None:
+            return sctx._finished[0]
+        async with ctx.transaction() as tx:
+            return await finish(tx, result)
 
     async def _record(
         self, tx: Transaction, workflow: Workflow, record: WorkflowRecord, result: StepOutcome, now: dt.datetime
     ) -> Outcome | None:
-        """Record a step's outcome in the step's own transaction; what the pass does next."""
+        """Record a step's outcome (after its writes blocks committed); what the pass does next."""
         data = {**record.data, **(result.data or {})}
         cancelling = record.state == "cancelling"
         step = workflow.steps[record.step_index]
@@ -699,20 +709,13 @@ class Workflows:
                 compensating=True,
             )
             try:
-                try:
-                    with anyio.fail_after(step.deadline.total_seconds()):
-                        await step.compensate(sctx)
-                    if sctx._aborted:
-                        raise _Rollback("the compensation's transaction failed")
-                except Exception as exc:
-                    await sctx._rollback()
-                    return await self._failed(ctx, workflow, snapshot, reason_of(exc), None)
-                tx = await sctx._engine_tx()
+                with anyio.fail_after(step.deadline.total_seconds()):
+                    await step.compensate(sctx)
+            except Exception as exc:
+                return await self._failed(ctx, workflow, snapshot, reason_of(exc), None)
+            async with ctx.transaction() as tx:
                 if not await self._compensated(tx, workflow, snapshot, "compensated"):
                     raise ConflictError("the workflow moved on while a compensation ran", details={"id": snapshot.id})
-                await sctx._commit()
-            finally:
-                await sctx._rollback()
             return None
         async with ctx.transaction() as tx:
             await self._compensated(tx, workflow, snapshot, "no_compensation")

@@ -17,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from ._txscope import in_transaction, transaction_scope
+
 __all__ = [
     "AuditRecord",
     "Booking",
@@ -74,6 +76,8 @@ __all__ = [
     "WorkflowLogEntry",
     "WorkflowRecord",
     "WorkflowStore",
+    "in_transaction",
+    "transaction_scope",
 ]
 
 
@@ -1359,7 +1363,8 @@ class Store(Protocol):
 
     def transaction(self, *, fence: Lease | None = None) -> AbstractAsyncContextManager[Transaction]:
         """A transaction. With ``fence``, it fails with ``FailedPreconditionError`` (and writes nothing) unless the
-        lease is still held with that token when it commits."""
+        lease is still held with that token when it commits. While it is open, ``in_transaction()`` is true in the
+        task that opened it (run its body inside ``transaction_scope()``)."""
         ...
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 from bettercompute.errors import InternalError, InvalidConfigError
-from bettercompute.ports import AuditRecord, Lease, Migration, OutboxEvent, ResourceRef, WorkItem
+from bettercompute.ports import AuditRecord, Lease, Migration, OutboxEvent, ResourceRef, WorkItem, transaction_scope
 
 from ._certificates import PgCertificates
 from ._commands import PgCommands, PgSessions
@@ -395,7 +395,8 @@ class PgStore:
             UnavailableError: The database cannot be reached.
         """
         engine = self._db.require()
-        with translated():
+        # The scope marks the task as holding a transaction, for the test doubles that refuse network I/O in one.
+        with translated(), transaction_scope():
             async with engine.connect() as conn, conn.begin():
                 if fence is not None:
                     await self.leases.check_fence(conn, fence)

@@ -195,13 +195,17 @@ class CertificateAuthority:
         active = await self._active()
         if active is not None:
             return active
+        # Sealed before the transaction: the KMS may be remote, and no network call waits inside a transaction.
+        key, private = await self._sealed_key()
         async with self._store.transaction() as tx:
             await self._store.certificates.lock(tx, self.trust_domain)
             keys = await self._store.certificates.keys(self.trust_domain, tx=tx)
             current = next((k for k in keys if k.state == "active"), None)
-            if current is not None:
-                return current
-            return await self._new_key(tx)
+            if current is None:
+                await self._store.certificates.add_key(tx, key)
+        if current is not None:
+            return current  # another process created it meanwhile: ours, never stored, is dropped
+        return self._created(key, private)
 
     async def prepare(self) -> CaKey:
         """``ensure()``, and load the active key's private half from the KMS into this process.
@@ -215,14 +219,16 @@ class CertificateAuthority:
 
     async def rotate(self) -> CaKey:
         """Make a new active key; the current one becomes ``previous`` and stays in the trust bundle."""
+        key, private = await self._sealed_key()  # before the transaction, as in ``ensure``
         async with self._store.transaction() as tx:
             await self._store.certificates.lock(tx, self.trust_domain)
-            for key in await self._store.certificates.keys(self.trust_domain, tx=tx):
-                if key.state == "active":
+            for old in await self._store.certificates.keys(self.trust_domain, tx=tx):
+                if old.state == "active":
                     await self._store.certificates.set_key_state(
-                        tx, trust_domain=self.trust_domain, id=key.id, state="previous"
+                        tx, trust_domain=self.trust_domain, id=old.id, state="previous"
                     )
-            return await self._new_key(tx)
+            await self._store.certificates.add_key(tx, key)
+        return self._created(key, private)
 
     async def retire(self, key_id: str, *, force: bool = False) -> None:
         """Take a ``previous`` key out of the trust bundle.
@@ -450,7 +456,8 @@ class CertificateAuthority:
         self._private[key.id] = loaded
         return loaded
 
-    async def _new_key(self, tx: Transaction) -> CaKey:
+    async def _sealed_key(self) -> tuple[CaKey, ec.EllipticCurvePrivateKey]:
+        """A new active key and its private half, sealed by the KMS; stored by the caller (in no transaction yet)."""
         key_id = f"cak_{secrets.token_hex(8)}"
         private = ec.generate_private_key(ec.SECP256R1())
         now = _utc_seconds(self._clock.now())
@@ -504,9 +511,12 @@ class CertificateAuthority:
             not_after=not_after,
             created_at=now,
         )
-        await self._store.certificates.add_key(tx, key)
-        self._private[key_id] = private
-        log.info("CA key %s of %s created", key_id, self.trust_domain)
+        return key, private
+
+    def _created(self, key: CaKey, private: ec.EllipticCurvePrivateKey) -> CaKey:
+        """Keep the private half of a key just committed (only then: a rolled-back key must never sign)."""
+        self._private[key.id] = private
+        log.info("CA key %s of %s created", key.id, self.trust_domain)
         return key
 
 

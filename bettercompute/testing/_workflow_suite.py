@@ -1,9 +1,10 @@
 """``WorkflowStoreConformance``: what the workflow engine (``bettercompute.Workflows``) needs of ``store.workflows``.
 
 ``StoreConformance`` includes these cases; subclass this class alone, with the same ``store`` fixture, to run only
-them. The engine keeps a workflow's progress in the transaction that holds its step's own writes, writes a workflow
-only under ``lock``, parks a waiting workflow as a work item due at its timeout (the store has no query of due
-workflows: the work queue is it), and shows the step log oldest first; each case below is one of those reliances.
+them. The engine writes a workflow's progress and its log entry in one transaction (with whatever else it holds),
+writes a workflow only under ``lock``, parks a waiting workflow as a work item due at its timeout (the store has no
+query of due workflows: the work queue is it), and shows the step log oldest first; each case below is one of those
+reliances.
 """
 
 from __future__ import annotations

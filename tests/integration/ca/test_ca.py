@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import psycopg
 import pytest
 from cryptography import x509
@@ -19,7 +20,7 @@ from cryptography.x509.verification import PolicyBuilder, Store, VerificationErr
 from bettercompute import LocalKeyKms
 from bettercompute.ca import CertificateAuthority, serial_hex
 from bettercompute.errors import FailedPreconditionError, InvalidInputError, NotFoundError
-from bettercompute.testing import ManualClock
+from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_store_pg import PgStore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
@@ -34,7 +35,9 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 async def ca(pg_store: PgStore, tmp_path: Path, clock: ManualClock) -> AsyncIterator[CertificateAuthority]:
-    yield CertificateAuthority(pg_store, LocalKeyKms(tmp_path / "kms.key"), trust_domain=TD, clock=clock)
+    # The KMS double fails any call made while a transaction is open: the CA seals and opens keys outside them.
+    kms = GuardedKms(LocalKeyKms(tmp_path / "kms.key"))
+    yield CertificateAuthority(pg_store, kms, trust_domain=TD, clock=clock)
 
 
 def csr(key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey | None = None, *, san: bool = False) -> str:
@@ -230,13 +233,63 @@ async def test_rotation_keeps_old_certificates_valid_until_retire(
 
 
 async def test_a_second_process_sees_one_active_key(pg_store: PgStore, tmp_path: Path, clock: ManualClock) -> None:
-    kms = LocalKeyKms(tmp_path / "kms.key")
+    kms = GuardedKms(LocalKeyKms(tmp_path / "kms.key"))
     one = CertificateAuthority(pg_store, kms, trust_domain=TD, clock=clock)
     two = CertificateAuthority(pg_store, kms, trust_domain=TD, clock=clock)
     first, second = await one.ensure(), await two.ensure()
     assert first.id == second.id
     issued = await two.issue(csr(), node_id="n-1")  # decrypts the key the other one sealed
     assert verify(await one.trust_bundle(), issued.certificate_pem, clock.now())
+
+
+class _RendezvousKms:
+    """A test double of the ``Kms`` port: ``encrypt`` returns only once ``parties`` callers are sealing at once, so
+    two processes' ``ensure()`` both find no key and race to store theirs (``LocalKeyKms`` does the sealing)."""
+
+    def __init__(self, inner: LocalKeyKms, parties: int) -> None:
+        self._inner = inner
+        self._parties = parties
+        self._arrived = 0
+        self._all_here = anyio.Event()
+        self.sealed = 0
+
+    async def encrypt(self, plaintext: bytes, *, context: str) -> bytes:
+        self._arrived += 1
+        if self._arrived >= self._parties:
+            self._all_here.set()
+        with anyio.fail_after(30):
+            await self._all_here.wait()
+        self.sealed += 1
+        return await self._inner.encrypt(plaintext, context=context)
+
+    async def decrypt(self, ciphertext: bytes, *, context: str) -> bytes:
+        return await self._inner.decrypt(ciphertext, context=context)
+
+
+async def test_two_processes_creating_the_first_key_at_once_store_one_and_both_sign_with_it(
+    pg_store: PgStore, tmp_path: Path, clock: ManualClock
+) -> None:
+    rendezvous = _RendezvousKms(LocalKeyKms(tmp_path / "kms.key"), parties=2)
+    kms = GuardedKms(rendezvous)  # both seal before their transaction, the loser's key is never stored
+    one = CertificateAuthority(pg_store, kms, trust_domain=TD, clock=clock)
+    two = CertificateAuthority(pg_store, kms, trust_domain=TD, clock=clock)
+    got: dict[str, str] = {}
+
+    async def ensure(name: str, ca: CertificateAuthority) -> None:
+        got[name] = (await ca.ensure()).id
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ensure, "one", one)
+        tg.start_soon(ensure, "two", two)
+    assert rendezvous.sealed == 2
+    keys = await pg_store.certificates.keys(TD)
+    assert [(k.id, k.state) for k in keys] == [(got["one"], "active")]
+    assert got["two"] == got["one"]
+    bundle = await one.trust_bundle()
+    for ca in (one, two):  # the loser signs with the stored key, not with the one it sealed and dropped
+        issued = await ca.issue(csr(), node_id="n-1")
+        assert issued.ca_key_id == keys[0].id
+        assert verify(bundle, issued.certificate_pem, clock.now())
 
 
 async def test_no_private_key_in_any_table_nor_in_logs(
@@ -310,7 +363,7 @@ def _server_identity(tmp_path: Path) -> tuple[Path, Path]:
 async def test_python_ssl_accepts_an_issued_client_certificate(pg_store: PgStore, tmp_path: Path) -> None:
     import ssl
 
-    ca = CertificateAuthority(pg_store, LocalKeyKms(tmp_path / "kms.key"), trust_domain=TD)  # real clock
+    ca = CertificateAuthority(pg_store, GuardedKms(LocalKeyKms(tmp_path / "kms.key")), trust_domain=TD)  # real clock
     node_key = ec.generate_private_key(ec.SECP256R1())
     issued = await ca.issue(csr(node_key), node_id="n-1")
     bundle_file = tmp_path / "bundle.pem"

@@ -15,7 +15,7 @@ import pytest
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms
 from bettercompute.identity import Attestor, GatewayServices, JoinResult, RenewResult
 from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, JoinExpect, Pool
-from bettercompute.testing import ManualClock
+from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_store_pg import PgStore
 
@@ -33,7 +33,7 @@ def claims(serial: str = "SN-0001", **more: Any) -> dict[str, Any]:
 class Fleet:
     compute: BetterCompute
     store: PgStore
-    kms: LocalKeyKms
+    kms: GuardedKms
     clock: ManualClock
     acme: str
     alice: str
@@ -144,7 +144,7 @@ def attestors() -> Sequence[Attestor]:
 async def fleet(
     database_url: str, fresh_schema: str, tmp_path: Path, clock: ManualClock, attestors: Sequence[Attestor]
 ) -> AsyncIterator[Fleet]:
-    kms = LocalKeyKms(tmp_path / "kms.key")
+    kms = GuardedKms(LocalKeyKms(tmp_path / "kms.key"))  # fails a KMS call made inside a transaction
     join = JoinSettings(gateway_address="gw.eu-1.example.com:443", trust_domain=TRUST_DOMAIN)
     async with two_tenants(database_url, fresh_schema, kms=kms, join=join, clock=clock, attestors=attestors) as t:
         pool: Pool = await t.compute.api.pools.create(t.alice, CreatePoolInput(tenant=t.acme, name="gpus"))

@@ -12,6 +12,7 @@ import pytest
 
 from bettercompute import BetterCompute, LocalKeyKms
 from bettercompute.modules.secrets import SecretBroker, SecretsGroup
+from bettercompute.testing import GuardedKms
 from bettercompute_store_pg import PgStore
 
 from ..iam.conftest import two_tenants
@@ -22,7 +23,7 @@ class Vault:
     compute: BetterCompute
     store: PgStore
     broker: SecretBroker
-    kms: LocalKeyKms
+    kms: GuardedKms
     acme: str
     alice: str
     globex: str
@@ -37,7 +38,7 @@ class Vault:
 
 @pytest.fixture
 async def vault(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIterator[Vault]:
-    kms = LocalKeyKms(tmp_path / "kms.key")
+    kms = GuardedKms(LocalKeyKms(tmp_path / "kms.key"))  # fails a KMS call made inside a transaction
     async with two_tenants(database_url, fresh_schema, kms=kms) as t:
         yield Vault(
             compute=t.compute,

@@ -18,7 +18,8 @@ from sqlalchemy import text
 
 from bettercompute import Job, RetryPolicy, Step, StepContext, StepOutcome, Workflow
 from bettercompute.errors import UnavailableError
-from bettercompute.ports import Migration
+from bettercompute.ports import Migration, Transaction
+from bettercompute.testing import OutsideCallProbe
 
 _TABLES = """
 CREATE TABLE {schema}.wf_effects (
@@ -44,29 +45,37 @@ STEP_DEADLINE = dt.timedelta(seconds=4)
 """The steps of ``crashy`` (short, so a killed worker's claim runs out soon: deadline + margin + lease TTL)."""
 
 
-async def _execute(ctx: StepContext, sql: str, params: Mapping[str, Any]) -> None:
-    """Run ``sql`` in the step's transaction (``{s}`` is the schema)."""
+async def _execute(ctx: StepContext, tx: Transaction, sql: str, params: Mapping[str, Any]) -> None:
+    """Run ``sql`` in ``tx``, one of the step's writes blocks (``{s}`` is the schema)."""
     schema = getattr(ctx.store, "schema")  # noqa: B009 - PgStore's, not on the port
-    async with ctx.transaction() as tx:
-        connection: Any = getattr(tx, "connection")  # noqa: B009 - PgTransaction's, not on the port
-        await connection.execute(text(sql.replace("{s}", f'"{schema}"')), dict(params))
+    connection: Any = getattr(tx, "connection")  # noqa: B009 - PgTransaction's, not on the port
+    await connection.execute(text(sql.replace("{s}", f'"{schema}"')), dict(params))
+
+
+async def record_effect(ctx: StepContext, tx: Transaction, step: str | None = None) -> None:
+    """Record an effect of this step in ``tx``; the unique (workflow, step) makes a second one fail loudly."""
+    await _execute(
+        ctx,
+        tx,
+        "INSERT INTO {s}.wf_effects (workflow, step, worker) VALUES (:w, :step, :worker)",
+        {"w": ctx.workflow_id, "step": step or ctx.step, "worker": ctx.context.instance},
+    )
 
 
 async def effect(ctx: StepContext) -> None:
-    """Record this step's effect; the unique (workflow, step) makes a second application fail loudly."""
-    await _execute(
-        ctx,
-        "INSERT INTO {s}.wf_effects (workflow, step, worker) VALUES (:w, :step, :worker)",
-        {"w": ctx.workflow_id, "step": ctx.step, "worker": ctx.context.instance},
-    )
+    """Record this step's effect in a writes block of its own."""
+    async with ctx.writes() as tx:
+        await record_effect(ctx, tx)
 
 
 async def compensation(ctx: StepContext) -> None:
-    await _execute(
-        ctx,
-        "INSERT INTO {s}.wf_compensations (workflow, step) VALUES (:w, :step)",
-        {"w": ctx.workflow_id, "step": ctx.step},
-    )
+    async with ctx.writes() as tx:
+        await _execute(
+            ctx,
+            tx,
+            "INSERT INTO {s}.wf_compensations (workflow, step) VALUES (:w, :step)",
+            {"w": ctx.workflow_id, "step": ctx.step},
+        )
 
 
 async def _first(ctx: StepContext) -> StepOutcome:
@@ -90,8 +99,9 @@ THREE = Workflow(
 
 
 async def _always_unavailable(ctx: StepContext) -> StepOutcome:
-    await effect(ctx)  # rolled back with the failed attempt, so it never sticks
-    raise UnavailableError("the BMC does not answer")
+    async with ctx.writes() as tx:
+        await record_effect(ctx, tx)  # rolled back with the block the error leaves, so it never sticks
+        raise UnavailableError("the database went away in the middle of the step's writes")
 
 
 async def _give_up(ctx: StepContext) -> StepOutcome:
@@ -143,19 +153,22 @@ SAGA = Workflow(
 
 
 async def _crash_here(ctx: StepContext) -> StepOutcome:
-    """Apply the effect, then (the first time only) announce it and hang with the transaction open until killed."""
-    await effect(ctx)
-    store: Any = ctx.store  # PgStore: fetch runs outside the step's transaction, so the marker commits at once
-    first = await store.fetch(
-        store.sql(
-            "INSERT INTO {s}.wf_markers (workflow, worker, pid) VALUES (:w, :worker, :pid) "
-            "ON CONFLICT (workflow) DO NOTHING RETURNING workflow"
-        ),
-        {"w": ctx.workflow_id, "worker": ctx.context.instance, "pid": os.getpid()},
-    )
-    if first:
-        await anyio.sleep(3600)  # cut short by kill -9 (or, on a machine too slow to kill us, by the deadline)
-    return StepOutcome.next(data={"second": ctx.data["first"] + 1})
+    """Apply the effect in the block that records the outcome, then (the first time only) announce it and hang in
+    the block until killed."""
+    done = StepOutcome.next(data={"second": ctx.data["first"] + 1})
+    async with ctx.writes(outcome=done) as tx:
+        await record_effect(ctx, tx)
+        store: Any = ctx.store  # PgStore: fetch runs outside the block's transaction, so the marker commits at once
+        first = await store.fetch(
+            store.sql(
+                "INSERT INTO {s}.wf_markers (workflow, worker, pid) VALUES (:w, :worker, :pid) "
+                "ON CONFLICT (workflow) DO NOTHING RETURNING workflow"
+            ),
+            {"w": ctx.workflow_id, "worker": ctx.context.instance, "pid": os.getpid()},
+        )
+        if first:
+            await anyio.sleep(3600)  # cut short by kill -9 (or, on a machine too slow to kill us, by the deadline)
+    return done
 
 
 CRASHY = Workflow(
@@ -167,7 +180,50 @@ CRASHY = Workflow(
     ),
 )
 
-ALL = (THREE, FLAKY, REFUSE, APPROVAL, SAGA)
+BMC = OutsideCallProbe()
+"""The BMC of the ``power`` workflow: a test double that fails when called inside a transaction."""
+
+
+async def _power_on(ctx: StepContext) -> StepOutcome:
+    """Write, call the BMC, write again: the call happens between the step's writes blocks."""
+    async with ctx.writes() as tx:
+        await record_effect(ctx, tx, "asked")
+    await BMC.call(ctx.idempotency_key)
+    done = StepOutcome.next(data={"power": "on"})
+    async with ctx.writes(outcome=done) as tx:  # the last writes and the step's outcome commit together
+        await record_effect(ctx, tx, "on")
+    return done
+
+
+async def _finish_then(ctx: StepContext) -> StepOutcome:
+    """Record the outcome with an effect, then do what ``ctx.data["then"]`` says."""
+    then = ctx.data["then"]
+    done = StepOutcome.next(data={"finished": True})
+    async with ctx.writes(outcome=done) as tx:
+        await record_effect(ctx, tx)
+        if then == "raise inside":
+            raise UnavailableError("the database went away before the block ended")
+    if then == "raise after":
+        raise RuntimeError("a failure once the outcome is recorded")
+    if then == "write after":
+        async with ctx.writes() as tx:
+            await record_effect(ctx, tx, "late")
+    return StepOutcome.fail("IGNORED")  # the recorded outcome stands
+
+
+async def _nested(ctx: StepContext) -> StepOutcome:
+    async with ctx.writes() as tx:
+        await record_effect(ctx, tx)
+        async with ctx.writes():
+            pass
+    return StepOutcome.next()
+
+
+POWER = Workflow(name="power", steps=(Step(name="power-on", run=_power_on),))
+FINISH = Workflow(name="finish", steps=(Step(name="finish", run=_finish_then, retry=RetryPolicy(max_attempts=1)),))
+NESTED = Workflow(name="nested", steps=(Step(name="nest", run=_nested, retry=RetryPolicy(max_attempts=1)),))
+
+ALL = (THREE, FLAKY, REFUSE, APPROVAL, SAGA, POWER, NESTED, FINISH)
 
 
 @attrs.frozen(kw_only=True)

@@ -100,8 +100,8 @@ async def test_a_workflow_killed_in_step_two_finishes_elsewhere_applying_each_ef
     try:
         id = await compute.workflows.start("crashy", tenant="t-1", subject="node/7")
 
-        # Step 2 applies its effect in its transaction, then writes this marker (committed on its own) and hangs
-        # before returning, so its effect is not committed yet: the middle of the step.
+        # Step 2 applies its effect in its writes block, then writes this marker (committed on its own) and hangs
+        # before the block ends, so its effect is not committed yet: the middle of the step.
         def marker() -> list[tuple[Any, ...]]:
             return _query(url, f'SELECT worker, pid FROM "{schema}".wf_markers WHERE workflow = %s', id)
 

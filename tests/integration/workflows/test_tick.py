@@ -14,7 +14,7 @@ from bettercompute.testing import ManualClock
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
 
-from ._flows import FlowsModule
+from ._flows import BMC, FlowsModule
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -211,3 +211,44 @@ async def test_cancel_runs_the_completed_steps_compensations_in_reverse(plane: P
         ("reserve", "compensated"),
     ]
     assert not await workflows.cancel(id)
+
+
+async def test_a_step_calls_outside_between_its_writes_blocks_each_committed(plane: Plane) -> None:
+    workflows = plane.compute.workflows
+    id = await workflows.start("power", tenant="t-1", subject="node/3")
+    await plane.settle()
+    done = await workflows.get(id)
+    assert (done.state, done.data) == ("succeeded", {"power": "on"})
+    # The BMC double raises when called inside a transaction: the step reached it with no writes block open.
+    assert [call for call in BMC.calls if call.startswith(id)] == [f"{id}/power-on/1"]
+    assert await plane.effects(id) == ["asked", "on"]
+    assert [(e.step, e.attempt, e.outcome) for e in await workflows.history(id)] == [("power-on", 1, "next")]
+
+
+async def test_writes_blocks_do_not_nest_and_the_outer_one_rolls_back(plane: Plane) -> None:
+    workflows = plane.compute.workflows
+    id = await workflows.start("nested", tenant="t-1")
+    await plane.settle()
+    failed = await workflows.get(id)
+    assert (failed.state, failed.reason) == ("failed", "EXCEPTION:RuntimeError")
+    assert await plane.effects(id) == []
+
+
+async def test_a_block_carrying_the_outcome_commits_it_with_its_writes_or_neither(plane: Plane) -> None:
+    workflows = plane.compute.workflows
+    ids = {
+        then: await workflows.start("finish", tenant="t-1", data={"then": then})
+        for then in ("return", "raise after", "write after", "raise inside")
+    }
+    await plane.settle()
+    for then in ("return", "raise after", "write after"):
+        id = ids[then]
+        done = await workflows.get(id)
+        # Recorded with the block: what the step did or returned after it changes nothing, and no block follows it.
+        assert (done.state, done.data, done.reason) == ("succeeded", {"then": then, "finished": True}, None), then
+        assert await plane.effects(id) == ["finish"], then
+        assert [(e.step, e.attempt, e.outcome) for e in await workflows.history(id)] == [("finish", 1, "next")], then
+    failed = await workflows.get(ids["raise inside"])
+    assert (failed.state, failed.step, failed.reason) == ("failed", "finish", "UNAVAILABLE")
+    assert await plane.effects(ids["raise inside"]) == []  # neither the writes nor the outcome
+    assert [(e.outcome, e.reason) for e in await workflows.history(ids["raise inside"])] == [("error", "UNAVAILABLE")]
