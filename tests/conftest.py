@@ -34,7 +34,10 @@ def database_url() -> Iterator[str]:
 # the embedded phase: there a URL that loses its password or host fails only against the embedded server.
 _HANDS_THE_URL_ON = (
     "tests/integration/cli/",
-    "tests/integration/core/",
+    "tests/integration/core/test_database_outage.py",
+    "tests/integration/core/test_database_blip.py",
+    "tests/integration/core/test_control_plane.py",
+    "tests/integration/core/test_lifespan.py",
     "tests/integration/store_pg/",
     "tests/integration/iam_conformance/",
     "tests/unit/store_pg/",
