@@ -37,7 +37,6 @@ _HANDS_THE_URL_ON = (
     "tests/integration/core/",
     "tests/integration/store_pg/",
     "tests/integration/iam_conformance/",
-    "tests/unit/store_pg/",
     "tests/unit/cli/",
     "tests/integration/worker/test_processes.py",
     "tests/integration/workflows/test_processes.py",
