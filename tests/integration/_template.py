@@ -26,40 +26,40 @@ _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # key's.
 _UNKNOWN = """
 SELECT 'relation ' || relname FROM pg_class
-    WHERE relnamespace = %(src)s::regnamespace AND relkind NOT IN ('r', 'i', 'S', 't')
-UNION ALL SELECT 'function ' || proname FROM pg_proc WHERE pronamespace = %(src)s::regnamespace
+    WHERE relnamespace = %(ns)s::oid AND relkind NOT IN ('r', 'i', 'S', 't')
+UNION ALL SELECT 'function ' || proname FROM pg_proc WHERE pronamespace = %(ns)s::oid
 UNION ALL SELECT 'type ' || t.typname FROM pg_type t
-    WHERE t.typnamespace = %(src)s::regnamespace AND t.typrelid = 0
+    WHERE t.typnamespace = %(ns)s::oid AND t.typrelid = 0
     AND NOT EXISTS (SELECT 1 FROM pg_type e WHERE e.oid = t.typelem AND e.typrelid <> 0)
 UNION ALL SELECT 'trigger ' || g.tgname FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
-    WHERE c.relnamespace = %(src)s::regnamespace AND NOT g.tgisinternal
+    WHERE c.relnamespace = %(ns)s::oid AND NOT g.tgisinternal
 """
 _SEQUENCES = """
 SELECT s.relname AS name, format_type(q.seqtypid, NULL) AS type, q.seqincrement, q.seqmin, q.seqmax, q.seqstart,
        q.seqcache, q.seqcycle
-FROM pg_sequence q JOIN pg_class s ON s.oid = q.seqrelid WHERE s.relnamespace = %(src)s::regnamespace ORDER BY s.oid
+FROM pg_sequence q JOIN pg_class s ON s.oid = q.seqrelid WHERE s.relnamespace = %(ns)s::oid ORDER BY s.oid
 """
-_TABLES = "SELECT relname FROM pg_class WHERE relnamespace = %(src)s::regnamespace AND relkind = 'r' ORDER BY oid"
+_TABLES = "SELECT relname FROM pg_class WHERE relnamespace = %(ns)s::oid AND relkind = 'r' ORDER BY oid"
 _DEFAULTS = """
 SELECT c.relname, a.attname, pg_get_expr(d.adbin, d.adrelid)
 FROM pg_attrdef d JOIN pg_class c ON c.oid = d.adrelid JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = d.adnum
-WHERE c.relnamespace = %(src)s::regnamespace ORDER BY c.oid, a.attnum
+WHERE c.relnamespace = %(ns)s::oid ORDER BY c.oid, a.attnum
 """
 _OWNED = """
 SELECT s.relname, t.relname, a.attname
 FROM pg_class s JOIN pg_depend dep ON dep.classid = 'pg_class'::regclass AND dep.objid = s.oid AND dep.deptype = 'a'
 JOIN pg_class t ON t.oid = dep.refobjid JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = dep.refobjsubid
-WHERE s.relnamespace = %(src)s::regnamespace AND s.relkind = 'S' ORDER BY s.oid
+WHERE s.relnamespace = %(ns)s::oid AND s.relkind = 'S' ORDER BY s.oid
 """
 _CONSTRAINTS = """
 SELECT c.relname, k.conname, pg_get_constraintdef(k.oid)
 FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
-WHERE k.connamespace = %(src)s::regnamespace AND k.contype = ANY(%(types)s) ORDER BY k.oid
+WHERE k.connamespace = %(ns)s::oid AND k.contype = ANY(%(types)s) ORDER BY k.oid
 """
 _INDEXES = """
 SELECT pg_get_indexdef(x.oid) FROM pg_class x JOIN pg_index i ON i.indexrelid = x.oid
-WHERE x.relnamespace = %(src)s::regnamespace AND x.relkind = 'i'
-AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = x.oid AND k.contype IN ('p', 'u', 'x'))
+WHERE x.relnamespace = %(ns)s::oid AND x.relkind = 'i'
+AND x.oid NOT IN (SELECT conindid FROM pg_constraint WHERE connamespace = %(ns)s::oid AND contype IN ('p', 'u', 'x'))
 ORDER BY x.oid
 """
 
@@ -86,9 +86,13 @@ def copy_script(url: str, template: str) -> str:
     replacing ``template.`` by the copy's name points a copied default, index or foreign key at the copy.
     """
     src = _checked(template)
-    args = {"src": src}
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET search_path = ''")
+        # The schema's oid once, as a constant: a cast in the WHERE clause would be looked up again for every row.
+        found = conn.execute("SELECT oid FROM pg_namespace WHERE nspname = %s", (src,)).fetchone()
+        if found is None:
+            raise RuntimeError(f"no template schema {src!r}")
+        args = {"ns": found[0]}
         unknown = [row[0] for row in conn.execute(_UNKNOWN, args)]
         if unknown:
             raise RuntimeError(f"the template schema holds what a test copy cannot reproduce: {unknown}")
