@@ -40,7 +40,6 @@ _HANDS_THE_URL_ON = (
     "tests/integration/core/test_lifespan.py",
     "tests/integration/store_pg/",
     "tests/integration/iam_conformance/",
-    "tests/unit/store_pg/",
     "tests/unit/cli/",
     "tests/integration/worker/test_processes.py",
     "tests/integration/workflows/test_processes.py",
@@ -63,8 +62,18 @@ def _fixtures(item: pytest.Item) -> set[tuple[str, str]]:
     return {(defs[-1].baseid, name) for name, defs in info.name2fixturedefs.items() if defs}
 
 
+# The files that take longest (a schemathesis run, the CLI's subprocesses) come first: with the files spread over
+# workers (``make test``), one that starts last would run on alone after every other worker has finished.
+_START_FIRST = (
+    "tests/integration/core/test_schemathesis.py",
+    "tests/integration/cli/",
+    "tests/integration/iam_matrix/",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``--fixture-cover``, keep a subset that still sets up every fixture of the suite at least once."""
+    """Long files first; with ``--fixture-cover``, keep a subset that still sets up every fixture at least once."""
+    items.sort(key=lambda item: not item.nodeid.startswith(_START_FIRST))  # stable: the order within stays
     if not config.getoption("--fixture-cover"):
         return
     covered: set[tuple[str, str]] = set()

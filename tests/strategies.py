@@ -12,23 +12,47 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import ipaddress
+import json
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 
-from bettercompute import Job, Options
+from bettercompute import Job, MethodDef, Options
 from bettercompute._jobs import ROLES
+from bettercompute.fields import Text
 from bettercompute.joins import JoinSettings
 from bettercompute.testing import StaticIamDouble
 from bettercompute.webhooks import WebhookSettings
+from bettercompute_iam._policy import Grant
 from bettercompute_store_pg import PgStore
 
-__all__ = ["FUZZ", "OptionsCase", "anything", "hostile_text", "json_bodies", "json_junk", "options_cases"]
+__all__ = [
+    "FUZZ",
+    "INVISIBLE_MARKS",
+    "UNICODE_DIGITS",
+    "UNICODE_DOTS",
+    "OptionsCase",
+    "anything",
+    "grants",
+    "hostile_text",
+    "hostish_text",
+    "internal_ipv4_addresses",
+    "json_bodies",
+    "json_junk",
+    "json_values",
+    "method_calls",
+    "options_cases",
+    "storable_text",
+    "text_rule_candidates",
+    "valid_inputs",
+    "wrong_types",
+]
 
 # Modest on purpose: it runs in CI on every change, on two cores. Raise ``max_examples`` by hand for a longer hunt.
 settings.register_profile(
@@ -394,3 +418,190 @@ def options_cases(draw: st.DrawFn) -> OptionsCase:
         elif kind == "arbitrary":
             arbitrary.add(name)
     return OptionsCase(options=Options(**chosen), invalid=frozenset(invalid), arbitrary=frozenset(arbitrary))
+
+
+# --- Webhook destinations ----------------------------------------------------------------------------------------
+
+# Unicode that passes for ASCII digits and dots in some parser or other: full-width, Arabic-Indic, Devanagari,
+# mathematical digits; ideographic, full-width and halfwidth full stops.
+UNICODE_DIGITS = {
+    "fullwidth": 0xFF10,
+    "arabic-indic": 0x0660,
+    "devanagari": 0x0966,
+    "mathematical bold": 0x1D7CE,
+}
+UNICODE_DOTS = ("\u3002", "\uff0e", "\uff61")
+INVISIBLE_MARKS = ("\u200e", "\u200f", "\u202e", "\u2066", "\u200b", "\ufeff", "\x00", "\u00ad")
+
+
+def internal_ipv4_addresses() -> st.SearchStrategy[ipaddress.IPv4Address]:
+    """Any address of a range a webhook may never reach: loopback, private, link-local, CGNAT, multicast, reserved."""
+    return st.sampled_from(
+        [
+            "127.0.0.0/8",
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "169.254.0.0/16",
+            "100.64.0.0/10",
+            "0.0.0.0/8",
+            "224.0.0.0/4",
+            "240.0.0.0/4",
+        ]
+    ).flatmap(
+        lambda net: st.integers(0, ipaddress.IPv4Network(net).num_addresses - 1).map(
+            lambda n: ipaddress.IPv4Network(net)[n]
+        )
+    )
+
+
+def hostish_text() -> st.SearchStrategy[str]:
+    """Text that looks like a host to some parser: digits of any script, dots of any width, invisible marks."""
+    return st.text(
+        alphabet=st.one_of(
+            st.sampled_from("0123456789abcdefx.:[]%-_"),
+            st.sampled_from(
+                [chr(zero + n) for zero in UNICODE_DIGITS.values() for n in range(10)]
+                + [*UNICODE_DOTS, *INVISIBLE_MARKS]
+            ),
+            st.characters(codec="utf-8"),
+        ),
+        max_size=40,
+    )
+
+
+def json_values() -> st.SearchStrategy[Any]:
+    """Any value ``json.dumps`` writes: null, booleans, numbers (NaN and infinities too), text, lists and objects."""
+    return st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+        max_leaves=8,
+    )
+
+
+# --- IAM grants --------------------------------------------------------------------------------------------------
+
+_scopes = st.one_of(
+    st.builds(lambda: ("root", None, None)),
+    st.tuples(st.just("tenant"), st.sampled_from(["acme", "globex"])).map(lambda t: (t[0], t[1], t[1])),
+    st.tuples(st.just("pool"), st.sampled_from(["pl_a", "pl_b"]), st.sampled_from(["acme", "globex", None])),
+)
+_patterns = st.tuples(
+    st.sampled_from(["compute", "iam", "*"]),
+    st.sampled_from(["pools", "credentials", "*"]),
+    st.sampled_from(["*", "list"]),
+).map(":".join)
+_grants = st.lists(
+    st.builds(
+        lambda scope, p: Grant(patterns=tuple(p), scope_type=scope[0], scope_id=scope[1], scope_tenant=scope[2]),
+        _scopes,
+        st.lists(_patterns, min_size=1, max_size=3),
+    ),
+    max_size=4,
+)
+
+
+def grants() -> st.SearchStrategy[list[Grant]]:
+    """Up to four IAM grants: root, tenant or pool scope (a pool's tenant known or not), one to three patterns."""
+    return _grants
+
+
+# --- Method inputs -----------------------------------------------------------------------------------------------
+
+
+def _plausible(tp: Any, name: str, tenant: str) -> st.SearchStrategy[Any]:
+    if name == "tenant" and tp in (str, str | None):
+        return st.just(tenant)
+    if name == "url" and tp is str:
+        return st.just("https://hooks.example.com/in")
+    if name == "scope" and tp is str:
+        return st.sampled_from(["node:n1", "pool:p1", "site:s1"])
+    if tp is str:
+        return st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True)
+    if tp is bool:
+        return st.booleans()
+    if tp is int:
+        return st.integers(60, 10**6)
+    if tp is float:
+        return st.floats(0, 1e6)
+    if tp is dt.datetime:
+        return st.datetimes(timezones=st.just(dt.UTC))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return st.sampled_from(tp)
+    if isinstance(tp, type) and attrs.has(tp):
+        return valid_inputs(tp, tenant=tenant)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return st.sampled_from(args)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of(*[_plausible(a, name, tenant) for a in args])
+    if tp is type(None):
+        return st.none()
+    if origin in (tuple, list):
+        items = st.lists(_plausible(args[0], name, tenant), max_size=2)
+        return items.map(tuple) if origin is tuple else items
+    if origin is dict:
+        return st.dictionaries(_plausible(args[0], name, tenant), _plausible(args[1], name, tenant), max_size=2)
+    return st.none()
+
+
+def valid_inputs(cls: type, *, tenant: str) -> st.SearchStrategy[Any]:
+    """Instances of the input class ``cls`` that its validators accept, ``tenant`` in every ``tenant`` field.
+
+    Values are plausible by annotation (identifiers, https URLs, positive numbers); draws the validators refuse are
+    thrown away.
+    """
+    hints = typing.get_type_hints(cls)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> Any:
+        kwargs = {f.name: draw(_plausible(hints[f.name], f.name, tenant)) for f in attrs.fields(cls)}
+        try:
+            return cls(**kwargs)
+        except (ValueError, TypeError):
+            assume(False)  # the validators refused this draw: try another
+
+    return build()
+
+
+def method_calls(
+    methods: Sequence[MethodDef[Any, Any]], anchors: Mapping[str, st.SearchStrategy[Any]], *, junk: bool
+) -> st.SearchStrategy[tuple[MethodDef[Any, Any], bytes]]:
+    """One of ``methods`` with a request body for it: ``json_bodies`` of its input, and with ``junk`` anything else."""
+
+    def body(method: MethodDef[Any, Any]) -> st.SearchStrategy[bytes]:
+        bodies: st.SearchStrategy[Any] = json_bodies(method.input, anchors, junk=junk)
+        if junk:
+            bodies |= json_junk()
+        # ensure_ascii writes an unpaired surrogate as its \u escape, which is how a JSON body carries one.
+        encoded: st.SearchStrategy[bytes] = bodies.map(lambda value: json.dumps(value).encode())
+        return encoded | st.binary(max_size=64) if junk else encoded
+
+    return st.sampled_from(list(methods)).flatmap(lambda m: st.tuples(st.just(m), body(m)))
+
+
+def text_rule_candidates(rule: Text) -> st.SearchStrategy[str]:
+    """Text for a field rule to judge: short and long, what its pattern matches, and that with one more character."""
+    pieces = [st.text(max_size=12), st.text(max_size=600)]
+    if rule.pattern is not None:
+        pieces.append(st.from_regex(rule.pattern, fullmatch=True))
+        # A value the pattern matches, with one character more at either end: the anchors must hold in both readings.
+        pieces.append(
+            st.tuples(st.from_regex(rule.pattern, fullmatch=True), st.sampled_from(["\n", " ", "a", "-"])).map(
+                lambda p: p[0] + p[1]
+            )
+        )
+    return st.one_of(pieces)
+
+
+# --- Values of the wrong kind, and what the codec carries --------------------------------------------------------
+
+
+def storable_text(max_size: int = 20) -> st.SearchStrategy[str]:
+    """Every text the codec accepts: anything UTF-8 can encode except NUL."""
+    return st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=max_size)
+
+
+def wrong_types() -> st.SearchStrategy[Any]:
+    """Small values of every JSON kind, for fields of another type (attrs does not check types, the dispatcher must)."""
+    return st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2))

@@ -1,10 +1,16 @@
-"""Fixtures for tests against PostgreSQL: a fresh, migrated store per test, in a schema of its own."""
+"""Fixtures for tests against PostgreSQL: a fresh, migrated store per test, in a schema of its own.
+
+A test's schema is a copy of one migrated once per session (``_template.py``), not migrated again: ``initialize()``
+and ``install()`` find every migration recorded and apply nothing. Tests of the migrations themselves take
+``empty_schema``.
+"""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import anyio
 import attrs
 import httpx
 import psycopg
@@ -13,6 +19,8 @@ import pytest
 from bettercompute import BetterCompute, Options, better_compute
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
+
+from ._template import clone_schema, copy_script, migrate_template
 
 
 def new_schema() -> str:
@@ -26,9 +34,29 @@ def drop_schema(url: str, schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+@pytest.fixture(scope="session")
+def schema_copy_script(database_url: str) -> Iterator[str]:
+    """The SQL that copies a schema migrated once for the session (the template is dropped when it ends)."""
+    template = new_schema()
+    try:
+        anyio.run(migrate_template, database_url, template)
+        yield copy_script(database_url, template)
+    finally:
+        drop_schema(database_url, template)
+
+
 @pytest.fixture
-def fresh_schema(database_url: str) -> Iterator[str]:
-    """A unique schema name, dropped after the test whether or not anything created it."""
+def fresh_schema(database_url: str, schema_copy_script: str) -> Iterator[str]:
+    """A unique schema with every migration of the store and IAM applied (a copy of the template), dropped after."""
+    schema = new_schema()
+    clone_schema(database_url, schema_copy_script, schema)
+    yield schema
+    drop_schema(database_url, schema)
+
+
+@pytest.fixture
+def empty_schema(database_url: str) -> Iterator[str]:
+    """A unique schema name with nothing in it, for tests of the migrations; dropped after, if anything made it."""
     schema = new_schema()
     yield schema
     drop_schema(database_url, schema)
@@ -36,7 +64,7 @@ def fresh_schema(database_url: str) -> Iterator[str]:
 
 @pytest.fixture
 async def pg_store(database_url: str, fresh_schema: str) -> AsyncIterator[PgStore]:
-    """An open ``PgStore`` on a fresh schema, with the store's own tables installed."""
+    """An open ``PgStore`` on a fresh schema, with the store's own tables installed (``install()`` finds them)."""
     store = PgStore(database_url, schema=fresh_schema, pool_size=4)
     await store.open()
     try:

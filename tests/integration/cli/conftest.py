@@ -25,11 +25,14 @@ def command() -> list[str]:
 
 
 @pytest.fixture
-def cli_env(database_url: str, fresh_schema: str) -> dict[str, str]:
-    """The environment of a command on this test's schema; no other BETTERCOMPUTE_* variable leaks in."""
+def cli_env(database_url: str, empty_schema: str) -> dict[str, str]:
+    """The environment of a command on this test's schema (empty: ``migrate`` runs as a user runs it first).
+
+    No other BETTERCOMPUTE_* variable leaks in.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("BETTERCOMPUTE_")}
     env["BETTERCOMPUTE_DATABASE_URL"] = database_url
-    env["BETTERCOMPUTE_SCHEMA"] = fresh_schema
+    env["BETTERCOMPUTE_SCHEMA"] = empty_schema
     return env
 
 

@@ -8,7 +8,6 @@ the root admin, so requests get past IAM to the handlers and the store. Whatever
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, MethodDef, O
 from bettercompute.errors import ComputeError
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
-from tests.strategies import FUZZ, json_bodies, json_junk
+from tests.strategies import FUZZ, method_calls
 
 pytestmark = [pytest.mark.pg, pytest.mark.anyio]
 
@@ -83,18 +82,6 @@ def _registry_methods() -> list[MethodDef[Any, Any]]:
     return list(compute.registry.methods())
 
 
-def _calls(*, junk: bool) -> st.SearchStrategy[tuple[MethodDef[Any, Any], bytes]]:
-    def body(method: MethodDef[Any, Any]) -> st.SearchStrategy[bytes]:
-        bodies: st.SearchStrategy[Any] = json_bodies(method.input, ANCHORS, junk=junk)
-        if junk:
-            bodies |= json_junk()
-        # ensure_ascii writes an unpaired surrogate as its \u escape, which is how a JSON body carries one.
-        encoded: st.SearchStrategy[bytes] = bodies.map(lambda value: json.dumps(value).encode())
-        return encoded | st.binary(max_size=64) if junk else encoded
-
-    return st.sampled_from(METHODS).flatmap(lambda m: st.tuples(st.just(m), body(m)))
-
-
 METHODS = _registry_methods()
 
 
@@ -112,7 +99,7 @@ async def _check(full: Full, method: MethodDef[Any, Any], body: bytes) -> None:
 
 
 @FUZZ
-@given(call=_calls(junk=False))
+@given(call=method_calls(METHODS, ANCHORS, junk=False))
 async def test_hostile_text_in_every_input_schema_gets_200_or_a_4xx_envelope(
     full: Full, call: tuple[MethodDef[Any, Any], bytes]
 ) -> None:
@@ -120,7 +107,7 @@ async def test_hostile_text_in_every_input_schema_gets_200_or_a_4xx_envelope(
 
 
 @settings(FUZZ, max_examples=60)
-@given(call=_calls(junk=True))
+@given(call=method_calls(METHODS, ANCHORS, junk=True))
 async def test_junk_in_every_input_schema_gets_a_4xx_envelope(
     full: Full, call: tuple[MethodDef[Any, Any], bytes]
 ) -> None:

@@ -5,26 +5,23 @@ handler never runs. Generated from the registry, so the methods of modules added
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import enum
 import shutil
 import tempfile
-import types
 import typing
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import psycopg
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings
 
 from bettercompute import BetterCompute, CallContext, JoinSettings, LocalKeyKms, MethodDef, Options, better_compute
 from bettercompute.errors import AccessDeniedError, ComputeError
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
+from tests.strategies import valid_inputs
 
 from ._principals import add_principal
 
@@ -103,56 +100,6 @@ def matrix(database_url: str) -> typing.Iterator[Matrix]:
         shutil.rmtree(_KMS_DIR, ignore_errors=True)
 
 
-def _values(tp: Any, name: str) -> st.SearchStrategy[Any]:
-    if name == "tenant" and tp in (str, str | None):
-        return st.just(TENANT)
-    if name == "url" and tp is str:
-        return st.just("https://hooks.example.com/in")
-    if name == "scope" and tp is str:
-        return st.sampled_from(["node:n1", "pool:p1", "site:s1"])
-    if tp is str:
-        return st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True)
-    if tp is bool:
-        return st.booleans()
-    if tp is int:
-        return st.integers(60, 10**6)
-    if tp is float:
-        return st.floats(0, 1e6)
-    if tp is dt.datetime:
-        return st.datetimes(timezones=st.just(dt.UTC))
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return st.sampled_from(tp)
-    if isinstance(tp, type) and attrs.has(tp):
-        return _inputs(tp)
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return st.sampled_from(args)
-    if origin in (typing.Union, types.UnionType):
-        return st.one_of(*[_values(a, name) for a in args])
-    if tp is type(None):
-        return st.none()
-    if origin in (tuple, list):
-        items = st.lists(_values(args[0], name), max_size=2)
-        return items.map(tuple) if origin is tuple else items
-    if origin is dict:
-        return st.dictionaries(_values(args[0], name), _values(args[1], name), max_size=2)
-    return st.none()
-
-
-def _inputs(cls: type) -> st.SearchStrategy[Any]:
-    hints = typing.get_type_hints(cls)
-
-    @st.composite
-    def build(draw: st.DrawFn) -> Any:
-        kwargs = {f.name: draw(_values(hints[f.name], f.name)) for f in attrs.fields(cls)}
-        try:
-            return cls(**kwargs)
-        except (ValueError, TypeError):
-            assume(False)  # the validators refused this draw: try another
-
-    return build()
-
-
 def _methods() -> list[str]:
     # Composed without a database, only to read the registry.
     compute = compose("postgresql://nobody@127.0.0.1:1/none", "unused", Recorder())
@@ -189,7 +136,7 @@ def test_a_principal_lacking_the_action_never_reaches_the_handler(matrix: Matrix
     allowed = matrix.principal_with(["*:*:*"])
 
     @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(input=_inputs(method.input))
+    @given(input=valid_inputs(method.input, tenant=TENANT))
     def check(input: Any) -> None:
         matrix.recorder.seen.clear()
         with pytest.raises(AccessDeniedError):

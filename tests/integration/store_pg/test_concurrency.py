@@ -47,11 +47,11 @@ asyncio.run(main())
 """
 
 
-def test_two_processes_migrate_one_fresh_schema(database_url: str, fresh_schema: str) -> None:
+def test_two_processes_migrate_one_fresh_schema(database_url: str, empty_schema: str) -> None:
     start_at = time.time() + 2.0  # both interpreters are up and connected by then
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", _MIGRATE_SCRIPT, database_url, fresh_schema, str(start_at)],
+            [sys.executable, "-c", _MIGRATE_SCRIPT, database_url, empty_schema, str(start_at)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -68,9 +68,9 @@ def test_two_processes_migrate_one_fresh_schema(database_url: str, fresh_schema:
     assert sorted(r["probe"] for r in results) == [[], [1, 2]]
     with psycopg.connect(database_url) as conn:
         recorded = conn.execute(
-            f'SELECT module, version FROM "{fresh_schema}".schema_migrations ORDER BY module, version'
+            f'SELECT module, version FROM "{empty_schema}".schema_migrations ORDER BY module, version'
         ).fetchall()
-        probe_rows = conn.execute(f'SELECT count(*) FROM "{fresh_schema}".probe').fetchone()
+        probe_rows = conn.execute(f'SELECT count(*) FROM "{empty_schema}".probe').fetchone()
     assert recorded == [*(("core", v) for v in core), ("probe", 1), ("probe", 2)]
     assert probe_rows == (1,)
 

@@ -21,11 +21,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from bettercompute.ports import Store
+from bettercompute.ports import Store, WorkItem
 from bettercompute.testing import StoreConformance
 from bettercompute_store_pg import PgStore
-
-from ..conftest import drop_schema, new_schema
 
 _CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
 
@@ -122,16 +120,27 @@ def pgbouncer_url(database_url: str) -> Iterator[str]:
 
 class TestPgStoreThroughPgBouncer(StoreConformance):
     @pytest.fixture
-    async def store(self, pgbouncer_url: str, database_url: str) -> AsyncIterator[Store]:
-        schema = new_schema()
-        store = PgStore(pgbouncer_url, schema=schema, pool_size=4, prepared_statements=False)
+    async def store(self, pgbouncer_url: str, fresh_schema: str) -> AsyncIterator[Store]:
+        # A migrated copy, as everywhere: install() through the pooler finds every migration recorded.
+        store = PgStore(pgbouncer_url, schema=fresh_schema, pool_size=4, prepared_statements=False)
         await store.open()
         try:
-            await store.install()
+            assert await store.install() == []
             yield store
         finally:
             await store.close()
-            drop_schema(database_url, schema)
+
+    async def test_a_fresh_schema_migrates_through_the_pooler(self, pgbouncer_url: str, empty_schema: str) -> None:
+        # Every migration from nothing, as a first deployment behind PgBouncer runs them.
+        store = PgStore(pgbouncer_url, schema=empty_schema, pool_size=2, prepared_statements=False)
+        await store.open()
+        try:
+            assert await store.install() == [m.version for m in PgStore.core_migrations()]
+            assert await store.install() == []
+            await store.queue.enqueue([WorkItem(kind="k", key="first")])
+            assert await store.queue.pending() == 1
+        finally:
+            await store.close()
 
     async def test_repeated_statements_stay_unprepared(self, store: Store) -> None:
         # psycopg prepares a statement on its 5th run unless told not to; through a transaction-mode pooler the

@@ -17,6 +17,8 @@ UNREACHABLE = "postgresql://postgres@127.0.0.1:1/none"
 ROOT = "root-credential"
 MEMBER = "member-credential"
 OTHER_TENANT = "other-tenant-credential"
+# A member of the same tenant as MEMBER who may call nothing of the echo group.
+BYSTANDER = "bystander-credential"
 
 
 def make_iam() -> StaticIamDouble:
@@ -25,11 +27,13 @@ def make_iam() -> StaticIamDouble:
             ROOT: identity("root-admin"),
             MEMBER: identity("alice", tenant="acme"),
             OTHER_TENANT: identity("mallory", tenant="evil"),
+            BYSTANDER: identity("bob", tenant="acme"),
         },
         allowed={
             "root-admin": ["*"],
             "alice": ["compute:system:version", "compute:system:whoami", "compute:echo:say", "compute:echo:fail"],
             "mallory": ["*"],
+            "bob": ["compute:system:version"],
         },
     )
 

@@ -14,13 +14,14 @@ from bettercompute import BetterCompute
 from bettercompute._codec import encode
 from bettercompute.errors import ComputeError
 from bettercompute.modules.system import VersionInput, WhoamiInput
+from tests.strategies import wrong_types
 
 from ._echo import EchoModule, FailInput, SayInput
 from .conftest import MEMBER, OTHER_TENANT, ROOT, make_compute
 
 _credentials = st.sampled_from([ROOT, MEMBER, OTHER_TENANT, "bcak_unknown", None])
 # Fields of the wrong type are generated on purpose: attrs does not check types, the dispatcher must.
-_anything = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2))
+_anything = wrong_types()
 _inputs = st.one_of(
     st.builds(VersionInput),
     st.builds(WhoamiInput),

@@ -18,6 +18,7 @@ from bettercompute._openapi import openapi_document
 from bettercompute.fields import Integer, Rule, Text, rules_of
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
+from tests.strategies import text_rule_candidates
 
 from .conftest import UNREACHABLE
 
@@ -102,19 +103,6 @@ def _validator(rule: Rule, field: attrs.Attribute[Any]) -> Any:
     )
 
 
-def _candidates(rule: Text) -> st.SearchStrategy[str]:
-    pieces = [st.text(max_size=12), st.text(max_size=600)]
-    if rule.pattern is not None:
-        pieces.append(st.from_regex(rule.pattern, fullmatch=True))
-        # A value the pattern matches, with one character more at either end: the anchors must hold in both readings.
-        pieces.append(
-            st.tuples(st.from_regex(rule.pattern, fullmatch=True), st.sampled_from(["\n", " ", "a", "-"])).map(
-                lambda p: p[0] + p[1]
-            )
-        )
-    return st.one_of(pieces)
-
-
 @pytest.mark.parametrize(
     ("cls", "field", "rule"),
     [f for f in FIELDS if isinstance(f[2], Text)],
@@ -125,7 +113,7 @@ def _candidates(rule: Text) -> st.SearchStrategy[str]:
 def test_a_text_rule_and_its_published_schema_agree(
     cls: type, field: attrs.Attribute[Any], rule: Text, data: st.DataObject
 ) -> None:
-    value = data.draw(_candidates(rule))
+    value = data.draw(text_rule_candidates(rule))
     assert _validator(rule, field).is_valid(value) == (rule.problem(value) is None), (cls.__name__, field.name, value)
 
 

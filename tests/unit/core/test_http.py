@@ -14,7 +14,7 @@ from bettercompute.modules.system import VersionInput
 from bettercompute.testing import StaticIamDouble
 
 from ._echo import EchoModule, SayInput, calls
-from .conftest import MEMBER, OTHER_TENANT, ROOT, make_compute
+from .conftest import BYSTANDER, MEMBER, OTHER_TENANT, ROOT, make_compute
 
 pytestmark = pytest.mark.anyio
 
@@ -131,10 +131,24 @@ async def test_the_tenant_itself_and_root_get_through(http: httpx.AsyncClient) -
         assert response.json() == {"data": {"text": "a", "caller": caller}}
 
 
-async def test_a_principal_without_the_action_never_reaches_the_handler(http: httpx.AsyncClient) -> None:
+async def test_a_principal_without_the_action_never_reaches_the_handler(
+    compute: BetterCompute, http: httpx.AsyncClient
+) -> None:
+    # A method whose handler records every call it gets, asked for in the caller's own tenant: only the missing
+    # action stands between the request and the handler.
+    iam = compute.context.iam
+    assert isinstance(iam, StaticIamDouble)
     calls.clear()
-    response = await http.post(f"{URL}/system/health", headers=_auth(MEMBER), json={})
-    _error(response, 403, "ACCESS_DENIED")
+    body = {"tenant": "acme", "text": "let me in"}
+    response = await http.post(f"{URL}/echo/say", headers=_auth(BYSTANDER), json=body)
+    error = _error(response, 403, "ACCESS_DENIED")
+    assert error["details"]["action"] == "compute:echo:say"
+    assert calls == []
+    assert iam.decisions == []
+    # The same request from a member who holds the action does reach it.
+    response = await http.post(f"{URL}/echo/say", headers=_auth(MEMBER), json=body)
+    assert response.status_code == 200, response.text
+    assert calls == ["let me in"]
 
 
 async def test_an_unexpected_failure_is_500_without_its_text(

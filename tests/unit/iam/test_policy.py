@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from hypothesis import given
-from hypothesis import strategies as st
 
 from bettercompute_iam._policy import Grant, allows, contains, not_held
+from tests.strategies import grants
 
 ADMIN = ("compute:*:*", "iam:*:*")
 
@@ -39,31 +39,11 @@ def test_what_a_tenant_admin_may_act_on() -> None:
     assert not_held([grant("root")], [grant("pool", "pl_g", None, "iam:*:*")]) == []
 
 
-scopes = st.one_of(
-    st.builds(lambda: ("root", None, None)),
-    st.tuples(st.just("tenant"), st.sampled_from(["acme", "globex"])).map(lambda t: (t[0], t[1], t[1])),
-    st.tuples(st.just("pool"), st.sampled_from(["pl_a", "pl_b"]), st.sampled_from(["acme", "globex", None])),
-)
-patterns = st.tuples(
-    st.sampled_from(["compute", "iam", "*"]),
-    st.sampled_from(["pools", "credentials", "*"]),
-    st.sampled_from(["*", "list"]),
-).map(":".join)
-grants = st.lists(
-    st.builds(
-        lambda scope, p: Grant(patterns=tuple(p), scope_type=scope[0], scope_id=scope[1], scope_tenant=scope[2]),
-        scopes,
-        st.lists(patterns, min_size=1, max_size=3),
-    ),
-    max_size=4,
-)
-
-
-@given(grants)
+@given(grants())
 def test_anyone_may_act_on_herself(mine: list[Grant]) -> None:
     assert not_held(mine, mine) == []
 
 
-@given(grants, grants)
+@given(grants(), grants())
 def test_a_root_admin_holds_everything_anyone_holds(mine: list[Grant], theirs: list[Grant]) -> None:
     assert not_held([grant("root", None, None, "*:*:*"), *mine], theirs) == []

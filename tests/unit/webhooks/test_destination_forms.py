@@ -11,17 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bettercompute.modules.webhooks import _guard
-
-# Unicode that passes for ASCII digits and dots in some parser or other: full-width, Arabic-Indic, Devanagari,
-# mathematical digits; ideographic, full-width and halfwidth full stops.
-_DIGITS = {
-    "fullwidth": 0xFF10,
-    "arabic-indic": 0x0660,
-    "devanagari": 0x0966,
-    "mathematical bold": 0x1D7CE,
-}
-_DOTS = ("\u3002", "\uff0e", "\uff61")
-_INVISIBLE = ("\u200e", "\u200f", "\u202e", "\u2066", "\u200b", "\ufeff", "\x00", "\u00ad")
+from tests.strategies import INVISIBLE_MARKS, UNICODE_DIGITS, UNICODE_DOTS, hostish_text, internal_ipv4_addresses
 
 
 def refused(url: str, *, loopback: bool = False) -> bool:
@@ -57,33 +47,14 @@ def _forms(address: ipaddress.IPv4Address) -> list[str]:
         f"[64:ff9b::{dotted}]",
         f"[2002:{value >> 16:x}:{value & 0xFFFF:x}::1]",
     ]
-    forms += [dotted.replace(".", dot) for dot in _DOTS]
-    for zero in _DIGITS.values():
+    forms += [dotted.replace(".", dot) for dot in UNICODE_DOTS]
+    for zero in UNICODE_DIGITS.values():
         forms.append("".join(chr(zero + int(ch)) if ch.isdigit() else ch for ch in dotted))
-    forms += [dotted + mark for mark in _INVISIBLE] + [mark + dotted for mark in _INVISIBLE]
+    forms += [dotted + mark for mark in INVISIBLE_MARKS] + [mark + dotted for mark in INVISIBLE_MARKS]
     return forms
 
 
-_INTERNAL_V4 = st.sampled_from(
-    [
-        "127.0.0.0/8",
-        "10.0.0.0/8",
-        "172.16.0.0/12",
-        "192.168.0.0/16",
-        "169.254.0.0/16",
-        "100.64.0.0/10",
-        "0.0.0.0/8",
-        "224.0.0.0/4",
-        "240.0.0.0/4",
-    ]
-).flatmap(
-    lambda net: st.integers(0, ipaddress.IPv4Network(net).num_addresses - 1).map(
-        lambda n: ipaddress.IPv4Network(net)[n]
-    )
-)
-
-
-@given(address=_INTERNAL_V4, port=st.sampled_from(["", ":80", ":8443"]))
+@given(address=internal_ipv4_addresses(), port=st.sampled_from(["", ":80", ":8443"]))
 def test_every_form_of_an_internal_ipv4_address_is_refused(address: ipaddress.IPv4Address, port: str) -> None:
     for form in _forms(address):
         url = f"http://{form}{port}/hook"
@@ -157,17 +128,7 @@ def test_public_destinations_are_normalized_the_way_the_client_sends_them(url: s
     assert str(_guard.parse(url)) == stored
 
 
-_HOSTISH = st.text(
-    alphabet=st.one_of(
-        st.sampled_from("0123456789abcdefx.:[]%-_"),
-        st.sampled_from([chr(zero + n) for zero in _DIGITS.values() for n in range(10)] + [*_DOTS, *_INVISIBLE]),
-        st.characters(codec="utf-8"),
-    ),
-    max_size=40,
-)
-
-
-@given(host=_HOSTISH, rest=st.text(max_size=20))
+@given(host=hostish_text(), rest=st.text(max_size=20))
 def test_what_create_accepts_the_sender_reads_back_unchanged(host: str, rest: str) -> None:
     url = f"http://{host}/{rest}"
     try:

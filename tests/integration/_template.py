@@ -1,0 +1,153 @@
+"""Per-test schemas copied from one schema migrated once per session, instead of migrating every test's schema.
+
+A test's schema is a copy of the template made inside PostgreSQL by one ``DO`` block: sequences, tables (columns,
+defaults, ``CHECK`` and ``NOT NULL``), primary key, unique and exclusion constraints and the other indexes under
+their own names (error translation and ``ON CONFLICT`` may name them), foreign keys, and the rows (the migrations
+recorded in ``schema_migrations``, anything a migration seeds). The store and the control plane then find every
+migration recorded and apply nothing. ``test_template.py`` checks that a copy and a schema migrated from scratch
+cannot be told apart in the catalog.
+
+Objects the copy does not know (functions, views, triggers of our own, types) make it fail loudly rather than
+produce a schema with something missing: a migration that adds one must teach ``_CLONE`` about it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+
+__all__ = ["clone_schema", "copy_script", "migrate_template"]
+
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+# What the copy cannot reproduce: relations other than tables, indexes and sequences (TOAST tables come with their
+# table), functions, types of our own (a table's row and array types come with it), triggers that are not a foreign
+# key's.
+_UNKNOWN = """
+SELECT 'relation ' || relname FROM pg_class
+    WHERE relnamespace = %(ns)s::oid AND relkind NOT IN ('r', 'i', 'S', 't')
+UNION ALL SELECT 'function ' || proname FROM pg_proc WHERE pronamespace = %(ns)s::oid
+UNION ALL SELECT 'type ' || t.typname FROM pg_type t
+    WHERE t.typnamespace = %(ns)s::oid AND t.typrelid = 0
+    AND NOT EXISTS (SELECT 1 FROM pg_type e WHERE e.oid = t.typelem AND e.typrelid <> 0)
+UNION ALL SELECT 'trigger ' || g.tgname FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
+    WHERE c.relnamespace = %(ns)s::oid AND NOT g.tgisinternal
+"""
+_SEQUENCES = """
+SELECT s.relname AS name, format_type(q.seqtypid, NULL) AS type, q.seqincrement, q.seqmin, q.seqmax, q.seqstart,
+       q.seqcache, q.seqcycle
+FROM pg_sequence q JOIN pg_class s ON s.oid = q.seqrelid WHERE s.relnamespace = %(ns)s::oid ORDER BY s.oid
+"""
+_TABLES = "SELECT relname FROM pg_class WHERE relnamespace = %(ns)s::oid AND relkind = 'r' ORDER BY oid"
+_DEFAULTS = """
+SELECT c.relname, a.attname, pg_get_expr(d.adbin, d.adrelid)
+FROM pg_attrdef d JOIN pg_class c ON c.oid = d.adrelid JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = d.adnum
+WHERE c.relnamespace = %(ns)s::oid ORDER BY c.oid, a.attnum
+"""
+_OWNED = """
+SELECT s.relname, t.relname, a.attname
+FROM pg_class s JOIN pg_depend dep ON dep.classid = 'pg_class'::regclass AND dep.objid = s.oid AND dep.deptype = 'a'
+JOIN pg_class t ON t.oid = dep.refobjid JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = dep.refobjsubid
+WHERE s.relnamespace = %(ns)s::oid AND s.relkind = 'S' ORDER BY s.oid
+"""
+_CONSTRAINTS = """
+SELECT c.relname, k.conname, pg_get_constraintdef(k.oid)
+FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
+WHERE k.connamespace = %(ns)s::oid AND k.contype = ANY(%(types)s) ORDER BY k.oid
+"""
+_INDEXES = """
+SELECT pg_get_indexdef(x.oid) FROM pg_class x JOIN pg_index i ON i.indexrelid = x.oid
+WHERE x.relnamespace = %(ns)s::oid AND x.relkind = 'i'
+AND x.oid NOT IN (SELECT conindid FROM pg_constraint WHERE connamespace = %(ns)s::oid AND contype IN ('p', 'u', 'x'))
+ORDER BY x.oid
+"""
+
+_LIKE = (
+    "INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED INCLUDING IDENTITY INCLUDING STORAGE"
+    " INCLUDING COMMENTS INCLUDING COMPRESSION"
+)
+
+
+def _checked(name: str) -> str:
+    if not _IDENTIFIER.fullmatch(name):
+        raise ValueError(f"not a plain schema name: {name!r}")
+    return name
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def copy_script(url: str, template: str) -> str:
+    """The SQL that makes a copy of ``template`` under the name ``{dst}``, read once from the catalog.
+
+    Definitions are read with an empty ``search_path``, which qualifies every name in them with its schema:
+    replacing ``template.`` by the copy's name points a copied default, index or foreign key at the copy.
+    """
+    src = _checked(template)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET search_path = ''")
+        # The schema's oid once, as a constant: a cast in the WHERE clause would be looked up again for every row.
+        found = conn.execute("SELECT oid FROM pg_namespace WHERE nspname = %s", (src,)).fetchone()
+        if found is None:
+            raise RuntimeError(f"no template schema {src!r}")
+        args = {"ns": found[0]}
+        unknown = [row[0] for row in conn.execute(_UNKNOWN, args)]
+        if unknown:
+            raise RuntimeError(f"the template schema holds what a test copy cannot reproduce: {unknown}")
+        sequences = conn.execute(_SEQUENCES, args).fetchall()
+        tables = [row[0] for row in conn.execute(_TABLES, args)]
+        defaults = [row for row in conn.execute(_DEFAULTS, args) if f"{src}." in row[2]]
+        owned = conn.execute(_OWNED, args).fetchall()
+        keys = conn.execute(_CONSTRAINTS, {**args, "types": ["p", "u", "x"]}).fetchall()
+        indexes = [row[0] for row in conn.execute(_INDEXES, args)]
+        foreign = conn.execute(_CONSTRAINTS, {**args, "types": ["f"]}).fetchall()
+    dst = "{dst}"
+    steps = [f"CREATE SCHEMA {dst}"]
+    for name, type_, increment, low, high, start, cache, cycle in sequences:
+        steps.append(
+            f"CREATE SEQUENCE {dst}.{_ident(name)} AS {type_} INCREMENT {increment} MINVALUE {low} MAXVALUE {high}"
+            f" START {start} CACHE {cache} {'CYCLE' if cycle else 'NO CYCLE'}"
+        )
+    steps += [f"CREATE TABLE {dst}.{_ident(t)} (LIKE {src}.{_ident(t)} {_LIKE})" for t in tables]
+    # LIKE copies a serial column's default as it is, naming the template's sequence.
+    steps += [
+        f"ALTER TABLE {dst}.{_ident(t)} ALTER COLUMN {_ident(c)} SET DEFAULT {e.replace(f'{src}.', f'{dst}.')}"
+        for t, c, e in defaults
+    ]
+    steps += [f"ALTER SEQUENCE {dst}.{_ident(s)} OWNED BY {dst}.{_ident(t)}.{_ident(c)}" for s, t, c in owned]
+    # Primary key, unique and exclusion constraints each make their index, named after the constraint.
+    steps += [f"ALTER TABLE {dst}.{_ident(t)} ADD CONSTRAINT {_ident(k)} {d}" for t, k, d in keys]
+    steps += [d.replace(f" ON {src}.", f" ON {dst}.") for d in indexes]
+    # The rows (recorded migrations, anything a migration seeds) before the foreign keys that check them.
+    steps += [f"INSERT INTO {dst}.{_ident(t)} SELECT * FROM {src}.{_ident(t)}" for t in tables]
+    for t, k, d in foreign:
+        target = d.replace(f" REFERENCES {src}.", f" REFERENCES {dst}.")
+        steps.append(f"ALTER TABLE {dst}.{_ident(t)} ADD CONSTRAINT {_ident(k)} {target}")
+    steps += [
+        f"SELECT setval('{dst}.{_ident(s)}', last_value, is_called) FROM {src}.{_ident(s)}" for s, *_ in sequences
+    ]
+    return ";\n".join(steps)
+
+
+def clone_schema(url: str, script: str, schema: str) -> None:
+    """Create ``schema`` by running ``script`` (from ``copy_script``) in one transaction, in one round trip."""
+    sql = script.replace("{dst}", _checked(schema))
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        conn.execute(sql.encode())
+
+
+async def migrate_template(url: str, schema: str) -> None:
+    """Migrate ``schema`` the way ``initialize()`` migrates a control plane's store (the store's and IAM's)."""
+    # Imported here: the unit tests import this package's conftest without needing a control plane.
+    from bettercompute import Options, better_compute
+    from bettercompute_iam import EmbeddedIam
+    from bettercompute_store_pg import PgStore
+
+    compute = better_compute(Options(store=PgStore(url, schema=schema, pool_size=2), iam=EmbeddedIam()))
+    try:
+        await compute.context.store.open()
+        await compute.migrate()
+    finally:
+        await compute.close()
