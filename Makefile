@@ -68,7 +68,7 @@ pytest: $(STAMP)
 
 # The embedded PostgreSQL path: the URL unset, every test that hands it on, and one use of every fixture.
 test-embedded: $(STAMP)
-	$(call step,pytest (embedded PostgreSQL),env -u BETTERCOMPUTE_DATABASE_URL $(BIN)/pytest --fixture-cover $(PYTEST_ARGS))
+	$(call step,pytest (embedded PostgreSQL),env -u BETTERCOMPUTE_DATABASE_URL $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --fixture-cover $(PYTEST_ARGS))
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .
