@@ -76,10 +76,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute._sealing import REPLAY_SCOPE, JoinKeyPair, Unsealer
-from bettercompute.ca._authority import checked_csr_key
-from bettercompute.identity import GatewayServices
-from bettercompute.joins import new_token
+from bettercompute.modules.nodes import GatewayServices, new_token
+from bettercompute.modules.nodes._ca import checked_csr_key
+from bettercompute.modules.nodes._sealing import REPLAY_SCOPE, JoinKeyPair, Unsealer
 from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, Pool
 from bettercompute.testing import InMemoryReplayGuard
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token

@@ -15,9 +15,9 @@
     (``LocalKeyKms`` on a temporary key, ``allow_private_destinations``), ``compute.start({"sinks"})`` runs the
     outbox dispatcher and the sender, and ``EVENTS`` events are published one by one, each in its own transaction
     (``tx.publish``, payload ``tenant``), each on its own key. The latency is from the commit returning to the
-    receiver reading the request, checked with ``bettercompute.webhooks.verify``. It is measured twice, on a fresh
-    schema each time: with the jobs polling every ``Options.poll_interval`` (the default, 1 s) and no notifier, then
-    with a ``PgNotifier`` whose pokes wake them after each commit.
+    receiver reading the request, checked with ``bettercompute.modules.webhooks.verify``. It is measured twice, on a
+    fresh schema each time: with the jobs polling every ``Options.poll_interval`` (the default, 1 s) and no notifier,
+    then with a ``PgNotifier`` whose pokes wake them after each commit.
 
     python bench/worker.py            # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
 
@@ -47,10 +47,15 @@ import attrs
 import psycopg
 
 from bettercompute import Events, LocalKeyKms, Options, Outcome, ReconcileContext, Reconciler, better_compute
-from bettercompute._workers import CONCURRENCY
-from bettercompute.modules.webhooks import CreateWebhookInput, WebhooksGroup
+from bettercompute._runtime.workers import CONCURRENCY
+from bettercompute.modules.webhooks import (
+    CreateWebhookInput,
+    WebhookSettings,
+    WebhooksGroup,
+    WebhookVerificationError,
+    verify,
+)
 from bettercompute.ports import Migration
-from bettercompute.webhooks import WebhookSettings, WebhookVerificationError, verify
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgNotifier, PgStore
 from bettercompute_store_pg._queue import claim_sql, complete_sql

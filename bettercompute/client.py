@@ -13,10 +13,17 @@ from typing import Any, Self
 
 import httpx
 
-from . import _codec
-from ._registry import AsyncClientBinding, AsyncClientCall, ClientBinding, ClientCall, MethodDef, declared_group
-from .errors import InternalError, InvalidInputError, UnavailableError, error_class_for_code
-from .modules.system import SystemGroup
+from bettercompute._runtime import codec as _codec
+from bettercompute._runtime.registry import (
+    AsyncClientBinding,
+    AsyncClientCall,
+    ClientBinding,
+    ClientCall,
+    MethodDef,
+    declared_group,
+)
+from bettercompute.errors import InternalError, InvalidInputError, UnavailableError, error_class_for_code
+from bettercompute.modules.system import SystemGroup
 
 __all__ = ["AsyncClient", "Client"]
 

@@ -27,8 +27,8 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
-from .errors import InvalidInputError
-from .fields import Integer, Text
+from bettercompute.errors import InvalidInputError
+from bettercompute.fields import Integer, Text
 
 __all__ = [
     "DEFAULT_LIMIT",

@@ -32,8 +32,8 @@ import uvicorn
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute.errors import ComputeError, InvalidConfigError, UnavailableError
+from bettercompute.modules.webhooks import WebhookSettings
 from bettercompute.ports import Iam
-from bettercompute.webhooks import WebhookSettings
 from bettercompute_iam import EmbeddedIam, RemoteIam
 from bettercompute_store_pg import PgNotifier, PgStore
 

@@ -20,7 +20,7 @@ __all__ = ["PgCertificates"]
 _KEY_COLUMNS = "id, trust_domain, algorithm, sealed_key, certificate_pem, state, not_after, created_at, retired_at"
 _CERT_COLUMNS = "serial, node_id, spiffe_id, role, ca_key_id, not_before, not_after, issued_at, key_sha256"
 
-_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('bettercompute.ca:' || :trust_domain, 0))"
+_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('bettercompute.modules.nodes._ca:' || :trust_domain, 0))"
 
 _KEYS = f"SELECT {_KEY_COLUMNS} FROM {{s}}.ca_keys WHERE trust_domain = :trust_domain ORDER BY created_at, id"
 
@@ -78,9 +78,9 @@ WHERE c.spiffe_id = :spiffe_id AND c.not_after > :now
   AND NOT EXISTS (SELECT 1 FROM {s}.revocations AS r WHERE r.serial = c.serial)
 """
 
-_LOCK_IDENTITY = "SELECT pg_advisory_xact_lock(hashtextextended('bettercompute.identity:' || :spiffe_id, 0))"
+_LOCK_IDENTITY = "SELECT pg_advisory_xact_lock(hashtextextended('bettercompute.modules.nodes:' || :spiffe_id, 0))"
 _LOCK_IDENTITY_SHARED = (
-    "SELECT pg_advisory_xact_lock_shared(hashtextextended('bettercompute.identity:' || :spiffe_id, 0))"
+    "SELECT pg_advisory_xact_lock_shared(hashtextextended('bettercompute.modules.nodes:' || :spiffe_id, 0))"
 )
 
 _REVOCATIONS = """

@@ -24,11 +24,11 @@ from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 
 from bettercompute import Job, MethodDef, Options
-from bettercompute._jobs import ROLES
+from bettercompute._runtime.jobs import ROLES
 from bettercompute.fields import Text
-from bettercompute.joins import JoinSettings
+from bettercompute.modules.nodes import JoinSettings
+from bettercompute.modules.webhooks import WebhookSettings
 from bettercompute.testing import StaticIamDouble
-from bettercompute.webhooks import WebhookSettings
 from bettercompute_iam._policy import Grant
 from bettercompute_store_pg import PgStore
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import NotFoundError
-from ..ports import Transaction
+from bettercompute.errors import NotFoundError
+from bettercompute.ports import Transaction
 
 
 async def require_tenant(tx: Transaction, tenant: str) -> None:

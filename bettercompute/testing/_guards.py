@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..ports import Kms, in_transaction
+from bettercompute.ports import Kms, in_transaction
 
 __all__ = ["GuardedKms", "OutsideCallInTransaction", "OutsideCallProbe"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Mapping
 
-from ..errors import AccessDeniedError, UnauthenticatedError
-from ..ports import Decision, Identity, ResourceRef
+from bettercompute.errors import AccessDeniedError, UnauthenticatedError
+from bettercompute.ports import Decision, Identity, ResourceRef
 
 __all__ = ["StaticIamDouble", "identity"]
 

@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import pytest
 
-from ..errors import AccessDeniedError, UnauthenticatedError
-from ..ports import Decision, Iam, Identity, ResourceRef
+from bettercompute.errors import AccessDeniedError, UnauthenticatedError
+from bettercompute.ports import Decision, Iam, Identity, ResourceRef
 
 __all__ = ["IamCase", "IamConformance"]
 

@@ -22,8 +22,7 @@ import pytest
 
 from bettercompute.errors import FailedPreconditionError, InvalidConfigError
 from bettercompute.ports import Claim, Lease, Migration, OutboxEvent, Store, StoredEvent, WorkItem
-
-from ._workflow_suite import WorkflowStoreConformance
+from bettercompute.testing._workflow_suite import WorkflowStoreConformance
 
 __all__ = ["StoreConformance"]
 

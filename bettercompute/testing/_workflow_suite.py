@@ -16,7 +16,7 @@ import anyio
 import attrs
 import pytest
 
-from bettercompute._workflows import WORKFLOW_KIND as KIND
+from bettercompute._runtime.workflows import WORKFLOW_KIND as KIND
 from bettercompute.errors import ConflictError, FailedPreconditionError
 from bettercompute.ports import OutboxEvent, Store, Transaction, WorkflowRecord, WorkItem
 

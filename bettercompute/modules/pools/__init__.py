@@ -1,25 +1,25 @@
 """The ``pools`` and ``join-tokens`` groups: pools of machines, and the one-time tokens that join machines to them."""
 
-from ._methods import ACTIONS as ACTIONS
-from ._methods import JoinTokensGroup as JoinTokensGroup
-from ._methods import PoolsGroup as PoolsGroup
-from ._module import PoolsModule as PoolsModule
-from ._schemas import DEFAULT_ACCEPTANCE_CHECKS as DEFAULT_ACCEPTANCE_CHECKS
-from ._schemas import CreatedJoinToken as CreatedJoinToken
-from ._schemas import CreateJoinTokenInput as CreateJoinTokenInput
-from ._schemas import CreatePoolInput as CreatePoolInput
-from ._schemas import GetJoinTokenInput as GetJoinTokenInput
-from ._schemas import GetPoolInput as GetPoolInput
-from ._schemas import JoinExpect as JoinExpect
-from ._schemas import JoinToken as JoinToken
-from ._schemas import ListJoinTokensInput as ListJoinTokensInput
-from ._schemas import ListJoinTokensOutput as ListJoinTokensOutput
-from ._schemas import ListPoolsInput as ListPoolsInput
-from ._schemas import ListPoolsOutput as ListPoolsOutput
-from ._schemas import Pool as Pool
-from ._schemas import RevokeJoinTokenInput as RevokeJoinTokenInput
-from ._schemas import UpdatePoolInput as UpdatePoolInput
-from ._service import join_command as join_command
+from bettercompute.modules.pools._methods import ACTIONS as ACTIONS
+from bettercompute.modules.pools._methods import JoinTokensGroup as JoinTokensGroup
+from bettercompute.modules.pools._methods import PoolsGroup as PoolsGroup
+from bettercompute.modules.pools._module import PoolsModule as PoolsModule
+from bettercompute.modules.pools._schemas import DEFAULT_ACCEPTANCE_CHECKS as DEFAULT_ACCEPTANCE_CHECKS
+from bettercompute.modules.pools._schemas import CreatedJoinToken as CreatedJoinToken
+from bettercompute.modules.pools._schemas import CreateJoinTokenInput as CreateJoinTokenInput
+from bettercompute.modules.pools._schemas import CreatePoolInput as CreatePoolInput
+from bettercompute.modules.pools._schemas import GetJoinTokenInput as GetJoinTokenInput
+from bettercompute.modules.pools._schemas import GetPoolInput as GetPoolInput
+from bettercompute.modules.pools._schemas import JoinExpect as JoinExpect
+from bettercompute.modules.pools._schemas import JoinToken as JoinToken
+from bettercompute.modules.pools._schemas import ListJoinTokensInput as ListJoinTokensInput
+from bettercompute.modules.pools._schemas import ListJoinTokensOutput as ListJoinTokensOutput
+from bettercompute.modules.pools._schemas import ListPoolsInput as ListPoolsInput
+from bettercompute.modules.pools._schemas import ListPoolsOutput as ListPoolsOutput
+from bettercompute.modules.pools._schemas import Pool as Pool
+from bettercompute.modules.pools._schemas import RevokeJoinTokenInput as RevokeJoinTokenInput
+from bettercompute.modules.pools._schemas import UpdatePoolInput as UpdatePoolInput
+from bettercompute.modules.pools._service import join_command as join_command
 
 __all__ = [
     "ACTIONS",

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from ..._registry import GroupSpec, MethodDef
-from ...ports import ResourceRef
-from . import _service
-from ._schemas import (
+from bettercompute._runtime.registry import GroupSpec, MethodDef
+from bettercompute.modules.pools import _service
+from bettercompute.modules.pools._schemas import (
     CreatedJoinToken,
     CreateJoinTokenInput,
     CreatePoolInput,
@@ -22,6 +21,7 @@ from ._schemas import (
     RevokeJoinTokenInput,
     UpdatePoolInput,
 )
+from bettercompute.ports import ResourceRef
 
 B = TypeVar("B")
 

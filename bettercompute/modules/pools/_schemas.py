@@ -12,8 +12,8 @@ from typing import Literal
 
 import attrs
 
-from ...fields import Entries, Integer, Items, Text
-from ...paging import PageInput
+from bettercompute.fields import Entries, Integer, Items, Text
+from bettercompute.paging import PageInput
 
 __all__ = [
     "DEFAULT_ACCEPTANCE_CHECKS",

@@ -15,13 +15,11 @@ from typing import Any
 
 import attrs
 
-from ..._registry import CallContext
-from ...errors import NotFoundError
-from ...joins import JoinSettings, new_token
-from ...paging import Keyset
-from ...ports import JoinTokenRecord, PoolRecord, ResourceRef
-from .._tenants import require_tenant
-from ._schemas import (
+from bettercompute._runtime.registry import CallContext
+from bettercompute.errors import NotFoundError
+from bettercompute.modules._tenants import require_tenant
+from bettercompute.modules.nodes._tokens import JoinSettings, new_token
+from bettercompute.modules.pools._schemas import (
     CreatedJoinToken,
     CreateJoinTokenInput,
     CreatePoolInput,
@@ -37,6 +35,8 @@ from ._schemas import (
     RevokeJoinTokenInput,
     UpdatePoolInput,
 )
+from bettercompute.paging import Keyset
+from bettercompute.ports import JoinTokenRecord, PoolRecord, ResourceRef
 
 POOL = "pool"
 JOIN_TOKEN = "join-token"  # noqa: S105 - a resource type, not a secret
@@ -119,7 +119,7 @@ def join_command(
 
 async def _pins(call: CallContext) -> tuple[str | None, str | None]:
     """The live CA bundle (PEM) and JoinService public key, when ``Options.join`` is set and they exist."""
-    settings = call.context.options.join
+    settings = call.context.settings.get(JoinSettings)
     store = call.context.store
     if settings is None:
         return None, None
@@ -269,7 +269,7 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
         expect=_expect(record.expect),
         reclaim=input.reclaim,
         join_command=join_command(
-            token, context.options.join, pool_id=pool.id, ca_bundle_pem=bundle, join_key=join_key
+            token, context.settings.get(JoinSettings), pool_id=pool.id, ca_bundle_pem=bundle, join_key=join_key
         ),
     )
 

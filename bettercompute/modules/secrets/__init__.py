@@ -1,17 +1,17 @@
 """The ``secrets`` group (values sealed by the KMS, never returned) and ``SecretBroker`` (releases to nodes)."""
 
-from ._broker import RELEASE_ACTION as RELEASE_ACTION
-from ._broker import NodeIdentity as NodeIdentity
-from ._broker import SecretBroker as SecretBroker
-from ._methods import ACTIONS as ACTIONS
-from ._methods import SecretsGroup as SecretsGroup
-from ._module import SecretsModule as SecretsModule
-from ._schemas import CreateSecretInput as CreateSecretInput
-from ._schemas import DeleteSecretInput as DeleteSecretInput
-from ._schemas import DeleteSecretOutput as DeleteSecretOutput
-from ._schemas import ListSecretsInput as ListSecretsInput
-from ._schemas import ListSecretsOutput as ListSecretsOutput
-from ._schemas import Secret as Secret
+from bettercompute.modules.secrets._broker import RELEASE_ACTION as RELEASE_ACTION
+from bettercompute.modules.secrets._broker import NodeIdentity as NodeIdentity
+from bettercompute.modules.secrets._broker import SecretBroker as SecretBroker
+from bettercompute.modules.secrets._methods import ACTIONS as ACTIONS
+from bettercompute.modules.secrets._methods import SecretsGroup as SecretsGroup
+from bettercompute.modules.secrets._module import SecretsModule as SecretsModule
+from bettercompute.modules.secrets._schemas import CreateSecretInput as CreateSecretInput
+from bettercompute.modules.secrets._schemas import DeleteSecretInput as DeleteSecretInput
+from bettercompute.modules.secrets._schemas import DeleteSecretOutput as DeleteSecretOutput
+from bettercompute.modules.secrets._schemas import ListSecretsInput as ListSecretsInput
+from bettercompute.modules.secrets._schemas import ListSecretsOutput as ListSecretsOutput
+from bettercompute.modules.secrets._schemas import Secret as Secret
 
 __all__ = [
     "ACTIONS",

@@ -18,9 +18,9 @@ from joserfc import jwe
 from joserfc.errors import JoseError
 from joserfc.jwk import ECKey, JWKRegistry, OKPKey
 
-from ...errors import AccessDeniedError, FailedPreconditionError, InvalidInputError
-from ...ports import AuditRecord, Kms, Store
-from ._service import require_kms, value_context
+from bettercompute.errors import AccessDeniedError, FailedPreconditionError, InvalidInputError
+from bettercompute.modules.secrets._service import require_kms, value_context
+from bettercompute.ports import AuditRecord, Kms, Store
 
 __all__ = ["RELEASE_ACTION", "NodeIdentity", "SecretBroker"]
 

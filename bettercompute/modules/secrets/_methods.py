@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from ..._registry import GroupSpec, MethodDef
-from ...ports import ResourceRef
-from . import _service
-from ._schemas import (
+from bettercompute._runtime.registry import GroupSpec, MethodDef
+from bettercompute.modules.secrets import _service
+from bettercompute.modules.secrets._schemas import (
     CreateSecretInput,
     DeleteSecretInput,
     DeleteSecretOutput,
@@ -15,6 +14,7 @@ from ._schemas import (
     ListSecretsOutput,
     Secret,
 )
+from bettercompute.ports import ResourceRef
 
 B = TypeVar("B")
 

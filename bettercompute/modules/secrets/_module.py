@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..._jobs import Job
-from ..._version import __version__
-from ...ports import Migration
-from ._methods import ACTIONS, SecretsGroup
+from bettercompute._runtime.jobs import Job
+from bettercompute._version import __version__
+from bettercompute.modules.secrets._methods import ACTIONS, SecretsGroup
+from bettercompute.ports import Migration
 
 if TYPE_CHECKING:
-    from ..._core import ModuleContext
-    from ..._registry import GroupSpec
+    from bettercompute._runtime.context import ModuleContext
+    from bettercompute._runtime.registry import GroupSpec
 
 __all__ = ["SecretsModule"]
 

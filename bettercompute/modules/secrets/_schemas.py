@@ -12,8 +12,8 @@ import re
 
 import attrs
 
-from ...fields import Text
-from ...paging import PageInput
+from bettercompute.fields import Text
+from bettercompute.paging import PageInput
 
 __all__ = [
     "CreateSecretInput",

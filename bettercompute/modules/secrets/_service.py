@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import secrets as _random
 
-from ..._registry import CallContext
-from ...errors import InternalError, NotFoundError
-from ...paging import Keyset
-from ...ports import Kms, SecretRecord
-from .._tenants import require_tenant
-from ._schemas import (
+from bettercompute._runtime.registry import CallContext
+from bettercompute.errors import InternalError, NotFoundError
+from bettercompute.modules._tenants import require_tenant
+from bettercompute.modules.secrets._schemas import (
     CreateSecretInput,
     DeleteSecretInput,
     DeleteSecretOutput,
@@ -17,6 +15,8 @@ from ._schemas import (
     ListSecretsOutput,
     Secret,
 )
+from bettercompute.paging import Keyset
+from bettercompute.ports import Kms, SecretRecord
 
 
 def value_context(tenant: str, name: str) -> str:
@@ -69,7 +69,7 @@ async def create(call: CallContext, input: CreateSecretInput) -> Secret:
             raise _scope_not_found(kind)
     elif kind != "node":
         raise _scope_not_found(kind)
-    sealed = await require_kms(context.options.kms).encrypt(
+    sealed = await require_kms(context.kms).encrypt(
         input.value.encode(), context=value_context(input.tenant, input.name)
     )
     record = SecretRecord(

@@ -1,15 +1,16 @@
 """The ``system`` group: version, whoami, health."""
 
-from ._methods import ACTIONS as ACTIONS
-from ._methods import SystemGroup as SystemGroup
-from ._schemas import HealthCheck as HealthCheck
-from ._schemas import HealthInput as HealthInput
-from ._schemas import HealthOutput as HealthOutput
-from ._schemas import ModuleVersion as ModuleVersion
-from ._schemas import VersionInput as VersionInput
-from ._schemas import VersionOutput as VersionOutput
-from ._schemas import WhoamiInput as WhoamiInput
-from ._schemas import WhoamiOutput as WhoamiOutput
+from bettercompute.modules.system._methods import ACTIONS as ACTIONS
+from bettercompute.modules.system._methods import SystemGroup as SystemGroup
+from bettercompute.modules.system._module import SystemModule as SystemModule
+from bettercompute.modules.system._schemas import HealthCheck as HealthCheck
+from bettercompute.modules.system._schemas import HealthInput as HealthInput
+from bettercompute.modules.system._schemas import HealthOutput as HealthOutput
+from bettercompute.modules.system._schemas import ModuleVersion as ModuleVersion
+from bettercompute.modules.system._schemas import VersionInput as VersionInput
+from bettercompute.modules.system._schemas import VersionOutput as VersionOutput
+from bettercompute.modules.system._schemas import WhoamiInput as WhoamiInput
+from bettercompute.modules.system._schemas import WhoamiOutput as WhoamiOutput
 
 __all__ = [
     "ACTIONS",
@@ -18,6 +19,7 @@ __all__ = [
     "HealthOutput",
     "ModuleVersion",
     "SystemGroup",
+    "SystemModule",
     "VersionInput",
     "VersionOutput",
     "WhoamiInput",

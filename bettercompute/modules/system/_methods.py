@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from ..._registry import GroupSpec, MethodDef
-from . import _service
-from ._schemas import HealthInput, HealthOutput, VersionInput, VersionOutput, WhoamiInput, WhoamiOutput
+from bettercompute._runtime.registry import GroupSpec, MethodDef
+from bettercompute.modules.system import _service
+from bettercompute.modules.system._schemas import (
+    HealthInput,
+    HealthOutput,
+    VersionInput,
+    VersionOutput,
+    WhoamiInput,
+    WhoamiOutput,
+)
 
 B = TypeVar("B")
 

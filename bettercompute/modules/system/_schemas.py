@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import attrs
+
+from bettercompute._runtime.health import HealthCheck, HealthOutput
 
 __all__ = [
     "HealthCheck",
@@ -59,20 +59,3 @@ class WhoamiOutput:
 @attrs.frozen(kw_only=True)
 class HealthInput:
     """No fields."""
-
-
-@attrs.frozen(kw_only=True)
-class HealthCheck:
-    """One read-only check and what it found."""
-
-    name: str
-    ok: bool
-    detail: str
-
-
-@attrs.frozen(kw_only=True)
-class HealthOutput:
-    """``ok`` when every check passed."""
-
-    status: Literal["ok", "unavailable"]
-    checks: tuple[HealthCheck, ...]

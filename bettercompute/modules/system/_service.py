@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..._registry import CallContext
-from ..._version import __version__
-from ._schemas import (
+from bettercompute._runtime.registry import CallContext
+from bettercompute._version import __version__
+from bettercompute.modules.system._schemas import (
     HealthInput,
     HealthOutput,
     ModuleVersion,

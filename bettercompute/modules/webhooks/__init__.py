@@ -1,27 +1,40 @@
-"""The ``webhooks`` group: signed HTTP callbacks of a tenant's committed events (see ``bettercompute.webhooks``)."""
+"""The ``webhooks`` group: signed HTTP callbacks of a tenant's committed events, and how a receiver verifies them."""
 
-from ._methods import ACTIONS as ACTIONS
-from ._methods import WebhooksGroup as WebhooksGroup
-from ._module import RETENTION as RETENTION
-from ._module import SENDER as SENDER
-from ._module import WebhooksModule as WebhooksModule
-from ._schemas import CreatedWebhook as CreatedWebhook
-from ._schemas import CreateWebhookInput as CreateWebhookInput
-from ._schemas import DeleteWebhookInput as DeleteWebhookInput
-from ._schemas import DeleteWebhookOutput as DeleteWebhookOutput
-from ._schemas import Delivery as Delivery
-from ._schemas import ListDeliveriesInput as ListDeliveriesInput
-from ._schemas import ListDeliveriesOutput as ListDeliveriesOutput
-from ._schemas import ListWebhooksInput as ListWebhooksInput
-from ._schemas import ListWebhooksOutput as ListWebhooksOutput
-from ._schemas import Webhook as Webhook
-from ._schemas import WebhookTestInput as WebhookTestInput
-from ._schemas import WebhookTestOutput as WebhookTestOutput
+from bettercompute.modules.webhooks._methods import ACTIONS as ACTIONS
+from bettercompute.modules.webhooks._methods import WebhooksGroup as WebhooksGroup
+from bettercompute.modules.webhooks._module import RETENTION as RETENTION
+from bettercompute.modules.webhooks._module import SENDER as SENDER
+from bettercompute.modules.webhooks._module import WebhooksModule as WebhooksModule
+from bettercompute.modules.webhooks._schemas import CreatedWebhook as CreatedWebhook
+from bettercompute.modules.webhooks._schemas import CreateWebhookInput as CreateWebhookInput
+from bettercompute.modules.webhooks._schemas import DeleteWebhookInput as DeleteWebhookInput
+from bettercompute.modules.webhooks._schemas import DeleteWebhookOutput as DeleteWebhookOutput
+from bettercompute.modules.webhooks._schemas import Delivery as Delivery
+from bettercompute.modules.webhooks._schemas import ListDeliveriesInput as ListDeliveriesInput
+from bettercompute.modules.webhooks._schemas import ListDeliveriesOutput as ListDeliveriesOutput
+from bettercompute.modules.webhooks._schemas import ListWebhooksInput as ListWebhooksInput
+from bettercompute.modules.webhooks._schemas import ListWebhooksOutput as ListWebhooksOutput
+from bettercompute.modules.webhooks._schemas import Webhook as Webhook
+from bettercompute.modules.webhooks._schemas import WebhookTestInput as WebhookTestInput
+from bettercompute.modules.webhooks._schemas import WebhookTestOutput as WebhookTestOutput
+from bettercompute.modules.webhooks._signing import DEFAULT_TOLERANCE as DEFAULT_TOLERANCE
+from bettercompute.modules.webhooks._signing import EVENT_ID_HEADER as EVENT_ID_HEADER
+from bettercompute.modules.webhooks._signing import EVENT_TYPE_HEADER as EVENT_TYPE_HEADER
+from bettercompute.modules.webhooks._signing import SIGNATURE_HEADER as SIGNATURE_HEADER
+from bettercompute.modules.webhooks._signing import WebhookSettings as WebhookSettings
+from bettercompute.modules.webhooks._signing import WebhookVerificationError as WebhookVerificationError
+from bettercompute.modules.webhooks._signing import sign as sign
+from bettercompute.modules.webhooks._signing import signature_header as signature_header
+from bettercompute.modules.webhooks._signing import verify as verify
 
 __all__ = [
     "ACTIONS",
+    "DEFAULT_TOLERANCE",
+    "EVENT_ID_HEADER",
+    "EVENT_TYPE_HEADER",
     "RETENTION",
     "SENDER",
+    "SIGNATURE_HEADER",
     "CreateWebhookInput",
     "CreatedWebhook",
     "DeleteWebhookInput",
@@ -32,8 +45,13 @@ __all__ = [
     "ListWebhooksInput",
     "ListWebhooksOutput",
     "Webhook",
+    "WebhookSettings",
     "WebhookTestInput",
     "WebhookTestOutput",
+    "WebhookVerificationError",
     "WebhooksGroup",
     "WebhooksModule",
+    "sign",
+    "signature_header",
+    "verify",
 ]

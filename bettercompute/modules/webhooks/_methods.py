@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from ..._registry import GroupSpec, MethodDef
-from ...ports import ResourceRef
-from . import _service
-from ._schemas import (
+from bettercompute._runtime.registry import GroupSpec, MethodDef
+from bettercompute.modules.webhooks import _service
+from bettercompute.modules.webhooks._schemas import (
     CreatedWebhook,
     CreateWebhookInput,
     DeleteWebhookInput,
@@ -19,6 +18,7 @@ from ._schemas import (
     WebhookTestInput,
     WebhookTestOutput,
 )
+from bettercompute.ports import ResourceRef
 
 B = TypeVar("B")
 

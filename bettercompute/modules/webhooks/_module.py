@@ -6,15 +6,15 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..._jobs import SINKS_POKE, Job
-from ..._version import __version__
-from ...ports import Migration, StoredEvent
-from . import _service
-from ._methods import ACTIONS, WebhooksGroup
+from bettercompute._runtime.jobs import SINKS_POKE, Job
+from bettercompute._version import __version__
+from bettercompute.modules.webhooks import _service
+from bettercompute.modules.webhooks._methods import ACTIONS, WebhooksGroup
+from bettercompute.ports import Migration, StoredEvent
 
 if TYPE_CHECKING:
-    from ..._core import ModuleContext
-    from ..._registry import GroupSpec
+    from bettercompute._runtime.context import ModuleContext
+    from bettercompute._runtime.registry import GroupSpec
 
 __all__ = ["RETENTION", "SENDER", "WebhooksModule"]
 

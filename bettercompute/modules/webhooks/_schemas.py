@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import attrs
 
-from ...fields import Items, Text
-from ...paging import PageInput
+from bettercompute.fields import Items, Text
+from bettercompute.paging import PageInput
 
 __all__ = [
     "CreateWebhookInput",

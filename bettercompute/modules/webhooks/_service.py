@@ -26,16 +26,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx
 
-from ..._registry import CallContext
-from ..._version import __version__
-from ..._workers import SINKS_POKE, notify_work
-from ...errors import ComputeError, InternalError, InvalidInputError, NotFoundError
-from ...paging import Keyset
-from ...ports import DeliveryOutcome, DueDelivery, Kms, StoredEvent, WebhookDelivery, WebhookSubscription
-from ...webhooks import EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, WebhookSettings, signature_header
-from .._tenants import require_tenant
-from . import _guard
-from ._schemas import (
+from bettercompute._runtime.registry import CallContext
+from bettercompute._runtime.workers import SINKS_POKE, notify_work
+from bettercompute._version import __version__
+from bettercompute.errors import ComputeError, InternalError, InvalidInputError, NotFoundError
+from bettercompute.modules._tenants import require_tenant
+from bettercompute.modules.webhooks import _guard
+from bettercompute.modules.webhooks._schemas import (
     CreatedWebhook,
     CreateWebhookInput,
     DeleteWebhookInput,
@@ -49,9 +46,18 @@ from ._schemas import (
     WebhookTestInput,
     WebhookTestOutput,
 )
+from bettercompute.modules.webhooks._signing import (
+    EVENT_ID_HEADER,
+    EVENT_TYPE_HEADER,
+    SIGNATURE_HEADER,
+    WebhookSettings,
+    signature_header,
+)
+from bettercompute.paging import Keyset
+from bettercompute.ports import DeliveryOutcome, DueDelivery, Kms, StoredEvent, WebhookDelivery, WebhookSubscription
 
 if TYPE_CHECKING:
-    from ..._core import ModuleContext
+    from bettercompute._runtime.context import ModuleContext
 
 log = logging.getLogger("bettercompute.webhooks")
 
@@ -134,7 +140,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
         NotFoundError: there is no such tenant.
     """
     context = call.context
-    settings = context.options.webhooks
+    settings = context.settings.require(WebhookSettings)
     try:
         destination = _guard.parse(input.url)
     except ValueError as exc:
@@ -146,9 +152,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
     url = str(destination)
     subscription_id = f"wh_{secrets.token_hex(8)}"
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
-    sealed = await _kms(context.options.kms).encrypt(
-        secret.encode(), context=secret_context(input.tenant, subscription_id)
-    )
+    sealed = await _kms(context.kms).encrypt(secret.encode(), context=secret_context(input.tenant, subscription_id))
     event_types = tuple(dict.fromkeys(input.event_types))
     async with context.store.transaction() as tx:
         await require_tenant(tx, input.tenant)
@@ -295,7 +299,7 @@ async def _attempt(
     http_status: int | None = None
     error: str | None = None
     try:
-        secret = await _kms(context.options.kms).decrypt(
+        secret = await _kms(context.kms).decrypt(
             delivery.sealed_secret, context=secret_context(delivery.tenant, delivery.subscription_id)
         )
     except ComputeError as exc:
@@ -383,7 +387,7 @@ class _Borrowed(httpx.AsyncBaseTransport):
 
 async def send_due(context: ModuleContext) -> int:
     """One pass of the sender: claim due deliveries, POST them (no transaction open), record the outcomes."""
-    settings = context.options.webhooks
+    settings = context.settings.require(WebhookSettings)
     store = context.store
     claim_for = settings.timeout * 2 + dt.timedelta(seconds=30)
     claimed = await store.webhooks.claim(
@@ -434,7 +438,7 @@ PURGE_BATCH = 1000
 
 async def purge_finished(context: ModuleContext) -> int:
     """One pass of ``sinks/webhooks-retention``: delete finished deliveries past their retention."""
-    settings = context.options.webhooks
+    settings = context.settings.require(WebhookSettings)
     return await context.store.webhooks.purge(
         retention=settings.retention, dead_retention=settings.dead_retention, batch=PURGE_BATCH
     )

@@ -18,8 +18,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from bettercompute import LocalKeyKms
-from bettercompute.ca import CertificateAuthority, serial_hex
 from bettercompute.errors import FailedPreconditionError, InvalidInputError, NotFoundError
+from bettercompute.modules.nodes import CertificateAuthority, serial_hex
 from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_store_pg import PgStore
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from bettercompute._shards import SHARDS
+from bettercompute._runtime.shards import SHARDS
 
 from .conftest import Running, StartCli, free_port, run_cli
 

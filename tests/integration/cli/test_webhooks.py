@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bettercompute.webhooks import verify
+from bettercompute.modules.webhooks import verify
 
 from .conftest import Running, StartCli, free_port, run_cli
 

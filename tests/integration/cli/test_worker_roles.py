@@ -17,7 +17,7 @@ import httpx
 import psycopg
 import pytest
 
-from bettercompute._shards import SHARDS, owned_by
+from bettercompute._runtime.shards import SHARDS, owned_by
 
 from .conftest import Running, StartCli, free_port, run_cli
 

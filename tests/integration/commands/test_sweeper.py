@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from bettercompute._jobs import _job_lease
-from bettercompute.commands import create_command, sweep_commands
+from bettercompute._runtime.jobs import _job_lease
 from bettercompute.errors import FailedPreconditionError, InvalidInputError, NotFoundError
+from bettercompute.modules.commands import create_command, sweep_commands
 from bettercompute.ports import CommandRecord, NodeRecord
 
 from ..joins.conftest import Fleet, claims

@@ -28,7 +28,7 @@ import pytest
 import uvicorn
 
 from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute.webhooks import WebhookSettings
+from bettercompute.modules.webhooks import WebhookSettings
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
 

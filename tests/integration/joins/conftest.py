@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms
-from bettercompute.identity import Attestor, GatewayServices, JoinResult, RenewResult
+from bettercompute.modules.nodes import Attestor, GatewayServices, JoinResult, RenewResult
 from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, JoinExpect, Pool
 from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token

@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from bettercompute.errors import AccessDeniedError, InternalError
-from bettercompute.identity import AttestationRequest, Attestor
+from bettercompute.modules.nodes import AttestationRequest, Attestor
 from bettercompute.modules.pools import GetJoinTokenInput
 
 from .conftest import Fleet, claims

@@ -110,7 +110,7 @@ async def test_malformed_unknown_expired_revoked_exhausted_and_other_pool_tokens
 
 
 async def test_a_payload_sealed_to_another_key_or_replayed_is_refused(fleet: Fleet) -> None:
-    from bettercompute._sealing import JoinKeyPair
+    from bettercompute.modules.nodes._sealing import JoinKeyPair
 
     created = await fleet.token(uses=3)
     stranger = JoinKeyPair.generate().public_key_text()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bettercompute.errors import AccessDeniedError, ConflictError, InvalidInputError, NotFoundError
-from bettercompute.identity import GetNodeInput, ListNodesInput, RetireNodeInput, RevokeNodeInput
+from bettercompute.modules.nodes import GetNodeInput, ListNodesInput, RetireNodeInput, RevokeNodeInput
 
 from .conftest import Fleet, claims
 

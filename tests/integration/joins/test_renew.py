@@ -10,7 +10,7 @@ import pytest
 from cryptography import x509
 
 from bettercompute.errors import AccessDeniedError, ComputeError, InvalidInputError, UnauthenticatedError
-from bettercompute.identity import JoinResult
+from bettercompute.modules.nodes import JoinResult
 from bettercompute_daemon.identity import NodeKey
 
 from .conftest import Fleet, claims
@@ -106,7 +106,7 @@ async def test_a_revoked_certificate_or_a_retired_node_cannot_renew(fleet: Fleet
 
 
 async def test_a_certificate_from_another_ca_is_untrusted(fleet: Fleet, database_url: str) -> None:
-    from bettercompute.ca import CertificateAuthority
+    from bettercompute.modules.nodes import CertificateAuthority
     from bettercompute_store_pg import PgStore
 
     joined, _ = await _joined(fleet)

@@ -9,7 +9,7 @@ import pytest
 from joserfc.errors import DecodeError
 
 from bettercompute.errors import AccessDeniedError, ComputeError, InvalidInputError, UnauthenticatedError
-from bettercompute.identity import JoinResult
+from bettercompute.modules.nodes import JoinResult
 from bettercompute.modules.secrets import CreateSecretInput
 from bettercompute_daemon.identity import EphemeralKey, NodeKey
 

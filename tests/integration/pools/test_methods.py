@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from bettercompute.errors import AccessDeniedError, ConflictError, NotFoundError
-from bettercompute.joins import hash_secret, parse_token
+from bettercompute.modules.nodes import hash_secret, parse_token
 from bettercompute.modules.pools import (
     CreateJoinTokenInput,
     CreatePoolInput,

@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from bettercompute._sealing import JoinKeyPair, Unsealer, parse_public_key, seal
 from bettercompute.errors import InvalidInputError, UnauthenticatedError
+from bettercompute.modules.nodes._sealing import JoinKeyPair, Unsealer, parse_public_key, seal
 from bettercompute.testing import InMemoryReplayGuard
 from bettercompute_store_pg import PgStore
 

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from bettercompute.errors import ConflictError
-from bettercompute.usage import account_usage
+from bettercompute.modules.usage import account_usage
 
 from ..joins.conftest import Fleet
 

@@ -15,9 +15,8 @@ import httpx
 import pytest
 
 from bettercompute import BetterCompute, Events, LocalKeyKms, Options, better_compute
-from bettercompute.modules.webhooks import CreateWebhookInput, WebhooksGroup
+from bettercompute.modules.webhooks import CreateWebhookInput, WebhookSettings, WebhooksGroup
 from bettercompute.testing import GuardedKms
-from bettercompute.webhooks import WebhookSettings
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
 

@@ -11,8 +11,14 @@ import psycopg
 import pytest
 
 from bettercompute import BetterCompute
-from bettercompute.modules.webhooks import Delivery, ListDeliveriesInput, WebhookTestInput
-from bettercompute.webhooks import EVENT_ID_HEADER, EVENT_TYPE_HEADER, verify
+from bettercompute.modules.webhooks import (
+    EVENT_ID_HEADER,
+    EVENT_TYPE_HEADER,
+    Delivery,
+    ListDeliveriesInput,
+    WebhookTestInput,
+    verify,
+)
 
 from .conftest import FAST, Hooks, Receiver
 

@@ -22,10 +22,10 @@ from bettercompute.modules.webhooks import (
     CreateWebhookInput,
     Delivery,
     ListDeliveriesInput,
+    WebhookSettings,
     WebhooksGroup,
     WebhookTestInput,
 )
-from bettercompute.webhooks import WebhookSettings
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
 

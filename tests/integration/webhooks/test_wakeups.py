@@ -12,8 +12,7 @@ import anyio
 import pytest
 
 from bettercompute import Events
-from bettercompute.modules.webhooks import WebhookTestInput
-from bettercompute.webhooks import verify
+from bettercompute.modules.webhooks import WebhookTestInput, verify
 from bettercompute_store_pg import PgNotifier, PgStore
 
 from .conftest import Receiver, open_hooks

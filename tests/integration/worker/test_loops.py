@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from bettercompute import BetterCompute, Events, Options, Outcome, ReconcileContext, Reconciler, better_compute
-from bettercompute._shards import SHARDS
+from bettercompute._runtime.shards import SHARDS
 from bettercompute.ports import StoredEvent
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgNotifier, PgStore

@@ -16,7 +16,7 @@ import anyio
 import psycopg
 import pytest
 
-from bettercompute._shards import SHARDS
+from bettercompute._runtime.shards import SHARDS
 from bettercompute.errors import FailedPreconditionError
 from bettercompute.ports import Lease
 from bettercompute_store_pg import PgStore

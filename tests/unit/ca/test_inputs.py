@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from bettercompute.ca import CertificateAuthority, serial_hex
 from bettercompute.errors import InvalidConfigError, InvalidInputError
+from bettercompute.modules.nodes import CertificateAuthority, serial_hex
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bettercompute import BetterCompute
-from bettercompute._codec import encode
+from bettercompute._runtime.codec import encode
 from bettercompute.errors import ComputeError
 from bettercompute.modules.system import VersionInput, WhoamiInput
 from tests.strategies import wrong_types

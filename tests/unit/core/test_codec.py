@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bettercompute._codec import decode, encode, json_schema, quote, supported_problems
+from bettercompute._runtime.codec import decode, encode, json_schema, quote, supported_problems
 from bettercompute.errors import InvalidInputError
 from tests.strategies import storable_text
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute._openapi import openapi_document
+from bettercompute._runtime.openapi import openapi_document
 from bettercompute.fields import Integer, Rule, Text, rules_of
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, event, given, settings
 
 from bettercompute import BetterCompute, Job, Options, better_compute
 from bettercompute.errors import InvalidConfigError
-from bettercompute.joins import JoinSettings
-from bettercompute.webhooks import WebhookSettings
+from bettercompute.modules.nodes import JoinSettings
+from bettercompute.modules.webhooks import WebhookSettings
 from bettercompute_store_pg import PgStore
 from tests.strategies import FakeModule, OptionsCase, options_cases
 
@@ -69,12 +69,16 @@ def _problems(**options: Any) -> list[str]:
         ("attestors", None, "attestors: must be a list or tuple, not NoneType"),
         ("notifier", object(), "notifier: object lacks notify, listen"),
         ("clock", "now", "clock: str lacks now()"),
-        ("webhooks", {"max_attempts": 3}, "webhooks: must be a bettercompute.webhooks.WebhookSettings, not dict"),
+        (
+            "webhooks",
+            {"max_attempts": 3},
+            "webhooks: must be a bettercompute.modules.webhooks.WebhookSettings, not dict",
+        ),
         ("webhooks", WebhookSettings(timeout=10), "webhooks.timeout: must be datetime.timedelta, not int"),  # type: ignore[arg-type]
         ("webhooks", WebhookSettings(max_attempts=True), "webhooks.max_attempts: must be int, not bool"),
         ("webhooks", WebhookSettings(batch_size="50"), "webhooks.batch_size: must be int, not str"),  # type: ignore[arg-type]
         ("webhooks", WebhookSettings(max_backoff=dt.timedelta.max), "webhooks.max_backoff: must be at most 1000 years"),
-        ("join", "gw:443", "join: must be a bettercompute.joins.JoinSettings or None, not str"),
+        ("join", "gw:443", "join: must be a bettercompute.JoinSettings or None, not str"),
         (
             "join",
             JoinSettings(gateway_address="gw:443", trust_domain="ex.com", sealed_token_max_age=60),  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 import pytest
 
 from bettercompute import GroupSpec, MethodDef, Options, better_compute
-from bettercompute._options import version_in_range
+from bettercompute._runtime.declarations import version_in_range
 from bettercompute.errors import InvalidConfigError
 from bettercompute.modules.system import VersionInput, VersionOutput
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bettercompute import CallContext, GroupSpec, MethodDef, Options, better_compute
-from bettercompute._codec import decode
+from bettercompute._runtime.codec import decode
 from bettercompute.errors import InvalidConfigError, InvalidInputError
 from bettercompute.paging import MAX_CURSOR, MAX_LIMIT, Keyset, PageInput
 from tests.strategies import json_values

@@ -12,10 +12,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
 from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute._sealing import JoinKeyPair, Unsealer
 from bettercompute.errors import FailedPreconditionError, InvalidConfigError, InvalidInputError, UnauthenticatedError
-from bettercompute.identity import HardwareClaims, IdentityModule, hardware_key, renew_message, secret_message
-from bettercompute.identity._proofs import ChallengeIssuer, join_binding, verify_signature
+from bettercompute.modules.nodes import HardwareClaims, IdentityModule, hardware_key, renew_message, secret_message
+from bettercompute.modules.nodes._proofs import ChallengeIssuer, join_binding, verify_signature
+from bettercompute.modules.nodes._sealing import JoinKeyPair, Unsealer
 from bettercompute.testing import InMemoryReplayGuard
 from bettercompute_daemon.identity import EphemeralKey, NodeKey, seal_token
 from bettercompute_daemon.identity import join_binding as daemon_binding

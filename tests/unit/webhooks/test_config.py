@@ -12,7 +12,7 @@ import pytest
 
 from bettercompute import LocalKeyKms, Options, better_compute
 from bettercompute.errors import InvalidConfigError
-from bettercompute.webhooks import WebhookSettings
+from bettercompute.modules.webhooks import WebhookSettings
 
 from ..core._echo import EchoModule
 from ..core.conftest import make_compute, make_iam

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from bettercompute.errors import InvalidInputError
-from bettercompute.webhooks import (
+from bettercompute.modules.webhooks import (
     EVENT_ID_HEADER,
     SIGNATURE_HEADER,
     WebhookVerificationError,

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from bettercompute import Outcome, Reconciler, RetryPolicy, shard_of
-from bettercompute._shards import SHARDS, assign, owned_by, owner
+from bettercompute._runtime.shards import SHARDS, assign, owned_by, owner
 
 
 async def _noop(ctx: object, key: str) -> Outcome:

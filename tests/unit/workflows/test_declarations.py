@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from bettercompute import BetterCompute, Job, Options, Step, StepContext, StepOutcome, Workflow, better_compute
-from bettercompute._workflows import PASS_MARGIN, WORKFLOW_KIND
+from bettercompute._runtime.workflows import PASS_MARGIN, WORKFLOW_KIND
 from bettercompute.errors import InvalidConfigError, InvalidInputError
 from bettercompute.ports import Migration
 from bettercompute_iam import EmbeddedIam

@@ -1,0 +1,134 @@
+"""The dispatcher shared by the in-process ``api`` and HTTP: authenticate, decode, authorize, then the handler.
+
+Order matters and is the same on every path:
+
+1. authenticate the credential (``UNAUTHENTICATED``);
+2. decode and validate the input (``INVALID_INPUT``);
+3. tenant pre-check: a caller outside the input's tenant, and not in the root tenant, is refused before any
+   database access (``ACCESS_DENIED``);
+4. one IAM decision on the method's action and resource (``ACCESS_DENIED``);
+5. the plugin chain, the handler innermost.
+
+Anything that escapes as a non-``ComputeError`` becomes ``InternalError`` with an id the log line shares; neither
+the caller nor the log sees the exception's text, which may hold SQL or a secret.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from bettercompute._runtime import codec as _codec
+from bettercompute._runtime.declarations import Next, Plugin
+from bettercompute._runtime.registry import CallContext, MethodDef
+from bettercompute.errors import AccessDeniedError, ComputeError, InternalError, InvalidInputError, UnauthenticatedError
+from bettercompute.ports import Iam, Identity
+
+if TYPE_CHECKING:
+    from bettercompute._runtime.context import ModuleContext
+
+__all__ = ["Dispatcher"]
+
+log = logging.getLogger("bettercompute.dispatch")
+
+
+def _chain(plugins: Sequence[Plugin]) -> Next:
+    async def innermost(call: CallContext, input: Any) -> Any:
+        return await call.method.handler(call, input)
+
+    chain: Next = innermost
+    for plugin in reversed(plugins):
+        chain = _link(plugin, chain)
+    return chain
+
+
+def _link(plugin: Plugin, next: Next) -> Next:
+    async def link(call: CallContext, input: Any) -> Any:
+        return await plugin.intercept(call, input, next)
+
+    return link
+
+
+def _internal(method: MethodDef[Any, Any], request_id: str, exc: BaseException) -> InternalError:
+    # Only the exception's class is logged: its text may carry SQL or secrets (see the module docstring).
+    log.error("internal error in %s.%s (request %s): %s", method.group, method.name, request_id, type(exc).__name__)
+    return InternalError("an internal error occurred", details={"request_id": request_id})
+
+
+class Dispatcher:
+    """Runs one method call through the fixed sequence above."""
+
+    def __init__(self, *, iam: Iam, context: ModuleContext, plugins: Sequence[Plugin]) -> None:
+        self._iam = iam
+        self._context = context
+        self._chain = _chain(plugins)
+
+    async def authenticate(self, method: MethodDef[Any, Any], credential: str | None) -> Identity | None:
+        """Step 1; ``None`` for a method that needs no credential."""
+        if not method.authenticated:
+            return None
+        if not credential:
+            raise UnauthenticatedError("a credential is required (Authorization: Bearer <credential>)")
+        try:
+            return await self._iam.authenticate(credential)
+        except ComputeError:
+            raise
+        except Exception as exc:
+            raise _internal(method, uuid.uuid4().hex, exc) from exc
+
+    async def run(self, method: MethodDef[Any, Any], identity: Identity | None, input: Any) -> tuple[Any, Any]:
+        """Steps 3 to 5, for an input already decoded; returns the handler's output object and its JSON value."""
+        request_id = uuid.uuid4().hex
+        try:
+            decision = None
+            if identity is not None:
+                resource = method.resource(input)
+                if resource.tenant is not None and resource.tenant != identity.tenant_id and not identity.is_root:
+                    raise AccessDeniedError("the caller is outside this tenant", details={"action": method.action})
+                decision = await self._iam.require(identity, method.action, resource)
+            call = CallContext(
+                method=method, identity=identity, decision=decision, context=self._context, request_id=request_id
+            )
+            output = await self._chain(call, input)
+            if not isinstance(output, method.output):
+                raise TypeError(f"{method!r} returned {type(output).__name__}, not {method.output.__name__}")
+            # Encoded here on both paths, so an output that cannot be sent fails the same way in-process and
+            # over HTTP, inside this error mapping.
+            return output, _codec.encode(output)
+        except ComputeError:
+            raise
+        except Exception as exc:
+            raise _internal(method, request_id, exc) from exc
+
+    async def call(self, method: MethodDef[Any, Any], credential: str | None, input: Any) -> Any:
+        """The in-process path: validates ``input`` exactly as HTTP would, by the codec's round trip."""
+        identity = await self.authenticate(method, credential)
+        if not isinstance(input, method.input):
+            raise InvalidInputError(
+                f"expected a {method.input.__name__}, got {type(input).__name__}",
+                details={"path": "", "reason": "wrong input type"},
+            )
+        try:
+            wire = _codec.encode(input)
+        except (TypeError, ValueError, AttributeError, RecursionError):
+            raise InvalidInputError("the input holds a value of the wrong type", details={"path": ""}) from None
+        decoded = _codec.decode(method.input, wire)
+        output, _ = await self.run(method, identity, decoded)
+        return output
+
+    async def call_json(self, method: MethodDef[Any, Any], credential: str | None, body: bytes) -> Any:
+        """The HTTP path: ``body`` is the raw request body (empty means ``{}``); returns a JSON value."""
+        identity = await self.authenticate(method, credential)
+        if body.strip():
+            try:
+                parsed = json.loads(body)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                raise InvalidInputError("the body is not valid JSON", details={"path": ""}) from None
+        else:
+            parsed = {}
+        decoded = _codec.decode(method.input, parsed)
+        _, wire = await self.run(method, identity, decoded)
+        return wire

@@ -1,0 +1,744 @@
+"""Workflows: named sequences of steps persisted in the store, run by one reconciler on the same sharded queue.
+
+A workflow is one row (``ports.WorkflowRecord``: its current step, attempts, reason, data, wait) plus a step log.
+The engine is a ``Reconciler`` of kind ``workflow`` keyed by workflow id, so a workflow is worked on only by the
+worker holding its shard's lease, one pass at a time, and every write is fenced by that lease.
+
+No network I/O inside a transaction, by structure: a step writes only inside ``async with ctx.writes() as tx:``, a
+transaction fenced by the shard lease that commits when the block ends, so the step's outside calls (an HTTP call, a
+BMC command) happen before or after a block, never while it holds a connection and the lease's share lock. A step may
+have several blocks (say: write "powering on", call the BMC, write "on"); they do not nest. The step's outcome (the
+workflow's next step, its data) is recorded with its last block when the step names it there
+(``ctx.writes(outcome=...)``), else by the engine in a fenced transaction of its own once the step returns.
+
+Effects once: a worker dying inside a block leaves none of its writes, and the step runs again, as the same attempt,
+on whichever worker owns the shard next; a last block that carries the outcome commits both or neither. A step
+whose blocks commit before its outcome (several blocks, or none carrying it) is run again after a crash between them,
+so those writes must be repeat-safe (an upsert, a conditional update). Outside calls are never atomic with the
+database: they pass ``ctx.idempotency_key`` (workflow id, step, attempt) so that a repeat is recognised there. An
+exception leaving a block rolls that block back and fails the attempt; blocks that ended before it stay committed.
+
+Waits hold no worker: a step returning ``StepOutcome.wait(event)`` parks the workflow (no due work item, or one at
+its timeout); ``Workflows.signal`` stores the event's payload and enqueues the workflow, which then goes on with the
+next step, the payload in its data under the event's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import attrs
+
+from bettercompute._runtime.reconcile import Outcome, ReconcileContext, Reconciler, RetryPolicy, reason_of
+from bettercompute.errors import ConflictError, InvalidConfigError, InvalidInputError, NotFoundError
+from bettercompute.ports import Clock, Lease, Store, Transaction, WorkflowLogEntry, WorkflowRecord, WorkflowStore
+
+if TYPE_CHECKING:
+    from bettercompute._runtime.context import ModuleContext
+
+__all__ = ["WORKFLOW_KIND", "Step", "StepContext", "StepOutcome", "Workflow", "Workflows"]
+
+log = logging.getLogger("bettercompute.workflows")
+
+WORKFLOW_KIND = "workflow"
+"""The work item kind of the workflow engine; the key is the workflow id."""
+
+ACTIVE = frozenset({"running", "waiting", "cancelling"})
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+PASS_MARGIN = dt.timedelta(seconds=5)
+"""What one engine pass may take beyond its longest step: reading the workflow and committing its progress."""
+COMMIT_MARGIN = 2.0
+"""Seconds a pass keeps free after a step's deadline to commit its outcome, when it runs several steps."""
+MAX_STEPS_PER_PASS = 50
+
+
+def _positive(instance: Any, attribute: Any, value: dt.timedelta) -> None:
+    if value <= dt.timedelta(0):
+        raise ValueError(f"{attribute.name} must be positive")
+
+
+def _reason(value: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > 200 or any(c.isspace() for c in value):
+        raise InvalidInputError("a reason is a machine-readable code: 1-200 characters, no spaces")
+    return value
+
+
+@attrs.frozen(kw_only=True)
+class StepOutcome:
+    """What a step returns: ``next``, ``wait``, ``retry`` or ``fail`` (build it with those class methods)."""
+
+    action: str
+    data: Mapping[str, Any] | None = None
+    event: str | None = None
+    timeout: dt.timedelta | None = None
+    on_timeout: str = "fail"
+    after: dt.timedelta = dt.timedelta(0)
+    reason: str | None = None
+    message: str = ""
+
+    @classmethod
+    def next(cls, data: Mapping[str, Any] | None = None) -> StepOutcome:
+        """The step is done: go on with the next one (or succeed after the last). ``data``'s keys are merged into
+        the workflow's data (replacing those keys)."""
+        return cls(action="next", data=data)
+
+    @classmethod
+    def wait(
+        cls,
+        event: str,
+        *,
+        timeout: dt.timedelta | None = None,
+        on_timeout: str = "fail",
+        data: Mapping[str, Any] | None = None,
+    ) -> StepOutcome:
+        """The step is done but the workflow goes on only once ``event`` is signalled (``Workflows.signal``); its
+        payload is then in the data under ``event``. Parks without holding a worker.
+
+        Args:
+            event: The event's name.
+            timeout: How long to wait; ``None`` waits forever.
+            on_timeout: ``"fail"`` (reason ``WAIT_TIMEOUT``) or ``"next"`` (go on without the event's key).
+            data: Merged into the workflow's data before parking.
+        """
+        if not event:
+            raise InvalidInputError("wait needs an event name")
+        if on_timeout not in ("fail", "next"):
+            raise InvalidInputError("on_timeout is 'fail' or 'next'")
+        if timeout is not None and timeout <= dt.timedelta(0):
+            raise InvalidInputError("a wait's timeout must be positive")
+        return cls(action="wait", event=event, timeout=timeout, on_timeout=on_timeout, data=data)
+
+    @classmethod
+    def retry(cls, after: dt.timedelta = dt.timedelta(0), *, reason: str = "RETRY", message: str = "") -> StepOutcome:
+        """Run the step again after ``after`` (an attempt of the step's ``RetryPolicy``; its writes commit)."""
+        return cls(action="retry", after=after, reason=_reason(reason), message=message)
+
+    @classmethod
+    def fail(cls, reason: str, message: str = "") -> StepOutcome:
+        """Fail the workflow with a machine-readable ``reason`` (its writes commit)."""
+        return cls(action="fail", reason=_reason(reason), message=message)
+
+
+class StepContext:
+    """What one attempt of a step (or of its compensation) gets.
+
+    Write inside ``async with ctx.writes() as tx:`` blocks; call outside systems between them, never inside one.
+    """
+
+    def __init__(
+        self,
+        *,
+        context: ModuleContext,
+        record: WorkflowRecord,
+        step: str,
+        step_index: int,
+        attempt: int,
+        lease: Lease | None,
+        compensating: bool = False,
+    ) -> None:
+        self.context = context
+        self.workflow_id = record.id
+        self.type = record.type
+        self.tenant = record.tenant
+        self.subject = record.subject
+        self.step = step
+        self.step_index = step_index
+        self.attempt = attempt
+        self.compensating = compensating
+        self.data: dict[str, Any] = dict(record.data)
+        self._lease = lease
+        self._writing = False
+        self._finish: Callable[[Transaction, StepOutcome], Awaitable[Outcome | None]] | None = None
+        # Set once a block's transaction recorded the step's outcome: what the engine's pass does next.
+        self._finished: tuple[Outcome | None] | None = None
+
+    @property
+    def store(self) -> Store:
+        """The store (for reads; write inside ``writes()``)."""
+        return self.context.store
+
+    @property
+    def clock(self) -> Clock:
+        """The control plane's clock."""
+        return self.context.clock
+
+    @property
+    def idempotency_key(self) -> str:
+        """``<workflow id>/<step>/<attempt>``: the same when a crashed attempt is resumed, new for a retry."""
+        prefix = "compensate:" if self.compensating else ""
+        return f"{self.workflow_id}/{prefix}{self.step}/{self.attempt}"
+
+    def writes(self, *, outcome: StepOutcome | None = None) -> AbstractAsyncContextManager[Transaction]:
+        """A block for the step's writes: a transaction fenced by the shard lease, committed when the block ends
+        (rolled back if it raises). Make no outside call inside it: it holds a pooled connection and the lease's
+        share lock for as long as the call would take.
+
+        Args:
+            outcome: The step's outcome, recorded in this block's transaction so that the writes and the workflow's
+                progress commit together. The block is then the step's last: the step returns right after it (the
+                engine keeps the recorded outcome, whatever is returned) and opens no other block.
+
+        Raises:
+            RuntimeError: the step opened a block inside another one, or after the block that recorded its outcome;
+                a compensation gave an outcome (it has none).
+            FailedPreconditionError: the shard lease was lost (nothing in the block is written).
+        """
+        if outcome is not None and not isinstance(outcome, StepOutcome):
+            raise TypeError(f"outcome is a StepOutcome, not {type(outcome).__name__}")
+        return self._writes(outcome)
+
+    @contextlib.asynccontextmanager
+    async def _writes(self, outcome: StepOutcome | None) -> AsyncIterator[Transaction]:
+        if self._writing:
+            raise RuntimeError("a step's writes blocks do not nest; end one before opening the next")
+        if self._finished is not None:
+            raise RuntimeError("the step's outcome is recorded already; its last block has ended")
+        if outcome is not None and self._finish is None:
+            raise RuntimeError("a compensation has no outcome to record")
+        self._writing = True
+        finished: tuple[Outcome | None] | None = None
+        try:
+            async with self.context.store.transaction(fence=self._lease) as tx:
+                yield tx
+                if outcome is not None and self._finish is not None:
+                    finished = (await self._finish(tx, outcome),)
+            self._finished = finished  # only once committed
+        finally:
+            self._writing = False
+
+
+StepRun = Callable[[StepContext], Awaitable[StepOutcome]]
+Compensate = Callable[[StepContext], Awaitable[None]]
+
+
+@attrs.frozen(kw_only=True)
+class Step:
+    """One step of a workflow.
+
+    Args:
+        name: Unique within the workflow (it names the step in the log and in ``WorkflowRecord.step``).
+        run: ``async (ctx) -> StepOutcome``; raising (or overrunning ``deadline``) is a failed attempt, retried per
+            ``retry``; the last failure fails the workflow with the reason (an error code, ``DEADLINE_EXCEEDED`` or
+            ``EXCEPTION:<type>``).
+        deadline: How long one attempt may run.
+        retry: Backoff between attempts and how many to make.
+        compensate: ``async (ctx) -> None``, run on cancellation if the step had completed, undoing its effect.
+    """
+
+    name: str
+    run: StepRun
+    deadline: dt.timedelta = attrs.field(default=dt.timedelta(seconds=30), validator=_positive)
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    compensate: Compensate | None = None
+
+
+def _tuple(steps: Iterable[Step]) -> tuple[Step, ...]:
+    return tuple(steps)
+
+
+def _steps(instance: Any, attribute: Any, value: tuple[Step, ...]) -> None:
+    if not value:
+        raise ValueError("a workflow needs at least one step")
+    names = [s.name for s in value]
+    if len(set(names)) != len(names):
+        raise ValueError("step names must be unique within a workflow")
+
+
+@attrs.frozen(kw_only=True)
+class Workflow:
+    """A workflow type: a name (unique in the control plane) and its steps, run in order.
+
+    Modules declare theirs in an optional ``workflows`` attribute; ``compute.workflows.start(name, ...)`` starts one.
+    """
+
+    name: str
+    steps: tuple[Step, ...] = attrs.field(converter=_tuple, validator=_steps)
+
+    def index(self, step: str) -> int:
+        """The position of the named step."""
+        return [s.name for s in self.steps].index(step)
+
+
+class Workflows:
+    """``compute.workflows``: start, inspect, signal and cancel workflows; the engine behind them.
+
+    Args:
+        context: The control plane's parts.
+        workflows: Every module's workflow types (names unique).
+    """
+
+    def __init__(self, context: ModuleContext, workflows: Sequence[Workflow]) -> None:
+        problems: list[str] = []
+        types: dict[str, Workflow] = {}
+        untyped: Sequence[object] = workflows
+        for workflow in untyped:
+            if not isinstance(workflow, Workflow):
+                problems.append(f"{type(workflow).__name__} is not a bettercompute.Workflow")
+                continue
+            if workflow.name in types:
+                problems.append(f"workflow type {workflow.name!r} is declared twice")
+            types[workflow.name] = workflow
+        if types and not hasattr(context.store, "workflows"):
+            problems.append(f"store: {type(context.store).__name__} lacks workflows")
+        if problems:
+            raise InvalidConfigError("the workflows are misdeclared", details={"problems": problems})
+        self._context = context
+        self._types = types
+        longest = max((s.deadline for w in types.values() for s in w.steps), default=dt.timedelta(seconds=30))
+        self.reconciler = Reconciler(
+            kind=WORKFLOW_KIND,
+            reconcile=self._reconcile,
+            deadline=longest + PASS_MARGIN,
+            # The engine's own failures (the database away, the shard moved) are retried for hours.
+            retry=RetryPolicy(base=dt.timedelta(seconds=1), max_delay=dt.timedelta(minutes=5), max_attempts=60),
+            on_failure=self._gave_up,
+        )
+
+    @property
+    def types(self) -> list[str]:
+        """The declared workflow types, by name."""
+        return sorted(self._types)
+
+    @property
+    def _store(self) -> WorkflowStore:
+        store: Any = self._context.store
+        workflows: WorkflowStore = store.workflows
+        return workflows
+
+    # --- the API ------------------------------------------------------------------------------------------------
+
+    async def start(self, type: str, *, tenant: str, subject: str = "", data: Mapping[str, Any] | None = None) -> str:
+        """Start a workflow of ``type`` in its own transaction; returns its id."""
+        async with self._context.store.transaction() as tx:
+            return await self.start_in(tx, type, tenant=tenant, subject=subject, data=data)
+
+    async def start_in(
+        self,
+        tx: Transaction,
+        type: str,
+        *,
+        tenant: str,
+        subject: str = "",
+        data: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Start a workflow in the caller's transaction (it exists, and runs, only if that commits); returns its id.
+
+        Raises:
+            NotFoundError: No workflow type of that name is declared.
+            InvalidInputError: ``data`` is not a JSON object.
+        """
+        workflow = self._types.get(type)
+        if workflow is None:
+            raise NotFoundError(f"no workflow type {type!r}", details={"type": type, "types": self.types})
+        if not tenant:
+            raise InvalidInputError("a workflow needs a tenant")
+        id = f"wf-{uuid.uuid4().hex}"
+        record = WorkflowRecord(
+            id=id,
+            type=type,
+            tenant=tenant,
+            subject=subject,
+            state="running",
+            step_index=0,
+            step=workflow.steps[0].name,
+            attempt=1,
+            data=dict(data or {}),
+        )
+        await self._store.insert(tx, record)
+        await tx.enqueue([self.reconciler.item(id)])
+        return id
+
+    async def get(self, id: str) -> WorkflowRecord:
+        """The workflow: state, current step, attempts, reason, data.
+
+        Raises:
+            NotFoundError: There is no such workflow.
+        """
+        record = await self._store.get(id)
+        if record is None:
+            raise NotFoundError("no such workflow", details={"id": id})
+        return record
+
+    async def history(self, id: str, *, limit: int = 1000) -> list[WorkflowLogEntry]:
+        """The workflow's step log, oldest first: every attempt's outcome and reason."""
+        return await self._store.history(id, limit=limit)
+
+    async def signal(self, id: str, event: str, payload: Mapping[str, Any] | None = None) -> bool:
+        """Deliver ``event`` to a workflow and wake it. ``False`` when it has ended or is being cancelled.
+
+        A workflow not (yet) waiting for ``event`` keeps it until a step waits for it (a later signal of the same
+        event replaces an unconsumed one), so a reply that arrives before its wait is not lost.
+
+        Raises:
+            NotFoundError: There is no such workflow.
+        """
+        if not event:
+            raise InvalidInputError("a signal needs an event name")
+        async with self._context.store.transaction() as tx:
+            record = await self._store.lock(tx, id)
+            if record is None:
+                raise NotFoundError("no such workflow", details={"id": id})
+            if record.state not in ("running", "waiting"):
+                return False
+            await self._store.update(tx, attrs.evolve(record, inbox={**record.inbox, event: dict(payload or {})}))
+            await tx.enqueue([self.reconciler.item(id)])
+        return True
+
+    async def cancel(self, id: str, reason: str = "CANCELLED", message: str = "") -> bool:
+        """Cancel a running, waiting or failed workflow: its completed steps' compensations run, in reverse order
+        (state ``cancelling``, then ``cancelled``). A step running meanwhile finishes first (and is compensated if
+        it completed). ``False`` when it has already succeeded, been cancelled or is being cancelled.
+
+        Raises:
+            NotFoundError: There is no such workflow.
+        """
+        _reason(reason)
+        async with self._context.store.transaction() as tx:
+            record = await self._store.lock(tx, id)
+            if record is None:
+                raise NotFoundError("no such workflow", details={"id": id})
+            if record.state not in ("running", "waiting", "failed"):
+                return False
+            await self._store.update(
+                tx,
+                attrs.evolve(
+                    record,
+                    state="cancelling",
+                    reason=reason,
+                    message=message,
+                    waiting_for=None,
+                    on_timeout=None,
+                    wake_at=None,
+                ),
+            )
+            await tx.enqueue([self.reconciler.item(id)])
+        return True
+
+    # --- the engine ---------------------------------------------------------------------------------------------
+
+    async def _gave_up(self, ctx: ReconcileContext, key: str, reason: str) -> None:
+        async with ctx.transaction() as tx:
+            record = await self._store.lock(tx, key)
+            if record is not None and record.state in ACTIVE:
+                await self._store.update(
+                    tx,
+                    attrs.evolve(
+                        record, state="failed", reason=reason, message="the workflow engine could not make progress"
+                    ),
+                )
+
+    async def _reconcile(self, ctx: ReconcileContext, key: str) -> Outcome:
+        started = time.monotonic()
+        budget = self.reconciler.deadline.total_seconds()
+        for n in range(MAX_STEPS_PER_PASS):
+            record = await self._store.get(key)
+            if record is None or record.state in TERMINAL:
+                return Outcome.done()
+            workflow = self._types.get(record.type)
+            if workflow is None:  # declared by a module this process does not run (a rolling upgrade, say)
+                log.warning("workflow %s has type %s, unknown here; trying later", key, record.type)
+                return Outcome.requeue(dt.timedelta(minutes=1))
+            # Go on in this pass only while the next step's deadline still fits in it.
+            upcoming = workflow.steps[max(0, min(record.step_index, len(workflow.steps) - 1))].deadline
+            if n and time.monotonic() - started + upcoming.total_seconds() + COMMIT_MARGIN > budget:
+                return Outcome.requeue()
+            if record.state == "waiting":
+                outcome = await self._wake(ctx, workflow, record)
+            elif record.state == "cancelling":
+                outcome = await self._compensate(ctx, workflow, record)
+            else:
+                outcome = await self._run_step(ctx, workflow, record)
+            if outcome is not None:
+                return outcome
+        return Outcome.requeue()
+
+    def _advance(self, workflow: Workflow, record: WorkflowRecord, data: Mapping[str, Any]) -> WorkflowRecord:
+        """``record`` past its current step (succeeded after the last one)."""
+        index = record.step_index + 1
+        common: dict[str, Any] = {
+            "data": dict(data),
+            "completed": max(record.completed, index),
+            "attempt": 1,
+            "waiting_for": None,
+            "on_timeout": None,
+            "wake_at": None,
+            "reason": None,
+            "message": "",
+        }
+        if index >= len(workflow.steps):
+            return attrs.evolve(record, state="succeeded", step_index=index, step=None, **common)
+        return attrs.evolve(record, state="running", step_index=index, step=workflow.steps[index].name, **common)
+
+    async def _log(self, tx: Transaction, record: WorkflowRecord, outcome: str, reason: str | None = None) -> None:
+        await self._store.log(
+            tx,
+            workflow_id=record.id,
+            step_index=record.step_index,
+            step=record.step or "",
+            attempt=record.attempt,
+            outcome=outcome,
+            reason=reason,
+        )
+
+    async def _wake(self, ctx: ReconcileContext, workflow: Workflow, snapshot: WorkflowRecord) -> Outcome | None:
+        """A parked workflow: go on if its event came or its wait timed out, else park again."""
+        now = ctx.clock.now()
+        async with ctx.transaction() as tx:
+            record = await self._store.lock(tx, snapshot.id)
+            if record is None or record.state != "waiting":
+                return None
+            event = record.waiting_for or ""
+            if event in record.inbox:
+                inbox = dict(record.inbox)
+                payload = inbox.pop(event)
+                await self._log(tx, record, "signaled")
+                record = attrs.evolve(record, inbox=inbox)
+                await self._store.update(tx, self._advance(workflow, record, {**record.data, event: payload}))
+                return None
+            if record.wake_at is not None and record.wake_at <= now:
+                await self._log(tx, record, "timed_out", "WAIT_TIMEOUT")
+                if record.on_timeout == "next":
+                    await self._store.update(tx, self._advance(workflow, record, record.data))
+                    return None
+                await self._store.update(
+                    tx,
+                    attrs.evolve(
+                        record,
+                        state="failed",
+                        reason="WAIT_TIMEOUT",
+                        message=f"step {record.step!r} waited for {event!r} in vain",
+                        waiting_for=None,
+                        wake_at=None,
+                    ),
+                )
+                return Outcome.done()
+        if record.wake_at is None:
+            return Outcome.done()
+        return Outcome.requeue(max(dt.timedelta(0), record.wake_at - now))
+
+    async def _run_step(self, ctx: ReconcileContext, workflow: Workflow, record: WorkflowRecord) -> Outcome | None:
+        step = workflow.steps[record.step_index]
+        sctx = StepContext(
+            context=ctx.context,
+            record=record,
+            step=step.name,
+            step_index=record.step_index,
+            attempt=record.attempt,
+            lease=ctx.lease,
+        )
+
+        async def finish(tx: Transaction, result: StepOutcome) -> Outcome | None:
+            current = await self._store.lock(tx, record.id)
+            if (
+                current is None
+                or current.state not in ("running", "cancelling")
+                or current.compensating
+                or (current.step_index, current.attempt) != (record.step_index, record.attempt)
+            ):
+                raise ConflictError("the workflow moved on while its step ran", details={"id": record.id})
+            return await self._record(tx, workflow, current, result, ctx.clock.now())
+
+        sctx._finish = finish
+        try:
+            with anyio.fail_after(step.deadline.total_seconds()):
+                result = await step.run(sctx)
+            if sctx._finished is None and not isinstance(result, StepOutcome):
+                raise TypeError(f"step {step.name!r} returned {type(result).__name__}, not a StepOutcome")
+        except Exception as exc:
+            if sctx._finished is not None:  # committed with its last block: what failed after it changes nothing
+                log.warning(
+                    "workflow %s: step %s failed after recording its outcome (%s)", record.id, step.name, reason_of(exc)
+                )
+                return sctx._finished[0]
+            return await self._failed(ctx, workflow, record, reason_of(exc), None)
+        if sctx._finished is not None:
+            return sctx._finished[0]
+        async with ctx.transaction() as tx:
+            return await finish(tx, result)
+
+    async def _record(
+        self, tx: Transaction, workflow: Workflow, record: WorkflowRecord, result: StepOutcome, now: dt.datetime
+    ) -> Outcome | None:
+        """Record a step's outcome (after its writes blocks committed); what the pass does next."""
+        data = {**record.data, **(result.data or {})}
+        cancelling = record.state == "cancelling"
+        step = workflow.steps[record.step_index]
+        if result.action == "next":
+            await self._log(tx, record, "next")
+            if cancelling:  # it completed: the cancellation compensates it too
+                completed = max(record.completed, record.step_index + 1)
+                await self._store.update(tx, attrs.evolve(record, data=data, completed=completed))
+            else:
+                await self._store.update(tx, self._advance(workflow, record, data))
+            return None
+        if result.action == "wait":
+            event = result.event or ""
+            await self._log(tx, record, "wait")
+            completed = max(record.completed, record.step_index + 1)
+            if cancelling:
+                await self._store.update(tx, attrs.evolve(record, data=data, completed=completed))
+                return None
+            if event in record.inbox:  # the event came before the wait
+                inbox = dict(record.inbox)
+                payload = inbox.pop(event)
+                await self._log(tx, record, "signaled")
+                record = attrs.evolve(record, inbox=inbox)
+                await self._store.update(tx, self._advance(workflow, record, {**data, event: payload}))
+                return None
+            wake_at = None if result.timeout is None else now + result.timeout
+            await self._store.update(
+                tx,
+                attrs.evolve(
+                    record,
+                    state="waiting",
+                    data=data,
+                    completed=completed,
+                    waiting_for=event,
+                    on_timeout=result.on_timeout,
+                    wake_at=wake_at,
+                    reason=None,
+                    message="",
+                ),
+            )
+            return Outcome.done() if result.timeout is None else Outcome.requeue(result.timeout)
+        if result.action == "fail":
+            await self._log(tx, record, "failed", result.reason)
+            if cancelling:
+                await self._store.update(tx, attrs.evolve(record, data=data))
+                return None
+            await self._store.update(
+                tx, attrs.evolve(record, state="failed", data=data, reason=result.reason, message=result.message)
+            )
+            return Outcome.done()
+        # retry
+        await self._log(tx, record, "retry", result.reason)
+        record = attrs.evolve(record, data=data)
+        if cancelling:
+            await self._store.update(tx, record)
+            return None
+        return await self._next_attempt(tx, step, record, result.reason or "RETRY", result.message, result.after)
+
+    async def _next_attempt(
+        self,
+        tx: Transaction,
+        step: Step,
+        record: WorkflowRecord,
+        reason: str,
+        message: str,
+        delay: dt.timedelta | None,
+    ) -> Outcome:
+        """After a failed attempt: the next one after the backoff, or the workflow fails with the reason."""
+        if record.attempt >= step.retry.max_attempts:
+            what = "compensating step" if record.compensating else "step"
+            await self._store.update(
+                tx,
+                attrs.evolve(
+                    record,
+                    state="failed",
+                    reason=reason,
+                    message=message or f"{what} {step.name!r} failed {record.attempt} times ({reason})",
+                ),
+            )
+            return Outcome.done()
+        if delay is None:
+            delay = step.retry.delay(WORKFLOW_KIND, f"{record.id}/{step.name}", record.attempt)
+        if record.compensating:  # the cancellation's reason stays; the log has the attempt's
+            what = f"compensating step {step.name!r} failed on attempt {record.attempt} ({reason}); retrying"
+            await self._store.update(tx, attrs.evolve(record, attempt=record.attempt + 1, message=what))
+            return Outcome.requeue(delay)
+        await self._store.update(
+            tx,
+            attrs.evolve(
+                record,
+                attempt=record.attempt + 1,
+                reason=reason,
+                message=message or f"attempt {record.attempt} of step {step.name!r} failed ({reason})",
+            ),
+        )
+        return Outcome.requeue(delay)
+
+    async def _failed(
+        self, ctx: ReconcileContext, workflow: Workflow, snapshot: WorkflowRecord, reason: str, message: str | None
+    ) -> Outcome | None:
+        """Record a failed attempt (its writes rolled back) in a transaction of its own."""
+        step = workflow.steps[snapshot.step_index]
+        async with ctx.transaction() as tx:
+            record = await self._store.lock(tx, snapshot.id)
+            if record is None or (record.step_index, record.attempt, record.compensating) != (
+                snapshot.step_index,
+                snapshot.attempt,
+                snapshot.compensating,
+            ):
+                return None
+            await self._log(tx, record, "compensation_error" if record.compensating else "error", reason)
+            if record.state == "cancelling" and not record.compensating:
+                return None  # the step did not complete; the cancellation goes on without it
+            if record.state not in ("running", "cancelling"):
+                return None
+            log.info("workflow %s: step %s attempt %d failed (%s)", record.id, step.name, record.attempt, reason)
+            return await self._next_attempt(tx, step, record, reason, message or "", None)
+
+    async def _compensate(self, ctx: ReconcileContext, workflow: Workflow, snapshot: WorkflowRecord) -> Outcome | None:
+        """One step of a cancellation: compensate the last completed step, or end as cancelled."""
+        if not snapshot.compensating:  # the cancellation begins: from the last completed step, backwards
+            async with ctx.transaction() as tx:
+                record = await self._store.lock(tx, snapshot.id)
+                if record is None or record.state != "cancelling" or record.compensating:
+                    return None
+                await self._store.update(tx, self._compensating(workflow, record, record.completed))
+            return None
+        index = snapshot.completed - 1
+        step = workflow.steps[index]
+        if step.compensate is not None:
+            sctx = StepContext(
+                context=ctx.context,
+                record=snapshot,
+                step=step.name,
+                step_index=index,
+                attempt=snapshot.attempt,
+                lease=ctx.lease,
+                compensating=True,
+            )
+            try:
+                with anyio.fail_after(step.deadline.total_seconds()):
+                    await step.compensate(sctx)
+            except Exception as exc:
+                return await self._failed(ctx, workflow, snapshot, reason_of(exc), None)
+            async with ctx.transaction() as tx:
+                if not await self._compensated(tx, workflow, snapshot, "compensated"):
+                    raise ConflictError("the workflow moved on while a compensation ran", details={"id": snapshot.id})
+            return None
+        async with ctx.transaction() as tx:
+            await self._compensated(tx, workflow, snapshot, "no_compensation")
+        return None
+
+    async def _compensated(self, tx: Transaction, workflow: Workflow, snapshot: WorkflowRecord, outcome: str) -> bool:
+        record = await self._store.lock(tx, snapshot.id)
+        if (
+            record is None
+            or record.state != "cancelling"
+            or not record.compensating
+            or (record.completed, record.attempt) != (snapshot.completed, snapshot.attempt)
+        ):
+            return False
+        await self._log(tx, record, outcome)
+        await self._store.update(tx, self._compensating(workflow, record, record.completed - 1))
+        return True
+
+    def _compensating(self, workflow: Workflow, record: WorkflowRecord, completed: int) -> WorkflowRecord:
+        """``record`` about to compensate its step ``completed - 1``, or cancelled when none is left."""
+        common: dict[str, Any] = {"completed": completed, "attempt": 1}
+        common.update(waiting_for=None, on_timeout=None, wake_at=None)
+        if completed <= 0:
+            return attrs.evolve(record, state="cancelled", compensating=False, **common)
+        index = completed - 1
+        return attrs.evolve(record, compensating=True, step_index=index, step=workflow.steps[index].name, **common)

@@ -1,0 +1,590 @@
+"""``CertificateAuthority``: the node CA of one trust domain (DESIGN §7, issue 5 item 4).
+
+Keys. ECDSA P-256 with SHA-256: what every TLS stack (Python ``ssl``/OpenSSL, grpclib, Go, browsers) verifies, and
+what ``cryptography``'s web-PKI verifier accepts; Ed25519 CA signatures are still refused by several TLS libraries.
+A key is generated once, sealed by the KMS (context ``ca:<trust-domain>:<key-id>``) as PKCS#8 DER and stored in
+``ca_keys`` with its self-signed certificate; its plaintext exists only in this process's memory.
+
+Rotation overlaps: ``rotate()`` makes a new active key and turns the old one ``previous``. The trust bundle holds
+every key that is not ``retired``, so certificates of the old key keep verifying until ``retire(old)``, which is
+refused while the old key has unexpired, unrevoked certificates (unless forced).
+
+Issued certificates (X.509-SVID style):
+
+- Subject ``CN=<node-id>, OU=<role>, O=Better Compute``; the role is the OU (no private OID needed).
+- Exactly one SAN, a URI: ``spiffe://<trust-domain>/<role>/<node-id>`` (``/node/…``, ``/site/…``, ``/ramdisk/…``),
+  so the role is also part of the identity a gateway authorizes on. A CSR asking for any SAN is refused.
+- ``basicConstraints CA:FALSE`` (critical), ``keyUsage digitalSignature`` (critical), ``extendedKeyUsage
+  clientAuth``, subject and authority key identifiers.
+- Lifetime ``ttl`` (24 h by default, at most ``max_ttl``; ramdisk: 2 h by default and at most 2 h). ``notBefore`` is
+  backdated by ``CLOCK_SKEW`` for slow clocks and ``notAfter = notBefore + ttl``: a certificate never lives longer
+  than it was asked to.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import re
+import secrets
+
+import attrs
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from bettercompute.errors import (
+    FailedPreconditionError,
+    InternalError,
+    InvalidConfigError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+)
+from bettercompute.ports import CaKey, Clock, IssuedCertificate, Kms, OutboxEvent, Revocation, Store, Transaction
+
+__all__ = ["CertificateAuthority", "IssuedBundle", "RevocationResult", "serial_hex"]
+
+log = logging.getLogger("bettercompute.ca")
+
+ROLES = ("node", "site", "ramdisk")
+"""The roles a certificate can carry; each is also the first path segment of its SPIFFE ID."""
+
+RAMDISK_MAX_TTL = dt.timedelta(hours=2)
+DEFAULT_TTL = dt.timedelta(hours=24)
+CLOCK_SKEW = dt.timedelta(minutes=1)
+"""How far ``notBefore`` is backdated, for verifiers whose clock is a little behind."""
+
+REVOKED_EVENT = "certificate.revoked"
+
+_ALGORITHM = "ecdsa-p256-sha256"
+_ORG = "Better Compute"
+# SPIFFE: a trust domain is lower-case letters, digits, '.', '-' and '_'; a path segment adds upper case.
+_TRUST_DOMAIN = re.compile(r"[a-z0-9._-]{1,255}")
+_NODE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_MAX_CSR_BYTES = 16 * 1024
+
+
+class _SystemClock:
+    def now(self) -> dt.datetime:
+        return dt.datetime.now(dt.UTC)
+
+
+@attrs.frozen(kw_only=True)
+class IssuedBundle:
+    """What ``issue`` returns: the leaf as PEM, the chain to send with it (the issuing CA certificate), and facts."""
+
+    certificate_pem: str
+    chain_pem: str
+    serial: str
+    spiffe_id: str
+    role: str
+    ca_key_id: str
+    not_before: dt.datetime
+    not_after: dt.datetime
+
+
+@attrs.frozen(kw_only=True)
+class RevocationResult:
+    """What a revocation added: the serials newly revoked (empty when they all were revoked already)."""
+
+    spiffe_id: str
+    serials: tuple[str, ...]
+
+
+def serial_hex(serial: int | str) -> str:
+    """The canonical serial text: lower-case hex without leading zeros (from an int or any-case hex text).
+
+    Raises:
+        InvalidInputError: not a positive serial.
+    """
+    if isinstance(serial, str):
+        try:
+            value = int(serial.strip().lower().removeprefix("0x"), 16)
+        except ValueError:
+            raise InvalidInputError("a certificate serial is hex digits", details={"field": "serial"}) from None
+    else:
+        value = serial
+    if value <= 0:
+        raise InvalidInputError("a certificate serial is a positive number", details={"field": "serial"})
+    return format(value, "x")
+
+
+def _utc_seconds(value: dt.datetime) -> dt.datetime:
+    return value.astimezone(dt.UTC).replace(microsecond=0)
+
+
+class CertificateAuthority:
+    """The node CA of ``trust_domain``: keys behind the KMS, issuing, revocation and an overlapping trust bundle.
+
+    Nothing is read or written before the first call. Several processes may share one trust domain: key changes are
+    serialized by the store's per-trust-domain lock, and every process reads the active key from the store, so a
+    rotation elsewhere is picked up at the next ``issue``.
+
+    Args:
+        store: Where keys, issued certificates and revocations live (``Store.certificates``).
+        kms: Seals the CA's private keys.
+        trust_domain: The SPIFFE trust domain (``compute.example.com``).
+        clock: Time source (tests inject one); the system clock by default.
+        ca_validity: How long a new CA certificate is valid (10 years by default).
+        max_ttl: The longest lifetime of a ``node`` or ``site`` certificate (24 h by default).
+
+    Raises:
+        InvalidConfigError: a malformed trust domain or non-positive durations.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        kms: Kms,
+        *,
+        trust_domain: str,
+        clock: Clock | None = None,
+        ca_validity: dt.timedelta = dt.timedelta(days=3650),
+        max_ttl: dt.timedelta = DEFAULT_TTL,
+    ) -> None:
+        if not _TRUST_DOMAIN.fullmatch(trust_domain):
+            raise InvalidConfigError(
+                "the trust domain must be lower-case letters, digits, '.', '-' and '_'",
+                details={"problems": [{"path": "trust_domain"}]},
+            )
+        if ca_validity <= dt.timedelta(0) or max_ttl <= dt.timedelta(0):
+            raise InvalidConfigError("CA durations must be positive", details={"problems": [{"path": "max_ttl"}]})
+        self._store = store
+        self._kms = kms
+        self.trust_domain = trust_domain
+        self._clock: Clock = clock or _SystemClock()
+        self._ca_validity = ca_validity
+        self._max_ttl = max_ttl
+        self._private: dict[str, ec.EllipticCurvePrivateKey] = {}
+
+    ROLES = ROLES
+    RAMDISK_MAX_TTL = RAMDISK_MAX_TTL
+    DEFAULT_TTL = DEFAULT_TTL
+    CLOCK_SKEW = CLOCK_SKEW
+    REVOKED_EVENT = REVOKED_EVENT
+
+    def __repr__(self) -> str:
+        return f"CertificateAuthority(trust_domain={self.trust_domain!r})"
+
+    # --- identity -----------------------------------------------------------------------------------------------
+
+    def spiffe_id(self, node_id: str, role: str = "node") -> str:
+        """``spiffe://<trust-domain>/<role>/<node-id>``.
+
+        Raises:
+            InvalidInputError: an unknown role or a node id that is not a SPIFFE path segment.
+        """
+        if role not in ROLES:
+            raise InvalidInputError(
+                f"the role must be one of {', '.join(ROLES)}", details={"field": "role", "allowed": list(ROLES)}
+            )
+        if not _NODE_ID.fullmatch(node_id) or node_id in (".", ".."):
+            raise InvalidInputError(
+                "a node id is 1 to 128 letters, digits, '.', '-' or '_'", details={"field": "node_id"}
+            )
+        return f"spiffe://{self.trust_domain}/{role}/{node_id}"
+
+    # --- keys ---------------------------------------------------------------------------------------------------
+
+    async def ensure(self) -> CaKey:
+        """The active key, created (once, whichever process comes first) when the trust domain has none."""
+        active = await self._active()
+        if active is not None:
+            return active
+        # Sealed before the transaction: the KMS may be remote, and no network call waits inside a transaction.
+        key, private = await self._sealed_key()
+        async with self._store.transaction() as tx:
+            await self._store.certificates.lock(tx, self.trust_domain)
+            keys = await self._store.certificates.keys(self.trust_domain, tx=tx)
+            current = next((k for k in keys if k.state == "active"), None)
+            if current is None:
+                await self._store.certificates.add_key(tx, key)
+        if current is not None:
+            return current  # another process created it meanwhile: ours, never stored, is dropped
+        return self._created(key, private)
+
+    async def prepare(self) -> CaKey:
+        """``ensure()``, and load the active key's private half from the KMS into this process.
+
+        Call it before a transaction that issues: ``issue(tx=...)`` never calls the KMS (a remote KMS would be
+        network I/O inside the transaction) and refuses, retryably, when the key it needs is not loaded.
+        """
+        key = await self.ensure()
+        await self._private_key(key)
+        return key
+
+    async def rotate(self) -> CaKey:
+        """Make a new active key; the current one becomes ``previous`` and stays in the trust bundle."""
+        key, private = await self._sealed_key()  # before the transaction, as in ``ensure``
+        async with self._store.transaction() as tx:
+            await self._store.certificates.lock(tx, self.trust_domain)
+            for old in await self._store.certificates.keys(self.trust_domain, tx=tx):
+                if old.state == "active":
+                    await self._store.certificates.set_key_state(
+                        tx, trust_domain=self.trust_domain, id=old.id, state="previous"
+                    )
+            await self._store.certificates.add_key(tx, key)
+        return self._created(key, private)
+
+    async def retire(self, key_id: str, *, force: bool = False) -> None:
+        """Take a ``previous`` key out of the trust bundle.
+
+        Raises:
+            NotFoundError: the trust domain has no such key.
+            FailedPreconditionError: the key is the active one, or (without ``force``) certificates it issued are
+                still unexpired and unrevoked.
+        """
+        async with self._store.transaction() as tx:
+            await self._store.certificates.lock(tx, self.trust_domain)
+            keys = {k.id: k for k in await self._store.certificates.keys(self.trust_domain, tx=tx)}
+            key = keys.get(key_id)
+            if key is None:
+                raise NotFoundError("no such CA key", details={"key_id": key_id})
+            if key.state == "retired":
+                return
+            if key.state == "active":
+                raise FailedPreconditionError(
+                    "the active CA key cannot be retired; rotate first", details={"key_id": key_id}
+                )
+            live = await self._store.certificates.live_count(key_id, now=self._clock.now(), tx=tx)
+            if live and not force:
+                raise FailedPreconditionError(
+                    "certificates issued under this CA key are still valid; retire it after they expire",
+                    details={"key_id": key_id, "live_certificates": live},
+                )
+            await self._store.certificates.set_key_state(tx, trust_domain=self.trust_domain, id=key_id, state="retired")
+        self._private.pop(key_id, None)
+        log.info("CA key %s of %s retired", key_id, self.trust_domain)
+
+    async def keys(self) -> list[CaKey]:
+        """Every key of the trust domain (sealed), oldest first."""
+        return await self._store.certificates.keys(self.trust_domain)
+
+    async def trust_bundle(self) -> list[x509.Certificate]:
+        """The CA certificates to trust: every key not retired, oldest first (creating the first key if needed)."""
+        await self.ensure()
+        keys = await self._store.certificates.keys(self.trust_domain)
+        return [x509.load_pem_x509_certificate(k.certificate_pem.encode()) for k in keys if k.state != "retired"]
+
+    async def trust_bundle_pem(self) -> str:
+        """``trust_bundle`` as concatenated PEM (a ``cafile`` for ``ssl``)."""
+        bundle = await self.trust_bundle()
+        return "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in bundle)
+
+    # --- issuing ------------------------------------------------------------------------------------------------
+
+    async def issue(
+        self,
+        csr_pem: str | bytes,
+        *,
+        node_id: str,
+        role: str = "node",
+        ttl: dt.timedelta | None = None,
+        tx: Transaction | None = None,
+    ) -> IssuedBundle:
+        """Sign a CSR for ``node_id`` in ``role`` and record the certificate (in ``tx`` when given, so a join's
+        writes and the record commit together).
+
+        Only the CSR's public key is used: the subject, SAN and extensions are the CA's own.
+
+        Raises:
+            InvalidInputError: a CSR that does not parse, whose signature does not match its key, whose key type is
+                not accepted (EC P-256/P-384, Ed25519, RSA >= 2048), or that asks for a subject alternative name;
+                an unknown role, a bad node id, a ttl that is not positive or is longer than the role allows.
+        """
+        spiffe_id = self.spiffe_id(node_id, role)
+        lifetime = self._lifetime(role, ttl)
+        public_key = checked_csr_key(csr_pem)
+        if tx is None:
+            key = await self._active() or await self.ensure()
+            private = await self._private_key(key)
+        else:
+            # Only reads in ``tx`` (a second pooled connection per join could starve the pool), and no KMS call.
+            active = await self._active(tx)
+            loaded = self._private.get(active.id) if active is not None else None
+            if active is None or loaded is None:
+                raise UnavailableError(
+                    "the CA's signing key changed while this request ran; retry", details={"reason": "ca_key_changed"}
+                )
+            key, private = active, loaded
+        ca_cert = x509.load_pem_x509_certificate(key.certificate_pem.encode())
+        not_before = _utc_seconds(self._clock.now()) - CLOCK_SKEW
+        not_after = min(not_before + lifetime, key.not_after)
+        serial = x509.random_serial_number()
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(
+                x509.Name(
+                    [
+                        x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORG),
+                        x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+                        x509.NameAttribute(NameOID.COMMON_NAME, node_id),
+                    ]
+                )
+            )
+            .issuer_name(ca_cert.subject)
+            .public_key(public_key)
+            .serial_number(serial)
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_leaf_key_usage(), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(spiffe_id)]), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(private.public_key()), critical=False)
+            .sign(private, hashes.SHA256())
+        )
+        record = IssuedCertificate(
+            serial=serial_hex(serial),
+            node_id=node_id,
+            spiffe_id=spiffe_id,
+            role=role,
+            ca_key_id=key.id,
+            not_before=not_before,
+            not_after=not_after,
+            key_sha256=key_sha256(public_key),
+        )
+        if tx is not None:
+            await self._store.certificates.record(tx, record)
+        else:
+            async with self._store.transaction() as own:
+                await self._store.certificates.record(own, record)
+        return IssuedBundle(
+            certificate_pem=cert.public_bytes(serialization.Encoding.PEM).decode(),
+            chain_pem=key.certificate_pem,
+            serial=record.serial,
+            spiffe_id=spiffe_id,
+            role=role,
+            ca_key_id=key.id,
+            not_before=not_before,
+            not_after=not_after,
+        )
+
+    def _lifetime(self, role: str, ttl: dt.timedelta | None) -> dt.timedelta:
+        limit = RAMDISK_MAX_TTL if role == "ramdisk" else self._max_ttl
+        lifetime = ttl if ttl is not None else min(DEFAULT_TTL, limit)
+        if lifetime <= dt.timedelta(0):
+            raise InvalidInputError("a certificate's ttl must be positive", details={"field": "ttl"})
+        if lifetime > limit:
+            raise InvalidInputError(
+                f"a {role} certificate lives at most {int(limit.total_seconds())} seconds",
+                details={"field": "ttl", "max_seconds": int(limit.total_seconds()), "role": role},
+            )
+        return lifetime
+
+    # --- revocation ---------------------------------------------------------------------------------------------
+
+    async def revoke(self, serial: int | str, *, reason: str = "", tx: Transaction | None = None) -> RevocationResult:
+        """Revoke one certificate and publish ``certificate.revoked`` (key: its SPIFFE ID) in the same transaction.
+
+        Revoking a revoked certificate changes nothing and publishes nothing.
+
+        Raises:
+            InvalidInputError: a malformed serial.
+            NotFoundError: the CA issued no certificate with this serial.
+        """
+        canonical = serial_hex(serial)
+        issued = await self._store.certificates.get(canonical, tx=tx)
+        if issued is None:
+            raise NotFoundError("no certificate with this serial was issued", details={"serial": canonical})
+        return await self._revoke(tx, issued.spiffe_id, reason, serial=canonical)
+
+    async def revoke_spiffe_id(
+        self, spiffe_id: str, *, reason: str = "", tx: Transaction | None = None
+    ) -> RevocationResult:
+        """Revoke every certificate issued to ``spiffe_id`` and publish one ``certificate.revoked`` event for them.
+
+        Raises:
+            InvalidInputError: not a SPIFFE ID of this trust domain.
+        """
+        if not spiffe_id.startswith(f"spiffe://{self.trust_domain}/"):
+            raise InvalidInputError("not a SPIFFE ID of this trust domain", details={"field": "spiffe_id"})
+        return await self._revoke(tx, spiffe_id, reason, spiffe_id=spiffe_id)
+
+    async def is_revoked(self, serial: int | str) -> bool:
+        """Whether the certificate ``serial`` is revoked (a gateway asks at each handshake)."""
+        return await self._store.certificates.is_revoked(serial_hex(serial))
+
+    async def _revoke(
+        self, tx: Transaction | None, key: str, reason: str, *, serial: str | None = None, spiffe_id: str | None = None
+    ) -> RevocationResult:
+        if len(reason) > 1000:
+            raise InvalidInputError("a revocation reason is at most 1000 characters", details={"field": "reason"})
+
+        async def run(t: Transaction) -> list[Revocation]:
+            # Exclusive: a renewal of this identity checks and issues under the shared lock, so it either sees this
+            # revocation or its new certificate is revoked by it.
+            await self._store.certificates.lock_identity(t, key, shared=False)
+            added = await self._store.certificates.revoke(t, serial=serial, spiffe_id=spiffe_id, reason=reason)
+            if added:
+                serials = [r.serial for r in added]
+                payload = {"spiffe_id": key, "serials": serials, "reason": reason}
+                await t.publish([OutboxEvent(type=REVOKED_EVENT, key=key, payload=payload)])
+            return added
+
+        if tx is not None:
+            added = await run(tx)
+        else:
+            async with self._store.transaction() as own:
+                added = await run(own)
+        if added:
+            log.info("revoked %d certificate(s) of %s", len(added), key)
+        return RevocationResult(spiffe_id=key, serials=tuple(r.serial for r in added))
+
+    # --- internals ----------------------------------------------------------------------------------------------
+
+    async def _active(self, tx: Transaction | None = None) -> CaKey | None:
+        keys = await self._store.certificates.keys(self.trust_domain, tx=tx)
+        return next((k for k in keys if k.state == "active"), None)
+
+    def _context(self, key_id: str) -> str:
+        return f"ca:{self.trust_domain}:{key_id}"
+
+    async def _private_key(self, key: CaKey) -> ec.EllipticCurvePrivateKey:
+        cached = self._private.get(key.id)
+        if cached is not None:
+            return cached
+        der = await self._kms.decrypt(key.sealed_key, context=self._context(key.id))
+        loaded = serialization.load_der_private_key(der, password=None)
+        if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+            raise InternalError("a stored CA key is not an EC key")
+        self._private[key.id] = loaded
+        return loaded
+
+    async def _sealed_key(self) -> tuple[CaKey, ec.EllipticCurvePrivateKey]:
+        """A new active key and its private half, sealed by the KMS; stored by the caller (in no transaction yet)."""
+        key_id = f"cak_{secrets.token_hex(8)}"
+        private = ec.generate_private_key(ec.SECP256R1())
+        now = _utc_seconds(self._clock.now())
+        not_before = now - CLOCK_SKEW
+        not_after = now + self._ca_validity
+        name = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORG),
+                x509.NameAttribute(NameOID.COMMON_NAME, f"{_ORG} node CA {self.trust_domain} {key_id}"),
+            ]
+        )
+        public = private.public_key()
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(public)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
+            .sign(private, hashes.SHA256())
+        )
+        der = private.private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        sealed = await self._kms.encrypt(der, context=self._context(key_id))
+        key = CaKey(
+            id=key_id,
+            trust_domain=self.trust_domain,
+            algorithm=_ALGORITHM,
+            sealed_key=sealed,
+            certificate_pem=cert.public_bytes(serialization.Encoding.PEM).decode(),
+            state="active",
+            not_after=not_after,
+            created_at=now,
+        )
+        return key, private
+
+    def _created(self, key: CaKey, private: ec.EllipticCurvePrivateKey) -> CaKey:
+        """Keep the private half of a key just committed (only then: a rolled-back key must never sign)."""
+        self._private[key.id] = private
+        log.info("CA key %s of %s created", key.id, self.trust_domain)
+        return key
+
+
+def key_sha256(public_key: _AcceptedKey | x509.Certificate) -> str:
+    """SHA-256 (hex) of a public key's SubjectPublicKeyInfo (DER), or of a certificate's key."""
+    key = public_key.public_key() if isinstance(public_key, x509.Certificate) else public_key
+    spki = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(spki).hexdigest()
+
+
+def _leaf_key_usage() -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=False,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+_AcceptedKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | rsa.RSAPublicKey
+
+
+def checked_csr_key(csr_pem: str | bytes) -> _AcceptedKey:
+    """The public key of a well-formed, self-consistent CSR that asks for no name of its own."""
+    if not isinstance(csr_pem, str | bytes):
+        raise InvalidInputError("the CSR must be PEM text", details={"field": "csr"})
+    data = csr_pem.encode() if isinstance(csr_pem, str) else csr_pem
+    if len(data) > _MAX_CSR_BYTES:
+        raise InvalidInputError("the CSR is too large", details={"field": "csr"})
+    try:
+        csr = x509.load_pem_x509_csr(data)
+    except ValueError:
+        raise InvalidInputError("the CSR is not a PEM certificate signing request", details={"field": "csr"}) from None
+    try:
+        valid = csr.is_signature_valid
+    except (InvalidSignature, ValueError):
+        valid = False
+    if not valid:
+        raise InvalidInputError(
+            "the CSR's signature does not match its public key", details={"field": "csr", "reason": "signature"}
+        )
+    try:
+        csr.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        pass
+    except ValueError:
+        raise InvalidInputError("the CSR's extensions do not parse", details={"field": "csr"}) from None
+    else:
+        raise InvalidInputError(
+            "the CSR asks for its own subject alternative names; the CA sets the SPIFFE ID itself",
+            details={"field": "csr", "reason": "san"},
+        )
+    try:
+        key = csr.public_key()
+    except (ValueError, x509.UnsupportedGeneralNameType):
+        raise InvalidInputError("the CSR's public key is not supported", details={"field": "csr"}) from None
+    if isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1 | ec.SECP384R1):
+        return key
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        return key
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size >= 2048:
+        return key
+    raise InvalidInputError(
+        "the CSR's key must be EC P-256 or P-384, Ed25519, or RSA of at least 2048 bits",
+        details={"field": "csr", "reason": "key_type"},
+    )

@@ -1,0 +1,110 @@
+"""The ``identity`` module: JoinService, the node CA and the gateway services of ``Options.join``'s trust domain."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from bettercompute._runtime.jobs import Job
+from bettercompute._version import __version__
+from bettercompute.errors import FailedPreconditionError, InvalidConfigError
+from bettercompute.modules.nodes._ca import CertificateAuthority
+from bettercompute.modules.nodes._claims import Attestor
+from bettercompute.modules.nodes._nodes import ACTIONS, NodesGroup
+from bettercompute.modules.nodes._proofs import ChallengeIssuer
+from bettercompute.modules.nodes._sealing import JoinKeyPair, Unsealer
+from bettercompute.modules.nodes._service import GatewayServices, JoinService
+from bettercompute.modules.nodes._tokens import JoinSettings
+from bettercompute.modules.secrets import SecretBroker
+from bettercompute.ports import Kms, Migration, Store
+
+if TYPE_CHECKING:
+    from bettercompute._runtime.context import ModuleContext
+    from bettercompute._runtime.registry import GroupSpec
+
+__all__ = ["IdentityModule"]
+
+log = logging.getLogger("bettercompute.joins")
+
+
+def join_key_context(key_id: str) -> str:
+    """The KMS context JoinService's private key is sealed under."""
+    return f"join-key:{key_id}"
+
+
+async def load_join_key(store: Store, kms: Kms) -> JoinKeyPair:
+    """JoinService's key pair: the stored active one, or a new one stored now (whichever process comes first)."""
+    record = await store.join_keys.active()
+    if record is None:
+        fresh = JoinKeyPair.generate()
+        key_id = f"jk_{secrets.token_hex(8)}"
+        sealed = await kms.encrypt(fresh.private_bytes(), context=join_key_context(key_id))
+        record = await store.join_keys.create_if_none(id=key_id, public_key=fresh.public_key_text(), sealed_key=sealed)
+        if record.id == key_id:
+            log.info("JoinService key %s created", key_id)
+    pair = JoinKeyPair.from_private_bytes(await kms.decrypt(record.sealed_key, context=join_key_context(record.id)))
+    if pair.public_key_text() != record.public_key:
+        raise InvalidConfigError("the stored JoinService key does not match its public key")
+    return pair
+
+
+async def purge_nonces(context: ModuleContext) -> int:
+    """Forget the sealed-token, challenge and secret-request nonces that can no longer be replayed anyway."""
+    purged = await context.store.nonces.purge(now=context.clock.now())
+    if purged:
+        log.debug("purged %d expired nonces", purged)
+    return purged
+
+
+NONCE_PURGE = Job(name="nonce-purge", role="controllers", interval=dt.timedelta(minutes=1), run=purge_nonces)
+
+
+class IdentityModule:
+    """Registered by ``better_compute()`` when ``Options.join`` and ``Options.kms`` are set, with the ``nodes``
+    group. ``start`` makes (once per deployment) or loads the CA key and JoinService's key and builds ``services``."""
+
+    name = "identity"
+    version = __version__
+    core_range = f"=={__version__}"
+    groups: Sequence[type[GroupSpec[Any]]] = (NodesGroup,)
+    actions: Sequence[str] = ACTIONS
+    migrations: Mapping[str, Sequence[Migration]] = {}
+    jobs: Sequence[Job] = (NONCE_PURGE,)
+
+    def __init__(self, settings: JoinSettings, kms: Kms, attestors: Sequence[Attestor] = ()) -> None:
+        self._settings = settings
+        self._kms = kms
+        self._attestors = tuple(attestors)
+        self._services: GatewayServices | None = None
+
+    @property
+    def services(self) -> GatewayServices:
+        """The gateway services, once ``initialize()`` has run."""
+        if self._services is None:
+            raise FailedPreconditionError("the gateway services exist after initialize()")
+        return self._services
+
+    async def start(self, context: ModuleContext) -> None:
+        """Load (or make) the CA and JoinService keys; build JoinService and the gateway services."""
+        store = context.store
+        ca = CertificateAuthority(store, self._kms, trust_domain=self._settings.trust_domain, clock=context.clock)
+        await ca.ensure()
+        pair = await load_join_key(store, self._kms)
+        joins = JoinService(
+            store=store,
+            ca=ca,
+            unsealer=Unsealer(pair, store.nonces),
+            challenges=ChallengeIssuer(pair.private_bytes()),
+            replay_guard=store.nonces,
+            clock=context.clock,
+            attestors=self._attestors,
+            sealed_token_max_age=self._settings.sealed_token_max_age,
+        )
+        broker = SecretBroker(store, self._kms)
+        self._services = GatewayServices(joins, broker, store=store, replay_guard=store.nonces, clock=context.clock)
+
+    async def stop(self) -> None:
+        """Nothing to stop (the services stay usable until ``close()``)."""

@@ -1,0 +1,71 @@
+"""The usage job: GPU-seconds per tenant and pool, from bookings, per hour.
+
+A singleton job of the ``controllers`` role (lease ``controllers/usage``). Each pass accounts the hours that closed
+at least ``USAGE_GRACE`` ago and were not accounted yet (at most ``MAX_PERIODS_PER_PASS`` of them), plus the last
+hour accounted before, again, in case a booking of it changed late. Accounting an hour recomputes it from the
+bookings and replaces its records, and the watermark moves in the same fenced transaction: a pass that crashes,
+runs twice or runs again over the same hours never counts anything twice.
+
+A booking counts ``gpus`` times the seconds of it inside the hour (``gpus`` is 1 for a GPU, a fraction for a MIG
+slice, 0 for vCPU and memory units); a booking without an end counts up to the end of the hour.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING
+
+from bettercompute._runtime.declarations import StaticModule
+from bettercompute._runtime.jobs import Job, job_transaction
+from bettercompute._version import __version__
+
+if TYPE_CHECKING:
+    from bettercompute._runtime.context import ModuleContext
+
+__all__ = [
+    "MAX_PERIODS_PER_PASS",
+    "USAGE",
+    "USAGE_GRACE",
+    "USAGE_PERIOD",
+    "UsageModule",
+    "account_usage",
+]
+
+USAGE_PERIOD = dt.timedelta(hours=1)
+USAGE_GRACE = dt.timedelta(minutes=5)
+"""How long after an hour ends it is accounted: transactions that book or release within it have committed."""
+MAX_PERIODS_PER_PASS = 168
+"""A pass accounts at most a week of hours; the next pass goes on from there."""
+
+
+def _floor(at: dt.datetime) -> dt.datetime:
+    seconds = USAGE_PERIOD.total_seconds()
+    return dt.datetime.fromtimestamp((at.timestamp() // seconds) * seconds, dt.UTC)
+
+
+async def account_usage(context: ModuleContext) -> int:
+    """One pass of the usage job; returns how many usage records it wrote."""
+    store = context.store
+    closed_until = _floor(context.clock.now() - USAGE_GRACE)
+    async with job_transaction(context) as tx:
+        watermark = await store.usage.accounted_until(tx)
+        if watermark is None:
+            earliest = await store.usage.earliest_booking(tx)
+            start = _floor(earliest) if earliest is not None else closed_until
+        elif watermark >= closed_until:
+            return 0  # no hour closed since the last pass
+        else:
+            start = _floor(watermark) - USAGE_PERIOD  # the last hour again, in case a booking of it changed late
+        end = min(closed_until, start + MAX_PERIODS_PER_PASS * USAGE_PERIOD)
+        if end <= start:
+            return 0
+        return await store.usage.account(tx, start=start, end=end, period=USAGE_PERIOD)
+
+
+USAGE = Job(name="usage", role="controllers", interval=dt.timedelta(minutes=1), run=account_usage)
+"""The usage job: a singleton of the ``controllers`` role (lease ``controllers/usage``)."""
+
+
+def UsageModule() -> StaticModule:
+    """The ``usage`` module: GPU-seconds accounted from bookings (no group of methods yet)."""
+    return StaticModule(name="usage", version=__version__, core_range=f"=={__version__}", jobs=(USAGE,))

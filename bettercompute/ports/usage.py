@@ -1,0 +1,92 @@
+"""Bookings of capacity and the usage accounted from them."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Protocol
+
+import attrs
+
+from bettercompute.ports.transaction import Transaction
+
+__all__ = ["Booking", "Bookings", "Usage", "UsageRecord"]
+
+
+@attrs.frozen(kw_only=True)
+class Booking:
+    """A unit of capacity (an atom: a GPU, a MIG slice, a vCPU/GiB unit) held by a reservation for ``[start, end)``
+    (``end`` ``None``: until released). ``gpus`` is the atom's share of a GPU (1 for a GPU, a fraction for a MIG
+    slice, 0 for vCPU and memory units): usage counts ``gpus`` times seconds."""
+
+    id: int
+    atom_id: str
+    reservation_id: str
+    tenant: str
+    pool_id: str
+    gpus: float
+    start: dt.datetime
+    end: dt.datetime | None
+
+
+@attrs.frozen(kw_only=True)
+class UsageRecord:
+    """GPU-seconds a tenant used in a pool during ``[period_start, period_end)``."""
+
+    tenant: str
+    pool_id: str
+    period_start: dt.datetime
+    period_end: dt.datetime
+    gpu_seconds: float
+
+
+class Bookings(Protocol):
+    """Bookings of atoms by reservations. The store refuses two bookings of one atom whose times overlap, whatever
+    the timing (PostgreSQL: an exclusion constraint)."""
+
+    async def book(
+        self,
+        tx: Transaction,
+        *,
+        atom_id: str,
+        reservation_id: str,
+        tenant: str,
+        pool_id: str,
+        gpus: float,
+        start: dt.datetime,
+        end: dt.datetime | None,
+    ) -> Booking:
+        """Book ``atom_id`` for ``[start, end)``; ``ConflictError`` when it is booked for an overlapping time."""
+        ...
+
+    async def release(self, tx: Transaction, *, reservation_id: str, at: dt.datetime) -> int:
+        """End the reservation's bookings at ``at`` (those ending later or never); returns how many changed."""
+        ...
+
+    async def for_reservation(self, reservation_id: str) -> list[Booking]:
+        """The reservation's bookings."""
+        ...
+
+
+class Usage(Protocol):
+    """Usage records, computed from bookings per closed period. Recomputing a period replaces its records, so an
+    accounting pass may run again over the same periods without counting anything twice. Bookings that end after
+    ``accounted_until`` must be kept until a pass has accounted them."""
+
+    async def accounted_until(self, tx: Transaction) -> dt.datetime | None:
+        """The end of the last period accounted (locked until ``tx`` ends), ``None`` before the first pass."""
+        ...
+
+    async def earliest_booking(self, tx: Transaction) -> dt.datetime | None:
+        """The start of the earliest booking, ``None`` when there is none."""
+        ...
+
+    async def account(self, tx: Transaction, *, start: dt.datetime, end: dt.datetime, period: dt.timedelta) -> int:
+        """(Re)compute the records of every period of length ``period`` in ``[start, end)`` (``start`` aligned) and
+        set ``accounted_until`` to ``end``; returns how many records were written."""
+        ...
+
+    async def records(
+        self, *, tenant: str, since: dt.datetime, until: dt.datetime, pool_id: str | None = None
+    ) -> list[UsageRecord]:
+        """The tenant's records of periods starting in ``[since, until)``, by period then pool."""
+        ...
