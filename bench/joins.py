@@ -82,7 +82,7 @@ from bettercompute.modules.nodes._sealing import REPLAY_SCOPE, JoinKeyPair, Unse
 from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, Pool
 from bettercompute.testing import InMemoryReplayGuard
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
-from bettercompute_iam import CreateTenantInput, EmbeddedIam
+from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
 from bettercompute_store_pg import PgStore
 from bettercompute_store_pg._certificates import _KEYS, _RECORD
 from bettercompute_store_pg._nodes import _ENROLL
@@ -151,7 +151,7 @@ async def open_plane(folder: Path, callers: int) -> AsyncIterator[Plane]:
         boot = await iam.bootstrap()
         assert boot.credential is not None
         root = boot.credential
-        tenant = (await compute.api.tenants.create(root, CreateTenantInput(name="acme"))).id
+        tenant = (await IamGroups(compute.api).tenants.create(root, CreateTenantInput(name="acme"))).id
         pool: Pool = await compute.api.pools.create(root, CreatePoolInput(tenant=tenant, name="gpus"))
         join_key = await store.join_keys.active()
         assert join_key is not None

@@ -7,6 +7,7 @@ from bettercompute._core import Api as Api
 from bettercompute._core import BetterCompute as BetterCompute
 from bettercompute._core import better_compute as better_compute
 from bettercompute._options import Options as Options
+from bettercompute._runtime.access import Access as Access
 from bettercompute._runtime.context import Caches as Caches
 from bettercompute._runtime.context import DatabaseClock as DatabaseClock
 from bettercompute._runtime.context import ModuleContext as ModuleContext
@@ -28,9 +29,11 @@ from bettercompute._runtime.registry import AsyncClientCall as AsyncClientCall
 from bettercompute._runtime.registry import CallContext as CallContext
 from bettercompute._runtime.registry import ClientBinding as ClientBinding
 from bettercompute._runtime.registry import ClientCall as ClientCall
+from bettercompute._runtime.registry import GroupSet as GroupSet
 from bettercompute._runtime.registry import GroupSpec as GroupSpec
 from bettercompute._runtime.registry import MethodDef as MethodDef
 from bettercompute._runtime.registry import Registry as Registry
+from bettercompute._runtime.registry import method as method
 from bettercompute._runtime.shards import shard_of as shard_of
 from bettercompute._runtime.workflows import Step as Step
 from bettercompute._runtime.workflows import StepContext as StepContext
@@ -41,6 +44,7 @@ from bettercompute._version import __version__ as __version__
 from bettercompute.modules.nodes._tokens import JoinSettings as JoinSettings
 
 __all__ = [
+    "Access",
     "Api",
     "ApiBinding",
     "ApiCall",
@@ -53,6 +57,7 @@ __all__ = [
     "ClientCall",
     "DatabaseClock",
     "Events",
+    "GroupSet",
     "GroupSpec",
     "Job",
     "JoinSettings",
@@ -76,5 +81,6 @@ __all__ = [
     "Workflows",
     "__version__",
     "better_compute",
+    "method",
     "shard_of",
 ]

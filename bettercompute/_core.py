@@ -6,7 +6,7 @@ import os
 import socket
 import time
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -20,46 +20,57 @@ from bettercompute._runtime.events import Events
 from bettercompute._runtime.health import HealthCheck, HealthOutput
 from bettercompute._runtime.http import HttpTransport, Request, Response
 from bettercompute._runtime.jobs import Jobs
-from bettercompute._runtime.registry import ApiBinding, ApiCall, GroupSpec, Registry
+from bettercompute._runtime.registry import ApiBinding, ApiCall, GroupSpec, MethodDef, Registry
 from bettercompute._runtime.workflows import Workflows
-from bettercompute.errors import ComputeError, FailedPreconditionError, InvalidConfigError
+from bettercompute.errors import ComputeError, FailedPreconditionError, InvalidConfigError, NotFoundError
+from bettercompute.modules.builtin import BuiltinGroups
 from bettercompute.modules.nodes import GatewayServices, IdentityModule
-from bettercompute.modules.system import SystemGroup
 from bettercompute.ports import Iam, Store
 
 __all__ = ["Api", "BetterCompute", "better_compute"]
 
+G = TypeVar("G", bound=GroupSpec[Any])
+
 
 class _ApiBinder:
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, registry: Registry, dispatcher: Dispatcher) -> None:
+        self._registry = registry
         self._dispatcher = dispatcher
 
-    async def call(self, method: Any, credential: str | None, input: Any) -> Any:
-        return await self._dispatcher.call(method, credential, input)
+    async def call(
+        self, method: MethodDef[Any, Any], credential: str | None, input: Any, *, idempotency_key: str | None = None
+    ) -> Any:
+        if self._registry.method(method.group, method.name) is not method:
+            # As over HTTP, where the path of a group this control plane does not register is unknown.
+            raise NotFoundError(f"no method {method.group}.{method.name}", details={"path": method.path})
+        return await self._dispatcher.call(method, credential, input, idempotency_key=idempotency_key)
 
 
-class Api:
+class Api(BuiltinGroups[ApiBinding]):
     """Every method as ``await api.<group>.<method>(credential, input)``, through the same dispatcher as HTTP.
 
-    The core's groups are typed attributes; a module's group is reached by its attribute name too
-    (``api.join_tokens``), or typed with ``api.group(JoinTokensGroup)``.
+    The built-in groups are typed attributes. A module's groups are typed through the module's own group set
+    (``IamGroups(compute.api).tenants``, see ``bettercompute.GroupSet``); ``api.group(spec)`` binds any registered
+    group class.
     """
 
     def __init__(self, registry: Registry, dispatcher: Dispatcher) -> None:
         self._registry = registry
-        self._binder = _ApiBinder(dispatcher)
-        self.system = SystemGroup[ApiBinding](self._binder, ApiCall)
+        self._binder = _ApiBinder(registry, dispatcher)
+        super().__init__(self)
 
-    def group(self, spec: type[GroupSpec[Any]]) -> Any:
-        """A registered group, bound to this api (annotate the result as ``MyGroup[ApiBinding]``)."""
+    def binding(self) -> type[ApiBinding]:
+        """``ApiBinding``: calls take a credential and an input."""
+        return ApiBinding
+
+    def binder(self) -> tuple[Any, type[Any]]:
+        """The dispatcher's entry, and ``ApiCall``."""
+        return self._binder, ApiCall
+
+    def group(self, spec: type[G]) -> G:
+        """A registered group class, bound to this api (for groups no group set names)."""
         if self._registry.group(spec.name) is not spec:
             raise AttributeError(f"group {spec.name!r} is not registered")
-        return spec(self._binder, ApiCall)
-
-    def __getattr__(self, attr: str) -> Any:
-        spec = self._registry.group_by_attr(attr)
-        if spec is None:
-            raise AttributeError(f"no group {attr!r} is registered")
         return spec(self._binder, ApiCall)
 
 

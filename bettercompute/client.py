@@ -20,10 +20,9 @@ from bettercompute._runtime.registry import (
     ClientBinding,
     ClientCall,
     MethodDef,
-    declared_group,
 )
 from bettercompute.errors import InternalError, InvalidInputError, UnavailableError, error_class_for_code
-from bettercompute.modules.system import SystemGroup
+from bettercompute.modules.builtin import BuiltinGroups
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -65,22 +64,18 @@ def _body(method: MethodDef[Any, Any], input: Any) -> bytes:
     return json.dumps(_codec.encode(input), separators=(",", ":")).encode()
 
 
-def _headers(credential: str | None) -> dict[str, str]:
+def _headers(credential: str | None, idempotency_key: str | None) -> dict[str, str]:
     headers = {"content-type": "application/json", "accept": "application/json"}
     if credential:
         headers["authorization"] = f"Bearer {credential}"
+    if idempotency_key is not None:
+        headers["idempotency-key"] = idempotency_key
     return headers
 
 
-def _group(binder: Any, attr: str, call_type: type[Any]) -> Any:
-    spec = declared_group(attr)
-    if spec is None:
-        raise AttributeError(f"no group {attr!r} is declared in this process; import its module first")
-    return spec(binder, call_type)
-
-
-class AsyncClient:
-    """An async client of one control plane.
+class AsyncClient(BuiltinGroups[AsyncClientBinding]):
+    """An async client of one control plane: the built-in groups are typed attributes (``client.pools.create``), a
+    module's groups are reached through its group set (``IamGroups(client).tenants``).
 
     Args:
         base_url: Where it is served, e.g. ``http://127.0.0.1:3000`` (the endpoint path is added).
@@ -101,21 +96,26 @@ class AsyncClient:
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
         self._endpoint = endpoint
         self._credential = credential
-        self.system = SystemGroup[AsyncClientBinding](self, AsyncClientCall)
+        super().__init__(self)
 
-    async def call(self, method: MethodDef[Any, Any], input: Any) -> Any:
-        """Call a method by its declaration."""
+    def binding(self) -> type[AsyncClientBinding]:
+        """``AsyncClientBinding``: calls take an input."""
+        return AsyncClientBinding
+
+    def binder(self) -> tuple[Any, type[Any]]:
+        """This client, and ``AsyncClientCall``."""
+        return self, AsyncClientCall
+
+    async def call(self, method: MethodDef[Any, Any], input: Any, *, idempotency_key: str | None = None) -> Any:
+        """Call a method by its declaration (with an ``Idempotency-Key`` header when a key is given)."""
         body = _body(method, input)
         try:
             response = await self._http.post(
-                self._endpoint + method.path, content=body, headers=_headers(self._credential)
+                self._endpoint + method.path, content=body, headers=_headers(self._credential, idempotency_key)
             )
         except httpx.TransportError as exc:
             raise UnavailableError("the control plane cannot be reached", details={"method": method.path}) from exc
         return _result(method, response)
-
-    def __getattr__(self, attr: str) -> Any:
-        return _group(self, attr, AsyncClientCall)
 
     async def aclose(self) -> None:
         """Close the connections."""
@@ -130,7 +130,7 @@ class AsyncClient:
         await self.aclose()
 
 
-class Client:
+class Client(BuiltinGroups[ClientBinding]):
     """The blocking twin of ``AsyncClient``, for scripts and the CLI."""
 
     def __init__(
@@ -145,19 +145,26 @@ class Client:
         self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
         self._endpoint = endpoint
         self._credential = credential
-        self.system = SystemGroup[ClientBinding](self, ClientCall)
+        super().__init__(self)
 
-    def call(self, method: MethodDef[Any, Any], input: Any) -> Any:
-        """Call a method by its declaration."""
+    def binding(self) -> type[ClientBinding]:
+        """``ClientBinding``: calls take an input."""
+        return ClientBinding
+
+    def binder(self) -> tuple[Any, type[Any]]:
+        """This client, and ``ClientCall``."""
+        return self, ClientCall
+
+    def call(self, method: MethodDef[Any, Any], input: Any, *, idempotency_key: str | None = None) -> Any:
+        """Call a method by its declaration (with an ``Idempotency-Key`` header when a key is given)."""
         body = _body(method, input)
         try:
-            response = self._http.post(self._endpoint + method.path, content=body, headers=_headers(self._credential))
+            response = self._http.post(
+                self._endpoint + method.path, content=body, headers=_headers(self._credential, idempotency_key)
+            )
         except httpx.TransportError as exc:
             raise UnavailableError("the control plane cannot be reached", details={"method": method.path}) from exc
         return _result(method, response)
-
-    def __getattr__(self, attr: str) -> Any:
-        return _group(self, attr, ClientCall)
 
     def close(self) -> None:
         """Close the connections."""

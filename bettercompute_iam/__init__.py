@@ -5,6 +5,7 @@ from ._iam import Bootstrap as Bootstrap
 from ._iam import EmbeddedIam as EmbeddedIam
 from ._methods import BindingsGroup as BindingsGroup
 from ._methods import CredentialsGroup as CredentialsGroup
+from ._methods import IamGroups as IamGroups
 from ._methods import PrincipalsGroup as PrincipalsGroup
 from ._methods import RolesGroup as RolesGroup
 from ._methods import TenantsGroup as TenantsGroup
@@ -52,6 +53,7 @@ __all__ = [
     "DeleteBindingOutput",
     "DisablePrincipalInput",
     "EmbeddedIam",
+    "IamGroups",
     "ListBindingsInput",
     "ListBindingsOutput",
     "ListCredentialsInput",

@@ -31,7 +31,7 @@ from . import _credentials
 from ._authz import AUTHZ_GROUPS
 from ._methods import IAM_GROUPS
 from ._pg import MIGRATIONS, ROOT_TENANT, IamTables
-from ._policy import BUILTIN_ROLES, Grant, allows
+from ._policy import Grant, allows, builtin_roles
 from ._version import __version__
 
 __all__ = ["Bootstrap", "EmbeddedIam"]
@@ -40,7 +40,6 @@ log = logging.getLogger("bettercompute.iam")
 
 CACHE = "iam.credentials"
 GRANTS_CACHE = "iam.grants"
-_OPEN_TO_ALL = frozenset({"compute:system:version", "compute:system:whoami", "compute:system:health"})
 _TOUCH_EVERY = dt.timedelta(minutes=1)
 
 
@@ -118,6 +117,7 @@ class EmbeddedIam:
         # cached after the revoke cleared the cache (it would undo the revoke for a whole TTL).
         self._generation = 0
         self._tables: IamTables | None = None
+        self._open: frozenset[str] = frozenset()  # the actions of methods open to everyone, read at start()
         self._context: ModuleContext | None = None
 
     @property
@@ -150,7 +150,9 @@ class EmbeddedIam:
         self._context = context
         context.caches.register(CACHE, self._invalidate)
         context.caches.register(GRANTS_CACHE, self._invalidate_grants)
-        await self._tables.ensure_root(BUILTIN_ROLES)
+        # Methods declared ``access="open"`` need no decision; the built-in roles follow the declarations too.
+        self._open = frozenset(context.registry.actions(access=("open",)))
+        await self._tables.ensure_root(builtin_roles(context.registry))
 
     async def stop(self) -> None:
         """Forget cached credentials."""
@@ -229,7 +231,7 @@ class EmbeddedIam:
 
         The principal's bindings are cached like credentials; a change made in this process clears them at once.
         """
-        if action not in _OPEN_TO_ALL:
+        if action not in self._open:
             tenant, pool = resource.tenant, resource.pool
             grants = await self._grants_of(identity.principal_id)
             if resource.id is not None:

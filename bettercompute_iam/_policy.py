@@ -13,14 +13,16 @@ pools, a pool contains itself. The same rule decides requests (``allows``), what
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from typing import Protocol
 
 import attrs
 
 __all__ = [
-    "BUILTIN_ROLES",
+    "BUILTIN_ROLE_NAMES",
     "Grant",
     "allows",
+    "builtin_roles",
     "contains",
     "covered",
     "matches",
@@ -32,22 +34,29 @@ __all__ = [
 _SEGMENT = re.compile(r"^(\*|[a-z][a-z0-9-]*)$")
 
 # Built-in roles. The admin of a scope also manages IAM inside it; an operator runs the fleet; a member uses
-# capacity; a viewer reads; an authz client asks for decisions on behalf of another process.
-BUILTIN_ROLES: dict[str, tuple[str, ...]] = {
-    "compute.admin": ("compute:*:*", "iam:*:*"),
-    "compute.operator": ("compute:*:*", "iam:*:list"),
-    "compute.member": (
-        "compute:system:*",
-        "compute:*:list",
-        "compute:*:get",
-        "compute:reservations:*",
-        "compute:instances:*",
-        "iam:*:list",
-    ),
-    "compute.viewer": ("compute:system:*", "compute:*:list", "compute:*:get", "iam:*:list"),
-    # For the service account of an api process whose RemoteIam asks a central IAM (bind it on the root scope).
-    "compute.authz-client": ("iam:authz:*",),
-}
+# capacity; a viewer reads; an authz client asks for decisions on behalf of another process. The viewer's and the
+# member's actions come from the methods' declarations (their ``access``), so a new read-only method is in the
+# viewer role without anyone listing it here.
+BUILTIN_ROLE_NAMES = ("compute.admin", "compute.operator", "compute.member", "compute.viewer", "compute.authz-client")
+
+
+class _Declared(Protocol):
+    def actions(self, *, access: Collection[str] | None = None) -> set[str]: ...
+
+
+def builtin_roles(registry: _Declared) -> dict[str, tuple[str, ...]]:
+    """The built-in roles' actions for the methods ``registry`` holds (``compute.registry``)."""
+    read = registry.actions(access=("open", "read"))
+    use = registry.actions(access=("use",))
+    iam_read = sorted(a for a in read if a.startswith("iam:"))
+    return {
+        "compute.admin": ("compute:*:*", "iam:*:*"),
+        "compute.operator": ("compute:*:*", *iam_read),
+        "compute.member": tuple(sorted(read | use)),
+        "compute.viewer": tuple(sorted(read)),
+        # For the service account of an api process whose RemoteIam asks a central IAM (bind it on the root scope).
+        "compute.authz-client": ("iam:authz:*",),
+    }
 
 
 def pattern_problem(pattern: str) -> str | None:

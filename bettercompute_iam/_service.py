@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 
-from bettercompute import CallContext
+from bettercompute import CallContext, method
 from bettercompute.errors import (
     AccessDeniedError,
     FailedPreconditionError,
@@ -17,7 +17,7 @@ from bettercompute.errors import (
     NotFoundError,
 )
 from bettercompute.paging import Keyset
-from bettercompute.ports import Identity, Transaction
+from bettercompute.ports import Identity, ResourceRef, Transaction
 
 from . import _credentials
 from ._pg import IamAdmin
@@ -61,6 +61,16 @@ _PRINCIPAL_PAGES: Keyset[Principal] = Keyset(dt.datetime, str, key=lambda p: (p.
 _CREDENTIAL_PAGES: Keyset[CredentialInfo] = Keyset(dt.datetime, str, key=lambda c: (c.created_at, c.id))
 _ROLE_PAGES: Keyset[Role] = Keyset(bool, dt.datetime, str, key=lambda r: (not r.builtin, r.created_at, r.id))
 _BINDING_PAGES: Keyset[Binding] = Keyset(dt.datetime, str, key=lambda b: (b.created_at, b.id))
+
+
+def _binding_scope(input: CreateBindingInput) -> ResourceRef:
+    # Who may hand out a scope: only a root-scope grant the root scope; a grant on the pool, on the input's tenant or
+    # on the root a pool (the handler then checks that the pool lies in a scope the caller holds).
+    if input.scope_type == "root":
+        return ResourceRef(type="binding")
+    if input.scope_type == "pool":
+        return ResourceRef(type="binding", tenant=input.tenant, pool=input.scope_id)
+    return ResourceRef(type="binding", tenant=input.tenant)
 
 
 def _new_id(prefix: str) -> str:
@@ -109,19 +119,16 @@ def _admin(call: CallContext) -> IamAdmin:
 # --- tenants ----------------------------------------------------------------------------------------------------
 
 
+@method(mutates=True, resource=lambda _: ResourceRef(type="tenant"))
 async def create_tenant(call: CallContext, input: CreateTenantInput) -> Tenant:
     """Create a tenant (needs a grant on the root scope)."""
-    store = call.context.store
-    async with store.transaction() as tx:
+    async with call.transaction() as tx:
         tenant = await _admin(call).create_tenant(tx, tenant_id=_new_id("tn"), name=input.name)
-        await tx.audit(
-            call.audit_record(
-                resource_type="tenant", resource_id=tenant.id, tenant=tenant.id, details={"name": tenant.name}
-            )
-        )
+        call.describe(resource_type="tenant", resource_id=tenant.id, tenant=tenant.id, details={"name": tenant.name})
     return tenant
 
 
+@method(mutates=False, resource=lambda _: ResourceRef(type="tenant"))
 async def list_tenants(call: CallContext, input: ListTenantsInput) -> ListTenantsOutput:
     """A page of every tenant, oldest first (needs a grant on the root scope).
 
@@ -138,23 +145,23 @@ async def list_tenants(call: CallContext, input: ListTenantsInput) -> ListTenant
 # --- principals -------------------------------------------------------------------------------------------------
 
 
+@method(mutates=True, resource=lambda i: ResourceRef(type="principal", tenant=i.tenant))
 async def create_principal(call: CallContext, input: CreatePrincipalInput) -> Principal:
     """Create a user or a service account in a tenant."""
-    async with call.context.store.transaction() as tx:
+    async with call.transaction() as tx:
         principal = await _admin(call).create_principal(
             tx, principal_id=_new_id("pr"), tenant=input.tenant, name=input.name, kind=input.kind
         )
-        await tx.audit(
-            call.audit_record(
-                resource_type="principal",
-                resource_id=principal.id,
-                tenant=input.tenant,
-                details={"name": principal.name, "kind": principal.kind},
-            )
+        call.describe(
+            resource_type="principal",
+            resource_id=principal.id,
+            tenant=input.tenant,
+            details={"name": principal.name, "kind": principal.kind},
         )
     return principal
 
 
+@method(mutates=False, resource=lambda i: ResourceRef(type="principal", tenant=i.tenant))
 async def list_principals(call: CallContext, input: ListPrincipalsInput) -> ListPrincipalsOutput:
     """A page of a tenant's principals, oldest first.
 
@@ -168,6 +175,7 @@ async def list_principals(call: CallContext, input: ListPrincipalsInput) -> List
     return ListPrincipalsOutput(principals=principals, next_cursor=next_cursor)
 
 
+@method(mutates=True, resource=lambda i: ResourceRef(type="principal", id=i.principal_id, tenant=i.tenant))
 async def disable_principal(call: CallContext, input: DisablePrincipalInput) -> Principal:
     """Disable a principal: its credentials stop working (in this process at once). Idempotent.
 
@@ -181,7 +189,7 @@ async def disable_principal(call: CallContext, input: DisablePrincipalInput) -> 
             "a principal cannot disable itself (lockout guard)", details={"path": "principal_id"}
         )
     admin = _admin(call)
-    async with call.context.store.transaction() as tx:
+    async with call.transaction() as tx:
         principal = await admin.lock_principal(tx, tenant=input.tenant, principal_id=input.principal_id, share=False)
         if principal is None:
             raise NotFoundError("no such principal in this tenant", details={"principal_id": input.principal_id})
@@ -195,10 +203,8 @@ async def disable_principal(call: CallContext, input: DisablePrincipalInput) -> 
                     details={"principal_id": principal.id},
                 )
             principal = await admin.disable_principal(tx, principal_id=principal.id)
-        await tx.audit(
-            call.audit_record(
-                resource_type="principal", resource_id=principal.id, tenant=input.tenant, details={"changed": changed}
-            )
+        call.describe(
+            resource_type="principal", resource_id=principal.id, tenant=input.tenant, details={"changed": changed}
         )
     # The credential cache is keyed by credential; dropping it all is cheap and certain.
     call.context.caches.invalidate(CREDENTIALS_CACHE, None)
@@ -209,6 +215,7 @@ async def disable_principal(call: CallContext, input: DisablePrincipalInput) -> 
 # --- credentials ------------------------------------------------------------------------------------------------
 
 
+@method(mutates=True, resource=lambda i: ResourceRef(type="credential", tenant=i.tenant), replayable=False)
 async def create_credential(call: CallContext, input: CreateCredentialInput) -> CreatedCredential:
     """Mint an API credential for a principal; the credential itself is in this answer only.
 
@@ -219,7 +226,7 @@ async def create_credential(call: CallContext, input: CreateCredentialInput) -> 
     """
     credential_id, credential, secret_hash = _credentials.mint()
     admin = _admin(call)
-    async with call.context.store.transaction() as tx:
+    async with call.transaction() as tx:
         principal = await admin.lock_principal(tx, tenant=input.tenant, principal_id=input.principal_id, share=True)
         if principal is None:
             raise NotFoundError("no such principal in this tenant", details={"principal_id": input.principal_id})
@@ -237,13 +244,11 @@ async def create_credential(call: CallContext, input: CreateCredentialInput) -> 
             expires_in_seconds=input.expires_in_seconds,
             description=input.description,
         )
-        await tx.audit(
-            call.audit_record(
-                resource_type="credential",
-                resource_id=info.id,
-                tenant=input.tenant,
-                details={"principal_id": principal.id, "expires_in_seconds": input.expires_in_seconds},
-            )
+        call.describe(
+            resource_type="credential",
+            resource_id=info.id,
+            tenant=input.tenant,
+            details={"principal_id": principal.id, "expires_in_seconds": input.expires_in_seconds},
         )
     return CreatedCredential(
         id=info.id,
@@ -254,6 +259,7 @@ async def create_credential(call: CallContext, input: CreateCredentialInput) -> 
     )
 
 
+@method(mutates=False, resource=lambda i: ResourceRef(type="credential", tenant=i.tenant))
 async def list_credentials(call: CallContext, input: ListCredentialsInput) -> ListCredentialsOutput:
     """List the credentials of a tenant, or of one of its principals (never a secret)."""
     scope = call.method.action
@@ -263,6 +269,7 @@ async def list_credentials(call: CallContext, input: ListCredentialsInput) -> Li
     return ListCredentialsOutput(credentials=credentials, next_cursor=next_cursor)
 
 
+@method(mutates=True, resource=lambda i: ResourceRef(type="credential", id=i.credential_id, tenant=i.tenant))
 async def revoke_credential(call: CallContext, input: RevokeCredentialInput) -> CredentialInfo:
     """Revoke a credential; this process refuses it at once, others within the authentication cache's time.
 
@@ -273,7 +280,7 @@ async def revoke_credential(call: CallContext, input: RevokeCredentialInput) -> 
         AccessDeniedError: the credential's principal holds grants the caller does not (see ``may_act_on``).
     """
     admin = _admin(call)
-    async with call.context.store.transaction() as tx:
+    async with call.transaction() as tx:
         owner = await admin.lock_credential(tx, tenant=input.tenant, credential_id=input.credential_id)
         if owner is None:
             raise NotFoundError("no such credential in this tenant", details={"credential_id": input.credential_id})
@@ -282,13 +289,11 @@ async def revoke_credential(call: CallContext, input: RevokeCredentialInput) -> 
         if revoked is None:
             raise NotFoundError("no such credential in this tenant", details={"credential_id": input.credential_id})
         info, changed = revoked
-        await tx.audit(
-            call.audit_record(
-                resource_type="credential",
-                resource_id=info.id,
-                tenant=input.tenant,
-                details={"principal_id": info.principal_id, "changed": changed},
-            )
+        call.describe(
+            resource_type="credential",
+            resource_id=info.id,
+            tenant=input.tenant,
+            details={"principal_id": info.principal_id, "changed": changed},
         )
     call.context.caches.invalidate(CREDENTIALS_CACHE, info.id)
     return info
@@ -297,6 +302,7 @@ async def revoke_credential(call: CallContext, input: RevokeCredentialInput) -> 
 # --- roles ------------------------------------------------------------------------------------------------------
 
 
+@method(mutates=True, resource=lambda i: ResourceRef(type="role", tenant=i.tenant))
 async def create_role(call: CallContext, input: CreateRoleInput) -> Role:
     """Create a custom role in a tenant from action patterns, each matching at least one registered action.
 
@@ -314,7 +320,7 @@ async def create_role(call: CallContext, input: CreateRoleInput) -> Role:
             "some action patterns are malformed or match no action",
             details={"path": "actions", "patterns": list(problems), "problems": list(problems.values())},
         )
-    async with call.context.store.transaction() as tx:
+    async with call.transaction() as tx:
         role = await _admin(call).create_role(
             tx,
             role_id=_new_id("ro"),
@@ -323,17 +329,16 @@ async def create_role(call: CallContext, input: CreateRoleInput) -> Role:
             actions=actions,
             description=input.description,
         )
-        await tx.audit(
-            call.audit_record(
-                resource_type="role",
-                resource_id=role.id,
-                tenant=input.tenant,
-                details={"name": role.name, "actions": list(role.actions)},
-            )
+        call.describe(
+            resource_type="role",
+            resource_id=role.id,
+            tenant=input.tenant,
+            details={"name": role.name, "actions": list(role.actions)},
         )
     return role
 
 
+@method(mutates=False, resource=lambda i: ResourceRef(type="role", tenant=i.tenant))
 async def list_roles(call: CallContext, input: ListRolesInput) -> ListRolesOutput:
     """List the built-in roles and the tenant's own."""
     scope = call.method.action
@@ -346,6 +351,7 @@ async def list_roles(call: CallContext, input: ListRolesInput) -> ListRolesOutpu
 # --- bindings ---------------------------------------------------------------------------------------------------
 
 
+@method(mutates=True, resource=_binding_scope)
 async def create_binding(call: CallContext, input: CreateBindingInput) -> Binding:
     """Give a role to a principal of the tenant on the root scope, the tenant, or a pool.
 
@@ -360,7 +366,7 @@ async def create_binding(call: CallContext, input: CreateBindingInput) -> Bindin
         raise AccessDeniedError("the caller is outside this tenant", details={"action": call.method.action})
     scope_id = input.tenant if input.scope_type == "tenant" else input.scope_id
     admin = _admin(call)
-    async with call.context.store.transaction() as tx:
+    async with call.transaction() as tx:
         actions = await admin.role_actions(tx, tenant=input.tenant, role=input.role)
         if actions is None:
             raise NotFoundError("no such role in this tenant", details={"path": "role", "role": input.role})
@@ -388,23 +394,22 @@ async def create_binding(call: CallContext, input: CreateBindingInput) -> Bindin
             scope_type=input.scope_type,
             scope_id=scope_id,
         )
-        await tx.audit(
-            call.audit_record(
-                resource_type="binding",
-                resource_id=binding.id,
-                tenant=input.tenant,
-                details={
-                    "principal_id": binding.principal_id,
-                    "role": binding.role,
-                    "scope_type": binding.scope_type,
-                    "scope_id": binding.scope_id,
-                },
-            )
+        call.describe(
+            resource_type="binding",
+            resource_id=binding.id,
+            tenant=input.tenant,
+            details={
+                "principal_id": binding.principal_id,
+                "role": binding.role,
+                "scope_type": binding.scope_type,
+                "scope_id": binding.scope_id,
+            },
         )
     call.context.caches.invalidate(GRANTS_CACHE, binding.principal_id)
     return binding
 
 
+@method(mutates=False, resource=lambda i: ResourceRef(type="binding", tenant=i.tenant))
 async def list_bindings(call: CallContext, input: ListBindingsInput) -> ListBindingsOutput:
     """List the bindings of a tenant's principals, or of one of them."""
     scope = call.method.action
@@ -414,6 +419,7 @@ async def list_bindings(call: CallContext, input: ListBindingsInput) -> ListBind
     return ListBindingsOutput(bindings=bindings, next_cursor=next_cursor)
 
 
+@method(mutates=True, resource=lambda i: ResourceRef(type="binding", id=i.binding_id, tenant=i.tenant))
 async def delete_binding(call: CallContext, input: DeleteBindingInput) -> DeleteBindingOutput:
     """Delete a binding.
 
@@ -424,7 +430,7 @@ async def delete_binding(call: CallContext, input: DeleteBindingInput) -> Delete
         FailedPreconditionError: the last root-scope ``compute.admin`` binding of an enabled principal.
     """
     admin = _admin(call)
-    async with call.context.store.transaction() as tx:
+    async with call.transaction() as tx:
         binding = await admin.lock_binding(tx, tenant=input.tenant, binding_id=input.binding_id)
         if binding is None:
             raise NotFoundError("no such binding in this tenant", details={"binding_id": input.binding_id})
@@ -441,13 +447,11 @@ async def delete_binding(call: CallContext, input: DeleteBindingInput) -> Delete
                 )
         await may_act_on(call, tx, binding.principal_id)
         await admin.delete_binding(tx, binding_id=binding.id)
-        await tx.audit(
-            call.audit_record(
-                resource_type="binding",
-                resource_id=binding.id,
-                tenant=input.tenant,
-                details={"principal_id": binding.principal_id, "role": binding.role, "scope_type": binding.scope_type},
-            )
+        call.describe(
+            resource_type="binding",
+            resource_id=binding.id,
+            tenant=input.tenant,
+            details={"principal_id": binding.principal_id, "role": binding.role, "scope_type": binding.scope_type},
         )
     call.context.caches.invalidate(GRANTS_CACHE, binding.principal_id)
     return DeleteBindingOutput(deleted=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any, Protocol, TypeVar
 
 import attrs
@@ -21,8 +21,8 @@ T = TypeVar("T")
 class Actions(Protocol):
     """What a module may read of the registry: the actions its methods check (``compute.registry`` has it all)."""
 
-    def actions(self) -> set[str]:
-        """The actions every registered method checks."""
+    def actions(self, *, access: Collection[str] | None = None) -> set[str]:
+        """The actions the registered methods check (only those of methods of the given ``access`` levels)."""
         ...
 
 

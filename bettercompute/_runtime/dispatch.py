@@ -7,7 +7,9 @@ Order matters and is the same on every path:
 3. tenant pre-check: a caller outside the input's tenant, and not in the root tenant, is refused before any
    database access (``ACCESS_DENIED``);
 4. one IAM decision on the method's action and resource (``ACCESS_DENIED``);
-5. the plugin chain, the handler innermost.
+5. with an idempotency key (mutating methods only): replay, conflict or reserve (see ``_runtime.idempotency``);
+6. the plugin chain, the handler innermost. A mutating call's audit row is written by its ``CallContext``: in the
+   handler's ``call.transaction()`` as it commits, or alone after the handler when it wrote through none.
 
 Anything that escapes as a non-``ComputeError`` becomes ``InternalError`` with an id the log line shares; neither
 the caller nor the log sees the exception's text, which may hold SQL or a secret.
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from bettercompute._runtime import codec as _codec
+from bettercompute._runtime import idempotency
 from bettercompute._runtime.declarations import Next, Plugin
 from bettercompute._runtime.registry import CallContext, MethodDef
 from bettercompute.errors import AccessDeniedError, ComputeError, InternalError, InvalidInputError, UnauthenticatedError
@@ -79,33 +82,77 @@ class Dispatcher:
         except Exception as exc:
             raise _internal(method, uuid.uuid4().hex, exc) from exc
 
-    async def run(self, method: MethodDef[Any, Any], identity: Identity | None, input: Any) -> tuple[Any, Any]:
-        """Steps 3 to 5, for an input already decoded; returns the handler's output object and its JSON value."""
+    async def run(
+        self, method: MethodDef[Any, Any], identity: Identity | None, input: Any, *, idempotency_key: str | None = None
+    ) -> tuple[Any, Any]:
+        """Steps 3 to 6, for an input already decoded; returns the handler's output object and its JSON value."""
         request_id = uuid.uuid4().hex
         try:
             decision = None
+            resource = method.resource(input)
             if identity is not None:
-                resource = method.resource(input)
                 if resource.tenant is not None and resource.tenant != identity.tenant_id and not identity.is_root:
                     raise AccessDeniedError("the caller is outside this tenant", details={"action": method.action})
                 decision = await self._iam.require(identity, method.action, resource)
             call = CallContext(
-                method=method, identity=identity, decision=decision, context=self._context, request_id=request_id
+                method=method,
+                identity=identity,
+                decision=decision,
+                context=self._context,
+                request_id=request_id,
+                resource=resource,
             )
-            output = await self._chain(call, input)
-            if not isinstance(output, method.output):
-                raise TypeError(f"{method!r} returned {type(output).__name__}, not {method.output.__name__}")
-            # Encoded here on both paths, so an output that cannot be sent fails the same way in-process and
-            # over HTTP, inside this error mapping.
-            return output, _codec.encode(output)
+            if idempotency_key is None or identity is None:
+                return await self._handle(call, input)
+            answer: list[Any] = []
+
+            async def handle() -> Any:
+                answer[:] = await self._handle(call, input)
+                return answer[1]
+
+            ran, wire = await idempotency.once(
+                self._context.store.idempotency,
+                identity=identity.principal_id,
+                key=idempotency_key,
+                request=idempotency.fingerprint(method.path, input, _codec.encode(input)),
+                replayable=method.replayable,
+                run=handle,
+            )
+            return (answer[0], wire) if ran else (_codec.decode(method.output, wire), wire)
         except ComputeError:
             raise
         except Exception as exc:
             raise _internal(method, request_id, exc) from exc
 
-    async def call(self, method: MethodDef[Any, Any], credential: str | None, input: Any) -> Any:
+    async def _handle(self, call: CallContext, input: Any) -> tuple[Any, Any]:
+        """The plugin chain and the handler; a mutating call that wrote nothing through ``call.transaction()`` has
+        its audit row written alone, so every mutating call leaves exactly one."""
+        method = call.method
+        output = await self._chain(call, input)
+        if not isinstance(output, method.output):
+            raise TypeError(f"{method!r} returned {type(output).__name__}, not {method.output.__name__}")
+        if method.mutates and not call.audited:
+            await call.audit_alone()
+        # Encoded here on both paths, so an output that cannot be sent fails the same way in-process and over HTTP,
+        # inside this error mapping.
+        return output, _codec.encode(output)
+
+    def _key(self, method: MethodDef[Any, Any], idempotency_key: str | None) -> str | None:
+        if idempotency_key is None:
+            return None
+        if not method.mutates:
+            raise InvalidInputError(
+                f"{method.group}.{method.name} changes nothing and takes no idempotency key",
+                details={"path": "Idempotency-Key", "reason": "not a mutating method"},
+            )
+        return idempotency.checked_key(idempotency_key)
+
+    async def call(
+        self, method: MethodDef[Any, Any], credential: str | None, input: Any, *, idempotency_key: str | None = None
+    ) -> Any:
         """The in-process path: validates ``input`` exactly as HTTP would, by the codec's round trip."""
         identity = await self.authenticate(method, credential)
+        key = self._key(method, idempotency_key)
         if not isinstance(input, method.input):
             raise InvalidInputError(
                 f"expected a {method.input.__name__}, got {type(input).__name__}",
@@ -116,12 +163,15 @@ class Dispatcher:
         except (TypeError, ValueError, AttributeError, RecursionError):
             raise InvalidInputError("the input holds a value of the wrong type", details={"path": ""}) from None
         decoded = _codec.decode(method.input, wire)
-        output, _ = await self.run(method, identity, decoded)
+        output, _ = await self.run(method, identity, decoded, idempotency_key=key)
         return output
 
-    async def call_json(self, method: MethodDef[Any, Any], credential: str | None, body: bytes) -> Any:
+    async def call_json(
+        self, method: MethodDef[Any, Any], credential: str | None, body: bytes, *, idempotency_key: str | None = None
+    ) -> Any:
         """The HTTP path: ``body`` is the raw request body (empty means ``{}``); returns a JSON value."""
         identity = await self.authenticate(method, credential)
+        key = self._key(method, idempotency_key)
         if body.strip():
             try:
                 parsed = json.loads(body)
@@ -130,5 +180,5 @@ class Dispatcher:
         else:
             parsed = {}
         decoded = _codec.decode(method.input, parsed)
-        _, wire = await self.run(method, identity, decoded)
+        _, wire = await self.run(method, identity, decoded, idempotency_key=key)
         return wire

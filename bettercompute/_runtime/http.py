@@ -113,7 +113,7 @@ def _credential(headers: Mapping[str, str]) -> str | None:
 
 
 # The request headers the app reads, each of which has one meaning only when it is given once.
-_SINGLE_HEADERS = frozenset({"authorization", "content-type", "content-length"})
+_SINGLE_HEADERS = frozenset({"authorization", "content-type", "content-length", "idempotency-key"})
 
 
 def _headers(raw: Any) -> tuple[dict[str, str], str | None]:
@@ -221,8 +221,9 @@ class HttpTransport:
         if len(request.body) > self._max_body:
             return self._too_large()
         credential = _credential(request.headers)
+        key = request.headers.get("idempotency-key")
         async with self._limiter:
-            data = await self._dispatcher.call_json(method, credential, request.body)
+            data = await self._dispatcher.call_json(method, credential, request.body, idempotency_key=key)
         return _json_response(200, {"data": data})
 
     def _too_large(self) -> Response:

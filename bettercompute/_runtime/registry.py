@@ -1,28 +1,39 @@
 """Methods declared once, and the registry that holds them.
 
-A group is a class; each method is a ``MethodDef`` attribute of it::
+A method is its handler, declared with ``@method``; the input and output types are read from the handler's
+annotations. A group is a class listing its methods::
+
+    @method(mutates=False, access="open")
+    async def version(call: CallContext, input: VersionInput) -> VersionOutput: ...
 
     class SystemGroup(GroupSpec[B]):
         name = "system"
-        version = MethodDef(input=VersionInput, output=VersionOutput, handler=_service.version, mutates=False)
+        version = version
 
-The same class gives typed access everywhere: ``compute.api.system.version`` is an ``ApiCall[VersionInput,
-VersionOutput]`` and ``client.system.version`` an ``AsyncClientCall`` of the same types, because ``MethodDef`` is a
-descriptor whose result depends on what the group instance is bound to.
+Everything else is derived from that declaration: the IAM action (``compute:<group>:<method>``), the module's
+action catalog, IAM's open-to-everyone set and its built-in viewer and member roles (from ``access``), whether the
+call is audited and takes an idempotency key (``mutates``), the OpenAPI document, and typed access:
+``compute.api.system.version`` is an ``ApiCall[VersionInput, VersionOutput]`` and ``client.system.version`` an
+``AsyncClientCall`` of the same types, because ``MethodDef`` is a descriptor whose result depends on what the group
+instance is bound to.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+import typing
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, overload
 
 import attrs
 
+from bettercompute._runtime.access import ACCESS_LEVELS, Access
 from bettercompute._runtime.codec import check_supported
 from bettercompute.errors import InvalidConfigError
 from bettercompute.paging import convention_problems
-from bettercompute.ports import AuditRecord, Decision, Identity, ResourceRef
+from bettercompute.ports import AuditRecord, Decision, Identity, ResourceRef, Transaction
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -32,17 +43,21 @@ __all__ = [
     "ApiCall",
     "AsyncClientBinding",
     "AsyncClientCall",
+    "Binds",
     "CallContext",
     "ClientBinding",
     "ClientCall",
+    "GroupSet",
     "GroupSpec",
     "MethodDef",
     "Registry",
+    "method",
 ]
 
 In = TypeVar("In")
 Out = TypeVar("Out")
 B = TypeVar("B")
+
 
 _NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 _ACTION = re.compile(r"^[a-z][a-z0-9]*:[a-z][a-z0-9-]*:[a-z][a-z0-9-]*$")
@@ -60,6 +75,8 @@ class MethodInfo(Protocol):
     @property
     def mutates(self) -> bool: ...
     @property
+    def access(self) -> Access: ...
+    @property
     def input(self) -> type[Any]: ...
     @property
     def output(self) -> type[Any]: ...
@@ -67,38 +84,92 @@ class MethodInfo(Protocol):
     def handler(self) -> Callable[[CallContext, Any], Awaitable[Any]]: ...
 
 
+@attrs.define
+class _Audit:
+    """What the call's audit row will say, and whether it was written."""
+
+    resource_type: str
+    resource_id: str | None
+    tenant: str | None
+    details: dict[str, Any] = attrs.field(factory=dict)
+    outcome: str = "ok"
+    written: bool = False
+
+
 @attrs.frozen(kw_only=True)
 class CallContext:
-    """What a handler gets besides its input: who called, the decision that allowed it, and the module context."""
+    """What a handler gets besides its input: who called, the decision that allowed it, and the module context.
+
+    A mutating method writes through ``transaction()``: the call's one audit row, carrying the IAM decision's id,
+    is written in that transaction as it commits, whatever the handler does; ``describe`` says what it records.
+    """
 
     method: MethodInfo
     identity: Identity | None
     decision: Decision | None
     context: ModuleContext
     request_id: str
+    resource: ResourceRef = attrs.field(factory=lambda: ResourceRef(type="unknown"))
+    _audit: _Audit = attrs.field(init=False)
 
-    def audit_record(
+    @_audit.default
+    def _first_audit(self) -> _Audit:
+        return _Audit(resource_type=self.resource.type, resource_id=self.resource.id, tenant=self.resource.tenant)
+
+    def describe(
         self,
         *,
-        resource_type: str,
-        resource_id: str | None,
-        tenant: str | None,
+        resource_type: str | None = None,
+        resource_id: str | None = None,
+        tenant: str | None = None,
         details: Mapping[str, Any] | None = None,
-        outcome: str = "ok",
-    ) -> AuditRecord:
-        """The audit row of this call's mutation, carrying the id of the one decision that allowed it.
+        outcome: str | None = None,
+    ) -> None:
+        """What this call's audit row records (by default the resource the action was decided on)."""
+        audit = self._audit
+        if resource_type is not None:
+            audit.resource_type = resource_type
+        if resource_id is not None:
+            audit.resource_id = resource_id
+        if tenant is not None:
+            audit.tenant = tenant
+        if details is not None:
+            audit.details = dict(details)
+        if outcome is not None:
+            audit.outcome = outcome
 
-        Write it with ``Transaction.audit`` in the transaction that makes the change.
-        """
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """A transaction of the store. For a mutating method, the first one to commit carries the call's audit row."""
+        async with self.context.store.transaction() as tx:
+            yield tx
+            if self.method.mutates and not self._audit.written:
+                await tx.audit(self.audit_record())
+                self._audit.written = True
+
+    @property
+    def audited(self) -> bool:
+        """Whether the call's audit row was written."""
+        return self._audit.written
+
+    async def audit_alone(self) -> None:
+        """Write the audit row in a transaction of its own, for a mutating handler that made none (the dispatcher
+        calls it after such a handler returned)."""
+        async with self.transaction():
+            pass
+
+    def audit_record(self) -> AuditRecord:
+        """The audit row of this call, carrying the id of the one decision that allowed it."""
+        audit = self._audit
         return AuditRecord(
             action=self.method.action,
             actor=self.identity.principal_id if self.identity else "anonymous",
-            tenant=tenant,
-            resource_type=resource_type,
-            resource_id=resource_id,
+            tenant=audit.tenant,
+            resource_type=audit.resource_type,
+            resource_id=audit.resource_id,
             decision_id=self.decision.id if self.decision else None,
-            outcome=outcome,
-            details=dict(details or {}),
+            outcome=audit.outcome,
+            details=dict(audit.details),
         )
 
 
@@ -118,19 +189,25 @@ class ClientBinding:
 
 
 class _ApiBinder(Protocol):
-    async def call(self, method: MethodDef[Any, Any], credential: str | None, input: Any) -> Any: ...
+    async def call(
+        self, method: MethodDef[Any, Any], credential: str | None, input: Any, *, idempotency_key: str | None = None
+    ) -> Any: ...
 
 
 class _AsyncClientBinder(Protocol):
-    async def call(self, method: MethodDef[Any, Any], input: Any) -> Any: ...
+    async def call(self, method: MethodDef[Any, Any], input: Any, *, idempotency_key: str | None = None) -> Any: ...
 
 
 class _ClientBinder(Protocol):
-    def call(self, method: MethodDef[Any, Any], input: Any) -> Any: ...
+    def call(self, method: MethodDef[Any, Any], input: Any, *, idempotency_key: str | None = None) -> Any: ...
 
 
 class ApiCall(Generic[In, Out]):
-    """A method of the in-process ``api``: ``await call(credential, input)``."""
+    """A method of the in-process ``api``: ``await call(credential, input)``.
+
+    A mutating method takes ``idempotency_key=``: a retry with the same key and the same input replays the first
+    answer instead of doing it again (see ``Dispatcher``).
+    """
 
     __slots__ = ("_binder", "method")
 
@@ -138,8 +215,8 @@ class ApiCall(Generic[In, Out]):
         self._binder = binder
         self.method = method
 
-    async def __call__(self, credential: str | None, input: In) -> Out:
-        result: Out = await self._binder.call(self.method, credential, input)
+    async def __call__(self, credential: str | None, input: In, *, idempotency_key: str | None = None) -> Out:
+        result: Out = await self._binder.call(self.method, credential, input, idempotency_key=idempotency_key)
         return result
 
 
@@ -152,8 +229,8 @@ class AsyncClientCall(Generic[In, Out]):
         self._binder = binder
         self.method = method
 
-    async def __call__(self, input: In | None = None) -> Out:
-        result: Out = await self._binder.call(self.method, input)
+    async def __call__(self, input: In | None = None, *, idempotency_key: str | None = None) -> Out:
+        result: Out = await self._binder.call(self.method, input, idempotency_key=idempotency_key)
         return result
 
 
@@ -166,8 +243,8 @@ class ClientCall(Generic[In, Out]):
         self._binder = binder
         self.method = method
 
-    def __call__(self, input: In | None = None) -> Out:
-        result: Out = self._binder.call(self.method, input)
+    def __call__(self, input: In | None = None, *, idempotency_key: str | None = None) -> Out:
+        result: Out = self._binder.call(self.method, input, idempotency_key=idempotency_key)
         return result
 
 
@@ -189,7 +266,13 @@ class MethodDef(Generic[In, Out]):
         action: The IAM action; ``<prefix>:<group>:<method>`` when left out.
         resource: Finds the resource the action is checked on (and its tenant, for the tenant pre-check).
         summary: One line for OpenAPI, the CLI and MCP.
-        authenticated: ``False`` only for methods anyone may call (none so far).
+        authenticated: ``False`` only for methods anyone may call, even without a credential (none so far).
+        access: Who may call it (see ``Access``); ``read`` for a method that does not mutate, else ``manage``.
+        replayable: ``False`` when the output holds a one-time secret: an idempotent retry is then told the call
+            succeeded before (``CONFLICT``, with the resource's ``id``) instead of getting the secret again, which is
+            never stored.
+
+    Declare methods with ``@method`` on the handler rather than with this class directly.
 
     Raises:
         InvalidConfigError: at declaration, for a type the codec cannot handle or a malformed action.
@@ -206,6 +289,8 @@ class MethodDef(Generic[In, Out]):
         resource: Callable[[In], ResourceRef] | None = None,
         summary: str = "",
         authenticated: bool = True,
+        access: Access | None = None,
+        replayable: bool = True,
     ) -> None:
         check_supported(input, "the input type")
         check_supported(output, "the output type")
@@ -221,6 +306,14 @@ class MethodDef(Generic[In, Out]):
         self._resource = resource
         self.summary = summary or (handler.__doc__ or "").strip().split("\n")[0]
         self.authenticated = authenticated
+        chosen = access if access is not None else ("manage" if mutates else "read")
+        if chosen not in ACCESS_LEVELS or (mutates and chosen in ("open", "read")):
+            raise InvalidConfigError(
+                f"access {chosen!r} does not fit a method that {'mutates' if mutates else 'only reads'}",
+                details={"problems": [handler.__qualname__]},
+            )
+        self.access: Access = chosen
+        self.replayable = replayable
         self.attr = ""
         self.name = ""
         self.group = ""
@@ -276,7 +369,63 @@ class MethodDef(Generic[In, Out]):
         return f"<method {self.group}.{self.name}>"
 
 
-_DECLARED: dict[str, type[GroupSpec[Any]]] = {}
+class _Declare(Protocol):
+    def __call__(self, handler: Handler[In, Out], /) -> MethodDef[In, Out]: ...
+
+
+def method(
+    *,
+    mutates: bool,
+    access: Access | None = None,
+    resource: Callable[[Any], ResourceRef] | None = None,
+    action: str | None = None,
+    summary: str = "",
+    replayable: bool = True,
+) -> _Declare:
+    """Declare a handler ``async (call: CallContext, input: In) -> Out`` as a method; list it in a ``GroupSpec``.
+
+    The input and output types are the handler's annotations. See ``MethodDef`` for the arguments.
+
+    Raises:
+        InvalidConfigError: the handler does not take ``(call, input)`` or its annotations are not attrs classes.
+    """
+
+    def declare(handler: Handler[In, Out], /) -> MethodDef[In, Out]:
+        input, output = _annotated_types(handler)
+        return MethodDef(
+            input=input,
+            output=output,
+            handler=handler,
+            mutates=mutates,
+            access=access,
+            resource=resource,
+            action=action,
+            summary=summary,
+            replayable=replayable,
+        )
+
+    return declare
+
+
+def _annotated_types(handler: Callable[..., Any]) -> tuple[type[Any], type[Any]]:
+    """The input and output classes a handler is annotated with."""
+    where = getattr(handler, "__qualname__", repr(handler))
+    parameters = list(inspect.signature(handler).parameters.values())
+    try:
+        hints = typing.get_type_hints(handler)
+    except Exception as exc:  # a name the annotations use that is imported only for type checkers
+        raise InvalidConfigError(
+            f"{where}: its annotations cannot be resolved at run time", details={"problems": [where]}
+        ) from exc
+    if len(parameters) != 2 or parameters[1].name not in hints or "return" not in hints:
+        raise InvalidConfigError(
+            f"{where}: a method's handler takes (call, input) and annotates the input and the return type",
+            details={"problems": [where]},
+        )
+    input, output = hints[parameters[1].name], hints["return"]
+    if not (isinstance(input, type) and isinstance(output, type)):
+        raise InvalidConfigError(f"{where}: input and output must be classes", details={"problems": [where]})
+    return input, output
 
 
 class GroupSpec(Generic[B]):
@@ -306,7 +455,6 @@ class GroupSpec(Generic[B]):
         cls.methods = methods
         if not cls.description:
             cls.description = (cls.__doc__ or "").strip().split("\n")[0]
-        _DECLARED[cls.attr()] = cls
 
     @classmethod
     def attr(cls) -> str:
@@ -318,9 +466,53 @@ class GroupSpec(Generic[B]):
         self._call_type = call_type
 
 
-def declared_group(attr: str) -> type[GroupSpec[Any]] | None:
-    """A group class declared anywhere in this process, by attribute name (used by the HTTP clients)."""
-    return _DECLARED.get(attr)
+B_co = TypeVar("B_co", covariant=True)
+
+
+class Binds(Protocol[B_co]):
+    """Something groups can be bound to: the in-process ``api`` or an HTTP client."""
+
+    def binding(self) -> type[B_co]:
+        """The binding marker (``ApiBinding``, ``AsyncClientBinding``, ``ClientBinding``)."""
+        ...
+
+    def binder(self) -> tuple[Any, type[Any]]:
+        """The object that makes the calls, and the call class (``ApiCall``, ...)."""
+        ...
+
+
+class GroupSet(Generic[B]):
+    """Typed access to several groups at once: subclass it with one annotation per group, then bind it.
+
+    ::
+
+        class IamGroups(GroupSet[B]):
+            tenants: TenantsGroup[B]
+
+        await IamGroups(compute.api).tenants.create(credential, CreateTenantInput(name="acme"))
+        await IamGroups(client).tenants.create(CreateTenantInput(name="acme"))
+
+    ``compute.api`` and the clients are group sets of the built-in groups themselves. A group that is not
+    registered on the control plane answers its calls with ``NOT_FOUND``, as an unknown path does over HTTP.
+    """
+
+    def __init__(self, target: Binds[B]) -> None:
+        binder, call_type = target.binder()
+        for attr, spec in type(self).group_specs().items():
+            setattr(self, attr, spec(binder, call_type))
+
+    @classmethod
+    def group_specs(cls) -> dict[str, type[GroupSpec[Any]]]:
+        """The annotated groups, by attribute name."""
+        specs: dict[str, type[GroupSpec[Any]]] = {}
+        for klass in reversed(cls.__mro__):
+            if not (isinstance(klass, type) and issubclass(klass, GroupSet)):
+                continue
+            for attr, hint in typing.get_type_hints(klass).items():
+                origin = typing.get_origin(hint) or hint
+                if isinstance(origin, type) and issubclass(origin, GroupSpec):
+                    specs[attr] = origin
+        return specs
 
 
 @attrs.frozen(kw_only=True)
@@ -392,6 +584,6 @@ class Registry:
             for name in sorted(spec.methods):
                 yield spec.methods[name]
 
-    def actions(self) -> set[str]:
-        """The actions the registered methods check."""
-        return {m.action for m in self.methods()}
+    def actions(self, *, access: Collection[str] | None = None) -> set[str]:
+        """The actions the registered methods check (only those of methods of the given ``access`` levels)."""
+        return {m.action for m in self.methods() if access is None or m.access in access}

@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 
 import attrs
 
-from bettercompute._runtime.registry import CallContext, GroupSpec, MethodDef
+from bettercompute._runtime.registry import CallContext, GroupSpec, method
 from bettercompute.errors import FailedPreconditionError, NotFoundError
 from bettercompute.fields import Text
 from bettercompute.modules.nodes._ca import CertificateAuthority
@@ -162,6 +162,16 @@ async def _existing(call: CallContext, node_id: str) -> NodeRecord:
 _NODE_PAGES: Keyset[Node] = Keyset(dt.datetime, str, key=lambda n: (n.created_at, n.id))
 
 
+def _tenant(input: Any) -> ResourceRef:
+    return ResourceRef(type=NODE, tenant=input.tenant, pool=input.pool_id)
+
+
+def _by_id(input: Any) -> ResourceRef:
+    # Projected with its tenant and pool at the join.
+    return ResourceRef(type=NODE, id=input.id)
+
+
+@method(mutates=False, resource=_tenant)
 async def list_nodes(call: CallContext, input: ListNodesInput) -> ListNodesOutput:
     """A page of a tenant's nodes (of one pool), oldest first.
 
@@ -177,6 +187,7 @@ async def list_nodes(call: CallContext, input: ListNodesInput) -> ListNodesOutpu
     return ListNodesOutput(nodes=nodes, next_cursor=next_cursor)
 
 
+@method(mutates=False, resource=_by_id)
 async def get_node(call: CallContext, input: GetNodeInput) -> Node:
     """A node by id.
 
@@ -186,6 +197,7 @@ async def get_node(call: CallContext, input: GetNodeInput) -> Node:
     return _node(await _existing(call, input.id))
 
 
+@method(mutates=True, resource=_by_id)
 async def revoke_node(call: CallContext, input: RevokeNodeInput) -> RevokedNode:
     """Revoke every certificate of a node.
 
@@ -194,19 +206,18 @@ async def revoke_node(call: CallContext, input: RevokeNodeInput) -> RevokedNode:
     """
     record = await _existing(call, input.id)
     ca = _ca(call)
-    async with call.context.store.transaction() as tx:
+    async with call.transaction() as tx:
         revoked = await ca.revoke_spiffe_id(ca.spiffe_id(record.id), reason=input.reason, tx=tx)
-        await tx.audit(
-            call.audit_record(
-                resource_type=NODE,
-                resource_id=record.id,
-                tenant=record.tenant,
-                details={"reason": input.reason, "serials": list(revoked.serials)},
-            )
+        call.describe(
+            resource_type=NODE,
+            resource_id=record.id,
+            tenant=record.tenant,
+            details={"reason": input.reason, "serials": list(revoked.serials)},
         )
     return RevokedNode(node=_node(record), serials=revoked.serials)
 
 
+@method(mutates=True, resource=_by_id)
 async def retire_handler(call: CallContext, input: RetireNodeInput) -> Node:
     """Retire a node for good and revoke its certificates.
 
@@ -214,33 +225,20 @@ async def retire_handler(call: CallContext, input: RetireNodeInput) -> Node:
         NotFoundError: there is no such node.
     """
     ca = _ca(call)
-    async with call.context.store.transaction() as tx:
+    async with call.transaction() as tx:
         record = await retire_node(tx, call.context.store, ca, input.id, reason=input.reason)
-        await tx.audit(
-            call.audit_record(
-                resource_type=NODE, resource_id=record.id, tenant=record.tenant, details={"reason": input.reason}
-            )
-        )
+        call.describe(resource_type=NODE, resource_id=record.id, tenant=record.tenant, details={"reason": input.reason})
     return _node(record)
-
-
-def _tenant(input: Any) -> ResourceRef:
-    return ResourceRef(type=NODE, tenant=input.tenant, pool=input.pool_id)
-
-
-def _by_id(input: Any) -> ResourceRef:
-    # Projected with its tenant and pool at the join.
-    return ResourceRef(type=NODE, id=input.id)
 
 
 class NodesGroup(GroupSpec[B]):
     """Joined machines: list, get, revoke their identity, retire them."""
 
     name = "nodes"
-    list = MethodDef(input=ListNodesInput, output=ListNodesOutput, handler=list_nodes, mutates=False, resource=_tenant)
-    get = MethodDef(input=GetNodeInput, output=Node, handler=get_node, mutates=False, resource=_by_id)
-    revoke = MethodDef(input=RevokeNodeInput, output=RevokedNode, handler=revoke_node, mutates=True, resource=_by_id)
-    retire = MethodDef(input=RetireNodeInput, output=Node, handler=retire_handler, mutates=True, resource=_by_id)
+    list = list_nodes
+    get = get_node
+    revoke = revoke_node
+    retire = retire_handler
 
 
 ACTIONS = tuple(sorted(m.action for m in NodesGroup.methods.values()))

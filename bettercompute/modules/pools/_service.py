@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from bettercompute._runtime.registry import CallContext
+from bettercompute._runtime.registry import CallContext, method
 from bettercompute.errors import NotFoundError
 from bettercompute.modules._tenants import require_tenant
 from bettercompute.modules.nodes._tokens import JoinSettings, new_token
@@ -40,6 +40,22 @@ from bettercompute.ports import JoinTokenRecord, PoolRecord, ResourceRef
 
 POOL = "pool"
 JOIN_TOKEN = "join-token"  # noqa: S105 - a resource type, not a secret
+
+
+def _in_tenant(input: Any) -> ResourceRef:
+    # Inputs naming a tenant: the core's pre-check refuses another tenant's caller before the database.
+    return ResourceRef(type=POOL, tenant=input.tenant)
+
+
+def _on_pool(input: Any) -> ResourceRef:
+    # The pool's projection row decides its tenant and pool (a pool not projected only passes a root-scope grant).
+    pool_id = getattr(input, "pool_id", None) or input.id
+    return ResourceRef(type=POOL, id=pool_id, pool=pool_id)
+
+
+def _on_token(input: Any) -> ResourceRef:
+    # Projected with its pool at create: decided on the token's pool, as create and list are.
+    return ResourceRef(type=JOIN_TOKEN, id=input.id)
 
 
 def _pool(record: PoolRecord) -> Pool:
@@ -132,6 +148,7 @@ async def _pins(call: CallContext) -> tuple[str | None, str | None]:
 # --- pools ------------------------------------------------------------------------------------------------------
 
 
+@method(mutates=True, resource=_in_tenant)
 async def create_pool(call: CallContext, input: CreatePoolInput) -> Pool:
     """Create a pool in a tenant.
 
@@ -141,7 +158,7 @@ async def create_pool(call: CallContext, input: CreatePoolInput) -> Pool:
     """
     store = call.context.store
     pool_id = f"pool_{secrets.token_hex(8)}"
-    async with store.transaction() as tx:
+    async with call.transaction() as tx:
         await require_tenant(tx, input.tenant)
         record = await store.pools.create(
             tx,
@@ -153,13 +170,11 @@ async def create_pool(call: CallContext, input: CreatePoolInput) -> Pool:
             labels=input.labels,
         )
         await tx.project(ResourceRef(type=POOL, id=pool_id, tenant=input.tenant, pool=pool_id))
-        await tx.audit(
-            call.audit_record(
-                resource_type=POOL,
-                resource_id=pool_id,
-                tenant=input.tenant,
-                details={"name": input.name, "pool_class": input.pool_class},
-            )
+        call.describe(
+            resource_type=POOL,
+            resource_id=pool_id,
+            tenant=input.tenant,
+            details={"name": input.name, "pool_class": input.pool_class},
         )
     return _pool(record)
 
@@ -169,6 +184,7 @@ _POOL_PAGES: Keyset[Pool] = Keyset(dt.datetime, str, key=lambda p: (p.created_at
 _TOKEN_PAGES: Keyset[JoinToken] = Keyset(dt.datetime, str, key=lambda t: (t.created_at, t.id))
 
 
+@method(mutates=False, resource=_in_tenant)
 async def list_pools(call: CallContext, input: ListPoolsInput) -> ListPoolsOutput:
     """A page of a tenant's pools, oldest first.
 
@@ -189,6 +205,7 @@ async def _existing_pool(call: CallContext, pool_id: str) -> PoolRecord:
     return record
 
 
+@method(mutates=False, resource=_on_pool)
 async def get_pool(call: CallContext, input: GetPoolInput) -> Pool:
     """A pool by id.
 
@@ -198,6 +215,7 @@ async def get_pool(call: CallContext, input: GetPoolInput) -> Pool:
     return _pool(await _existing_pool(call, input.id))
 
 
+@method(mutates=True, resource=_on_pool)
 async def update_pool(call: CallContext, input: UpdatePoolInput) -> Pool:
     """Rename a pool, or replace its acceptance checks or labels.
 
@@ -206,24 +224,21 @@ async def update_pool(call: CallContext, input: UpdatePoolInput) -> Pool:
         ConflictError: another pool of the tenant has the new name.
     """
     store = call.context.store
-    async with store.transaction() as tx:
+    async with call.transaction() as tx:
         record = await store.pools.update(
             tx, id=input.id, name=input.name, acceptance_checks=input.acceptance_checks, labels=input.labels
         )
         if record is None:
             raise NotFoundError("no such pool", details={"id": input.id})
         changed = [f for f in ("name", "acceptance_checks", "labels") if getattr(input, f) is not None]
-        await tx.audit(
-            call.audit_record(
-                resource_type=POOL, resource_id=input.id, tenant=record.tenant, details={"changed": changed}
-            )
-        )
+        call.describe(resource_type=POOL, resource_id=input.id, tenant=record.tenant, details={"changed": changed})
     return _pool(record)
 
 
 # --- join tokens ------------------------------------------------------------------------------------------------
 
 
+@method(mutates=True, resource=_on_pool, replayable=False)
 async def create_token(call: CallContext, input: CreateJoinTokenInput) -> CreatedJoinToken:
     """Mint a join token for a pool; the token is in this answer only (only its secret's hash is stored).
 
@@ -236,7 +251,7 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
     token_id, token, secret_hash = new_token()
     expires_at = context.clock.now() + dt.timedelta(seconds=input.expires_in_seconds)
     expect = {k: v for k, v in attrs.asdict(input.expect).items() if v is not None}
-    async with context.store.transaction() as tx:
+    async with call.transaction() as tx:
         # A pool written before tenants were checked may name one that does not exist: mint nothing for it.
         await require_tenant(tx, pool.tenant)
         record = await context.store.join_tokens.create(
@@ -252,13 +267,11 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
             created_by=call.identity.principal_id if call.identity else None,
         )
         await tx.project(ResourceRef(type=JOIN_TOKEN, id=token_id, tenant=pool.tenant, pool=pool.id))
-        await tx.audit(
-            call.audit_record(
-                resource_type=JOIN_TOKEN,
-                resource_id=token_id,
-                tenant=pool.tenant,
-                details={"pool_id": pool.id, "uses": input.uses, "expires_at": expires_at.isoformat()},
-            )
+        call.describe(
+            resource_type=JOIN_TOKEN,
+            resource_id=token_id,
+            tenant=pool.tenant,
+            details={"pool_id": pool.id, "uses": input.uses, "expires_at": expires_at.isoformat()},
         )
     return CreatedJoinToken(
         id=record.id,
@@ -274,6 +287,7 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
     )
 
 
+@method(mutates=False, resource=_on_pool)
 async def list_tokens(call: CallContext, input: ListJoinTokensInput) -> ListJoinTokensOutput:
     """A page of a pool's join tokens, newest first, without secrets.
 
@@ -290,6 +304,7 @@ async def list_tokens(call: CallContext, input: ListJoinTokensInput) -> ListJoin
     return ListJoinTokensOutput(tokens=tokens, next_cursor=next_cursor)
 
 
+@method(mutates=False, resource=_on_token)
 async def get_token(call: CallContext, input: GetJoinTokenInput) -> JoinToken:
     """A join token by id, without its secret, with its state.
 
@@ -302,6 +317,7 @@ async def get_token(call: CallContext, input: GetJoinTokenInput) -> JoinToken:
     return _token(record, call.context.clock.now())
 
 
+@method(mutates=True, resource=_on_token)
 async def revoke_token(call: CallContext, input: RevokeJoinTokenInput) -> JoinToken:
     """End a join token now; joins with it are refused from then on.
 
@@ -309,16 +325,14 @@ async def revoke_token(call: CallContext, input: RevokeJoinTokenInput) -> JoinTo
         NotFoundError: there is no such token.
     """
     store = call.context.store
-    async with store.transaction() as tx:
+    async with call.transaction() as tx:
         record = await store.join_tokens.revoke(tx, input.id)
         if record is None:
             raise NotFoundError("no such join token", details={"id": input.id})
-        await tx.audit(
-            call.audit_record(
-                resource_type=JOIN_TOKEN,
-                resource_id=input.id,
-                tenant=record.tenant,
-                details={"pool_id": record.pool_id},
-            )
+        call.describe(
+            resource_type=JOIN_TOKEN,
+            resource_id=input.id,
+            tenant=record.tenant,
+            details={"pool_id": record.pool_id},
         )
     return _token(record, call.context.clock.now())

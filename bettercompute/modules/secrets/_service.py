@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import secrets as _random
+from typing import Any
 
-from bettercompute._runtime.registry import CallContext
+from bettercompute._runtime.registry import CallContext, method
 from bettercompute.errors import InternalError, NotFoundError
 from bettercompute.modules._tenants import require_tenant
 from bettercompute.modules.secrets._schemas import (
@@ -16,7 +17,12 @@ from bettercompute.modules.secrets._schemas import (
     Secret,
 )
 from bettercompute.paging import Keyset
-from bettercompute.ports import Kms, SecretRecord
+from bettercompute.ports import Kms, ResourceRef, SecretRecord
+
+
+def _tenant(input: Any) -> ResourceRef:
+    # Every input names its tenant: the core's pre-check refuses another tenant's caller before the database.
+    return ResourceRef(type="secret", id=getattr(input, "name", None), tenant=input.tenant)
 
 
 def value_context(tenant: str, name: str) -> str:
@@ -48,6 +54,7 @@ def _scope_not_found(kind: str) -> NotFoundError:
     return NotFoundError(f"the scope names no {kind} of this tenant", details={"path": "scope"})
 
 
+@method(mutates=True, resource=_tenant)
 async def create(call: CallContext, input: CreateSecretInput) -> Secret:
     """Seal the value through the KMS and store it; returns the metadata only.
 
@@ -81,7 +88,7 @@ async def create(call: CallContext, input: CreateSecretInput) -> Secret:
         sealed_value=sealed,
         created_at=context.clock.now(),
     )
-    async with context.store.transaction() as tx:
+    async with call.transaction() as tx:
         await require_tenant(tx, input.tenant)
         if kind == "node":
             # Read in this transaction: a second pooled connection while this one is held could exhaust the pool.
@@ -89,13 +96,11 @@ async def create(call: CallContext, input: CreateSecretInput) -> Secret:
             if node is None or node.tenant != input.tenant:
                 raise _scope_not_found(kind)
         stored = await context.store.secrets.create(tx, record)
-        await tx.audit(
-            call.audit_record(
-                resource_type="secret",
-                resource_id=stored.id,
-                tenant=input.tenant,
-                details={"name": input.name, "scope": input.scope},
-            )
+        call.describe(
+            resource_type="secret",
+            resource_id=stored.id,
+            tenant=input.tenant,
+            details={"name": input.name, "scope": input.scope},
         )
     return metadata(stored)
 
@@ -104,6 +109,7 @@ async def create(call: CallContext, input: CreateSecretInput) -> Secret:
 _SECRET_PAGES: Keyset[Secret] = Keyset(str, key=lambda s: (s.name,))
 
 
+@method(mutates=False, resource=_tenant)
 async def list_secrets(call: CallContext, input: ListSecretsInput) -> ListSecretsOutput:
     """A page of the tenant's secrets, by name (never a value).
 
@@ -117,6 +123,7 @@ async def list_secrets(call: CallContext, input: ListSecretsInput) -> ListSecret
     return ListSecretsOutput(secrets=secrets, next_cursor=next_cursor)
 
 
+@method(mutates=True, resource=_tenant)
 async def delete(call: CallContext, input: DeleteSecretInput) -> DeleteSecretOutput:
     """Delete a secret by name.
 
@@ -124,16 +131,14 @@ async def delete(call: CallContext, input: DeleteSecretInput) -> DeleteSecretOut
         NotFoundError: the tenant has no secret of this name.
     """
     store = call.context.store
-    async with store.transaction() as tx:
+    async with call.transaction() as tx:
         deleted = await store.secrets.delete(tx, tenant=input.tenant, name=input.name)
         if deleted is None:
             raise NotFoundError("no secret of this name in this tenant", details={"name": input.name})
-        await tx.audit(
-            call.audit_record(
-                resource_type="secret",
-                resource_id=deleted.id,
-                tenant=input.tenant,
-                details={"name": deleted.name, "scope": deleted.scope},
-            )
+        call.describe(
+            resource_type="secret",
+            resource_id=deleted.id,
+            tenant=input.tenant,
+            details={"name": deleted.name, "scope": deleted.scope},
         )
     return DeleteSecretOutput(deleted=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bettercompute._runtime.registry import CallContext
+from bettercompute._runtime.registry import CallContext, method
 from bettercompute._version import __version__
 from bettercompute.modules.system._schemas import (
     HealthInput,
@@ -15,12 +15,14 @@ from bettercompute.modules.system._schemas import (
 )
 
 
+@method(mutates=False, access="open")
 async def version(call: CallContext, _: VersionInput) -> VersionOutput:
     """The version of the core and of every module."""
     modules = tuple(ModuleVersion(name=name, version=v) for name, v in call.context.module_versions)
     return VersionOutput(version=__version__, modules=modules)
 
 
+@method(mutates=False, access="open")
 async def whoami(call: CallContext, _: WhoamiInput) -> WhoamiOutput:
     """Who the credential belongs to."""
     identity = call.identity
@@ -35,6 +37,7 @@ async def whoami(call: CallContext, _: WhoamiInput) -> WhoamiOutput:
     )
 
 
+@method(mutates=False, access="open")
 async def health(call: CallContext, _: HealthInput) -> HealthOutput:
     """Read-only health checks of this process and its dependencies."""
     return await call.context.self_check()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx
 
-from bettercompute._runtime.registry import CallContext
+from bettercompute._runtime.registry import CallContext, method
 from bettercompute._runtime.workers import SINKS_POKE, notify_work
 from bettercompute._version import __version__
 from bettercompute.errors import ComputeError, InternalError, InvalidInputError, NotFoundError
@@ -54,7 +54,15 @@ from bettercompute.modules.webhooks._signing import (
     signature_header,
 )
 from bettercompute.paging import Keyset
-from bettercompute.ports import DeliveryOutcome, DueDelivery, Kms, StoredEvent, WebhookDelivery, WebhookSubscription
+from bettercompute.ports import (
+    DeliveryOutcome,
+    DueDelivery,
+    Kms,
+    ResourceRef,
+    StoredEvent,
+    WebhookDelivery,
+    WebhookSubscription,
+)
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -63,6 +71,11 @@ log = logging.getLogger("bettercompute.webhooks")
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - the prefix of generated secrets, not a secret
 TEST_EVENT = "webhook.test"
+
+
+def _tenant(input: Any) -> ResourceRef:
+    # Every input names its tenant: the core's pre-check refuses another tenant's caller before the database.
+    return ResourceRef(type="webhook", id=getattr(input, "id", None), tenant=input.tenant)
 
 
 def secret_context(tenant: str, subscription_id: str) -> str:
@@ -128,6 +141,7 @@ def _url_refused(problem: str) -> InvalidInputError:
     return InvalidInputError(f"url: {problem}", details={"path": "url", "reason": problem})
 
 
+@method(mutates=True, resource=_tenant, replayable=False)
 async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook:
     """Subscribe a URL to the tenant's events; the signing secret is in this answer only.
 
@@ -154,7 +168,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     sealed = await _kms(context.kms).encrypt(secret.encode(), context=secret_context(input.tenant, subscription_id))
     event_types = tuple(dict.fromkeys(input.event_types))
-    async with context.store.transaction() as tx:
+    async with call.transaction() as tx:
         await require_tenant(tx, input.tenant)
         subscription = await context.store.webhooks.create(
             tx,
@@ -165,13 +179,11 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
             description=input.description,
             sealed_secret=sealed,
         )
-        await tx.audit(
-            call.audit_record(
-                resource_type="webhook",
-                resource_id=subscription_id,
-                tenant=input.tenant,
-                details={"url": url, "event_types": list(event_types)},
-            )
+        call.describe(
+            resource_type="webhook",
+            resource_id=subscription_id,
+            tenant=input.tenant,
+            details={"url": url, "event_types": list(event_types)},
         )
     return CreatedWebhook(webhook=_webhook(subscription), secret=secret)
 
@@ -180,6 +192,7 @@ _WEBHOOK_PAGES: Keyset[Webhook] = Keyset(dt.datetime, str, key=lambda w: (w.crea
 _DELIVERY_PAGES: Keyset[Delivery] = Keyset(int, key=lambda d: (d.id,))
 
 
+@method(mutates=False, resource=_tenant)
 async def list_webhooks(call: CallContext, input: ListWebhooksInput) -> ListWebhooksOutput:
     """A page of the tenant's subscriptions, oldest first (never a secret).
 
@@ -193,6 +206,7 @@ async def list_webhooks(call: CallContext, input: ListWebhooksInput) -> ListWebh
     return ListWebhooksOutput(webhooks=webhooks, next_cursor=next_cursor)
 
 
+@method(mutates=True, resource=_tenant)
 async def delete(call: CallContext, input: DeleteWebhookInput) -> DeleteWebhookOutput:
     """Delete a subscription and its deliveries (pending ones are not sent).
 
@@ -200,18 +214,15 @@ async def delete(call: CallContext, input: DeleteWebhookInput) -> DeleteWebhookO
         NotFoundError: the tenant has no such subscription.
     """
     store = call.context.store
-    async with store.transaction() as tx:
+    async with call.transaction() as tx:
         deleted = await store.webhooks.delete(tx, tenant=input.tenant, id=input.id)
         if deleted is None:
             raise NotFoundError("no such webhook in this tenant", details={"id": input.id})
-        await tx.audit(
-            call.audit_record(
-                resource_type="webhook", resource_id=input.id, tenant=input.tenant, details={"url": deleted.url}
-            )
-        )
+        call.describe(resource_type="webhook", resource_id=input.id, tenant=input.tenant, details={"url": deleted.url})
     return DeleteWebhookOutput(deleted=True)
 
 
+@method(mutates=True, resource=_tenant)
 async def test(call: CallContext, input: WebhookTestInput) -> WebhookTestOutput:
     """Queue a ``webhook.test`` event for this subscription only.
 
@@ -230,21 +241,20 @@ async def test(call: CallContext, input: WebhookTestInput) -> WebhookTestOutput:
         created_at=call.context.clock.now(),
         data={"webhook_id": input.id},
     )
-    async with store.transaction() as tx:
+    async with call.transaction() as tx:
         added = await store.webhooks.add_delivery(
             tx, tenant=input.tenant, id=input.id, event_id=event_id, event_type=TEST_EVENT, event_key=key, body=body
         )
         if not added:
             raise NotFoundError("no such webhook in this tenant", details={"id": input.id})
-        await tx.audit(
-            call.audit_record(
-                resource_type="webhook", resource_id=input.id, tenant=input.tenant, details={"event_id": event_id}
-            )
+        call.describe(
+            resource_type="webhook", resource_id=input.id, tenant=input.tenant, details={"event_id": event_id}
         )
     await notify_work(call.context, SINKS_POKE)  # wake the sender now rather than at its next poll
     return WebhookTestOutput(event_id=event_id)
 
 
+@method(mutates=False, resource=_tenant)
 async def deliveries(call: CallContext, input: ListDeliveriesInput) -> ListDeliveriesOutput:
     """A page of a subscription's delivery log, newest first: status, attempts, the last HTTP status and error.
 

@@ -17,7 +17,7 @@ import anyio
 from bettercompute import Options, better_compute
 from bettercompute.errors import AccessDeniedError, UnauthenticatedError
 from bettercompute.modules.system import WhoamiInput
-from bettercompute_iam import EmbeddedIam, ListPrincipalsInput
+from bettercompute_iam import EmbeddedIam, IamGroups, ListPrincipalsInput
 from bettercompute_store_pg import PgStore
 
 
@@ -27,7 +27,7 @@ async def _main(url: str, schema: str, ttl: float, tenant: str, revoked: str, un
     await compute.initialize()
     try:
         await compute.api.system.whoami(revoked, WhoamiInput())
-        await compute.api.principals.list(unbound, ListPrincipalsInput(tenant=tenant))
+        await IamGroups(compute.api).principals.list(unbound, ListPrincipalsInput(tenant=tenant))
         print("ready", flush=True)
         await anyio.to_thread.run_sync(sys.stdin.readline)
         with anyio.move_on_after(60):
@@ -36,7 +36,7 @@ async def _main(url: str, schema: str, ttl: float, tenant: str, revoked: str, un
                     await compute.api.system.whoami(revoked, WhoamiInput())
                 except UnauthenticatedError:
                     try:
-                        await compute.api.principals.list(unbound, ListPrincipalsInput(tenant=tenant))
+                        await IamGroups(compute.api).principals.list(unbound, ListPrincipalsInput(tenant=tenant))
                     except AccessDeniedError:
                         print("expired", flush=True)
                         return

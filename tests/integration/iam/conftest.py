@@ -21,6 +21,7 @@ from bettercompute_iam import (
     CreatePrincipalInput,
     CreateTenantInput,
     EmbeddedIam,
+    IamGroups,
 )
 from bettercompute_store_pg import PgStore
 
@@ -69,11 +70,13 @@ async def make_user(
     """A user of ``tenant`` with ``role`` bound on the tenant and a credential: (principal id, credential, binding)."""
     api = plane.compute.api
     caller = by or plane.root
-    principal = await api.principals.create(caller, CreatePrincipalInput(tenant=tenant, name=name, kind="user"))
-    binding = await api.bindings.create(
+    principal = await IamGroups(api).principals.create(
+        caller, CreatePrincipalInput(tenant=tenant, name=name, kind="user")
+    )
+    binding = await IamGroups(api).bindings.create(
         caller, CreateBindingInput(tenant=tenant, principal_id=principal.id, role=role, scope_type="tenant")
     )
-    created = await api.credentials.create(
+    created = await IamGroups(api).credentials.create(
         caller,
         CreateCredentialInput(tenant=tenant, principal_id=principal.id, expires_in_seconds=expires_in_seconds),
     )
@@ -83,8 +86,8 @@ async def make_user(
 @pytest.fixture
 async def acme(plane: Plane) -> Acme:
     api = plane.compute.api
-    tenant = await api.tenants.create(plane.root, CreateTenantInput(name="acme"))
-    other = await api.tenants.create(plane.root, CreateTenantInput(name="globex"))
+    tenant = await IamGroups(api).tenants.create(plane.root, CreateTenantInput(name="acme"))
+    other = await IamGroups(api).tenants.create(plane.root, CreateTenantInput(name="globex"))
     alice, credential, binding = await make_user(plane, tenant.id, "alice", "compute.admin")
     return Acme(
         tenant=tenant.id,
@@ -122,8 +125,8 @@ async def two_tenants(database_url: str, schema: str, **options: Any) -> AsyncIt
         assert boot.credential is not None
         root = boot.credential
         holder: Any = attrs.make_class("P", ["compute", "root"])(compute, root)
-        acme = (await compute.api.tenants.create(root, CreateTenantInput(name="acme"))).id
-        globex = (await compute.api.tenants.create(root, CreateTenantInput(name="globex"))).id
+        acme = (await IamGroups(compute.api).tenants.create(root, CreateTenantInput(name="acme"))).id
+        globex = (await IamGroups(compute.api).tenants.create(root, CreateTenantInput(name="globex"))).id
         _, alice, _ = await make_user(holder, acme, "alice", "compute.admin")
         _, mallory, _ = await make_user(holder, globex, "mallory", "compute.admin")
         transport = httpx.ASGITransport(app=compute.asgi)

@@ -21,6 +21,7 @@ from bettercompute_iam import (
     CreateRoleInput,
     DeleteBindingInput,
     DisablePrincipalInput,
+    IamGroups,
     ListCredentialsInput,
     RevokeCredentialInput,
 )
@@ -39,14 +40,16 @@ async def _pool(plane: Plane, credential: str, tenant: str, name: str) -> str:
 async def _bound_on_pool(plane: Plane, tenant: str, name: str, pool: str) -> tuple[str, str, str, str]:
     """A user of ``tenant`` that root bound as a member of ``pool`` only: (principal, credential, its id, binding)."""
     api = plane.compute.api
-    principal = await api.principals.create(plane.root, CreatePrincipalInput(tenant=tenant, name=name, kind="user"))
-    binding = await api.bindings.create(
+    principal = await IamGroups(api).principals.create(
+        plane.root, CreatePrincipalInput(tenant=tenant, name=name, kind="user")
+    )
+    binding = await IamGroups(api).bindings.create(
         plane.root,
         CreateBindingInput(
             tenant=tenant, principal_id=principal.id, role="compute.member", scope_type="pool", scope_id=pool
         ),
     )
-    created = await api.credentials.create(
+    created = await IamGroups(api).credentials.create(
         plane.root, CreateCredentialInput(tenant=tenant, principal_id=principal.id, expires_in_seconds=None)
     )
     return principal.id, created.credential, created.id, binding.id
@@ -56,8 +59,10 @@ async def test_a_tenant_admin_binds_on_her_own_tenants_pools_only(plane: Plane, 
     api = plane.compute.api
     ours = await _pool(plane, acme.alice_credential, acme.tenant, "gpus")
     theirs = await _pool(plane, plane.root, acme.other_tenant, "gpus")
-    bob = await api.principals.create(plane.root, CreatePrincipalInput(tenant=acme.tenant, name="bob", kind="user"))
-    given = await api.bindings.create(
+    bob = await IamGroups(api).principals.create(
+        plane.root, CreatePrincipalInput(tenant=acme.tenant, name="bob", kind="user")
+    )
+    given = await IamGroups(api).bindings.create(
         acme.alice_credential,
         CreateBindingInput(
             tenant=acme.tenant, principal_id=bob.id, role="compute.admin", scope_type="pool", scope_id=ours
@@ -78,7 +83,7 @@ async def test_a_tenant_admin_binds_on_her_own_tenants_pools_only(plane: Plane, 
     assert "compute:reservations:*" in refusals[0]["details"]["missing"]
     # Root holds every pool.
     assert (
-        await api.bindings.create(
+        await IamGroups(api).bindings.create(
             plane.root,
             CreateBindingInput(
                 tenant=acme.tenant, principal_id=bob.id, role="compute.member", scope_type="pool", scope_id=theirs
@@ -92,16 +97,18 @@ async def test_a_tenant_admin_manages_a_principal_bound_on_her_tenants_pool(plan
     ours = await _pool(plane, acme.alice_credential, acme.tenant, "gpus")
     bob, _, bob_credential_id, bob_binding = await _bound_on_pool(plane, acme.tenant, "bob", ours)
     alice = acme.alice_credential
-    minted = await api.credentials.create(
+    minted = await IamGroups(api).credentials.create(
         alice, CreateCredentialInput(tenant=acme.tenant, principal_id=bob, expires_in_seconds=3600)
     )
     assert (await api.system.whoami(minted.credential, WhoamiInput())).principal_id == bob
-    revoked = await api.credentials.revoke(
+    revoked = await IamGroups(api).credentials.revoke(
         alice, RevokeCredentialInput(tenant=acme.tenant, credential_id=bob_credential_id)
     )
     assert revoked.state == "revoked"
-    await api.bindings.delete(alice, DeleteBindingInput(tenant=acme.tenant, binding_id=bob_binding))
-    disabled = await api.principals.disable(alice, DisablePrincipalInput(tenant=acme.tenant, principal_id=bob))
+    await IamGroups(api).bindings.delete(alice, DeleteBindingInput(tenant=acme.tenant, binding_id=bob_binding))
+    disabled = await IamGroups(api).principals.disable(
+        alice, DisablePrincipalInput(tenant=acme.tenant, principal_id=bob)
+    )
     assert disabled.disabled_at is not None
 
 
@@ -111,14 +118,14 @@ async def test_a_tenant_admin_cannot_act_on_a_principal_bound_on_another_tenants
     bob, bob_credential, bob_credential_id, bob_binding = await _bound_on_pool(plane, acme.tenant, "bob", theirs)
     alice = acme.alice_credential
     attempts: list[Callable[[], Awaitable[Any]]] = [
-        lambda: api.credentials.create(
+        lambda: IamGroups(api).credentials.create(
             alice, CreateCredentialInput(tenant=acme.tenant, principal_id=bob, expires_in_seconds=None)
         ),
-        lambda: api.credentials.revoke(
+        lambda: IamGroups(api).credentials.revoke(
             alice, RevokeCredentialInput(tenant=acme.tenant, credential_id=bob_credential_id)
         ),
-        lambda: api.bindings.delete(alice, DeleteBindingInput(tenant=acme.tenant, binding_id=bob_binding)),
-        lambda: api.principals.disable(alice, DisablePrincipalInput(tenant=acme.tenant, principal_id=bob)),
+        lambda: IamGroups(api).bindings.delete(alice, DeleteBindingInput(tenant=acme.tenant, binding_id=bob_binding)),
+        lambda: IamGroups(api).principals.disable(alice, DisablePrincipalInput(tenant=acme.tenant, principal_id=bob)),
     ]
     for attempt in attempts:
         with pytest.raises(AccessDeniedError) as info:
@@ -126,21 +133,23 @@ async def test_a_tenant_admin_cannot_act_on_a_principal_bound_on_another_tenants
         assert "compute:reservations:*" in info.value.details["missing"]
     # Nothing was written: bob's one credential still works, and he kept his binding.
     assert (await api.system.whoami(bob_credential, WhoamiInput())).principal_id == bob
-    listed = await api.credentials.list(plane.root, ListCredentialsInput(tenant=acme.tenant, principal_id=bob))
+    listed = await IamGroups(api).credentials.list(
+        plane.root, ListCredentialsInput(tenant=acme.tenant, principal_id=bob)
+    )
     assert [c.id for c in listed.credentials] == [bob_credential_id]
 
 
 async def test_revoking_a_credential_is_guarded_like_disabling_its_principal(plane: Plane, acme: Acme) -> None:
     # A service account of acme that root bound on the root scope: acme's admin may neither revoke nor disable it.
     api = plane.compute.api
-    svc = await api.principals.create(
+    svc = await IamGroups(api).principals.create(
         plane.root, CreatePrincipalInput(tenant=acme.tenant, name="svc", kind="service_account")
     )
-    await api.bindings.create(
+    await IamGroups(api).bindings.create(
         plane.root,
         CreateBindingInput(tenant=acme.tenant, principal_id=svc.id, role="compute.operator", scope_type="root"),
     )
-    minted = await api.credentials.create(
+    minted = await IamGroups(api).credentials.create(
         plane.root, CreateCredentialInput(tenant=acme.tenant, principal_id=svc.id, expires_in_seconds=None)
     )
     body = {"tenant": acme.tenant, "credential_id": minted.id}
@@ -148,7 +157,9 @@ async def test_revoking_a_credential_is_guarded_like_disabling_its_principal(pla
     assert "compute:*:*" in refused["details"]["missing"]
     assert (await api.system.whoami(minted.credential, WhoamiInput())).principal_id == svc.id
     # Root may.
-    await api.credentials.revoke(plane.root, RevokeCredentialInput(tenant=acme.tenant, credential_id=minted.id))
+    await IamGroups(api).credentials.revoke(
+        plane.root, RevokeCredentialInput(tenant=acme.tenant, credential_id=minted.id)
+    )
     with pytest.raises(UnauthenticatedError):
         await api.system.whoami(minted.credential, WhoamiInput())
 
@@ -156,7 +167,7 @@ async def test_revoking_a_credential_is_guarded_like_disabling_its_principal(pla
 async def test_whoever_holds_less_cannot_act_on_whoever_holds_more(plane: Plane, acme: Acme) -> None:
     # Olga runs acme's fleet and keeps its credentials, but does not administer IAM as an admin does.
     api = plane.compute.api
-    keeper = await api.roles.create(
+    keeper = await IamGroups(api).roles.create(
         plane.root,
         CreateRoleInput(
             tenant=acme.tenant,
@@ -168,14 +179,18 @@ async def test_whoever_holds_less_cannot_act_on_whoever_holds_more(plane: Plane,
     admin = acme.alice
     admin_credential = acme.alice_credential_id
     attempts: list[Callable[[], Awaitable[Any]]] = [
-        lambda: api.credentials.create(
+        lambda: IamGroups(api).credentials.create(
             olga_key, CreateCredentialInput(tenant=acme.tenant, principal_id=admin, expires_in_seconds=None)
         ),
-        lambda: api.credentials.revoke(
+        lambda: IamGroups(api).credentials.revoke(
             olga_key, RevokeCredentialInput(tenant=acme.tenant, credential_id=admin_credential)
         ),
-        lambda: api.bindings.delete(olga_key, DeleteBindingInput(tenant=acme.tenant, binding_id=acme.alice_binding)),
-        lambda: api.principals.disable(olga_key, DisablePrincipalInput(tenant=acme.tenant, principal_id=admin)),
+        lambda: IamGroups(api).bindings.delete(
+            olga_key, DeleteBindingInput(tenant=acme.tenant, binding_id=acme.alice_binding)
+        ),
+        lambda: IamGroups(api).principals.disable(
+            olga_key, DisablePrincipalInput(tenant=acme.tenant, principal_id=admin)
+        ),
     ]
     for attempt in attempts:
         with pytest.raises(AccessDeniedError) as info:
@@ -185,14 +200,18 @@ async def test_whoever_holds_less_cannot_act_on_whoever_holds_more(plane: Plane,
 
     # She acts on a viewer (who holds less) and on herself; the admin acts on her.
     viewer, _, viewer_binding = await make_user(plane, acme.tenant, "vera", "compute.viewer")
-    minted = await api.credentials.create(
+    minted = await IamGroups(api).credentials.create(
         olga_key, CreateCredentialInput(tenant=acme.tenant, principal_id=viewer, expires_in_seconds=None)
     )
-    await api.credentials.revoke(olga_key, RevokeCredentialInput(tenant=acme.tenant, credential_id=minted.id))
-    await api.bindings.delete(olga_key, DeleteBindingInput(tenant=acme.tenant, binding_id=viewer_binding))
-    await api.principals.disable(olga_key, DisablePrincipalInput(tenant=acme.tenant, principal_id=viewer))
-    own = await api.credentials.create(
+    await IamGroups(api).credentials.revoke(
+        olga_key, RevokeCredentialInput(tenant=acme.tenant, credential_id=minted.id)
+    )
+    await IamGroups(api).bindings.delete(olga_key, DeleteBindingInput(tenant=acme.tenant, binding_id=viewer_binding))
+    await IamGroups(api).principals.disable(olga_key, DisablePrincipalInput(tenant=acme.tenant, principal_id=viewer))
+    own = await IamGroups(api).credentials.create(
         olga_key, CreateCredentialInput(tenant=acme.tenant, principal_id=olga, expires_in_seconds=3600)
     )
-    await api.credentials.revoke(olga_key, RevokeCredentialInput(tenant=acme.tenant, credential_id=own.id))
-    await api.principals.disable(acme.alice_credential, DisablePrincipalInput(tenant=acme.tenant, principal_id=olga))
+    await IamGroups(api).credentials.revoke(olga_key, RevokeCredentialInput(tenant=acme.tenant, credential_id=own.id))
+    await IamGroups(api).principals.disable(
+        acme.alice_credential, DisablePrincipalInput(tenant=acme.tenant, principal_id=olga)
+    )

@@ -16,6 +16,7 @@ from bettercompute_iam import (
     CreateTenantInput,
     DeleteBindingInput,
     DisablePrincipalInput,
+    IamGroups,
     RevokeCredentialInput,
 )
 
@@ -38,18 +39,20 @@ async def test_each_mutation_writes_one_audit_row_with_its_decision(
     plane: Plane, database_url: str, fresh_schema: str
 ) -> None:
     api, root = plane.compute.api, plane.root
-    tenant = await api.tenants.create(root, CreateTenantInput(name="acme"))
-    bob = await api.principals.create(root, CreatePrincipalInput(tenant=tenant.id, name="bob", kind="user"))
-    key = await api.credentials.create(
+    tenant = await IamGroups(api).tenants.create(root, CreateTenantInput(name="acme"))
+    bob = await IamGroups(api).principals.create(root, CreatePrincipalInput(tenant=tenant.id, name="bob", kind="user"))
+    key = await IamGroups(api).credentials.create(
         root, CreateCredentialInput(tenant=tenant.id, principal_id=bob.id, expires_in_seconds=None)
     )
-    await api.credentials.revoke(root, RevokeCredentialInput(tenant=tenant.id, credential_id=key.id))
-    role = await api.roles.create(root, CreateRoleInput(tenant=tenant.id, name="readers", actions=("iam:*:list",)))
-    binding = await api.bindings.create(
+    await IamGroups(api).credentials.revoke(root, RevokeCredentialInput(tenant=tenant.id, credential_id=key.id))
+    role = await IamGroups(api).roles.create(
+        root, CreateRoleInput(tenant=tenant.id, name="readers", actions=("iam:*:list",))
+    )
+    binding = await IamGroups(api).bindings.create(
         root, CreateBindingInput(tenant=tenant.id, principal_id=bob.id, role=role.id, scope_type="tenant")
     )
-    await api.bindings.delete(root, DeleteBindingInput(tenant=tenant.id, binding_id=binding.id))
-    await api.principals.disable(root, DisablePrincipalInput(tenant=tenant.id, principal_id=bob.id))
+    await IamGroups(api).bindings.delete(root, DeleteBindingInput(tenant=tenant.id, binding_id=binding.id))
+    await IamGroups(api).principals.disable(root, DisablePrincipalInput(tenant=tenant.id, principal_id=bob.id))
     # Reads and refused mutations leave no row.
     data(await post(plane, root, "principals/list", {"tenant": tenant.id}))
     error(await post(plane, root, "tenants/create", {"name": "acme"}), 409, "CONFLICT")

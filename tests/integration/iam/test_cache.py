@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from bettercompute.errors import UnauthenticatedError
-from bettercompute_iam import CreateCredentialInput, CreatePrincipalInput, RevokeCredentialInput
+from bettercompute_iam import CreateCredentialInput, CreatePrincipalInput, IamGroups, RevokeCredentialInput
 
 from ..conftest import Plane
 
@@ -17,8 +17,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
 async def test_an_in_flight_authentication_does_not_cache_a_revoked_credential(plane: Plane) -> None:
     api = plane.compute.api
-    bob = await api.principals.create(plane.root, CreatePrincipalInput(tenant="root", name="bob", kind="user"))
-    created = await api.credentials.create(
+    bob = await IamGroups(api).principals.create(
+        plane.root, CreatePrincipalInput(tenant="root", name="bob", kind="user")
+    )
+    created = await IamGroups(api).credentials.create(
         plane.root, CreateCredentialInput(tenant="root", principal_id=bob.id, expires_in_seconds=None)
     )
     tables: Any = plane.iam._tables  # the real IAM tables, slowed down at one point to open the race window
@@ -36,7 +38,9 @@ async def test_an_in_flight_authentication_does_not_cache_a_revoked_credential(p
         tg.start_soon(plane.iam.authenticate, created.credential)
         await row_read.wait()
         tables.credential = read
-        await api.credentials.revoke(plane.root, RevokeCredentialInput(tenant="root", credential_id=created.id))
+        await IamGroups(api).credentials.revoke(
+            plane.root, RevokeCredentialInput(tenant="root", credential_id=created.id)
+        )
         revoked.set()
     with pytest.raises(UnauthenticatedError):
         await plane.iam.authenticate(created.credential)

@@ -29,6 +29,7 @@ from bettercompute_iam import (
     DeleteBindingInput,
     DisablePrincipalInput,
     EmbeddedIam,
+    IamGroups,
     ListPrincipalsInput,
     RevokeCredentialInput,
 )
@@ -82,15 +83,17 @@ async def viewers(compute: BetterCompute, iam: EmbeddedIam, *names: str) -> Peop
     boot = await iam.bootstrap()
     assert boot.credential is not None
     api, root = compute.api, boot.credential
-    tenant = (await api.tenants.create(root, CreateTenantInput(name="acme"))).id
+    tenant = (await IamGroups(api).tenants.create(root, CreateTenantInput(name="acme"))).id
     people = People(root=root, tenant=tenant, principals={}, credentials={}, credential_ids={}, bindings={})
     for name in names:
-        principal = await api.principals.create(root, CreatePrincipalInput(tenant=tenant, name=name, kind="user"))
-        binding = await api.bindings.create(
+        principal = await IamGroups(api).principals.create(
+            root, CreatePrincipalInput(tenant=tenant, name=name, kind="user")
+        )
+        binding = await IamGroups(api).bindings.create(
             root,
             CreateBindingInput(tenant=tenant, principal_id=principal.id, role="compute.viewer", scope_type="tenant"),
         )
-        minted = await api.credentials.create(
+        minted = await IamGroups(api).credentials.create(
             root, CreateCredentialInput(tenant=tenant, principal_id=principal.id, expires_in_seconds=None)
         )
         people.principals[name] = principal.id
@@ -113,10 +116,10 @@ async def test_a_credential_revoked_or_disabled_elsewhere_stops_here_once_the_tt
         for credential in (bob, dave):  # b authenticates both once, and caches them
             await b.api.system.whoami(credential, WhoamiInput())
 
-        await a.api.credentials.revoke(
+        await IamGroups(a.api).credentials.revoke(
             people.root, RevokeCredentialInput(tenant=people.tenant, credential_id=people.credential_ids["bob"])
         )
-        await a.api.principals.disable(
+        await IamGroups(a.api).principals.disable(
             people.root, DisablePrincipalInput(tenant=people.tenant, principal_id=people.principals["dave"])
         )
         for credential in (bob, dave):
@@ -143,18 +146,18 @@ async def test_a_binding_removed_elsewhere_stops_allowing_here_once_the_ttl_pass
     ):
         people = await viewers(a, a_iam, "carol")
         carol, listing = people.credentials["carol"], ListPrincipalsInput(tenant=people.tenant)
-        assert await b.api.principals.list(carol, listing)  # b caches carol's grants
+        assert await IamGroups(b.api).principals.list(carol, listing)  # b caches carol's grants
 
-        await a.api.bindings.delete(
+        await IamGroups(a.api).bindings.delete(
             people.root, DeleteBindingInput(tenant=people.tenant, binding_id=people.bindings["carol"])
         )
         with pytest.raises(AccessDeniedError):
-            await a.api.principals.list(carol, listing)
+            await IamGroups(a.api).principals.list(carol, listing)
         timer.advance(TTL - dt.timedelta(seconds=1))
-        assert await b.api.principals.list(carol, listing)
+        assert await IamGroups(b.api).principals.list(carol, listing)
         timer.advance(dt.timedelta(seconds=1))
         with pytest.raises(AccessDeniedError):
-            await b.api.principals.list(carol, listing)
+            await IamGroups(b.api).principals.list(carol, listing)
 
 
 async def test_another_os_process_stops_honouring_a_revoke_and_a_removed_binding(
@@ -169,10 +172,10 @@ async def test_another_os_process_stops_honouring_a_revoke_and_a_removed_binding
             try:
                 with anyio.fail_after(60):
                     assert await lines.receive_until(b"\n", 100) == b"ready"
-                await a.api.credentials.revoke(
+                await IamGroups(a.api).credentials.revoke(
                     people.root, RevokeCredentialInput(tenant=people.tenant, credential_id=people.credential_ids["bob"])
                 )
-                await a.api.bindings.delete(
+                await IamGroups(a.api).bindings.delete(
                     people.root, DeleteBindingInput(tenant=people.tenant, binding_id=people.bindings["carol"])
                 )
                 await peer.stdin.send(b"changed\n")

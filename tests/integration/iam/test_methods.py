@@ -14,6 +14,7 @@ from bettercompute_iam import (
     CreateTenantInput,
     DeleteBindingInput,
     DisablePrincipalInput,
+    IamGroups,
     ListBindingsInput,
     ListCredentialsInput,
     ListPrincipalsInput,
@@ -21,7 +22,7 @@ from bettercompute_iam import (
     ListTenantsInput,
     RevokeCredentialInput,
 )
-from bettercompute_iam._policy import BUILTIN_ROLES
+from bettercompute_iam._policy import BUILTIN_ROLE_NAMES as BUILTIN_ROLES
 
 from .conftest import Acme, Plane, data, post
 
@@ -55,13 +56,13 @@ async def test_tenants(plane: Plane) -> None:
     created = data(await post(plane, plane.root, "tenants/create", {"name": "acme"}))
     assert re.fullmatch(rf"tn_{HEX16}", created["id"]) and created["name"] == "acme"
     assert created["created_at"].endswith("Z")
-    globex = await plane.compute.api.tenants.create(plane.root, CreateTenantInput(name="globex"))
+    globex = await IamGroups(plane.compute.api).tenants.create(plane.root, CreateTenantInput(name="globex"))
     assert re.fullmatch(rf"tn_{HEX16}", globex.id)
 
     listed = data(await post(plane, plane.root, "tenants/list", {}))
     assert [t["name"] for t in listed["tenants"]] == ["root", "acme", "globex"]
     assert listed["next_cursor"] is None
-    in_process = await plane.compute.api.tenants.list(plane.root, ListTenantsInput())
+    in_process = await IamGroups(plane.compute.api).tenants.list(plane.root, ListTenantsInput())
     assert [t.id for t in in_process.tenants] == [t["id"] for t in listed["tenants"]]
 
 
@@ -70,20 +71,20 @@ async def test_principals(plane: Plane, acme: Acme) -> None:
     bot = data(await post(plane, plane.root, "principals/create", body))
     assert re.fullmatch(rf"pr_{HEX16}", bot["id"])
     assert bot["tenant"] == acme.tenant and bot["kind"] == "service_account" and bot["disabled_at"] is None
-    bob = await plane.compute.api.principals.create(
+    bob = await IamGroups(plane.compute.api).principals.create(
         plane.root, CreatePrincipalInput(tenant=acme.tenant, name="bob@acme.example", kind="user")
     )
 
     listed = data(await post(plane, plane.root, "principals/list", {"tenant": acme.tenant}))
     assert [p["name"] for p in listed["principals"]] == ["alice", "ci-bot", "bob@acme.example"]
-    in_process = await plane.compute.api.principals.list(plane.root, ListPrincipalsInput(tenant=acme.tenant))
+    in_process = await IamGroups(plane.compute.api).principals.list(plane.root, ListPrincipalsInput(tenant=acme.tenant))
     assert [p.id for p in in_process.principals] == [acme.alice, bot["id"], bob.id]
 
     disabled = data(
         await post(plane, plane.root, "principals/disable", {"tenant": acme.tenant, "principal_id": bob.id})
     )
     assert disabled["disabled_at"] is not None
-    again = await plane.compute.api.principals.disable(
+    again = await IamGroups(plane.compute.api).principals.disable(
         plane.root, DisablePrincipalInput(tenant=acme.tenant, principal_id=bob.id)
     )
     assert (
@@ -98,7 +99,7 @@ async def test_credentials(plane: Plane, acme: Acme) -> None:
     assert re.fullmatch(HEX16, created["id"])
     assert created["credential"].startswith(f"bcak_{created['id']}.")
     assert created["expires_at"] is not None and created["principal_id"] == acme.alice
-    forever = await plane.compute.api.credentials.create(
+    forever = await IamGroups(plane.compute.api).credentials.create(
         plane.root, CreateCredentialInput(tenant=acme.tenant, principal_id=acme.alice, expires_in_seconds=None)
     )
     assert forever.expires_at is None
@@ -108,7 +109,7 @@ async def test_credentials(plane: Plane, acme: Acme) -> None:
     assert [c["id"] for c in listed["credentials"]] == [acme.alice_credential_id, created["id"], forever.id]
     assert {c["state"] for c in listed["credentials"]} == {"active"}
     assert listed["credentials"][1]["description"] == "laptop"
-    only_alice = await plane.compute.api.credentials.list(
+    only_alice = await IamGroups(plane.compute.api).credentials.list(
         plane.root, ListCredentialsInput(tenant=acme.tenant, principal_id=acme.alice)
     )
     assert len(only_alice.credentials) == 3
@@ -117,7 +118,7 @@ async def test_credentials(plane: Plane, acme: Acme) -> None:
         await post(plane, plane.root, "credentials/revoke", {"tenant": acme.tenant, "credential_id": created["id"]})
     )
     assert revoked["state"] == "revoked" and revoked["revoked_at"] is not None
-    info = await plane.compute.api.credentials.revoke(
+    info = await IamGroups(plane.compute.api).credentials.revoke(
         plane.root, RevokeCredentialInput(tenant=acme.tenant, credential_id=forever.id)
     )
     assert info.state == "revoked"
@@ -129,7 +130,7 @@ async def test_roles(plane: Plane, acme: Acme) -> None:
     assert re.fullmatch(rf"ro_{HEX16}", role["id"])
     assert role["tenant"] == acme.tenant and role["builtin"] is False
     assert role["actions"] == ["compute:system:*", "iam:principals:list"]
-    other = await plane.compute.api.roles.create(
+    other = await IamGroups(plane.compute.api).roles.create(
         plane.root,
         CreateRoleInput(tenant=acme.tenant, name="readers", actions=("iam:*:list",), description="read IAM"),
     )
@@ -141,22 +142,24 @@ async def test_roles(plane: Plane, acme: Acme) -> None:
     assert sorted(names[:builtin]) == sorted(BUILTIN_ROLES)
     assert names[builtin:] == ["reservations-user", "readers"]
     assert all(r["builtin"] for r in listed["roles"][:builtin])
-    in_other_tenant = await plane.compute.api.roles.list(plane.root, ListRolesInput(tenant=acme.other_tenant))
+    in_other_tenant = await IamGroups(plane.compute.api).roles.list(
+        plane.root, ListRolesInput(tenant=acme.other_tenant)
+    )
     assert [r.name for r in in_other_tenant.roles if not r.builtin] == []
 
 
 async def test_bindings(plane: Plane, acme: Acme) -> None:
-    bob = await plane.compute.api.principals.create(
+    bob = await IamGroups(plane.compute.api).principals.create(
         plane.root, CreatePrincipalInput(tenant=acme.tenant, name="bob", kind="user")
     )
     body = {"tenant": acme.tenant, "principal_id": bob.id, "role": "compute.viewer", "scope_type": "tenant"}
     viewer = data(await post(plane, plane.root, "bindings/create", body))
     assert re.fullmatch(rf"bd_{HEX16}", viewer["id"])
     assert viewer["scope_id"] == acme.tenant and viewer["role"] == viewer["role_name"] == "compute.viewer"
-    role = await plane.compute.api.roles.create(
+    role = await IamGroups(plane.compute.api).roles.create(
         plane.root, CreateRoleInput(tenant=acme.tenant, name="gpu-users", actions=("compute:system:*",))
     )
-    pool = await plane.compute.api.bindings.create(
+    pool = await IamGroups(plane.compute.api).bindings.create(
         plane.root,
         CreateBindingInput(
             tenant=acme.tenant, principal_id=bob.id, role=role.id, scope_type="pool", scope_id="pool-a100"
@@ -166,14 +169,16 @@ async def test_bindings(plane: Plane, acme: Acme) -> None:
 
     listed = data(await post(plane, plane.root, "bindings/list", {"tenant": acme.tenant, "principal_id": bob.id}))
     assert [b["id"] for b in listed["bindings"]] == [viewer["id"], pool.id]
-    everyone = await plane.compute.api.bindings.list(plane.root, ListBindingsInput(tenant=acme.tenant))
+    everyone = await IamGroups(plane.compute.api).bindings.list(plane.root, ListBindingsInput(tenant=acme.tenant))
     assert [b.id for b in everyone.bindings] == [acme.alice_binding, viewer["id"], pool.id]
 
     deleted = data(await post(plane, plane.root, "bindings/delete", {"tenant": acme.tenant, "binding_id": pool.id}))
     assert deleted == {"deleted": True}
-    gone = await plane.compute.api.bindings.delete(
+    gone = await IamGroups(plane.compute.api).bindings.delete(
         plane.root, DeleteBindingInput(tenant=acme.tenant, binding_id=viewer["id"])
     )
     assert gone.deleted
-    left = await plane.compute.api.bindings.list(plane.root, ListBindingsInput(tenant=acme.tenant, principal_id=bob.id))
+    left = await IamGroups(plane.compute.api).bindings.list(
+        plane.root, ListBindingsInput(tenant=acme.tenant, principal_id=bob.id)
+    )
     assert left.bindings == ()

@@ -29,6 +29,7 @@ from bettercompute_iam import (
     CreateTenantInput,
     DeleteBindingInput,
     DisablePrincipalInput,
+    IamGroups,
     ListBindingsInput,
     ListCredentialsInput,
     ListPrincipalsInput,
@@ -125,34 +126,42 @@ async def http_burst(t: TwoTenants, credential: str, path: str, bodies: list[dic
 
 async def test_a_burst_of_every_mutating_iam_method_completes(plane: TwoTenants) -> None:
     t, api = plane, plane.compute.api
-    tenants = await burst(lambda i: api.tenants.create(t.root, CreateTenantInput(name=f"burst-{i}")))
+    tenants = await burst(lambda i: IamGroups(api).tenants.create(t.root, CreateTenantInput(name=f"burst-{i}")))
     assert len({x.id for x in tenants}) == BURST
     principals = await burst(
-        lambda i: api.principals.create(t.alice, CreatePrincipalInput(tenant=t.acme, name=f"p-{i}", kind="user"))
+        lambda i: IamGroups(api).principals.create(
+            t.alice, CreatePrincipalInput(tenant=t.acme, name=f"p-{i}", kind="user")
+        )
     )
     roles = await burst(
-        lambda i: api.roles.create(
+        lambda i: IamGroups(api).roles.create(
             t.alice, CreateRoleInput(tenant=t.acme, name=f"r-{i}", actions=("iam:principals:list",))
         )
     )
     bindings = await burst(
-        lambda i: api.bindings.create(
+        lambda i: IamGroups(api).bindings.create(
             t.alice,
             CreateBindingInput(tenant=t.acme, principal_id=principals[i].id, role=roles[i].id, scope_type="tenant"),
         )
     )
     credentials = await burst(
-        lambda i: api.credentials.create(
+        lambda i: IamGroups(api).credentials.create(
             t.alice, CreateCredentialInput(tenant=t.acme, principal_id=principals[i].id, expires_in_seconds=None)
         )
     )
     revoked = await burst(
-        lambda i: api.credentials.revoke(t.alice, RevokeCredentialInput(tenant=t.acme, credential_id=credentials[i].id))
+        lambda i: IamGroups(api).credentials.revoke(
+            t.alice, RevokeCredentialInput(tenant=t.acme, credential_id=credentials[i].id)
+        )
     )
     assert all(c.state == "revoked" for c in revoked)
-    await burst(lambda i: api.bindings.delete(t.alice, DeleteBindingInput(tenant=t.acme, binding_id=bindings[i].id)))
+    await burst(
+        lambda i: IamGroups(api).bindings.delete(t.alice, DeleteBindingInput(tenant=t.acme, binding_id=bindings[i].id))
+    )
     disabled = await burst(
-        lambda i: api.principals.disable(t.alice, DisablePrincipalInput(tenant=t.acme, principal_id=principals[i].id))
+        lambda i: IamGroups(api).principals.disable(
+            t.alice, DisablePrincipalInput(tenant=t.acme, principal_id=principals[i].id)
+        )
     )
     assert all(p.disabled_at is not None for p in disabled)
 
@@ -160,7 +169,7 @@ async def test_a_burst_of_every_mutating_iam_method_completes(plane: TwoTenants)
 async def test_a_burst_over_http_gets_no_503(plane: TwoTenants) -> None:
     t, api = plane, plane.compute.api
     people = [
-        await api.principals.create(t.alice, CreatePrincipalInput(tenant=t.acme, name=f"h-{i}", kind="user"))
+        await IamGroups(api).principals.create(t.alice, CreatePrincipalInput(tenant=t.acme, name=f"h-{i}", kind="user"))
         for i in range(BURST)
     ]
     minted = await http_burst(
@@ -189,55 +198,69 @@ async def test_each_iam_call_holds_one_pooled_connection_at_a_time(plane: TwoTen
             peaks[name] = meter.peak
             return result
 
-        await call("tenants.create", lambda: api.tenants.create(t.root, CreateTenantInput(name="metered")))
-        await call("tenants.list", lambda: api.tenants.list(t.root, ListTenantsInput()))
+        await call("tenants.create", lambda: IamGroups(api).tenants.create(t.root, CreateTenantInput(name="metered")))
+        await call("tenants.list", lambda: IamGroups(api).tenants.list(t.root, ListTenantsInput()))
         bob = await call(
             "principals.create",
-            lambda: api.principals.create(t.alice, CreatePrincipalInput(tenant=t.acme, name="bob", kind="user")),
+            lambda: IamGroups(api).principals.create(
+                t.alice, CreatePrincipalInput(tenant=t.acme, name="bob", kind="user")
+            ),
         )
-        await call("principals.list", lambda: api.principals.list(t.alice, ListPrincipalsInput(tenant=t.acme)))
+        await call(
+            "principals.list", lambda: IamGroups(api).principals.list(t.alice, ListPrincipalsInput(tenant=t.acme))
+        )
         role = await call(
             "roles.create",
-            lambda: api.roles.create(t.alice, CreateRoleInput(tenant=t.acme, name="lister", actions=("iam:*:list",))),
+            lambda: IamGroups(api).roles.create(
+                t.alice, CreateRoleInput(tenant=t.acme, name="lister", actions=("iam:*:list",))
+            ),
         )
-        await call("roles.list", lambda: api.roles.list(t.alice, ListRolesInput(tenant=t.acme)))
+        await call("roles.list", lambda: IamGroups(api).roles.list(t.alice, ListRolesInput(tenant=t.acme)))
         await call(
             "bindings.create (tenant)",
-            lambda: api.bindings.create(
+            lambda: IamGroups(api).bindings.create(
                 t.alice, CreateBindingInput(tenant=t.acme, principal_id=bob.id, role=role.id, scope_type="tenant")
             ),
         )
         on_pool = await call(
             "bindings.create (pool)",
-            lambda: api.bindings.create(
+            lambda: IamGroups(api).bindings.create(
                 t.alice,
                 CreateBindingInput(
                     tenant=t.acme, principal_id=bob.id, role="compute.member", scope_type="pool", scope_id=pool.id
                 ),
             ),
         )
-        await call("bindings.list", lambda: api.bindings.list(t.alice, ListBindingsInput(tenant=t.acme)))
+        await call("bindings.list", lambda: IamGroups(api).bindings.list(t.alice, ListBindingsInput(tenant=t.acme)))
         created = await call(
             "credentials.create",
-            lambda: api.credentials.create(
+            lambda: IamGroups(api).credentials.create(
                 t.alice, CreateCredentialInput(tenant=t.acme, principal_id=bob.id, expires_in_seconds=None)
             ),
         )
-        await call("credentials.list", lambda: api.credentials.list(t.alice, ListCredentialsInput(tenant=t.acme)))
+        await call(
+            "credentials.list", lambda: IamGroups(api).credentials.list(t.alice, ListCredentialsInput(tenant=t.acme))
+        )
         await call(
             "credentials.revoke",
-            lambda: api.credentials.revoke(t.alice, RevokeCredentialInput(tenant=t.acme, credential_id=created.id)),
+            lambda: IamGroups(api).credentials.revoke(
+                t.alice, RevokeCredentialInput(tenant=t.acme, credential_id=created.id)
+            ),
         )
         await call(
             "bindings.delete",
-            lambda: api.bindings.delete(t.alice, DeleteBindingInput(tenant=t.acme, binding_id=on_pool.id)),
+            lambda: IamGroups(api).bindings.delete(t.alice, DeleteBindingInput(tenant=t.acme, binding_id=on_pool.id)),
         )
         await call(
             "principals.disable",
-            lambda: api.principals.disable(t.alice, DisablePrincipalInput(tenant=t.acme, principal_id=bob.id)),
+            lambda: IamGroups(api).principals.disable(
+                t.alice, DisablePrincipalInput(tenant=t.acme, principal_id=bob.id)
+            ),
         )
         # The same over HTTP, through the ASGI app.
-        carol = await api.principals.create(t.alice, CreatePrincipalInput(tenant=t.acme, name="carol", kind="user"))
+        carol = await IamGroups(api).principals.create(
+            t.alice, CreatePrincipalInput(tenant=t.acme, name="carol", kind="user")
+        )
 
         async def over_http() -> None:
             body = {"tenant": t.acme, "principal_id": carol.id, "expires_in_seconds": None}

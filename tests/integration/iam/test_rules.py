@@ -12,6 +12,7 @@ from bettercompute_iam import (
     CreatePrincipalInput,
     CreateRoleInput,
     DisablePrincipalInput,
+    IamGroups,
     ListBindingsInput,
 )
 
@@ -91,7 +92,7 @@ async def test_the_last_root_admin_cannot_be_disabled_by_anyone(plane: Plane) ->
     ops = data(await post(plane, plane.root, "principals/create", {"tenant": ROOT, "name": "ops", "kind": "user"}))
     binding = {"tenant": ROOT, "principal_id": ops["id"], "role": role["id"], "scope_type": "root"}
     data(await post(plane, plane.root, "bindings/create", binding))
-    key = await plane.compute.api.credentials.create(
+    key = await IamGroups(plane.compute.api).credentials.create(
         plane.root, CreateCredentialInput(tenant=ROOT, principal_id=ops["id"], expires_in_seconds=None)
     )
     root_id = await root_admin_id(plane)
@@ -100,10 +101,10 @@ async def test_the_last_root_admin_cannot_be_disabled_by_anyone(plane: Plane) ->
     assert "lockout" in found["message"]
 
     # With a second root administrator, the first may go.
-    admin = await plane.compute.api.principals.create(
+    admin = await IamGroups(plane.compute.api).principals.create(
         plane.root, CreatePrincipalInput(tenant=ROOT, name="second-admin", kind="user")
     )
-    await plane.compute.api.bindings.create(
+    await IamGroups(plane.compute.api).bindings.create(
         plane.root, CreateBindingInput(tenant=ROOT, principal_id=admin.id, role="compute.admin", scope_type="root")
     )
     assert data(await post(plane, key.credential, "principals/disable", body))["disabled_at"] is not None
@@ -120,16 +121,16 @@ async def test_disabling_a_principal_of_another_tenant_is_not_found(plane: Plane
 
 
 async def test_a_disabled_principal_gets_no_credential(plane: Plane, acme: Acme) -> None:
-    bob = await plane.compute.api.principals.create(
+    bob = await IamGroups(plane.compute.api).principals.create(
         plane.root, CreatePrincipalInput(tenant=acme.tenant, name="bob", kind="user")
     )
-    await plane.compute.api.principals.disable(
+    await IamGroups(plane.compute.api).principals.disable(
         plane.root, DisablePrincipalInput(tenant=acme.tenant, principal_id=bob.id)
     )
     body = {"tenant": acme.tenant, "principal_id": bob.id, "expires_in_seconds": None}
     error(await post(plane, plane.root, "credentials/create", body), 409, "FAILED_PRECONDITION")
     with pytest.raises(FailedPreconditionError):
-        await plane.compute.api.credentials.create(
+        await IamGroups(plane.compute.api).credentials.create(
             plane.root, CreateCredentialInput(tenant=acme.tenant, principal_id=bob.id, expires_in_seconds=None)
         )
 
@@ -209,7 +210,7 @@ async def test_a_role_name_is_unique_in_its_tenant_and_the_tenant_must_exist(pla
 
 
 async def test_a_custom_role_grants_exactly_its_actions(plane: Plane, acme: Acme) -> None:
-    role = await plane.compute.api.roles.create(
+    role = await IamGroups(plane.compute.api).roles.create(
         acme.alice_credential, CreateRoleInput(tenant=acme.tenant, name="lister", actions=("iam:principals:list",))
     )
     _, key, _ = await make_user(plane, acme.tenant, "lena", role.id, by=acme.alice_credential)
@@ -243,7 +244,7 @@ async def test_a_tenant_scope_may_name_its_tenant(plane: Plane, acme: Acme) -> N
 
 
 async def test_bindings_need_a_principal_and_a_role_of_the_tenant(plane: Plane, acme: Acme) -> None:
-    other_role = await plane.compute.api.roles.create(
+    other_role = await IamGroups(plane.compute.api).roles.create(
         plane.root, CreateRoleInput(tenant=acme.other_tenant, name="theirs", actions=("iam:*:list",))
     )
     base = {"tenant": acme.tenant, "principal_id": acme.alice, "role": "compute.viewer", "scope_type": "tenant"}
@@ -272,7 +273,7 @@ async def test_only_root_or_the_pool_may_grant_on_a_pool(plane: Plane, acme: Acm
     data(await post(plane, plane.root, "bindings/create", body))
     # A pool's administrator from another tenant may not reach into acme, although the pool is theirs.
     mallory, key, _ = await make_user(plane, acme.other_tenant, "mallory", "compute.viewer")
-    await plane.compute.api.bindings.create(
+    await IamGroups(plane.compute.api).bindings.create(
         plane.root,
         CreateBindingInput(
             tenant=acme.other_tenant,
@@ -288,10 +289,10 @@ async def test_only_root_or_the_pool_may_grant_on_a_pool(plane: Plane, acme: Acm
 
 
 async def test_a_root_scope_binding_is_deleted_only_from_the_root_tenant(plane: Plane, acme: Acme) -> None:
-    bob = await plane.compute.api.principals.create(
+    bob = await IamGroups(plane.compute.api).principals.create(
         plane.root, CreatePrincipalInput(tenant=acme.tenant, name="bob", kind="user")
     )
-    binding = await plane.compute.api.bindings.create(
+    binding = await IamGroups(plane.compute.api).bindings.create(
         plane.root,
         CreateBindingInput(tenant=acme.tenant, principal_id=bob.id, role="compute.viewer", scope_type="root"),
     )
@@ -302,20 +303,22 @@ async def test_a_root_scope_binding_is_deleted_only_from_the_root_tenant(plane: 
 
 
 async def test_the_last_root_admin_binding_cannot_be_deleted(plane: Plane) -> None:
-    bindings = await plane.compute.api.bindings.list(plane.root, ListBindingsInput(tenant=ROOT))
+    bindings = await IamGroups(plane.compute.api).bindings.list(plane.root, ListBindingsInput(tenant=ROOT))
     (only,) = bindings.bindings
     assert only.role == "compute.admin" and only.scope_type == "root"
     body = {"tenant": ROOT, "binding_id": only.id}
     found = error(await post(plane, plane.root, "bindings/delete", body), 409, "FAILED_PRECONDITION")
     assert "lockout" in found["message"]
     # A second root administrator who is disabled does not count.
-    other = await plane.compute.api.principals.create(
+    other = await IamGroups(plane.compute.api).principals.create(
         plane.root, CreatePrincipalInput(tenant=ROOT, name="other-admin", kind="user")
     )
-    await plane.compute.api.bindings.create(
+    await IamGroups(plane.compute.api).bindings.create(
         plane.root, CreateBindingInput(tenant=ROOT, principal_id=other.id, role="compute.admin", scope_type="root")
     )
-    await plane.compute.api.principals.disable(plane.root, DisablePrincipalInput(tenant=ROOT, principal_id=other.id))
+    await IamGroups(plane.compute.api).principals.disable(
+        plane.root, DisablePrincipalInput(tenant=ROOT, principal_id=other.id)
+    )
     error(await post(plane, plane.root, "bindings/delete", body), 409, "FAILED_PRECONDITION")
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, text
 
-from bettercompute_iam import CreateCredentialInput, CreatePrincipalInput
+from bettercompute_iam import CreateCredentialInput, CreatePrincipalInput, IamGroups
 
 from .conftest import Plane, data, error, make_user, post
 
@@ -100,8 +100,10 @@ async def test_a_tenant_admin_manages_her_tenant_and_nothing_else(plane: Plane, 
 async def test_an_expired_credential_is_refused(plane: Plane) -> None:
     api = plane.compute.api
     acme = data(await post(plane, plane.root, "tenants/create", {"name": "acme"}))["id"]
-    erin = await api.principals.create(plane.root, CreatePrincipalInput(tenant=acme, name="erin", kind="user"))
-    created = await api.credentials.create(
+    erin = await IamGroups(api).principals.create(
+        plane.root, CreatePrincipalInput(tenant=acme, name="erin", kind="user")
+    )
+    created = await IamGroups(api).credentials.create(
         plane.root, CreateCredentialInput(tenant=acme, principal_id=erin.id, expires_in_seconds=60)
     )
     assert created.expires_at is not None

@@ -30,7 +30,7 @@ from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
 from bettercompute.modules.secrets import CreateSecretInput
 from bettercompute.modules.webhooks import CreateWebhookInput
 from bettercompute.ports import ResourceRef
-from bettercompute_iam import ListBindingsInput, ListCredentialsInput
+from bettercompute_iam import IamGroups, ListBindingsInput, ListCredentialsInput
 
 from ..iam.conftest import TwoTenants, two_tenants
 from ._principals import add_principal
@@ -113,8 +113,8 @@ async def world(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
         await api.secrets.create(
             t.alice, CreateSecretInput(tenant=t.acme, name="db-password", scope=f"pool:{pool.id}", value="s3cret")
         )
-        binding = (await api.bindings.list(t.root, ListBindingsInput(tenant=t.acme))).bindings[0]
-        credential = (await api.credentials.list(t.root, ListCredentialsInput(tenant=t.acme))).credentials[0]
+        binding = (await IamGroups(api).bindings.list(t.root, ListBindingsInput(tenant=t.acme))).bindings[0]
+        credential = (await IamGroups(api).credentials.list(t.root, ListCredentialsInput(tenant=t.acme))).credentials[0]
         theirs = {
             "pool": pool.id,
             "join-token": token.id,
@@ -125,7 +125,7 @@ async def world(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
             "binding": binding.id,
             "credential": credential.id,
         }
-        own = (await api.bindings.list(t.root, ListBindingsInput(tenant=t.globex))).bindings[0]
+        own = (await IamGroups(api).bindings.list(t.root, ListBindingsInput(tenant=t.globex))).bindings[0]
         ours = {
             "principal": own.principal_id,
             "pool": (await api.pools.create(t.mallory, CreatePoolInput(tenant=t.globex, name="ours"))).id,

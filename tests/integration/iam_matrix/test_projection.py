@@ -55,9 +55,9 @@ NAMES: dict[str, str] = {}
 
 async def create(call: CallContext, input: CreateWidget) -> Widget:
     widget = Widget(id=f"wd_{secrets.token_hex(6)}", name=input.name)
-    async with call.context.store.transaction() as tx:
+    async with call.transaction() as tx:
         await tx.project(ResourceRef(type="widget", id=widget.id, tenant=input.tenant), owner="someone")
-        await tx.audit(call.audit_record(resource_type="widget", resource_id=widget.id, tenant=input.tenant))
+        call.describe(resource_type="widget", resource_id=widget.id, tenant=input.tenant)
     NAMES[widget.id] = widget.name
     return widget
 

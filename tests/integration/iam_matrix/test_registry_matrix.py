@@ -117,7 +117,9 @@ async def _call(compute: BetterCompute, credential: str, method: MethodDef[Any, 
     # Each Hypothesis example runs in an event loop of its own, so the store is opened and closed around each call.
     await compute.initialize(migrate=False)
     try:
-        await getattr(getattr(compute.api, method.group.replace("-", "_")), method.attr)(credential, input)
+        spec = compute.registry.group(method.group)
+        assert spec is not None
+        await getattr(compute.api.group(spec), method.attr)(credential, input)
     finally:
         await compute.close()
 

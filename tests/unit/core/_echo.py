@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from bettercompute import CallContext, GroupSpec, Job, MethodDef, ModuleContext
+from bettercompute import CallContext, GroupSet, GroupSpec, Job, ModuleContext, method
 from bettercompute.ports import Migration, ResourceRef
 
 B = TypeVar("B")
@@ -34,17 +34,20 @@ class FailInput:
 calls: list[str] = []
 
 
+@method(mutates=False, resource=lambda i: ResourceRef(type="echo", tenant=i.tenant))
 async def say(call: CallContext, input: SayInput) -> SayOutput:
     calls.append(input.text)
     assert call.identity is not None
     return SayOutput(text=input.text * input.times, caller=call.identity.principal_id)
 
 
+@method(mutates=True)
 async def fail(call: CallContext, input: FailInput) -> SayOutput:
     # The text imitates a driver error that quotes SQL and a secret: neither may reach a caller or a log line.
     raise RuntimeError("SELECT secret_hash FROM credentials WHERE token = 'bcak_0123456789abcdef.s3cr3t'")
 
 
+@method(mutates=False)
 async def ping(call: CallContext, input: FailInput) -> SayOutput:
     await call.context.store.ping()
     return SayOutput(text="pong", caller="")
@@ -54,15 +57,15 @@ class EchoGroup(GroupSpec[B]):
     """A test group."""
 
     name = "echo"
-    say = MethodDef(
-        input=SayInput,
-        output=SayOutput,
-        handler=say,
-        mutates=False,
-        resource=lambda i: ResourceRef(type="echo", tenant=i.tenant),
-    )
-    fail = MethodDef(input=FailInput, output=SayOutput, handler=fail, mutates=True)
-    ping = MethodDef(input=FailInput, output=SayOutput, handler=ping, mutates=False)
+    say = say
+    fail = fail
+    ping = ping
+
+
+class EchoGroups(GroupSet[B]):
+    """The test module's group, typed: ``EchoGroups(compute.api).echo``."""
+
+    echo: EchoGroup[B]
 
 
 @attrs.frozen(kw_only=True)

@@ -47,7 +47,9 @@ def _raw(input: Any) -> dict[str, Any]:
 async def _both(compute: BetterCompute, credential: str | None, input: Any) -> tuple[Any, Any]:
     path = _METHODS[type(input)]
     group, name = path.split("/")
-    call = getattr(getattr(compute.api, group), name)
+    spec = compute.registry.group(group)
+    assert spec is not None
+    call = getattr(compute.api.group(spec), name)
     try:
         in_process: Any = ("ok", encode(await call(credential, input)))
     except ComputeError as exc:

@@ -13,7 +13,7 @@ from bettercompute import BetterCompute, CallContext
 from bettercompute.modules.system import VersionInput
 from bettercompute.testing import StaticIamDouble
 
-from ._echo import EchoModule, SayInput, calls
+from ._echo import EchoGroups, EchoModule, SayInput, calls
 from .conftest import BYSTANDER, MEMBER, OTHER_TENANT, ROOT, make_compute
 
 pytestmark = pytest.mark.anyio
@@ -202,7 +202,7 @@ async def test_openapi_lists_every_method(compute: BetterCompute, http: httpx.As
 async def test_in_process_api_is_typed_and_authorized(compute: BetterCompute) -> None:
     output = await compute.api.system.version(ROOT, VersionInput())
     assert output.version == "0.1.0"
-    echo = compute.api.echo
+    echo = EchoGroups(compute.api).echo
     said = await echo.say(MEMBER, SayInput(tenant="acme", text="hi", times=2))
     assert said.text == "hihi"
 
@@ -220,9 +220,9 @@ async def test_plugins_wrap_the_handler_after_authorization() -> None:
             return await next(call, input)
 
     compute = make_compute(modules=[EchoModule()], plugins=[Recorder()])
-    await compute.api.echo.say(MEMBER, SayInput(tenant="acme", text="x"))
+    await EchoGroups(compute.api).echo.say(MEMBER, SayInput(tenant="acme", text="x"))
     with pytest.raises(Exception, match="outside this tenant"):
-        await compute.api.echo.say(OTHER_TENANT, SayInput(tenant="acme", text="x"))
+        await EchoGroups(compute.api).echo.say(OTHER_TENANT, SayInput(tenant="acme", text="x"))
     assert seen == ["echo.say"]
 
 
