@@ -159,8 +159,9 @@ class BetterCompute:
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
     def catalog(self) -> set[str]:
-        """The merged action catalog: the core's, every module's and plugin's, and IAM's own."""
-        actions: set[str] = set()
+        """The merged action catalog: every registered method's action (derived from its declaration), and the
+        actions modules and plugins check outside a method (``Module.actions``, ``Plugin.actions``)."""
+        actions: set[str] = self.registry.actions()
         for module in self._modules:
             actions.update(module.actions)
         for plugin in self.options.plugins:
@@ -168,7 +169,7 @@ class BetterCompute:
         return actions
 
     async def initialize(self, *, migrate: bool = True) -> None:
-        """Check every method's action against the catalog, run migrations, anchor the clock, start the modules.
+        """Run migrations, anchor the clock, start the modules.
 
         Idempotent. ``migrate=False`` skips the migrations (``serve --no-migrate``).
 
@@ -179,14 +180,6 @@ class BetterCompute:
         async with self._lock:
             if self._initialized:
                 return
-            catalog = self.catalog()
-            missing = sorted(
-                f"{m.group}.{m.name}: {m.action}" for m in self.registry.methods() if m.action not in catalog
-            )
-            if missing:
-                raise InvalidConfigError(
-                    "some methods use actions missing from the action catalog", details={"problems": missing}
-                )
             store = self._store
             await store.open()
             if migrate:

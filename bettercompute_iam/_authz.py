@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from bettercompute import CallContext, GroupSpec, MethodDef
+from bettercompute import CallContext, GroupSpec, method
 from bettercompute.errors import AccessDeniedError, NotFoundError, UnauthenticatedError
 from bettercompute.ports import Decision, Identity, ResourceRef
 
@@ -132,6 +132,8 @@ class DecisionView:
 # --- service ----------------------------------------------------------------------------------------------------
 
 
+# Reads nothing a viewer could use, but answers for any principal: for the authz-client role only.
+@method(mutates=False, access="manage")
 async def authenticate_subject(call: CallContext, input: AuthenticateInput) -> IdentityView:
     """The identity behind a credential (for another process's ``RemoteIam``)."""
     try:
@@ -144,6 +146,7 @@ async def authenticate_subject(call: CallContext, input: AuthenticateInput) -> I
     return IdentityView.from_identity(identity)
 
 
+@method(mutates=False, access="manage")
 async def decide_for_subject(call: CallContext, input: DecideInput) -> DecisionView:
     """One authorization decision for an identity (for another process's ``RemoteIam``)."""
     try:
@@ -162,8 +165,8 @@ class AuthzGroup(GroupSpec[B]):
 
     name = "authz"
     action_prefix = "iam"
-    authenticate = MethodDef(input=AuthenticateInput, output=IdentityView, handler=authenticate_subject, mutates=False)
-    decide = MethodDef(input=DecideInput, output=DecisionView, handler=decide_for_subject, mutates=False)
+    authenticate = authenticate_subject
+    decide = decide_for_subject
 
 
 AUTHZ_GROUPS: tuple[type[GroupSpec[Any]], ...] = (AuthzGroup,)

@@ -33,10 +33,12 @@ __all__ = [
 
 @runtime_checkable
 class Module(Protocol):
-    """A unit of functionality: its groups of methods, the actions they use, its migrations and its jobs.
+    """A unit of functionality: its groups of methods, its migrations and its jobs.
 
-    ``core_range`` is the range of core versions it supports (``">=0.1,<0.2"``); ``better_compute()`` refuses a
-    module whose range excludes the running core. ``migrations`` maps a store dialect (``"postgresql"``) to its
+    ``actions`` lists only the IAM actions the module checks or records outside its methods (JoinService's
+    ``compute:nodes:join``, say): every method's action is derived from its declaration. ``core_range`` is the
+    range of core versions it supports (``">=0.1,<0.2"``); ``better_compute()`` refuses a module whose range excludes
+    the running core. ``migrations`` maps a store dialect (``"postgresql"``) to its
     steps. ``start`` runs in ``initialize()`` after migrations; ``stop`` in ``stop()``.
 
     Optional member, not part of this protocol so that modules without it still conform: ``reconcilers``, a

@@ -202,26 +202,32 @@ class IamConformance:
         for action in ("compute:widgets:create", "compute:widgets:frobnicate", "iam:bindings:delete"):
             self._check(await iam_case.iam.require(admin, action, mine), admin, action, mine)
         await self._denied(iam_case, admin, "billing:widgets:create", mine)
-        # compute.viewer holds compute:*:list and compute:*:get: the verb must match exactly.
-        for action in ("compute:widgets:list", "compute:widgets:get", "compute:other:list"):
+        # compute.viewer holds the actions of the read-only methods the control plane declares, and nothing else:
+        # not an undeclared action that merely looks like a read.
+        for action in ("compute:pools:list", "compute:pools:get", "compute:join-tokens:list"):
             self._check(await iam_case.iam.require(viewer, action, mine), viewer, action, mine)
-        for action in ("compute:widgets:listen", "compute:widgets:get-all", "compute:widgets:create"):
+        for action in ("compute:widgets:list", "compute:pools:list-all", "compute:pools:create"):
             await self._denied(iam_case, viewer, action, mine)
 
     async def test_viewer_may_list_but_not_create(self, iam_case: IamCase) -> None:
         _, _, viewer = await self._identities(iam_case)
         mine = ResourceRef(type="x", tenant=iam_case.tenant)
-        self._check(await iam_case.iam.require(viewer, "compute:x:list", mine), viewer, "compute:x:list", mine)
-        await self._denied(iam_case, viewer, "compute:x:create", mine)
+        self._check(await iam_case.iam.require(viewer, "compute:pools:list", mine), viewer, "compute:pools:list", mine)
+        await self._denied(iam_case, viewer, "compute:pools:create", mine)
         await self._denied(iam_case, viewer, "compute:x:delete", mine)
         await self._denied(iam_case, viewer, "iam:principals:create", mine)
-        await self._denied(iam_case, viewer, "compute:x:list", ResourceRef(type="x", tenant=iam_case.other_tenant))
+        other = ResourceRef(type="x", tenant=iam_case.other_tenant)
+        await self._denied(iam_case, viewer, "compute:pools:list", other)
 
     async def test_every_decision_is_new(self, iam_case: IamCase) -> None:
         root, admin, viewer = await self._identities(iam_case)
         mine = ResourceRef(type="x", tenant=iam_case.tenant)
         decisions: list[Decision] = []
-        for identity, action in [(root, "compute:x:create"), (admin, "compute:x:create"), (viewer, "compute:x:list")]:
+        for identity, action in [
+            (root, "compute:x:create"),
+            (admin, "compute:x:create"),
+            (viewer, "compute:pools:list"),
+        ]:
             for _ in range(5):
                 decision = await iam_case.iam.require(identity, action, mine)
                 self._check(decision, identity, action, mine)

@@ -157,19 +157,19 @@ async def test_the_projection_decides_by_tenant(api: Any, database_url: str, fre
     # Allowed nothing on widgets: refused, whether the id is acme's or unknown.
     idle = add_principal(database_url, fresh_schema, evil, ["compute:system:*"], scope_type="tenant", scope_id=evil)
 
-    widget = await api.widgets.create(alice, CreateWidget(tenant=acme, name="w1"))
-    assert (await api.widgets.get(alice, GetWidget(id=widget.id))).name == "w1"
+    widget = await api.group(Widgets).create(alice, CreateWidget(tenant=acme, name="w1"))
+    assert (await api.group(Widgets).get(alice, GetWidget(id=widget.id))).name == "w1"
     # Acme's widget is, to the outsiders, exactly an id that does not exist: the same NOT_FOUND, never the widget.
     for outsider in (mallory, wide):
         with pytest.raises(NotFoundError) as theirs:
-            await api.widgets.get(outsider, GetWidget(id=widget.id))
+            await api.group(Widgets).get(outsider, GetWidget(id=widget.id))
         with pytest.raises(NotFoundError) as unknown:
-            await api.widgets.get(outsider, GetWidget(id="wd_unknown"))
+            await api.group(Widgets).get(outsider, GetWidget(id="wd_unknown"))
         assert (theirs.value.message, theirs.value.details) == ("no such widget", {"id": widget.id})
         assert (unknown.value.message, unknown.value.details) == ("no such widget", {"id": "wd_unknown"})
     for target in (widget.id, "wd_unknown"):
         with pytest.raises(AccessDeniedError):
-            await api.widgets.get(idle, GetWidget(id=target))
+            await api.group(Widgets).get(idle, GetWidget(id=target))
 
 
 async def test_an_id_named_with_the_callers_own_tenant_is_not_found_when_it_is_anothers(
@@ -179,12 +179,12 @@ async def test_an_id_named_with_the_callers_own_tenant_is_not_found_when_it_is_a
     evil = add_tenant(database_url, fresh_schema, "evil")
     alice = add_principal(database_url, fresh_schema, acme, ["compute:widgets:*"], scope_type="tenant", scope_id=acme)
     mallory = add_principal(database_url, fresh_schema, evil, ["compute:widgets:*"], scope_type="tenant", scope_id=evil)
-    widget = await api.widgets.create(alice, CreateWidget(tenant=acme, name="w"))
-    assert (await api.widgets.find(alice, FindWidget(tenant=acme, id=widget.id))).name == "w"
+    widget = await api.group(Widgets).create(alice, CreateWidget(tenant=acme, name="w"))
+    assert (await api.group(Widgets).find(alice, FindWidget(tenant=acme, id=widget.id))).name == "w"
     answers = []
     for target in (widget.id, "wd_unknown"):
         with pytest.raises(NotFoundError) as info:
-            await api.widgets.find(mallory, FindWidget(tenant=evil, id=target))
+            await api.group(Widgets).find(mallory, FindWidget(tenant=evil, id=target))
         answers.append((info.value.message, {**info.value.details, "id": "<asked>"}))
     assert answers == [("no such widget", {"id": "<asked>"})] * 2
 
@@ -197,7 +197,7 @@ async def test_a_pool_named_by_the_caller_never_decides(api: Any, database_url: 
     carol = add_principal(
         database_url, fresh_schema, globex, ["compute:widgets:*"], scope_type="pool", scope_id="pool-a"
     )
-    widget = await api.widgets.create(owner, CreateWidget(tenant=acme, name="w"))
+    widget = await api.group(Widgets).create(owner, CreateWidget(tenant=acme, name="w"))
     for target in (widget.id, "wd_unprojected"):
         with pytest.raises(AccessDeniedError):
-            await api.widgets.peek(carol, PeekWidget(id=target, pool="pool-a"))
+            await api.group(Widgets).peek(carol, PeekWidget(id=target, pool="pool-a"))
