@@ -13,6 +13,8 @@ from bettercompute.modules.nodes._claims import (
     HardwareClaims,
     hardware_key,
 )
+from bettercompute.modules.nodes._gateway import GatewayServices
+from bettercompute.modules.nodes._join import JoinResult, JoinService
 from bettercompute.modules.nodes._module import IdentityModule
 from bettercompute.modules.nodes._nodes import (
     GetNodeInput,
@@ -31,7 +33,7 @@ from bettercompute.modules.nodes._proofs import (
     renew_message,
     secret_message,
 )
-from bettercompute.modules.nodes._service import GatewayServices, JoinResult, JoinService, RenewResult
+from bettercompute.modules.nodes._renew import RenewResult
 from bettercompute.modules.nodes._tokens import (
     TOKEN_PREFIX,
     JoinSettings,

@@ -13,10 +13,11 @@ from bettercompute._version import __version__
 from bettercompute.errors import FailedPreconditionError, InvalidConfigError
 from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._claims import Attestor
+from bettercompute.modules.nodes._gateway import GatewayServices
+from bettercompute.modules.nodes._join import JoinService
 from bettercompute.modules.nodes._nodes import ACTIONS, NodesGroup
 from bettercompute.modules.nodes._proofs import ChallengeIssuer
 from bettercompute.modules.nodes._sealing import JoinKeyPair, Unsealer
-from bettercompute.modules.nodes._service import GatewayServices, JoinService
 from bettercompute.modules.nodes._tokens import JoinSettings
 from bettercompute.modules.secrets import SecretBroker
 from bettercompute.ports import Kms, Migration, Store

@@ -1,37 +1,13 @@
-"""Workflows: named sequences of steps persisted in the store, run by one reconciler on the same sharded queue.
-
-A workflow is one row (``ports.WorkflowRecord``: its current step, attempts, reason, data, wait) plus a step log.
-The engine is a ``Reconciler`` of kind ``workflow`` keyed by workflow id, so a workflow is worked on only by the
-worker holding its shard's lease, one pass at a time, and every write is fenced by that lease.
-
-No network I/O inside a transaction, by structure: a step writes only inside ``async with ctx.writes() as tx:``, a
-transaction fenced by the shard lease that commits when the block ends, so the step's outside calls (an HTTP call, a
-BMC command) happen before or after a block, never while it holds a connection and the lease's share lock. A step may
-have several blocks (say: write "powering on", call the BMC, write "on"); they do not nest. The step's outcome (the
-workflow's next step, its data) is recorded with its last block when the step names it there
-(``ctx.writes(outcome=...)``), else by the engine in a fenced transaction of its own once the step returns.
-
-Effects once: a worker dying inside a block leaves none of its writes, and the step runs again, as the same attempt,
-on whichever worker owns the shard next; a last block that carries the outcome commits both or neither. A step
-whose blocks commit before its outcome (several blocks, or none carrying it) is run again after a crash between them,
-so those writes must be repeat-safe (an upsert, a conditional update). Outside calls are never atomic with the
-database: they pass ``ctx.idempotency_key`` (workflow id, step, attempt) so that a repeat is recognised there. An
-exception leaving a block rolls that block back and fails the attempt; blocks that ended before it stay committed.
-
-Waits hold no worker: a step returning ``StepOutcome.wait(event)`` parks the workflow (no due work item, or one at
-its timeout); ``Workflows.signal`` stores the event's payload and enqueues the workflow, which then goes on with the
-next step, the payload in its data under the event's name.
-"""
+"""The engine: ``compute.workflows`` starts, inspects, signals and cancels workflows, and one reconciler of kind
+``workflow`` runs their steps."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -39,233 +15,25 @@ import attrs
 
 from bettercompute._runtime.reconcile import Outcome, ReconcileContext, Reconciler, RetryPolicy, reason_of
 from bettercompute.errors import ConflictError, InvalidConfigError, InvalidInputError, NotFoundError
-from bettercompute.ports import Clock, Lease, Store, Transaction, WorkflowLogEntry, WorkflowRecord, WorkflowStore
+from bettercompute.ports import Transaction, WorkflowLogEntry, WorkflowRecord, WorkflowStore
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
 
-__all__ = ["WORKFLOW_KIND", "Step", "StepContext", "StepOutcome", "Workflow", "Workflows"]
+from bettercompute._runtime.workflows.context import COMMIT_MARGIN, StepContext, StepOutcome, checked_reason
+from bettercompute._runtime.workflows.definitions import (
+    ACTIVE,
+    MAX_STEPS_PER_PASS,
+    PASS_MARGIN,
+    TERMINAL,
+    WORKFLOW_KIND,
+    Step,
+    Workflow,
+)
+
+__all__ = ["Workflows"]
 
 log = logging.getLogger("bettercompute.workflows")
-
-WORKFLOW_KIND = "workflow"
-"""The work item kind of the workflow engine; the key is the workflow id."""
-
-ACTIVE = frozenset({"running", "waiting", "cancelling"})
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
-
-PASS_MARGIN = dt.timedelta(seconds=5)
-"""What one engine pass may take beyond its longest step: reading the workflow and committing its progress."""
-COMMIT_MARGIN = 2.0
-"""Seconds a pass keeps free after a step's deadline to commit its outcome, when it runs several steps."""
-MAX_STEPS_PER_PASS = 50
-
-
-def _positive(instance: Any, attribute: Any, value: dt.timedelta) -> None:
-    if value <= dt.timedelta(0):
-        raise ValueError(f"{attribute.name} must be positive")
-
-
-def _reason(value: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > 200 or any(c.isspace() for c in value):
-        raise InvalidInputError("a reason is a machine-readable code: 1-200 characters, no spaces")
-    return value
-
-
-@attrs.frozen(kw_only=True)
-class StepOutcome:
-    """What a step returns: ``next``, ``wait``, ``retry`` or ``fail`` (build it with those class methods)."""
-
-    action: str
-    data: Mapping[str, Any] | None = None
-    event: str | None = None
-    timeout: dt.timedelta | None = None
-    on_timeout: str = "fail"
-    after: dt.timedelta = dt.timedelta(0)
-    reason: str | None = None
-    message: str = ""
-
-    @classmethod
-    def next(cls, data: Mapping[str, Any] | None = None) -> StepOutcome:
-        """The step is done: go on with the next one (or succeed after the last). ``data``'s keys are merged into
-        the workflow's data (replacing those keys)."""
-        return cls(action="next", data=data)
-
-    @classmethod
-    def wait(
-        cls,
-        event: str,
-        *,
-        timeout: dt.timedelta | None = None,
-        on_timeout: str = "fail",
-        data: Mapping[str, Any] | None = None,
-    ) -> StepOutcome:
-        """The step is done but the workflow goes on only once ``event`` is signalled (``Workflows.signal``); its
-        payload is then in the data under ``event``. Parks without holding a worker.
-
-        Args:
-            event: The event's name.
-            timeout: How long to wait; ``None`` waits forever.
-            on_timeout: ``"fail"`` (reason ``WAIT_TIMEOUT``) or ``"next"`` (go on without the event's key).
-            data: Merged into the workflow's data before parking.
-        """
-        if not event:
-            raise InvalidInputError("wait needs an event name")
-        if on_timeout not in ("fail", "next"):
-            raise InvalidInputError("on_timeout is 'fail' or 'next'")
-        if timeout is not None and timeout <= dt.timedelta(0):
-            raise InvalidInputError("a wait's timeout must be positive")
-        return cls(action="wait", event=event, timeout=timeout, on_timeout=on_timeout, data=data)
-
-    @classmethod
-    def retry(cls, after: dt.timedelta = dt.timedelta(0), *, reason: str = "RETRY", message: str = "") -> StepOutcome:
-        """Run the step again after ``after`` (an attempt of the step's ``RetryPolicy``; its writes commit)."""
-        return cls(action="retry", after=after, reason=_reason(reason), message=message)
-
-    @classmethod
-    def fail(cls, reason: str, message: str = "") -> StepOutcome:
-        """Fail the workflow with a machine-readable ``reason`` (its writes commit)."""
-        return cls(action="fail", reason=_reason(reason), message=message)
-
-
-class StepContext:
-    """What one attempt of a step (or of its compensation) gets.
-
-    Write inside ``async with ctx.writes() as tx:`` blocks; call outside systems between them, never inside one.
-    """
-
-    def __init__(
-        self,
-        *,
-        context: ModuleContext,
-        record: WorkflowRecord,
-        step: str,
-        step_index: int,
-        attempt: int,
-        lease: Lease | None,
-        compensating: bool = False,
-    ) -> None:
-        self.context = context
-        self.workflow_id = record.id
-        self.type = record.type
-        self.tenant = record.tenant
-        self.subject = record.subject
-        self.step = step
-        self.step_index = step_index
-        self.attempt = attempt
-        self.compensating = compensating
-        self.data: dict[str, Any] = dict(record.data)
-        self._lease = lease
-        self._writing = False
-        self._finish: Callable[[Transaction, StepOutcome], Awaitable[Outcome | None]] | None = None
-        # Set once a block's transaction recorded the step's outcome: what the engine's pass does next.
-        self._finished: tuple[Outcome | None] | None = None
-
-    @property
-    def store(self) -> Store:
-        """The store (for reads; write inside ``writes()``)."""
-        return self.context.store
-
-    @property
-    def clock(self) -> Clock:
-        """The control plane's clock."""
-        return self.context.clock
-
-    @property
-    def idempotency_key(self) -> str:
-        """``<workflow id>/<step>/<attempt>``: the same when a crashed attempt is resumed, new for a retry."""
-        prefix = "compensate:" if self.compensating else ""
-        return f"{self.workflow_id}/{prefix}{self.step}/{self.attempt}"
-
-    def writes(self, *, outcome: StepOutcome | None = None) -> AbstractAsyncContextManager[Transaction]:
-        """A block for the step's writes: a transaction fenced by the shard lease, committed when the block ends
-        (rolled back if it raises). Make no outside call inside it: it holds a pooled connection and the lease's
-        share lock for as long as the call would take.
-
-        Args:
-            outcome: The step's outcome, recorded in this block's transaction so that the writes and the workflow's
-                progress commit together. The block is then the step's last: the step returns right after it (the
-                engine keeps the recorded outcome, whatever is returned) and opens no other block.
-
-        Raises:
-            RuntimeError: the step opened a block inside another one, or after the block that recorded its outcome;
-                a compensation gave an outcome (it has none).
-            FailedPreconditionError: the shard lease was lost (nothing in the block is written).
-        """
-        if outcome is not None and not isinstance(outcome, StepOutcome):
-            raise TypeError(f"outcome is a StepOutcome, not {type(outcome).__name__}")
-        return self._writes(outcome)
-
-    @contextlib.asynccontextmanager
-    async def _writes(self, outcome: StepOutcome | None) -> AsyncIterator[Transaction]:
-        if self._writing:
-            raise RuntimeError("a step's writes blocks do not nest; end one before opening the next")
-        if self._finished is not None:
-            raise RuntimeError("the step's outcome is recorded already; its last block has ended")
-        if outcome is not None and self._finish is None:
-            raise RuntimeError("a compensation has no outcome to record")
-        self._writing = True
-        finished: tuple[Outcome | None] | None = None
-        try:
-            async with self.context.store.transaction(fence=self._lease) as tx:
-                yield tx
-                if outcome is not None and self._finish is not None:
-                    finished = (await self._finish(tx, outcome),)
-            self._finished = finished  # only once committed
-        finally:
-            self._writing = False
-
-
-StepRun = Callable[[StepContext], Awaitable[StepOutcome]]
-Compensate = Callable[[StepContext], Awaitable[None]]
-
-
-@attrs.frozen(kw_only=True)
-class Step:
-    """One step of a workflow.
-
-    Args:
-        name: Unique within the workflow (it names the step in the log and in ``WorkflowRecord.step``).
-        run: ``async (ctx) -> StepOutcome``; raising (or overrunning ``deadline``) is a failed attempt, retried per
-            ``retry``; the last failure fails the workflow with the reason (an error code, ``DEADLINE_EXCEEDED`` or
-            ``EXCEPTION:<type>``).
-        deadline: How long one attempt may run.
-        retry: Backoff between attempts and how many to make.
-        compensate: ``async (ctx) -> None``, run on cancellation if the step had completed, undoing its effect.
-    """
-
-    name: str
-    run: StepRun
-    deadline: dt.timedelta = attrs.field(default=dt.timedelta(seconds=30), validator=_positive)
-    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
-    compensate: Compensate | None = None
-
-
-def _tuple(steps: Iterable[Step]) -> tuple[Step, ...]:
-    return tuple(steps)
-
-
-def _steps(instance: Any, attribute: Any, value: tuple[Step, ...]) -> None:
-    if not value:
-        raise ValueError("a workflow needs at least one step")
-    names = [s.name for s in value]
-    if len(set(names)) != len(names):
-        raise ValueError("step names must be unique within a workflow")
-
-
-@attrs.frozen(kw_only=True)
-class Workflow:
-    """A workflow type: a name (unique in the control plane) and its steps, run in order.
-
-    Modules declare theirs in an optional ``workflows`` attribute; ``compute.workflows.start(name, ...)`` starts one.
-    """
-
-    name: str
-    steps: tuple[Step, ...] = attrs.field(converter=_tuple, validator=_steps)
-
-    def index(self, step: str) -> int:
-        """The position of the named step."""
-        return [s.name for s in self.steps].index(step)
 
 
 class Workflows:
@@ -401,7 +169,7 @@ class Workflows:
         Raises:
             NotFoundError: There is no such workflow.
         """
-        _reason(reason)
+        checked_reason(reason)
         async with self._context.store.transaction() as tx:
             record = await self._store.lock(tx, id)
             if record is None:

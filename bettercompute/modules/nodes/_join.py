@@ -1,4 +1,4 @@
-"""JoinService (join, renewal, retirement) and ``GatewayServices`` (what the gateway relays to).
+"""JoinService: join, renewal (``Renewals``, in ``_renew``) and retirement.
 
 No step calls IAM: a join is authorized by its token, a renewal and a secret request by the node's certificate and
 a signature by its key. The gateway relaying them is not trusted: the sealed token is bound to the CSR, claims,
@@ -41,10 +41,6 @@ from typing import Any
 import attrs
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.x509.verification import PolicyBuilder, VerificationError
-from cryptography.x509.verification import Store as TrustStore
-from joserfc.errors import JoseError
-from joserfc.jwk import JWKRegistry
 
 from bettercompute._runtime.codec import decode
 from bettercompute.errors import (
@@ -70,43 +66,27 @@ from bettercompute.modules.nodes._proofs import (
     BINDING_BYTES,
     ChallengeIssuer,
     join_binding,
-    renew_message,
-    secret_message,
-    verify_signature,
 )
+from bettercompute.modules.nodes._renew import NODE, Renewals, RenewResult
 from bettercompute.modules.nodes._sealing import Unsealer
 from bettercompute.modules.nodes._tokens import hash_secret, parse_token
-from bettercompute.modules.secrets import NodeIdentity, SecretBroker
-from bettercompute.modules.secrets._broker import RELEASE_ACTION
 from bettercompute.ports import (
     AuditRecord,
     Clock,
-    IssuedCertificate,
     NodeRecord,
     OutboxEvent,
     ReplayGuard,
     ResourceRef,
     Store,
-    Transaction,
 )
 
-__all__ = ["GatewayServices", "JoinResult", "JoinService", "RenewResult"]
+__all__ = ["JOIN_ACTION", "JoinResult", "JoinService", "RenewResult"]
 
 log = logging.getLogger("bettercompute.joins")
 
 JOIN_ACTION = "compute:nodes:join"
-RENEW_ACTION = "compute:nodes:renew"
 JOINED_EVENT = "node.joined"
-NODE = "node"
-CHALLENGE_TTL = dt.timedelta(minutes=2)
-SECRET_REQUEST_TTL = dt.timedelta(minutes=2)
-_SKEW = dt.timedelta(minutes=1)
 _POOL_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
-_MAX_CERT_BYTES = 16 * 1024
-
-
-def _ms(at: dt.datetime) -> int:
-    return int(at.timestamp() * 1000)
 
 
 @attrs.frozen(kw_only=True)
@@ -128,26 +108,6 @@ class JoinResult:
     serial: str
     not_after: dt.datetime
     reclaimed: bool
-
-
-@attrs.frozen(kw_only=True)
-class RenewResult:
-    """A renewed certificate (the old one stays valid until it expires)."""
-
-    node_id: str
-    spiffe_id: str
-    certificate_pem: str
-    chain_pem: str
-    trust_bundle_pem: str
-    serial: str
-    not_after: dt.datetime
-
-
-@attrs.frozen(kw_only=True)
-class _Presented:
-    record: IssuedCertificate
-    certificate: x509.Certificate
-    node: NodeRecord
 
 
 class JoinService:
@@ -185,11 +145,11 @@ class JoinService:
         self._clock = clock
         self._attestors = chain(attestors)
         self._max_age = sealed_token_max_age
+        self.renewals = Renewals(store=store, ca=ca, challenges=challenges, replay_guard=replay_guard, clock=clock)
+        """Renewals of this service's certificates."""
 
     def __repr__(self) -> str:
         return f"JoinService(trust_domain={self.ca.trust_domain!r})"
-
-    # --- join -------------------------------------------------------------------------------------------------
 
     async def join(
         self,
@@ -373,95 +333,21 @@ class JoinService:
                 facts[f"{attestor.name}.{key}"] = str(value)
         return facts
 
-    # --- renewal ----------------------------------------------------------------------------------------------
+    # --- renewal (``Renewals``) ------------------------------------------------------------------------------
 
     async def renew_challenge(self, *, certificate_pem: str) -> bytes:
-        """A fresh challenge for renewing ``certificate_pem`` (valid for two minutes, usable once).
-
-        Raises:
-            InvalidInputError: not a PEM certificate.
-            UnauthenticatedError: the certificate is expired (``certificate_expired``: re-join instead), untrusted
-                or revoked.
-            AccessDeniedError: its node is retired.
-        """
-        presented = await self._presented(certificate_pem)
-        return self._challenges.issue(presented.record.serial, now_ms=_ms(self._clock.now()))
+        """A fresh challenge for renewing ``certificate_pem`` (see ``Renewals.renew_challenge``)."""
+        return await self.renewals.renew_challenge(certificate_pem=certificate_pem)
 
     async def renew(self, *, certificate_pem: str, challenge: bytes, signature: bytes, csr_pem: str) -> RenewResult:
-        """A new certificate for the node of ``certificate_pem``, for the key of ``csr_pem``.
-
-        Only the node's newest certificate renews (so a key the node rotated away from is dead once it expires);
-        a renewal retried with the same new key after its answer was lost is answered again.
-
-        Raises:
-            InvalidInputError: a malformed certificate, challenge, signature or CSR.
-            UnauthenticatedError: the certificate is expired, untrusted, revoked or superseded; the challenge was
-                not issued for it, is older than two minutes or was used; the signature is not by the
-                certificate's key over the challenge and the CSR (``bad_signature``).
-            AccessDeniedError: the node is retired.
-            UnavailableError: the CA key changed during the renewal (retry).
-        """
-        presented = await self._presented(certificate_pem)
-        issued_ms, nonce = self._challenges.open(challenge, presented.record.serial)
-        now = self._clock.now()
-        issued_at = dt.datetime.fromtimestamp(issued_ms / 1000, dt.UTC)
-        if issued_at < now - CHALLENGE_TTL or issued_at > now + _SKEW:
-            raise UnauthenticatedError(
-                "the challenge is too old; ask for a new one", details={"reason": "challenge_expired"}
-            )
-        csr_key = checked_csr_key(csr_pem)
-        csr_der = x509.load_pem_x509_csr(csr_pem.encode()).public_bytes(serialization.Encoding.DER)
-        verify_signature(presented.certificate.public_key(), signature, renew_message(challenge, csr_der))
-        if not await self._guard.first_use("renew/v1", nonce, expires_at=issued_at + CHALLENGE_TTL + _SKEW, now=now):
-            raise UnauthenticatedError("this challenge was already used", details={"reason": "replayed"})
-        await self.ca.prepare()
-        bundle_pem = await self.ca.trust_bundle_pem()
-        node = presented.node
-        spiffe_id = presented.record.spiffe_id
-        async with self._store.transaction() as tx:
-            # Checked again under the node's row lock (a reclaim or a retirement holds it exclusively) and the
-            # identity's shared lock (a revocation holds it exclusively): whichever commits first, the other sees it.
-            current = await self._store.nodes.get(node.id, tx=tx, lock=True)
-            await self._store.certificates.lock_identity(tx, spiffe_id, shared=True)
-            if current is None or current.state == "retired":
-                raise AccessDeniedError("the node is retired", details={"reason": "node_retired"})
-            if await self._store.certificates.is_revoked(presented.record.serial, tx=tx):
-                raise UnauthenticatedError("the certificate was revoked", details={"reason": "certificate_revoked"})
-            await self._check_newest(presented, csr_key_digest=key_sha256(csr_key), tx=tx)
-            issued = await self.ca.issue(csr_pem, node_id=node.id, role="node", tx=tx)
-            await tx.audit(
-                AuditRecord(
-                    action=RENEW_ACTION,
-                    actor=f"node:{node.id}",
-                    tenant=node.tenant,
-                    resource_type=NODE,
-                    resource_id=node.id,
-                    decision_id=None,
-                    outcome="ok",
-                    details={"previous_serial": presented.record.serial, "serial": issued.serial},
-                )
-            )
-        log.info("node %s renewed its certificate", node.id)
-        return RenewResult(
-            node_id=node.id,
-            spiffe_id=issued.spiffe_id,
-            certificate_pem=issued.certificate_pem,
-            chain_pem=issued.chain_pem,
-            trust_bundle_pem=bundle_pem,
-            serial=issued.serial,
-            not_after=issued.not_after,
+        """A new certificate for the node of ``certificate_pem`` (see ``Renewals.renew``)."""
+        return await self.renewals.renew(
+            certificate_pem=certificate_pem, challenge=challenge, signature=signature, csr_pem=csr_pem
         )
 
-    async def _check_newest(self, presented: _Presented, *, csr_key_digest: str, tx: Transaction) -> None:
-        """Only the newest certificate renews, unless the CSR asks again for the newest one's key (a renewal whose
-        answer was lost: the CSR proves possession of that key)."""
-        newest = await self._store.certificates.newest(presented.record.spiffe_id, tx=tx)
-        if newest is not None and newest.serial != presented.record.serial and newest.key_sha256 != csr_key_digest:
-            raise UnauthenticatedError(
-                "a newer certificate of this node exists: renew that one", details={"reason": "superseded"}
-            )
-
-    # --- retirement -------------------------------------------------------------------------------------------
+    async def node_of(self, certificate_pem: str) -> NodeRecord:
+        """The live node a presented certificate belongs to (checked as for renewal)."""
+        return await self.renewals.node_of(certificate_pem)
 
     async def retire(self, node_id: str, *, reason: str = "retired") -> NodeRecord:
         """Retire a node for good and revoke its certificates (publishing ``certificate.revoked``), in one
@@ -475,189 +361,6 @@ class JoinService:
             node = await retire_node(tx, self._store, self.ca, node_id, reason=reason)
         log.info("node %s retired", node_id)
         return node
-
-    # --- presented certificates -------------------------------------------------------------------------------
-
-    async def node_of(self, certificate_pem: str) -> NodeRecord:
-        """The live node a presented certificate belongs to (checked as for renewal)."""
-        return (await self._presented(certificate_pem)).node
-
-    async def _presented(self, certificate_pem: str) -> _Presented:
-        if not isinstance(certificate_pem, str) or len(certificate_pem) > _MAX_CERT_BYTES:
-            raise InvalidInputError("certificate: expected a PEM certificate", details={"path": "certificate"})
-        try:
-            certificate = x509.load_pem_x509_certificate(certificate_pem.encode())
-        except ValueError:
-            raise InvalidInputError(
-                "certificate: expected a PEM certificate", details={"path": "certificate"}
-            ) from None
-        now = self._clock.now()
-        if certificate.not_valid_after_utc <= now:
-            raise UnauthenticatedError(
-                "the certificate has expired and cannot be renewed: join again with a token whose reclaim is"
-                " same-hardware to get this node back",
-                details={"reason": "certificate_expired"},
-            )
-        bundle = await self.ca.trust_bundle()
-        try:
-            verifier = PolicyBuilder().store(TrustStore(bundle)).time(now).build_client_verifier()
-            verifier.verify(certificate, [])
-        except VerificationError:
-            raise UnauthenticatedError(
-                "the certificate does not chain to this control plane's CA", details={"reason": "untrusted"}
-            ) from None
-        serial = format(certificate.serial_number, "x")
-        record = await self._store.certificates.get(serial)
-        if record is None:
-            raise UnauthenticatedError(
-                "the certificate was not issued by this control plane's CA", details={"reason": "untrusted"}
-            )
-        if await self._store.certificates.is_revoked(serial):
-            raise UnauthenticatedError("the certificate was revoked", details={"reason": "certificate_revoked"})
-        if record.role != "node":
-            raise FailedPreconditionError(
-                f"{record.role} certificates are not renewed here", details={"reason": "role", "role": record.role}
-            )
-        node = await self._store.nodes.get(record.node_id)
-        if node is None or node.state == "retired":
-            raise AccessDeniedError(
-                "the node is retired", details={"reason": "node_retired", "node_id": record.node_id}
-            )
-        return _Presented(record=record, certificate=certificate, node=node)
-
-
-class GatewayServices:
-    """What ``create_gateway`` relays to (``compute.gateway_services``): ``join``, ``renew_challenge``, ``renew``
-    and ``secret``, plus ``trust_bundle_pem`` and ``is_revoked`` for the gateway's own handshake checks.
-
-    The gateway is not trusted with any of it: every answer is decided here from what the node itself sealed or
-    signed.
-    """
-
-    def __init__(
-        self, joins: JoinService, broker: SecretBroker, *, store: Store, replay_guard: ReplayGuard, clock: Clock
-    ) -> None:
-        self.joins = joins
-        # JoinService's own methods, as they are (their docstrings tell the refusals).
-        self.join = joins.join
-        self.renew_challenge = joins.renew_challenge
-        self.renew = joins.renew
-        self._store = store
-        self._broker = broker
-        self._guard = replay_guard
-        self._clock = clock
-
-    def __repr__(self) -> str:
-        return f"GatewayServices(trust_domain={self.joins.ca.trust_domain!r})"
-
-    async def secret(
-        self,
-        *,
-        certificate_pem: str,
-        name: str,
-        ephemeral_public_jwk: Mapping[str, Any],
-        signed_at_ms: int,
-        nonce: bytes,
-        signature: bytes,
-    ) -> str:
-        """The secret ``name`` as JWE to ``ephemeral_public_jwk``, for the node of ``certificate_pem``, which signed
-        the request (``secret_message``) at ``signed_at_ms`` with a fresh 16-byte ``nonce``.
-
-        Every refusal of a request made with a certificate this CA issued is audited (``compute:secrets:release``,
-        outcome ``denied``, with the reason), as the broker audits its own answers.
-
-        Raises:
-            InvalidInputError: a malformed certificate, name, JWK, time, nonce or signature.
-            UnauthenticatedError: the certificate is expired, untrusted or revoked; the request is older than two
-                minutes, from the future, replayed, or not signed by the certificate's key.
-            AccessDeniedError: the node is retired, or no secret of that name is granted to it (audited).
-        """
-        if not isinstance(nonce, bytes) or len(nonce) != 16:
-            raise InvalidInputError("nonce: expected 16 bytes", details={"path": "nonce"})
-        if isinstance(signed_at_ms, bool) or not isinstance(signed_at_ms, int) or abs(signed_at_ms) >= 2**62:
-            raise InvalidInputError(
-                "signed_at_ms: expected milliseconds since the epoch", details={"path": "signed_at_ms"}
-            )
-        if not isinstance(name, str) or not 1 <= len(name) <= 128:
-            raise InvalidInputError("name: must be 1 to 128 characters", details={"path": "name"})
-        if not isinstance(ephemeral_public_jwk, Mapping):
-            raise InvalidInputError(
-                "ephemeral_public_jwk: expected a JWK object", details={"path": "ephemeral_public_jwk"}
-            )
-        try:
-            thumbprint = JWKRegistry.import_key(dict(ephemeral_public_jwk)).thumbprint()
-        except (JoseError, ValueError, TypeError, KeyError):
-            raise InvalidInputError(
-                "ephemeral_public_jwk: not a valid public key", details={"path": "ephemeral_public_jwk"}
-            ) from None
-        try:
-            node = await self._checked_request(
-                certificate_pem, name, thumbprint, signed_at_ms=signed_at_ms, nonce=nonce, signature=signature
-            )
-        except (UnauthenticatedError, AccessDeniedError, FailedPreconditionError) as exc:
-            await self._audit_refusal(certificate_pem, name, thumbprint, exc)
-            raise
-        identity = NodeIdentity(node_id=node.id, pool_id=node.pool_id, site_id=node.site_id, tenant=node.tenant)
-        return await self._broker.secret(identity, name, ephemeral_public_jwk)
-
-    async def _checked_request(
-        self, certificate_pem: str, name: str, thumbprint: str, *, signed_at_ms: int, nonce: bytes, signature: bytes
-    ) -> NodeRecord:
-        presented = await self.joins._presented(certificate_pem)
-        verify_signature(
-            presented.certificate.public_key(), signature, secret_message(signed_at_ms, nonce, name, thumbprint)
-        )
-        now = self._clock.now()
-        signed_at = dt.datetime.fromtimestamp(signed_at_ms / 1000, dt.UTC)
-        if signed_at < now - SECRET_REQUEST_TTL:
-            raise UnauthenticatedError("the request is too old; sign it again", details={"reason": "expired"})
-        if signed_at > now + _SKEW:
-            raise UnauthenticatedError(
-                "the request is stamped in the future: check the node's clock", details={"reason": "from_the_future"}
-            )
-        remember_until = signed_at + SECRET_REQUEST_TTL + _SKEW
-        if not await self._guard.first_use("secret/v1", nonce, expires_at=remember_until, now=now):
-            raise UnauthenticatedError("this request was already used", details={"reason": "replayed"})
-        return presented.node
-
-    async def _audit_refusal(self, certificate_pem: str, name: str, thumbprint: str, error: ComputeError) -> None:
-        """Audit a refused request whose certificate this CA issued (garbage from nowhere is only refused)."""
-        try:
-            serial = format(x509.load_pem_x509_certificate(certificate_pem.encode()).serial_number, "x")
-        except ValueError:
-            return
-        record = await self._store.certificates.get(serial)
-        if record is None:
-            return
-        node = await self._store.nodes.get(record.node_id)
-        async with self._store.transaction() as tx:
-            await tx.audit(
-                AuditRecord(
-                    action=RELEASE_ACTION,
-                    actor=f"node:{record.node_id}",
-                    tenant=node.tenant if node is not None else None,
-                    resource_type="secret",
-                    resource_id=None,
-                    decision_id=None,
-                    outcome="denied",
-                    details={
-                        "name": name,
-                        "node_id": record.node_id,
-                        "serial": serial,
-                        "jwk_thumbprint": thumbprint,
-                        "reason": error.details.get("reason", error.code),
-                    },
-                )
-            )
-        log.info("secret %r refused to node %s: %s", name, record.node_id, error.details.get("reason", error.code))
-
-    async def trust_bundle_pem(self) -> str:
-        """The CA certificates a gateway trusts for client certificates (PEM)."""
-        return await self.joins.ca.trust_bundle_pem()
-
-    async def is_revoked(self, serial: int | str) -> bool:
-        """Whether a certificate is revoked (the gateway asks at each handshake)."""
-        return await self.joins.ca.is_revoked(serial)
 
 
 def _refuse_spent(revoked: bool, expired: bool, exhausted: bool) -> None:

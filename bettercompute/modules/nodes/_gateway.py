@@ -1,0 +1,176 @@
+"""``GatewayServices``: what a gateway relays ``Join``, ``Renew`` and ``Secret`` to, decided here from what the node
+sealed or signed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from cryptography import x509
+from joserfc.errors import JoseError
+from joserfc.jwk import JWKRegistry
+
+from bettercompute.errors import (
+    AccessDeniedError,
+    ComputeError,
+    FailedPreconditionError,
+    InvalidInputError,
+    UnauthenticatedError,
+)
+from bettercompute.modules.nodes._join import JoinService
+from bettercompute.modules.nodes._proofs import (
+    secret_message,
+    verify_signature,
+)
+from bettercompute.modules.nodes._renew import CLOCK_SKEW
+from bettercompute.modules.secrets import NodeIdentity, SecretBroker
+from bettercompute.modules.secrets._broker import RELEASE_ACTION
+from bettercompute.ports import (
+    AuditRecord,
+    Clock,
+    NodeRecord,
+    ReplayGuard,
+    Store,
+)
+
+__all__ = ["GatewayServices"]
+
+log = logging.getLogger("bettercompute.joins")
+
+SECRET_REQUEST_TTL = dt.timedelta(minutes=2)
+
+
+class GatewayServices:
+    """What ``create_gateway`` relays to (``compute.gateway_services``): ``join``, ``renew_challenge``, ``renew``
+    and ``secret``, plus ``trust_bundle_pem`` and ``is_revoked`` for the gateway's own handshake checks.
+
+    The gateway is not trusted with any of it: every answer is decided here from what the node itself sealed or
+    signed.
+    """
+
+    def __init__(
+        self, joins: JoinService, broker: SecretBroker, *, store: Store, replay_guard: ReplayGuard, clock: Clock
+    ) -> None:
+        self.joins = joins
+        # JoinService's own methods, as they are (their docstrings tell the refusals).
+        self.join = joins.join
+        self.renew_challenge = joins.renew_challenge
+        self.renew = joins.renew
+        self._store = store
+        self._broker = broker
+        self._guard = replay_guard
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"GatewayServices(trust_domain={self.joins.ca.trust_domain!r})"
+
+    async def secret(
+        self,
+        *,
+        certificate_pem: str,
+        name: str,
+        ephemeral_public_jwk: Mapping[str, Any],
+        signed_at_ms: int,
+        nonce: bytes,
+        signature: bytes,
+    ) -> str:
+        """The secret ``name`` as JWE to ``ephemeral_public_jwk``, for the node of ``certificate_pem``, which signed
+        the request (``secret_message``) at ``signed_at_ms`` with a fresh 16-byte ``nonce``.
+
+        Every refusal of a request made with a certificate this CA issued is audited (``compute:secrets:release``,
+        outcome ``denied``, with the reason), as the broker audits its own answers.
+
+        Raises:
+            InvalidInputError: a malformed certificate, name, JWK, time, nonce or signature.
+            UnauthenticatedError: the certificate is expired, untrusted or revoked; the request is older than two
+                minutes, from the future, replayed, or not signed by the certificate's key.
+            AccessDeniedError: the node is retired, or no secret of that name is granted to it (audited).
+        """
+        if not isinstance(nonce, bytes) or len(nonce) != 16:
+            raise InvalidInputError("nonce: expected 16 bytes", details={"path": "nonce"})
+        if isinstance(signed_at_ms, bool) or not isinstance(signed_at_ms, int) or abs(signed_at_ms) >= 2**62:
+            raise InvalidInputError(
+                "signed_at_ms: expected milliseconds since the epoch", details={"path": "signed_at_ms"}
+            )
+        if not isinstance(name, str) or not 1 <= len(name) <= 128:
+            raise InvalidInputError("name: must be 1 to 128 characters", details={"path": "name"})
+        if not isinstance(ephemeral_public_jwk, Mapping):
+            raise InvalidInputError(
+                "ephemeral_public_jwk: expected a JWK object", details={"path": "ephemeral_public_jwk"}
+            )
+        try:
+            thumbprint = JWKRegistry.import_key(dict(ephemeral_public_jwk)).thumbprint()
+        except (JoseError, ValueError, TypeError, KeyError):
+            raise InvalidInputError(
+                "ephemeral_public_jwk: not a valid public key", details={"path": "ephemeral_public_jwk"}
+            ) from None
+        try:
+            node = await self._checked_request(
+                certificate_pem, name, thumbprint, signed_at_ms=signed_at_ms, nonce=nonce, signature=signature
+            )
+        except (UnauthenticatedError, AccessDeniedError, FailedPreconditionError) as exc:
+            await self._audit_refusal(certificate_pem, name, thumbprint, exc)
+            raise
+        identity = NodeIdentity(node_id=node.id, pool_id=node.pool_id, site_id=node.site_id, tenant=node.tenant)
+        return await self._broker.secret(identity, name, ephemeral_public_jwk)
+
+    async def _checked_request(
+        self, certificate_pem: str, name: str, thumbprint: str, *, signed_at_ms: int, nonce: bytes, signature: bytes
+    ) -> NodeRecord:
+        presented = await self.joins.renewals.presented(certificate_pem)
+        verify_signature(
+            presented.certificate.public_key(), signature, secret_message(signed_at_ms, nonce, name, thumbprint)
+        )
+        now = self._clock.now()
+        signed_at = dt.datetime.fromtimestamp(signed_at_ms / 1000, dt.UTC)
+        if signed_at < now - SECRET_REQUEST_TTL:
+            raise UnauthenticatedError("the request is too old; sign it again", details={"reason": "expired"})
+        if signed_at > now + CLOCK_SKEW:
+            raise UnauthenticatedError(
+                "the request is stamped in the future: check the node's clock", details={"reason": "from_the_future"}
+            )
+        remember_until = signed_at + SECRET_REQUEST_TTL + CLOCK_SKEW
+        if not await self._guard.first_use("secret/v1", nonce, expires_at=remember_until, now=now):
+            raise UnauthenticatedError("this request was already used", details={"reason": "replayed"})
+        return presented.node
+
+    async def _audit_refusal(self, certificate_pem: str, name: str, thumbprint: str, error: ComputeError) -> None:
+        """Audit a refused request whose certificate this CA issued (garbage from nowhere is only refused)."""
+        try:
+            serial = format(x509.load_pem_x509_certificate(certificate_pem.encode()).serial_number, "x")
+        except ValueError:
+            return
+        record = await self._store.certificates.get(serial)
+        if record is None:
+            return
+        node = await self._store.nodes.get(record.node_id)
+        async with self._store.transaction() as tx:
+            await tx.audit(
+                AuditRecord(
+                    action=RELEASE_ACTION,
+                    actor=f"node:{record.node_id}",
+                    tenant=node.tenant if node is not None else None,
+                    resource_type="secret",
+                    resource_id=None,
+                    decision_id=None,
+                    outcome="denied",
+                    details={
+                        "name": name,
+                        "node_id": record.node_id,
+                        "serial": serial,
+                        "jwk_thumbprint": thumbprint,
+                        "reason": error.details.get("reason", error.code),
+                    },
+                )
+            )
+        log.info("secret %r refused to node %s: %s", name, record.node_id, error.details.get("reason", error.code))
+
+    async def trust_bundle_pem(self) -> str:
+        """The CA certificates a gateway trusts for client certificates (PEM)."""
+        return await self.joins.ca.trust_bundle_pem()
+
+    async def is_revoked(self, serial: int | str) -> bool:
+        """Whether a certificate is revoked (the gateway asks at each handshake)."""
+        return await self.joins.ca.is_revoked(serial)
