@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 import attrs
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import RowMaker
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
@@ -222,13 +222,8 @@ class Database:
             raise InternalError("the store is not open")
         return self.engine
 
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Connection]:
-        """A pooled connection, in autocommit, for the block; it goes back to the pool only when idle.
-
-        A connection left in a transaction or mid-statement (the block was cancelled, or the server went away) is
-        dropped instead, so the pool never hands out a dirty one.
-        """
+    async def _checkout(self) -> PoolProxiedConnection:
+        """A pooled connection, counted in ``usage``; give it back with ``_checkin``."""
         engine = self.require()
         with translated():
             fairy = await engine.raw_connection()
@@ -236,13 +231,24 @@ class Database:
         usage.checkouts += 1
         usage.in_use += 1
         usage.peak = max(usage.peak, usage.in_use)
+        return fairy
+
+    async def _checkin(self, fairy: PoolProxiedConnection) -> None:
+        self.usage.in_use -= 1
+        await _release(fairy)
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """A pooled connection, in autocommit, for the block; it goes back to the pool only when idle.
+
+        A connection left in a transaction or mid-statement (the block was cancelled, or the server went away) is
+        dropped instead, so the pool never hands out a dirty one.
+        """
+        fairy = await self._checkout()
         try:
-            conn = fairy.driver_connection
-            assert isinstance(conn, psycopg.AsyncConnection)  # the pool holds psycopg connections only
-            yield conn
+            yield _driver(fairy)
         finally:
-            usage.in_use -= 1
-            await _release(fairy)
+            await self._checkin(fairy)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
@@ -274,13 +280,35 @@ class Database:
         return count
 
     async def _run(self, statement: Statement, params: Mapping[str, Any]) -> tuple[list[Any], int]:
-        """One round trip on a pooled connection, in autocommit (no BEGIN, no COMMIT)."""
-        async with self.connection() as conn:
+        """One round trip on a pooled connection, in autocommit (no BEGIN, no COMMIT).
+
+        The checkout is written out rather than taken from ``connection()``: this is the store's hottest path.
+        """
+        fairy = await self._checkout()
+        try:
             with translated():
-                async with conn.cursor(row_factory=named_row) as cur:
-                    await cur.execute(statement.query, params)
-                    rows = await cur.fetchall() if cur.description is not None else []
-                    return rows, cur.rowcount
+                cur = _driver(fairy).cursor(row_factory=named_row)
+                await cur.execute(statement.query, params)
+                return await _rows(cur), cur.rowcount
+        finally:
+            await self._checkin(fairy)
+
+
+def _driver(fairy: PoolProxiedConnection) -> Connection:
+    conn = fairy.driver_connection
+    assert isinstance(conn, psycopg.AsyncConnection)  # the pool holds psycopg connections only
+    return conn
+
+
+async def _rows(cur: psycopg.AsyncCursor[Any]) -> list[Any]:
+    """The rows of the statement ``cur`` ran, or none if it returns none (an UPDATE without RETURNING).
+
+    Asks the result's status, not ``cur.description``, which would build a column object per column each time.
+    """
+    result = cur.pgresult
+    if result is None or result.status != ExecStatus.TUPLES_OK:
+        return []
+    return await cur.fetchall()
 
 
 async def _rollback(conn: Connection) -> None:
@@ -296,8 +324,12 @@ async def _rollback(conn: Connection) -> None:
 
 
 async def _release(fairy: PoolProxiedConnection) -> None:
-    """Return ``fairy`` to the pool, or drop it if its connection is not reusable as is (never cancelled midway,
-    which would lose the pool's slot)."""
+    """Return ``fairy`` to the pool, or drop it if its connection is not reusable as is.
+
+    Returning an idle connection does no I/O (the pool resets nothing on return), so it is a plain call: nothing
+    can cancel it midway. Dropping one closes its connection, which the pool does through its greenlet bridge;
+    that is shielded from cancellation, as an interrupted drop would lose the pool's slot.
+    """
     conn = fairy.driver_connection
     usable = (
         isinstance(conn, psycopg.AsyncConnection)
@@ -305,18 +337,20 @@ async def _release(fairy: PoolProxiedConnection) -> None:
         and conn.autocommit
         and conn.info.transaction_status == TransactionStatus.IDLE
     )
+    if usable:
+        fairy.close()
+        return
     with anyio.CancelScope(shield=True):
-        if not usable:
-            await greenlet_spawn(fairy.invalidate)
+        await greenlet_spawn(fairy.invalidate)
         await greenlet_spawn(fairy.close)
 
 
 async def fetch_in(conn: Connection, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
     """Run one statement on a connection whose transaction the caller owns; its rows, columns as attributes."""
     with translated():
-        async with conn.cursor(row_factory=named_row) as cur:
-            await cur.execute(statement.query, params)
-            return await cur.fetchall() if cur.description is not None else []
+        cur = conn.cursor(row_factory=named_row)
+        await cur.execute(statement.query, params)
+        return await _rows(cur)
 
 
 def dumps(value: Any) -> str:
