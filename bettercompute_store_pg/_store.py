@@ -64,6 +64,11 @@ class PgStore:
     settings, no session locks, no LISTEN; with ``prepared_statements=False`` no server-side prepared statements
     either.
 
+    Every statement runs on a pooled psycopg connection directly (see ``_db``): a statement on its own in one round
+    trip (autocommit), a transaction as BEGIN ... COMMIT on one connection, whose ``PgTransaction.connection``
+    repositories and other packages' adapters reach with ``connection_of(tx)``. ``connection()`` lends a pooled
+    connection outside any transaction; ``pool_usage`` tells how the pool is used.
+
     ``on_enqueued`` and ``on_published`` listeners (the control plane's notifier pokes) run after the commit of a
     transaction that enqueued work or published events, outside it.
 
