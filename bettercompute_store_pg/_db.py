@@ -6,13 +6,14 @@ statement on its own is one round trip (no BEGIN, no COMMIT), and a transaction 
 ``COMMIT`` on one checked-out connection (``Database.transaction``).
 
 The pool is SQLAlchemy's (``QueuePool`` through ``create_async_engine``, used for nothing but the URL and
-``raw_connection()``), not ``psycopg_pool``. Measured on the development machine, a psycopg_pool checkout and
-return costs about 13 µs of CPU against about 45-65 µs here (the greenlet hops of SQLAlchemy's async pool), some
-0.2-0.4 ms of a join's 15 round trips. What decided it is behaviour: SQLAlchemy's pool connects in the caller's
-task, so an unreachable server fails the call at once with ``UnavailableError``, where psycopg_pool connects in
-background workers that retry while the caller waits out the whole checkout timeout (10 s), and logs every failed
-attempt with the server's address. Its checkout event also runs the dead-connection check below, which discards
-every connection of the pool at once after a server restart.
+``raw_connection()``), not ``psycopg_pool``. That costs CPU: on the 2-core development machine a checkout and
+return takes about 45-90 µs here against about 13-30 µs with psycopg_pool (the greenlet hop of SQLAlchemy's
+async pool), and a join (``bench/joins.py``, 7 checkouts) about 0.3-0.8 ms more of its roughly 7 ms. What decided
+it is behaviour: SQLAlchemy's pool connects in the caller's task, so an unreachable server fails the call at once
+with ``UnavailableError``, where psycopg_pool connects in background workers that retry while the caller waits out
+the whole checkout timeout (10 s), and logs every failed attempt with the server's address. Its checkout event
+also runs the dead-connection check below, which discards every connection of the pool at once after a server
+restart, before any statement is sent.
 
 Statement text is fixed per ``Statement``, so psycopg's automatic prepare (off with ``prepared_statements=False``,
 for PgBouncer in transaction mode) sees the same query every time. BEGIN, COMMIT and ROLLBACK are never prepared.
