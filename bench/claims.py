@@ -6,7 +6,7 @@ package) against a table filled the same way, with the same concurrency, and wit
 parameters (``-D``), not literals: with literals PostgreSQL would plan the claim once, while the store's parameterized
 claim is planned on every call. For a batch of n, pgbench's claim is wrapped to hand its n ids and tokens to n
 completes. Both sides run a warm-up first, then count the rows the measured run completed (deleted). So the ratio is
-the cost of Python, SQLAlchemy and psycopg on top of PostgreSQL.
+the cost of Python, the store and psycopg (with its pool) on top of PostgreSQL.
 
     python bench/claims.py            # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
 
@@ -48,8 +48,8 @@ def drop_schema() -> None:
 
 
 async def fill(store: PgStore) -> None:
-    async with store.engine.begin() as conn:
-        await conn.exec_driver_sql(f'TRUNCATE "{SCHEMA}".work_queue')
+    async with store.connection() as conn:
+        await conn.execute(f'TRUNCATE "{SCHEMA}".work_queue')
     batch = 10_000
     for start in range(0, ITEMS, batch):
         await store.queue.enqueue(

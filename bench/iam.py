@@ -8,8 +8,8 @@ Measures the embedded IAM on one control plane (default 30 s caches) and on a se
     (f) RemoteIam.require against the cached plane over httpx.ASGITransport (HTTP without a network)
 
 then pgbench with the same credential lookup and grants query (the package's own statements, parameters filled
-in), so the ratios show what Python, SQLAlchemy and psycopg cost on top of PostgreSQL; and the lookup between BEGIN
-and ROLLBACK, which is what a read on a pooled SQLAlchemy connection sends (three round trips, not one).
+in), so the ratios show what Python, the store and psycopg cost on top of PostgreSQL; and the lookup between BEGIN
+and ROLLBACK, what the read would cost in a transaction of its own (three round trips, not one).
 
     python bench/iam.py            # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
 
@@ -84,7 +84,7 @@ async def plane(iam: EmbeddedIam) -> BetterCompute:
 
 def one_line(sql: str, values: dict[str, str]) -> str:
     for name, value in values.items():
-        sql = re.sub(re.escape(name) + r"\b", value, sql)
+        sql = sql.replace(name, value)
     return " ".join(sql.split()) + ";\n"
 
 
@@ -148,9 +148,9 @@ async def main() -> None:
         tables = IamTables(cached.context.store)
         parsed = parse(credential)
         assert parsed is not None
-        credential_sql = one_line(tables._credential.clause.text, {":id": f"'{parsed.id}'"})
-        grants_sql = one_line(tables._grants.clause.text, {":principal": f"'{identity.principal_id}'"})
-        # What SQLAlchemy really sends for one read on a pooled connection: BEGIN, the query, ROLLBACK on return.
+        credential_sql = one_line(tables._credential.query, {"%(id)s": f"'{parsed.id}'"})
+        grants_sql = one_line(tables._grants.query, {"%(principal)s": f"'{identity.principal_id}'"})
+        # The same read wrapped in a transaction, as it would be without the store's one-round-trip path.
         credential_tx_sql = f"BEGIN;\n{credential_sql}ROLLBACK;\n"
     finally:
         if remote is not None:

@@ -32,8 +32,9 @@ the clock starts, as it is not the server's cost. A sealed token carries the tim
     all small. One random number per transaction serves as node id, hardware key,
     serial and nonce. The outbox event's key is set to it with ``jsonb_set``. NULLs are bound as ``'null'`` through
     ``NULLIF``. pgbench's token rows are inserted directly. After each run, the token uses spent must equal the
-    transactions pgbench counted. The ratio joins/s / pgbench tx/s is what Python, the cryptography, SQLAlchemy and
-    psycopg cost on top of PostgreSQL. Against "whole join" the two sides do the same work in the database.
+    transactions pgbench counted. The ratio joins/s / pgbench tx/s is what Python, the cryptography, the store and
+    psycopg cost on top of PostgreSQL (every statement runs on psycopg directly; SQLAlchemy is only the pool).
+    Against "whole join" the two sides do the same work in the database.
 
 Reading the numbers: on 2 cores, Python and PostgreSQL share the machine, and the Python side is one process (one
 core at most). If cores is near 1.00, joins/s is about 1 / CPU per join, and more callers will not raise it; more
@@ -602,7 +603,7 @@ def report(results: Results, args: argparse.Namespace) -> None:
         ("    (a) + CSR checks + (b)", crypto),
         (f"(c) full join, 1 caller, {solo.joins} joins one after another", wall),
         ("    this process's CPU during (c)", solo.cpu_per_join),
-        ("      of which not (a), CSR checks, (b): store, SQLAlchemy, ...", solo.cpu_per_join - crypto),
+        ("      of which not (a), CSR checks, (b): store, psycopg, pool...", solo.cpu_per_join - crypto),
         ("    waiting on PostgreSQL: (c) - CPU", wall - solo.cpu_per_join),
     ]
     for name, seconds in steps:

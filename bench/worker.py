@@ -117,8 +117,8 @@ def remaining() -> int:
 async def fill() -> None:
     """An empty queue, then ``ITEMS`` items of ``KIND`` spread over the shards by the reconciler's own hash."""
     async with PgStore(URL, schema=SCHEMA, pool_size=1) as store:
-        async with store.engine.begin() as conn:
-            await conn.exec_driver_sql(f'TRUNCATE "{SCHEMA}".work_queue')
+        async with store.connection() as conn:
+            await conn.execute(f'TRUNCATE "{SCHEMA}".work_queue')
         batch = 10_000
         for start in range(0, ITEMS, batch):
             await store.queue.enqueue([NOOP.item(f"item-{n}") for n in range(start, min(ITEMS, start + batch))])

@@ -8,12 +8,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from bettercompute.errors import ConflictError, InternalError, InvalidInputError
+from bettercompute.errors import ConflictError, InvalidInputError
 from bettercompute.ports import CaKey, IssuedCertificate, Revocation, Transaction
 
 from ._db import Database, fetch_in, utc
+from ._transaction import connection_of
 
 __all__ = ["PgCertificates"]
 
@@ -89,13 +88,6 @@ ORDER BY revoked_at, serial
 """
 
 
-def _conn(tx: Transaction) -> AsyncConnection:
-    connection = getattr(tx, "connection", None)
-    if not isinstance(connection, AsyncConnection):
-        raise InternalError("certificates need a transaction of the PostgreSQL store")
-    return connection
-
-
 def _key(row: Any) -> CaKey:
     return CaKey(
         id=row.id,
@@ -150,12 +142,14 @@ class PgCertificates:
 
     async def lock(self, tx: Transaction, trust_domain: str) -> None:
         """Take the trust domain's transaction-scoped advisory lock."""
-        await fetch_in(_conn(tx), self._lock, {"trust_domain": trust_domain})
+        await fetch_in(connection_of(tx), self._lock, {"trust_domain": trust_domain})
 
     async def keys(self, trust_domain: str, *, tx: Transaction | None = None) -> list[CaKey]:
         """The trust domain's keys, oldest first."""
         params = {"trust_domain": trust_domain}
-        rows = await (fetch_in(_conn(tx), self._keys, params) if tx is not None else self._db.fetch(self._keys, params))
+        rows = await (
+            fetch_in(connection_of(tx), self._keys, params) if tx is not None else self._db.fetch(self._keys, params)
+        )
         return [_key(row) for row in rows]
 
     async def add_key(self, tx: Transaction, key: CaKey) -> None:
@@ -169,13 +163,13 @@ class PgCertificates:
             "state": key.state,
             "not_after": key.not_after,
         }
-        if not await fetch_in(_conn(tx), self._add_key, params):
+        if not await fetch_in(connection_of(tx), self._add_key, params):
             raise ConflictError("the trust domain has an active CA key already, or the key id is taken")
 
     async def set_key_state(self, tx: Transaction, *, trust_domain: str, id: str, state: str) -> bool:
         """Move a key to ``state``."""
         params = {"trust_domain": trust_domain, "id": id, "state": state}
-        return bool(await fetch_in(_conn(tx), self._set_state, params))
+        return bool(await fetch_in(connection_of(tx), self._set_state, params))
 
     async def record(self, tx: Transaction, certificate: IssuedCertificate) -> None:
         """Record an issued certificate."""
@@ -189,12 +183,12 @@ class PgCertificates:
             "not_after": certificate.not_after,
             "key_sha256": certificate.key_sha256,
         }
-        if not await fetch_in(_conn(tx), self._record, params):
+        if not await fetch_in(connection_of(tx), self._record, params):
             raise ConflictError("a certificate with this serial is recorded already")
 
     async def _rows(self, tx: Transaction | None, statement: Any, params: dict[str, Any]) -> Any:
         if tx is not None:
-            return await fetch_in(_conn(tx), statement, params)
+            return await fetch_in(connection_of(tx), statement, params)
         return await self._db.fetch(statement, params)
 
     async def get(self, serial: str, *, tx: Transaction | None = None) -> IssuedCertificate | None:
@@ -220,7 +214,7 @@ class PgCertificates:
     async def lock_identity(self, tx: Transaction, spiffe_id: str, *, shared: bool) -> None:
         """Hold ``spiffe_id``'s identity lock until ``tx`` ends: shared while renewing, exclusive while revoking."""
         statement = self._lock_identity_shared if shared else self._lock_identity
-        await fetch_in(_conn(tx), statement, {"spiffe_id": spiffe_id})
+        await fetch_in(connection_of(tx), statement, {"spiffe_id": spiffe_id})
 
     async def revoke(
         self, tx: Transaction, *, serial: str | None = None, spiffe_id: str | None = None, reason: str
@@ -229,7 +223,7 @@ class PgCertificates:
         if (serial is None) == (spiffe_id is None):
             raise InvalidInputError("revoke takes a serial or a SPIFFE ID")
         params = {"serial": serial, "spiffe_id": spiffe_id, "reason": reason}
-        return [_revocation(row) for row in await fetch_in(_conn(tx), self._revoke, params)]
+        return [_revocation(row) for row in await fetch_in(connection_of(tx), self._revoke, params)]
 
     async def is_revoked(self, serial: str, *, tx: Transaction | None = None) -> bool:
         """Whether ``serial`` is revoked."""

@@ -12,12 +12,11 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from bettercompute.errors import InternalError, NotFoundError
 from bettercompute.ports import CommandRecord, SessionRecord, Transaction
 
 from ._db import Database, dumps, fetch_in, utc
+from ._transaction import connection_of
 
 __all__ = ["PgCommands", "PgSessions"]
 
@@ -133,13 +132,6 @@ RETURNING node_id
 _SESSION_GET = f"SELECT {_SESSION_COLUMNS} FROM {{s}}.sessions WHERE node_id = :node_id"
 
 
-def _conn(tx: Transaction) -> AsyncConnection:
-    connection = getattr(tx, "connection", None)
-    if not isinstance(connection, AsyncConnection):
-        raise InternalError("commands need a transaction of the PostgreSQL store")
-    return connection
-
-
 def _optional(value: dt.datetime | None) -> dt.datetime | None:
     return utc(value) if value is not None else None
 
@@ -213,7 +205,7 @@ class PgCommands:
             "on_session_loss": on_session_loss,
             "max_attempts": max_attempts,
         }
-        rows = await fetch_in(_conn(tx), self._create, params)
+        rows = await fetch_in(connection_of(tx), self._create, params)
         return _command(rows[0])
 
     async def get(self, id: str) -> CommandRecord | None:
@@ -239,7 +231,7 @@ class PgCommands:
 
     async def expire(self, tx: Transaction, *, now: dt.datetime, limit: int) -> list[CommandRecord]:
         """Expire open commands past their deadline."""
-        rows = await fetch_in(_conn(tx), self._expire, {"now": now, "limit": limit})
+        rows = await fetch_in(connection_of(tx), self._expire, {"now": now, "limit": limit})
         return [_command(r) for r in rows]
 
     async def orphaned(
@@ -247,7 +239,7 @@ class PgCommands:
     ) -> list[CommandRecord]:
         """Re-queue or fail dispatched commands whose session died."""
         params = {"stale_before": stale_before, "now": now, "limit": limit}
-        rows = await fetch_in(_conn(tx), self._orphaned, params)
+        rows = await fetch_in(connection_of(tx), self._orphaned, params)
         return [_command(r) for r in rows]
 
 

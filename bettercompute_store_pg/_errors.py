@@ -6,9 +6,8 @@ exception stays reachable as ``__cause__`` for logs and tracebacks.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
+from types import TracebackType
 
 import psycopg
 import psycopg.errors
@@ -62,21 +61,27 @@ def translate(exc: BaseException) -> ComputeError | None:
     return None
 
 
-@contextlib.contextmanager
-def translated() -> Iterator[None]:
-    """Re-raise database errors raised inside the block as ``ComputeError`` subclasses, ``from`` the original.
+class translated:  # a class, not a generator: it wraps every statement, and this costs less per use
+    """``with translated():`` re-raises database errors raised inside the block as ``ComputeError`` subclasses,
+    ``from`` the original.
 
     Raises:
         UnavailableError: The database cannot be reached, or asked for the transaction to be retried.
         ConflictError: A uniqueness rule was broken (a concurrent writer committed the same name or key first).
         InternalError: Any other database error.
     """
-    try:
-        yield
-    except Exception as exc:
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if not isinstance(exc, Exception):
+            return  # no error, or a cancellation or exit: not the database's to name
         error = translate(exc)
         if error is None:
-            raise
+            return
         if isinstance(error, InternalError):
             # A ComputeError passes the dispatcher unlogged, so this is the one place an unexpected database error
             # can be seen: by its class and SQLSTATE only, as its text may quote SQL or values.

@@ -6,13 +6,10 @@ import datetime as dt
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import Row
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from bettercompute.errors import FailedPreconditionError
 from bettercompute.ports import Lease
 
-from ._db import Database, dumps, fetch_in, utc
+from ._db import Connection, Database, dumps, fetch_in, utc
 
 __all__ = ["PgLeases"]
 
@@ -95,7 +92,7 @@ FOR KEY SHARE
 """
 
 
-def _lease(row: Row[Any]) -> Lease:
+def _lease(row: Any) -> Lease:
     return Lease(name=row.name, holder=row.holder, token=row.token, expires_at=utc(row.expires_at))
 
 
@@ -160,7 +157,7 @@ class PgLeases:
             return 0
         return await self._db.rowcount(self._release_many, {"leases": _keys(leases)})
 
-    async def check_fence(self, conn: AsyncConnection, lease: Lease) -> None:
+    async def check_fence(self, conn: Connection, lease: Lease) -> None:
         """Lock ``lease``'s row until ``conn``'s transaction ends, or refuse if it is no longer held with its token.
 
         Raises:

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from bettercompute.errors import InternalError
 from bettercompute.ports import Enrollment, JoinKeyRecord, NodeRecord, Transaction
 
 from ._db import Database, dumps, fetch_in, utc
+from ._transaction import connection_of
 
 __all__ = ["PgJoinKeys", "PgNodes"]
 
@@ -80,13 +79,6 @@ UNION ALL SELECT {_KEY_COLUMNS} FROM {{s}}.join_keys WHERE state = 'active' AND 
 """
 
 
-def _conn(tx: Transaction) -> AsyncConnection:
-    connection = getattr(tx, "connection", None)
-    if not isinstance(connection, AsyncConnection):
-        raise InternalError("nodes need a transaction of the PostgreSQL store")
-    return connection
-
-
 def _node(row: Any) -> NodeRecord:
     return NodeRecord(
         id=row.id,
@@ -146,7 +138,7 @@ class PgNodes:
             "join_token_id": join_token_id,
             "reclaim": reclaim,
         }
-        rows = await fetch_in(_conn(tx), self._enroll, params)
+        rows = await fetch_in(connection_of(tx), self._enroll, params)
         if not rows:  # pragma: no cover - one of the three branches always answers
             raise InternalError("enrolling a node gave no answer")
         return Enrollment(outcome=rows[0].outcome, node=_node(rows[0]))
@@ -154,7 +146,7 @@ class PgNodes:
     async def get(self, id: str, *, tx: Transaction | None = None, lock: bool = False) -> NodeRecord | None:
         """A node by id (share-locked until ``tx`` ends with ``lock``)."""
         if tx is not None:
-            rows = await fetch_in(_conn(tx), self._get_locked if lock else self._get, {"id": id})
+            rows = await fetch_in(connection_of(tx), self._get_locked if lock else self._get, {"id": id})
         elif lock:
             raise InternalError("locking a node needs a transaction")
         else:
@@ -176,7 +168,7 @@ class PgNodes:
 
     async def retire(self, tx: Transaction, id: str) -> NodeRecord | None:
         """Retire a node (idempotent)."""
-        rows = await fetch_in(_conn(tx), self._retire, {"id": id})
+        rows = await fetch_in(connection_of(tx), self._retire, {"id": id})
         return _node(rows[0]) if rows else None
 
 

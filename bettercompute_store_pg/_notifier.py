@@ -12,9 +12,9 @@ from psycopg import sql
 
 from bettercompute.errors import InvalidInputError
 
+from ._db import driver_url
 from ._errors import translated
 from ._schema import validate_schema
-from ._store import driver_url
 
 __all__ = ["PgNotifier"]
 

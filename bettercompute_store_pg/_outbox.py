@@ -9,12 +9,9 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Row
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from bettercompute.ports import OutboxEvent, StoredEvent
 
-from ._db import Database, dumps, fetch_in, utc
+from ._db import Connection, Database, dumps, fetch_in, utc
 
 __all__ = ["PgOutbox"]
 
@@ -68,7 +65,7 @@ WHERE o.id = a.id AND o.claim_token = a.token
 """
 
 
-def _stored(row: Row[Any]) -> StoredEvent:
+def _stored(row: Any) -> StoredEvent:
     return StoredEvent(
         id=row.id,
         type=row.type,
@@ -94,7 +91,7 @@ class PgOutbox:
         self._ack = db.sql(_ACK)
         self._release = db.sql(_RELEASE)
 
-    async def publish_in(self, conn: AsyncConnection, events: Sequence[OutboxEvent]) -> None:
+    async def publish_in(self, conn: Connection, events: Sequence[OutboxEvent]) -> None:
         """Record events in the caller's transaction (visible once it commits)."""
         if events:
             payload = [

@@ -12,12 +12,11 @@ import hmac
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from bettercompute.errors import ConflictError, InternalError
+from bettercompute.errors import ConflictError
 from bettercompute.ports import JoinTokenRecord, PoolRecord, TokenConsumption, Transaction
 
 from ._db import Database, dumps, fetch_in, utc
+from ._transaction import connection_of
 
 __all__ = ["PgJoinTokens", "PgPools"]
 
@@ -98,13 +97,6 @@ SELECT t.*, (SELECT uses_left FROM spent) AS uses_after FROM t
 """
 
 
-def _conn(tx: Transaction) -> AsyncConnection:
-    connection = getattr(tx, "connection", None)
-    if not isinstance(connection, AsyncConnection):
-        raise InternalError("pools need a transaction of the PostgreSQL store")
-    return connection
-
-
 def _pool(row: Any) -> PoolRecord:
     return PoolRecord(
         id=row.id,
@@ -169,7 +161,7 @@ class PgPools:
             "checks": list(acceptance_checks),
             "labels": dumps(dict(labels)),
         }
-        rows = await fetch_in(_conn(tx), self._create, params)
+        rows = await fetch_in(connection_of(tx), self._create, params)
         if not rows:
             raise ConflictError("the tenant has a pool of that name", details={"path": "name", "name": name})
         return _pool(rows[0])
@@ -206,7 +198,7 @@ class PgPools:
             "checks": list(acceptance_checks) if acceptance_checks is not None else None,
             "labels": dumps(dict(labels)) if labels is not None else None,
         }
-        row = (await fetch_in(_conn(tx), self._update, params))[0]
+        row = (await fetch_in(connection_of(tx), self._update, params))[0]
         if not row.found:
             return None
         if row.taken:
@@ -252,7 +244,7 @@ class PgJoinTokens:
             "reclaim": reclaim,
             "created_by": created_by,
         }
-        rows = await fetch_in(_conn(tx), self._create, params)
+        rows = await fetch_in(connection_of(tx), self._create, params)
         return _token(rows[0])
 
     async def for_pool(self, pool_id: str, *, after: Sequence[Any] | None, limit: int) -> list[JoinTokenRecord]:
@@ -274,7 +266,7 @@ class PgJoinTokens:
 
     async def revoke(self, tx: Transaction, id: str) -> JoinTokenRecord | None:
         """End a token now (a revoked one keeps its first ``revoked_at``); ``None`` when there is no such token."""
-        rows = await fetch_in(_conn(tx), self._revoke, {"id": id})
+        rows = await fetch_in(connection_of(tx), self._revoke, {"id": id})
         return _token(rows[0]) if rows else None
 
     async def consume(self, tx: Transaction, *, id: str, secret_hash: bytes, now: dt.datetime) -> TokenConsumption:
@@ -285,7 +277,7 @@ class PgJoinTokens:
         ``expired`` (at ``now``) or ``exhausted``. The hash is compared in SQL, to make the decrement conditional
         on it; the result is re-checked here with ``hmac.compare_digest``.
         """
-        rows = await fetch_in(_conn(tx), self._consume, {"id": id, "secret_hash": secret_hash, "now": now})
+        rows = await fetch_in(connection_of(tx), self._consume, {"id": id, "secret_hash": secret_hash, "now": now})
         if not rows:
             return TokenConsumption(outcome="unknown", token=None)
         row = rows[0]

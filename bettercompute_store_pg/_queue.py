@@ -13,11 +13,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bettercompute.ports import Claim, Lease, WorkItem
 
-from ._db import Database, Statement, dumps, fetch_in, utc, when
+from ._db import Connection, Database, Statement, dumps, fetch_in, utc, when
 
 __all__ = ["PgWorkQueue", "claim_sql", "complete_sql", "retry_sql"]
 
@@ -216,7 +215,7 @@ class PgWorkQueue:
             if self._on_enqueued is not None:
                 await self._on_enqueued(frozenset(item.kind for item in items))
 
-    async def enqueue_in(self, conn: AsyncConnection, items: Sequence[WorkItem]) -> None:
+    async def enqueue_in(self, conn: Connection, items: Sequence[WorkItem]) -> None:
         """Add work in the caller's transaction."""
         if items:
             await fetch_in(conn, self._enqueue, {"items": _items(items)})

@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from bettercompute.errors import ConflictError, InternalError
+from bettercompute.errors import ConflictError
 from bettercompute.ports import SecretRecord, Transaction
 
 from ._db import Database, fetch_in, utc
+from ._transaction import connection_of
 
 __all__ = ["PgSecrets"]
 
@@ -37,13 +36,6 @@ SELECT {_COLUMNS} FROM {{s}}.secrets
 WHERE name = :name AND scope = ANY(CAST(:scopes AS text[])) AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
 ORDER BY tenant, id
 """
-
-
-def _conn(tx: Transaction) -> AsyncConnection:
-    connection = getattr(tx, "connection", None)
-    if not isinstance(connection, AsyncConnection):
-        raise InternalError("secrets need a transaction of the PostgreSQL store")
-    return connection
 
 
 def _record(row: Any) -> SecretRecord:
@@ -78,7 +70,7 @@ class PgSecrets:
             "description": record.description,
             "sealed_value": record.sealed_value,
         }
-        rows = await fetch_in(_conn(tx), self._create, params)
+        rows = await fetch_in(connection_of(tx), self._create, params)
         if not rows:
             raise ConflictError("this tenant has a secret of this name", details={"name": record.name})
         return _record(rows[0])
@@ -91,7 +83,7 @@ class PgSecrets:
 
     async def delete(self, tx: Transaction, *, tenant: str, name: str) -> SecretRecord | None:
         """Delete a secret of ``tenant`` in the caller's transaction."""
-        rows = await fetch_in(_conn(tx), self._delete, {"tenant": tenant, "name": name})
+        rows = await fetch_in(connection_of(tx), self._delete, {"tenant": tenant, "name": name})
         return _record(rows[0]) if rows else None
 
     async def named(self, name: str, *, scopes: Sequence[str], tenant: str | None = None) -> list[SecretRecord]:

@@ -5,23 +5,15 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import select
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import psycopg
-from sqlalchemy import event
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, InvalidatePoolError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
-
-from bettercompute.errors import InternalError, InvalidConfigError
-from bettercompute.ports import AuditRecord, Lease, Migration, OutboxEvent, ResourceRef, WorkItem, transaction_scope
+from bettercompute.errors import InvalidConfigError
+from bettercompute.ports import Lease, Migration, transaction_scope
 
 from ._certificates import PgCertificates
 from ._commands import PgCommands, PgSessions
-from ._db import Database, Statement, dumps, fetch_in, utc
+from ._db import Connection, Database, PoolUsage, Statement, driver_url, utc
 from ._errors import translated
 from ._idempotency import PgIdempotencyKeys
 from ._leases import PgLeases
@@ -34,19 +26,17 @@ from ._queue import PgWorkQueue
 from ._replay import PgReplayGuard
 from ._schema import CORE_MIGRATIONS, validate_schema
 from ._secrets import PgSecrets
+from ._transaction import PgTransaction
 from ._usage import PgBookings, PgUsage
 from ._webhooks import PgWebhooks
 from ._workflows import PgWorkflows
 
-__all__ = ["PgStore", "PgTransaction", "driver_url"]
+__all__ = ["PgStore", "PgTransaction"]
 
 log = logging.getLogger("bettercompute.store_pg")
 
 EnqueueListener = Callable[[frozenset[str]], Awaitable[None]]
 PublishListener = Callable[[], Awaitable[None]]
-
-CONNECT_TIMEOUT_SECONDS = 5
-"""libpq's connect timeout: an unreachable server fails fast instead of hanging a request."""
 
 _PROJECT = """
 INSERT INTO {s}.authz_resources (resource_type, resource_id, tenant_id, pool_id, owner)
@@ -67,127 +57,17 @@ VALUES (:action, :actor, :tenant, :resource_type, :resource_id, :decision_id, :o
 """
 
 
-def driver_url(url: str) -> URL:
-    """``url`` with the psycopg 3 driver (``postgresql://`` and ``postgres://`` are accepted too).
-
-    Raises:
-        InvalidConfigError: The URL cannot be parsed or names another database or driver.
-    """
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
-        # The URL may hold a password: neither it nor the parser's text goes into the message.
-        raise InvalidConfigError("the database URL cannot be parsed") from exc
-    if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
-        return parsed.set(drivername="postgresql+psycopg")
-    raise InvalidConfigError(
-        "the database URL must start with postgresql:// or postgresql+psycopg://",
-        details={"problems": [{"path": "url", "scheme": parsed.drivername}]},
-    )
-
-
-def _refuse_dead_connection(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: PoolProxiedConnection) -> None:
-    """Hand out no pooled connection the server has already closed (a restart while the pool sat idle).
-
-    A live idle connection has nothing to read: the server speaks only when asked. A readable socket means the
-    server said goodbye (a FATAL message, then EOF) or sent something unasked; only then is the connection asked
-    a ``SELECT 1``, so the usual checkout costs one ``poll`` and no round trip. A dead one invalidates the whole
-    pool: after a restart every connection made before it is dead too, and the pool replaces them (SQLAlchemy
-    reconnects on the spot) before any statement was sent, so none can have run twice.
-    """
-    conn = record.driver_connection
-    if not isinstance(conn, psycopg.AsyncConnection):
-        return
-    try:
-        if conn.closed or conn.broken:
-            raise InvalidatePoolError("the pooled connection is closed")
-        poller = select.poll()
-        poller.register(conn.pgconn.socket, select.POLLIN)
-        if not poller.poll(0):
-            return
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute("SELECT 1")
-        finally:
-            cursor.close()
-        dbapi_connection.rollback()  # the driver began a transaction for the SELECT; leave the connection idle
-    except InvalidatePoolError:
-        raise
-    except Exception as exc:
-        raise InvalidatePoolError("the pooled connection was closed by the server") from exc
-
-
-class PgTransaction:
-    """One transaction (``bettercompute.ports.Transaction``).
-
-    ``connection`` is the transaction's ``AsyncConnection``, for PostgreSQL adapters of other packages that write
-    their own tables in the same transaction. Do not commit or roll it back yourself.
-    """
-
-    def __init__(self, store: PgStore, connection: AsyncConnection) -> None:
-        self._store = store
-        self.connection = connection
-        self.enqueued: set[str] = set()
-        self.published = False
-
-    async def enqueue(self, items: Sequence[WorkItem]) -> None:
-        """Add work that becomes visible when the transaction commits."""
-        await self._store.queue.enqueue_in(self.connection, items)
-        self.enqueued.update(item.kind for item in items)
-
-    async def publish(self, events: Sequence[OutboxEvent]) -> None:
-        """Add outbox events that become visible, numbered per key, when the transaction commits.
-
-        Each key's counter stays locked until the transaction ends (that is what makes the numbers follow commit
-        order): publish a transaction's events in one call, or in the same key order everywhere, so that two
-        transactions never wait for each other's keys in opposite orders (PostgreSQL would abort one of them with
-        a deadlock, reported as a retryable ``UnavailableError``).
-        """
-        await self._store.outbox.publish_in(self.connection, events)
-        self.published = self.published or bool(events)
-
-    async def audit(self, record: AuditRecord) -> None:
-        """Add an audit row."""
-        params: dict[str, Any] = {
-            "action": record.action,
-            "actor": record.actor,
-            "tenant": record.tenant,
-            "resource_type": record.resource_type,
-            "resource_id": record.resource_id,
-            "decision_id": record.decision_id,
-            "outcome": record.outcome,
-            "details": dumps(dict(record.details)),
-        }
-        await fetch_in(self.connection, self._store._audit, params)
-
-    async def project(self, resource: ResourceRef, *, owner: str | None = None) -> None:
-        """Record (or update) which tenant, pool and owner a resource belongs to."""
-        if resource.id is None or resource.tenant is None:
-            raise InternalError("a projected resource needs an id and a tenant")
-        params = {
-            "type": resource.type,
-            "id": resource.id,
-            "tenant": resource.tenant,
-            "pool": resource.pool,
-            "owner": owner,
-        }
-        await fetch_in(self.connection, self._store._project, params)
-
-    async def unproject(self, resource_type: str, resource_id: str) -> None:
-        """Forget a deleted resource."""
-        await fetch_in(self.connection, self._store._unproject, {"type": resource_type, "id": resource_id})
-
-    async def tenant_exists(self, tenant: str) -> bool:
-        """Whether the IAM knows ``tenant`` (locked against deletion until this transaction ends)."""
-        return bool(await fetch_in(self.connection, self._store._tenant, {"tenant": tenant}))
-
-
 class PgStore:
     """The authoritative state in PostgreSQL, every table in one schema.
 
     Nothing connects before ``open()``. All pooled statements are PgBouncer-safe (transaction mode): no session
     settings, no session locks, no LISTEN; with ``prepared_statements=False`` no server-side prepared statements
     either.
+
+    Every statement runs on a pooled psycopg connection directly (see ``_db``): a statement on its own in one round
+    trip (autocommit), a transaction as BEGIN ... COMMIT on one connection, whose ``PgTransaction.connection``
+    repositories and other packages' adapters reach with ``connection_of(tx)``. ``connection()`` lends a pooled
+    connection outside any transaction; ``pool_usage`` tells how the pool is used.
 
     ``on_enqueued`` and ``on_published`` listeners (the control plane's notifier pokes) run after the commit of a
     transaction that enqueued work or published events, outside it.
@@ -252,13 +132,10 @@ class PgStore:
         return "postgresql"
 
     @property
-    def engine(self) -> AsyncEngine:
-        """The SQLAlchemy engine (open only); ``Table`` objects with ``schema=None`` resolve to ``self.schema``.
-
-        Raises:
-            InternalError: The store is not open.
-        """
-        return self._db.require()
+    def pool_usage(self) -> PoolUsage:
+        """How the pool is used (checkouts so far, connections held now and at most): every database access of
+        the store, by any path, checks one connection out."""
+        return self._db.usage
 
     @property
     def pool_capacity(self) -> int:
@@ -271,30 +148,12 @@ class PgStore:
         return list(CORE_MIGRATIONS)
 
     async def open(self) -> None:
-        """Create the engine and its pool; connections are made on first use. Idempotent."""
-        if self._db.engine is not None:
-            return
-        connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
-        if not self._prepared_statements:
-            connect_args["prepare_threshold"] = None
-        engine = create_async_engine(
-            self._url,
-            pool_size=self._pool_size,
-            max_overflow=0,
-            pool_timeout=10,
-            connect_args=connect_args,
-            execution_options={"schema_translate_map": {None: self.schema}},
-        )
-        event.listen(engine.sync_engine.pool, "checkout", _refuse_dead_connection)
-        self._db.attach(engine)
+        """Create the pool; connections are made on first use. Idempotent."""
+        self._db.open(self._url, pool_size=self._pool_size, prepared_statements=self._prepared_statements)
 
     async def close(self) -> None:
         """Close every pooled connection. Idempotent."""
-        engine = self._db.engine
-        self._db.attach(None)
-        if engine is not None:
-            with translated():
-                await engine.dispose()
+        await self._db.close()
 
     async def __aenter__(self) -> PgStore:
         await self.open()
@@ -313,6 +172,18 @@ class PgStore:
         For the reads of other packages' PostgreSQL adapters on a hot path (IAM's credential lookup, say).
         """
         return await self._db.fetch(statement, params)
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """A pooled psycopg connection of its own (in autocommit), for statements outside any transaction: tests,
+        tools and adapters' one-off statements. Leave it idle (no transaction open) when the block ends; a
+        connection left otherwise is dropped, not pooled.
+
+        Raises:
+            UnavailableError: The database cannot be reached, or no pooled connection was free in time.
+        """
+        async with self._db.connection() as conn:
+            yield conn
 
     def on_enqueued(self, listener: EnqueueListener) -> Callable[[], None]:
         """Call ``listener(kinds)`` after each commit that enqueued work; returns an unsubscribe."""
@@ -371,9 +242,9 @@ class PgStore:
             InvalidConfigError: Duplicate versions, or a recorded version whose name changed.
             UnavailableError: The database cannot be reached.
         """
-        engine = self._db.require()
         with translated():
-            return await run_migrations(engine, self.schema, module, migrations)
+            async with self._db.transaction() as conn:
+                return await run_migrations(conn, self.schema, module, migrations)
 
     async def install(self) -> list[int]:
         """Apply the store's own migrations (module ``"core"``: leases, work queue, outbox, idempotency, audit).
@@ -394,10 +265,9 @@ class PgStore:
             FailedPreconditionError: ``fence`` is no longer held with its token (nothing is written).
             UnavailableError: The database cannot be reached.
         """
-        engine = self._db.require()
         # The scope marks the task as holding a transaction, for the test doubles that refuse network I/O in one.
         with translated(), transaction_scope():
-            async with engine.connect() as conn, conn.begin():
+            async with self._db.transaction() as conn:
                 if fence is not None:
                     await self.leases.check_fence(conn, fence)
                 tx = PgTransaction(self, conn)

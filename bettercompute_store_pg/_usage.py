@@ -12,12 +12,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from bettercompute.errors import InternalError
 from bettercompute.ports import Booking, Transaction, UsageRecord
 
 from ._db import Database, fetch_in, utc
+from ._transaction import connection_of
 
 __all__ = ["PgBookings", "PgUsage"]
 
@@ -90,13 +88,6 @@ ORDER BY period_start, pool_id
 """
 
 
-def _conn(tx: Transaction) -> AsyncConnection:
-    connection = getattr(tx, "connection", None)
-    if not isinstance(connection, AsyncConnection):
-        raise InternalError("usage needs a transaction of the PostgreSQL store")
-    return connection
-
-
 def _booking(row: Any) -> Booking:
     return Booking(
         id=row.id,
@@ -142,12 +133,12 @@ class PgBookings:
             "start": start,
             "end": end,
         }
-        rows = await fetch_in(_conn(tx), self._book, params)
+        rows = await fetch_in(connection_of(tx), self._book, params)
         return _booking(rows[0])
 
     async def release(self, tx: Transaction, *, reservation_id: str, at: dt.datetime) -> int:
         """End the reservation's bookings at ``at``."""
-        return len(await fetch_in(_conn(tx), self._release, {"reservation_id": reservation_id, "at": at}))
+        return len(await fetch_in(connection_of(tx), self._release, {"reservation_id": reservation_id, "at": at}))
 
     async def for_reservation(self, reservation_id: str) -> list[Booking]:
         """The reservation's bookings."""
@@ -166,17 +157,17 @@ class PgUsage:
 
     async def accounted_until(self, tx: Transaction) -> dt.datetime | None:
         """The watermark, locked until ``tx`` ends."""
-        rows = await fetch_in(_conn(tx), self._watermark, {})
+        rows = await fetch_in(connection_of(tx), self._watermark, {})
         return utc(rows[0].accounted_until) if rows else None
 
     async def earliest_booking(self, tx: Transaction) -> dt.datetime | None:
         """The earliest booking's start."""
-        rows = await fetch_in(_conn(tx), self._earliest, {})
+        rows = await fetch_in(connection_of(tx), self._earliest, {})
         return utc(rows[0].earliest) if rows and rows[0].earliest is not None else None
 
     async def account(self, tx: Transaction, *, start: dt.datetime, end: dt.datetime, period: dt.timedelta) -> int:
         """Recompute the periods of ``[start, end)`` and move the watermark to ``end``."""
-        rows = await fetch_in(_conn(tx), self._account, {"start": start, "end": end, "period": period})
+        rows = await fetch_in(connection_of(tx), self._account, {"start": start, "end": end, "period": period})
         return int(rows[0].n)
 
     async def records(

@@ -12,12 +12,10 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from bettercompute.errors import InternalError
 from bettercompute.ports import DeliveryOutcome, DueDelivery, Transaction, WebhookDelivery, WebhookSubscription
 
 from ._db import Database, dumps, fetch_in, utc
+from ._transaction import connection_of
 
 __all__ = ["PgWebhooks"]
 
@@ -155,13 +153,6 @@ SELECT (SELECT count(*) FROM chunk) AS scanned, (SELECT count(*) FROM purged) AS
 """
 
 
-def _conn(tx: Transaction) -> AsyncConnection:
-    connection = getattr(tx, "connection", None)
-    if not isinstance(connection, AsyncConnection):
-        raise InternalError("webhooks need a transaction of the PostgreSQL store")
-    return connection
-
-
 def _subscription(row: Any) -> WebhookSubscription:
     return WebhookSubscription(
         id=row.id,
@@ -240,7 +231,7 @@ class PgWebhooks:
             "description": description,
             "sealed_secret": sealed_secret,
         }
-        rows = await fetch_in(_conn(tx), self._create, params)
+        rows = await fetch_in(connection_of(tx), self._create, params)
         return _subscription(rows[0])
 
     async def for_tenant(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[WebhookSubscription]:
@@ -252,7 +243,7 @@ class PgWebhooks:
 
     async def delete(self, tx: Transaction, *, tenant: str, id: str) -> WebhookSubscription | None:
         """Delete a subscription of ``tenant`` (its deliveries go with it)."""
-        rows = await fetch_in(_conn(tx), self._delete, {"id": id, "tenant": tenant})
+        rows = await fetch_in(connection_of(tx), self._delete, {"id": id, "tenant": tenant})
         return _subscription(rows[0]) if rows else None
 
     async def add_delivery(
@@ -267,7 +258,7 @@ class PgWebhooks:
             "event_key": event_key,
             "body": body,
         }
-        return bool(await fetch_in(_conn(tx), self._add, params))
+        return bool(await fetch_in(connection_of(tx), self._add, params))
 
     async def fan_out(self, *, tenant: str, event_id: str, event_type: str, event_key: str, body: str) -> int:
         """Queue an event for every matching subscription of ``tenant``, once per (subscription, event)."""

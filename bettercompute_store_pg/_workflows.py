@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from bettercompute.errors import ConflictError, InternalError
+from bettercompute.errors import ConflictError
 from bettercompute.ports import Transaction, WorkflowLogEntry, WorkflowRecord
 
 from ._db import Database, dumps, fetch_in, utc
+from ._transaction import connection_of
 
 __all__ = ["PgWorkflows"]
 
@@ -48,13 +47,6 @@ SELECT * FROM (
     WHERE workflow_id = :id ORDER BY id DESC LIMIT :limit
 ) AS newest ORDER BY id
 """
-
-
-def _conn(tx: Transaction) -> AsyncConnection:
-    connection = getattr(tx, "connection", None)
-    if not isinstance(connection, AsyncConnection):
-        raise InternalError("workflows need a transaction of the PostgreSQL store")
-    return connection
 
 
 def _record(row: Any) -> WorkflowRecord:
@@ -107,7 +99,7 @@ class PgWorkflows:
             "completed": record.completed,
             "data": dumps(dict(record.data)),
         }
-        if not await fetch_in(_conn(tx), self._insert, params):
+        if not await fetch_in(connection_of(tx), self._insert, params):
             raise ConflictError("a workflow with this id exists", details={"id": record.id})
 
     async def get(self, id: str) -> WorkflowRecord | None:
@@ -117,7 +109,7 @@ class PgWorkflows:
 
     async def lock(self, tx: Transaction, id: str) -> WorkflowRecord | None:
         """The workflow, row-locked until ``tx`` ends."""
-        rows = await fetch_in(_conn(tx), self._lock, {"id": id})
+        rows = await fetch_in(connection_of(tx), self._lock, {"id": id})
         return _record(rows[0]) if rows else None
 
     async def update(self, tx: Transaction, record: WorkflowRecord) -> None:
@@ -138,7 +130,7 @@ class PgWorkflows:
             "on_timeout": record.on_timeout,
             "wake_at": record.wake_at,
         }
-        await fetch_in(_conn(tx), self._update, params)
+        await fetch_in(connection_of(tx), self._update, params)
 
     async def log(
         self,
@@ -160,7 +152,7 @@ class PgWorkflows:
             "outcome": outcome,
             "reason": reason,
         }
-        await fetch_in(_conn(tx), self._log, params)
+        await fetch_in(connection_of(tx), self._log, params)
 
     async def history(self, id: str, *, limit: int = 1000) -> list[WorkflowLogEntry]:
         """The step log, oldest first."""

@@ -16,13 +16,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy import exc as sa_exc
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
+import psycopg
 
 from bettercompute.errors import ConflictError, InternalError, InvalidConfigError, NotFoundError
 from bettercompute.ports import Store, Transaction
-from bettercompute_store_pg import PgStore, PgTransaction, quote_schema, translated
+from bettercompute_store_pg import PgStore, Statement, connection_of, fetch_in, quote_schema
 
 from .._policy import Grant
 from .._schemas import Binding, CredentialInfo, Principal, Role, Tenant
@@ -43,23 +41,37 @@ def _at(value: dt.datetime) -> dt.datetime:
     return value.astimezone(dt.UTC)
 
 
-def _connection(tx: Transaction) -> AsyncConnection:
-    if not isinstance(tx, PgTransaction):
-        raise InternalError("the embedded IAM needs a transaction of the PostgreSQL store")
-    return tx.connection
+async def _rows(tx: Transaction, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
+    return await fetch_in(connection_of(tx), statement, params)
+
+
+async def _row(tx: Transaction, statement: Statement, params: Mapping[str, Any]) -> Any:
+    """The first row, or ``None`` when there is none."""
+    rows = await _rows(tx, statement, params)
+    return rows[0] if rows else None
+
+
+async def _one(tx: Transaction, statement: Statement, params: Mapping[str, Any]) -> Any:
+    """The only row of a statement that always returns one (an INSERT ... RETURNING, an aggregate)."""
+    rows = await _rows(tx, statement, params)
+    if len(rows) != 1:
+        raise InternalError("a statement answered an unexpected number of rows")
+    return rows[0]
 
 
 @contextlib.contextmanager
 def _constraints(*, conflict: str, missing: str | None = None, details: Mapping[str, Any]) -> Iterator[None]:
-    """Turn the violation of a unique (or foreign-key) constraint into ``ConflictError`` (or ``NotFoundError``)."""
+    """Turn the violation of a unique (or foreign-key) constraint into ``ConflictError`` (or ``NotFoundError``)
+    with this statement's own message; the store has already translated the driver's error, kept as the cause."""
     try:
         yield
-    except sa_exc.IntegrityError as exc:
-        state = getattr(exc.orig, "sqlstate", None)
+    except (ConflictError, InternalError) as exc:
+        cause = exc.__cause__
+        state = cause.sqlstate if isinstance(cause, psycopg.IntegrityError) else None
         if state == _UNIQUE_VIOLATION:
-            raise ConflictError(conflict, details=details) from exc
+            raise ConflictError(conflict, details=details) from cause
         if state == _FOREIGN_KEY_VIOLATION and missing is not None:
-            raise NotFoundError(missing, details=details) from exc
+            raise NotFoundError(missing, details=details) from cause
         raise
 
 
@@ -115,52 +127,52 @@ class IamAdmin:
         binding_cols = "b.id, b.tenant_id, b.principal_id, b.role_id, r.name, b.scope_type, b.scope_id, b.created_at"
         role_cols = "r.id, r.tenant_id, r.name, r.actions, r.description, r.created_at"
 
-        self._insert_tenant = text(
+        self._insert_tenant = store.sql(
             f"INSERT INTO {q}.iam_tenants (id, name) VALUES (:id, :name) RETURNING id, name, created_at"
         )
-        self._list_tenants = text(
+        self._list_tenants = store.sql(
             f"SELECT id, name, created_at FROM {q}.iam_tenants WHERE {_after('created_at', 'id')}"
             f" ORDER BY created_at, id LIMIT :limit"
         )
 
-        self._insert_principal = text(
+        self._insert_principal = store.sql(
             f"INSERT INTO {q}.iam_principals AS p (id, tenant_id, kind, name) VALUES (:id, :tenant, :kind, :name)"
             f" RETURNING {principal_cols}"
         )
-        self._list_principals = text(
+        self._list_principals = store.sql(
             f"SELECT {principal_cols} FROM {q}.iam_principals p"
             f" WHERE p.tenant_id = :tenant AND {_after('p.created_at', 'p.id')}"
             f" ORDER BY p.created_at, p.id LIMIT :limit"
         )
         # FOR UPDATE: a disable and a new credential (FOR SHARE) for the same principal do not interleave.
-        self._lock_principal = text(
+        self._lock_principal = store.sql(
             f"SELECT {principal_cols} FROM {q}.iam_principals p WHERE p.id = :id AND p.tenant_id = :tenant FOR UPDATE"
         )
-        self._share_principal = text(
+        self._share_principal = store.sql(
             f"SELECT {principal_cols} FROM {q}.iam_principals p WHERE p.id = :id AND p.tenant_id = :tenant FOR SHARE"
         )
-        self._disable_principal = text(
+        self._disable_principal = store.sql(
             f"UPDATE {q}.iam_principals AS p SET disabled_at = coalesce(p.disabled_at, now()) WHERE p.id = :id"
             f" RETURNING {principal_cols}"
         )
 
-        self._insert_credential = text(
+        self._insert_credential = store.sql(
             f"INSERT INTO {q}.iam_credentials AS c (id, principal_id, secret_hash, description, expires_at)"
             f" VALUES (:id, :principal, :hash, :description,"
             f" now() + make_interval(secs => CAST(:seconds AS double precision)))"
             f" RETURNING {credential_cols}"
         )
-        self._list_credentials = text(
+        self._list_credentials = store.sql(
             f"SELECT {credential_cols} FROM {q}.iam_credentials c JOIN {q}.iam_principals p ON p.id = c.principal_id"
             f" WHERE p.tenant_id = :tenant AND (CAST(:principal AS text) IS NULL OR c.principal_id = :principal)"
             f" AND {_after('c.created_at', 'c.id')}"
             f" ORDER BY c.created_at, c.id LIMIT :limit"
         )
-        self._lock_credential = text(
+        self._lock_credential = store.sql(
             f"SELECT c.principal_id FROM {q}.iam_credentials c JOIN {q}.iam_principals p ON p.id = c.principal_id"
             f" WHERE c.id = :id AND p.tenant_id = :tenant FOR UPDATE OF c"
         )
-        self._revoke_credential = text(
+        self._revoke_credential = store.sql(
             f"WITH old AS (SELECT c.id, c.revoked_at FROM {q}.iam_credentials c"
             f" JOIN {q}.iam_principals p ON p.id = c.principal_id"
             f" WHERE c.id = :id AND p.tenant_id = :tenant FOR UPDATE OF c)"
@@ -168,18 +180,18 @@ class IamAdmin:
             f" FROM old WHERE c.id = old.id RETURNING {credential_cols}, old.revoked_at IS NULL"
         )
 
-        self._insert_role = text(
+        self._insert_role = store.sql(
             f"INSERT INTO {q}.iam_roles AS r (id, tenant_id, name, actions, description)"
             f" VALUES (:id, :tenant, :name, :actions, :description) RETURNING {role_cols}"
         )
-        self._list_roles = text(
+        self._list_roles = store.sql(
             f"SELECT {role_cols} FROM {q}.iam_roles r WHERE (r.tenant_id IS NULL OR r.tenant_id = :tenant)"
             f" AND (CAST(:after_custom AS boolean) IS NULL OR (r.tenant_id IS NOT NULL, r.created_at, r.id)"
             f" > (CAST(:after_custom AS boolean), :after_at, :after_id))"
             f" ORDER BY r.tenant_id IS NOT NULL, r.created_at, r.id LIMIT :limit"
         )
 
-        self._insert_binding = text(
+        self._insert_binding = store.sql(
             f"WITH b AS (INSERT INTO {q}.iam_bindings (id, role_id, principal_id, tenant_id, scope_type, scope_id)"
             f" SELECT :id, r.id, p.id, p.tenant_id, :scope_type, :scope_id"
             f" FROM {q}.iam_principals p, {q}.iam_roles r"
@@ -188,21 +200,21 @@ class IamAdmin:
             f" RETURNING *)"
             f" SELECT {binding_cols} FROM b JOIN {q}.iam_roles r ON r.id = b.role_id"
         )
-        self._role_actions = text(
+        self._role_actions = store.sql(
             f"SELECT actions FROM {q}.iam_roles WHERE id = :role AND (tenant_id IS NULL OR tenant_id = :tenant)"
         )
-        self._binding_parts = text(
+        self._binding_parts = store.sql(
             f"SELECT EXISTS (SELECT 1 FROM {q}.iam_principals WHERE id = :principal AND tenant_id = :tenant),"
             f" EXISTS (SELECT 1 FROM {q}.iam_roles WHERE id = :role AND (tenant_id IS NULL OR tenant_id = :tenant))"
         )
-        self._list_bindings = text(
+        self._list_bindings = store.sql(
             f"SELECT {binding_cols} FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
             f" WHERE b.tenant_id = :tenant AND (CAST(:principal AS text) IS NULL OR b.principal_id = :principal)"
             f" AND {_after('b.created_at', 'b.id')}"
             f" ORDER BY b.created_at, b.id LIMIT :limit"
         )
         # A pool scope lies in the tenant the authorization projection records for the pool (None: no such pool).
-        self._grants = text(
+        self._grants = store.sql(
             f"SELECT b.principal_id, r.actions, b.scope_type, b.scope_id,"
             f" CASE b.scope_type WHEN 'tenant' THEN b.scope_id WHEN 'pool' THEN pr.tenant_id END"
             f" FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
@@ -210,17 +222,17 @@ class IamAdmin:
             f" ON b.scope_type = 'pool' AND pr.resource_type = 'pool' AND pr.resource_id = b.scope_id"
             f" WHERE b.principal_id = ANY(:principals)"
         )
-        self._pool_tenant = text(
+        self._pool_tenant = store.sql(
             f"SELECT tenant_id FROM {q}.authz_resources WHERE resource_type = 'pool' AND resource_id = :pool"
         )
-        self._lock_binding = text(
+        self._lock_binding = store.sql(
             f"SELECT {binding_cols} FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
             f" WHERE b.id = :id AND b.tenant_id = :tenant FOR UPDATE OF b"
         )
-        self._delete_binding = text(f"DELETE FROM {q}.iam_bindings WHERE id = :id")
+        self._delete_binding = store.sql(f"DELETE FROM {q}.iam_bindings WHERE id = :id")
 
-        self._lock_root_admins = text("SELECT pg_advisory_xact_lock(hashtext(:key))")
-        self._root_admins = text(
+        self._lock_root_admins = store.sql("SELECT pg_advisory_xact_lock(hashtext(:key))")
+        self._root_admins = store.sql(
             f"SELECT count(*),"
             f" count(*) FILTER (WHERE b.principal_id <> coalesce(CAST(:principal AS text), '')"
             f" AND b.id <> coalesce(CAST(:binding AS text), ''))"
@@ -230,10 +242,8 @@ class IamAdmin:
 
     # --- reads --------------------------------------------------------------------------------------------------
 
-    async def _fetch(self, statement: Any, params: Mapping[str, Any]) -> list[Any]:
-        with translated():
-            async with self._store.engine.connect() as conn:
-                return list((await conn.execute(statement, params)).all())
+    async def _fetch(self, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
+        return await self._store.fetch(statement, params)
 
     # Each list reads one page: at most ``limit`` rows after the key ``after`` (the last key of the page before),
     # in the statement's order, which is by a unique key. The tenant filter holds whatever ``after`` is.
@@ -279,7 +289,7 @@ class IamAdmin:
     async def create_tenant(self, tx: Transaction, *, tenant_id: str, name: str) -> Tenant:
         """Insert a tenant. Raises ``ConflictError`` when the name is taken."""
         with _constraints(conflict=f"a tenant named {name!r} exists", details={"path": "name", "name": name}):
-            row = (await _connection(tx).execute(self._insert_tenant, {"id": tenant_id, "name": name})).one()
+            row = await _one(tx, self._insert_tenant, {"id": tenant_id, "name": name})
         return _tenant(row)
 
     async def create_principal(
@@ -292,19 +302,19 @@ class IamAdmin:
             missing="no such tenant",
             details={"tenant": tenant, "name": name},
         ):
-            row = (await _connection(tx).execute(self._insert_principal, params)).one()
+            row = await _one(tx, self._insert_principal, params)
         return _principal(row)
 
     async def lock_principal(self, tx: Transaction, *, tenant: str, principal_id: str, share: bool) -> Principal | None:
         """The principal, locked until the transaction ends (``share``: against a disable only); ``None`` when it is
         not in ``tenant``."""
         statement = self._share_principal if share else self._lock_principal
-        row = (await _connection(tx).execute(statement, {"id": principal_id, "tenant": tenant})).first()
+        row = await _row(tx, statement, {"id": principal_id, "tenant": tenant})
         return _principal(row) if row is not None else None
 
     async def disable_principal(self, tx: Transaction, *, principal_id: str) -> Principal:
         """Mark a (locked) principal disabled, keeping the first time it was."""
-        row = (await _connection(tx).execute(self._disable_principal, {"id": principal_id})).one()
+        row = await _one(tx, self._disable_principal, {"id": principal_id})
         return _principal(row)
 
     async def root_admins(
@@ -313,10 +323,9 @@ class IamAdmin:
         """Count root-scope ``compute.admin`` bindings of enabled principals, and those left without a principal or a
         binding. Serialized across processes until the transaction ends, so two changes cannot both take the last
         but one."""
-        conn = _connection(tx)
-        await conn.execute(self._lock_root_admins, {"key": self._lock_key})
+        await _rows(tx, self._lock_root_admins, {"key": self._lock_key})
         params = {"principal": without_principal, "binding": without_binding}
-        total, remaining = (await conn.execute(self._root_admins, params)).one()
+        total, remaining = await _one(tx, self._root_admins, params)
         return RootAdmins(total=int(total), remaining=int(remaining))
 
     async def create_credential(
@@ -338,13 +347,13 @@ class IamAdmin:
             "seconds": expires_in_seconds,
         }
         with _constraints(conflict="a credential with this id exists; retry", details={}):
-            row = (await _connection(tx).execute(self._insert_credential, params)).one()
+            row = await _one(tx, self._insert_credential, params)
         return _credential(row)
 
     async def lock_credential(self, tx: Transaction, *, tenant: str, credential_id: str) -> str | None:
         """The principal of a credential of ``tenant``, the credential locked until the transaction ends; ``None``
         when the tenant has no such credential."""
-        row = (await _connection(tx).execute(self._lock_credential, {"id": credential_id, "tenant": tenant})).first()
+        row = await _row(tx, self._lock_credential, {"id": credential_id, "tenant": tenant})
         return row[0] if row is not None else None
 
     async def revoke_credential(
@@ -353,7 +362,7 @@ class IamAdmin:
         """Revoke a credential of ``tenant`` (keeping the first revocation time); whether this call revoked it.
         ``None`` when the tenant has no such credential."""
         params = {"id": credential_id, "tenant": tenant}
-        row = (await _connection(tx).execute(self._revoke_credential, params)).first()
+        row = await _row(tx, self._revoke_credential, params)
         if row is None:
             return None
         return _credential(row), bool(row[8])
@@ -368,7 +377,7 @@ class IamAdmin:
             missing="no such tenant",
             details={"tenant": tenant, "name": name},
         ):
-            row = (await _connection(tx).execute(self._insert_role, params)).one()
+            row = await _one(tx, self._insert_role, params)
         return _role(row)
 
     async def create_binding(
@@ -388,7 +397,6 @@ class IamAdmin:
             NotFoundError: the principal is not in ``tenant``, or the role is neither built-in nor ``tenant``'s.
             ConflictError: the same role is already bound to the principal on that scope.
         """
-        conn = _connection(tx)
         params = {
             "id": binding_id,
             "tenant": tenant,
@@ -399,10 +407,10 @@ class IamAdmin:
         }
         details = {"principal_id": principal_id, "role": role, "scope_type": scope_type, "scope_id": scope_id}
         with _constraints(conflict="this role is already bound to the principal on that scope", details=details):
-            row = (await conn.execute(self._insert_binding, params)).first()
+            row = await _row(tx, self._insert_binding, params)
         if row is not None:
             return _binding(row)
-        principal_found, role_found = (await conn.execute(self._binding_parts, params)).one()
+        principal_found, role_found = await _one(tx, self._binding_parts, params)
         if not principal_found:
             raise NotFoundError("no such principal in this tenant", details={"path": "principal_id", **details})
         if not role_found:
@@ -411,7 +419,7 @@ class IamAdmin:
 
     async def grants(self, tx: Transaction, *, principal_ids: Sequence[str]) -> dict[str, tuple[Grant, ...]]:
         """What the bindings of each principal give it, read in ``tx`` (a principal without bindings maps to ``()``)."""
-        rows = (await _connection(tx).execute(self._grants, {"principals": list(principal_ids)})).all()
+        rows = await _rows(tx, self._grants, {"principals": list(principal_ids)})
         grants: dict[str, tuple[Grant, ...]] = {p: () for p in principal_ids}
         for principal_id, actions, scope_type, scope_id, scope_tenant in rows:
             grant = Grant(patterns=tuple(actions), scope_type=scope_type, scope_id=scope_id, scope_tenant=scope_tenant)
@@ -420,22 +428,22 @@ class IamAdmin:
 
     async def pool_tenant(self, tx: Transaction, *, pool_id: str) -> str | None:
         """The tenant of a pool, read in ``tx``; ``None`` when no pool has that id."""
-        row = (await _connection(tx).execute(self._pool_tenant, {"pool": pool_id})).first()
+        row = await _row(tx, self._pool_tenant, {"pool": pool_id})
         return row[0] if row is not None else None
 
     async def role_actions(self, tx: Transaction, *, tenant: str, role: str) -> tuple[str, ...] | None:
         """The action patterns of a built-in role or of a role of ``tenant``; ``None`` when there is no such role."""
-        row = (await _connection(tx).execute(self._role_actions, {"tenant": tenant, "role": role})).first()
+        row = await _row(tx, self._role_actions, {"tenant": tenant, "role": role})
         return tuple(row[0]) if row is not None else None
 
     async def lock_binding(self, tx: Transaction, *, tenant: str, binding_id: str) -> Binding | None:
         """A binding of ``tenant``, locked until the transaction ends; ``None`` when there is none."""
-        row = (await _connection(tx).execute(self._lock_binding, {"id": binding_id, "tenant": tenant})).first()
+        row = await _row(tx, self._lock_binding, {"id": binding_id, "tenant": tenant})
         return _binding(row) if row is not None else None
 
     async def delete_binding(self, tx: Transaction, *, binding_id: str) -> None:
         """Delete a (locked) binding."""
-        await _connection(tx).execute(self._delete_binding, {"id": binding_id})
+        await _rows(tx, self._delete_binding, {"id": binding_id})
 
 
 # --- rows to outputs (rows never leave this module) --------------------------------------------------------------

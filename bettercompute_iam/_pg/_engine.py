@@ -1,6 +1,7 @@
 """IAM's PostgreSQL adapter: its tables (migrations of module ``iam``) and the statements that read and write them.
 
-The only module of this package that may import the PostgreSQL store or SQLAlchemy (an import-linter contract).
+The only modules of this package that may import the PostgreSQL store or psycopg (an import-linter contract) are
+this adapter's; its statements run on psycopg, on the connection of the store's transaction (``connection_of``).
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy import text
 
 from bettercompute.errors import InvalidConfigError
 from bettercompute.ports import AuditRecord, Migration, Store
-from bettercompute_store_pg import PgStore, quote_schema, translated
+from bettercompute_store_pg import PgStore, connection_of, fetch_in, quote_schema
 
 __all__ = ["MIGRATIONS", "ROOT_TENANT", "CredentialRow", "IamTables"]
 
@@ -106,7 +106,7 @@ class CredentialRow:
 
 
 class IamTables:
-    """The statements IAM runs, on the store's engine, in the store's schema."""
+    """The statements IAM runs, on the store's connections, in the store's schema."""
 
     def __init__(self, store: Store) -> None:
         if not isinstance(store, PgStore):
@@ -124,27 +124,27 @@ class IamTables:
             " FROM {s}.iam_credentials c JOIN {s}.iam_principals p ON p.id = c.principal_id WHERE c.id = :id"
         )
         self._touch = store.sql("UPDATE {s}.iam_credentials SET last_used_at = now() WHERE id = :id")
-        self._ensure_root = text(
+        self._ensure_root = store.sql(
             f"INSERT INTO {q}.iam_tenants (id, name) VALUES (:id, :id) ON CONFLICT (id) DO NOTHING"
         )
-        self._ensure_principal = text(
+        self._ensure_principal = store.sql(
             f"INSERT INTO {q}.iam_principals (id, tenant_id, kind, name) VALUES (:id, :tenant, :kind, :name)"
             f" ON CONFLICT (tenant_id, name) DO UPDATE SET disabled_at = NULL"
             f" RETURNING id"
         )
-        self._active = text(
+        self._active = store.sql(
             f"SELECT id FROM {q}.iam_credentials WHERE principal_id = :principal AND revoked_at IS NULL"
             f" AND (expires_at IS NULL OR expires_at > now()) ORDER BY created_at FOR UPDATE"
         )
-        self._insert_credential = text(
+        self._insert_credential = store.sql(
             f"INSERT INTO {q}.iam_credentials (id, principal_id, secret_hash, expires_at)"
             f" VALUES (:id, :principal, :hash, :expires_at)"
         )
-        self._revoke = text(
+        self._revoke = store.sql(
             f"UPDATE {q}.iam_credentials SET revoked_at = now() WHERE id = ANY(:ids) AND revoked_at IS NULL"
             f" RETURNING id"
         )
-        self._lock = text("SELECT pg_advisory_xact_lock(hashtext(:key))")
+        self._lock = store.sql("SELECT pg_advisory_xact_lock(hashtext(:key))")
         # As IamAdmin's: a pool scope lies in the tenant the projection records for the pool.
         self._grants = store.sql(
             "SELECT r.actions, b.scope_type, b.scope_id,"
@@ -154,13 +154,13 @@ class IamTables:
             " ON b.scope_type = 'pool' AND pr.resource_type = 'pool' AND pr.resource_id = b.scope_id"
             " WHERE b.principal_id = :principal"
         )
-        self._upsert_builtin = text(
+        self._upsert_builtin = store.sql(
             f"INSERT INTO {q}.iam_roles AS r (id, tenant_id, name, actions, description)"
             f" SELECT j.key, NULL, j.key, ARRAY(SELECT jsonb_array_elements_text(j.value)), 'built-in'"
             f" FROM jsonb_each(CAST(:roles AS jsonb)) AS j"
             f" ON CONFLICT (id) DO UPDATE SET actions = EXCLUDED.actions WHERE r.actions <> EXCLUDED.actions"
         )
-        self._expire = text(
+        self._expire = store.sql(
             f"UPDATE {q}.iam_credentials SET expired_at = expires_at"
             f" WHERE id IN (SELECT id FROM {q}.iam_credentials"
             f"  WHERE revoked_at IS NULL AND expired_at IS NULL AND expires_at IS NOT NULL AND expires_at <= now()"
@@ -174,7 +174,7 @@ class IamTables:
             "SELECT count(*) AS n FROM {s}.authz_resources r"
             " WHERE NOT EXISTS (SELECT 1 FROM {s}.iam_tenants t WHERE t.id = r.tenant_id)"
         )
-        self._bind_root_admin = text(
+        self._bind_root_admin = store.sql(
             f"INSERT INTO {q}.iam_bindings (id, role_id, principal_id, tenant_id, scope_type, scope_id)"
             f" VALUES (:id, 'compute.admin', :principal, :tenant, 'root', NULL)"
             f" ON CONFLICT DO NOTHING"
@@ -205,10 +205,10 @@ class IamTables:
     async def ensure_root(self, builtin_roles: Mapping[str, Sequence[str]]) -> None:
         """Create the root tenant if it does not exist, and bring the built-in roles up to date."""
         roles = json.dumps({name: list(actions) for name, actions in builtin_roles.items()})
-        with translated():
-            async with self._store.engine.begin() as conn:
-                await conn.execute(self._ensure_root, {"id": ROOT_TENANT})
-                await conn.execute(self._upsert_builtin, {"roles": roles})
+        async with self._store.transaction() as tx:
+            conn = connection_of(tx)
+            await fetch_in(conn, self._ensure_root, {"id": ROOT_TENANT})
+            await fetch_in(conn, self._upsert_builtin, {"roles": roles})
 
     async def expire(self, limit: int) -> list[tuple[str, str, str]]:
         """Mark up to ``limit`` credentials past their expiry as expired, with an audit row each.
@@ -216,21 +216,20 @@ class IamTables:
         Returns (credential id, principal id, tenant id) of each. Authentication already refuses them by time; this
         records when they ended, for listings and for the audit trail.
         """
-        with translated():
-            async with self._store.transaction() as tx:
-                rows = (await tx.connection.execute(self._expire, {"limit": limit})).all()
-                expired = [(r[0], r[1], r[2]) for r in rows]
-                for credential_id, _, tenant in expired:
-                    await tx.audit(
-                        AuditRecord(
-                            action="iam:credentials:expire",
-                            actor="system",
-                            tenant=tenant,
-                            resource_type="credential",
-                            resource_id=credential_id,
-                            decision_id=None,
-                        )
+        async with self._store.transaction() as tx:
+            rows = await fetch_in(connection_of(tx), self._expire, {"limit": limit})
+            expired = [(r[0], r[1], r[2]) for r in rows]
+            for credential_id, _, tenant in expired:
+                await tx.audit(
+                    AuditRecord(
+                        action="iam:credentials:expire",
+                        actor="system",
+                        tenant=tenant,
+                        resource_type="credential",
+                        resource_id=credential_id,
+                        decision_id=None,
                     )
+                )
         return expired
 
     async def projected(self, resource_type: str, resource_id: str) -> tuple[str, str | None] | None:
@@ -257,33 +256,31 @@ class IamTables:
         Returns the root admin's id, whether the new credential was stored, and the ids of credentials revoked.
         Serialized across processes, so two concurrent bootstraps mint one credential.
         """
-        with translated():
-            async with self._store.engine.begin() as conn:
-                await conn.execute(self._lock, {"key": f"{self._store.schema}:iam-bootstrap"})
-                await conn.execute(self._ensure_root, {"id": ROOT_TENANT})
-                pid = (
-                    await conn.execute(
-                        self._ensure_principal,
-                        {"id": principal_id, "tenant": ROOT_TENANT, "kind": "user", "name": principal_name},
-                    )
-                ).scalar_one()
-                await conn.execute(
-                    self._bind_root_admin, {"id": f"bd_{secrets.token_hex(8)}", "principal": pid, "tenant": ROOT_TENANT}
-                )
-                active = [r[0] for r in (await conn.execute(self._active, {"principal": pid})).all()]
-                if active and not rotate:
-                    return pid, False, []
-                revoked: list[str] = []
-                if active:
-                    revoked = [r[0] for r in (await conn.execute(self._revoke, {"ids": active})).all()]
-                await conn.execute(
-                    self._insert_credential,
-                    {"id": credential_id, "principal": pid, "hash": secret_hash, "expires_at": None},
-                )
-                return pid, True, revoked
+        async with self._store.transaction() as tx:
+            conn = connection_of(tx)
+            await fetch_in(conn, self._lock, {"key": f"{self._store.schema}:iam-bootstrap"})
+            await fetch_in(conn, self._ensure_root, {"id": ROOT_TENANT})
+            params = {"id": principal_id, "tenant": ROOT_TENANT, "kind": "user", "name": principal_name}
+            pid: str = (await fetch_in(conn, self._ensure_principal, params))[0][0]
+            await fetch_in(
+                conn,
+                self._bind_root_admin,
+                {"id": f"bd_{secrets.token_hex(8)}", "principal": pid, "tenant": ROOT_TENANT},
+            )
+            active = [r[0] for r in await fetch_in(conn, self._active, {"principal": pid})]
+            if active and not rotate:
+                return pid, False, []
+            revoked: list[str] = []
+            if active:
+                revoked = [r[0] for r in await fetch_in(conn, self._revoke, {"ids": active})]
+            await fetch_in(
+                conn,
+                self._insert_credential,
+                {"id": credential_id, "principal": pid, "hash": secret_hash, "expires_at": None},
+            )
+            return pid, True, revoked
 
     async def revoke(self, credential_ids: list[str]) -> list[str]:
         """Revoke credentials; returns those that were active."""
-        with translated():
-            async with self._store.engine.begin() as conn:
-                return [r[0] for r in (await conn.execute(self._revoke, {"ids": credential_ids})).all()]
+        async with self._store.transaction() as tx:
+            return [r[0] for r in await fetch_in(connection_of(tx), self._revoke, {"ids": credential_ids})]

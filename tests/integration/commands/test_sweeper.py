@@ -163,10 +163,8 @@ async def test_the_sweepers_writes_are_fenced_by_its_lease(fleet: Fleet) -> None
     mine = await leases.acquire("controllers/command-sweeper", "worker-a", dt.timedelta(seconds=1))
     assert mine is not None
     # worker-a stalls past its TTL; worker-b takes the lease over.
-    async with fleet.store.transaction() as tx:
-        await tx.connection.exec_driver_sql(
-            f"UPDATE \"{fleet.store.schema}\".leases SET expires_at = now() - interval '1 second'"
-        )
+    async with fleet.store.connection() as conn:
+        await conn.execute(f"UPDATE \"{fleet.store.schema}\".leases SET expires_at = now() - interval '1 second'")
     assert await leases.acquire("controllers/command-sweeper", "worker-b", dt.timedelta(seconds=30)) is not None
     token = _job_lease.set(mine)
     try:

@@ -62,7 +62,7 @@ async def test_after_a_restart_while_idle_the_first_requests_succeed(database_ur
                 # Open every connection of the pool, so that all of them sit idle when the database restarts.
                 async with contextlib.AsyncExitStack() as stack:
                     for _ in range(4):
-                        await stack.enter_async_context(store.engine.connect())
+                        await stack.enter_async_context(store.connection())
             # The proxy closed every connection, as a restart does; the api saw nothing, being idle.
             async with tcp_proxy(port, host, target_port):
                 compute.caches.invalidate_all()  # an idle api's cached authentications have expired too

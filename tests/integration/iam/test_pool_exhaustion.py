@@ -14,10 +14,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import anyio
-import attrs
 import httpx
 import pytest
-from sqlalchemy import event
 
 from bettercompute.errors import ComputeError
 from bettercompute.modules.pools import CreatePoolInput
@@ -37,7 +35,7 @@ from bettercompute_iam import (
     ListTenantsInput,
     RevokeCredentialInput,
 )
-from bettercompute_store_pg import PgStore
+from bettercompute_store_pg import PgStore, PoolUsage
 
 from .conftest import TwoTenants, auth, two_tenants
 
@@ -48,36 +46,10 @@ IN_FLIGHT = 3
 BURST = 4 * IN_FLIGHT
 
 
-@attrs.define
-class CheckoutMeter:
-    """How many of the store's pooled connections are checked out now, and the most at once since ``reset``."""
-
-    now: int = 0
-    peak: int = 0
-
-    def checkout(self, *_: Any) -> None:
-        self.now += 1
-        self.peak = max(self.peak, self.now)
-
-    def checkin(self, *_: Any) -> None:
-        self.now -= 1
-
-    def reset(self) -> None:
-        self.peak = self.now
-
-
 @contextlib.contextmanager
-def metered(store: PgStore) -> Iterator[CheckoutMeter]:
-    """Count checkouts of ``store``'s pool (both the SQLAlchemy path and the store's one-round-trip path)."""
-    pool = store.engine.sync_engine.pool
-    meter = CheckoutMeter(now=pool.checkedout())  # type: ignore[attr-defined]  # QueuePool has it, Pool does not
-    event.listen(pool, "checkout", meter.checkout)
-    event.listen(pool, "checkin", meter.checkin)
-    try:
-        yield meter
-    finally:
-        event.remove(pool, "checkout", meter.checkout)
-        event.remove(pool, "checkin", meter.checkin)
+def metered(store: PgStore) -> Iterator[PoolUsage]:
+    """The store's pool usage: every checkout, by the transaction path and the one-round-trip path alike."""
+    yield store.pool_usage
 
 
 @pytest.fixture
@@ -193,7 +165,7 @@ async def test_each_iam_call_holds_one_pooled_connection_at_a_time(plane: TwoTen
     with metered(t.store) as meter:
 
         async def call(name: str, run: Callable[[], Awaitable[Any]]) -> Any:
-            meter.reset()
+            meter.reset_peak()
             result = await run()
             peaks[name] = meter.peak
             return result

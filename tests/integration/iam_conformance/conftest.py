@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 import attrs
 import psycopg
 import pytest
-from sqlalchemy import event
 
 from bettercompute import BetterCompute, Options, better_compute
 from bettercompute_iam import EmbeddedIam
@@ -108,11 +107,12 @@ class StatementCounter:
     """Counts the connections a store takes from its pool: every database access, by any path, takes one."""
 
     def __init__(self, store: PgStore) -> None:
-        self.count = 0
-        event.listen(store.engine.sync_engine.pool, "checkout", self._seen)
+        self._usage = store.pool_usage
+        self._start = self._usage.checkouts
 
-    def _seen(self, *_: object) -> None:
-        self.count += 1
+    @property
+    def count(self) -> int:
+        return self._usage.checkouts - self._start
 
 
 @attrs.frozen(kw_only=True)

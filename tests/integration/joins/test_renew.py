@@ -118,8 +118,8 @@ async def test_a_certificate_from_another_ca_is_untrusted(fleet: Fleet, database
         stranger = CertificateAuthority(other_store, fleet.kms, trust_domain=fleet.services.joins.ca.trust_domain)
         forged = await stranger.issue(NodeKey().csr_pem(), node_id=joined.node_id)
     finally:
-        async with other_store.transaction() as tx:
-            await tx.connection.exec_driver_sql(f'DROP SCHEMA "{other_store.schema}" CASCADE')
+        async with other_store.connection() as conn:
+            await conn.execute(f'DROP SCHEMA "{other_store.schema}" CASCADE')
         await other_store.close()
     with pytest.raises(UnauthenticatedError) as untrusted:
         await fleet.services.renew_challenge(certificate_pem=forged.certificate_pem)

@@ -7,12 +7,11 @@ import time
 
 import anyio
 import pytest
-from sqlalchemy import text
 
 import bettercompute_store_pg
 from bettercompute.errors import ConflictError, InternalError, InvalidConfigError, UnavailableError
 from bettercompute.ports import AuditRecord, WorkItem
-from bettercompute_store_pg import PgNotifier, PgStore
+from bettercompute_store_pg import PgNotifier, PgStore, Statement, connection_of, fetch_in
 
 pytestmark = pytest.mark.anyio
 
@@ -31,7 +30,8 @@ async def test_constructing_does_no_io_and_an_unreachable_database_fails_fast() 
     store = PgStore(UNREACHABLE, schema="bc_unreachable")
     assert time.monotonic() - started < 0.5
     with pytest.raises(InternalError):
-        _ = store.engine  # not open: no engine, hence no connection yet
+        async with store.connection():  # not open: no pool, hence no connection yet
+            pass
     await store.open()
     try:
         for attempt in (store.ping(), store.install(), store.queue.pending()):
@@ -62,7 +62,7 @@ def test_other_databases_and_drivers_are_refused(url: str) -> None:
 async def test_driver_errors_become_internal_errors_without_sql(pg_store: PgStore) -> None:
     with pytest.raises(InternalError) as caught:
         async with pg_store.transaction() as tx:
-            await tx.connection.execute(text("SELECT * FROM no_such_table_here"))
+            await fetch_in(tx.connection, Statement.of("SELECT * FROM no_such_table_here"), {})
     assert "no_such_table_here" not in str(caught.value)
     assert caught.value.__cause__ is not None
 
@@ -81,7 +81,7 @@ async def test_an_unexpected_database_error_is_logged_by_class_and_sqlstate_only
     caplog.set_level(logging.DEBUG)
     with pytest.raises(InternalError):
         async with pg_store.transaction() as tx:
-            await tx.connection.execute(text(statement), params)
+            await fetch_in(connection_of(tx), Statement.of(statement), params)
     logged = [r.getMessage() for r in caplog.records if r.name == "bettercompute.store_pg"]
     assert any(f"SQLSTATE {state}" in line for line in logged), logged
     assert "no_such_table_here" not in caplog.text and "s3cr3t" not in caplog.text
@@ -103,8 +103,7 @@ async def test_audit_rows_commit_with_the_transaction(pg_store: PgStore) -> None
         async with pg_store.transaction() as tx:
             await tx.audit(record)
             raise RuntimeError("the caller failed")
-    async with pg_store.engine.connect() as conn:
-        rows = (await conn.execute(text(f'SELECT * FROM "{pg_store.schema}".audit'))).all()
+    rows = await pg_store.fetch(pg_store.sql("SELECT * FROM {s}.audit"), {})
     assert len(rows) == 1
     row = rows[0]
     assert (row.action, row.actor, row.tenant, row.resource_id, row.outcome) == (
@@ -118,16 +117,15 @@ async def test_audit_rows_commit_with_the_transaction(pg_store: PgStore) -> None
 
 
 async def test_adapters_write_their_own_tables_in_the_same_transaction(pg_store: PgStore) -> None:
-    async with pg_store.engine.begin() as conn:
-        await conn.execute(text(f'CREATE TABLE "{pg_store.schema}".adapter_rows (id integer)'))
+    async with pg_store.connection() as conn:
+        await conn.execute(f'CREATE TABLE "{pg_store.schema}".adapter_rows (id integer)')
     with pytest.raises(RuntimeError):
         async with pg_store.transaction() as tx:
-            await tx.connection.execute(text(f'INSERT INTO "{pg_store.schema}".adapter_rows VALUES (1)'))
+            await connection_of(tx).execute(f'INSERT INTO "{pg_store.schema}".adapter_rows VALUES (1)')
             await tx.enqueue([WorkItem(kind="k", key="x")])
             raise RuntimeError("the caller failed")
-    async with pg_store.engine.connect() as conn:
-        count = (await conn.execute(text(f'SELECT count(*) FROM "{pg_store.schema}".adapter_rows'))).scalar()
-    assert count == 0
+    rows = await pg_store.fetch(pg_store.sql("SELECT count(*) AS n FROM {s}.adapter_rows"), {})
+    assert rows[0].n == 0
     assert await pg_store.queue.pending() == 0
 
 
@@ -166,10 +164,10 @@ async def test_a_unique_violation_is_a_conflict_without_sql(pg_store: PgStore) -
     # What a race between two writers of one name ends in, once the loser's own checks passed.
     table = f'"{pg_store.schema}".names'
     async with pg_store.transaction() as tx:
-        await tx.connection.execute(text(f"CREATE TABLE {table} (name text PRIMARY KEY)"))
-        await tx.connection.execute(text(f"INSERT INTO {table} VALUES ('a')"))
+        await fetch_in(tx.connection, Statement.of(f"CREATE TABLE {table} (name text PRIMARY KEY)"), {})
+        await fetch_in(tx.connection, Statement.of(f"INSERT INTO {table} VALUES ('a')"), {})
     with pytest.raises(ConflictError) as info:
         async with pg_store.transaction() as tx:
-            await tx.connection.execute(text(f"INSERT INTO {table} VALUES ('a')"))
+            await fetch_in(tx.connection, Statement.of(f"INSERT INTO {table} VALUES ('a')"), {})
     assert info.value.code == "CONFLICT"
     assert "INSERT" not in info.value.message and "names" not in info.value.message

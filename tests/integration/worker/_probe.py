@@ -14,10 +14,10 @@ from typing import Any
 
 import anyio
 import attrs
-from sqlalchemy import text
 
 from bettercompute import Job, Outcome, ReconcileContext, Reconciler
 from bettercompute.ports import Migration
+from bettercompute_store_pg import Statement, connection_of, fetch_in
 
 KIND = "probe"
 PASS_SECONDS = 0.15
@@ -38,10 +38,10 @@ async def probe(ctx: ReconcileContext, key: str) -> Outcome:
     started = time.time()
     await anyio.sleep(PASS_SECONDS)
     async with ctx.transaction() as tx:
-        connection: Any = getattr(tx, "connection")  # noqa: B009 - PgTransaction's, not on the port
         schema = getattr(ctx.store, "schema")  # noqa: B009 - PgStore's, not on the port
-        await connection.execute(
-            text(
+        await fetch_in(
+            connection_of(tx),
+            Statement.of(
                 f'INSERT INTO "{schema}".probe_runs (key, worker, started, ended) '
                 "VALUES (:key, :worker, :started, :ended)"
             ),

@@ -14,12 +14,12 @@ from typing import Any
 
 import anyio
 import attrs
-from sqlalchemy import text
 
 from bettercompute import Job, RetryPolicy, Step, StepContext, StepOutcome, Workflow
 from bettercompute.errors import UnavailableError
 from bettercompute.ports import Migration, Transaction
 from bettercompute.testing import OutsideCallProbe
+from bettercompute_store_pg import Statement, connection_of, fetch_in
 
 _TABLES = """
 CREATE TABLE {schema}.wf_effects (
@@ -48,8 +48,7 @@ STEP_DEADLINE = dt.timedelta(seconds=4)
 async def _execute(ctx: StepContext, tx: Transaction, sql: str, params: Mapping[str, Any]) -> None:
     """Run ``sql`` in ``tx``, one of the step's writes blocks (``{s}`` is the schema)."""
     schema = getattr(ctx.store, "schema")  # noqa: B009 - PgStore's, not on the port
-    connection: Any = getattr(tx, "connection")  # noqa: B009 - PgTransaction's, not on the port
-    await connection.execute(text(sql.replace("{s}", f'"{schema}"')), dict(params))
+    await fetch_in(connection_of(tx), Statement.of(sql.replace("{s}", f'"{schema}"')), params)
 
 
 async def record_effect(ctx: StepContext, tx: Transaction, step: str | None = None) -> None:
