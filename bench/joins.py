@@ -77,7 +77,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute.modules.nodes import GatewayServices, new_token
+from bettercompute.modules.nodes import CERTIFICATES, JOIN_KEYS, GatewayServices, new_token
 from bettercompute.modules.nodes._ca import checked_csr_key
 from bettercompute.modules.nodes._sealing import REPLAY_SCOPE, JoinKeyPair, Unsealer
 from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, Pool
@@ -85,12 +85,12 @@ from bettercompute.testing import InMemoryReplayGuard
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
 from bettercompute_store_pg import PgStore
-from bettercompute_store_pg._certificates import _KEYS, _RECORD
-from bettercompute_store_pg._nodes import _ENROLL
 from bettercompute_store_pg._outbox import _PUBLISH
-from bettercompute_store_pg._pools import _POOL_GET, _TOKEN_CONSUME, _TOKEN_MATCHING
 from bettercompute_store_pg._replay import _FIRST_USE
 from bettercompute_store_pg._store import _AUDIT, _PROJECT
+from bettercompute_store_pg.modules.identity._certificates import _KEYS, _RECORD
+from bettercompute_store_pg.modules.identity._nodes import _ENROLL
+from bettercompute_store_pg.modules.pools._repository import _POOL_GET, _TOKEN_CONSUME, _TOKEN_MATCHING
 
 URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bc_bench_joins"
@@ -154,9 +154,9 @@ async def open_plane(folder: Path, callers: int) -> AsyncIterator[Plane]:
         root = boot.credential
         tenant = (await IamGroups(compute.api).tenants.create(root, CreateTenantInput(name="acme"))).id
         pool: Pool = await compute.api.pools.create(root, CreatePoolInput(tenant=tenant, name="gpus"))
-        join_key = await store.join_keys.active()
+        join_key = await store.repository(JOIN_KEYS).active()
         assert join_key is not None
-        ca_keys = [k for k in await store.certificates.keys(TRUST_DOMAIN) if k.state == "active"]
+        ca_keys = [k for k in await store.repository(CERTIFICATES).keys(TRUST_DOMAIN) if k.state == "active"]
         assert len(ca_keys) == 1
         yield Plane(
             compute=compute,

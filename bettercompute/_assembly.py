@@ -20,6 +20,7 @@ from bettercompute._runtime.declarations import (
 from bettercompute._runtime.jobs import BUILTIN_JOBS, ROLES, Job
 from bettercompute._runtime.registry import GroupSpec, Registry
 from bettercompute._version import __version__
+from bettercompute.errors import ComputeError
 from bettercompute.modules.commands import CommandsModule
 from bettercompute.modules.nodes import Attestor, IdentityModule
 from bettercompute.modules.nodes._tokens import JoinSettings
@@ -44,10 +45,7 @@ _STORE_MEMBERS = (
     "queue",
     "outbox",
     "idempotency",
-    "commands",
-    "sessions",
-    "bookings",
-    "usage",
+    "repository",
 )
 _IAM_MEMBERS = ("authenticate", "require")
 
@@ -57,6 +55,7 @@ def assemble(options: Options) -> tuple[list[str], list[Module], Registry]:
     problems: list[str] = []
     attestors = part_problems(options, problems)
     modules = modules_of(options, attestors, problems)
+    problems.extend(repository_problems(options.store, modules))
     problems.extend(job_problems(modules))
     registry = registry_of(modules, problems)
     return problems, modules, registry
@@ -87,10 +86,6 @@ def part_problems(options: Options, problems: list[str]) -> Sequence[Any]:
         missing = [m for m in ("encrypt", "decrypt") if not hasattr(kms, m)]
         if missing:
             problems.append(f"kms: {type(kms).__name__} lacks {', '.join(missing)}")
-        if store is not None and not hasattr(store, "webhooks"):
-            problems.append(f"store: {type(store).__name__} lacks webhooks (needed by the webhooks module)")
-        if store is not None and not hasattr(store, "secrets"):
-            problems.append(f"store: {type(store).__name__} lacks secrets (needed by the secrets module)")
     webhooks: Any = options.webhooks
     if not isinstance(webhooks, WebhookSettings):
         problems.append(
@@ -100,19 +95,12 @@ def part_problems(options: Options, problems: list[str]) -> Sequence[Any]:
         # Values are compared only once their types are right; a wrong setting is wrong with or without a KMS.
         problems.extend(settings_problems("webhooks", webhooks) or webhooks.problems())
 
-    if store is not None:
-        missing = [m for m in ("pools", "join_tokens") if not hasattr(store, m)]
-        if missing:
-            problems.append(f"store: {type(store).__name__} lacks {', '.join(missing)} (needed by the pools module)")
     join: Any = options.join
     if join is not None and not isinstance(join, JoinSettings):
         problems.append(f"join: must be a bettercompute.JoinSettings or None, not {type(join).__name__}")
         join = None
     if join is not None:
         problems.extend(settings_problems("join", join) or join.problems())
-        missing = [m for m in ("nodes", "join_keys", "certificates", "nonces") if not hasattr(store, m)]
-        if store is not None and missing:
-            problems.append(f"store: {type(store).__name__} lacks {', '.join(missing)} (needed by JoinService)")
     attestors: Sequence[Any] = _sequence("attestors", options.attestors, problems)
     for index, attestor in enumerate(attestors):
         if not isinstance(attestor, Attestor):
@@ -180,6 +168,23 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
         problems.extend(_range_problems(f"plugin {plugin.name!r}", plugin.core_range))
 
     return modules
+
+
+def repository_problems(store: Any, modules: Sequence[Module]) -> list[str]:
+    """The repositories a module needs (its optional ``repositories``, typed keys) that the store does not ship."""
+    problems: list[str] = []
+    if store is None or not callable(getattr(store, "repository", None)):
+        return problems
+    for module in modules:
+        for key in getattr(module, "repositories", ()):
+            try:
+                store.repository(key)
+            except ComputeError:
+                problems.append(
+                    f"store: {type(store).__name__} has no repository {key.module}.{key.name}"
+                    f" (needed by module {module.name!r})"
+                )
+    return problems
 
 
 def job_problems(modules: Sequence[Module]) -> list[str]:

@@ -4,34 +4,31 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import importlib
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from bettercompute.errors import InvalidConfigError
-from bettercompute.ports import Lease, Migration, transaction_scope
+from bettercompute.ports import Lease, Migration, Repository, transaction_scope
 
-from ._certificates import PgCertificates
-from ._commands import PgCommands, PgSessions
 from ._db import Connection, Database, PoolUsage, Statement, driver_url, utc
 from ._errors import translated
 from ._idempotency import PgIdempotencyKeys
 from ._leases import PgLeases
 from ._membership import PgMembership
 from ._migrations import run_migrations
-from ._nodes import PgJoinKeys, PgNodes
 from ._outbox import PgOutbox
-from ._pools import PgJoinTokens, PgPools
 from ._queue import PgWorkQueue
 from ._replay import PgReplayGuard
 from ._schema import CORE_MIGRATIONS, validate_schema
-from ._secrets import PgSecrets
 from ._transaction import PgTransaction
-from ._usage import PgBookings, PgUsage
-from ._webhooks import PgWebhooks
 from ._workflows import PgWorkflows
 
 __all__ = ["PgStore", "PgTransaction"]
+
+R = TypeVar("R")
 
 log = logging.getLogger("bettercompute.store_pg")
 
@@ -97,6 +94,7 @@ class PgStore:
         self._pool_size = pool_size
         self._prepared_statements = prepared_statements
         self._db = Database(self.schema)
+        self._repositories: dict[tuple[str, str], object] = {}
         self._enqueue_listeners: list[EnqueueListener] = []
         self._publish_listeners: list[PublishListener] = []
         self.leases = PgLeases(self._db)
@@ -104,24 +102,26 @@ class PgStore:
         self.membership = PgMembership(self._db)
         self.outbox = PgOutbox(self._db)
         self.idempotency = PgIdempotencyKeys(self._db)
-        self.webhooks = PgWebhooks(self._db)
-        self.secrets = PgSecrets(self._db)
         self.nonces = PgReplayGuard(self._db)
         self.workflows = PgWorkflows(self._db)
-        self.pools = PgPools(self._db)
-        self.join_tokens = PgJoinTokens(self._db)
-        self.certificates = PgCertificates(self._db)
-        self.nodes = PgNodes(self._db)
-        self.join_keys = PgJoinKeys(self._db)
-        self.commands = PgCommands(self._db)
-        self.sessions = PgSessions(self._db)
-        self.bookings = PgBookings(self._db)
-        self.usage = PgUsage(self._db)
         self._audit = self._db.sql(_AUDIT)
         self._project = self._db.sql(_PROJECT)
         self._unproject = self._db.sql(_UNPROJECT)
         self._tenant = self._db.sql(_TENANT)
         self._ping = self._db.sql("SELECT now() AS now")
+
+    def repository(self, key: Repository[R]) -> R:
+        """The adapter of a module's repository, from ``bettercompute_store_pg.modules.<module>._repository``
+        (``REPOSITORIES``, by name), made once per store.
+
+        Raises:
+            InvalidConfigError: this store ships no such repository.
+        """
+        made = self._repositories.get((key.module, key.name))
+        if made is None:
+            made = self._repositories[(key.module, key.name)] = _adapter(key, self._db)
+        # The adapter registered under this key implements its protocol: the key's type says which one.
+        return cast(R, made)
 
     def __repr__(self) -> str:
         return f"PgStore(url={self._url.render_as_string(hide_password=True)!r}, schema={self.schema!r})"
@@ -276,3 +276,24 @@ class PgStore:
             await self._enqueued(frozenset(tx.enqueued))
         if tx.published:
             await self._published()
+
+
+_MODULE = re.compile(r"[a-z][a-z0-9_]{0,62}")
+
+
+def _adapter(key: Repository[Any], db: Database) -> object:
+    """A new adapter for ``key``, found by the module's name: no central list of modules."""
+    missing = InvalidConfigError(
+        f"the PostgreSQL store has no repository {key.name!r} of module {key.module!r}",
+        details={"problems": [f"{key.module}.{key.name}"]},
+    )
+    if not _MODULE.fullmatch(key.module):
+        raise missing
+    try:
+        found = importlib.import_module(f"bettercompute_store_pg.modules.{key.module}._repository")
+    except ModuleNotFoundError:
+        raise missing from None
+    factory = getattr(found, "REPOSITORIES", {}).get(key.name)
+    if factory is None:
+        raise missing
+    return factory(db)

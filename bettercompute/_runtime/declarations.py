@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
 import attrs
 
-from bettercompute.ports import Migration
+from bettercompute.ports import Migration, Repository
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -44,7 +44,9 @@ class Module(Protocol):
     Optional member, not part of this protocol so that modules without it still conform: ``reconcilers``, a
     sequence of ``bettercompute.Reconciler`` (read with ``getattr(module, "reconcilers", ())``), run by the worker
     processes of each reconciler's role on the shards they own, and by ``jobs.tick()``; ``workflows``, a sequence of
-    ``bettercompute.Workflow`` (read the same way), started with ``compute.workflows.start``.
+    ``bettercompute.Workflow`` (read the same way), started with ``compute.workflows.start``; ``repositories``, the
+    typed keys (``bettercompute.ports.Repository``) of the store repositories it uses, which ``better_compute()``
+    checks the store ships.
     """
 
     @property
@@ -211,6 +213,7 @@ class StaticModule:
     actions: Sequence[str] = ()
     migrations: Mapping[str, Sequence[Migration]] = attrs.field(factory=dict)
     jobs: Sequence[Job] = ()
+    repositories: Sequence[Repository[Any]] = ()
 
     async def start(self, context: ModuleContext) -> None:
         """Nothing to start."""

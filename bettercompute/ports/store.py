@@ -1,30 +1,40 @@
-"""The store: transactions, the runtime's tables and every repository."""
+"""The store: transactions, the runtime's tables, and each module's repositories by typed key."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
-from bettercompute.ports.certificates import Certificates
-from bettercompute.ports.commands import Commands, Sessions
+import attrs
+
 from bettercompute.ports.idempotency import IdempotencyKeys
 from bettercompute.ports.leases import Lease, Leases
 from bettercompute.ports.membership import Membership
 from bettercompute.ports.migrations import Migration
-from bettercompute.ports.nodes import JoinKeys, Nodes
 from bettercompute.ports.outbox import Outbox
-from bettercompute.ports.pools import JoinTokens, Pools
 from bettercompute.ports.queue import WorkQueue
 from bettercompute.ports.replay import ReplayGuard
-from bettercompute.ports.secrets import SecretStore
 from bettercompute.ports.transaction import Transaction
-from bettercompute.ports.usage import Bookings, Usage
-from bettercompute.ports.webhooks import Webhooks
 from bettercompute.ports.workflows import WorkflowStore
 
-__all__ = ["Store"]
+__all__ = ["Repository", "Store"]
+
+R = TypeVar("R")
+
+
+@attrs.frozen
+class Repository(Generic[R]):
+    """The typed key of a module's repository: a module declares ``POOLS: Repository[Pools] = Repository(
+    module="pools", name="pools")`` beside its ``Pools`` protocol, and ``store.repository(POOLS)`` is a ``Pools``.
+
+    The store finds the adapter by ``module`` and ``name`` (the PostgreSQL store in
+    ``bettercompute_store_pg.modules.<module>``), so a module adds its repositories without a line in this protocol.
+    """
+
+    module: str
+    name: str
 
 
 class Store(Protocol):
@@ -41,6 +51,14 @@ class Store(Protocol):
     @property
     def dialect(self) -> str:
         """Which migrations this store runs: modules list theirs under this name (``"postgresql"``)."""
+        ...
+
+    def repository(self, key: Repository[R]) -> R:
+        """The store's repository for ``key``.
+
+        Raises:
+            InvalidConfigError: this store has no repository of that module and name.
+        """
         ...
 
     @property
@@ -64,16 +82,6 @@ class Store(Protocol):
         ...
 
     @property
-    def webhooks(self) -> Webhooks:
-        """Webhook subscriptions and deliveries."""
-        ...
-
-    @property
-    def secrets(self) -> SecretStore:
-        """Secrets of the ``secrets`` group (sealed by the KMS)."""
-        ...
-
-    @property
     def nonces(self) -> ReplayGuard:
         """Nonces seen by ``Unsealer`` (replay protection of sealed join payloads)."""
         ...
@@ -86,51 +94,6 @@ class Store(Protocol):
     @property
     def workflows(self) -> WorkflowStore:
         """Workflows and their step logs."""
-        ...
-
-    @property
-    def pools(self) -> Pools:
-        """Pools of machines."""
-        ...
-
-    @property
-    def join_tokens(self) -> JoinTokens:
-        """Join tokens of pools (hashes only)."""
-        ...
-
-    @property
-    def certificates(self) -> Certificates:
-        """The node CA's keys, issued certificates and revocations."""
-        ...
-
-    @property
-    def nodes(self) -> Nodes:
-        """Nodes joined to pools."""
-        ...
-
-    @property
-    def join_keys(self) -> JoinKeys:
-        """JoinService's key pairs (sealed)."""
-        ...
-
-    @property
-    def commands(self) -> Commands:
-        """Commands for daemons."""
-        ...
-
-    @property
-    def sessions(self) -> Sessions:
-        """Daemon sessions."""
-        ...
-
-    @property
-    def bookings(self) -> Bookings:
-        """Bookings of atoms."""
-        ...
-
-    @property
-    def usage(self) -> Usage:
-        """Usage records."""
         ...
 
     def on_enqueued(self, listener: Callable[[frozenset[str]], Awaitable[None]]) -> Callable[[], None]:

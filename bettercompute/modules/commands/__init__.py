@@ -1,8 +1,8 @@
 """Commands for node daemons, and the CommandSweeper that ends the ones no daemon will answer.
 
 A command is created ``pending`` for a node (in the transaction of the change that needs it). The gateway holding
-the node's session dispatches it on that session (``store.commands.dispatch``) and records the daemon's result
-(``store.commands.finish``). The sweeper, a singleton job of the ``controllers`` role under the lease
+the node's session dispatches it on that session (``dispatch`` of ``store.repository(COMMANDS)``) and records the
+daemon's result (``finish``). The sweeper, a singleton job of the ``controllers`` role under the lease
 ``controllers/command-sweeper``, makes sure no command waits forever:
 
 - a command whose ``deadline`` passed becomes ``expired`` (reason ``deadline_exceeded``), pending or dispatched;
@@ -27,16 +27,24 @@ from bettercompute._runtime.declarations import StaticModule
 from bettercompute._runtime.jobs import Job, job_transaction
 from bettercompute._version import __version__
 from bettercompute.errors import InvalidInputError
-from bettercompute.ports import CommandRecord, NodeRecord, OutboxEvent, Store, Transaction
+from bettercompute.modules.commands._port import COMMANDS, SESSIONS, CommandRecord, Commands, SessionRecord, Sessions
+from bettercompute.modules.nodes._port import NodeRecord
+from bettercompute.ports import OutboxEvent, Store, Transaction
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
 
 __all__ = [
+    "COMMANDS",
     "COMMAND_SWEEPER",
+    "SESSIONS",
     "SWEEP_BATCH",
+    "CommandRecord",
+    "Commands",
     "CommandsModule",
     "OnSessionLoss",
+    "SessionRecord",
+    "Sessions",
     "create_command",
     "sweep_commands",
 ]
@@ -70,7 +78,7 @@ async def create_command(
         raise InvalidInputError("on_session_loss: redispatch or fail", details={"path": "on_session_loss"})
     if not 1 <= max_attempts <= 100:
         raise InvalidInputError("max_attempts: between 1 and 100", details={"path": "max_attempts"})
-    return await store.commands.create(
+    return await store.repository(COMMANDS).create(
         tx,
         id=f"cmd_{secrets.token_hex(10)}",
         node_id=node.id,
@@ -104,8 +112,8 @@ async def sweep_commands(context: ModuleContext) -> int:
     while True:
         now = context.clock.now()
         async with job_transaction(context) as tx:
-            expired = await store.commands.expire(tx, now=now, limit=SWEEP_BATCH)
-            orphaned = await store.commands.orphaned(
+            expired = await store.repository(COMMANDS).expire(tx, now=now, limit=SWEEP_BATCH)
+            orphaned = await store.repository(COMMANDS).orphaned(
                 tx, stale_before=now - context.session_timeout, now=now, limit=SWEEP_BATCH
             )
             settled = sorted([*expired, *orphaned], key=lambda c: c.id)
@@ -122,4 +130,13 @@ COMMAND_SWEEPER = Job(name="command-sweeper", role="controllers", interval=dt.ti
 
 def CommandsModule() -> StaticModule:
     """The ``commands`` module: commands to node daemons and their sweeper (no group of methods yet)."""
-    return StaticModule(name="commands", version=__version__, core_range=f"=={__version__}", jobs=(COMMAND_SWEEPER,))
+    return StaticModule(
+        name="commands",
+        version=__version__,
+        core_range=f"=={__version__}",
+        jobs=(COMMAND_SWEEPER,),
+        repositories=(
+            COMMANDS,
+            SESSIONS,
+        ),
+    )

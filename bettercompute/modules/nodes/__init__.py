@@ -26,6 +26,18 @@ from bettercompute.modules.nodes._nodes import (
     RevokedNode,
     RevokeNodeInput,
 )
+from bettercompute.modules.nodes._port import CERTIFICATES as CERTIFICATES
+from bettercompute.modules.nodes._port import JOIN_KEYS as JOIN_KEYS
+from bettercompute.modules.nodes._port import NODES as NODES
+from bettercompute.modules.nodes._port import CaKey as CaKey
+from bettercompute.modules.nodes._port import Certificates as Certificates
+from bettercompute.modules.nodes._port import Enrollment as Enrollment
+from bettercompute.modules.nodes._port import IssuedCertificate as IssuedCertificate
+from bettercompute.modules.nodes._port import JoinKeyRecord as JoinKeyRecord
+from bettercompute.modules.nodes._port import JoinKeys as JoinKeys
+from bettercompute.modules.nodes._port import NodeRecord as NodeRecord
+from bettercompute.modules.nodes._port import Nodes as Nodes
+from bettercompute.modules.nodes._port import Revocation as Revocation
 from bettercompute.modules.nodes._proofs import (
     CHALLENGE_BYTES,
     RENEW_CONTEXT,
@@ -44,28 +56,40 @@ from bettercompute.modules.nodes._tokens import (
 )
 
 __all__ = [
+    "CERTIFICATES",
     "CHALLENGE_BYTES",
+    "JOIN_KEYS",
+    "NODES",
     "RENEW_CONTEXT",
     "SECRET_CONTEXT",
     "TOKEN_PREFIX",
     "AttestationRequest",
     "Attestor",
+    "CaKey",
     "CertificateAuthority",
+    "Certificates",
     "ClaimsAttestor",
+    "Enrollment",
     "GatewayServices",
     "GetNodeInput",
     "HardwareClaims",
     "IdentityModule",
     "IssuedBundle",
+    "IssuedCertificate",
+    "JoinKeyRecord",
+    "JoinKeys",
     "JoinResult",
     "JoinService",
     "JoinSettings",
     "ListNodesInput",
     "ListNodesOutput",
     "Node",
+    "NodeRecord",
+    "Nodes",
     "NodesGroup",
     "RenewResult",
     "RetireNodeInput",
+    "Revocation",
     "RevocationResult",
     "RevokeNodeInput",
     "RevokedNode",

@@ -44,7 +44,8 @@ from bettercompute.errors import (
     NotFoundError,
     UnavailableError,
 )
-from bettercompute.ports import CaKey, Clock, IssuedCertificate, Kms, OutboxEvent, Revocation, Store, Transaction
+from bettercompute.modules.nodes._port import CERTIFICATES, CaKey, IssuedCertificate, Revocation
+from bettercompute.ports import Clock, Kms, OutboxEvent, Store, Transaction
 
 __all__ = ["CertificateAuthority", "IssuedBundle", "RevocationResult", "serial_hex"]
 
@@ -198,11 +199,11 @@ class CertificateAuthority:
         # Sealed before the transaction: the KMS may be remote, and no network call waits inside a transaction.
         key, private = await self._sealed_key()
         async with self._store.transaction() as tx:
-            await self._store.certificates.lock(tx, self.trust_domain)
-            keys = await self._store.certificates.keys(self.trust_domain, tx=tx)
+            await self._store.repository(CERTIFICATES).lock(tx, self.trust_domain)
+            keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain, tx=tx)
             current = next((k for k in keys if k.state == "active"), None)
             if current is None:
-                await self._store.certificates.add_key(tx, key)
+                await self._store.repository(CERTIFICATES).add_key(tx, key)
         if current is not None:
             return current  # another process created it meanwhile: ours, never stored, is dropped
         return self._created(key, private)
@@ -221,13 +222,13 @@ class CertificateAuthority:
         """Make a new active key; the current one becomes ``previous`` and stays in the trust bundle."""
         key, private = await self._sealed_key()  # before the transaction, as in ``ensure``
         async with self._store.transaction() as tx:
-            await self._store.certificates.lock(tx, self.trust_domain)
-            for old in await self._store.certificates.keys(self.trust_domain, tx=tx):
+            await self._store.repository(CERTIFICATES).lock(tx, self.trust_domain)
+            for old in await self._store.repository(CERTIFICATES).keys(self.trust_domain, tx=tx):
                 if old.state == "active":
-                    await self._store.certificates.set_key_state(
+                    await self._store.repository(CERTIFICATES).set_key_state(
                         tx, trust_domain=self.trust_domain, id=old.id, state="previous"
                     )
-            await self._store.certificates.add_key(tx, key)
+            await self._store.repository(CERTIFICATES).add_key(tx, key)
         return self._created(key, private)
 
     async def retire(self, key_id: str, *, force: bool = False) -> None:
@@ -239,8 +240,8 @@ class CertificateAuthority:
                 still unexpired and unrevoked.
         """
         async with self._store.transaction() as tx:
-            await self._store.certificates.lock(tx, self.trust_domain)
-            keys = {k.id: k for k in await self._store.certificates.keys(self.trust_domain, tx=tx)}
+            await self._store.repository(CERTIFICATES).lock(tx, self.trust_domain)
+            keys = {k.id: k for k in await self._store.repository(CERTIFICATES).keys(self.trust_domain, tx=tx)}
             key = keys.get(key_id)
             if key is None:
                 raise NotFoundError("no such CA key", details={"key_id": key_id})
@@ -250,24 +251,26 @@ class CertificateAuthority:
                 raise FailedPreconditionError(
                     "the active CA key cannot be retired; rotate first", details={"key_id": key_id}
                 )
-            live = await self._store.certificates.live_count(key_id, now=self._clock.now(), tx=tx)
+            live = await self._store.repository(CERTIFICATES).live_count(key_id, now=self._clock.now(), tx=tx)
             if live and not force:
                 raise FailedPreconditionError(
                     "certificates issued under this CA key are still valid; retire it after they expire",
                     details={"key_id": key_id, "live_certificates": live},
                 )
-            await self._store.certificates.set_key_state(tx, trust_domain=self.trust_domain, id=key_id, state="retired")
+            await self._store.repository(CERTIFICATES).set_key_state(
+                tx, trust_domain=self.trust_domain, id=key_id, state="retired"
+            )
         self._private.pop(key_id, None)
         log.info("CA key %s of %s retired", key_id, self.trust_domain)
 
     async def keys(self) -> list[CaKey]:
         """Every key of the trust domain (sealed), oldest first."""
-        return await self._store.certificates.keys(self.trust_domain)
+        return await self._store.repository(CERTIFICATES).keys(self.trust_domain)
 
     async def trust_bundle(self) -> list[x509.Certificate]:
         """The CA certificates to trust: every key not retired, oldest first (creating the first key if needed)."""
         await self.ensure()
-        keys = await self._store.certificates.keys(self.trust_domain)
+        keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain)
         return [x509.load_pem_x509_certificate(k.certificate_pem.encode()) for k in keys if k.state != "retired"]
 
     async def trust_bundle_pem(self) -> str:
@@ -350,10 +353,10 @@ class CertificateAuthority:
             key_sha256=key_sha256(public_key),
         )
         if tx is not None:
-            await self._store.certificates.record(tx, record)
+            await self._store.repository(CERTIFICATES).record(tx, record)
         else:
             async with self._store.transaction() as own:
-                await self._store.certificates.record(own, record)
+                await self._store.repository(CERTIFICATES).record(own, record)
         return IssuedBundle(
             certificate_pem=cert.public_bytes(serialization.Encoding.PEM).decode(),
             chain_pem=key.certificate_pem,
@@ -389,7 +392,7 @@ class CertificateAuthority:
             NotFoundError: the CA issued no certificate with this serial.
         """
         canonical = serial_hex(serial)
-        issued = await self._store.certificates.get(canonical, tx=tx)
+        issued = await self._store.repository(CERTIFICATES).get(canonical, tx=tx)
         if issued is None:
             raise NotFoundError("no certificate with this serial was issued", details={"serial": canonical})
         return await self._revoke(tx, issued.spiffe_id, reason, serial=canonical)
@@ -408,7 +411,7 @@ class CertificateAuthority:
 
     async def is_revoked(self, serial: int | str) -> bool:
         """Whether the certificate ``serial`` is revoked (a gateway asks at each handshake)."""
-        return await self._store.certificates.is_revoked(serial_hex(serial))
+        return await self._store.repository(CERTIFICATES).is_revoked(serial_hex(serial))
 
     async def _revoke(
         self, tx: Transaction | None, key: str, reason: str, *, serial: str | None = None, spiffe_id: str | None = None
@@ -419,8 +422,10 @@ class CertificateAuthority:
         async def run(t: Transaction) -> list[Revocation]:
             # Exclusive: a renewal of this identity checks and issues under the shared lock, so it either sees this
             # revocation or its new certificate is revoked by it.
-            await self._store.certificates.lock_identity(t, key, shared=False)
-            added = await self._store.certificates.revoke(t, serial=serial, spiffe_id=spiffe_id, reason=reason)
+            await self._store.repository(CERTIFICATES).lock_identity(t, key, shared=False)
+            added = await self._store.repository(CERTIFICATES).revoke(
+                t, serial=serial, spiffe_id=spiffe_id, reason=reason
+            )
             if added:
                 serials = [r.serial for r in added]
                 payload = {"spiffe_id": key, "serials": serials, "reason": reason}
@@ -439,7 +444,7 @@ class CertificateAuthority:
     # --- internals ----------------------------------------------------------------------------------------------
 
     async def _active(self, tx: Transaction | None = None) -> CaKey | None:
-        keys = await self._store.certificates.keys(self.trust_domain, tx=tx)
+        keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain, tx=tx)
         return next((k for k in keys if k.state == "active"), None)
 
     def _context(self, key_id: str) -> str:

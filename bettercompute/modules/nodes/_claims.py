@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from bettercompute.errors import AccessDeniedError, InvalidInputError
-from bettercompute.ports import JoinTokenRecord, PoolRecord
+from bettercompute.modules.pools._port import JoinTokenRecord, PoolRecord
 
 __all__ = [
     "AttestationRequest",

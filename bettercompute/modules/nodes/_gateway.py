@@ -20,6 +20,7 @@ from bettercompute.errors import (
     UnauthenticatedError,
 )
 from bettercompute.modules.nodes._join import JoinService
+from bettercompute.modules.nodes._port import CERTIFICATES, NODES, NodeRecord
 from bettercompute.modules.nodes._proofs import (
     secret_message,
     verify_signature,
@@ -27,13 +28,7 @@ from bettercompute.modules.nodes._proofs import (
 from bettercompute.modules.nodes._renew import CLOCK_SKEW
 from bettercompute.modules.secrets import NodeIdentity, SecretBroker
 from bettercompute.modules.secrets._broker import RELEASE_ACTION
-from bettercompute.ports import (
-    AuditRecord,
-    Clock,
-    NodeRecord,
-    ReplayGuard,
-    Store,
-)
+from bettercompute.ports import AuditRecord, Clock, ReplayGuard, Store
 
 __all__ = ["GatewayServices"]
 
@@ -142,10 +137,10 @@ class GatewayServices:
             serial = format(x509.load_pem_x509_certificate(certificate_pem.encode()).serial_number, "x")
         except ValueError:
             return
-        record = await self._store.certificates.get(serial)
+        record = await self._store.repository(CERTIFICATES).get(serial)
         if record is None:
             return
-        node = await self._store.nodes.get(record.node_id)
+        node = await self._store.repository(NODES).get(record.node_id)
         async with self._store.transaction() as tx:
             await tx.audit(
                 AuditRecord(

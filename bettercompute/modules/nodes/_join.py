@@ -62,6 +62,7 @@ from bettercompute.modules.nodes._claims import (
     hardware_key,
 )
 from bettercompute.modules.nodes._nodes import retire_node
+from bettercompute.modules.nodes._port import CERTIFICATES, NODES, NodeRecord
 from bettercompute.modules.nodes._proofs import (
     BINDING_BYTES,
     ChallengeIssuer,
@@ -70,15 +71,8 @@ from bettercompute.modules.nodes._proofs import (
 from bettercompute.modules.nodes._renew import NODE, Renewals, RenewResult
 from bettercompute.modules.nodes._sealing import Unsealer
 from bettercompute.modules.nodes._tokens import hash_secret, parse_token
-from bettercompute.ports import (
-    AuditRecord,
-    Clock,
-    NodeRecord,
-    OutboxEvent,
-    ReplayGuard,
-    ResourceRef,
-    Store,
-)
+from bettercompute.modules.pools._port import JOIN_TOKENS, POOLS
+from bettercompute.ports import AuditRecord, Clock, OutboxEvent, ReplayGuard, ResourceRef, Store
 
 __all__ = ["JOIN_ACTION", "JoinResult", "JoinService", "RenewResult"]
 
@@ -203,7 +197,7 @@ class JoinService:
             )
         token_id, secret = parsed
         secret_hash = hash_secret(secret)
-        token = await self._store.join_tokens.matching(token_id, secret_hash=secret_hash)
+        token = await self._store.repository(JOIN_TOKENS).matching(token_id, secret_hash=secret_hash)
         if token is None:
             raise UnauthenticatedError("the join token is not valid", details={"reason": "unknown_token"})
         _refuse_spent(token.revoked_at is not None, token.expires_at <= now, token.uses_left <= 0)
@@ -214,7 +208,7 @@ class JoinService:
             )
         hardware = _claims(claims)
         facts = checked_evidence(evidence)
-        pool = await self._store.pools.get(token.pool_id)
+        pool = await self._store.repository(POOLS).get(token.pool_id)
         if pool is None:  # pragma: no cover - a token's pool cannot be deleted
             raise InternalError("the join token's pool is missing")
         if pool.pool_class == "provider":
@@ -233,7 +227,7 @@ class JoinService:
         bundle_pem = await self.ca.trust_bundle_pem()
         vouched = "serial" in token.expect or bool(attestation)
         async with self._store.transaction() as tx:
-            enrollment = await self._store.nodes.enroll(
+            enrollment = await self._store.repository(NODES).enroll(
                 tx,
                 new_id=f"node_{secrets.token_hex(8)}",
                 pool_id=pool.id,
@@ -256,7 +250,7 @@ class JoinService:
             if reclaimed:
                 # Claims alone do not prove it is the same machine: while the node still holds a valid certificate
                 # (it may be up and running), only a token that names the serial or an attestor may take it back.
-                live = await self._store.certificates.live_count_for(spiffe_id, now=now, tx=tx)
+                live = await self._store.repository(CERTIFICATES).live_count_for(spiffe_id, now=now, tx=tx)
                 if live and not vouched:
                     raise ConflictError(
                         "the node with this hardware still holds a valid certificate: revoke it (nodes.revoke) or"
@@ -268,7 +262,7 @@ class JoinService:
             await tx.project(ResourceRef(type=NODE, id=node.id, tenant=node.tenant, pool=node.pool_id))
             # The token's row stays locked from here to the commit: spend the use last, so joins sharing a token
             # wait for each other as briefly as possible.
-            spent = await self._store.join_tokens.consume(tx, id=token_id, secret_hash=secret_hash, now=now)
+            spent = await self._store.repository(JOIN_TOKENS).consume(tx, id=token_id, secret_hash=secret_hash, now=now)
             if spent.outcome != "consumed":
                 _refuse_spent(spent.outcome == "revoked", spent.outcome == "expired", spent.outcome == "exhausted")
                 raise UnauthenticatedError("the join token is not valid", details={"reason": "unknown_token"})

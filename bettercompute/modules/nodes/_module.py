@@ -16,11 +16,13 @@ from bettercompute.modules.nodes._claims import Attestor
 from bettercompute.modules.nodes._gateway import GatewayServices
 from bettercompute.modules.nodes._join import JoinService
 from bettercompute.modules.nodes._nodes import ACTIONS, NodesGroup
+from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS, NODES
 from bettercompute.modules.nodes._proofs import ChallengeIssuer
 from bettercompute.modules.nodes._sealing import JoinKeyPair, Unsealer
 from bettercompute.modules.nodes._tokens import JoinSettings
+from bettercompute.modules.pools._port import JOIN_TOKENS, POOLS
 from bettercompute.modules.secrets import SecretBroker
-from bettercompute.ports import Kms, Migration, Store
+from bettercompute.ports import Kms, Migration, Repository, Store
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -38,12 +40,14 @@ def join_key_context(key_id: str) -> str:
 
 async def load_join_key(store: Store, kms: Kms) -> JoinKeyPair:
     """JoinService's key pair: the stored active one, or a new one stored now (whichever process comes first)."""
-    record = await store.join_keys.active()
+    record = await store.repository(JOIN_KEYS).active()
     if record is None:
         fresh = JoinKeyPair.generate()
         key_id = f"jk_{secrets.token_hex(8)}"
         sealed = await kms.encrypt(fresh.private_bytes(), context=join_key_context(key_id))
-        record = await store.join_keys.create_if_none(id=key_id, public_key=fresh.public_key_text(), sealed_key=sealed)
+        record = await store.repository(JOIN_KEYS).create_if_none(
+            id=key_id, public_key=fresh.public_key_text(), sealed_key=sealed
+        )
         if record.id == key_id:
             log.info("JoinService key %s created", key_id)
     pair = JoinKeyPair.from_private_bytes(await kms.decrypt(record.sealed_key, context=join_key_context(record.id)))
@@ -73,6 +77,13 @@ class IdentityModule:
     groups: Sequence[type[GroupSpec[Any]]] = (NodesGroup,)
     actions: Sequence[str] = ACTIONS
     migrations: Mapping[str, Sequence[Migration]] = {}
+    repositories: Sequence[Repository[Any]] = (
+        CERTIFICATES,
+        NODES,
+        JOIN_KEYS,
+        POOLS,
+        JOIN_TOKENS,
+    )
     jobs: Sequence[Job] = (NONCE_PURGE,)
 
     def __init__(self, settings: JoinSettings, kms: Kms, attestors: Sequence[Attestor] = ()) -> None:

@@ -19,9 +19,10 @@ from bettercompute._runtime.registry import CallContext, GroupSpec, method
 from bettercompute.errors import FailedPreconditionError, NotFoundError
 from bettercompute.fields import Text
 from bettercompute.modules.nodes._ca import CertificateAuthority
+from bettercompute.modules.nodes._port import NODES, NodeRecord
 from bettercompute.modules.nodes._tokens import JoinSettings
 from bettercompute.paging import Keyset, PageInput
-from bettercompute.ports import NodeRecord, ResourceRef, Store, Transaction
+from bettercompute.ports import ResourceRef, Store, Transaction
 
 __all__ = [
     "GetNodeInput",
@@ -137,7 +138,7 @@ async def retire_node(
     Raises:
         NotFoundError: there is no such node.
     """
-    node = await store.nodes.retire(tx, node_id)
+    node = await store.repository(NODES).retire(tx, node_id)
     if node is None:
         raise NotFoundError("no such node", details={"id": node_id})
     await ca.revoke_spiffe_id(ca.spiffe_id(node_id), reason=reason, tx=tx)
@@ -153,7 +154,7 @@ def _ca(call: CallContext) -> CertificateAuthority:
 
 
 async def _existing(call: CallContext, node_id: str) -> NodeRecord:
-    record = await call.context.store.nodes.get(node_id)
+    record = await call.context.store.repository(NODES).get(node_id)
     if record is None:
         raise NotFoundError("no such node", details={"id": node_id})
     return record
@@ -180,7 +181,7 @@ async def list_nodes(call: CallContext, input: ListNodesInput) -> ListNodesOutpu
     """
     scope = call.method.action
     after = _NODE_PAGES.after(scope, input.cursor)
-    found = await call.context.store.nodes.for_tenant(
+    found = await call.context.store.repository(NODES).for_tenant(
         input.tenant, pool_id=input.pool_id, after=after, limit=input.limit + 1
     )
     nodes, next_cursor = _NODE_PAGES.page(scope, [_node(n) for n in found], input.limit)

@@ -19,20 +19,13 @@ from bettercompute.errors import (
     UnauthenticatedError,
 )
 from bettercompute.modules.nodes._ca import CertificateAuthority, checked_csr_key, key_sha256
+from bettercompute.modules.nodes._port import CERTIFICATES, NODES, IssuedCertificate, NodeRecord
 from bettercompute.modules.nodes._proofs import (
     ChallengeIssuer,
     renew_message,
     verify_signature,
 )
-from bettercompute.ports import (
-    AuditRecord,
-    Clock,
-    IssuedCertificate,
-    NodeRecord,
-    ReplayGuard,
-    Store,
-    Transaction,
-)
+from bettercompute.ports import AuditRecord, Clock, ReplayGuard, Store, Transaction
 
 __all__ = ["CHALLENGE_TTL", "CLOCK_SKEW", "NODE", "RENEW_ACTION", "Presented", "RenewResult", "Renewals", "ms"]
 
@@ -136,11 +129,11 @@ class Renewals:
         async with self._store.transaction() as tx:
             # Checked again under the node's row lock (a reclaim or a retirement holds it exclusively) and the
             # identity's shared lock (a revocation holds it exclusively): whichever commits first, the other sees it.
-            current = await self._store.nodes.get(node.id, tx=tx, lock=True)
-            await self._store.certificates.lock_identity(tx, spiffe_id, shared=True)
+            current = await self._store.repository(NODES).get(node.id, tx=tx, lock=True)
+            await self._store.repository(CERTIFICATES).lock_identity(tx, spiffe_id, shared=True)
             if current is None or current.state == "retired":
                 raise AccessDeniedError("the node is retired", details={"reason": "node_retired"})
-            if await self._store.certificates.is_revoked(presented.record.serial, tx=tx):
+            if await self._store.repository(CERTIFICATES).is_revoked(presented.record.serial, tx=tx):
                 raise UnauthenticatedError("the certificate was revoked", details={"reason": "certificate_revoked"})
             await self._check_newest(presented, csr_key_digest=key_sha256(csr_key), tx=tx)
             issued = await self.ca.issue(csr_pem, node_id=node.id, role="node", tx=tx)
@@ -170,7 +163,7 @@ class Renewals:
     async def _check_newest(self, presented: Presented, *, csr_key_digest: str, tx: Transaction) -> None:
         """Only the newest certificate renews, unless the CSR asks again for the newest one's key (a renewal whose
         answer was lost: the CSR proves possession of that key)."""
-        newest = await self._store.certificates.newest(presented.record.spiffe_id, tx=tx)
+        newest = await self._store.repository(CERTIFICATES).newest(presented.record.spiffe_id, tx=tx)
         if newest is not None and newest.serial != presented.record.serial and newest.key_sha256 != csr_key_digest:
             raise UnauthenticatedError(
                 "a newer certificate of this node exists: renew that one", details={"reason": "superseded"}
@@ -205,18 +198,18 @@ class Renewals:
                 "the certificate does not chain to this control plane's CA", details={"reason": "untrusted"}
             ) from None
         serial = format(certificate.serial_number, "x")
-        record = await self._store.certificates.get(serial)
+        record = await self._store.repository(CERTIFICATES).get(serial)
         if record is None:
             raise UnauthenticatedError(
                 "the certificate was not issued by this control plane's CA", details={"reason": "untrusted"}
             )
-        if await self._store.certificates.is_revoked(serial):
+        if await self._store.repository(CERTIFICATES).is_revoked(serial):
             raise UnauthenticatedError("the certificate was revoked", details={"reason": "certificate_revoked"})
         if record.role != "node":
             raise FailedPreconditionError(
                 f"{record.role} certificates are not renewed here", details={"reason": "role", "role": record.role}
             )
-        node = await self._store.nodes.get(record.node_id)
+        node = await self._store.repository(NODES).get(record.node_id)
         if node is None or node.state == "retired":
             raise AccessDeniedError(
                 "the node is retired", details={"reason": "node_retired", "node_id": record.node_id}

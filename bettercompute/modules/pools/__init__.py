@@ -4,6 +4,13 @@ from bettercompute.modules.pools._methods import ACTIONS as ACTIONS
 from bettercompute.modules.pools._methods import JoinTokensGroup as JoinTokensGroup
 from bettercompute.modules.pools._methods import PoolsGroup as PoolsGroup
 from bettercompute.modules.pools._module import PoolsModule as PoolsModule
+from bettercompute.modules.pools._port import JOIN_TOKENS as JOIN_TOKENS
+from bettercompute.modules.pools._port import POOLS as POOLS
+from bettercompute.modules.pools._port import JoinTokenRecord as JoinTokenRecord
+from bettercompute.modules.pools._port import JoinTokens as JoinTokens
+from bettercompute.modules.pools._port import PoolRecord as PoolRecord
+from bettercompute.modules.pools._port import Pools as Pools
+from bettercompute.modules.pools._port import TokenConsumption as TokenConsumption
 from bettercompute.modules.pools._schemas import DEFAULT_ACCEPTANCE_CHECKS as DEFAULT_ACCEPTANCE_CHECKS
 from bettercompute.modules.pools._schemas import CreatedJoinToken as CreatedJoinToken
 from bettercompute.modules.pools._schemas import CreateJoinTokenInput as CreateJoinTokenInput
@@ -24,6 +31,8 @@ from bettercompute.modules.pools._service import join_command as join_command
 __all__ = [
     "ACTIONS",
     "DEFAULT_ACCEPTANCE_CHECKS",
+    "JOIN_TOKENS",
+    "POOLS",
     "CreateJoinTokenInput",
     "CreatePoolInput",
     "CreatedJoinToken",
@@ -31,15 +40,20 @@ __all__ = [
     "GetPoolInput",
     "JoinExpect",
     "JoinToken",
+    "JoinTokenRecord",
+    "JoinTokens",
     "JoinTokensGroup",
     "ListJoinTokensInput",
     "ListJoinTokensOutput",
     "ListPoolsInput",
     "ListPoolsOutput",
     "Pool",
+    "PoolRecord",
+    "Pools",
     "PoolsGroup",
     "PoolsModule",
     "RevokeJoinTokenInput",
+    "TokenConsumption",
     "UpdatePoolInput",
     "join_command",
 ]

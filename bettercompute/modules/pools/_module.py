@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from bettercompute._runtime.jobs import Job
 from bettercompute._version import __version__
+from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS
 from bettercompute.modules.pools._methods import ACTIONS, JoinTokensGroup, PoolsGroup
-from bettercompute.ports import Migration
+from bettercompute.modules.pools._port import JOIN_TOKENS, POOLS
+from bettercompute.ports import Migration, Repository
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -26,6 +28,12 @@ class PoolsModule:
     groups: Sequence[type[GroupSpec[Any]]] = (PoolsGroup, JoinTokensGroup)
     actions: Sequence[str] = ACTIONS
     migrations: Mapping[str, Sequence[Migration]] = {}
+    repositories: Sequence[Repository[Any]] = (
+        POOLS,
+        JOIN_TOKENS,
+        CERTIFICATES,
+        JOIN_KEYS,
+    )
     jobs: Sequence[Job] = ()
 
     async def start(self, context: ModuleContext) -> None:

@@ -18,7 +18,9 @@ import attrs
 from bettercompute._runtime.registry import CallContext, method
 from bettercompute.errors import NotFoundError
 from bettercompute.modules._tenants import require_tenant
+from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS
 from bettercompute.modules.nodes._tokens import JoinSettings, new_token
+from bettercompute.modules.pools._port import JOIN_TOKENS, POOLS, JoinTokenRecord, PoolRecord
 from bettercompute.modules.pools._schemas import (
     CreatedJoinToken,
     CreateJoinTokenInput,
@@ -36,7 +38,7 @@ from bettercompute.modules.pools._schemas import (
     UpdatePoolInput,
 )
 from bettercompute.paging import Keyset
-from bettercompute.ports import JoinTokenRecord, PoolRecord, ResourceRef
+from bettercompute.ports import ResourceRef
 
 POOL = "pool"
 JOIN_TOKEN = "join-token"  # noqa: S105 - a resource type, not a secret
@@ -139,9 +141,9 @@ async def _pins(call: CallContext) -> tuple[str | None, str | None]:
     store = call.context.store
     if settings is None:
         return None, None
-    keys = await store.certificates.keys(settings.trust_domain)
+    keys = await store.repository(CERTIFICATES).keys(settings.trust_domain)
     bundle = "".join(k.certificate_pem for k in keys if k.state != "retired") or None
-    join_key = await store.join_keys.active()
+    join_key = await store.repository(JOIN_KEYS).active()
     return bundle, join_key.public_key if join_key is not None else None
 
 
@@ -160,7 +162,7 @@ async def create_pool(call: CallContext, input: CreatePoolInput) -> Pool:
     pool_id = f"pool_{secrets.token_hex(8)}"
     async with call.transaction() as tx:
         await require_tenant(tx, input.tenant)
-        record = await store.pools.create(
+        record = await store.repository(POOLS).create(
             tx,
             id=pool_id,
             tenant=input.tenant,
@@ -193,13 +195,13 @@ async def list_pools(call: CallContext, input: ListPoolsInput) -> ListPoolsOutpu
     """
     scope = call.method.action
     after = _POOL_PAGES.after(scope, input.cursor)
-    records = await call.context.store.pools.for_tenant(input.tenant, after=after, limit=input.limit + 1)
+    records = await call.context.store.repository(POOLS).for_tenant(input.tenant, after=after, limit=input.limit + 1)
     pools, next_cursor = _POOL_PAGES.page(scope, [_pool(r) for r in records], input.limit)
     return ListPoolsOutput(pools=pools, next_cursor=next_cursor)
 
 
 async def _existing_pool(call: CallContext, pool_id: str) -> PoolRecord:
-    record = await call.context.store.pools.get(pool_id)
+    record = await call.context.store.repository(POOLS).get(pool_id)
     if record is None:
         raise NotFoundError("no such pool", details={"id": pool_id})
     return record
@@ -225,7 +227,7 @@ async def update_pool(call: CallContext, input: UpdatePoolInput) -> Pool:
     """
     store = call.context.store
     async with call.transaction() as tx:
-        record = await store.pools.update(
+        record = await store.repository(POOLS).update(
             tx, id=input.id, name=input.name, acceptance_checks=input.acceptance_checks, labels=input.labels
         )
         if record is None:
@@ -254,7 +256,7 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
     async with call.transaction() as tx:
         # A pool written before tenants were checked may name one that does not exist: mint nothing for it.
         await require_tenant(tx, pool.tenant)
-        record = await context.store.join_tokens.create(
+        record = await context.store.repository(JOIN_TOKENS).create(
             tx,
             id=token_id,
             pool_id=pool.id,
@@ -298,7 +300,9 @@ async def list_tokens(call: CallContext, input: ListJoinTokensInput) -> ListJoin
     scope = call.method.action
     after = _TOKEN_PAGES.after(scope, input.cursor)
     await _existing_pool(call, input.pool_id)
-    records = await call.context.store.join_tokens.for_pool(input.pool_id, after=after, limit=input.limit + 1)
+    records = await call.context.store.repository(JOIN_TOKENS).for_pool(
+        input.pool_id, after=after, limit=input.limit + 1
+    )
     now = call.context.clock.now()
     tokens, next_cursor = _TOKEN_PAGES.page(scope, [_token(r, now) for r in records], input.limit)
     return ListJoinTokensOutput(tokens=tokens, next_cursor=next_cursor)
@@ -311,7 +315,7 @@ async def get_token(call: CallContext, input: GetJoinTokenInput) -> JoinToken:
     Raises:
         NotFoundError: there is no such token.
     """
-    record = await call.context.store.join_tokens.get(input.id)
+    record = await call.context.store.repository(JOIN_TOKENS).get(input.id)
     if record is None:
         raise NotFoundError("no such join token", details={"id": input.id})
     return _token(record, call.context.clock.now())
@@ -326,7 +330,7 @@ async def revoke_token(call: CallContext, input: RevokeJoinTokenInput) -> JoinTo
     """
     store = call.context.store
     async with call.transaction() as tx:
-        record = await store.join_tokens.revoke(tx, input.id)
+        record = await store.repository(JOIN_TOKENS).revoke(tx, input.id)
         if record is None:
             raise NotFoundError("no such join token", details={"id": input.id})
         call.describe(

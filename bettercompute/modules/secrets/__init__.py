@@ -6,6 +6,9 @@ from bettercompute.modules.secrets._broker import SecretBroker as SecretBroker
 from bettercompute.modules.secrets._methods import ACTIONS as ACTIONS
 from bettercompute.modules.secrets._methods import SecretsGroup as SecretsGroup
 from bettercompute.modules.secrets._module import SecretsModule as SecretsModule
+from bettercompute.modules.secrets._port import SECRETS as SECRETS
+from bettercompute.modules.secrets._port import SecretRecord as SecretRecord
+from bettercompute.modules.secrets._port import SecretStore as SecretStore
 from bettercompute.modules.secrets._schemas import CreateSecretInput as CreateSecretInput
 from bettercompute.modules.secrets._schemas import DeleteSecretInput as DeleteSecretInput
 from bettercompute.modules.secrets._schemas import DeleteSecretOutput as DeleteSecretOutput
@@ -16,6 +19,7 @@ from bettercompute.modules.secrets._schemas import Secret as Secret
 __all__ = [
     "ACTIONS",
     "RELEASE_ACTION",
+    "SECRETS",
     "CreateSecretInput",
     "DeleteSecretInput",
     "DeleteSecretOutput",
@@ -24,6 +28,8 @@ __all__ = [
     "NodeIdentity",
     "Secret",
     "SecretBroker",
+    "SecretRecord",
+    "SecretStore",
     "SecretsGroup",
     "SecretsModule",
 ]

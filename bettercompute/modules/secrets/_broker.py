@@ -19,6 +19,7 @@ from joserfc.errors import JoseError
 from joserfc.jwk import ECKey, JWKRegistry, OKPKey
 
 from bettercompute.errors import AccessDeniedError, FailedPreconditionError, InvalidInputError
+from bettercompute.modules.secrets._port import SECRETS
 from bettercompute.modules.secrets._service import require_kms, value_context
 from bettercompute.ports import AuditRecord, Kms, Store
 
@@ -105,7 +106,7 @@ class SecretBroker:
         _id(identity.site_id, "identity.site_id")
         _id(identity.tenant, "identity.tenant")
         key, thumbprint = _public_key(ephemeral_public_jwk)
-        found = await self._store.secrets.named(name, scopes=identity.scopes(), tenant=identity.tenant)
+        found = await self._store.repository(SECRETS).named(name, scopes=identity.scopes(), tenant=identity.tenant)
         details: dict[str, Any] = {
             "name": name,
             "node_id": identity.node_id,

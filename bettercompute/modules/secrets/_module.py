@@ -7,8 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from bettercompute._runtime.jobs import Job
 from bettercompute._version import __version__
+from bettercompute.modules.nodes._port import NODES
+from bettercompute.modules.pools._port import POOLS
 from bettercompute.modules.secrets._methods import ACTIONS, SecretsGroup
-from bettercompute.ports import Migration
+from bettercompute.modules.secrets._port import SECRETS
+from bettercompute.ports import Migration, Repository
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -26,6 +29,11 @@ class SecretsModule:
     groups: Sequence[type[GroupSpec[Any]]] = (SecretsGroup,)
     actions: Sequence[str] = ACTIONS
     migrations: Mapping[str, Sequence[Migration]] = {}
+    repositories: Sequence[Repository[Any]] = (
+        SECRETS,
+        POOLS,
+        NODES,
+    )
     jobs: Sequence[Job] = ()
 
     async def start(self, context: ModuleContext) -> None:

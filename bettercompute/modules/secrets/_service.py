@@ -8,6 +8,9 @@ from typing import Any
 from bettercompute._runtime.registry import CallContext, method
 from bettercompute.errors import InternalError, NotFoundError
 from bettercompute.modules._tenants import require_tenant
+from bettercompute.modules.nodes._port import NODES
+from bettercompute.modules.pools._port import POOLS
+from bettercompute.modules.secrets._port import SECRETS, SecretRecord
 from bettercompute.modules.secrets._schemas import (
     CreateSecretInput,
     DeleteSecretInput,
@@ -17,7 +20,7 @@ from bettercompute.modules.secrets._schemas import (
     Secret,
 )
 from bettercompute.paging import Keyset
-from bettercompute.ports import Kms, ResourceRef, SecretRecord
+from bettercompute.ports import Kms, ResourceRef
 
 
 def _tenant(input: Any) -> ResourceRef:
@@ -71,7 +74,7 @@ async def create(call: CallContext, input: CreateSecretInput) -> Secret:
     kind, _, scope_id = input.scope.partition(":")
     if kind == "pool":
         # Read before the transaction (pools are never deleted), so no request holds two connections at once.
-        pool = await context.store.pools.get(scope_id)
+        pool = await context.store.repository(POOLS).get(scope_id)
         if pool is None or pool.tenant != input.tenant:
             raise _scope_not_found(kind)
     elif kind != "node":
@@ -92,10 +95,10 @@ async def create(call: CallContext, input: CreateSecretInput) -> Secret:
         await require_tenant(tx, input.tenant)
         if kind == "node":
             # Read in this transaction: a second pooled connection while this one is held could exhaust the pool.
-            node = await context.store.nodes.get(scope_id, tx=tx)
+            node = await context.store.repository(NODES).get(scope_id, tx=tx)
             if node is None or node.tenant != input.tenant:
                 raise _scope_not_found(kind)
-        stored = await context.store.secrets.create(tx, record)
+        stored = await context.store.repository(SECRETS).create(tx, record)
         call.describe(
             resource_type="secret",
             resource_id=stored.id,
@@ -118,7 +121,7 @@ async def list_secrets(call: CallContext, input: ListSecretsInput) -> ListSecret
     """
     scope = call.method.action
     after = _SECRET_PAGES.after(scope, input.cursor)
-    records = await call.context.store.secrets.for_tenant(input.tenant, after=after, limit=input.limit + 1)
+    records = await call.context.store.repository(SECRETS).for_tenant(input.tenant, after=after, limit=input.limit + 1)
     secrets, next_cursor = _SECRET_PAGES.page(scope, [metadata(r) for r in records], input.limit)
     return ListSecretsOutput(secrets=secrets, next_cursor=next_cursor)
 
@@ -132,7 +135,7 @@ async def delete(call: CallContext, input: DeleteSecretInput) -> DeleteSecretOut
     """
     store = call.context.store
     async with call.transaction() as tx:
-        deleted = await store.secrets.delete(tx, tenant=input.tenant, name=input.name)
+        deleted = await store.repository(SECRETS).delete(tx, tenant=input.tenant, name=input.name)
         if deleted is None:
             raise NotFoundError("no secret of this name in this tenant", details={"name": input.name})
         call.describe(

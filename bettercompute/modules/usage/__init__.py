@@ -18,16 +18,23 @@ from typing import TYPE_CHECKING
 from bettercompute._runtime.declarations import StaticModule
 from bettercompute._runtime.jobs import Job, job_transaction
 from bettercompute._version import __version__
+from bettercompute.modules.usage._port import BOOKINGS, USAGE_RECORDS, Booking, Bookings, Usage, UsageRecord
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
 
 __all__ = [
+    "BOOKINGS",
     "MAX_PERIODS_PER_PASS",
     "USAGE",
     "USAGE_GRACE",
     "USAGE_PERIOD",
+    "USAGE_RECORDS",
+    "Booking",
+    "Bookings",
+    "Usage",
     "UsageModule",
+    "UsageRecord",
     "account_usage",
 ]
 
@@ -48,9 +55,9 @@ async def account_usage(context: ModuleContext) -> int:
     store = context.store
     closed_until = _floor(context.clock.now() - USAGE_GRACE)
     async with job_transaction(context) as tx:
-        watermark = await store.usage.accounted_until(tx)
+        watermark = await store.repository(USAGE_RECORDS).accounted_until(tx)
         if watermark is None:
-            earliest = await store.usage.earliest_booking(tx)
+            earliest = await store.repository(USAGE_RECORDS).earliest_booking(tx)
             start = _floor(earliest) if earliest is not None else closed_until
         elif watermark >= closed_until:
             return 0  # no hour closed since the last pass
@@ -59,7 +66,7 @@ async def account_usage(context: ModuleContext) -> int:
         end = min(closed_until, start + MAX_PERIODS_PER_PASS * USAGE_PERIOD)
         if end <= start:
             return 0
-        return await store.usage.account(tx, start=start, end=end, period=USAGE_PERIOD)
+        return await store.repository(USAGE_RECORDS).account(tx, start=start, end=end, period=USAGE_PERIOD)
 
 
 USAGE = Job(name="usage", role="controllers", interval=dt.timedelta(minutes=1), run=account_usage)
@@ -68,4 +75,13 @@ USAGE = Job(name="usage", role="controllers", interval=dt.timedelta(minutes=1), 
 
 def UsageModule() -> StaticModule:
     """The ``usage`` module: GPU-seconds accounted from bookings (no group of methods yet)."""
-    return StaticModule(name="usage", version=__version__, core_range=f"=={__version__}", jobs=(USAGE,))
+    return StaticModule(
+        name="usage",
+        version=__version__,
+        core_range=f"=={__version__}",
+        jobs=(USAGE,),
+        repositories=(
+            BOOKINGS,
+            USAGE_RECORDS,
+        ),
+    )

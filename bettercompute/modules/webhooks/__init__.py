@@ -5,6 +5,12 @@ from bettercompute.modules.webhooks._methods import WebhooksGroup as WebhooksGro
 from bettercompute.modules.webhooks._module import RETENTION as RETENTION
 from bettercompute.modules.webhooks._module import SENDER as SENDER
 from bettercompute.modules.webhooks._module import WebhooksModule as WebhooksModule
+from bettercompute.modules.webhooks._port import WEBHOOKS as WEBHOOKS
+from bettercompute.modules.webhooks._port import DeliveryOutcome as DeliveryOutcome
+from bettercompute.modules.webhooks._port import DueDelivery as DueDelivery
+from bettercompute.modules.webhooks._port import WebhookDelivery as WebhookDelivery
+from bettercompute.modules.webhooks._port import Webhooks as Webhooks
+from bettercompute.modules.webhooks._port import WebhookSubscription as WebhookSubscription
 from bettercompute.modules.webhooks._schemas import CreatedWebhook as CreatedWebhook
 from bettercompute.modules.webhooks._schemas import CreateWebhookInput as CreateWebhookInput
 from bettercompute.modules.webhooks._schemas import DeleteWebhookInput as DeleteWebhookInput
@@ -35,20 +41,26 @@ __all__ = [
     "RETENTION",
     "SENDER",
     "SIGNATURE_HEADER",
+    "WEBHOOKS",
     "CreateWebhookInput",
     "CreatedWebhook",
     "DeleteWebhookInput",
     "DeleteWebhookOutput",
     "Delivery",
+    "DeliveryOutcome",
+    "DueDelivery",
     "ListDeliveriesInput",
     "ListDeliveriesOutput",
     "ListWebhooksInput",
     "ListWebhooksOutput",
     "Webhook",
+    "WebhookDelivery",
     "WebhookSettings",
+    "WebhookSubscription",
     "WebhookTestInput",
     "WebhookTestOutput",
     "WebhookVerificationError",
+    "Webhooks",
     "WebhooksGroup",
     "WebhooksModule",
     "sign",

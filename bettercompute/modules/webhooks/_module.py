@@ -10,7 +10,8 @@ from bettercompute._runtime.jobs import SINKS_POKE, Job
 from bettercompute._version import __version__
 from bettercompute.modules.webhooks import _service
 from bettercompute.modules.webhooks._methods import ACTIONS, WebhooksGroup
-from bettercompute.ports import Migration, StoredEvent
+from bettercompute.modules.webhooks._port import WEBHOOKS
+from bettercompute.ports import Migration, Repository, StoredEvent
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -37,6 +38,7 @@ class WebhooksModule:
     groups: Sequence[type[GroupSpec[Any]]] = (WebhooksGroup,)
     actions: Sequence[str] = ACTIONS
     migrations: Mapping[str, Sequence[Migration]] = {}
+    repositories: Sequence[Repository[Any]] = (WEBHOOKS,)
     jobs: Sequence[Job] = (SENDER, RETENTION)
 
     def __init__(self) -> None:

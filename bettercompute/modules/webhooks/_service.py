@@ -32,6 +32,13 @@ from bettercompute._version import __version__
 from bettercompute.errors import ComputeError, InternalError, InvalidInputError, NotFoundError
 from bettercompute.modules._tenants import require_tenant
 from bettercompute.modules.webhooks import _guard
+from bettercompute.modules.webhooks._port import (
+    WEBHOOKS,
+    DeliveryOutcome,
+    DueDelivery,
+    WebhookDelivery,
+    WebhookSubscription,
+)
 from bettercompute.modules.webhooks._schemas import (
     CreatedWebhook,
     CreateWebhookInput,
@@ -54,15 +61,7 @@ from bettercompute.modules.webhooks._signing import (
     signature_header,
 )
 from bettercompute.paging import Keyset
-from bettercompute.ports import (
-    DeliveryOutcome,
-    DueDelivery,
-    Kms,
-    ResourceRef,
-    StoredEvent,
-    WebhookDelivery,
-    WebhookSubscription,
-)
+from bettercompute.ports import Kms, ResourceRef, StoredEvent
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -170,7 +169,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
     event_types = tuple(dict.fromkeys(input.event_types))
     async with call.transaction() as tx:
         await require_tenant(tx, input.tenant)
-        subscription = await context.store.webhooks.create(
+        subscription = await context.store.repository(WEBHOOKS).create(
             tx,
             id=subscription_id,
             tenant=input.tenant,
@@ -201,7 +200,9 @@ async def list_webhooks(call: CallContext, input: ListWebhooksInput) -> ListWebh
     """
     scope = call.method.action
     after = _WEBHOOK_PAGES.after(scope, input.cursor)
-    subscriptions = await call.context.store.webhooks.for_tenant(input.tenant, after=after, limit=input.limit + 1)
+    subscriptions = await call.context.store.repository(WEBHOOKS).for_tenant(
+        input.tenant, after=after, limit=input.limit + 1
+    )
     webhooks, next_cursor = _WEBHOOK_PAGES.page(scope, [_webhook(s) for s in subscriptions], input.limit)
     return ListWebhooksOutput(webhooks=webhooks, next_cursor=next_cursor)
 
@@ -215,7 +216,7 @@ async def delete(call: CallContext, input: DeleteWebhookInput) -> DeleteWebhookO
     """
     store = call.context.store
     async with call.transaction() as tx:
-        deleted = await store.webhooks.delete(tx, tenant=input.tenant, id=input.id)
+        deleted = await store.repository(WEBHOOKS).delete(tx, tenant=input.tenant, id=input.id)
         if deleted is None:
             raise NotFoundError("no such webhook in this tenant", details={"id": input.id})
         call.describe(resource_type="webhook", resource_id=input.id, tenant=input.tenant, details={"url": deleted.url})
@@ -242,7 +243,7 @@ async def test(call: CallContext, input: WebhookTestInput) -> WebhookTestOutput:
         data={"webhook_id": input.id},
     )
     async with call.transaction() as tx:
-        added = await store.webhooks.add_delivery(
+        added = await store.repository(WEBHOOKS).add_delivery(
             tx, tenant=input.tenant, id=input.id, event_id=event_id, event_type=TEST_EVENT, event_key=key, body=body
         )
         if not added:
@@ -264,7 +265,7 @@ async def deliveries(call: CallContext, input: ListDeliveriesInput) -> ListDeliv
     """
     scope = call.method.action
     after = _DELIVERY_PAGES.after(scope, input.cursor)
-    found = await call.context.store.webhooks.deliveries(
+    found = await call.context.store.repository(WEBHOOKS).deliveries(
         tenant=input.tenant, id=input.id, after=after, limit=input.limit + 1
     )
     if found is None:
@@ -291,7 +292,7 @@ async def fan_out(context: ModuleContext, event: StoredEvent) -> None:
         created_at=event.created_at,
         data=event.payload,
     )
-    await context.store.webhooks.fan_out(
+    await context.store.repository(WEBHOOKS).fan_out(
         tenant=tenant, event_id=event_id, event_type=event.type, event_key=event.key, body=body
     )
 
@@ -400,7 +401,7 @@ async def send_due(context: ModuleContext) -> int:
     settings = context.settings.require(WebhookSettings)
     store = context.store
     claim_for = settings.timeout * 2 + dt.timedelta(seconds=30)
-    claimed = await store.webhooks.claim(
+    claimed = await store.repository(WEBHOOKS).claim(
         limit=settings.batch_size,
         claim_for=claim_for,
         per_tenant=settings.max_per_tenant,
@@ -438,7 +439,7 @@ async def send_due(context: ModuleContext) -> int:
         # Recorded even when the pass is cancelled (its lease lost, stop()): attempts that were made count, and
         # deliveries that succeeded are not sent again.
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-            await store.webhooks.record(outcomes)
+            await store.repository(WEBHOOKS).record(outcomes)
     return sum(1 for o in outcomes if o.status == "delivered")
 
 
@@ -449,6 +450,6 @@ PURGE_BATCH = 1000
 async def purge_finished(context: ModuleContext) -> int:
     """One pass of ``sinks/webhooks-retention``: delete finished deliveries past their retention."""
     settings = context.settings.require(WebhookSettings)
-    return await context.store.webhooks.purge(
+    return await context.store.repository(WEBHOOKS).purge(
         retention=settings.retention, dead_retention=settings.dead_retention, batch=PURGE_BATCH
     )

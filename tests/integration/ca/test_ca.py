@@ -19,7 +19,7 @@ from cryptography.x509.verification import PolicyBuilder, Store, VerificationErr
 
 from bettercompute import LocalKeyKms
 from bettercompute.errors import FailedPreconditionError, InvalidInputError, NotFoundError
-from bettercompute.modules.nodes import CertificateAuthority, serial_hex
+from bettercompute.modules.nodes import CERTIFICATES, CertificateAuthority, serial_hex
 from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_store_pg import PgStore
 
@@ -79,7 +79,7 @@ async def test_issued_certificate_chains_to_the_bundle_with_exactly_its_spiffe_i
     assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     assert cert.not_valid_after_utc - cert.not_valid_before_utc == dt.timedelta(hours=24)
     assert issued.chain_pem == bundle[0].public_bytes(serialization.Encoding.PEM).decode()
-    record = await pg_store.certificates.get(issued.serial)
+    record = await pg_store.repository(CERTIFICATES).get(issued.serial)
     assert record is not None
     assert (record.node_id, record.spiffe_id, record.role, record.ca_key_id) == (
         "n-1",
@@ -170,7 +170,7 @@ async def test_revocation_by_serial_and_by_spiffe_id_is_recorded_and_published(
     result = await ca.revoke_spiffe_id(a1.spiffe_id, reason="reclaimed")
     assert sorted(result.serials) == sorted([a1.serial, a2.serial])
     assert await ca.is_revoked(a1.serial) and await ca.is_revoked(a2.serial)
-    assert len(await pg_store.certificates.revocations(a1.spiffe_id)) == 2
+    assert len(await pg_store.repository(CERTIFICATES).revocations(a1.spiffe_id)) == 2
 
     events = await outbox(pg_store)
     assert events == [
@@ -282,7 +282,7 @@ async def test_two_processes_creating_the_first_key_at_once_store_one_and_both_s
         tg.start_soon(ensure, "one", one)
         tg.start_soon(ensure, "two", two)
     assert rendezvous.sealed == 2
-    keys = await pg_store.certificates.keys(TD)
+    keys = await pg_store.repository(CERTIFICATES).keys(TD)
     assert [(k.id, k.state) for k in keys] == [(got["one"], "active")]
     assert got["two"] == got["one"]
     bundle = await one.trust_bundle()

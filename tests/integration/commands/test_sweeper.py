@@ -10,8 +10,8 @@ import pytest
 
 from bettercompute._runtime.jobs import _job_lease
 from bettercompute.errors import FailedPreconditionError, InvalidInputError, NotFoundError
-from bettercompute.modules.commands import create_command, sweep_commands
-from bettercompute.ports import CommandRecord, NodeRecord
+from bettercompute.modules.commands import COMMANDS, SESSIONS, CommandRecord, create_command, sweep_commands
+from bettercompute.modules.nodes import NODES, NodeRecord
 
 from ..joins.conftest import Fleet, claims
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 async def _node(fleet: Fleet, serial: str = "SN-1") -> NodeRecord:
     token = await fleet.token()
     joined, _ = await fleet.join(token.token, hardware=claims(serial))
-    node = await fleet.store.nodes.get(joined.node_id)
+    node = await fleet.store.repository(NODES).get(joined.node_id)
     assert node is not None
     return node
 
@@ -42,7 +42,7 @@ async def _command(
 
 
 async def _state(fleet: Fleet, command: CommandRecord) -> tuple[str, str | None, int]:
-    current = await fleet.store.commands.get(command.id)
+    current = await fleet.store.repository(COMMANDS).get(command.id)
     assert current is not None
     return current.state, current.reason, current.attempts
 
@@ -53,23 +53,23 @@ async def _sweep(fleet: Fleet) -> int:
 
 async def test_commands_past_their_deadline_expire_pending_or_dispatched(fleet: Fleet) -> None:
     node = await _node(fleet)
-    session = await fleet.store.sessions.open(node_id=node.id, gateway="gw-1")
+    session = await fleet.store.repository(SESSIONS).open(node_id=node.id, gateway="gw-1")
     waiting = await _command(fleet, node, deadline_in=dt.timedelta(seconds=30))
     sent = await _command(fleet, node, deadline_in=dt.timedelta(seconds=30))
     later = await _command(fleet, node, deadline_in=dt.timedelta(hours=1))
-    dispatched = await fleet.store.commands.dispatch(
+    dispatched = await fleet.store.repository(COMMANDS).dispatch(
         node_id=node.id, epoch=session.epoch, now=fleet.clock.now(), limit=1
     )
     assert [c.id for c in dispatched] == [waiting.id]
     assert await _sweep(fleet) == 0
     fleet.clock.advance(dt.timedelta(seconds=31))
-    await fleet.store.sessions.seen([(node.id, session.epoch)], gateway="gw-1")
+    await fleet.store.repository(SESSIONS).seen([(node.id, session.epoch)], gateway="gw-1")
     assert await _sweep(fleet) == 2
     assert await _state(fleet, waiting) == ("expired", "deadline_exceeded", 1)
     assert await _state(fleet, sent) == ("expired", "deadline_exceeded", 0)
     assert (await _state(fleet, later))[0] == "pending"
     # The daemon's late answer changes nothing.
-    late = await fleet.store.commands.finish(
+    late = await fleet.store.repository(COMMANDS).finish(
         id=waiting.id, epoch=session.epoch, state="succeeded", result={}, reason=None
     )
     assert late is None
@@ -81,13 +81,15 @@ async def test_commands_past_their_deadline_expire_pending_or_dispatched(fleet: 
 
 async def test_a_dead_session_re_dispatches_or_fails_each_command_as_it_declares(fleet: Fleet) -> None:
     node = await _node(fleet)
-    first = await fleet.store.sessions.open(node_id=node.id, gateway="gw-1")
+    first = await fleet.store.repository(SESSIONS).open(node_id=node.id, gateway="gw-1")
     again = await _command(fleet, node, on_session_loss="redispatch", max_attempts=2)
     once = await _command(fleet, node, on_session_loss="fail")
     now = fleet.clock.now()
-    assert len(await fleet.store.commands.dispatch(node_id=node.id, epoch=first.epoch, now=now, limit=10)) == 2
+    assert (
+        len(await fleet.store.repository(COMMANDS).dispatch(node_id=node.id, epoch=first.epoch, now=now, limit=10)) == 2
+    )
     assert await _sweep(fleet) == 0  # the session is alive
-    assert await fleet.store.sessions.close(node_id=node.id, epoch=first.epoch)
+    assert await fleet.store.repository(SESSIONS).close(node_id=node.id, epoch=first.epoch)
     assert await _sweep(fleet) == 2
     assert await _state(fleet, again) == ("pending", None, 1)
     assert await _state(fleet, once) == ("failed", "session_lost", 1)
@@ -95,16 +97,18 @@ async def test_a_dead_session_re_dispatches_or_fails_each_command_as_it_declares
     assert [k for k, _ in await fleet.events("command.failed")] == [once.id]
 
     # The next session gets it again; when that one dies too, its two dispatches are spent.
-    second = await fleet.store.sessions.open(node_id=node.id, gateway="gw-2")
+    second = await fleet.store.repository(SESSIONS).open(node_id=node.id, gateway="gw-2")
     assert second.epoch == first.epoch + 1
-    redone = await fleet.store.commands.dispatch(node_id=node.id, epoch=second.epoch, now=now, limit=10)
+    redone = await fleet.store.repository(COMMANDS).dispatch(node_id=node.id, epoch=second.epoch, now=now, limit=10)
     assert [c.id for c in redone] == [again.id] and redone[0].attempts == 2
-    third = await fleet.store.sessions.open(node_id=node.id, gateway="gw-1")  # replaces the second
+    third = await fleet.store.repository(SESSIONS).open(node_id=node.id, gateway="gw-1")  # replaces the second
     assert await _sweep(fleet) == 1
     assert await _state(fleet, again) == ("failed", "attempts_exhausted", 2)
     # A result arriving over the replaced session is not taken.
     assert (
-        await fleet.store.commands.finish(id=again.id, epoch=second.epoch, state="succeeded", result={}, reason=None)
+        await fleet.store.repository(COMMANDS).finish(
+            id=again.id, epoch=second.epoch, state="succeeded", result={}, reason=None
+        )
         is None
     )
     assert third.epoch == second.epoch + 1
@@ -112,9 +116,11 @@ async def test_a_dead_session_re_dispatches_or_fails_each_command_as_it_declares
 
 async def test_a_session_its_gateway_stops_reporting_dies_after_the_session_timeout(fleet: Fleet) -> None:
     node = await _node(fleet)
-    session = await fleet.store.sessions.open(node_id=node.id, gateway="gw-1")
+    session = await fleet.store.repository(SESSIONS).open(node_id=node.id, gateway="gw-1")
     command = await _command(fleet, node, on_session_loss="redispatch")
-    await fleet.store.commands.dispatch(node_id=node.id, epoch=session.epoch, now=fleet.clock.now(), limit=10)
+    await fleet.store.repository(COMMANDS).dispatch(
+        node_id=node.id, epoch=session.epoch, now=fleet.clock.now(), limit=10
+    )
     timeout = fleet.compute.options.session_timeout
     fleet.clock.advance(timeout - dt.timedelta(seconds=5))
     assert await _sweep(fleet) == 0
@@ -125,14 +131,16 @@ async def test_a_session_its_gateway_stops_reporting_dies_after_the_session_time
 
 async def test_a_finished_command_keeps_its_result_and_the_sweeper_leaves_it(fleet: Fleet) -> None:
     node = await _node(fleet)
-    session = await fleet.store.sessions.open(node_id=node.id, gateway="gw-1")
+    session = await fleet.store.repository(SESSIONS).open(node_id=node.id, gateway="gw-1")
     command = await _command(fleet, node)
-    await fleet.store.commands.dispatch(node_id=node.id, epoch=session.epoch, now=fleet.clock.now(), limit=10)
-    done = await fleet.store.commands.finish(
+    await fleet.store.repository(COMMANDS).dispatch(
+        node_id=node.id, epoch=session.epoch, now=fleet.clock.now(), limit=10
+    )
+    done = await fleet.store.repository(COMMANDS).finish(
         id=command.id, epoch=session.epoch, state="succeeded", result={"gpus": 8}, reason=None
     )
     assert done is not None and done.state == "succeeded" and done.result == {"gpus": 8}
-    await fleet.store.sessions.close(node_id=node.id, epoch=session.epoch)
+    await fleet.store.repository(SESSIONS).close(node_id=node.id, epoch=session.epoch)
     fleet.clock.advance(dt.timedelta(hours=2))
     assert await _sweep(fleet) == 0
     assert await _state(fleet, command) == ("succeeded", None, 1)
@@ -141,18 +149,18 @@ async def test_a_finished_command_keeps_its_result_and_the_sweeper_leaves_it(fle
 async def test_sessions_epochs_and_liveness(fleet: Fleet) -> None:
     node = await _node(fleet, "SN-1")
     other = await _node(fleet, "SN-2")
-    a = await fleet.store.sessions.open(node_id=node.id, gateway="gw-1")
-    b = await fleet.store.sessions.open(node_id=other.id, gateway="gw-1")
+    a = await fleet.store.repository(SESSIONS).open(node_id=node.id, gateway="gw-1")
+    b = await fleet.store.repository(SESSIONS).open(node_id=other.id, gateway="gw-1")
     assert (a.epoch, b.epoch) == (1, 1)
     # One statement for any number of sessions; a stale epoch or another gateway's claim does not count.
-    assert await fleet.store.sessions.seen([(node.id, 1), (other.id, 1)], gateway="gw-1") == 2
-    assert await fleet.store.sessions.seen([(node.id, 0), (other.id, 1)], gateway="gw-2") == 0
-    assert not await fleet.store.sessions.close(node_id=node.id, epoch=0)
-    stored = await fleet.store.nodes.get(node.id)
+    assert await fleet.store.repository(SESSIONS).seen([(node.id, 1), (other.id, 1)], gateway="gw-1") == 2
+    assert await fleet.store.repository(SESSIONS).seen([(node.id, 0), (other.id, 1)], gateway="gw-2") == 0
+    assert not await fleet.store.repository(SESSIONS).close(node_id=node.id, epoch=0)
+    stored = await fleet.store.repository(NODES).get(node.id)
     assert stored is not None and stored.session_epoch == 1 and stored.last_seen_at is not None
     await fleet.services.joins.retire(other.id)
     with pytest.raises(NotFoundError):
-        await fleet.store.sessions.open(node_id=other.id, gateway="gw-1")
+        await fleet.store.repository(SESSIONS).open(node_id=other.id, gateway="gw-1")
 
 
 async def test_the_sweepers_writes_are_fenced_by_its_lease(fleet: Fleet) -> None:

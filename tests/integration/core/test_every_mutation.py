@@ -22,7 +22,7 @@ from bettercompute import ApiBinding, CallContext, GroupSpec, JoinSettings, Loca
 from bettercompute._runtime.codec import encode
 from bettercompute._runtime.declarations import StaticModule
 from bettercompute.errors import ConflictError, NotFoundError
-from bettercompute.modules.nodes import NodesGroup, RetireNodeInput, RevokeNodeInput
+from bettercompute.modules.nodes import NODES, NodesGroup, RetireNodeInput, RevokeNodeInput
 from bettercompute.modules.pools import (
     CreateJoinTokenInput,
     CreatePoolInput,
@@ -120,7 +120,7 @@ class World:
         )
         node_id = f"node_{secrets.token_hex(8)}"
         async with self.t.store.transaction() as tx:
-            await self.t.store.nodes.enroll(
+            await self.t.store.repository(NODES).enroll(
                 tx,
                 new_id=node_id,
                 pool_id=pool,

@@ -26,6 +26,7 @@ import psycopg
 import pytest
 
 from bettercompute import JoinSettings, LocalKeyKms, MethodDef
+from bettercompute.modules.nodes import NODES
 from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
 from bettercompute.modules.secrets import CreateSecretInput
 from bettercompute.modules.webhooks import CreateWebhookInput
@@ -97,7 +98,7 @@ async def world(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
         token = await api.join_tokens.create(t.alice, CreateJoinTokenInput(pool_id=pool.id))
         async with t.store.transaction() as tx:
             # A node as JoinService enrolls and projects one (the join itself is covered in tests/integration/joins).
-            enrolled = await t.store.nodes.enroll(
+            enrolled = await t.store.repository(NODES).enroll(
                 tx,
                 new_id=f"node_{secrets.token_hex(8)}",
                 pool_id=pool.id,

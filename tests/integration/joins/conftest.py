@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms
-from bettercompute.modules.nodes import Attestor, GatewayServices, JoinResult, RenewResult
+from bettercompute.modules.nodes import JOIN_KEYS, Attestor, GatewayServices, JoinResult, RenewResult
 from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, JoinExpect, Pool
 from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
@@ -91,7 +91,7 @@ class Fleet:
         return [(r.key, dict(r.payload)) for r in rows]
 
     async def join_key(self) -> str:
-        record = await self.store.join_keys.active()
+        record = await self.store.repository(JOIN_KEYS).active()
         assert record is not None
         return record.public_key
 

@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from bettercompute.errors import AccessDeniedError, InternalError
-from bettercompute.modules.nodes import AttestationRequest, Attestor
+from bettercompute.modules.nodes import NODES, AttestationRequest, Attestor
 from bettercompute.modules.pools import GetJoinTokenInput
 
 from .conftest import Fleet, claims
@@ -47,7 +47,7 @@ def attestors() -> Sequence[Attestor]:
 async def test_a_host_attestor_runs_after_the_claims_attestor_and_its_facts_are_recorded(fleet: Fleet) -> None:
     created = await fleet.token(uses=3)
     result, _ = await fleet.join(created.token, hardware=claims("SN-1"), evidence={"quote": "good-SN-1"})
-    node = await fleet.store.nodes.get(result.node_id)
+    node = await fleet.store.repository(NODES).get(result.node_id)
     assert node is not None and node.attestation == {"tpm.verified": "yes", "tpm.ek": "ek-1"}
     request = TPM.seen[-1]
     assert request.pool.id == fleet.pool and request.token.id == created.id and len(request.csr_key_sha256) == 64
@@ -64,7 +64,7 @@ async def test_a_refusing_or_crashing_attestor_refuses_the_join_and_writes_nothi
         await fleet.join(created.token, evidence={"quote": "crash"})
     assert "12345" not in str(crashed.value) and "12345" not in caplog.text
     token = await fleet.compute.api.join_tokens.get(fleet.alice, GetJoinTokenInput(id=created.id))
-    assert token.uses_left == 1 and await fleet.store.nodes.for_pool(fleet.pool) == []
+    assert token.uses_left == 1 and await fleet.store.repository(NODES).for_pool(fleet.pool) == []
 
 
 async def test_expired_nonces_are_purged_by_the_controllers_job(fleet: Fleet) -> None:

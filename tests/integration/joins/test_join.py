@@ -18,6 +18,7 @@ from bettercompute.errors import (
     InvalidInputError,
     UnauthenticatedError,
 )
+from bettercompute.modules.nodes import NODES
 from bettercompute.modules.pools import GetJoinTokenInput, JoinExpect, RevokeJoinTokenInput
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 
@@ -42,7 +43,7 @@ async def test_a_join_makes_an_adopting_node_with_a_24_hour_spiffe_certificate(f
 
     result, _ = await fleet.join(created.token, pool_id=fleet.pool)
 
-    node = await fleet.store.nodes.get(result.node_id)
+    node = await fleet.store.repository(NODES).get(result.node_id)
     assert node is not None and node.state == "adopting" and node.pool_id == fleet.pool and node.tenant == fleet.acme
     assert node.claims["serial"] == "SN-0001" and node.enrollments == 1 and not result.reclaimed
     assert result.spiffe_id == f"spiffe://{TRUST_DOMAIN}/node/{result.node_id}"
@@ -106,7 +107,7 @@ async def test_malformed_unknown_expired_revoked_exhausted_and_other_pool_tokens
         await fleet.join(good.token, pool_id=other_pool)
     assert _reason(wrong_pool) == "wrong_pool"
     assert await _uses_left(fleet, good.id) == 1  # none of the refusals spent a use
-    assert len(await fleet.store.nodes.for_pool(fleet.pool)) == 1
+    assert len(await fleet.store.repository(NODES).for_pool(fleet.pool)) == 1
 
 
 async def test_a_payload_sealed_to_another_key_or_replayed_is_refused(fleet: Fleet) -> None:
@@ -153,7 +154,7 @@ async def test_a_relay_cannot_pair_a_sealed_token_with_its_own_csr_claims_or_poo
             await fleet.services.join(**request)
         assert _reason(mismatch) == "binding_mismatch", change
     assert await _uses_left(fleet, created.id) == 3
-    assert await fleet.store.nodes.for_pool(fleet.pool) == []
+    assert await fleet.store.repository(NODES).for_pool(fleet.pool) == []
 
 
 async def test_a_csr_with_a_foreign_signature_or_its_own_san_is_refused(fleet: Fleet) -> None:
@@ -200,7 +201,7 @@ async def test_claims_that_violate_expect_are_refused_and_spend_nothing(fleet: F
         await fleet.join(created.token, hardware=claims("SN-0001"))
     assert missing.value.details["fields"] == ["gpu_model", "gpu_count"]
     assert await _uses_left(fleet, created.id) == 1
-    assert await fleet.store.nodes.for_pool(fleet.pool) == []
+    assert await fleet.store.repository(NODES).for_pool(fleet.pool) == []
     result, _ = await fleet.join(created.token, hardware=claims("SN-0001", gpu_model="H100", gpu_count=8))
     assert result.node_id
 
@@ -222,7 +223,7 @@ async def test_each_expected_claim_is_compared_on_its_own(fleet: Fleet, field: s
         await fleet.join(created.token, hardware=claims(**absent) if field != "product" else _without_product(absent))
     assert missing.value.details["fields"] == [field]
     assert await _uses_left(fleet, created.id) == 1
-    assert await fleet.store.nodes.for_pool(fleet.pool) == []
+    assert await fleet.store.repository(NODES).for_pool(fleet.pool) == []
     result, _ = await fleet.join(created.token, hardware=claims(**_EXPECTED))
     assert result.node_id
 
@@ -264,7 +265,7 @@ async def test_two_joins_racing_for_the_last_use_exactly_one_wins(fleet: Fleet) 
         for serial in ("SN-R1", "SN-R2", "SN-R3", "SN-R4"):
             tg.start_soon(attempt, serial)
     assert sorted(outcomes) == ["joined", "token_exhausted", "token_exhausted", "token_exhausted"]
-    assert len(await fleet.store.nodes.for_pool(fleet.pool)) == 1
+    assert len(await fleet.store.repository(NODES).for_pool(fleet.pool)) == 1
 
 
 async def test_same_hardware_reclaims_its_node_id_and_revokes_the_old_certificates(fleet: Fleet) -> None:
@@ -275,7 +276,7 @@ async def test_same_hardware_reclaims_its_node_id_and_revokes_the_old_certificat
     second, _ = await fleet.join(created.token, hardware=claims("SN-77", hostname="reimaged"))
     assert second.node_id == first.node_id and second.reclaimed
     assert await fleet.services.is_revoked(first.serial) and not await fleet.services.is_revoked(second.serial)
-    node = await fleet.store.nodes.get(first.node_id)
+    node = await fleet.store.repository(NODES).get(first.node_id)
     assert node is not None and node.enrollments == 2 and node.claims["hostname"] == "reimaged"
     revoked = await fleet.events("certificate.revoked")
     assert [key for key, _ in revoked] == [first.spiffe_id]
@@ -291,7 +292,7 @@ async def test_claims_alone_cannot_take_over_a_node_that_holds_a_valid_certifica
     assert live.value.details == {"reason": "node_live"}
     assert not await fleet.services.is_revoked(victim.serial)
     assert await _uses_left(fleet, created.id) == 1
-    node = await fleet.store.nodes.get(victim.node_id)
+    node = await fleet.store.repository(NODES).get(victim.node_id)
     assert node is not None and node.enrollments == 1
     # Once the operator revokes the victim's certificate (a decommissioned disk, say), the same token may reclaim.
     await fleet.services.joins.ca.revoke_spiffe_id(victim.spiffe_id, reason="re-imaging")
@@ -325,7 +326,7 @@ async def test_two_first_joins_of_one_machine_make_one_node(fleet: Fleet) -> Non
         for created in tokens:
             tg.start_soon(attempt, created.token)
     assert sorted(outcomes) == ["conflict", "conflict", "joined"]
-    assert len(await fleet.store.nodes.for_pool(fleet.pool)) == 1
+    assert len(await fleet.store.repository(NODES).for_pool(fleet.pool)) == 1
     assert sorted([await _uses_left(fleet, t.id) for t in tokens]) == [0, 1, 1]  # the losers spent nothing
 
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from bettercompute.modules.nodes import CertificateAuthority
+from bettercompute.modules.nodes import JOIN_KEYS, CertificateAuthority
 from bettercompute.modules.nodes._module import join_key_context
 from bettercompute.modules.pools import JoinExpect
 from bettercompute.modules.secrets import CreateSecretInput
@@ -64,7 +64,7 @@ async def test_the_database_and_the_logs_hold_no_secret_after_a_run(
     active = next(k for k in await ca.keys() if k.state == "active")
     ca_der = await fleet.kms.decrypt(active.sealed_key, context=f"ca:{ca.trust_domain}:{active.id}")
     forbidden["CA key"] = [ca_der.hex(), ca_der[-32:].hex()]
-    join_record = await fleet.store.join_keys.active()
+    join_record = await fleet.store.repository(JOIN_KEYS).active()
     assert join_record is not None
     join_private = await fleet.kms.decrypt(join_record.sealed_key, context=join_key_context(join_record.id))
     forbidden["join key"] = [join_private.hex()]

@@ -10,7 +10,7 @@ import pytest
 from cryptography import x509
 
 from bettercompute.errors import AccessDeniedError, ComputeError, InvalidInputError, UnauthenticatedError
-from bettercompute.modules.nodes import JoinResult
+from bettercompute.modules.nodes import CERTIFICATES, NODES, JoinResult
 from bettercompute_daemon.identity import NodeKey
 
 from .conftest import Fleet, claims
@@ -98,7 +98,7 @@ async def test_a_revoked_certificate_or_a_retired_node_cannot_renew(fleet: Fleet
     retired, key = await _joined(fleet, "SN-2")
     challenge = await fleet.services.renew_challenge(certificate_pem=retired.certificate_pem)
     async with fleet.store.transaction() as tx:
-        await fleet.store.nodes.retire(tx, retired.node_id)
+        await fleet.store.repository(NODES).retire(tx, retired.node_id)
     csr = key.csr_pem()
     with pytest.raises(AccessDeniedError) as was_retired:
         await fleet.renew(retired.certificate_pem, key, challenge, csr)
@@ -183,7 +183,9 @@ async def test_a_renewal_racing_a_revocation_never_outlives_it(fleet: Fleet) -> 
         await anyio.sleep(0.5)
         assert outcome == []  # the renewal waits for the revocation
     assert outcome == ["certificate_revoked"]
-    assert all(c.serial == joined.serial for c in await fleet.store.certificates.revocations(joined.spiffe_id))
+    assert all(
+        c.serial == joined.serial for c in await fleet.store.repository(CERTIFICATES).revocations(joined.spiffe_id)
+    )
 
 
 async def test_retiring_a_node_revokes_its_certificates(fleet: Fleet) -> None:

@@ -22,16 +22,19 @@ from bettercompute.errors import (
     InvalidInputError,
     NotFoundError,
 )
-from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput, Pool
+from bettercompute.modules.nodes import NODES
+from bettercompute.modules.pools import POOLS, CreateJoinTokenInput, CreatePoolInput, Pool
 from bettercompute.modules.secrets import (
     RELEASE_ACTION,
+    SECRETS,
     CreateSecretInput,
     DeleteSecretInput,
     ListSecretsInput,
     NodeIdentity,
+    SecretRecord,
 )
 from bettercompute.modules.secrets._service import value_context
-from bettercompute.ports import ResourceRef, SecretRecord
+from bettercompute.ports import ResourceRef
 
 from ..dump import dump_schema
 from .conftest import Vault
@@ -55,10 +58,10 @@ async def _pool(vault: Vault, credential: str, tenant: str, name: str) -> str:
 async def _node(vault: Vault, credential: str, pool_id: str) -> str:
     """A node of ``pool_id``, enrolled and projected as JoinService does (no daemon needed for the broker)."""
     token = await vault.compute.api.join_tokens.create(credential, CreateJoinTokenInput(pool_id=pool_id))
-    pool = await vault.store.pools.get(pool_id)
+    pool = await vault.store.repository(POOLS).get(pool_id)
     assert pool is not None
     async with vault.store.transaction() as tx:
-        enrolled = await vault.store.nodes.enroll(
+        enrolled = await vault.store.repository(NODES).enroll(
             tx,
             new_id=f"node_{secrets.token_hex(8)}",
             pool_id=pool_id,
@@ -86,7 +89,7 @@ async def _site_secret(vault: Vault, name: str, site: str, value: str) -> None:
         created_at=dt.datetime.now(dt.UTC),
     )
     async with vault.store.transaction() as tx:
-        await vault.store.secrets.create(tx, record)
+        await vault.store.repository(SECRETS).create(tx, record)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 
 from bettercompute_store_pg import PgStore
 from bettercompute_store_pg._schema import quote_schema
-from bettercompute_store_pg._webhooks import _CLAIM
+from bettercompute_store_pg.modules.webhooks._repository import _CLAIM
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 

@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from bettercompute.modules.webhooks import ListDeliveriesInput
+from bettercompute.modules.webhooks import WEBHOOKS, ListDeliveriesInput
 
 from .conftest import Hooks
 
@@ -87,8 +87,8 @@ async def test_a_purge_walks_the_whole_log_in_small_batches(hooks: Hooks) -> Non
         await _add(hooks, webhook_id, f"evt_recent_{n}", "delivered", dt.timedelta(minutes=1))
         kept[f"evt_recent_{n}"] = "delivered"
 
-    purged = await hooks.store.webhooks.purge(retention=7 * DAY, dead_retention=30 * DAY, batch=2)
+    purged = await hooks.store.repository(WEBHOOKS).purge(retention=7 * DAY, dead_retention=30 * DAY, batch=2)
 
     assert purged == 7
     assert await _log(hooks, webhook_id) == kept
-    assert await hooks.store.webhooks.purge(retention=7 * DAY, dead_retention=30 * DAY, batch=2) == 0
+    assert await hooks.store.repository(WEBHOOKS).purge(retention=7 * DAY, dead_retention=30 * DAY, batch=2) == 0

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from bettercompute import Events
-from bettercompute.modules.webhooks import WebhookTestInput, verify
+from bettercompute.modules.webhooks import WEBHOOKS, WebhookTestInput, verify
 from bettercompute_store_pg import PgNotifier, PgStore
 
 from .conftest import Receiver, open_hooks
@@ -105,7 +105,7 @@ async def test_the_sender_sends_a_key_backlog_without_waiting_for_its_polls(
         webhook_id, _ = await hooks.subscribe(receiver.url)
         async with hooks.store.transaction() as tx:
             for n in range(3):
-                added = await hooks.store.webhooks.add_delivery(
+                added = await hooks.store.repository(WEBHOOKS).add_delivery(
                     tx,
                     tenant=hooks.acme,
                     id=webhook_id,

@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports.transaction import Transaction
+from bettercompute.ports import Repository, Transaction
 
-__all__ = ["CommandRecord", "Commands", "SessionRecord", "Sessions"]
+__all__ = ["COMMANDS", "SESSIONS", "CommandRecord", "Commands", "SessionRecord", "Sessions"]
 
 
 @attrs.frozen(kw_only=True)
@@ -127,3 +127,9 @@ class Sessions(Protocol):
     async def get(self, node_id: str) -> SessionRecord | None:
         """The node's latest session."""
         ...
+
+
+COMMANDS: Repository[Commands] = Repository(module="commands", name="commands")
+"""``store.repository(COMMANDS)``: the store's ``Commands``"""
+SESSIONS: Repository[Sessions] = Repository(module="commands", name="sessions")
+"""``store.repository(SESSIONS)``: the store's ``Sessions``"""

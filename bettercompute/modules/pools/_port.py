@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports.transaction import Transaction
+from bettercompute.ports import Repository, Transaction
 
-__all__ = ["JoinTokenRecord", "JoinTokens", "PoolRecord", "Pools", "TokenConsumption"]
+__all__ = ["JOIN_TOKENS", "POOLS", "JoinTokenRecord", "JoinTokens", "PoolRecord", "Pools", "TokenConsumption"]
 
 
 @attrs.frozen(kw_only=True)
@@ -134,3 +134,9 @@ class JoinTokens(Protocol):
         """Spend one use atomically if the hash matches and the token is live at ``now``: of concurrent consumers
         of the last use, exactly one gets ``consumed``."""
         ...
+
+
+POOLS: Repository[Pools] = Repository(module="pools", name="pools")
+"""``store.repository(POOLS)``: the store's ``Pools``"""
+JOIN_TOKENS: Repository[JoinTokens] = Repository(module="pools", name="join_tokens")
+"""``store.repository(JOIN_TOKENS)``: the store's ``JoinTokens``"""

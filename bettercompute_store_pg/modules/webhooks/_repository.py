@@ -9,15 +9,15 @@ its retry holds back the later ones of its key.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from bettercompute.ports import DeliveryOutcome, DueDelivery, Transaction, WebhookDelivery, WebhookSubscription
+from bettercompute.modules.webhooks import DeliveryOutcome, DueDelivery, WebhookDelivery, WebhookSubscription
+from bettercompute.ports import Transaction
+from bettercompute_store_pg._db import Database, dumps, fetch_in, utc
+from bettercompute_store_pg._transaction import connection_of
 
-from ._db import Database, dumps, fetch_in, utc
-from ._transaction import connection_of
-
-__all__ = ["PgWebhooks"]
+__all__ = ["REPOSITORIES", "PgWebhooks"]
 
 _COLUMNS = "id, tenant, url, event_types, description, created_at"
 
@@ -321,3 +321,7 @@ class PgWebhooks:
             if row.scanned < batch or row.reached_recent:
                 return deleted
             after = int(row.last_id)
+
+
+REPOSITORIES: dict[str, Callable[[Database], object]] = {"webhooks": PgWebhooks}
+"""The adapters of this module's repositories, by ``Repository.name``."""

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import datetime as dt
 import hmac
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bettercompute.errors import ConflictError
-from bettercompute.ports import JoinTokenRecord, PoolRecord, TokenConsumption, Transaction
+from bettercompute.modules.pools import JoinTokenRecord, PoolRecord, TokenConsumption
+from bettercompute.ports import Transaction
+from bettercompute_store_pg._db import Database, dumps, fetch_in, utc
+from bettercompute_store_pg._transaction import connection_of
 
-from ._db import Database, dumps, fetch_in, utc
-from ._transaction import connection_of
-
-__all__ = ["PgJoinTokens", "PgPools"]
+__all__ = ["REPOSITORIES", "PgJoinTokens", "PgPools"]
 
 _POOL_COLUMNS = "id, tenant, name, pool_class, acceptance_checks, labels, created_at, updated_at"
 
@@ -293,3 +293,7 @@ class PgJoinTokens:
         else:
             outcome = "exhausted"
         return TokenConsumption(outcome=outcome, token=token)
+
+
+REPOSITORIES: dict[str, Callable[[Database], object]] = {"pools": PgPools, "join_tokens": PgJoinTokens}
+"""The adapters of this module's repositories, by ``Repository.name``."""

@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports.transaction import Transaction
+from bettercompute.ports import Repository, Transaction
 
-__all__ = ["DeliveryOutcome", "DueDelivery", "WebhookDelivery", "WebhookSubscription", "Webhooks"]
+__all__ = ["WEBHOOKS", "DeliveryOutcome", "DueDelivery", "WebhookDelivery", "WebhookSubscription", "Webhooks"]
 
 
 @attrs.frozen(kw_only=True)
@@ -151,3 +151,7 @@ class Webhooks(Protocol):
         ``batch`` rows and commits on its own (an interrupted purge keeps what it deleted; safe to run again).
         Returns how many were deleted."""
         ...
+
+
+WEBHOOKS: Repository[Webhooks] = Repository(module="webhooks", name="webhooks")
+"""``store.repository(WEBHOOKS)``: the store's ``Webhooks``"""

@@ -3,16 +3,16 @@ sealed it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from bettercompute.errors import ConflictError
-from bettercompute.ports import SecretRecord, Transaction
+from bettercompute.modules.secrets import SecretRecord
+from bettercompute.ports import Transaction
+from bettercompute_store_pg._db import Database, fetch_in, utc
+from bettercompute_store_pg._transaction import connection_of
 
-from ._db import Database, fetch_in, utc
-from ._transaction import connection_of
-
-__all__ = ["PgSecrets"]
+__all__ = ["REPOSITORIES", "PgSecrets"]
 
 _COLUMNS = "id, tenant, name, scope, description, sealed_value, created_at"
 
@@ -90,3 +90,7 @@ class PgSecrets:
         """The secrets called ``name`` scoped to one of ``scopes``."""
         rows = await self._db.fetch(self._named, {"name": name, "scopes": list(scopes), "tenant": tenant})
         return [_record(row) for row in rows]
+
+
+REPOSITORIES: dict[str, Callable[[Database], object]] = {"secrets": PgSecrets}
+"""The adapters of this module's repositories, by ``Repository.name``."""

@@ -9,10 +9,10 @@ import datetime as dt
 from typing import Any
 
 from bettercompute.errors import ConflictError, InvalidInputError
-from bettercompute.ports import CaKey, IssuedCertificate, Revocation, Transaction
-
-from ._db import Database, fetch_in, utc
-from ._transaction import connection_of
+from bettercompute.modules.nodes import CaKey, IssuedCertificate, Revocation
+from bettercompute.ports import Transaction
+from bettercompute_store_pg._db import Database, fetch_in, utc
+from bettercompute_store_pg._transaction import connection_of
 
 __all__ = ["PgCertificates"]
 

@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bettercompute.errors import InternalError
-from bettercompute.ports import Enrollment, JoinKeyRecord, NodeRecord, Transaction
-
-from ._db import Database, dumps, fetch_in, utc
-from ._transaction import connection_of
+from bettercompute.modules.nodes import Enrollment, JoinKeyRecord, NodeRecord
+from bettercompute.ports import Transaction
+from bettercompute_store_pg._db import Database, dumps, fetch_in, utc
+from bettercompute_store_pg._transaction import connection_of
 
 __all__ = ["PgJoinKeys", "PgNodes"]
 

@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports.transaction import Transaction
+from bettercompute.ports import Repository, Transaction
 
-__all__ = ["SecretRecord", "SecretStore"]
+__all__ = ["SECRETS", "SecretRecord", "SecretStore"]
 
 
 @attrs.frozen(kw_only=True, repr=False)
@@ -50,3 +50,7 @@ class SecretStore(Protocol):
     async def named(self, name: str, *, scopes: Sequence[str], tenant: str | None = None) -> list[SecretRecord]:
         """The secrets called ``name`` whose scope is one of ``scopes`` (of ``tenant`` only, when given)."""
         ...
+
+
+SECRETS: Repository[SecretStore] = Repository(module="secrets", name="secrets")
+"""``store.repository(SECRETS)``: the store's ``SecretStore``"""

@@ -9,16 +9,16 @@ are not alive.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bettercompute.errors import InternalError, NotFoundError
-from bettercompute.ports import CommandRecord, SessionRecord, Transaction
+from bettercompute.modules.commands import CommandRecord, SessionRecord
+from bettercompute.ports import Transaction
+from bettercompute_store_pg._db import Database, dumps, fetch_in, utc
+from bettercompute_store_pg._transaction import connection_of
 
-from ._db import Database, dumps, fetch_in, utc
-from ._transaction import connection_of
-
-__all__ = ["PgCommands", "PgSessions"]
+__all__ = ["REPOSITORIES", "PgCommands", "PgSessions"]
 
 _COLUMNS = (
     "id, node_id, tenant, kind, payload, state, on_session_loss, deadline, attempts, max_attempts, session_epoch, "
@@ -279,3 +279,7 @@ class PgSessions:
         """The node's latest session."""
         rows = await self._db.fetch(self._get, {"node_id": node_id})
         return _session(rows[0]) if rows else None
+
+
+REPOSITORIES: dict[str, Callable[[Database], object]] = {"commands": PgCommands, "sessions": PgSessions}
+"""The adapters of this module's repositories, by ``Repository.name``."""

@@ -7,9 +7,9 @@ from typing import Protocol
 
 import attrs
 
-from bettercompute.ports.transaction import Transaction
+from bettercompute.ports import Repository, Transaction
 
-__all__ = ["Booking", "Bookings", "Usage", "UsageRecord"]
+__all__ = ["BOOKINGS", "USAGE_RECORDS", "Booking", "Bookings", "Usage", "UsageRecord"]
 
 
 @attrs.frozen(kw_only=True)
@@ -90,3 +90,9 @@ class Usage(Protocol):
     ) -> list[UsageRecord]:
         """The tenant's records of periods starting in ``[since, until)``, by period then pool."""
         ...
+
+
+BOOKINGS: Repository[Bookings] = Repository(module="usage", name="bookings")
+"""``store.repository(BOOKINGS)``: the store's ``Bookings``"""
+USAGE_RECORDS: Repository[Usage] = Repository(module="usage", name="usage")
+"""``store.repository(USAGE_RECORDS)``: the store's ``Usage``"""

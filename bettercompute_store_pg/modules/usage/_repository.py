@@ -10,14 +10,15 @@ what it wrote before; the watermark moves in the same transaction.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
-from bettercompute.ports import Booking, Transaction, UsageRecord
+from bettercompute.modules.usage import Booking, UsageRecord
+from bettercompute.ports import Transaction
+from bettercompute_store_pg._db import Database, fetch_in, utc
+from bettercompute_store_pg._transaction import connection_of
 
-from ._db import Database, fetch_in, utc
-from ._transaction import connection_of
-
-__all__ = ["PgBookings", "PgUsage"]
+__all__ = ["REPOSITORIES", "PgBookings", "PgUsage"]
 
 _BOOKING_COLUMNS = (
     "id, atom_id, reservation_id, tenant, pool_id, gpus, lower(during) AS start_at, upper(during) AS end_at"
@@ -185,3 +186,7 @@ class PgUsage:
             )
             for r in await self._db.fetch(self._records, params)
         ]
+
+
+REPOSITORIES: dict[str, Callable[[Database], object]] = {"bookings": PgBookings, "usage": PgUsage}
+"""The adapters of this module's repositories, by ``Repository.name``."""

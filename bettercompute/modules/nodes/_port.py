@@ -1,0 +1,257 @@
+"""The node identity module's repositories: the node CA's keys, the certificates it issued and their
+revocations; nodes and JoinService's keys."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from bettercompute.ports import Repository, Transaction
+
+__all__ = [
+    "CERTIFICATES",
+    "JOIN_KEYS",
+    "NODES",
+    "CaKey",
+    "Certificates",
+    "Enrollment",
+    "IssuedCertificate",
+    "JoinKeyRecord",
+    "JoinKeys",
+    "NodeRecord",
+    "Nodes",
+    "Revocation",
+]
+
+
+@attrs.frozen(kw_only=True)
+class NodeRecord:
+    """A machine joined to a pool. ``state`` is ``adopting`` (joined, acceptance checks pending), ``adopted``,
+    ``failed`` or ``retired``. ``hardware_key`` is derived from its stable hardware claims; ``claims`` are the
+    hardware claims of its latest join and ``attestation`` the facts the attestor chain recorded then.
+    ``enrollments`` counts its joins (1 + reclaims)."""
+
+    id: str
+    tenant: str
+    pool_id: str
+    site_id: str | None
+    state: str
+    hardware_key: str
+    claims: Mapping[str, Any]
+    attestation: Mapping[str, Any]
+    join_token_id: str | None
+    enrollments: int
+    session_epoch: int
+    desired_generation: int
+    observed_generation: int
+    last_seen_at: dt.datetime | None
+    joined_at: dt.datetime
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    retired_at: dt.datetime | None
+
+
+@attrs.frozen(kw_only=True)
+class Enrollment:
+    """What ``Nodes.enroll`` did: ``created`` a node, ``reclaimed`` the pool's live node with the same hardware key,
+    or found such a node while reclaiming was not allowed (``conflict``; ``node`` is that node, nothing written)."""
+
+    outcome: str
+    node: NodeRecord
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class JoinKeyRecord:
+    """JoinService's X25519 key: ``sealed_key`` is the 32-byte private key as the KMS sealed it (context
+    ``join-key:<id>``); ``public_key`` its base64url text. ``state`` is ``active`` (one) or ``previous``."""
+
+    id: str
+    public_key: str
+    sealed_key: bytes
+    state: str
+    created_at: dt.datetime
+
+    def __repr__(self) -> str:
+        return f"JoinKeyRecord(id={self.id!r}, state={self.state!r})"
+
+
+class Nodes(Protocol):
+    """Nodes (machines joined to pools). Writes given a ``tx`` commit with it."""
+
+    async def enroll(
+        self,
+        tx: Transaction,
+        *,
+        new_id: str,
+        pool_id: str,
+        tenant: str,
+        hardware_key: str,
+        claims: Mapping[str, Any],
+        attestation: Mapping[str, Any],
+        join_token_id: str,
+        reclaim: bool,
+    ) -> Enrollment:
+        """Insert node ``new_id`` as ``adopting``, unless the pool has a live (not retired) node with this hardware
+        key: with ``reclaim`` that node is taken back (``adopting`` again, new claims, ``enrollments`` + 1), without
+        it the answer is ``conflict`` and nothing is written. Of two concurrent enrollments of one new hardware key,
+        one creates the node and the other gets ``ConflictError``."""
+        ...
+
+    async def get(self, id: str, *, tx: Transaction | None = None, lock: bool = False) -> NodeRecord | None:
+        """A node by id; with ``lock`` (and ``tx``) its row is share-locked until ``tx`` ends, so a reclaim or a
+        retirement of it waits (or is waited for)."""
+        ...
+
+    async def for_pool(self, pool_id: str) -> list[NodeRecord]:
+        """The pool's nodes, oldest first."""
+        ...
+
+    async def for_tenant(
+        self, tenant: str, *, pool_id: str | None = None, after: Sequence[Any] | None, limit: int
+    ) -> list[NodeRecord]:
+        """The tenant's nodes (of one pool when ``pool_id`` is given) in ``(created_at, id)`` order: at most
+        ``limit``, after the key ``after``."""
+        ...
+
+    async def retire(self, tx: Transaction, id: str) -> NodeRecord | None:
+        """Retire a node for good (idempotent): it can no longer renew, fetch secrets or be reclaimed; ``None`` for
+        no such node."""
+        ...
+
+
+class JoinKeys(Protocol):
+    """JoinService's key pairs (sealed by the KMS)."""
+
+    async def active(self) -> JoinKeyRecord | None:
+        """The active key, if one was made."""
+        ...
+
+    async def create_if_none(self, *, id: str, public_key: str, sealed_key: bytes) -> JoinKeyRecord:
+        """Add this key as the active one unless there is an active key already; returns the active key (so of
+        several processes starting at once, all end up with the one that was stored first)."""
+        ...
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class CaKey:
+    """One signing key of the node CA of ``trust_domain``.
+
+    ``sealed_key`` is the private key (PKCS#8 DER) as the KMS sealed it (context ``ca:<trust_domain>:<id>``), never
+    in the clear; ``certificate_pem`` its self-signed CA certificate. ``state`` is ``active`` (signs; exactly one per
+    trust domain), ``previous`` (signs no more, still in the trust bundle) or ``retired`` (out of the bundle).
+    """
+
+    id: str
+    trust_domain: str
+    algorithm: str
+    sealed_key: bytes
+    certificate_pem: str
+    state: str
+    not_after: dt.datetime
+    created_at: dt.datetime
+    retired_at: dt.datetime | None = None
+
+    def __repr__(self) -> str:
+        return f"CaKey(id={self.id!r}, trust_domain={self.trust_domain!r}, state={self.state!r})"
+
+
+@attrs.frozen(kw_only=True)
+class IssuedCertificate:
+    """A certificate the CA issued: ``serial`` is the serial number in lower-case hex (no leading zeros)."""
+
+    serial: str
+    node_id: str
+    spiffe_id: str
+    role: str
+    ca_key_id: str
+    not_before: dt.datetime
+    not_after: dt.datetime
+    issued_at: dt.datetime | None = None
+    key_sha256: str | None = None
+    """SHA-256 (hex) of the certified public key (SubjectPublicKeyInfo, DER)."""
+
+
+@attrs.frozen(kw_only=True)
+class Revocation:
+    """The revocation of one issued certificate."""
+
+    serial: str
+    spiffe_id: str
+    reason: str
+    revoked_at: dt.datetime
+
+
+class Certificates(Protocol):
+    """The node CA's state: its signing keys (sealed), the certificates it issued, and their revocations.
+
+    Writes given a ``tx`` commit with it. ``lock`` serializes the key changes of one trust domain.
+    """
+
+    async def lock(self, tx: Transaction, trust_domain: str) -> None:
+        """Hold the trust domain's key lock until ``tx`` ends (creating, rotating and retiring keys take it)."""
+        ...
+
+    async def keys(self, trust_domain: str, *, tx: Transaction | None = None) -> list[CaKey]:
+        """The trust domain's keys, retired ones included, oldest first (read in ``tx`` when given)."""
+        ...
+
+    async def add_key(self, tx: Transaction, key: CaKey) -> None:
+        """Add a key (its ``created_at`` is the store's now). ``ConflictError`` for a second active key."""
+        ...
+
+    async def set_key_state(self, tx: Transaction, *, trust_domain: str, id: str, state: str) -> bool:
+        """Move a key to ``state`` (``retired`` stamps ``retired_at``); ``False`` when there is no such key."""
+        ...
+
+    async def record(self, tx: Transaction, certificate: IssuedCertificate) -> None:
+        """Record an issued certificate. ``ConflictError`` if its serial is recorded already."""
+        ...
+
+    async def get(self, serial: str, *, tx: Transaction | None = None) -> IssuedCertificate | None:
+        """The issued certificate with this serial, or ``None``."""
+        ...
+
+    async def live_count(self, ca_key_id: str, *, now: dt.datetime, tx: Transaction | None = None) -> int:
+        """How many certificates issued under ``ca_key_id`` are unexpired at ``now`` and not revoked."""
+        ...
+
+    async def live_count_for(self, spiffe_id: str, *, now: dt.datetime, tx: Transaction | None = None) -> int:
+        """How many certificates of ``spiffe_id`` are unexpired at ``now`` and not revoked."""
+        ...
+
+    async def newest(self, spiffe_id: str, *, tx: Transaction | None = None) -> IssuedCertificate | None:
+        """The most recently issued certificate of ``spiffe_id`` that is not revoked, or ``None``."""
+        ...
+
+    async def lock_identity(self, tx: Transaction, spiffe_id: str, *, shared: bool) -> None:
+        """Hold the identity lock of ``spiffe_id`` until ``tx`` ends: shared while a renewal checks and issues,
+        exclusive while a revocation writes, so neither misses the other."""
+        ...
+
+    async def revoke(
+        self, tx: Transaction, *, serial: str | None = None, spiffe_id: str | None = None, reason: str
+    ) -> list[Revocation]:
+        """Revoke the certificate ``serial``, or every certificate of ``spiffe_id`` (exactly one of them given).
+
+        Returns the revocations this call added (a certificate revoked before is left as it was).
+        """
+        ...
+
+    async def is_revoked(self, serial: str, *, tx: Transaction | None = None) -> bool:
+        """Whether the certificate ``serial`` is revoked."""
+        ...
+
+    async def revocations(self, spiffe_id: str) -> list[Revocation]:
+        """The revocations of ``spiffe_id``'s certificates, oldest first."""
+        ...
+
+
+CERTIFICATES: Repository[Certificates] = Repository(module="identity", name="certificates")
+"""``store.repository(CERTIFICATES)``: the store's ``Certificates``"""
+NODES: Repository[Nodes] = Repository(module="identity", name="nodes")
+"""``store.repository(NODES)``: the store's ``Nodes``"""
+JOIN_KEYS: Repository[JoinKeys] = Repository(module="identity", name="join_keys")
+"""``store.repository(JOIN_KEYS)``: the store's ``JoinKeys``"""

@@ -1,0 +1,18 @@
+"""The node identity module's repositories: the node CA's keys and certificates, nodes and JoinService's keys."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bettercompute_store_pg._db import Database
+from bettercompute_store_pg.modules.identity._certificates import PgCertificates
+from bettercompute_store_pg.modules.identity._nodes import PgJoinKeys, PgNodes
+
+__all__ = ["REPOSITORIES"]
+
+REPOSITORIES: dict[str, Callable[[Database], object]] = {
+    "certificates": PgCertificates,
+    "nodes": PgNodes,
+    "join_keys": PgJoinKeys,
+}
+"""The adapters of this module's repositories, by ``Repository.name``."""
