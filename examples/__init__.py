@@ -1,0 +1,1 @@
+"""Examples of extending Better Compute; each is tested by ``tests/integration/examples``."""
