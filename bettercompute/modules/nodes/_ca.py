@@ -28,6 +28,8 @@ import hashlib
 import logging
 import re
 import secrets
+import time
+from collections.abc import Callable
 
 import attrs
 from cryptography import x509
@@ -132,6 +134,12 @@ class CertificateAuthority:
         clock: Time source (tests inject one); the system clock by default.
         ca_validity: How long a new CA certificate is valid (10 years by default).
         max_ttl: The longest lifetime of a ``node`` or ``site`` certificate (24 h by default).
+        keys_ttl: How long keys read outside a transaction (``keys``, ``trust_bundle``, the active key ``prepare``
+            loads) are reused before being read again; zero (the default) reads them every time. JoinService uses a
+            second: a join reads them once instead of three times, and a key another process rotated in shows in
+            this process's bundle at most that late. ``issue(tx=...)`` always reads the active key in its own
+            transaction, so it never signs with a key the cache still holds after a rotation.
+        timer: Seconds of a monotonic clock, for ``keys_ttl`` (tests inject one).
 
     Raises:
         InvalidConfigError: a malformed trust domain or non-positive durations.
@@ -146,6 +154,8 @@ class CertificateAuthority:
         clock: Clock | None = None,
         ca_validity: dt.timedelta = dt.timedelta(days=3650),
         max_ttl: dt.timedelta = DEFAULT_TTL,
+        keys_ttl: dt.timedelta = dt.timedelta(0),
+        timer: Callable[[], float] = time.monotonic,
     ) -> None:
         if not _TRUST_DOMAIN.fullmatch(trust_domain):
             raise InvalidConfigError(
@@ -161,6 +171,10 @@ class CertificateAuthority:
         self._ca_validity = ca_validity
         self._max_ttl = max_ttl
         self._private: dict[str, ec.EllipticCurvePrivateKey] = {}
+        self._keys_ttl = keys_ttl.total_seconds()
+        self._timer = timer
+        self._read: tuple[float, list[CaKey]] | None = None  # (when, keys) of the last read outside a transaction
+        self._bundle: tuple[tuple[str, ...], list[x509.Certificate]] | None = None
 
     ROLES = ROLES
     RAMDISK_MAX_TTL = RAMDISK_MAX_TTL
@@ -204,6 +218,7 @@ class CertificateAuthority:
             current = next((k for k in keys if k.state == "active"), None)
             if current is None:
                 await self._store.repository(CERTIFICATES).add_key(tx, key)
+        self._forget_keys()
         if current is not None:
             return current  # another process created it meanwhile: ours, never stored, is dropped
         return self._created(key, private)
@@ -229,6 +244,7 @@ class CertificateAuthority:
                         tx, trust_domain=self.trust_domain, id=old.id, state="previous"
                     )
             await self._store.repository(CERTIFICATES).add_key(tx, key)
+        self._forget_keys()
         return self._created(key, private)
 
     async def retire(self, key_id: str, *, force: bool = False) -> None:
@@ -261,17 +277,30 @@ class CertificateAuthority:
                 tx, trust_domain=self.trust_domain, id=key_id, state="retired"
             )
         self._private.pop(key_id, None)
+        self._forget_keys()
         log.info("CA key %s of %s retired", key_id, self.trust_domain)
 
     async def keys(self) -> list[CaKey]:
-        """Every key of the trust domain (sealed), oldest first."""
-        return await self._store.repository(CERTIFICATES).keys(self.trust_domain)
+        """Every key of the trust domain (sealed), oldest first (reused for ``keys_ttl``)."""
+        read = self._read
+        if read is not None and self._timer() - read[0] < self._keys_ttl:
+            return list(read[1])
+        keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain)
+        self._read = (self._timer(), keys)
+        return list(keys)
+
+    def _forget_keys(self) -> None:
+        """Drop the keys read outside a transaction (this process changed them)."""
+        self._read = None
 
     async def trust_bundle(self) -> list[x509.Certificate]:
         """The CA certificates to trust: every key not retired, oldest first (creating the first key if needed)."""
         await self.ensure()
-        keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain)
-        return [x509.load_pem_x509_certificate(k.certificate_pem.encode()) for k in keys if k.state != "retired"]
+        trusted = [k for k in await self.keys() if k.state != "retired"]
+        ids = tuple(k.id for k in trusted)
+        if self._bundle is None or self._bundle[0] != ids:
+            self._bundle = (ids, [x509.load_pem_x509_certificate(k.certificate_pem.encode()) for k in trusted])
+        return list(self._bundle[1])
 
     async def trust_bundle_pem(self) -> str:
         """``trust_bundle`` as concatenated PEM (a ``cafile`` for ``ssl``)."""
@@ -303,13 +332,14 @@ class CertificateAuthority:
         lifetime = self._lifetime(role, ttl)
         public_key = checked_csr_key(csr_pem)
         if tx is None:
-            key = await self._active() or await self.ensure()
+            key = await self._active(fresh=True) or await self.ensure()
             private = await self._private_key(key)
         else:
             # Only reads in ``tx`` (a second pooled connection per join could starve the pool), and no KMS call.
             active = await self._active(tx)
             loaded = self._private.get(active.id) if active is not None else None
             if active is None or loaded is None:
+                self._forget_keys()  # the retry's prepare() reads the keys again
                 raise UnavailableError(
                     "the CA's signing key changed while this request ran; retry", details={"reason": "ca_key_changed"}
                 )
@@ -443,8 +473,11 @@ class CertificateAuthority:
 
     # --- internals ----------------------------------------------------------------------------------------------
 
-    async def _active(self, tx: Transaction | None = None) -> CaKey | None:
-        keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain, tx=tx)
+    async def _active(self, tx: Transaction | None = None, *, fresh: bool = False) -> CaKey | None:
+        if tx is None and not fresh:
+            keys = await self.keys()
+        else:
+            keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain, tx=tx)
         return next((k for k in keys if k.state == "active"), None)
 
     def _context(self, key_id: str) -> str:

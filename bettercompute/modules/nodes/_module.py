@@ -102,7 +102,14 @@ class IdentityModule:
     async def start(self, context: ModuleContext) -> None:
         """Load (or make) the CA and JoinService keys; build JoinService and the gateway services."""
         store = context.store
-        ca = CertificateAuthority(store, self._kms, trust_domain=self._settings.trust_domain, clock=context.clock)
+        # Keys reused for a second outside transactions: a join reads them once, not three times.
+        ca = CertificateAuthority(
+            store,
+            self._kms,
+            trust_domain=self._settings.trust_domain,
+            clock=context.clock,
+            keys_ttl=dt.timedelta(seconds=1),
+        )
         await ca.ensure()
         pair = await load_join_key(store, self._kms)
         joins = JoinService(

@@ -18,7 +18,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from bettercompute import LocalKeyKms
-from bettercompute.errors import FailedPreconditionError, InvalidInputError, NotFoundError
+from bettercompute.errors import FailedPreconditionError, InvalidInputError, NotFoundError, UnavailableError
 from bettercompute.modules.nodes import CERTIFICATES, CertificateAuthority, serial_hex
 from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_store_pg import PgStore
@@ -406,3 +406,42 @@ async def test_python_ssl_accepts_an_issued_client_certificate(pg_store: PgStore
     peer = server.getpeercert()
     assert peer is not None
     assert peer["subjectAltName"] == (("URI", issued.spiffe_id),)
+
+
+async def test_keys_reused_for_their_ttl_then_read_again(pg_store: PgStore, tmp_path: Path, clock: ManualClock) -> None:
+    kms = GuardedKms(LocalKeyKms(tmp_path / "kms.key"))
+    now = [0.0]
+    cached = CertificateAuthority(
+        pg_store, kms, trust_domain=TD, clock=clock, keys_ttl=dt.timedelta(seconds=1), timer=lambda: now[0]
+    )
+    other = CertificateAuthority(pg_store, kms, trust_domain=TD, clock=clock)  # another process
+    first = await cached.prepare()
+    assert [k.id for k in await cached.keys()] == [first.id]  # read, and kept for a second
+    rotated = await other.rotate()
+    # Within the TTL the bundle is the one read before; a standalone issue still reads the active key afresh.
+    assert [k.id for k in await cached.keys()] == [first.id]
+    assert (await cached.issue(csr(), node_id="n-1")).ca_key_id == rotated.id
+    now[0] = 1.5
+    assert [k.id for k in await cached.keys()] == [first.id, rotated.id]
+    assert len(await cached.trust_bundle()) == 2
+    # A key this CA changes itself is seen at once.
+    newest = await cached.rotate()
+    assert [k.id for k in await cached.keys()][-1] == newest.id
+
+
+async def test_an_issue_in_a_transaction_after_a_rotation_elsewhere_is_refused_then_succeeds(
+    pg_store: PgStore, tmp_path: Path, clock: ManualClock
+) -> None:
+    kms = GuardedKms(LocalKeyKms(tmp_path / "kms.key"))
+    cached = CertificateAuthority(pg_store, kms, trust_domain=TD, clock=clock, keys_ttl=dt.timedelta(hours=1))
+    other = CertificateAuthority(pg_store, kms, trust_domain=TD, clock=clock)
+    await cached.prepare()
+    await cached.prepare()  # the keys are now read and kept for the hour
+    rotated = await other.rotate()
+    with pytest.raises(UnavailableError) as changed:  # the cached key is not the active one any more
+        async with pg_store.transaction() as tx:
+            await cached.issue(csr(), node_id="n-1", tx=tx)
+    assert changed.value.details["reason"] == "ca_key_changed"
+    await cached.prepare()  # the retry reads the keys again, despite the hour-long TTL
+    async with pg_store.transaction() as tx:
+        assert (await cached.issue(csr(), node_id="n-1", tx=tx)).ca_key_id == rotated.id
