@@ -39,6 +39,7 @@ _STORE_MEMBERS = (
     "ping",
     "now",
     "migrate",
+    "migrations",
     "transaction",
     "leases",
     "queue",

@@ -198,8 +198,10 @@ class BetterCompute:
         store = self._store
         await store.open()
         applied = {"store": await store.install()}
+        # In the modules' order, which is fixed (the built-in ones first): a module's tables may refer to an earlier
+        # one's (``nodes`` to ``pools``).
         for module in self._modules:
-            steps = module.migrations.get(store.dialect, ())
+            steps = [*store.migrations(module.name), *module.migrations.get(store.dialect, ())]
             if steps:
                 applied[module.name] = await store.migrate(module.name, steps)
         return applied

@@ -17,7 +17,7 @@ import re
 
 import psycopg
 
-__all__ = ["clone_schema", "copy_script", "migrate_template"]
+__all__ = ["KMS_MODULES", "clone_schema", "copy_script", "migrate_template"]
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -138,16 +138,24 @@ def clone_schema(url: str, script: str, schema: str) -> None:
         conn.execute(sql.encode())
 
 
+KMS_MODULES = ("webhooks", "secrets", "identity")
+"""The built-in modules on only with a KMS (``identity`` with ``Options.join`` too), in the order the core adds them."""
+
+
 async def migrate_template(url: str, schema: str) -> None:
-    """Migrate ``schema`` the way ``initialize()`` migrates a control plane's store (the store's and IAM's)."""
+    """Migrate ``schema`` the way ``initialize()`` migrates a control plane's store (the runtime's, the modules' and
+    IAM's), with every built-in module on: the tables of the modules that need a KMS are there too."""
     # Imported here: the unit tests import this package's conftest without needing a control plane.
     from bettercompute import Options, better_compute
     from bettercompute_iam import EmbeddedIam
     from bettercompute_store_pg import PgStore
 
-    compute = better_compute(Options(store=PgStore(url, schema=schema, pool_size=2), iam=EmbeddedIam()))
+    store = PgStore(url, schema=schema, pool_size=2)
+    compute = better_compute(Options(store=store, iam=EmbeddedIam()))
     try:
-        await compute.context.store.open()
+        await store.open()
         await compute.migrate()
+        for name in KMS_MODULES:
+            await store.migrate(name, store.migrations(name))
     finally:
         await compute.close()

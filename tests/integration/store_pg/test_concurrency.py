@@ -37,9 +37,9 @@ async def main():
     await store.open()
     try:
         time.sleep(max(0.0, start_at - time.time()))
-        core = await store.install()
+        runtime = await store.install()
         probe = await store.migrate("probe", steps)
-        print(json.dumps({"core": core, "probe": probe}))
+        print(json.dumps({"runtime": runtime, "probe": probe}))
     finally:
         await store.close()
 
@@ -63,15 +63,15 @@ def test_two_processes_migrate_one_fresh_schema(database_url: str, empty_schema:
         out, err = process.communicate(timeout=60)
         assert process.returncode == 0, err
         results.append(json.loads(out))
-    core = [m.version for m in PgStore.core_migrations()]
-    assert sorted(r["core"] for r in results) == [[], core]
+    runtime = [m.version for m in PgStore.runtime_migrations()]
+    assert sorted(r["runtime"] for r in results) == [[], runtime]
     assert sorted(r["probe"] for r in results) == [[], [1, 2]]
     with psycopg.connect(database_url) as conn:
         recorded = conn.execute(
             f'SELECT module, version FROM "{empty_schema}".schema_migrations ORDER BY module, version'
         ).fetchall()
         probe_rows = conn.execute(f'SELECT count(*) FROM "{empty_schema}".probe').fetchone()
-    assert recorded == [*(("core", v) for v in core), ("probe", 1), ("probe", 2)]
+    assert recorded == [("probe", 1), ("probe", 2), *(("runtime", v) for v in runtime)]
     assert probe_rows == (1,)
 
 
