@@ -103,7 +103,7 @@ async def test_migrating_twice_applies_nothing(database_url: str, empty_schema: 
     compute = better_compute(Options(store=store, iam=EmbeddedIam()))
     try:
         first = await compute.migrate()
-        assert first["store"] == [1] and first["pools"] == [1] and first["iam"]
+        assert first["runtime"] == [1] and first["pools"] == [1] and first["iam"]
         # The system module ("core") has no tables; modules that need a KMS are off here.
         assert "core" not in first and not set(first) & set(KMS_MODULES)
         second = await compute.migrate()
