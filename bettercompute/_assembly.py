@@ -40,6 +40,7 @@ _STORE_MEMBERS = (
     "ping",
     "now",
     "migrate",
+    "migrations",
     "transaction",
     "leases",
     "queue",
@@ -128,8 +129,9 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
         extra.append(iam)
     given = _sequence("modules", options.modules, problems)
     extra.extend(given)
-    # The built-in names are taken whether or not the options turn those modules on.
-    names = {"core", "pools", "commands", "usage", "webhooks", "secrets", "identity"}
+    # The built-in names are taken whether or not the options turn those modules on; "runtime" is the name the
+    # store's own tables are migrated under.
+    names = {"core", "runtime", "pools", "commands", "usage", "webhooks", "secrets", "identity"}
     for position, module in enumerate(extra):
         # The IAM, when it is a module, comes first but is not one of options.modules.
         index = position - (len(extra) - len(given))

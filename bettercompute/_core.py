@@ -194,12 +194,15 @@ class BetterCompute:
             self._initialized = True
 
     async def migrate(self) -> dict[str, list[int]]:
-        """Apply the store's and every module's pending migrations; returns the versions applied, per module."""
+        """Apply the store's and every module's pending migrations; returns the versions applied, per name they are
+        recorded under (``"runtime"`` for the store's own tables, then each module's name)."""
         store = self._store
         await store.open()
-        applied = {"store": await store.install()}
+        applied = {"runtime": await store.install()}
+        # In the modules' order, which is fixed (the built-in ones first): a module's tables may refer to an earlier
+        # one's (``nodes`` to ``pools``).
         for module in self._modules:
-            steps = module.migrations.get(store.dialect, ())
+            steps = [*store.migrations(module.name), *module.migrations.get(store.dialect, ())]
             if steps:
                 applied[module.name] = await store.migrate(module.name, steps)
         return applied

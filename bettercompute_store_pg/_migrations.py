@@ -1,18 +1,49 @@
-"""The migration runner: per-module versions in ``schema_migrations``, serialized by an advisory lock."""
+"""The migration runner: per-module versions in ``schema_migrations``, serialized by an advisory lock.
+
+Each module's tables are migrated under its own name, from ``modules/<name>/_migrations.py`` (found by name, so a new
+module adds a file and no line anywhere else). Older code kept every table under the one module ``"core"``; a
+database it migrated upgrades in place: ``upgrade_legacy`` first brings a ``"core"`` recorded below its last
+version up to it with the frozen old list, then each module's first version, which adopts that last ``"core"``
+version, is recorded without running. A fresh database never runs the old list.
+"""
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Sequence
 
 from bettercompute.errors import InvalidConfigError
 from bettercompute.ports import Migration
 
 from ._db import Connection, Statement, fetch_in
-from ._schema import migration_lock_key, quote_schema, render
+from ._schema import LEGACY_CORE_MIGRATIONS, migration_lock_key, quote_schema, render
 
-__all__ = ["run_migrations"]
+__all__ = ["RUNTIME", "run_migrations", "shipped_migrations", "upgrade_legacy"]
 
+RUNTIME = "runtime"
+"""The name the runtime's own tables are migrated under (by ``PgStore.install()``, never as a module)."""
+
+_LEGACY = "core"
 _LOCK = Statement.of("SELECT pg_advisory_xact_lock(:key)")
+_PACKAGE = "bettercompute_store_pg.modules"
+_MODULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
+
+
+def shipped_migrations(module: str) -> tuple[Migration, ...]:
+    """What this package ships for the module named ``module`` (``modules/<module>/_migrations.py``), or ``()``."""
+    if not _MODULE_NAME.fullmatch(module):
+        return ()
+    name = f"{_PACKAGE}.{module}._migrations"
+    try:
+        found = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        # Only the absence of that package or file means "nothing shipped"; a broken import inside it is a bug.
+        if exc.name is not None and (exc.name == name or name.startswith(exc.name + ".")):
+            return ()
+        raise
+    migrations: tuple[Migration, ...] = tuple(found.MIGRATIONS)
+    return migrations
 
 
 def _check_declared(module: str, migrations: Sequence[Migration]) -> list[Migration]:
@@ -22,6 +53,8 @@ def _check_declared(module: str, migrations: Sequence[Migration]) -> list[Migrat
         if migration.version in seen:
             problems.append({"module": module, "version": migration.version, "problem": "duplicate version"})
         seen.add(migration.version)
+        if migration.adopts is not None and migration.adopts[0] == module:
+            problems.append({"module": module, "version": migration.version, "problem": "adopts its own module"})
     if problems:
         raise InvalidConfigError(f"the migrations of module {module!r} are invalid", details={"problems": problems})
     return sorted(migrations, key=lambda m: m.version)
@@ -33,8 +66,11 @@ async def run_migrations(conn: Connection, schema: str, module: str, migrations:
     The lock is transaction-scoped, so it works through PgBouncer in transaction mode and cannot leak if the
     process dies. Migrations that fail roll back together with their bookkeeping.
 
+    A pending migration that ``adopts`` a recorded step of another module is recorded without running (its tables
+    are there already).
+
     Returns:
-        The versions this call applied, in order.
+        The versions this call recorded, in order (run, or adopted).
 
     Raises:
         InvalidConfigError: Duplicate versions, or a recorded version whose name changed.
@@ -71,10 +107,47 @@ async def run_migrations(conn: Connection, schema: str, module: str, migrations:
     record = Statement.of(
         f"INSERT INTO {quoted}.schema_migrations (module, version, name) VALUES (:module, :version, :name)"
     )
+    adopted = Statement.of(
+        f"SELECT 1 AS found FROM {quoted}.schema_migrations WHERE module = :module AND version = :version"
+    )
     for migration in ordered:
         if migration.version in recorded:
             continue
-        await conn.execute(render(migration.sql, schema), prepare=False)
+        # Under the lock, so the step it adopts cannot be recorded or not between this check and the record.
+        if migration.adopts is None or not await fetch_in(
+            conn, adopted, {"module": migration.adopts[0], "version": migration.adopts[1]}
+        ):
+            await conn.execute(render(migration.sql, schema), prepare=False)
         await fetch_in(conn, record, {"module": module, "version": migration.version, "name": migration.name})
         applied.append(migration.version)
     return applied
+
+
+async def upgrade_legacy(conn: Connection, schema: str) -> list[int]:
+    """Bring a schema that older code migrated under the one module ``"core"`` to its last version, in the
+    transaction open on ``conn``, under the migration lock; where ``"core"`` is not recorded, do nothing.
+
+    Returns:
+        The ``"core"`` versions this call applied.
+
+    Raises:
+        InvalidConfigError: A recorded ``"core"`` version whose name is not the frozen list's.
+    """
+    quoted = quote_schema(schema)
+    await fetch_in(conn, _LOCK, {"key": migration_lock_key(schema)})
+    # Whether the table exists is asked first: a fresh schema has none, and its absence must not fail the call.
+    table = await fetch_in(
+        conn,
+        Statement.of("SELECT to_regclass(:table) IS NOT NULL AS present"),
+        {"table": f"{quoted}.schema_migrations"},
+    )
+    if not table[0].present:
+        return []
+    core = await fetch_in(
+        conn,
+        Statement.of(f"SELECT count(*) AS n FROM {quoted}.schema_migrations WHERE module = :module"),
+        {"module": _LEGACY},
+    )
+    if core[0].n == 0:
+        return []
+    return await run_migrations(conn, schema, _LEGACY, LEGACY_CORE_MIGRATIONS)

@@ -1,4 +1,9 @@
-"""The store's own tables (module ``"core"``) and the rules for schema names."""
+"""The rules for schema names, and the frozen migrations of the old single module ``"core"``.
+
+Every table now belongs to the module that uses it (``modules/<name>/_migrations.py``). ``LEGACY_CORE_MIGRATIONS``
+is kept only to bring a database that older code migrated part of the way up to the last ``"core"`` version, which
+the modules' first versions adopt. Never change it: a database records these names and versions.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,14 @@ import re
 from bettercompute.errors import InvalidConfigError
 from bettercompute.ports import Migration
 
-__all__ = ["CORE_MIGRATIONS", "migration_lock_key", "quote_schema", "render", "validate_schema"]
+__all__ = [
+    "LEGACY_CORE_MIGRATIONS",
+    "LEGACY_CORE_VERSION",
+    "migration_lock_key",
+    "quote_schema",
+    "render",
+    "validate_schema",
+]
 
 # Lower-case only, so the quoted name and the name PostgreSQL reports are the same string; 63 bytes is NAMEDATALEN-1.
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -464,7 +476,7 @@ CREATE INDEX pools_tenant_page ON {schema}.pools (tenant, created_at, id);
 CREATE INDEX nodes_tenant_page ON {schema}.nodes (tenant, created_at, id);
 """
 
-CORE_MIGRATIONS: tuple[Migration, ...] = (
+LEGACY_CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="core tables", sql=_CORE_V1),
     Migration(version=2, name="authorization projection", sql=_CORE_V2),
     Migration(version=3, name="worker membership", sql=_CORE_V3),
@@ -478,4 +490,7 @@ CORE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=11, name="bookings and usage", sql=_CORE_V11),
     Migration(version=12, name="claim and paging indexes", sql=_CORE_V12),
 )
-"""The migrations of module ``"core"``: the tables ``PgStore`` itself uses."""
+"""The old migrations of module ``"core"``, frozen: run only on a database where ``"core"`` is recorded already."""
+
+LEGACY_CORE_VERSION = LEGACY_CORE_MIGRATIONS[-1].version
+"""The last ``"core"`` version: each module's first migration adopts ``("core", LEGACY_CORE_VERSION)``."""

@@ -18,11 +18,11 @@ from ._errors import translated
 from ._idempotency import PgIdempotencyKeys
 from ._leases import PgLeases
 from ._membership import PgMembership
-from ._migrations import run_migrations
+from ._migrations import RUNTIME, run_migrations, shipped_migrations, upgrade_legacy
 from ._outbox import PgOutbox
 from ._queue import PgWorkQueue
 from ._replay import PgReplayGuard
-from ._schema import CORE_MIGRATIONS, validate_schema
+from ._schema import validate_schema
 from ._transaction import PgTransaction
 from ._workflows import PgWorkflows
 
@@ -69,8 +69,8 @@ class PgStore:
     ``on_enqueued`` and ``on_published`` listeners (the control plane's notifier pokes) run after the commit of a
     transaction that enqueued work or published events, outside it.
 
-    The store's own tables are the migrations of module ``"core"``: ``await store.install()`` applies them (the same
-    as ``await store.migrate("core", PgStore.core_migrations())``).
+    The runtime's tables are migrated under the name ``"runtime"`` by ``await store.install()``; each module's tables
+    under the module's name, from ``store.migrations(name)`` (``BetterCompute.migrate()`` runs both).
 
     Args:
         url: ``postgresql://`` or ``postgresql+psycopg://`` URL.
@@ -143,9 +143,16 @@ class PgStore:
         return self._pool_size
 
     @staticmethod
-    def core_migrations() -> list[Migration]:
-        """The migrations of module ``"core"``: the store's own tables."""
-        return list(CORE_MIGRATIONS)
+    def runtime_migrations() -> list[Migration]:
+        """The migrations ``install()`` applies under the name ``"runtime"``: the runtime's own tables."""
+        return list(shipped_migrations(RUNTIME))
+
+    @staticmethod
+    def migrations(module: str) -> tuple[Migration, ...]:
+        """The migrations this store ships for the module named ``module`` (its tables), found by that name in
+        ``bettercompute_store_pg.modules``; ``()`` for a name it ships nothing for, and for ``"runtime"`` (which
+        ``install()`` applies)."""
+        return () if module == RUNTIME else shipped_migrations(module)
 
     async def open(self) -> None:
         """Create the pool; connections are made on first use. Idempotent."""
@@ -247,12 +254,24 @@ class PgStore:
                 return await run_migrations(conn, self.schema, module, migrations)
 
     async def install(self) -> list[int]:
-        """Apply the store's own migrations (module ``"core"``: leases, work queue, outbox, idempotency, audit).
+        """Apply the runtime's migrations (leases, work queue, outbox, idempotency, audit, membership, workflows).
+
+        A schema that older code migrated under the one module ``"core"`` is first brought to that module's last
+        version, in a transaction of its own; the runtime's first version then adopts it (see ``_migrations``).
 
         Returns:
-            The versions this call applied; idempotent and safe from several processes at once.
+            The ``"runtime"`` versions this call recorded; idempotent and safe from several processes at once.
+
+        Raises:
+            InvalidConfigError: A recorded version whose name changed.
+            UnavailableError: The database cannot be reached.
         """
-        return await self.migrate("core", CORE_MIGRATIONS)
+        with translated():
+            async with self._db.transaction() as conn:
+                legacy = await upgrade_legacy(conn, self.schema)
+        if legacy:
+            log.info("upgraded the legacy core migrations in place: versions %s", legacy)
+        return await self.migrate(RUNTIME, shipped_migrations(RUNTIME))
 
     @contextlib.asynccontextmanager
     async def transaction(self, *, fence: Lease | None = None) -> AsyncIterator[PgTransaction]:

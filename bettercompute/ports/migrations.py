@@ -13,8 +13,14 @@ class Migration:
 
     ``sql`` is written for the store whose ``dialect`` the migration is listed under; it may reference the store's
     schema as ``{schema}``.
+
+    ``adopts`` names another module's recorded step, ``(module, version)``, that already made what this migration
+    makes: where that step is recorded, this one is recorded as applied without running. That is how a schema made
+    by an older layout (one module owning every table) is taken over in place by the modules that own those tables
+    now.
     """
 
     version: int
     name: str
     sql: str
+    adopts: tuple[str, int] | None = None

@@ -118,10 +118,16 @@ class Store(Protocol):
         ...
 
     async def install(self) -> list[int]:
-        """Apply the store's own migrations (its tables for leases, work, outbox, idempotency keys and audit).
+        """Apply the runtime's own migrations (its tables for leases, work, outbox, idempotency keys, audit, ...),
+        upgrading in place a schema that an older layout of the store migrated.
 
         Returns the versions applied by this call; idempotent and safe from several processes at once.
         """
+        ...
+
+    def migrations(self, module: str) -> Sequence[Migration]:
+        """The migrations the store ships for the module named ``module`` (the tables of its repository), found by
+        that name; empty when it ships none. The core applies them, then the module's own, with ``migrate``."""
         ...
 
     async def migrate(self, module: str, migrations: Sequence[Migration]) -> list[int]:

@@ -14,10 +14,11 @@ produce a schema with something missing: a migration that adds one must teach ``
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import psycopg
 
-__all__ = ["clone_schema", "copy_script", "migrate_template"]
+__all__ = ["KMS_MODULES", "clone_schema", "copy_script", "fingerprint", "migrate_template"]
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -138,16 +139,68 @@ def clone_schema(url: str, script: str, schema: str) -> None:
         conn.execute(sql.encode())
 
 
+KMS_MODULES = ("webhooks", "secrets", "identity")
+"""The built-in modules on only with a KMS (``identity`` with ``Options.join`` too), in the order the core adds them."""
+
+
 async def migrate_template(url: str, schema: str) -> None:
-    """Migrate ``schema`` the way ``initialize()`` migrates a control plane's store (the store's and IAM's)."""
+    """Migrate ``schema`` the way ``initialize()`` migrates a control plane's store (the runtime's, the modules' and
+    IAM's), with every built-in module on: the tables of the modules that need a KMS are there too."""
     # Imported here: the unit tests import this package's conftest without needing a control plane.
     from bettercompute import Options, better_compute
     from bettercompute_iam import EmbeddedIam
     from bettercompute_store_pg import PgStore
 
-    compute = better_compute(Options(store=PgStore(url, schema=schema, pool_size=2), iam=EmbeddedIam()))
+    store = PgStore(url, schema=schema, pool_size=2)
+    compute = better_compute(Options(store=store, iam=EmbeddedIam()))
     try:
-        await compute.context.store.open()
+        await store.open()
         await compute.migrate()
+        for name in KMS_MODULES:
+            await store.migrate(name, store.migrations(name))
     finally:
         await compute.close()
+
+
+# What a schema is made of, as the catalog tells it, with the schema's own name taken out of every definition.
+_FINGERPRINT = {
+    "relations": """
+        SELECT c.relname, c.relkind, c.relpersistence, c.reloptions, obj_description(c.oid, 'pg_class')
+        FROM pg_class c WHERE c.relnamespace = %(s)s::regnamespace AND c.relkind <> 't' ORDER BY c.relname""",
+    "columns": """
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attidentity,
+               a.attgenerated, a.attcollation, pg_get_expr(d.adbin, d.adrelid),
+               row_number() OVER (PARTITION BY c.relname ORDER BY a.attnum)
+        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+        LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE c.relnamespace = %(s)s::regnamespace AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY c.relname, a.attnum""",
+    "constraints": """
+        SELECT c.relname, k.conname, k.contype, pg_get_constraintdef(k.oid), k.condeferrable, k.condeferred
+        FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
+        WHERE k.connamespace = %(s)s::regnamespace ORDER BY c.relname, k.conname""",
+    "indexes": """
+        SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %(s)s ORDER BY indexname""",
+    "sequences": """
+        SELECT s.relname, q.seqtypid, q.seqincrement, q.seqmin, q.seqmax, q.seqstart, q.seqcache, q.seqcycle,
+               t.relname, a.attname
+        FROM pg_sequence q JOIN pg_class s ON s.oid = q.seqrelid
+        LEFT JOIN pg_depend dep ON dep.classid = 'pg_class'::regclass AND dep.objid = s.oid AND dep.deptype = 'a'
+        LEFT JOIN pg_class t ON t.oid = dep.refobjid
+        LEFT JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = dep.refobjsubid
+        WHERE s.relnamespace = %(s)s::regnamespace ORDER BY s.relname""",
+    "migrations": "SELECT module, version, name FROM {s}.schema_migrations ORDER BY module, version",
+}
+
+
+def fingerprint(url: str, schema: str) -> dict[str, Any]:
+    """What ``schema`` is made of, as the catalog tells it (every part a list of rows, ``rows`` the row counts)."""
+    found: dict[str, Any] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET search_path = ''")  # every name in a definition comes qualified with its schema
+        for part, sql in _FINGERPRINT.items():
+            rows = conn.execute(sql.replace("{s}", f'"{schema}"'), {"s": schema}).fetchall()
+            found[part] = [tuple(str(v).replace(schema, "<schema>") for v in row) for row in rows]
+        tables = [row[0] for row in found["relations"] if row[1] == "r"]
+        found["rows"] = {t: conn.execute(f'SELECT count(*) FROM "{schema}"."{t}"').fetchone() for t in tables}
+    return found

@@ -136,10 +136,11 @@ def join_command(
 
 
 async def _pins(call: CallContext) -> tuple[str | None, str | None]:
-    """The live CA bundle (PEM) and JoinService public key, when ``Options.join`` is set and they exist."""
+    """The live CA bundle (PEM) and JoinService public key, when the node identity module is on and they exist."""
     settings = call.context.settings.get(JoinSettings)
     store = call.context.store
-    if settings is None:
+    # Their tables are the identity module's, made only where it is on (Options.join with Options.kms).
+    if settings is None or "identity" not in dict(call.context.module_versions):
         return None, None
     keys = await store.repository(CERTIFICATES).keys(settings.trust_domain)
     bundle = "".join(k.certificate_pem for k in keys if k.state != "retired") or None

@@ -1,4 +1,4 @@
-"""Commands for daemons and daemon sessions (``bettercompute.ports.Commands`` and ``bettercompute.ports.Sessions``).
+"""Commands for daemons and daemon sessions (``Commands`` and ``Sessions``).
 
 Every state change is one statement guarded by the state it leaves, so the sweeper, a gateway and a retry never
 apply one change twice. A session is current while its row carries the node's latest epoch and is not closed; it is
@@ -170,7 +170,7 @@ def _session(row: Any) -> SessionRecord:
 
 
 class PgCommands:
-    """``Commands`` on the ``commands`` table (core migration 10); one statement per call."""
+    """``Commands`` on the ``commands`` table (the commands module's migrations); one statement per call."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -244,7 +244,7 @@ class PgCommands:
 
 
 class PgSessions:
-    """``Sessions`` on the ``sessions`` table (core migration 10) and the nodes' ``session_epoch``."""
+    """``Sessions`` on the ``sessions`` table (the commands module's migrations) and the nodes' ``session_epoch``."""
 
     def __init__(self, db: Database) -> None:
         self._db = db

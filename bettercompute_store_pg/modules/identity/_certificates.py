@@ -1,4 +1,4 @@
-"""The node CA's state (``bettercompute.ports.Certificates``): ``ca_keys``, ``certificates`` and ``revocations``.
+"""The node CA's state (``Certificates``): ``ca_keys``, ``certificates`` and ``revocations``.
 
 A key's private half is stored only as the KMS sealed it (``sealed_key``); nothing here ever sees it in the clear.
 """
@@ -121,7 +121,7 @@ def _revocation(row: Any) -> Revocation:
 
 
 class PgCertificates:
-    """``bettercompute.ports.Certificates`` on ``ca_keys``, ``certificates`` and ``revocations``."""
+    """``Certificates`` on ``ca_keys``, ``certificates`` and ``revocations``."""
 
     def __init__(self, db: Database) -> None:
         self._db = db

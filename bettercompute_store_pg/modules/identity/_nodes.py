@@ -1,4 +1,4 @@
-"""Nodes and JoinService's keys (``bettercompute.ports.Nodes`` and ``bettercompute.ports.JoinKeys``).
+"""Nodes and JoinService's keys (``Nodes`` and ``JoinKeys``).
 
 ``enroll`` is one statement: it locks the pool's live node with the hardware key, if there is one, and either takes
 it back (reclaim) or reports it; otherwise it inserts the new node. The partial unique index on ``(pool_id,
@@ -103,7 +103,7 @@ def _node(row: Any) -> NodeRecord:
 
 
 class PgNodes:
-    """``Nodes`` on the ``nodes`` table (core migration 9)."""
+    """``Nodes`` on the ``nodes`` table (the identity module's migrations)."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -183,7 +183,7 @@ def _key(row: Any) -> JoinKeyRecord:
 
 
 class PgJoinKeys:
-    """``JoinKeys`` on the ``join_keys`` table (core migration 9)."""
+    """``JoinKeys`` on the ``join_keys`` table (the identity module's migrations)."""
 
     def __init__(self, db: Database) -> None:
         self._db = db

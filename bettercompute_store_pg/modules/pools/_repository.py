@@ -1,4 +1,4 @@
-"""Pools and their join tokens (``bettercompute.ports.Pools`` and ``bettercompute.ports.JoinTokens``).
+"""Pools and their join tokens (``Pools`` and ``JoinTokens``).
 
 A join token row holds the SHA-256 of its secret only, never the secret. ``consume`` spends a use in one statement:
 the row is locked, and the decrement's own conditions (secret hash, not revoked, not expired, a use left) are
@@ -128,7 +128,7 @@ def _token(row: Any, *, uses_left: int | None = None) -> JoinTokenRecord:
 
 
 class PgPools:
-    """``bettercompute.ports.Pools`` on the ``pools`` table; one statement per call."""
+    """``Pools`` on the ``pools`` table; one statement per call."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -207,7 +207,7 @@ class PgPools:
 
 
 class PgJoinTokens:
-    """``bettercompute.ports.JoinTokens`` on the ``join_tokens`` table; one statement per call."""
+    """``JoinTokens`` on the ``join_tokens`` table; one statement per call."""
 
     def __init__(self, db: Database) -> None:
         self._db = db

@@ -1,4 +1,4 @@
-"""Secrets of the ``secrets`` group (``bettercompute.ports.SecretStore``) in ``secrets``: the value only as the KMS
+"""Secrets of the ``secrets`` group (``SecretStore``) in ``secrets``: the value only as the KMS
 sealed it."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _record(row: Any) -> SecretRecord:
 
 
 class PgSecrets:
-    """``bettercompute.ports.SecretStore`` on the ``secrets`` table (core migration 8); one statement per call."""
+    """``SecretStore`` on the ``secrets`` table (the secrets module's migrations); one statement per call."""
 
     def __init__(self, db: Database) -> None:
         self._db = db

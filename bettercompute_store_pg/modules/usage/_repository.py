@@ -1,4 +1,4 @@
-"""Bookings and usage records (``bettercompute.ports.Bookings`` and ``bettercompute.ports.Usage``).
+"""Bookings and usage records (``Bookings`` and ``Usage``).
 
 ``bookings.during`` is a ``tstzrange`` under an exclusion constraint (``atom_id WITH =, during WITH &&``, which needs
 the ``btree_gist`` extension), so PostgreSQL itself refuses a double booking. ``account`` computes every period of
@@ -103,7 +103,7 @@ def _booking(row: Any) -> Booking:
 
 
 class PgBookings:
-    """``Bookings`` on the ``bookings`` table (core migration 11)."""
+    """``Bookings`` on the ``bookings`` table (the usage module's migrations)."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -147,7 +147,7 @@ class PgBookings:
 
 
 class PgUsage:
-    """``Usage`` on ``usage_records`` and the one-row ``usage_state`` (core migration 11)."""
+    """``Usage`` on ``usage_records`` and the one-row ``usage_state`` (the usage module's migrations)."""
 
     def __init__(self, db: Database) -> None:
         self._db = db

@@ -1,4 +1,4 @@
-"""Webhook subscriptions and their deliveries (``bettercompute.ports.Webhooks``).
+"""Webhook subscriptions and their deliveries (``Webhooks``).
 
 A delivery row per (subscription, event), kept after it ends as the subscription's log until ``purge`` deletes it
 past its retention. Claims follow the outbox's rule per subscription: only the oldest pending delivery of a
@@ -196,7 +196,7 @@ def _delivery(row: Any) -> WebhookDelivery:
 
 
 class PgWebhooks:
-    """``bettercompute.ports.Webhooks`` on ``webhook_subscriptions`` and ``webhook_deliveries``; one statement per
+    """``Webhooks`` on ``webhook_subscriptions`` and ``webhook_deliveries``; one statement per
     call, except ``purge`` (one bounded statement per step)."""
 
     def __init__(self, db: Database) -> None:

@@ -40,7 +40,8 @@ def test_migrate_twice_applies_everything_then_nothing(cli_env: dict[str, str]) 
     schema = cli_env["BETTERCOMPUTE_SCHEMA"]
     first = run_cli(cli_env, "migrate")
     assert first.returncode == 0, first.stderr
-    assert "store: applied 1" in first.stdout
+    assert "runtime: applied 1" in first.stdout
+    assert "pools: applied 1" in first.stdout
     assert "iam: applied 1" in first.stdout
     assert f"Schema {schema} is up to date." in first.stdout
 

@@ -16,6 +16,7 @@ import pytest
 from bettercompute.errors import FailedPreconditionError, UnavailableError
 from bettercompute.ports import Lease, OutboxEvent, WorkItem
 from bettercompute_store_pg import PgStore
+from bettercompute_store_pg._schema import LEGACY_CORE_MIGRATIONS
 
 pytestmark = pytest.mark.anyio
 
@@ -37,9 +38,9 @@ async def main():
     await store.open()
     try:
         time.sleep(max(0.0, start_at - time.time()))
-        core = await store.install()
+        runtime = await store.install()
         probe = await store.migrate("probe", steps)
-        print(json.dumps({"core": core, "probe": probe}))
+        print(json.dumps({"runtime": runtime, "probe": probe}))
     finally:
         await store.close()
 
@@ -47,11 +48,11 @@ asyncio.run(main())
 """
 
 
-def test_two_processes_migrate_one_fresh_schema(database_url: str, empty_schema: str) -> None:
+def _migrate_in_two_processes(database_url: str, schema: str) -> list[dict[str, list[int]]]:
     start_at = time.time() + 2.0  # both interpreters are up and connected by then
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", _MIGRATE_SCRIPT, database_url, empty_schema, str(start_at)],
+            [sys.executable, "-c", _MIGRATE_SCRIPT, database_url, schema, str(start_at)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -63,16 +64,43 @@ def test_two_processes_migrate_one_fresh_schema(database_url: str, empty_schema:
         out, err = process.communicate(timeout=60)
         assert process.returncode == 0, err
         results.append(json.loads(out))
-    core = [m.version for m in PgStore.core_migrations()]
-    assert sorted(r["core"] for r in results) == [[], core]
+    return results
+
+
+def _recorded(database_url: str, schema: str) -> list[tuple[str, int]]:
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(f'SELECT module, version FROM "{schema}".schema_migrations ORDER BY module, version')
+        return [(module, version) for module, version in rows]
+
+
+def test_two_processes_migrate_one_fresh_schema(database_url: str, empty_schema: str) -> None:
+    results = _migrate_in_two_processes(database_url, empty_schema)
+    runtime = [m.version for m in PgStore.runtime_migrations()]
+    assert sorted(r["runtime"] for r in results) == [[], runtime]
     assert sorted(r["probe"] for r in results) == [[], [1, 2]]
     with psycopg.connect(database_url) as conn:
-        recorded = conn.execute(
-            f'SELECT module, version FROM "{empty_schema}".schema_migrations ORDER BY module, version'
-        ).fetchall()
         probe_rows = conn.execute(f'SELECT count(*) FROM "{empty_schema}".probe').fetchone()
-    assert recorded == [*(("core", v) for v in core), ("probe", 1), ("probe", 2)]
+    # A fresh schema never runs the old "core" list.
+    assert _recorded(database_url, empty_schema) == [("probe", 1), ("probe", 2), *(("runtime", v) for v in runtime)]
     assert probe_rows == (1,)
+
+
+def test_two_processes_upgrade_one_schema_that_older_code_migrated(database_url: str, empty_schema: str) -> None:
+    async def older_code() -> None:
+        async with PgStore(database_url, schema=empty_schema, pool_size=1) as store:
+            await store.migrate("core", [m for m in LEGACY_CORE_MIGRATIONS if m.version <= 10])
+
+    anyio.run(older_code)
+    results = _migrate_in_two_processes(database_url, empty_schema)
+    # One process finished the old list and adopted it for the runtime; the other found both done.
+    assert sorted(r["runtime"] for r in results) == [[], [1]]
+    legacy = [m.version for m in LEGACY_CORE_MIGRATIONS]
+    assert _recorded(database_url, empty_schema) == [
+        *(("core", v) for v in legacy),
+        ("probe", 1),
+        ("probe", 2),
+        ("runtime", 1),
+    ]
 
 
 async def test_one_of_many_concurrent_acquirers_gets_the_lease(pg_store: PgStore) -> None:

@@ -135,7 +135,7 @@ class TestPgStoreThroughPgBouncer(StoreConformance):
         store = PgStore(pgbouncer_url, schema=empty_schema, pool_size=2, prepared_statements=False)
         await store.open()
         try:
-            assert await store.install() == [m.version for m in PgStore.core_migrations()]
+            assert await store.install() == [m.version for m in PgStore.runtime_migrations()]
             assert await store.install() == []
             await store.queue.enqueue([WorkItem(kind="k", key="first")])
             assert await store.queue.pending() == 1

@@ -20,7 +20,7 @@ UNREACHABLE = "postgresql://someone:s3cret@127.0.0.1:1/nowhere"
 
 
 def test_public_names() -> None:
-    # Subpackages (``modules``, once a repository was looked up) are not names of the package's surface.
+    # Sub-packages (``modules``, each module's PostgreSQL side) are reached by name, not re-exported.
     public = sorted(
         name
         for name, value in vars(bettercompute_store_pg).items()

@@ -60,6 +60,13 @@ def test_two_modules_of_one_name_are_refused() -> None:
     assert problems == ["modules[1]: the name 'echo' is used twice"]
 
 
+def test_a_module_may_not_take_the_name_its_store_migrates_the_runtime_under() -> None:
+    # Its migrations would be numbered in the same sequence as the runtime's tables.
+    store = make_compute().context.store
+    problems = _problems(Options(store=store, iam=make_iam(), modules=[EchoModule(name="runtime")]))
+    assert problems == ["modules[0]: the name 'runtime' is used twice"]
+
+
 def test_a_valid_composition_registers_core_then_modules() -> None:
     compute = make_compute(modules=[EchoModule()])
     assert [g.name for g in compute.registry.groups()] == ["echo", "join-tokens", "pools", "system"]

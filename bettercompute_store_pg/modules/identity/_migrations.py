@@ -1,0 +1,102 @@
+"""The ``identity`` module's tables (node identity: JoinService and the node CA), made only where the module is on.
+
+The store package is named after the module object (``IdentityModule.name == "identity"``), since the store finds a
+module's migrations by that name; the core's package of the same module is ``bettercompute.modules.nodes``.
+
+``nodes`` refers to ``pools``: the core migrates the built-in modules in a fixed order, ``pools`` (always on) before
+``identity``. The foreign keys of ``commands`` and ``sessions`` to ``nodes`` are made here when those tables exist
+already (see ``commands._migrations``).
+"""
+
+from __future__ import annotations
+
+from bettercompute.ports import Migration
+
+from ..._schema import LEGACY_CORE_VERSION
+from ..commands._migrations import NODE_KEYS
+
+__all__ = ["MIGRATIONS"]
+
+# The node CA: its signing keys (the private key only as the KMS sealed it; one active key per trust domain), every
+# certificate it issued (with the certified key's hash, so a renewal retried after a lost answer is recognised), and
+# revocations (by serial; a SPIFFE ID's revocation adds a row per certificate of it). Nodes (a machine joined to a
+# pool; at most one live node per hardware key in a pool, which is what reclaiming relies on), and JoinService's
+# X25519 keys (the private key only as the KMS sealed it; one active key).
+_V1 = (
+    """
+CREATE TABLE {schema}.ca_keys (
+    id text PRIMARY KEY,
+    trust_domain text NOT NULL,
+    algorithm text NOT NULL,
+    sealed_key bytea NOT NULL,
+    certificate_pem text NOT NULL,
+    state text NOT NULL CHECK (state IN ('active', 'previous', 'retired')),
+    not_after timestamptz NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    retired_at timestamptz
+);
+CREATE UNIQUE INDEX ca_keys_active ON {schema}.ca_keys (trust_domain) WHERE state = 'active';
+CREATE INDEX ca_keys_trust_domain ON {schema}.ca_keys (trust_domain, created_at);
+
+CREATE TABLE {schema}.certificates (
+    serial text PRIMARY KEY,
+    node_id text NOT NULL,
+    spiffe_id text NOT NULL,
+    role text NOT NULL CHECK (role IN ('node', 'site', 'ramdisk')),
+    ca_key_id text NOT NULL REFERENCES {schema}.ca_keys (id),
+    not_before timestamptz NOT NULL,
+    not_after timestamptz NOT NULL,
+    issued_at timestamptz NOT NULL DEFAULT now(),
+    key_sha256 text
+);
+CREATE INDEX certificates_spiffe_id ON {schema}.certificates (spiffe_id, issued_at);
+CREATE INDEX certificates_ca_key ON {schema}.certificates (ca_key_id, not_after);
+
+CREATE TABLE {schema}.revocations (
+    serial text PRIMARY KEY REFERENCES {schema}.certificates (serial),
+    spiffe_id text NOT NULL,
+    reason text NOT NULL,
+    revoked_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX revocations_spiffe_id ON {schema}.revocations (spiffe_id, revoked_at);
+
+CREATE TABLE {schema}.nodes (
+    id text PRIMARY KEY,
+    tenant text NOT NULL,
+    pool_id text NOT NULL REFERENCES {schema}.pools (id),
+    site_id text,
+    state text NOT NULL CHECK (state IN ('adopting', 'adopted', 'failed', 'retired')),
+    hardware_key text NOT NULL,
+    claims jsonb NOT NULL DEFAULT '{}',
+    attestation jsonb NOT NULL DEFAULT '{}',
+    join_token_id text,
+    enrollments integer NOT NULL DEFAULT 1,
+    session_epoch bigint NOT NULL DEFAULT 0,
+    desired_generation bigint NOT NULL DEFAULT 0,
+    observed_generation bigint NOT NULL DEFAULT 0,
+    last_seen_at timestamptz,
+    joined_at timestamptz NOT NULL DEFAULT now(),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    retired_at timestamptz,
+    CHECK ((state = 'retired') = (retired_at IS NOT NULL))
+);
+CREATE UNIQUE INDEX nodes_live_hardware ON {schema}.nodes (pool_id, hardware_key) WHERE state <> 'retired';
+CREATE INDEX nodes_pool ON {schema}.nodes (pool_id, created_at);
+CREATE INDEX nodes_tenant_page ON {schema}.nodes (tenant, created_at, id);
+
+CREATE TABLE {schema}.join_keys (
+    id text PRIMARY KEY,
+    public_key text NOT NULL,
+    sealed_key bytea NOT NULL,
+    state text NOT NULL CHECK (state IN ('active', 'previous')),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX join_keys_active ON {schema}.join_keys ((true)) WHERE state = 'active';
+"""
+    + NODE_KEYS
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(version=1, name="node identity", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
+)

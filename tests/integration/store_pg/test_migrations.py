@@ -1,0 +1,175 @@
+"""Migrations per module name, and the in-place upgrade of a schema that older code migrated under ``"core"``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from bettercompute import JoinSettings, Options, better_compute
+from bettercompute.errors import InvalidConfigError
+from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput, JoinTokensGroup, PoolsGroup
+from bettercompute.ports import Migration
+from bettercompute_iam import EmbeddedIam
+from bettercompute_store_pg import PgStore
+from bettercompute_store_pg._schema import LEGACY_CORE_MIGRATIONS
+
+from .._template import KMS_MODULES, fingerprint, migrate_template
+from ..conftest import drop_schema, new_schema
+from ..iam.conftest import two_tenants
+
+pytestmark = pytest.mark.anyio
+
+# Every name a schema migrated with every built-in module on records, besides IAM's.
+STORE_MODULES = ("runtime", "pools", "commands", "usage", *KMS_MODULES)
+NODE_KEYS = [
+    ("commands", "commands_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
+    ("sessions", "sessions_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
+]
+
+
+def _recorded(url: str, schema: str) -> list[tuple[str, int]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(f'SELECT module, version FROM "{schema}".schema_migrations ORDER BY module, version')
+        return [(module, version) for module, version in rows]
+
+
+def _without_legacy(found: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint without the old list's ``"core"`` rows, and without the row counts of the tables the old
+    schema was given rows in (the bookkeeping, and a pool made before the upgrade)."""
+    rows = {t: n for t, n in found["rows"].items() if t not in ("schema_migrations", "pools")}
+    return {**found, "migrations": [r for r in found["migrations"] if r[0] != "core"], "rows": rows}
+
+
+def _node_keys(url: str, schema: str) -> list[tuple[str, ...]]:
+    found = fingerprint(url, schema)["constraints"]
+    return [
+        (table, name, definition)
+        for table, name, kind, definition, *_ in found
+        if kind == "f" and "nodes" in definition
+    ]
+
+
+async def _legacy(url: str, schema: str, up_to: int) -> None:
+    """Migrate ``schema`` as older code did: the store's one module ``"core"`` up to ``up_to``, then IAM's."""
+    async with PgStore(url, schema=schema, pool_size=2) as store:
+        steps = [m for m in LEGACY_CORE_MIGRATIONS if m.version <= up_to]
+        assert await store.migrate("core", steps) == list(range(1, up_to + 1))
+        iam = EmbeddedIam()
+        await store.migrate("iam", iam.migrations[store.dialect])
+        async with store.connection() as conn:
+            await conn.execute(
+                f'INSERT INTO "{schema}".pools (id, tenant, name, pool_class) VALUES (%s, %s, %s, %s)',
+                ("pool_old", "ten_old", "kept", "gpu"),
+            )
+
+
+@pytest.mark.parametrize("up_to", [10, LEGACY_CORE_MIGRATIONS[-1].version])
+async def test_a_schema_migrated_by_older_code_upgrades_in_place_to_what_a_fresh_one_is(
+    database_url: str, empty_schema: str, up_to: int
+) -> None:
+    await _legacy(database_url, empty_schema, up_to)
+    await migrate_template(database_url, empty_schema)
+    fresh = new_schema()
+    try:
+        await migrate_template(database_url, fresh)
+        upgraded, expected = fingerprint(database_url, empty_schema), fingerprint(database_url, fresh)
+        assert expected["relations"], "the migrations made nothing to compare"
+        assert _without_legacy(upgraded) == _without_legacy(expected)
+        # The old list was finished (never a step of it skipped), then every module adopted it.
+        recorded = _recorded(database_url, empty_schema)
+        core = [v for m, v in recorded if m == "core"]
+        assert core == [m.version for m in LEGACY_CORE_MIGRATIONS]
+        assert [r for r in recorded if r[0] != "core"] == _recorded(database_url, fresh)
+        with psycopg.connect(database_url) as conn:
+            kept = conn.execute(f'SELECT name FROM "{empty_schema}".pools WHERE id = %s', ("pool_old",)).fetchone()
+        assert kept == ("kept",)
+    finally:
+        drop_schema(database_url, fresh)
+
+
+async def test_a_fresh_schema_records_each_module_and_never_the_legacy_list(
+    database_url: str, empty_schema: str
+) -> None:
+    await migrate_template(database_url, empty_schema)
+    modules = {module for module, _ in _recorded(database_url, empty_schema)}
+    assert modules == {*STORE_MODULES, "iam"}
+    assert "core" not in modules
+
+
+async def test_migrating_twice_applies_nothing(database_url: str, empty_schema: str) -> None:
+    store = PgStore(database_url, schema=empty_schema, pool_size=2)
+    compute = better_compute(Options(store=store, iam=EmbeddedIam()))
+    try:
+        first = await compute.migrate()
+        assert first["runtime"] == [1] and first["pools"] == [1] and first["iam"]
+        # The system module ("core") has no tables; modules that need a KMS are off here.
+        assert "core" not in first and not set(first) & set(KMS_MODULES)
+        second = await compute.migrate()
+        assert second.keys() == first.keys()
+        assert all(applied == [] for applied in second.values()), second
+        assert await store.install() == []
+    finally:
+        await compute.close()
+
+
+async def test_a_module_finds_its_store_migrations_by_name() -> None:
+    store = PgStore("postgresql://nobody@127.0.0.1:1/none")
+    for name in ("pools", "commands", "usage", *KMS_MODULES):
+        [first] = store.migrations(name)
+        assert first.version == 1 and first.adopts == ("core", LEGACY_CORE_MIGRATIONS[-1].version)
+    # The runtime is install()'s, never a module's; names the store ships nothing for get nothing.
+    for name in ("runtime", "core", "iam", "metal", "no-such", "../pools", "Pools"):
+        assert store.migrations(name) == ()
+    assert [m.version for m in PgStore.runtime_migrations()] == [1]
+
+
+async def test_a_migration_may_not_adopt_its_own_module(database_url: str, empty_schema: str) -> None:
+    async with PgStore(database_url, schema=empty_schema, pool_size=1) as store:
+        steps = [Migration(version=1, name="self", sql="SELECT 1", adopts=("probe", 1))]
+        with pytest.raises(InvalidConfigError, match="invalid") as refused:
+            await store.migrate("probe", steps)
+        assert refused.value.details["problems"][0]["problem"] == "adopts its own module"
+
+
+async def test_an_adopting_migration_runs_where_what_it_adopts_is_not_recorded(
+    database_url: str, empty_schema: str
+) -> None:
+    async with PgStore(database_url, schema=empty_schema, pool_size=1) as store:
+        make = Migration(version=1, name="t", sql="CREATE TABLE {schema}.t (id integer)", adopts=("old", 3))
+        assert await store.migrate("new", [make]) == [1]
+        assert await store.migrate("old", [Migration(version=3, name="o", sql="SELECT 1")]) == [3]
+        # Recorded once "old" 3 is: the table is not made a second time (which would fail).
+        again = Migration(version=1, name="t", sql="CREATE TABLE {schema}.t (id integer)", adopts=("old", 3))
+        assert await store.migrate("newer", [again]) == [1]
+    assert ("newer", 1) in _recorded(database_url, empty_schema)
+
+
+@pytest.mark.parametrize("identity_first", [False, True])
+async def test_commands_and_nodes_get_their_keys_in_either_order(
+    database_url: str, empty_schema: str, identity_first: bool
+) -> None:
+    async with PgStore(database_url, schema=empty_schema, pool_size=1) as store:
+        await store.install()
+        order = ("pools", "identity", "commands") if identity_first else ("pools", "commands", "identity")
+        for module in order:
+            await store.migrate(module, store.migrations(module))
+            if module == "commands" and not identity_first:
+                assert _node_keys(database_url, empty_schema) == []  # no nodes table yet, so no key to it
+    assert _node_keys(database_url, empty_schema) == NODE_KEYS
+
+
+async def test_join_settings_without_a_kms_need_none_of_the_identity_tables(
+    database_url: str, empty_schema: str
+) -> None:
+    # Migrated from nothing, so only the modules that are on have tables: no CA, no JoinService keys.
+    join = JoinSettings(gateway_address="gw.example.com:443", trust_domain="example.com")
+    async with two_tenants(database_url, empty_schema, join=join) as t:
+        assert "identity" not in {m for m, _ in _recorded(database_url, empty_schema)}
+        pools: PoolsGroup[Any] = t.compute.api.group(PoolsGroup)
+        tokens: JoinTokensGroup[Any] = t.compute.api.group(JoinTokensGroup)
+        pool = await pools.create(t.alice, CreatePoolInput(tenant=t.acme, name="gpus"))
+        created = await tokens.create(t.alice, CreateJoinTokenInput(pool_id=pool.id, uses=1, expires_in_seconds=60))
+        assert "--gateway gw.example.com:443 --trust-domain example.com" in created.join_command
+        assert "--ca-bundle" not in created.join_command
