@@ -18,6 +18,16 @@ __all__ = ["openapi_document"]
 _ERROR_STATUSES = sorted({cls.http_status for cls in ComputeError.__subclasses__()} | {405, 413, 415})
 
 
+_IDEMPOTENCY_KEY: dict[str, Any] = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "Retry safely: the same key with the same request replays the first answer (kept 24 hours); "
+    "with another request it is CONFLICT. Scoped to the caller.",
+    "schema": {"type": "string", "pattern": "^[!-~]{1,255}$"},
+}
+
+
 def _has_required(cls: type) -> bool:
     return any(f.default is attrs.NOTHING for f in attrs.fields(cls))
 
@@ -56,7 +66,11 @@ def openapi_document(registry: Registry, endpoint: str) -> dict[str, Any]:
             "responses": responses,
             "x-action": method.action,
             "x-mutates": method.mutates,
+            "x-access": method.access,
         }
+        if method.mutates:
+            # The same key and request replay the first answer (see bettercompute._runtime.idempotency).
+            operation["parameters"] = [_IDEMPOTENCY_KEY]
         if not method.authenticated:
             operation["security"] = []
         paths[f"{endpoint}{method.path}"] = {"post": operation}

@@ -195,7 +195,10 @@ async def test_openapi_lists_every_method(compute: BetterCompute, http: httpx.As
     paths = set(document["paths"])
     assert paths == {f"{URL}{m.path}" for m in compute.registry.methods()}
     say = document["paths"][f"{URL}/echo/say"]["post"]
-    assert say["x-action"] == "compute:echo:say"
+    assert say["x-action"] == "compute:echo:say" and say["x-access"] == "read" and "parameters" not in say
+    fail = document["paths"][f"{URL}/echo/fail"]["post"]
+    assert fail["x-mutates"] is True and fail["x-access"] == "manage"
+    assert [p["name"] for p in fail["parameters"]] == ["Idempotency-Key"]
     assert document["components"]["schemas"]["SayInput"]["required"] == ["tenant", "text"]
 
 
