@@ -152,9 +152,18 @@ async def hooks(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
 @pytest.fixture
 async def guarded(hooks: Hooks, database_url: str) -> AsyncIterator[BetterCompute]:
     """A second control plane on the same schema and key, with the SSRF guard on (the default settings)."""
+    async with second_plane(hooks, database_url, GUARDED, instance="test-2") as compute:
+        yield compute
+
+
+@contextlib.asynccontextmanager
+async def second_plane(
+    hooks: Hooks, database_url: str, settings: WebhookSettings, *, instance: str
+) -> AsyncIterator[BetterCompute]:
+    """A second control plane on the same schema and key, sending with ``settings``."""
     store = PgStore(database_url, schema=hooks.store.schema, pool_size=2)
     options = Options(
-        store=store, iam=EmbeddedIam(), instance="test-2", kms=LocalKeyKms(hooks.key_file), webhooks=GUARDED
+        store=store, iam=EmbeddedIam(), instance=instance, kms=LocalKeyKms(hooks.key_file), webhooks=settings
     )
     compute = better_compute(options)
     await compute.initialize()

@@ -7,9 +7,7 @@ and a pass takes tenants (and a tenant's subscriptions) in turns, a bounded shar
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Callable
 
 import anyio
 import attrs
@@ -17,19 +15,14 @@ import httpx
 import psycopg
 import pytest
 
-from bettercompute import BetterCompute, LocalKeyKms, Options, better_compute
 from bettercompute.modules.webhooks import (
     CreateWebhookInput,
     Delivery,
     ListDeliveriesInput,
-    WebhookSettings,
-    WebhooksGroup,
     WebhookTestInput,
 )
-from bettercompute_iam import EmbeddedIam
-from bettercompute_store_pg import PgStore
 
-from .conftest import FAST, GUARDED, Hooks, Receiver
+from .conftest import FAST, GUARDED, Hooks, Receiver, second_plane
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -76,26 +69,6 @@ class FaultyTransport(httpx.AsyncBaseTransport):
         await self._real.aclose()
 
 
-def _api(compute: BetterCompute) -> WebhooksGroup[Any]:
-    group: WebhooksGroup[Any] = compute.api.group(WebhooksGroup)
-    return group
-
-
-@contextlib.asynccontextmanager
-async def sender(hooks: Hooks, database_url: str, settings: WebhookSettings) -> AsyncIterator[BetterCompute]:
-    """A second control plane on the same schema and key, sending with ``settings``."""
-    store = PgStore(database_url, schema=hooks.store.schema, pool_size=2)
-    options = Options(
-        store=store, iam=EmbeddedIam(), instance="sender", kms=LocalKeyKms(hooks.key_file), webhooks=settings
-    )
-    compute = better_compute(options)
-    await compute.initialize()
-    try:
-        yield compute
-    finally:
-        await compute.close()
-
-
 async def _log(hooks: Hooks, tenant_token: str, tenant: str, webhook_id: str) -> tuple[Delivery, ...]:
     found = await hooks.api.deliveries(tenant_token, ListDeliveriesInput(tenant=tenant, id=webhook_id, limit=200))
     deliveries: tuple[Delivery, ...] = found.deliveries
@@ -122,7 +95,7 @@ async def test_whatever_one_attempt_raises_fails_that_delivery_only(
         await hooks.api.test(hooks.mallory, WebhookTestInput(tenant=hooks.globex, id=other_id))
 
     transport = FaultyTransport(make)
-    async with sender(hooks, database_url, attrs.evolve(FAST, transport=transport)) as compute:
+    async with second_plane(hooks, database_url, attrs.evolve(FAST, transport=transport), instance="sender") as compute:
         await compute.jobs.tick({"sinks"})  # one pass
         assert len(receiver.received) == 10  # every other delivery of the pass arrived
         (poisoned,) = await _log(hooks, hooks.alice, hooks.acme, poison_id)
@@ -175,7 +148,7 @@ async def test_a_stored_url_the_client_cannot_read_is_a_failed_attempt(
 
     # With the guard on, the good one's loopback receiver is refused as well: it is still a recorded attempt.
     settings = GUARDED if guard == "guarded" else FAST
-    async with sender(hooks, database_url, settings) as compute:
+    async with second_plane(hooks, database_url, settings, instance="sender") as compute:
         await compute.jobs.tick({"sinks"})
     (bad,) = await _log(hooks, hooks.alice, hooks.acme, bad_id)
     assert bad.status == "pending" and bad.attempts == 1
@@ -228,7 +201,7 @@ async def test_a_pass_takes_at_most_the_configured_share_of_one_tenant(
         for webhook_id in (first_id, second_id):
             await hooks.api.test(hooks.alice, WebhookTestInput(tenant=hooks.acme, id=webhook_id))
     settings = attrs.evolve(FAST, max_per_tenant=5, max_per_webhook=3)
-    async with sender(hooks, database_url, settings) as compute:
+    async with second_plane(hooks, database_url, settings, instance="sender") as compute:
         await compute.jobs.tick({"sinks"})
         first = [d for d in await _log(hooks, hooks.alice, hooks.acme, first_id) if d.status == "delivered"]
         second = [d for d in await _log(hooks, hooks.alice, hooks.acme, second_id) if d.status == "delivered"]
