@@ -33,6 +33,12 @@ UPDATE {s}.idempotency_keys SET state = 'done', result = CAST(:result AS jsonb)
 WHERE identity = :identity AND key = :key
 """
 
+_PURGE = """
+DELETE FROM {s}.idempotency_keys WHERE (identity, key) IN (
+    SELECT identity, key FROM {s}.idempotency_keys WHERE expires_at <= now() ORDER BY expires_at LIMIT :limit
+)
+"""
+
 # A finished key keeps its stored result: only an unfinished reservation can be abandoned.
 _ABANDON = "DELETE FROM {s}.idempotency_keys WHERE identity = :identity AND key = :key AND state = 'in_progress'"
 
@@ -45,6 +51,7 @@ class PgIdempotencyKeys:
         self._begin = db.sql(_BEGIN)
         self._finish = db.sql(_FINISH)
         self._abandon = db.sql(_ABANDON)
+        self._purge = db.sql(_PURGE)
 
     async def begin(self, *, identity: str, key: str, request_hash: str, ttl: dt.timedelta) -> IdempotencyOutcome:
         """Reserve ``key`` for this request, or report what an earlier use of it left."""
@@ -66,3 +73,7 @@ class PgIdempotencyKeys:
     async def abandon(self, *, identity: str, key: str) -> None:
         """Forget an unfinished reservation so the key may be used again."""
         await self._db.fetch(self._abandon, {"identity": identity, "key": key})
+
+    async def purge(self, *, limit: int = 10_000) -> int:
+        """Delete up to ``limit`` keys whose time is up (their answers are no longer replayed); how many went."""
+        return await self._db.rowcount(self._purge, {"limit": limit})

@@ -308,10 +308,14 @@ def _adapter(key: Repository[Any], db: Database) -> object:
     )
     if not _MODULE.fullmatch(key.module):
         raise missing
+    name = f"bettercompute_store_pg.modules.{key.module}._repository"
     try:
-        found = importlib.import_module(f"bettercompute_store_pg.modules.{key.module}._repository")
-    except ModuleNotFoundError:
-        raise missing from None
+        found = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        # Only the absence of that package or file means "no such repository"; a broken import inside it is a bug.
+        if exc.name is not None and (exc.name == name or name.startswith(exc.name + ".")):
+            raise missing from None
+        raise
     factory = getattr(found, "REPOSITORIES", {}).get(key.name)
     if factory is None:
         raise missing

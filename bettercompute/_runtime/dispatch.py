@@ -117,6 +117,7 @@ class Dispatcher:
                 request=idempotency.fingerprint(method.path, input, _codec.encode(input)),
                 replayable=method.replayable,
                 run=handle,
+                committed=lambda: (call.resource_id or "") if call.audited else None,
             )
             return (answer[0], wire) if ran else (_codec.decode(method.output, wire), wire)
         except ComputeError:

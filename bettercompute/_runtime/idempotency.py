@@ -1,20 +1,24 @@
 """Idempotency keys for mutating methods: a retry with the same key gets the first answer instead of a second change.
 
-A key is scoped to the principal that sent it and to the method. The request is compared by a fingerprint: SHA-256 of
-the method's path and the input's canonical JSON, leaving out the fields an input hides from its ``repr`` (a
-secret's value is never stored, not even hashed, so a retry that changes only such a field replays the first
-answer). The first call with a key reserves it, runs, and stores its answer; later calls with the same key and
-fingerprint:
+A key belongs to the principal that sent it (one key names one request of that principal, whatever the method: the
+same key on another method is ``CONFLICT``). The request is compared by a fingerprint: SHA-256 of the method's path
+and the input's canonical JSON, leaving out the top-level fields an input hides from its ``repr`` (a secret's value is
+never stored, not even hashed, so a retry that changes only such a field replays the first answer). The first call
+with a key reserves it, runs, and stores its answer; later calls with the same key and fingerprint:
 
-- replay the stored answer while it is kept (``IDEMPOTENCY_TTL``, 24 hours from the first call);
-- wait while the first is still running (at most ``WAIT``, then ``UNAVAILABLE``, retryable), then replay it;
+- replay the stored answer while it is kept (``IDEMPOTENCY_TTL``, 24 hours from the first call; a ``controllers``
+  job deletes expired keys);
+- wait while the first is still running (at most ``WAIT`` between polls, then ``UNAVAILABLE``, retryable), then
+  replay it;
 - get ``CONFLICT`` (reason ``idempotency_key_reused``) when the fingerprint differs.
 
 A method whose answer holds a one-time secret (declared ``replayable=False``: ``join-tokens.create``,
 ``webhooks.create``, ``credentials.create``) stores only the new resource's id: a retry is told ``CONFLICT``
-(reason ``already_done``, with that ``id``) instead of receiving the secret a second time. A call that fails gives
-its key back, so the retry runs again. If the process stops between the change's commit and the answer's storing,
-the key stays reserved until it expires and retries are answered ``UNAVAILABLE``: nothing is done twice.
+(reason ``already_done``, with that id) instead of receiving the secret a second time. A call that fails before its
+change commits gives its key back, so the retry runs again; one that fails (or whose caller gives up) after its
+``call.transaction()`` committed keeps the key, and a retry is told ``already_done`` with the id, never making the
+change twice. If the process stops between the commit and the answer's storing, the key stays reserved until it
+expires and retries are answered ``UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -29,10 +34,12 @@ from typing import Any
 import anyio
 import attrs
 
-from bettercompute.errors import ConflictError, InvalidInputError, UnavailableError
+from bettercompute.errors import ComputeError, ConflictError, InvalidInputError, UnavailableError
 from bettercompute.ports import IdempotencyKeys
 
 __all__ = ["IDEMPOTENCY_TTL", "WAIT", "checked_key", "fingerprint", "once"]
+
+log = logging.getLogger("bettercompute.idempotency")
 
 IDEMPOTENCY_TTL = dt.timedelta(hours=24)
 """How long a key's answer is kept (and the key bound to its first request)."""
@@ -84,46 +91,69 @@ async def once(
     request: str,
     replayable: bool,
     run: Callable[[], Awaitable[Any]],
+    committed: Callable[[], str | None],
 ) -> tuple[bool, Any]:
     """Run ``run`` (which returns the answer's JSON) at most once for ``key``: ``(True, json)`` when it ran now,
     ``(False, json)`` when the answer is a replay.
+
+    ``committed()`` tells whether the call's change has committed (and the id it names), even if ``run`` then
+    failed: such a key is never given back, so a retry is told the change was made instead of making it twice.
 
     Raises:
         ConflictError: the key was used for another request, or its answer is not replayable.
         UnavailableError: a call with the key is still running (or stopped before storing its answer).
     """
-    with anyio.move_on_after(WAIT):
-        while True:
-            outcome = await keys.begin(identity=identity, key=key, request_hash=request, ttl=IDEMPOTENCY_TTL)
-            if outcome.state == "new":
-                break
-            if outcome.state == "conflict":
-                raise ConflictError(
-                    "this idempotency key was used for another request",
-                    details={"reason": "idempotency_key_reused", "path": "Idempotency-Key"},
-                )
-            if outcome.state == "replay":
-                stored = dict(outcome.result or {})
-                if stored.get("replayable") is False:
-                    raise ConflictError(
-                        "a request with this idempotency key succeeded before; its answer held a one-time secret,"
-                        " which is not kept",
-                        details={"reason": "already_done", "id": stored.get("id")},
-                    )
-                return False, stored.get("output")
-            await anyio.sleep(_POLL)
-    if outcome.state != "new":
-        raise UnavailableError(
-            "a request with this idempotency key is still running; retry later",
-            details={"reason": "idempotency_key_in_use", "retryable": True},
-        )
+    outcome = await _reserve(keys, identity=identity, key=key, request=request)
+    if outcome is not None:
+        return False, outcome
     try:
         wire = await run()
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await keys.abandon(identity=identity, key=key)
+            done = committed()
+            try:
+                if done is None:
+                    await keys.abandon(identity=identity, key=key)
+                else:
+                    # The change committed and its answer is lost: a retry hears it was done, with its id.
+                    await keys.finish(identity=identity, key=key, result={"replayable": False, "id": done})
+            except ComputeError:
+                log.warning("the idempotency key of a failed call could not be settled; it stays reserved")
         raise
     stored = {"output": wire} if replayable else {"replayable": False, "id": _resource_id(wire)}
     with anyio.CancelScope(shield=True):
-        await keys.finish(identity=identity, key=key, result=stored)
+        try:
+            await keys.finish(identity=identity, key=key, result=stored)
+        except ComputeError:
+            # The change committed: its caller gets the answer; retries are told the key is in use until it expires.
+            log.warning("the answer of an idempotent call could not be stored; its key stays reserved")
     return True, wire
+
+
+async def _reserve(keys: IdempotencyKeys, *, identity: str, key: str, request: str) -> Any | None:
+    """Reserve ``key`` (``None``), or return the stored answer to replay; waits for a concurrent holder."""
+    deadline = anyio.current_time() + WAIT
+    while True:
+        outcome = await keys.begin(identity=identity, key=key, request_hash=request, ttl=IDEMPOTENCY_TTL)
+        if outcome.state == "new":
+            return None
+        if outcome.state == "conflict":
+            raise ConflictError(
+                "this idempotency key was used for another request",
+                details={"reason": "idempotency_key_reused", "path": "Idempotency-Key"},
+            )
+        if outcome.state == "replay":
+            stored = dict(outcome.result or {})
+            if stored.get("replayable") is False:
+                raise ConflictError(
+                    "a request with this idempotency key succeeded before; its answer is not kept (it held a"
+                    " one-time secret, or was lost after the change committed)",
+                    details={"reason": "already_done", "id": stored.get("id")},
+                )
+            return stored.get("output")
+        if anyio.current_time() >= deadline:
+            raise UnavailableError(
+                "a request with this idempotency key is still running; retry later",
+                details={"reason": "idempotency_key_in_use", "retryable": True},
+            )
+        await anyio.sleep(_POLL)

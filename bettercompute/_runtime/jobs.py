@@ -128,7 +128,15 @@ def _check_roles(roles: Collection[str]) -> None:
         )
 
 
-BUILTIN_JOBS = (Job(name="events", role="sinks", interval=None, run=dispatch_events, wake_on=SINKS_POKE),)
+async def purge_idempotency_keys(context: ModuleContext) -> int:
+    """Delete the idempotency keys whose answers are past keeping, a batch at a time."""
+    return await context.store.idempotency.purge(limit=10_000)
+
+
+BUILTIN_JOBS = (
+    Job(name="events", role="sinks", interval=None, run=dispatch_events, wake_on=SINKS_POKE),
+    Job(name="idempotency-purge", role="controllers", interval=dt.timedelta(minutes=5), run=purge_idempotency_keys),
+)
 
 
 TICK_BATCH = 500

@@ -141,15 +141,18 @@ class CallContext:
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
         """A transaction of the store. For a mutating method, the first one to commit carries the call's audit row."""
+        auditing = False
         async with self.context.store.transaction() as tx:
             yield tx
             if self.method.mutates and not self._audit.written:
                 await tx.audit(self.audit_record())
-                self._audit.written = True
+                auditing = True
+        if auditing:
+            self._audit.written = True  # only once it committed
 
     @property
     def audited(self) -> bool:
-        """Whether the call's audit row was written."""
+        """Whether the call's audit row (and so its change) committed."""
         return self._audit.written
 
     async def audit_alone(self) -> None:
@@ -157,6 +160,11 @@ class CallContext:
         calls it after such a handler returned)."""
         async with self.transaction():
             pass
+
+    @property
+    def resource_id(self) -> str | None:
+        """The id the call's audit row names (the resource it created or changed)."""
+        return self._audit.resource_id
 
     def audit_record(self) -> AuditRecord:
         """The audit row of this call, carrying the id of the one decision that allowed it."""
@@ -549,6 +557,16 @@ class Registry:
                 mutates=method.mutates,
             )
         ]
+        # An action names what IAM decides; two methods sharing one must be the same kind of call, or one's
+        # declaration would open (or audit) the other.
+        known = {m.action: m for m in self.methods()}
+        for method in spec.methods.values():
+            other = known.get(method.action)
+            if other is not None and (other.access, other.mutates) != (method.access, method.mutates):
+                problems.append(
+                    f"{spec.name}.{method.name} of {owner!r} shares the action {method.action!r} with"
+                    f" {other.group}.{other.name} but is declared with another access or mutation"
+                )
         if problems:
             return problems
         self._groups[spec.name] = _Entry(spec=spec, owner=owner)

@@ -38,3 +38,7 @@ class IdempotencyKeys(Protocol):
     async def abandon(self, *, identity: str, key: str) -> None:
         """Forget a reservation whose request failed, so the key may be used again."""
         ...
+
+    async def purge(self, *, limit: int = 10_000) -> int:
+        """Delete up to ``limit`` expired keys; returns how many."""
+        ...

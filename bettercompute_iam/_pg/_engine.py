@@ -158,7 +158,11 @@ class IamTables:
             f"INSERT INTO {q}.iam_roles AS r (id, tenant_id, name, actions, description)"
             f" SELECT j.key, NULL, j.key, ARRAY(SELECT jsonb_array_elements_text(j.value)), 'built-in'"
             f" FROM jsonb_each(CAST(:roles AS jsonb)) AS j"
-            f" ON CONFLICT (id) DO UPDATE SET actions = EXCLUDED.actions WHERE r.actions <> EXCLUDED.actions"
+            # Only ever adds: processes composed with other modules share the schema, and none may take away
+            # the actions another one's declarations put in a built-in role.
+            f" ON CONFLICT (id) DO UPDATE"
+            f" SET actions = ARRAY(SELECT DISTINCT a FROM unnest(r.actions || EXCLUDED.actions) AS a ORDER BY a)"
+            f" WHERE NOT (r.actions @> EXCLUDED.actions)"
         )
         self._expire = store.sql(
             f"UPDATE {q}.iam_credentials SET expired_at = expires_at"
@@ -203,7 +207,7 @@ class IamTables:
         await self._store.fetch(self._touch, {"id": credential_id})
 
     async def ensure_root(self, builtin_roles: Mapping[str, Sequence[str]]) -> None:
-        """Create the root tenant if it does not exist, and bring the built-in roles up to date."""
+        """Create the root tenant if it does not exist, and add to the built-in roles the actions they lack."""
         roles = json.dumps({name: list(actions) for name, actions in builtin_roles.items()})
         async with self._store.transaction() as tx:
             conn = connection_of(tx)

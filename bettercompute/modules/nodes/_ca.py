@@ -174,6 +174,7 @@ class CertificateAuthority:
         self._keys_ttl = keys_ttl.total_seconds()
         self._timer = timer
         self._read: tuple[float, list[CaKey]] | None = None  # (when, keys) of the last read outside a transaction
+        self._generation = 0  # bumped by each change this process makes to the keys
         self._bundle: tuple[tuple[str, ...], list[x509.Certificate]] | None = None
 
     ROLES = ROLES
@@ -285,13 +286,16 @@ class CertificateAuthority:
         read = self._read
         if read is not None and self._timer() - read[0] < self._keys_ttl:
             return list(read[1])
+        generation = self._generation
         keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain)
-        self._read = (self._timer(), keys)
+        if generation == self._generation:  # not kept if this process changed the keys meanwhile
+            self._read = (self._timer(), keys)
         return list(keys)
 
     def _forget_keys(self) -> None:
         """Drop the keys read outside a transaction (this process changed them)."""
         self._read = None
+        self._generation += 1
 
     async def trust_bundle(self) -> list[x509.Certificate]:
         """The CA certificates to trust: every key not retired, oldest first (creating the first key if needed)."""

@@ -420,3 +420,46 @@ async def test_a_mutation_that_opens_no_transaction_is_audited_all_the_same(
             t.store.sql("SELECT tenant, decision_id FROM {s}.audit WHERE action = 'compute:things:touch'"), {}
         )
         assert [(r.tenant, bool(r.decision_id)) for r in rows] == [(t.acme, True)]
+
+
+class _SlowAfter:
+    """A plugin that takes its time after ``pools.create`` returned (its change committed)."""
+
+    name = "slow-after"
+    core_range = ">=0.1"
+    actions: tuple[str, ...] = ()
+
+    async def intercept(self, call: CallContext, input: Any, next: Any) -> Any:
+        output = await next(call, input)
+        if (call.method.group, call.method.name) == ("pools", "create"):
+            await anyio.sleep(5)
+        return output
+
+
+async def test_a_call_given_up_after_its_change_committed_is_not_made_twice(
+    database_url: str, fresh_schema: str
+) -> None:
+    async with two_tenants(database_url, fresh_schema, plugins=[_SlowAfter()]) as t:
+        request = CreatePoolInput(tenant=t.acme, name="once")
+        with anyio.move_on_after(0.5):  # the caller stops waiting; the pool was already created
+            await t.compute.api.pools.create(t.root, request, idempotency_key="given-up")
+        with pytest.raises(ConflictError) as done:
+            await t.compute.api.pools.create(t.root, request, idempotency_key="given-up")
+        assert done.value.details["reason"] == "already_done"
+        pools = await t.store.fetch(t.store.sql("SELECT id FROM {s}.pools WHERE name = 'once'"), {})
+        assert [p.id for p in pools] == [done.value.details["id"]]
+
+
+async def test_expired_keys_are_purged(world: World) -> None:
+    store = world.t.store
+    await world.t.compute.api.pools.create(
+        world.t.root, CreatePoolInput(tenant=world.t.acme, name="kept"), idempotency_key="old"
+    )
+    await world.t.compute.api.pools.create(
+        world.t.root, CreatePoolInput(tenant=world.t.acme, name="fresh"), idempotency_key="new"
+    )
+    expire = store.sql("UPDATE {s}.idempotency_keys SET expires_at = now() - interval '1 second' WHERE key = 'old'")
+    await store.fetch(expire, {})
+    assert await store.idempotency.purge() == 1
+    left = await store.fetch(store.sql("SELECT key FROM {s}.idempotency_keys"), {})
+    assert [r.key for r in left] == ["new"]

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from bettercompute import ApiBinding
+from bettercompute import ApiBinding, Options, better_compute
 from bettercompute.errors import AccessDeniedError, InvalidInputError, NotFoundError
 from bettercompute.modules.pools import CreatePoolInput
+from bettercompute_iam import EmbeddedIam
+from bettercompute_store_pg import PgStore
 from examples.maintenance import (
     CreateWindowInput,
     ListWindowsInput,
@@ -82,3 +84,18 @@ async def test_bad_input_and_other_tenants_are_refused(plane: TwoTenants) -> Non
     assert (await groups.maintenance.list(viewer, ListWindowsInput(tenant=t.acme))).windows == ()
     with pytest.raises(AccessDeniedError):  # a viewer reads, and only reads
         await groups.maintenance.create(viewer, _window(t, pool.id))
+
+
+async def test_a_process_without_the_module_does_not_take_its_reads_from_the_viewer(
+    plane: TwoTenants, database_url: str
+) -> None:
+    t = plane
+    other = better_compute(
+        Options(store=PgStore(database_url, schema=t.store.schema, pool_size=2), iam=EmbeddedIam(), instance="b")
+    )
+    await other.initialize()  # upserts the built-in roles from a registry without the maintenance group
+    await other.close()
+    holder: Any = t
+    _, viewer, _ = await make_user(holder, t.acme, "vera", "compute.viewer")
+    listed = await MaintenanceGroups(t.compute.api).maintenance.list(viewer, ListWindowsInput(tenant=t.acme))
+    assert listed.windows == ()
