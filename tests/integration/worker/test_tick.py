@@ -126,7 +126,12 @@ async def test_tick_gives_the_same_result_twice_from_the_same_start(database_url
     # The first tick ran only the controllers' reconcilers, in (kind, key) order, each key once.
     assert [key for kind, key, _, _ in scenario.log[:5]] == ["again-1", "bad-1", "flaky-1", "ok-1", "ok-2"]
     # No scheduler reconciler, no job of another role; the controllers' singletons found nothing to do.
-    assert passes[0] == {"reconcile:node": 5, "controllers/command-sweeper": 0, "controllers/usage": 0}
+    assert passes[0] == {
+        "reconcile:node": 5,
+        "controllers/command-sweeper": 0,
+        "controllers/usage": 0,
+        "controllers/idempotency-purge": 0,
+    }
     assert ("pool", "p-1", 1, None) in scenario.log  # the scheduler's reconciler ran in a later, all-roles tick
     # flaky-1 failed twice with a machine-readable reason, then succeeded on its third attempt.
     assert [(a, e) for k, key, a, e in scenario.log if key == "flaky-1"] == [
