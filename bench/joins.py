@@ -33,7 +33,7 @@ the clock starts, as it is not the server's cost. A sealed token carries the tim
     serial and nonce. The outbox event's key is set to it with ``jsonb_set``. NULLs are bound as ``'null'`` through
     ``NULLIF``. pgbench's token rows are inserted directly. After each run, the token uses spent must equal the
     transactions pgbench counted. The ratio joins/s / pgbench tx/s is what Python, the cryptography, the store and
-    psycopg cost on top of PostgreSQL (every statement runs on psycopg directly; SQLAlchemy is only the pool).
+    psycopg cost on top of PostgreSQL (every statement runs on psycopg directly, on the store's own pool).
     Against "whole join" the two sides do the same work in the database.
 
 Reading the numbers: on 2 cores, Python and PostgreSQL share the machine, and the Python side is one process (one

@@ -1,19 +1,14 @@
 """The store's one way to the database: a pool of psycopg 3 connections, and statements run on them directly.
 
-Every statement, in a transaction or on its own, is sent by psycopg's ``AsyncConnection``; no SQLAlchemy
-``Connection``, compilation or ``Result`` sits on any statement's path. Pooled connections stay in autocommit: a
-statement on its own is one round trip (no BEGIN, no COMMIT), and a transaction is an explicit ``BEGIN`` ...
-``COMMIT`` on one checked-out connection (``Database.transaction``).
+Every statement, in a transaction or on its own, is sent by psycopg's ``AsyncConnection``. Pooled connections stay
+in autocommit: a statement on its own is one round trip (no BEGIN, no COMMIT). A transaction is an explicit
+``BEGIN`` ... ``COMMIT`` on one checked-out connection (``Database.transaction``), and it spends as few round trips
+as its statements allow: BEGIN is not sent alone but with the transaction's first statement, and a write whose rows
+no one reads (``defer_in``: audit rows, projections, outbox events, work items) waits to be sent with the next
+statement, or with the COMMIT, in one psycopg pipeline. The server sees the same statements in the same order; only
+the error of a deferred write surfaces at the statement it was sent with.
 
-The pool is SQLAlchemy's (``QueuePool`` through ``create_async_engine``, used for nothing but the URL and
-``raw_connection()``), not ``psycopg_pool``. That costs CPU: on the 2-core development machine a checkout and
-return takes about 45-90 µs here against about 13-30 µs with psycopg_pool (the greenlet hop of SQLAlchemy's
-async pool), and a join (``bench/joins.py``, 7 checkouts) about 0.3-0.8 ms more of its roughly 7 ms. What decided
-it is behaviour: SQLAlchemy's pool connects in the caller's task, so an unreachable server fails the call at once
-with ``UnavailableError``, where psycopg_pool connects in background workers that retry while the caller waits out
-the whole checkout timeout (10 s), and logs every failed attempt with the server's address. Its checkout event
-also runs the dead-connection check below, which discards every connection of the pool at once after a server
-restart, before any statement is sent.
+The pool is the store's own (``_pool``, where the choice is explained); SQLAlchemy only parses the URL.
 
 Statement text is fixed per ``Statement``, so psycopg's automatic prepare (off with ``prepared_statements=False``,
 for PgBouncer in transaction mode) sees the same query every time. BEGIN, COMMIT and ROLLBACK are never prepared.
@@ -27,7 +22,6 @@ import datetime as dt
 import functools
 import json
 import re
-import select
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,16 +30,13 @@ import attrs
 import psycopg
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import RowMaker
-from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, InvalidatePoolError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
-from sqlalchemy.util import greenlet_spawn
+from sqlalchemy.exc import ArgumentError
 
 from bettercompute.errors import InternalError, InvalidConfigError, InvalidInputError
 
 from ._errors import translated
+from ._pool import ConnectionPool, PgConnection
 from ._schema import quote_schema
 
 __all__ = [
@@ -55,6 +46,7 @@ __all__ = [
     "Database",
     "PoolUsage",
     "Statement",
+    "defer_in",
     "driver_url",
     "dumps",
     "fetch_in",
@@ -63,8 +55,9 @@ __all__ = [
     "when",
 ]
 
-Connection = psycopg.AsyncConnection[Any]
-"""A pooled connection, as psycopg gives it (in autocommit; its rows are tuples unless a cursor says otherwise)."""
+Connection = PgConnection
+"""A pooled connection, a psycopg ``AsyncConnection`` (in autocommit; its rows are tuples unless a cursor says
+otherwise)."""
 
 CONNECT_TIMEOUT_SECONDS = 5
 """libpq's connect timeout: an unreachable server fails fast instead of hanging a request."""
@@ -114,12 +107,14 @@ class Statement:
 
 @attrs.define
 class PoolUsage:
-    """How the pool is used: checkouts so far, connections held now, and the most held at once since
-    ``reset_peak()``. Every database access of the store, by any path, is one checkout."""
+    """How the pool is used: checkouts so far, connections held now, the most held at once since ``reset_peak()``,
+    and round trips to the server made by connections already given back (a pipeline of several statements is one).
+    Every database access of the store, by any path, is one checkout."""
 
     checkouts: int = 0
     in_use: int = 0
     peak: int = 0
+    round_trips: int = 0
 
     def reset_peak(self) -> None:
         """Start measuring the peak again from the connections held now."""
@@ -145,42 +140,12 @@ def driver_url(url: str) -> URL:
     )
 
 
-def _refuse_dead_connection(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: PoolProxiedConnection) -> None:
-    """Hand out no pooled connection the server has already closed (a restart while the pool sat idle).
-
-    A live idle connection has nothing to read: the server speaks only when asked. A readable socket means the
-    server said goodbye (a FATAL message, then EOF) or sent something unasked; only then is the connection asked
-    a ``SELECT 1``, so the usual checkout costs one ``poll`` and no round trip. A dead one invalidates the whole
-    pool: after a restart every connection made before it is dead too, and the pool replaces them (it reconnects
-    on the spot) before any statement was sent, so none can have run twice.
-    """
-    conn = record.driver_connection
-    if not isinstance(conn, psycopg.AsyncConnection):
-        return
-    try:
-        if conn.closed or conn.broken:
-            raise InvalidatePoolError("the pooled connection is closed")
-        poller = select.poll()
-        poller.register(conn.pgconn.socket, select.POLLIN)
-        if not poller.poll(0):
-            return
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute("SELECT 1")
-        finally:
-            cursor.close()
-    except InvalidatePoolError:
-        raise
-    except Exception as exc:
-        raise InvalidatePoolError("the pooled connection was closed by the server") from exc
-
-
 @attrs.define
 class Database:
     """The store's pool (``None`` until ``open``), its schema, and the ways to run statements on it."""
 
     schema: str
-    engine: AsyncEngine | None = None
+    pool: ConnectionPool | None = None
     usage: PoolUsage = attrs.field(factory=PoolUsage)
 
     def sql(self, template: str) -> Statement:
@@ -189,54 +154,49 @@ class Database:
 
     def open(self, url: URL, *, pool_size: int, prepared_statements: bool) -> None:
         """Create the pool (no connection yet: each is made by the first call that needs it). Idempotent."""
-        if self.engine is not None:
+        if self.pool is not None:
             return
-        connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS, "autocommit": True}
+        connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
         if not prepared_statements:
             connect_args["prepare_threshold"] = None
-        engine = create_async_engine(
-            url,
-            pool_size=pool_size,
-            max_overflow=0,
-            pool_timeout=CHECKOUT_TIMEOUT_SECONDS,
-            # A connection goes back only idle (``_release``), so the pool has nothing to roll back.
-            pool_reset_on_return=None,
-            connect_args=connect_args,
+        self.pool = ConnectionPool(
+            conninfo(url), size=pool_size, checkout_timeout=CHECKOUT_TIMEOUT_SECONDS, **connect_args
         )
-        event.listen(engine.sync_engine.pool, "checkout", _refuse_dead_connection)
-        self.engine = engine
 
     async def close(self) -> None:
         """Close every pooled connection. Idempotent."""
-        engine, self.engine = self.engine, None
-        if engine is not None:
-            with translated():
-                await engine.dispose()
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            await pool.close()
 
-    def require(self) -> AsyncEngine:
-        """The pool's engine.
+    def require(self) -> ConnectionPool:
+        """The pool.
 
         Raises:
             InternalError: ``open()`` was not called (a programming error).
         """
-        if self.engine is None:
+        if self.pool is None:
             raise InternalError("the store is not open")
-        return self.engine
+        return self.pool
 
-    async def _checkout(self) -> PoolProxiedConnection:
-        """A pooled connection, counted in ``usage``; give it back with ``_checkin``."""
-        engine = self.require()
-        with translated():
-            fairy = await engine.raw_connection()
+    async def _checkout(self) -> tuple[ConnectionPool, Connection]:
+        """A pooled connection (and its pool), counted in ``usage``; give it back with ``_checkin``."""
+        pool = self.require()
+        pool.checkout_timeout = CHECKOUT_TIMEOUT_SECONDS  # read each time: tests shorten it
+        conn = await pool.get()
+        conn.round_trips = 0
         usage = self.usage
         usage.checkouts += 1
         usage.in_use += 1
         usage.peak = max(usage.peak, usage.in_use)
-        return fairy
+        return pool, conn
 
-    async def _checkin(self, fairy: PoolProxiedConnection) -> None:
+    async def _checkin(self, pool: ConnectionPool, conn: Connection) -> None:
+        """Return ``conn`` if it is idle; drop it otherwise (left in a transaction, mid-statement, or broken)."""
         self.usage.in_use -= 1
-        await _release(fairy)
+        self.usage.round_trips += conn.round_trips
+        if not pool.put(conn):
+            await pool.drop(conn)
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
@@ -245,30 +205,34 @@ class Database:
         A connection left in a transaction or mid-statement (the block was cancelled, or the server went away) is
         dropped instead, so the pool never hands out a dirty one.
         """
-        fairy = await self._checkout()
+        pool, conn = await self._checkout()
         try:
-            yield _driver(fairy)
+            yield conn
         finally:
-            await self._checkin(fairy)
+            await self._checkin(pool, conn)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
         """``BEGIN`` on a pooled connection; ``COMMIT`` when the block ends, ``ROLLBACK`` if it raises.
+
+        BEGIN waits to be sent with the block's first statement, and deferred writes with the next statement or
+        the COMMIT (see the module docstring): a block that sends nothing costs no round trip.
 
         Raises:
             UnavailableError: The database cannot be reached, or asked for the transaction to be retried.
             ConflictError, InternalError: As ``translated`` maps the driver's errors.
         """
         async with self.connection() as conn:
-            with translated():
-                await conn.execute("BEGIN", prepare=False)
+            conn.pending.append(_BEGIN)
             try:
                 yield conn
             except BaseException:
                 await _rollback(conn)
                 raise
-            with translated():
-                await conn.execute("COMMIT", prepare=False)
+            if conn.pending == [_BEGIN]:
+                conn.pending.clear()  # nothing was sent: there is nothing to commit
+                return
+            await _send(conn, _COMMIT)
 
     async def fetch(self, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
         """Run one statement in its own (autocommit) transaction; its rows, with the columns as attributes."""
@@ -285,20 +249,24 @@ class Database:
 
         The checkout is written out rather than taken from ``connection()``: this is the store's hottest path.
         """
-        fairy = await self._checkout()
+        pool, conn = await self._checkout()
+        conn.round_trips += 1
         try:
             with translated():
-                cur = _driver(fairy).cursor(row_factory=named_row)
+                cur = conn.cursor(row_factory=named_row)
                 await cur.execute(statement.query, params)
                 return await _rows(cur), cur.rowcount
         finally:
-            await self._checkin(fairy)
+            await self._checkin(pool, conn)
 
 
-def _driver(fairy: PoolProxiedConnection) -> Connection:
-    conn = fairy.driver_connection
-    assert isinstance(conn, psycopg.AsyncConnection)  # the pool holds psycopg connections only
-    return conn
+_BEGIN: tuple[str, Any] = ("BEGIN", None)
+_COMMIT: tuple[str, Any] = ("COMMIT", None)
+
+
+def conninfo(url: URL) -> str:
+    """The libpq URI of a driver URL (``driver_url``), password included."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 async def _rows(cur: psycopg.AsyncCursor[Any]) -> list[Any]:
@@ -312,46 +280,61 @@ async def _rows(cur: psycopg.AsyncCursor[Any]) -> list[Any]:
     return await cur.fetchall()
 
 
+async def _send(conn: Connection, last: tuple[str, Any]) -> psycopg.AsyncCursor[Any]:
+    """Send the connection's pending statements and then ``last`` in one pipeline (one round trip); ``last``'s
+    cursor, its result read. The first error of any of them is raised (translated)."""
+    pending, conn.pending = conn.pending, []
+    query, params = last
+    prepare = False if params is None else None
+    conn.round_trips += 1
+    with translated():
+        cur: psycopg.AsyncCursor[Any] = conn.cursor(row_factory=named_row)
+        if not pending:
+            await cur.execute(query, params, prepare=prepare)
+            return cur
+        async with conn.pipeline():
+            for held, held_params in pending:
+                await conn.cursor().execute(held, held_params, prepare=False if held_params is None else None)
+            await cur.execute(query, params, prepare=prepare)
+        return cur
+
+
 async def _rollback(conn: Connection) -> None:
     """End a failed or cancelled block's transaction, shielded from the cancellation and bounded in time.
 
-    A connection mid-statement (cancelled while waiting for its result) is left as it is: ``_release`` drops it,
-    and the server rolls back when the connection closes.
+    A transaction whose BEGIN was never sent has nothing to roll back: its pending statements are dropped. A
+    connection mid-statement (cancelled while waiting for its result) is left as it is: the pool drops it, and the
+    server rolls back when the connection closes.
     """
+    if conn.pending and conn.pending[0] is _BEGIN:
+        conn.pending.clear()
+        return
+    conn.pending.clear()
     if conn.broken or conn.info.transaction_status not in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
         return
     with anyio.move_on_after(ROLLBACK_TIMEOUT_SECONDS, shield=True), contextlib.suppress(psycopg.Error):
-        await conn.execute("ROLLBACK", prepare=False)
-
-
-async def _release(fairy: PoolProxiedConnection) -> None:
-    """Return ``fairy`` to the pool, or drop it if its connection is not reusable as is.
-
-    Returning an idle connection does no I/O (the pool resets nothing on return), so it is a plain call: nothing
-    can cancel it midway. Dropping one closes its connection, which the pool does through its greenlet bridge;
-    that is shielded from cancellation, as an interrupted drop would lose the pool's slot.
-    """
-    conn = fairy.driver_connection
-    usable = (
-        isinstance(conn, psycopg.AsyncConnection)
-        and not conn.broken
-        and conn.autocommit
-        and conn.info.transaction_status == TransactionStatus.IDLE
-    )
-    if usable:
-        fairy.close()
-        return
-    with anyio.CancelScope(shield=True):
-        await greenlet_spawn(fairy.invalidate)
-        await greenlet_spawn(fairy.close)
+        await conn.execute("ROLLBACK", prepare=False)  # counted by ``execute``
 
 
 async def fetch_in(conn: Connection, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
-    """Run one statement on a connection whose transaction the caller owns; its rows, columns as attributes."""
-    with translated():
-        cur = conn.cursor(row_factory=named_row)
-        await cur.execute(statement.query, params)
-        return await _rows(cur)
+    """Run one statement on a connection whose transaction the caller owns (sending what waits before it, in the
+    same round trip); its rows, columns as attributes."""
+    cur = await _send(conn, (statement.query, params))
+    return await _rows(cur)
+
+
+def defer_in(conn: Connection, statement: Statement, params: Mapping[str, Any]) -> None:
+    """Queue a write whose rows no one reads, to be sent with the transaction's next statement or its COMMIT.
+
+    Its error, if any, surfaces there: the transaction then rolls back as for any failed statement. Outside a
+    transaction there is nothing to wait for, so use ``fetch_in``.
+
+    Raises:
+        InternalError: ``conn`` is not in a transaction of ``Database.transaction`` (a programming error).
+    """
+    if not conn.pending and conn.info.transaction_status != TransactionStatus.INTRANS:
+        raise InternalError("a deferred write needs a transaction")
+    conn.pending.append((statement.query, params))
 
 
 def dumps(value: Any) -> str:

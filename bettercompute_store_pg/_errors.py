@@ -11,7 +11,6 @@ from types import TracebackType
 
 import psycopg
 import psycopg.errors
-from sqlalchemy import exc as sa_exc
 
 from bettercompute.errors import ComputeError, ConflictError, InternalError, UnavailableError
 
@@ -30,13 +29,6 @@ def translate(exc: BaseException) -> ComputeError | None:
     """The error a caller should see for ``exc``, or ``None`` when ``exc`` is not a database error."""
     if isinstance(exc, ComputeError):
         return None
-    if isinstance(exc, sa_exc.DBAPIError):
-        if exc.connection_invalidated:
-            return UnavailableError(UNREACHABLE)
-        if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError) and not isinstance(exc.orig, psycopg.Error):
-            return UnavailableError(UNREACHABLE)
-        cause = translate(exc.orig) if isinstance(exc.orig, BaseException) else None
-        return cause or InternalError(FAILED)
     if isinstance(exc, psycopg.Error) and exc.sqlstate == "23505":
         # A uniqueness rule the statement's own checks could not see yet: a concurrent transaction committed the
         # same name or key first. That is the caller's conflict to resolve, not an internal failure.
@@ -50,11 +42,6 @@ def translate(exc: BaseException) -> ComputeError | None:
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return UnavailableError(UNREACHABLE)
     if isinstance(exc, psycopg.Error):
-        return InternalError(FAILED)
-    if isinstance(exc, sa_exc.TimeoutError):
-        # The pool had no free connection in time: the database is, for this process, out of reach now.
-        return UnavailableError(UNREACHABLE)
-    if isinstance(exc, sa_exc.SQLAlchemyError):
         return InternalError(FAILED)
     if isinstance(exc, OSError | TimeoutError):
         return UnavailableError(UNREACHABLE)
@@ -90,5 +77,4 @@ class translated:  # a class, not a generator: it wraps every statement, and thi
 
 
 def _sqlstate(exc: BaseException) -> str:
-    orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
-    return str(getattr(orig, "sqlstate", None) or "unknown")
+    return str(getattr(exc, "sqlstate", None) or "unknown")

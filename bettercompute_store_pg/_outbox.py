@@ -11,7 +11,7 @@ from typing import Any
 
 from bettercompute.ports import OutboxEvent, StoredEvent
 
-from ._db import Connection, Database, dumps, fetch_in, utc
+from ._db import Connection, Database, defer_in, dumps, utc
 
 __all__ = ["PgOutbox"]
 
@@ -97,7 +97,7 @@ class PgOutbox:
             payload = [
                 {"ord": n, "type": e.type, "key": e.key, "payload": dict(e.payload)} for n, e in enumerate(events)
             ]
-            await fetch_in(conn, self._publish, {"events": dumps(payload)})
+            defer_in(conn, self._publish, {"events": dumps(payload)})
 
     async def claim(self, *, holder: str, limit: int, claim_for: dt.timedelta) -> list[StoredEvent]:
         """Claim up to ``limit`` deliverable events, at most one per key, oldest first."""

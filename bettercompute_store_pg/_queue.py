@@ -16,7 +16,7 @@ import attrs
 
 from bettercompute.ports import Claim, Lease, WorkItem
 
-from ._db import Connection, Database, Statement, dumps, fetch_in, utc, when
+from ._db import Connection, Database, Statement, defer_in, dumps, utc, when
 
 __all__ = ["PgWorkQueue", "claim_sql", "complete_sql", "retry_sql"]
 
@@ -218,7 +218,7 @@ class PgWorkQueue:
     async def enqueue_in(self, conn: Connection, items: Sequence[WorkItem]) -> None:
         """Add work in the caller's transaction."""
         if items:
-            await fetch_in(conn, self._enqueue, {"items": _items(items)})
+            defer_in(conn, self._enqueue, {"items": _items(items)})
 
     async def claim(
         self,

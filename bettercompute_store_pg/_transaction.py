@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from bettercompute.errors import InternalError
 from bettercompute.ports import AuditRecord, OutboxEvent, ResourceRef, Transaction, WorkItem
 
-from ._db import Connection, dumps, fetch_in
+from ._db import Connection, defer_in, dumps, fetch_in
 
 if TYPE_CHECKING:
     from ._store import PgStore
@@ -71,7 +71,7 @@ class PgTransaction:
             "outcome": record.outcome,
             "details": dumps(dict(record.details)),
         }
-        await fetch_in(self.connection, self._store._audit, params)
+        defer_in(self.connection, self._store._audit, params)
 
     async def project(self, resource: ResourceRef, *, owner: str | None = None) -> None:
         """Record (or update) which tenant, pool and owner a resource belongs to."""
@@ -84,11 +84,11 @@ class PgTransaction:
             "pool": resource.pool,
             "owner": owner,
         }
-        await fetch_in(self.connection, self._store._project, params)
+        defer_in(self.connection, self._store._project, params)
 
     async def unproject(self, resource_type: str, resource_id: str) -> None:
         """Forget a deleted resource."""
-        await fetch_in(self.connection, self._store._unproject, {"type": resource_type, "id": resource_id})
+        defer_in(self.connection, self._store._unproject, {"type": resource_type, "id": resource_id})
 
     async def tenant_exists(self, tenant: str) -> bool:
         """Whether the IAM knows ``tenant`` (locked against deletion until this transaction ends)."""

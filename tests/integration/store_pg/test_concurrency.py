@@ -208,6 +208,8 @@ async def test_a_deadlock_is_reported_as_retryable(database_url: str, pg_store: 
         try:
             async with store.transaction() as tx:
                 await tx.publish([OutboxEvent(type="t", key=first)])
+                # A publish is sent with the transaction's next statement: this read sends it, locking the key now.
+                await tx.tenant_exists("nobody")
                 holding[first].set()
                 await holding[then].wait()  # each now waits for the key the other holds
                 await tx.publish([OutboxEvent(type="t", key=then)])
