@@ -59,6 +59,7 @@ __all__ = [
     "dumps",
     "fetch_in",
     "named_row",
+    "rowcount_in",
     "utc",
     "when",
 ]
@@ -352,6 +353,14 @@ async def fetch_in(conn: Connection, statement: Statement, params: Mapping[str, 
         cur = conn.cursor(row_factory=named_row)
         await cur.execute(statement.query, params)
         return await _rows(cur)
+
+
+async def rowcount_in(conn: Connection, statement: Statement, params: Mapping[str, Any]) -> int:
+    """Run one statement on a connection whose transaction the caller owns; how many rows it changed."""
+    with translated():
+        cur = conn.cursor()
+        await cur.execute(statement.query, params)
+        return cur.rowcount
 
 
 def dumps(value: Any) -> str:
