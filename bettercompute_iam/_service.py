@@ -20,7 +20,7 @@ from bettercompute.paging import Keyset
 from bettercompute.ports import Identity, ResourceRef, Transaction
 
 from . import _credentials
-from ._pg import IamAdmin
+from ._pg import IAM_ADMIN, IamAdmin
 from ._policy import Grant, covered, not_held, pattern_problem, uncovered
 from ._schemas import (
     Binding,
@@ -97,7 +97,7 @@ async def may_act_on(call: CallContext, tx: Transaction, principal_id: str) -> t
         AccessDeniedError: the principal holds something the caller does not (``details["missing"]`` lists it).
     """
     caller = _caller(call).principal_id
-    grants = await _admin(call).grants(tx, principal_ids=[caller, principal_id])
+    grants = await tx.repository(IAM_ADMIN).grants(principal_ids=[caller, principal_id])
     missing = not_held(grants[caller], grants[principal_id])
     if missing:
         raise AccessDeniedError(
@@ -112,8 +112,9 @@ def _caller(call: CallContext) -> Identity:
     return call.identity
 
 
-def _admin(call: CallContext) -> IamAdmin:
-    return IamAdmin.of(call.context.store)
+def _listings(call: CallContext) -> IamAdmin:
+    """IAM's repository outside a transaction, for the listings (a write goes through ``tx.repository``)."""
+    return call.context.store.repository(IAM_ADMIN)
 
 
 # --- tenants ----------------------------------------------------------------------------------------------------
@@ -123,7 +124,7 @@ def _admin(call: CallContext) -> IamAdmin:
 async def create_tenant(call: CallContext, input: CreateTenantInput) -> Tenant:
     """Create a tenant (needs a grant on the root scope)."""
     async with call.transaction() as tx:
-        tenant = await _admin(call).create_tenant(tx, tenant_id=_new_id("tn"), name=input.name)
+        tenant = await tx.repository(IAM_ADMIN).create_tenant(tenant_id=_new_id("tn"), name=input.name)
         call.describe(resource_type="tenant", resource_id=tenant.id, tenant=tenant.id, details={"name": tenant.name})
     return tenant
 
@@ -137,7 +138,7 @@ async def list_tenants(call: CallContext, input: ListTenantsInput) -> ListTenant
     """
     scope = call.method.action
     after = _TENANT_PAGES.after(scope, input.cursor)
-    found = await _admin(call).list_tenants(after=after, limit=input.limit + 1)
+    found = await _listings(call).list_tenants(after=after, limit=input.limit + 1)
     tenants, next_cursor = _TENANT_PAGES.page(scope, found, input.limit)
     return ListTenantsOutput(tenants=tenants, next_cursor=next_cursor)
 
@@ -149,8 +150,8 @@ async def list_tenants(call: CallContext, input: ListTenantsInput) -> ListTenant
 async def create_principal(call: CallContext, input: CreatePrincipalInput) -> Principal:
     """Create a user or a service account in a tenant."""
     async with call.transaction() as tx:
-        principal = await _admin(call).create_principal(
-            tx, principal_id=_new_id("pr"), tenant=input.tenant, name=input.name, kind=input.kind
+        principal = await tx.repository(IAM_ADMIN).create_principal(
+            principal_id=_new_id("pr"), tenant=input.tenant, name=input.name, kind=input.kind
         )
         call.describe(
             resource_type="principal",
@@ -170,7 +171,7 @@ async def list_principals(call: CallContext, input: ListPrincipalsInput) -> List
     """
     scope = call.method.action
     after = _PRINCIPAL_PAGES.after(scope, input.cursor)
-    found = await _admin(call).list_principals(input.tenant, after=after, limit=input.limit + 1)
+    found = await _listings(call).list_principals(input.tenant, after=after, limit=input.limit + 1)
     principals, next_cursor = _PRINCIPAL_PAGES.page(scope, found, input.limit)
     return ListPrincipalsOutput(principals=principals, next_cursor=next_cursor)
 
@@ -188,21 +189,21 @@ async def disable_principal(call: CallContext, input: DisablePrincipalInput) -> 
         raise FailedPreconditionError(
             "a principal cannot disable itself (lockout guard)", details={"path": "principal_id"}
         )
-    admin = _admin(call)
     async with call.transaction() as tx:
-        principal = await admin.lock_principal(tx, tenant=input.tenant, principal_id=input.principal_id, share=False)
+        admin = tx.repository(IAM_ADMIN)
+        principal = await admin.lock_principal(tenant=input.tenant, principal_id=input.principal_id, share=False)
         if principal is None:
             raise NotFoundError("no such principal in this tenant", details={"principal_id": input.principal_id})
         await may_act_on(call, tx, principal.id)
         changed = principal.disabled_at is None
         if changed:
-            admins = await admin.root_admins(tx, without_principal=principal.id)
+            admins = await admin.root_admins(without_principal=principal.id)
             if admins.total > 0 and admins.remaining == 0:
                 raise FailedPreconditionError(
                     f"this is the last enabled principal with {ADMIN_ROLE} on the root scope (lockout guard)",
                     details={"principal_id": principal.id},
                 )
-            principal = await admin.disable_principal(tx, principal_id=principal.id)
+            principal = await admin.disable_principal(principal_id=principal.id)
         call.describe(
             resource_type="principal", resource_id=principal.id, tenant=input.tenant, details={"changed": changed}
         )
@@ -225,9 +226,9 @@ async def create_credential(call: CallContext, input: CreateCredentialInput) -> 
         FailedPreconditionError: the principal is disabled.
     """
     credential_id, credential, secret_hash = _credentials.mint()
-    admin = _admin(call)
     async with call.transaction() as tx:
-        principal = await admin.lock_principal(tx, tenant=input.tenant, principal_id=input.principal_id, share=True)
+        admin = tx.repository(IAM_ADMIN)
+        principal = await admin.lock_principal(tenant=input.tenant, principal_id=input.principal_id, share=True)
         if principal is None:
             raise NotFoundError("no such principal in this tenant", details={"principal_id": input.principal_id})
         # Checked once the principal is known to be this tenant's, so the refusal tells nothing about others'.
@@ -237,7 +238,6 @@ async def create_credential(call: CallContext, input: CreateCredentialInput) -> 
                 "the principal is disabled", details={"principal_id": principal.id, "path": "principal_id"}
             )
         info = await admin.create_credential(
-            tx,
             credential_id=credential_id,
             principal_id=principal.id,
             secret_hash=secret_hash,
@@ -264,7 +264,7 @@ async def list_credentials(call: CallContext, input: ListCredentialsInput) -> Li
     """List the credentials of a tenant, or of one of its principals (never a secret)."""
     scope = call.method.action
     after = _CREDENTIAL_PAGES.after(scope, input.cursor)
-    found = await _admin(call).list_credentials(input.tenant, input.principal_id, after=after, limit=input.limit + 1)
+    found = await _listings(call).list_credentials(input.tenant, input.principal_id, after=after, limit=input.limit + 1)
     credentials, next_cursor = _CREDENTIAL_PAGES.page(scope, found, input.limit)
     return ListCredentialsOutput(credentials=credentials, next_cursor=next_cursor)
 
@@ -279,13 +279,13 @@ async def revoke_credential(call: CallContext, input: RevokeCredentialInput) -> 
         NotFoundError: the tenant has no such credential.
         AccessDeniedError: the credential's principal holds grants the caller does not (see ``may_act_on``).
     """
-    admin = _admin(call)
     async with call.transaction() as tx:
-        owner = await admin.lock_credential(tx, tenant=input.tenant, credential_id=input.credential_id)
+        admin = tx.repository(IAM_ADMIN)
+        owner = await admin.lock_credential(tenant=input.tenant, credential_id=input.credential_id)
         if owner is None:
             raise NotFoundError("no such credential in this tenant", details={"credential_id": input.credential_id})
         await may_act_on(call, tx, owner)
-        revoked = await admin.revoke_credential(tx, tenant=input.tenant, credential_id=input.credential_id)
+        revoked = await admin.revoke_credential(tenant=input.tenant, credential_id=input.credential_id)
         if revoked is None:
             raise NotFoundError("no such credential in this tenant", details={"credential_id": input.credential_id})
         info, changed = revoked
@@ -321,8 +321,7 @@ async def create_role(call: CallContext, input: CreateRoleInput) -> Role:
             details={"path": "actions", "patterns": list(problems), "problems": list(problems.values())},
         )
     async with call.transaction() as tx:
-        role = await _admin(call).create_role(
-            tx,
+        role = await tx.repository(IAM_ADMIN).create_role(
             role_id=_new_id("ro"),
             tenant=input.tenant,
             name=input.name,
@@ -343,7 +342,7 @@ async def list_roles(call: CallContext, input: ListRolesInput) -> ListRolesOutpu
     """List the built-in roles and the tenant's own."""
     scope = call.method.action
     after = _ROLE_PAGES.after(scope, input.cursor)
-    found = await _admin(call).list_roles(input.tenant, after=after, limit=input.limit + 1)
+    found = await _listings(call).list_roles(input.tenant, after=after, limit=input.limit + 1)
     roles, next_cursor = _ROLE_PAGES.page(scope, found, input.limit)
     return ListRolesOutput(roles=roles, next_cursor=next_cursor)
 
@@ -365,15 +364,15 @@ async def create_binding(call: CallContext, input: CreateBindingInput) -> Bindin
     if not identity.is_root and identity.tenant_id != input.tenant:
         raise AccessDeniedError("the caller is outside this tenant", details={"action": call.method.action})
     scope_id = input.tenant if input.scope_type == "tenant" else input.scope_id
-    admin = _admin(call)
     async with call.transaction() as tx:
-        actions = await admin.role_actions(tx, tenant=input.tenant, role=input.role)
+        admin = tx.repository(IAM_ADMIN)
+        actions = await admin.role_actions(tenant=input.tenant, role=input.role)
         if actions is None:
             raise NotFoundError("no such role in this tenant", details={"path": "role", "role": input.role})
-        caller_grants = (await admin.grants(tx, principal_ids=[identity.principal_id]))[identity.principal_id]
+        caller_grants = (await admin.grants(principal_ids=[identity.principal_id]))[identity.principal_id]
         scope_tenant = scope_id if input.scope_type == "tenant" else None
         if input.scope_type == "pool" and scope_id is not None:
-            scope_tenant = await admin.pool_tenant(tx, pool_id=scope_id)
+            scope_tenant = await admin.pool_tenant(pool_id=scope_id)
         # As in Kubernetes RBAC: nobody hands out more than they hold on that scope, so a tenant admin cannot make
         # anyone (herself included) an admin of the root scope or of another tenant's pool, and a member cannot
         # make an admin. Giving never acts against the principal, so ``may_act_on`` is not asked here.
@@ -386,7 +385,6 @@ async def create_binding(call: CallContext, input: CreateBindingInput) -> Bindin
                 details={"action": call.method.action, "missing": missing},
             )
         binding = await admin.create_binding(
-            tx,
             binding_id=_new_id("bd"),
             tenant=input.tenant,
             principal_id=input.principal_id,
@@ -414,7 +412,7 @@ async def list_bindings(call: CallContext, input: ListBindingsInput) -> ListBind
     """List the bindings of a tenant's principals, or of one of them."""
     scope = call.method.action
     after = _BINDING_PAGES.after(scope, input.cursor)
-    found = await _admin(call).list_bindings(input.tenant, input.principal_id, after=after, limit=input.limit + 1)
+    found = await _listings(call).list_bindings(input.tenant, input.principal_id, after=after, limit=input.limit + 1)
     bindings, next_cursor = _BINDING_PAGES.page(scope, found, input.limit)
     return ListBindingsOutput(bindings=bindings, next_cursor=next_cursor)
 
@@ -429,9 +427,9 @@ async def delete_binding(call: CallContext, input: DeleteBindingInput) -> Delete
             holds grants the caller does not (see ``may_act_on``).
         FailedPreconditionError: the last root-scope ``compute.admin`` binding of an enabled principal.
     """
-    admin = _admin(call)
     async with call.transaction() as tx:
-        binding = await admin.lock_binding(tx, tenant=input.tenant, binding_id=input.binding_id)
+        admin = tx.repository(IAM_ADMIN)
+        binding = await admin.lock_binding(tenant=input.tenant, binding_id=input.binding_id)
         if binding is None:
             raise NotFoundError("no such binding in this tenant", details={"binding_id": input.binding_id})
         if binding.scope_type == "root":
@@ -440,13 +438,13 @@ async def delete_binding(call: CallContext, input: DeleteBindingInput) -> Delete
                     "only a principal of the root tenant may delete a root-scope binding",
                     details={"action": call.method.action, "binding_id": binding.id},
                 )
-            if binding.role == ADMIN_ROLE and (await admin.root_admins(tx, without_binding=binding.id)).remaining == 0:
+            if binding.role == ADMIN_ROLE and (await admin.root_admins(without_binding=binding.id)).remaining == 0:
                 raise FailedPreconditionError(
                     f"this is the last root-scope {ADMIN_ROLE} binding of an enabled principal (lockout guard)",
                     details={"binding_id": binding.id},
                 )
         await may_act_on(call, tx, binding.principal_id)
-        await admin.delete_binding(tx, binding_id=binding.id)
+        await admin.delete_binding(binding_id=binding.id)
         call.describe(
             resource_type="binding",
             resource_id=binding.id,

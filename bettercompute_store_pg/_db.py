@@ -51,6 +51,7 @@ __all__ = [
     "dumps",
     "fetch_in",
     "named_row",
+    "rowcount_in",
     "utc",
     "when",
 ]
@@ -335,6 +336,13 @@ def defer_in(conn: Connection, statement: Statement, params: Mapping[str, Any]) 
     if not conn.pending and conn.info.transaction_status != TransactionStatus.INTRANS:
         raise InternalError("a deferred write needs a transaction")
     conn.pending.append((statement.query, params))
+
+
+async def rowcount_in(conn: Connection, statement: Statement, params: Mapping[str, Any]) -> int:
+    """Run one statement on a connection whose transaction the caller owns (sending what waits before it, in the
+    same round trip); how many rows it changed."""
+    cur = await _send(conn, (statement.query, params))
+    return cur.rowcount
 
 
 def dumps(value: Any) -> str:

@@ -10,7 +10,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from bettercompute.errors import InvalidConfigError
+from bettercompute.errors import InternalError, InvalidConfigError
 from bettercompute.ports import Lease, Migration, Repository, transaction_scope
 
 from ._db import Connection, Database, PoolUsage, Statement, driver_url, utc
@@ -22,9 +22,9 @@ from ._migrations import RUNTIME, run_migrations, shipped_migrations, upgrade_le
 from ._outbox import PgOutbox
 from ._queue import PgWorkQueue
 from ._replay import PgReplayGuard
+from ._repository import PgRepository
 from ._schema import validate_schema
 from ._transaction import PgTransaction
-from ._workflows import PgWorkflows
 
 __all__ = ["PgStore", "PgTransaction"]
 
@@ -62,9 +62,11 @@ class PgStore:
     either.
 
     Every statement runs on a pooled psycopg connection directly (see ``_db``): a statement on its own in one round
-    trip (autocommit), a transaction as BEGIN ... COMMIT on one connection, whose ``PgTransaction.connection``
-    repositories and other packages' adapters reach with ``connection_of(tx)``. ``connection()`` lends a pooled
-    connection outside any transaction; ``pool_usage`` tells how the pool is used.
+    trip (autocommit), a transaction as BEGIN ... COMMIT on one connection. ``repository(KEY)`` is a module's
+    adapter (a ``PgRepository``) running each call on its own; ``tx.repository(KEY)`` the same adapter bound to the
+    transaction's connection. Adapters of other packages that are not repositories reach that connection with
+    ``connection_of(tx)``. ``connection()`` lends a pooled connection outside any transaction; ``pool_usage``
+    tells how the pool is used.
 
     ``on_enqueued`` and ``on_published`` listeners (the control plane's notifier pokes) run after the commit of a
     transaction that enqueued work or published events, outside it.
@@ -94,7 +96,7 @@ class PgStore:
         self._pool_size = pool_size
         self._prepared_statements = prepared_statements
         self._db = Database(self.schema)
-        self._repositories: dict[tuple[str, str], object] = {}
+        self._repositories: dict[tuple[str, str], PgRepository] = {}
         self._enqueue_listeners: list[EnqueueListener] = []
         self._publish_listeners: list[PublishListener] = []
         self.leases = PgLeases(self._db)
@@ -103,7 +105,6 @@ class PgStore:
         self.outbox = PgOutbox(self._db)
         self.idempotency = PgIdempotencyKeys(self._db)
         self.nonces = PgReplayGuard(self._db)
-        self.workflows = PgWorkflows(self._db)
         self._audit = self._db.sql(_AUDIT)
         self._project = self._db.sql(_PROJECT)
         self._unproject = self._db.sql(_UNPROJECT)
@@ -111,8 +112,20 @@ class PgStore:
         self._ping = self._db.sql("SELECT now() AS now")
 
     def repository(self, key: Repository[R]) -> R:
-        """The adapter of a module's repository, from ``bettercompute_store_pg.modules.<module>._repository``
-        (``REPOSITORIES``, by name), made once per store.
+        """The adapter of a module's repository, outside any transaction (``tx.repository(key)`` binds it to one).
+
+        Found in ``bettercompute_store_pg.modules.<module>._repository``, or in the Python module the key names in
+        ``adapters["postgresql"]`` (a module of another package), by name in its ``REPOSITORIES``; made once per
+        store.
+
+        Raises:
+            InvalidConfigError: this store ships no such repository.
+        """
+        # The adapter registered under this key implements its protocol: the key's type says which one.
+        return cast(R, self._adapter_of(key))
+
+    def _adapter_of(self, key: Repository[Any]) -> PgRepository:
+        """The store's own (unbound) adapter for ``key``, made on first use.
 
         Raises:
             InvalidConfigError: this store ships no such repository.
@@ -120,8 +133,7 @@ class PgStore:
         made = self._repositories.get((key.module, key.name))
         if made is None:
             made = self._repositories[(key.module, key.name)] = _adapter(key, self._db)
-        # The adapter registered under this key implements its protocol: the key's type says which one.
-        return cast(R, made)
+        return made
 
     def __repr__(self) -> str:
         return f"PgStore(url={self._url.render_as_string(hide_password=True)!r}, schema={self.schema!r})"
@@ -298,17 +310,21 @@ class PgStore:
 
 
 _MODULE = re.compile(r"[a-z][a-z0-9_]{0,62}")
+_PYTHON_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
-def _adapter(key: Repository[Any], db: Database) -> object:
-    """A new adapter for ``key``, found by the module's name: no central list of modules."""
+def _adapter(key: Repository[Any], db: Database) -> PgRepository:
+    """A new adapter for ``key``, found by the module's name (or the Python module its key names): no central list
+    of modules."""
     missing = InvalidConfigError(
         f"the PostgreSQL store has no repository {key.name!r} of module {key.module!r}",
         details={"problems": [f"{key.module}.{key.name}"]},
     )
     if not _MODULE.fullmatch(key.module):
         raise missing
-    name = f"bettercompute_store_pg.modules.{key.module}._repository"
+    name = key.adapters.get("postgresql") or f"bettercompute_store_pg.modules.{key.module}._repository"
+    if not _PYTHON_MODULE.fullmatch(name):
+        raise missing
     try:
         found = importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -319,4 +335,7 @@ def _adapter(key: Repository[Any], db: Database) -> object:
     factory = getattr(found, "REPOSITORIES", {}).get(key.name)
     if factory is None:
         raise missing
-    return factory(db)
+    made = factory(db)
+    if not isinstance(made, PgRepository):
+        raise InternalError(f"the adapter of {key.module}.{key.name} is not a PgRepository")
+    return made

@@ -1,23 +1,29 @@
-"""``PgTransaction``, and ``connection_of``: the one way from a port-typed transaction to its connection."""
+"""``PgTransaction``, and ``connection_of``: the way from a port-typed transaction to its connection, for adapters
+that are not repositories (repositories are bound to it by ``tx.repository(KEY)``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from bettercompute.errors import InternalError
-from bettercompute.ports import AuditRecord, OutboxEvent, ResourceRef, Transaction, WorkItem
+from bettercompute.ports import AuditRecord, OutboxEvent, Repository, ResourceRef, Transaction, WorkItem
 
 from ._db import Connection, defer_in, dumps, fetch_in
 
 if TYPE_CHECKING:
+    from ._repository import PgRepository
     from ._store import PgStore
+
+R = TypeVar("R")
 
 __all__ = ["PgTransaction", "connection_of"]
 
 
 def connection_of(tx: Transaction) -> Connection:
-    """The psycopg connection of a transaction of the PostgreSQL store, to run statements in it (``fetch_in``).
+    """The psycopg connection of a transaction of the PostgreSQL store, to run statements in it (``fetch_in``): for
+    adapters that are not repositories (a workflow step's own table, a test's statement). A repository is reached
+    with ``tx.repository(KEY)`` instead.
 
     Raises:
         InternalError: ``tx`` is another store's transaction (a composition error: PostgreSQL repositories and
@@ -31,10 +37,11 @@ def connection_of(tx: Transaction) -> Connection:
 class PgTransaction:
     """One transaction (``bettercompute.ports.Transaction``).
 
+    ``repository(KEY)`` is the store's adapter bound to this transaction, made once per key and transaction.
     ``connection`` is the transaction's psycopg ``AsyncConnection`` (in autocommit, inside an explicit BEGIN), for
-    the repositories and for PostgreSQL adapters of other packages that write their own tables in the same
-    transaction; ``connection_of(tx)`` gets it from a port-typed transaction. Do not commit, roll back or change
-    its settings yourself.
+    PostgreSQL adapters that are not repositories and write their own tables in the same transaction;
+    ``connection_of(tx)`` gets it from a port-typed transaction. Do not commit, roll back or change its settings
+    yourself.
     """
 
     def __init__(self, store: PgStore, connection: Connection) -> None:
@@ -42,6 +49,19 @@ class PgTransaction:
         self.connection = connection
         self.enqueued: set[str] = set()
         self.published = False
+        self._bound: dict[Repository[Any], PgRepository] = {}
+
+    def repository(self, key: Repository[R]) -> R:
+        """The store's adapter for ``key`` bound to this transaction (the same object for every ask in it).
+
+        Raises:
+            InvalidConfigError: the store ships no such repository.
+        """
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound[key] = self._store._adapter_of(key).bound(self.connection)
+        # As in PgStore.repository: the adapter registered under this key implements the key's protocol.
+        return cast(R, bound)
 
     async def enqueue(self, items: Sequence[WorkItem]) -> None:
         """Add work that becomes visible when the transaction commits."""

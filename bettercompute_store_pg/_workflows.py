@@ -1,14 +1,14 @@
-"""Workflows and their step logs (``bettercompute.ports.WorkflowStore``)."""
+"""Workflows and their step logs (``bettercompute.ports.WorkflowStore``, reached by the key ``WORKFLOWS``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from bettercompute.errors import ConflictError
-from bettercompute.ports import Transaction, WorkflowLogEntry, WorkflowRecord
+from bettercompute.ports import WorkflowLogEntry, WorkflowRecord
 
-from ._db import Database, dumps, fetch_in, utc
-from ._transaction import connection_of
+from ._db import Database, dumps, utc
+from ._repository import PgRepository
 
 __all__ = ["PgWorkflows"]
 
@@ -73,11 +73,12 @@ def _record(row: Any) -> WorkflowRecord:
     )
 
 
-class PgWorkflows:
-    """``bettercompute.ports.WorkflowStore`` on the ``workflows`` and ``workflow_steps`` tables."""
+class PgWorkflows(PgRepository):
+    """``bettercompute.ports.WorkflowStore`` on the ``workflows`` and ``workflow_steps`` tables. Every write and
+    ``lock`` needs a transaction (``tx.repository(WORKFLOWS)``)."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._insert = db.sql(_INSERT)
         self._get = db.sql(_GET)
         self._lock = db.sql(_LOCK)
@@ -85,7 +86,7 @@ class PgWorkflows:
         self._log = db.sql(_LOG)
         self._history = db.sql(_HISTORY)
 
-    async def insert(self, tx: Transaction, record: WorkflowRecord) -> None:
+    async def insert(self, record: WorkflowRecord) -> None:
         """Add a workflow; ``ConflictError`` if its id is taken."""
         params = {
             "id": record.id,
@@ -99,20 +100,20 @@ class PgWorkflows:
             "completed": record.completed,
             "data": dumps(dict(record.data)),
         }
-        if not await fetch_in(connection_of(tx), self._insert, params):
+        if not await self._fetch_in_transaction("insert", self._insert, params):
             raise ConflictError("a workflow with this id exists", details={"id": record.id})
 
     async def get(self, id: str) -> WorkflowRecord | None:
         """The workflow, or ``None``."""
-        rows = await self._db.fetch(self._get, {"id": id})
+        rows = await self._fetch(self._get, {"id": id})
         return _record(rows[0]) if rows else None
 
-    async def lock(self, tx: Transaction, id: str) -> WorkflowRecord | None:
-        """The workflow, row-locked until ``tx`` ends."""
-        rows = await fetch_in(connection_of(tx), self._lock, {"id": id})
+    async def lock(self, id: str) -> WorkflowRecord | None:
+        """The workflow, row-locked until the transaction ends."""
+        rows = await self._fetch_in_transaction("lock", self._lock, {"id": id})
         return _record(rows[0]) if rows else None
 
-    async def update(self, tx: Transaction, record: WorkflowRecord) -> None:
+    async def update(self, record: WorkflowRecord) -> None:
         """Write the mutable fields."""
         params = {
             "id": record.id,
@@ -130,11 +131,10 @@ class PgWorkflows:
             "on_timeout": record.on_timeout,
             "wake_at": record.wake_at,
         }
-        await fetch_in(connection_of(tx), self._update, params)
+        await self._fetch_in_transaction("update", self._update, params)
 
     async def log(
         self,
-        tx: Transaction,
         *,
         workflow_id: str,
         step_index: int,
@@ -152,11 +152,11 @@ class PgWorkflows:
             "outcome": outcome,
             "reason": reason,
         }
-        await fetch_in(connection_of(tx), self._log, params)
+        await self._fetch_in_transaction("log", self._log, params)
 
     async def history(self, id: str, *, limit: int = 1000) -> list[WorkflowLogEntry]:
         """The step log, oldest first."""
-        rows = await self._db.fetch(self._history, {"id": id, "limit": limit})
+        rows = await self._fetch(self._history, {"id": id, "limit": limit})
         return [
             WorkflowLogEntry(
                 id=row.id,

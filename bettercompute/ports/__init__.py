@@ -34,14 +34,16 @@ from bettercompute.ports.queue import Claim as Claim
 from bettercompute.ports.queue import WorkItem as WorkItem
 from bettercompute.ports.queue import WorkQueue as WorkQueue
 from bettercompute.ports.replay import ReplayGuard as ReplayGuard
-from bettercompute.ports.store import Repository as Repository
+from bettercompute.ports.repository import Repository as Repository
 from bettercompute.ports.store import Store as Store
 from bettercompute.ports.transaction import Transaction as Transaction
+from bettercompute.ports.workflows import WORKFLOWS as WORKFLOWS
 from bettercompute.ports.workflows import WorkflowLogEntry as WorkflowLogEntry
 from bettercompute.ports.workflows import WorkflowRecord as WorkflowRecord
 from bettercompute.ports.workflows import WorkflowStore as WorkflowStore
 
 __all__ = [
+    "WORKFLOWS",
     "AuditRecord",
     "Claim",
     "Clock",

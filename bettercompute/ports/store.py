@@ -1,13 +1,11 @@
-"""The store: transactions, the runtime's tables, and each module's repositories by typed key."""
+"""The store: transactions, the runtime's tables, and each module's repositories by typed key (``Repository``)."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Generic, Protocol, TypeVar
-
-import attrs
+from typing import Protocol, TypeVar
 
 from bettercompute.ports.idempotency import IdempotencyKeys
 from bettercompute.ports.leases import Lease, Leases
@@ -16,25 +14,12 @@ from bettercompute.ports.migrations import Migration
 from bettercompute.ports.outbox import Outbox
 from bettercompute.ports.queue import WorkQueue
 from bettercompute.ports.replay import ReplayGuard
+from bettercompute.ports.repository import Repository
 from bettercompute.ports.transaction import Transaction
-from bettercompute.ports.workflows import WorkflowStore
 
 __all__ = ["Repository", "Store"]
 
 R = TypeVar("R")
-
-
-@attrs.frozen
-class Repository(Generic[R]):
-    """The typed key of a module's repository: a module declares ``POOLS: Repository[Pools] = Repository(
-    module="pools", name="pools")`` beside its ``Pools`` protocol, and ``store.repository(POOLS)`` is a ``Pools``.
-
-    The store finds the adapter by ``module`` and ``name`` (the PostgreSQL store in
-    ``bettercompute_store_pg.modules.<module>``), so a module adds its repositories without a line in this protocol.
-    """
-
-    module: str
-    name: str
 
 
 class Store(Protocol):
@@ -54,7 +39,10 @@ class Store(Protocol):
         ...
 
     def repository(self, key: Repository[R]) -> R:
-        """The store's repository for ``key``.
+        """The store's repository for ``key``, outside any transaction: each call runs on its own (a read sees what
+        is committed, a write allowed here commits at once). Inside a transaction use ``tx.repository(key)``; a
+        method that needs one raises ``InternalError`` here. The runtime's workflow store is reached the same way,
+        by the key ``bettercompute.ports.WORKFLOWS``.
 
         Raises:
             InvalidConfigError: this store has no repository of that module and name.
@@ -89,11 +77,6 @@ class Store(Protocol):
     @property
     def membership(self) -> Membership:
         """Worker membership rows."""
-        ...
-
-    @property
-    def workflows(self) -> WorkflowStore:
-        """Workflows and their step logs."""
         ...
 
     def on_enqueued(self, listener: Callable[[frozenset[str]], Awaitable[None]]) -> Callable[[], None]:

@@ -3,19 +3,36 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from bettercompute.ports.audit import AuditRecord
 from bettercompute.ports.iam import ResourceRef
 from bettercompute.ports.outbox import OutboxEvent
 from bettercompute.ports.queue import WorkItem
+from bettercompute.ports.repository import Repository
 
 __all__ = ["Transaction"]
+
+R = TypeVar("R")
 
 
 @runtime_checkable
 class Transaction(Protocol):
-    """One database transaction; what is written through it commits or rolls back together."""
+    """One database transaction; what is written through it commits or rolls back together.
+
+    Repositories are reached through it, never handed it: ``tx.repository(POOLS).create(...)``.
+    """
+
+    def repository(self, key: Repository[R]) -> R:
+        """The store's repository for ``key``, bound to this transaction: its reads see the transaction's own
+        uncommitted writes, its writes commit or roll back with the transaction, and its locks are held until the
+        transaction ends. Asking twice in one transaction gives the same object; use it only inside the
+        ``async with`` block that opened the transaction. Outside a transaction use ``store.repository(key)``.
+
+        Raises:
+            InvalidConfigError: the store has no repository of that module and name.
+        """
+        ...
 
     async def enqueue(self, items: Sequence[WorkItem]) -> None:
         """Add work that becomes visible when the transaction commits."""

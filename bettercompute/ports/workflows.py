@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports.transaction import Transaction
+from bettercompute.ports.repository import Repository
 
-__all__ = ["WorkflowLogEntry", "WorkflowRecord", "WorkflowStore"]
+__all__ = ["WORKFLOWS", "WorkflowLogEntry", "WorkflowRecord", "WorkflowStore"]
 
 
 @attrs.frozen(kw_only=True)
@@ -62,10 +62,14 @@ class WorkflowLogEntry:
 
 
 class WorkflowStore(Protocol):
-    """Workflows and their step logs (the state of ``bettercompute.Workflows``). Writes given a ``tx`` commit with
-    it, so a step's own writes and the workflow's progress commit together."""
+    """Workflows and their step logs (the state of ``bettercompute.Workflows``), reached by the key ``WORKFLOWS``.
 
-    async def insert(self, tx: Transaction, record: WorkflowRecord) -> None:
+    Every write, and ``lock``, is made through ``tx.repository(WORKFLOWS)`` so that a step's own writes and the
+    workflow's progress commit together; on ``store.repository(WORKFLOWS)`` they raise ``InternalError``. ``get``
+    and ``history`` work on either.
+    """
+
+    async def insert(self, record: WorkflowRecord) -> None:
         """Add a workflow (its timestamps are the store's now). ``ConflictError`` if the id exists."""
         ...
 
@@ -73,17 +77,16 @@ class WorkflowStore(Protocol):
         """The workflow, or ``None``."""
         ...
 
-    async def lock(self, tx: Transaction, id: str) -> WorkflowRecord | None:
-        """The workflow, locked against other writers until ``tx`` ends (``None`` when there is none)."""
+    async def lock(self, id: str) -> WorkflowRecord | None:
+        """The workflow, locked against other writers until the transaction ends (``None`` when there is none)."""
         ...
 
-    async def update(self, tx: Transaction, record: WorkflowRecord) -> None:
+    async def update(self, record: WorkflowRecord) -> None:
         """Write the mutable fields of ``record`` (all but id, type, tenant, subject, created_at); updated_at is now."""
         ...
 
     async def log(
         self,
-        tx: Transaction,
         *,
         workflow_id: str,
         step_index: int,
@@ -98,3 +101,8 @@ class WorkflowStore(Protocol):
     async def history(self, id: str, *, limit: int = 1000) -> list[WorkflowLogEntry]:
         """The workflow's step log, oldest first (the newest ``limit`` lines)."""
         ...
+
+
+WORKFLOWS: Repository[WorkflowStore] = Repository(module="runtime", name="workflows")
+"""``tx.repository(WORKFLOWS)`` (or, outside a transaction, ``store.repository(WORKFLOWS)``): the store's
+``WorkflowStore``."""

@@ -9,7 +9,8 @@ Subclass it in a test module and provide a ``store`` fixture (open, migrated wit
 
 Expiry is tested with real time: leases and claims of a few hundred milliseconds, and sleeps a little longer.
 
-It includes the workflow store's cases (``WorkflowStoreConformance``): ``store.workflows`` is part of the contract.
+It includes the workflow store's cases (``WorkflowStoreConformance``): the repository ``WORKFLOWS`` is part of the
+contract.
 """
 
 from __future__ import annotations

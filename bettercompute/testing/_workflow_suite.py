@@ -1,4 +1,5 @@
-"""``WorkflowStoreConformance``: what the workflow engine (``bettercompute.Workflows``) needs of ``store.workflows``.
+"""``WorkflowStoreConformance``: what the workflow engine (``bettercompute.Workflows``) needs of the workflow store
+(``tx.repository(WORKFLOWS)`` in a transaction, ``store.repository(WORKFLOWS)`` outside one).
 
 ``StoreConformance`` includes these cases; subclass this class alone, with the same ``store`` fixture, to run only
 them. The engine writes a workflow's progress and its log entry in one transaction (with whatever else it holds),
@@ -17,8 +18,8 @@ import attrs
 import pytest
 
 from bettercompute._runtime.workflows import WORKFLOW_KIND as KIND
-from bettercompute.errors import ConflictError, FailedPreconditionError
-from bettercompute.ports import OutboxEvent, Store, Transaction, WorkflowRecord, WorkItem
+from bettercompute.errors import ConflictError, FailedPreconditionError, InternalError
+from bettercompute.ports import WORKFLOWS, OutboxEvent, Store, Transaction, WorkflowRecord, WorkItem
 
 __all__ = ["WorkflowStoreConformance"]
 
@@ -61,25 +62,24 @@ class WorkflowStoreConformance:
 
     async def _insert(self, store: Store, record: WorkflowRecord) -> WorkflowRecord:
         async with store.transaction() as tx:
-            await store.workflows.insert(tx, record)
-        stored = await store.workflows.get(record.id)
+            await tx.repository(WORKFLOWS).insert(record)
+        stored = await store.repository(WORKFLOWS).get(record.id)
         assert stored is not None
         return stored
 
     async def _update(self, store: Store, record: WorkflowRecord) -> WorkflowRecord:
         async with store.transaction() as tx:
-            locked = await store.workflows.lock(tx, record.id)
+            locked = await tx.repository(WORKFLOWS).lock(record.id)
             assert locked is not None
-            await store.workflows.update(tx, record)
-        stored = await store.workflows.get(record.id)
+            await tx.repository(WORKFLOWS).update(record)
+        stored = await store.repository(WORKFLOWS).get(record.id)
         assert stored is not None
         return stored
 
     async def _log(self, store: Store, id: str, *lines: tuple[int, str, int, str, str | None]) -> None:
         async with store.transaction() as tx:
             for step_index, step, attempt, outcome, reason in lines:
-                await store.workflows.log(
-                    tx,
+                await tx.repository(WORKFLOWS).log(
                     workflow_id=id,
                     step_index=step_index,
                     step=step,
@@ -104,34 +104,50 @@ class WorkflowStoreConformance:
         assert before <= stored.updated_at <= after
 
     async def test_an_unknown_workflow_is_none(self, store: Store) -> None:
-        assert await store.workflows.get("wf-missing") is None
+        assert await store.repository(WORKFLOWS).get("wf-missing") is None
         async with store.transaction() as tx:
-            assert await store.workflows.lock(tx, "wf-missing") is None
-        assert await store.workflows.history("wf-missing") == []
+            assert await tx.repository(WORKFLOWS).lock("wf-missing") is None
+        assert await store.repository(WORKFLOWS).history("wf-missing") == []
 
     async def test_workflow_insert_with_a_taken_id_is_a_conflict_and_keeps_the_first(self, store: Store) -> None:
         first = await self._insert(store, _started())
         with pytest.raises(ConflictError):
             async with store.transaction() as tx:
-                await store.workflows.insert(tx, _started(type="other", tenant="t-2", data={"other": 1}))
-        assert await store.workflows.get("wf-1") == first
+                await tx.repository(WORKFLOWS).insert(_started(type="other", tenant="t-2", data={"other": 1}))
+        assert await store.repository(WORKFLOWS).get("wf-1") == first
+
+    async def test_writes_and_locks_outside_a_transaction_are_refused(self, store: Store) -> None:
+        stored = await self._insert(store, _started())
+        workflows = store.repository(WORKFLOWS)
+        with pytest.raises(InternalError, match="needs a transaction"):
+            await workflows.insert(_started("wf-2"))
+        with pytest.raises(InternalError, match="needs a transaction"):
+            await workflows.lock("wf-1")
+        with pytest.raises(InternalError, match="needs a transaction"):
+            await workflows.update(attrs.evolve(stored, state="failed"))
+        with pytest.raises(InternalError, match="needs a transaction"):
+            await workflows.log(workflow_id="wf-1", step_index=0, step="first", attempt=1, outcome="next", reason=None)
+        assert await workflows.get("wf-2") is None and await workflows.get("wf-1") == stored
+        assert await workflows.history("wf-1") == []
 
     # --- progress commits or rolls back with the caller's transaction ----------------------------------------
 
     async def test_a_started_workflow_and_its_work_exist_only_once_the_transaction_commits(self, store: Store) -> None:
         with pytest.raises(_Failed):
             async with store.transaction() as tx:
-                await store.workflows.insert(tx, _started("wf-dropped"))
+                await tx.repository(WORKFLOWS).insert(_started("wf-dropped"))
                 await tx.enqueue([WorkItem(kind=KIND, key="wf-dropped")])
                 raise _Failed
-        assert await store.workflows.get("wf-dropped") is None
+        assert await store.repository(WORKFLOWS).get("wf-dropped") is None
         assert await store.queue.pending([KIND]) == 0
 
         async with store.transaction() as tx:
-            await store.workflows.insert(tx, _started("wf-kept"))
+            await tx.repository(WORKFLOWS).insert(_started("wf-kept"))
             await tx.enqueue([WorkItem(kind=KIND, key="wf-kept")])
-            assert await store.workflows.get("wf-kept") is None  # not outside the transaction before it commits
-        assert await store.workflows.get("wf-kept") is not None
+            assert (
+                await store.repository(WORKFLOWS).get("wf-kept") is None
+            )  # not outside the transaction before it commits
+        assert await store.repository(WORKFLOWS).get("wf-kept") is not None
         claims = await store.queue.claim(kinds=[KIND], holder="worker-a", limit=10, claim_for=LONG)
         assert [claim.key for claim in claims] == ["wf-kept"]
 
@@ -142,30 +158,30 @@ class WorkflowStoreConformance:
         with pytest.raises(_Failed):
             async with store.transaction() as tx:
                 await tx.publish([OutboxEvent(type="probe.stepped", key="wf-1")])  # the step's own write
-                assert await store.workflows.lock(tx, "wf-1") == start
-                await store.workflows.update(tx, advanced)
+                assert await tx.repository(WORKFLOWS).lock("wf-1") == start
+                await tx.repository(WORKFLOWS).update(advanced)
                 await self._log_in(store, tx, "wf-1", 0, "first", 1, "next")
                 raise _Failed  # a crash before the commit
-        assert await store.workflows.get("wf-1") == start
-        assert await store.workflows.history("wf-1") == []
+        assert await store.repository(WORKFLOWS).get("wf-1") == start
+        assert await store.repository(WORKFLOWS).history("wf-1") == []
         assert await store.outbox.claim(holder="sink", limit=10, claim_for=LONG) == []
 
         async with store.transaction() as tx:
             await tx.publish([OutboxEvent(type="probe.stepped", key="wf-1")])
-            assert await store.workflows.lock(tx, "wf-1") == start
-            await store.workflows.update(tx, advanced)
+            assert await tx.repository(WORKFLOWS).lock("wf-1") == start
+            await tx.repository(WORKFLOWS).update(advanced)
             await self._log_in(store, tx, "wf-1", 0, "first", 1, "next")
-        stored = await store.workflows.get("wf-1")
+        stored = await store.repository(WORKFLOWS).get("wf-1")
         assert stored is not None
         assert _mutable(stored) == _mutable(advanced)
-        assert [(e.step, e.outcome) for e in await store.workflows.history("wf-1")] == [("first", "next")]
+        assert [(e.step, e.outcome) for e in await store.repository(WORKFLOWS).history("wf-1")] == [("first", "next")]
         assert [e.type for e in await store.outbox.claim(holder="sink", limit=10, claim_for=LONG)] == ["probe.stepped"]
 
     async def _log_in(
         self, store: Store, tx: Transaction, id: str, index: int, step: str, attempt: int, outcome: str
     ) -> None:
-        await store.workflows.log(
-            tx, workflow_id=id, step_index=index, step=step, attempt=attempt, outcome=outcome, reason=None
+        await tx.repository(WORKFLOWS).log(
+            workflow_id=id, step_index=index, step=step, attempt=attempt, outcome=outcome, reason=None
         )
 
     async def test_workflow_progress_under_a_lost_lease_is_refused(self, store: Store) -> None:
@@ -176,11 +192,11 @@ class WorkflowStoreConformance:
         assert await store.leases.acquire("controllers/shard:0", "worker-b", LONG) is not None
         with pytest.raises(FailedPreconditionError):
             async with store.transaction(fence=old) as tx:
-                assert await store.workflows.lock(tx, "wf-1") is not None
-                await store.workflows.update(tx, attrs.evolve(start, state="failed", reason="STALE"))
+                assert await tx.repository(WORKFLOWS).lock("wf-1") is not None
+                await tx.repository(WORKFLOWS).update(attrs.evolve(start, state="failed", reason="STALE"))
                 await self._log_in(store, tx, "wf-1", 0, "first", 1, "failed")
-        assert await store.workflows.get("wf-1") == start
-        assert await store.workflows.history("wf-1") == []
+        assert await store.repository(WORKFLOWS).get("wf-1") == start
+        assert await store.repository(WORKFLOWS).history("wf-1") == []
 
     async def test_update_writes_the_mutable_fields_only_and_stamps_updated_at(self, store: Store) -> None:
         start = await self._insert(store, _started())
@@ -229,10 +245,10 @@ class WorkflowStoreConformance:
             inbox={"early.reply": {"ok": True}},
         )
         async with store.transaction() as tx:
-            assert await store.workflows.lock(tx, "wf-1") is not None
-            await store.workflows.update(tx, waiting)
+            assert await tx.repository(WORKFLOWS).lock("wf-1") is not None
+            await tx.repository(WORKFLOWS).update(waiting)
             await tx.enqueue([WorkItem(kind=KIND, key="wf-1", run_at=wake_at)])
-        stored = await store.workflows.get("wf-1")
+        stored = await store.repository(WORKFLOWS).get("wf-1")
         assert stored is not None
         assert _mutable(stored) == _mutable(waiting)
         assert stored.wake_at == wake_at
@@ -255,14 +271,14 @@ class WorkflowStoreConformance:
         )
         # Workflows.signal: the payload goes into the inbox, and the workflow is due now.
         async with store.transaction() as tx:
-            locked = await store.workflows.lock(tx, "wf-1")
+            locked = await tx.repository(WORKFLOWS).lock("wf-1")
             assert locked == waiting
             signalled = attrs.evolve(locked, inbox={**locked.inbox, "bmc.power_on": {"watts": 350}})
-            await store.workflows.update(tx, signalled)
+            await tx.repository(WORKFLOWS).update(signalled)
             await tx.enqueue([WorkItem(kind=KIND, key="wf-1")])
         [claim] = await store.queue.claim(kinds=[KIND], holder="worker-a", limit=10, claim_for=LONG)
         assert claim.key == "wf-1"
-        stored = await store.workflows.get("wf-1")
+        stored = await store.repository(WORKFLOWS).get("wf-1")
         assert stored is not None and stored.inbox == {"bmc.power_on": {"watts": 350}}
 
         # The engine's wake: the event leaves the inbox for the data, and the wait is cleared (None written back).
@@ -293,19 +309,19 @@ class WorkflowStoreConformance:
             async with store.transaction() as tx:
                 if not first:
                     second_waiting.set()
-                record = await store.workflows.lock(tx, "wf-1")
+                record = await tx.repository(WORKFLOWS).lock("wf-1")
                 assert record is not None
                 if first:
                     first_locked.set()
                     await second_waiting.wait()
                     await anyio.sleep(0.3)  # the second writer is blocked in lock() meanwhile
-                await store.workflows.update(tx, attrs.evolve(record, inbox={**record.inbox, event: {}}))
+                await tx.repository(WORKFLOWS).update(attrs.evolve(record, inbox={**record.inbox, event: {}}))
 
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: add("one", first=True))
                 tg.start_soon(lambda: add("two", first=False))
-        stored = await store.workflows.get("wf-1")
+        stored = await store.repository(WORKFLOWS).get("wf-1")
         assert stored is not None
         assert stored.inbox == {"one": {}, "two": {}}
 
@@ -357,7 +373,7 @@ class WorkflowStoreConformance:
                 raise _Failed
         after = await store.now()
 
-        history = await store.workflows.history("wf-1")
+        history = await store.repository(WORKFLOWS).history("wf-1")
         assert [(e.step_index, e.step, e.attempt, e.outcome, e.reason) for e in history] == [
             (0, "first", 1, "error", "EXCEPTION:TimeoutError"),
             (0, "first", 2, "next", None),
@@ -368,11 +384,19 @@ class WorkflowStoreConformance:
         assert [e.id for e in history] == sorted({e.id for e in history})
         assert all(before <= e.at <= after and e.at.utcoffset() == dt.timedelta(0) for e in history)
         assert [e.at for e in history] == sorted(e.at for e in history)
-        assert [(e.workflow_id, e.outcome) for e in await store.workflows.history("wf-2")] == [("wf-2", "next")]
+        assert [(e.workflow_id, e.outcome) for e in await store.repository(WORKFLOWS).history("wf-2")] == [
+            ("wf-2", "next")
+        ]
 
     async def test_the_step_log_limit_keeps_the_newest_lines_oldest_first(self, store: Store) -> None:
         await self._insert(store, _started())
         await self._log(store, "wf-1", *[(0, "first", attempt, "retry", f"R{attempt}") for attempt in range(1, 6)])
-        assert [e.reason for e in await store.workflows.history("wf-1", limit=2)] == ["R4", "R5"]
-        assert [e.reason for e in await store.workflows.history("wf-1", limit=1)] == ["R5"]
-        assert [e.reason for e in await store.workflows.history("wf-1", limit=50)] == ["R1", "R2", "R3", "R4", "R5"]
+        assert [e.reason for e in await store.repository(WORKFLOWS).history("wf-1", limit=2)] == ["R4", "R5"]
+        assert [e.reason for e in await store.repository(WORKFLOWS).history("wf-1", limit=1)] == ["R5"]
+        assert [e.reason for e in await store.repository(WORKFLOWS).history("wf-1", limit=50)] == [
+            "R1",
+            "R2",
+            "R3",
+            "R4",
+            "R5",
+        ]

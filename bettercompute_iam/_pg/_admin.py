@@ -1,8 +1,10 @@
-"""The statements behind IAM's method groups (tenants, principals, credentials, roles, bindings).
+"""The statements behind IAM's method groups (tenants, principals, credentials, roles, bindings): the repository
+``IamAdmin``, reached by the key ``IAM_ADMIN`` as every repository is.
 
-Writes run on the connection of a transaction the caller opened with ``Store.transaction()`` (so the audit row
-commits with them), and so do the reads a write decides on (grants, a pool's tenant): a request holds one pooled
-connection at a time, never a second one while its transaction holds the first. Listings open their own connection.
+Writes run in a transaction the caller opened with ``call.transaction()``, through ``tx.repository(IAM_ADMIN)`` (so
+the audit row commits with them), and so do the reads a write decides on (grants, a pool's tenant): a request holds
+one pooled connection at a time, never a second one while its transaction holds the first. Every method but the
+listings refuses to run outside a transaction. Listings (``store.repository(IAM_ADMIN)``) run on their own.
 Unique and foreign-key violations become ``CONFLICT`` and ``NOT_FOUND`` here; the driver's text (SQL, row values)
 never leaves this module.
 """
@@ -11,26 +13,23 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 import psycopg
 
-from bettercompute.errors import ConflictError, InternalError, InvalidConfigError, NotFoundError
-from bettercompute.ports import Store, Transaction
-from bettercompute_store_pg import PgStore, Statement, connection_of, fetch_in, quote_schema
+from bettercompute.errors import ConflictError, InternalError, NotFoundError
+from bettercompute.ports import Repository
+from bettercompute_store_pg import Database, PgRepository, Statement, quote_schema
 
 from .._policy import Grant
 from .._schemas import Binding, CredentialInfo, Principal, Role, Tenant
 
-__all__ = ["IamAdmin", "RootAdmins"]
+__all__ = ["IAM_ADMIN", "REPOSITORIES", "IamAdmin", "RootAdmins"]
 
 _UNIQUE_VIOLATION = "23505"
 _FOREIGN_KEY_VIOLATION = "23503"
-
-_ADMINS: weakref.WeakKeyDictionary[PgStore, IamAdmin] = weakref.WeakKeyDictionary()
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -39,24 +38,6 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
 
 def _at(value: dt.datetime) -> dt.datetime:
     return value.astimezone(dt.UTC)
-
-
-async def _rows(tx: Transaction, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
-    return await fetch_in(connection_of(tx), statement, params)
-
-
-async def _row(tx: Transaction, statement: Statement, params: Mapping[str, Any]) -> Any:
-    """The first row, or ``None`` when there is none."""
-    rows = await _rows(tx, statement, params)
-    return rows[0] if rows else None
-
-
-async def _one(tx: Transaction, statement: Statement, params: Mapping[str, Any]) -> Any:
-    """The only row of a statement that always returns one (an INSERT ... RETURNING, an aggregate)."""
-    rows = await _rows(tx, statement, params)
-    if len(rows) != 1:
-        raise InternalError("a statement answered an unexpected number of rows")
-    return rows[0]
 
 
 @contextlib.contextmanager
@@ -94,30 +75,14 @@ class RootAdmins:
     remaining: int
 
 
-class IamAdmin:
-    """IAM's administrative statements in the store's schema; one per store (``IamAdmin.of(store)``)."""
+class IamAdmin(PgRepository):
+    """IAM's administrative statements in the store's schema, built once per store (the store makes this adapter
+    once: ``store.repository(IAM_ADMIN)``, or bound to a transaction ``tx.repository(IAM_ADMIN)``)."""
 
-    @classmethod
-    def of(cls, store: Store) -> IamAdmin:
-        """The statements for ``store`` (built once per store).
-
-        Raises:
-            InvalidConfigError: ``store`` is not the PostgreSQL store.
-        """
-        if not isinstance(store, PgStore):
-            raise InvalidConfigError(
-                "the embedded IAM needs the PostgreSQL store",
-                details={"problems": [f"iam: store is a {type(store).__name__}, not a PgStore"]},
-            )
-        admin = _ADMINS.get(store)
-        if admin is None:
-            admin = _ADMINS[store] = cls(store)
-        return admin
-
-    def __init__(self, store: PgStore) -> None:
-        self._store = store
-        q = quote_schema(store.schema)
-        self._lock_key = f"{store.schema}:iam-root-admins"
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        q = quote_schema(db.schema)
+        self._lock_key = f"{db.schema}:iam-root-admins"
         principal_cols = "p.id, p.tenant_id, p.name, p.kind, p.disabled_at, p.created_at"
         credential_cols = (
             "c.id, c.principal_id, c.description, c.created_at, c.expires_at, c.revoked_at, c.last_used_at,"
@@ -127,52 +92,52 @@ class IamAdmin:
         binding_cols = "b.id, b.tenant_id, b.principal_id, b.role_id, r.name, b.scope_type, b.scope_id, b.created_at"
         role_cols = "r.id, r.tenant_id, r.name, r.actions, r.description, r.created_at"
 
-        self._insert_tenant = store.sql(
+        self._insert_tenant = db.sql(
             f"INSERT INTO {q}.iam_tenants (id, name) VALUES (:id, :name) RETURNING id, name, created_at"
         )
-        self._list_tenants = store.sql(
+        self._list_tenants = db.sql(
             f"SELECT id, name, created_at FROM {q}.iam_tenants WHERE {_after('created_at', 'id')}"
             f" ORDER BY created_at, id LIMIT :limit"
         )
 
-        self._insert_principal = store.sql(
+        self._insert_principal = db.sql(
             f"INSERT INTO {q}.iam_principals AS p (id, tenant_id, kind, name) VALUES (:id, :tenant, :kind, :name)"
             f" RETURNING {principal_cols}"
         )
-        self._list_principals = store.sql(
+        self._list_principals = db.sql(
             f"SELECT {principal_cols} FROM {q}.iam_principals p"
             f" WHERE p.tenant_id = :tenant AND {_after('p.created_at', 'p.id')}"
             f" ORDER BY p.created_at, p.id LIMIT :limit"
         )
         # FOR UPDATE: a disable and a new credential (FOR SHARE) for the same principal do not interleave.
-        self._lock_principal = store.sql(
+        self._lock_principal = db.sql(
             f"SELECT {principal_cols} FROM {q}.iam_principals p WHERE p.id = :id AND p.tenant_id = :tenant FOR UPDATE"
         )
-        self._share_principal = store.sql(
+        self._share_principal = db.sql(
             f"SELECT {principal_cols} FROM {q}.iam_principals p WHERE p.id = :id AND p.tenant_id = :tenant FOR SHARE"
         )
-        self._disable_principal = store.sql(
+        self._disable_principal = db.sql(
             f"UPDATE {q}.iam_principals AS p SET disabled_at = coalesce(p.disabled_at, now()) WHERE p.id = :id"
             f" RETURNING {principal_cols}"
         )
 
-        self._insert_credential = store.sql(
+        self._insert_credential = db.sql(
             f"INSERT INTO {q}.iam_credentials AS c (id, principal_id, secret_hash, description, expires_at)"
             f" VALUES (:id, :principal, :hash, :description,"
             f" now() + make_interval(secs => CAST(:seconds AS double precision)))"
             f" RETURNING {credential_cols}"
         )
-        self._list_credentials = store.sql(
+        self._list_credentials = db.sql(
             f"SELECT {credential_cols} FROM {q}.iam_credentials c JOIN {q}.iam_principals p ON p.id = c.principal_id"
             f" WHERE p.tenant_id = :tenant AND (CAST(:principal AS text) IS NULL OR c.principal_id = :principal)"
             f" AND {_after('c.created_at', 'c.id')}"
             f" ORDER BY c.created_at, c.id LIMIT :limit"
         )
-        self._lock_credential = store.sql(
+        self._lock_credential = db.sql(
             f"SELECT c.principal_id FROM {q}.iam_credentials c JOIN {q}.iam_principals p ON p.id = c.principal_id"
             f" WHERE c.id = :id AND p.tenant_id = :tenant FOR UPDATE OF c"
         )
-        self._revoke_credential = store.sql(
+        self._revoke_credential = db.sql(
             f"WITH old AS (SELECT c.id, c.revoked_at FROM {q}.iam_credentials c"
             f" JOIN {q}.iam_principals p ON p.id = c.principal_id"
             f" WHERE c.id = :id AND p.tenant_id = :tenant FOR UPDATE OF c)"
@@ -180,18 +145,18 @@ class IamAdmin:
             f" FROM old WHERE c.id = old.id RETURNING {credential_cols}, old.revoked_at IS NULL"
         )
 
-        self._insert_role = store.sql(
+        self._insert_role = db.sql(
             f"INSERT INTO {q}.iam_roles AS r (id, tenant_id, name, actions, description)"
             f" VALUES (:id, :tenant, :name, :actions, :description) RETURNING {role_cols}"
         )
-        self._list_roles = store.sql(
+        self._list_roles = db.sql(
             f"SELECT {role_cols} FROM {q}.iam_roles r WHERE (r.tenant_id IS NULL OR r.tenant_id = :tenant)"
             f" AND (CAST(:after_custom AS boolean) IS NULL OR (r.tenant_id IS NOT NULL, r.created_at, r.id)"
             f" > (CAST(:after_custom AS boolean), :after_at, :after_id))"
             f" ORDER BY r.tenant_id IS NOT NULL, r.created_at, r.id LIMIT :limit"
         )
 
-        self._insert_binding = store.sql(
+        self._insert_binding = db.sql(
             f"WITH b AS (INSERT INTO {q}.iam_bindings (id, role_id, principal_id, tenant_id, scope_type, scope_id)"
             f" SELECT :id, r.id, p.id, p.tenant_id, :scope_type, :scope_id"
             f" FROM {q}.iam_principals p, {q}.iam_roles r"
@@ -200,21 +165,21 @@ class IamAdmin:
             f" RETURNING *)"
             f" SELECT {binding_cols} FROM b JOIN {q}.iam_roles r ON r.id = b.role_id"
         )
-        self._role_actions = store.sql(
+        self._role_actions = db.sql(
             f"SELECT actions FROM {q}.iam_roles WHERE id = :role AND (tenant_id IS NULL OR tenant_id = :tenant)"
         )
-        self._binding_parts = store.sql(
+        self._binding_parts = db.sql(
             f"SELECT EXISTS (SELECT 1 FROM {q}.iam_principals WHERE id = :principal AND tenant_id = :tenant),"
             f" EXISTS (SELECT 1 FROM {q}.iam_roles WHERE id = :role AND (tenant_id IS NULL OR tenant_id = :tenant))"
         )
-        self._list_bindings = store.sql(
+        self._list_bindings = db.sql(
             f"SELECT {binding_cols} FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
             f" WHERE b.tenant_id = :tenant AND (CAST(:principal AS text) IS NULL OR b.principal_id = :principal)"
             f" AND {_after('b.created_at', 'b.id')}"
             f" ORDER BY b.created_at, b.id LIMIT :limit"
         )
         # A pool scope lies in the tenant the authorization projection records for the pool (None: no such pool).
-        self._grants = store.sql(
+        self._grants = db.sql(
             f"SELECT b.principal_id, r.actions, b.scope_type, b.scope_id,"
             f" CASE b.scope_type WHEN 'tenant' THEN b.scope_id WHEN 'pool' THEN pr.tenant_id END"
             f" FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
@@ -222,17 +187,17 @@ class IamAdmin:
             f" ON b.scope_type = 'pool' AND pr.resource_type = 'pool' AND pr.resource_id = b.scope_id"
             f" WHERE b.principal_id = ANY(:principals)"
         )
-        self._pool_tenant = store.sql(
+        self._pool_tenant = db.sql(
             f"SELECT tenant_id FROM {q}.authz_resources WHERE resource_type = 'pool' AND resource_id = :pool"
         )
-        self._lock_binding = store.sql(
+        self._lock_binding = db.sql(
             f"SELECT {binding_cols} FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
             f" WHERE b.id = :id AND b.tenant_id = :tenant FOR UPDATE OF b"
         )
-        self._delete_binding = store.sql(f"DELETE FROM {q}.iam_bindings WHERE id = :id")
+        self._delete_binding = db.sql(f"DELETE FROM {q}.iam_bindings WHERE id = :id")
 
-        self._lock_root_admins = store.sql("SELECT pg_advisory_xact_lock(hashtext(:key))")
-        self._root_admins = store.sql(
+        self._lock_root_admins = db.sql("SELECT pg_advisory_xact_lock(hashtext(:key))")
+        self._root_admins = db.sql(
             f"SELECT count(*),"
             f" count(*) FILTER (WHERE b.principal_id <> coalesce(CAST(:principal AS text), '')"
             f" AND b.id <> coalesce(CAST(:binding AS text), ''))"
@@ -240,10 +205,25 @@ class IamAdmin:
             f" WHERE b.role_id = 'compute.admin' AND b.scope_type = 'root' AND p.disabled_at IS NULL"
         )
 
-    # --- reads --------------------------------------------------------------------------------------------------
+    # --- running statements -------------------------------------------------------------------------------------
 
-    async def _fetch(self, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
-        return await self._store.fetch(statement, params)
+    async def _rows(self, method: str, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
+        """The rows of a statement of ``method``, in the transaction this adapter is bound to."""
+        return await self._fetch_in_transaction(method, statement, params)
+
+    async def _row(self, method: str, statement: Statement, params: Mapping[str, Any]) -> Any:
+        """The first row, or ``None`` when there is none."""
+        rows = await self._rows(method, statement, params)
+        return rows[0] if rows else None
+
+    async def _one(self, method: str, statement: Statement, params: Mapping[str, Any]) -> Any:
+        """The only row of a statement that always returns one (an INSERT ... RETURNING, an aggregate)."""
+        rows = await self._rows(method, statement, params)
+        if len(rows) != 1:
+            raise InternalError("a statement answered an unexpected number of rows")
+        return rows[0]
+
+    # --- reads --------------------------------------------------------------------------------------------------
 
     # Each list reads one page: at most ``limit`` rows after the key ``after`` (the last key of the page before),
     # in the statement's order, which is by a unique key. The tenant filter holds whatever ``after`` is.
@@ -284,17 +264,15 @@ class IamAdmin:
         params = {"tenant": tenant, "principal": principal_id, **_keyset(after), "limit": limit}
         return [_binding(r) for r in await self._fetch(self._list_bindings, params)]
 
-    # --- writes, in the caller's transaction --------------------------------------------------------------------
+    # --- writes, and the reads they decide on: in the transaction this adapter is bound to ------------------------
 
-    async def create_tenant(self, tx: Transaction, *, tenant_id: str, name: str) -> Tenant:
+    async def create_tenant(self, *, tenant_id: str, name: str) -> Tenant:
         """Insert a tenant. Raises ``ConflictError`` when the name is taken."""
         with _constraints(conflict=f"a tenant named {name!r} exists", details={"path": "name", "name": name}):
-            row = await _one(tx, self._insert_tenant, {"id": tenant_id, "name": name})
+            row = await self._one("create_tenant", self._insert_tenant, {"id": tenant_id, "name": name})
         return _tenant(row)
 
-    async def create_principal(
-        self, tx: Transaction, *, principal_id: str, tenant: str, name: str, kind: str
-    ) -> Principal:
+    async def create_principal(self, *, principal_id: str, tenant: str, name: str, kind: str) -> Principal:
         """Insert a principal. Raises ``NotFoundError`` (no such tenant) or ``ConflictError`` (name taken)."""
         params = {"id": principal_id, "tenant": tenant, "name": name, "kind": kind}
         with _constraints(
@@ -302,35 +280,34 @@ class IamAdmin:
             missing="no such tenant",
             details={"tenant": tenant, "name": name},
         ):
-            row = await _one(tx, self._insert_principal, params)
+            row = await self._one("create_principal", self._insert_principal, params)
         return _principal(row)
 
-    async def lock_principal(self, tx: Transaction, *, tenant: str, principal_id: str, share: bool) -> Principal | None:
+    async def lock_principal(self, *, tenant: str, principal_id: str, share: bool) -> Principal | None:
         """The principal, locked until the transaction ends (``share``: against a disable only); ``None`` when it is
         not in ``tenant``."""
         statement = self._share_principal if share else self._lock_principal
-        row = await _row(tx, statement, {"id": principal_id, "tenant": tenant})
+        row = await self._row("lock_principal", statement, {"id": principal_id, "tenant": tenant})
         return _principal(row) if row is not None else None
 
-    async def disable_principal(self, tx: Transaction, *, principal_id: str) -> Principal:
+    async def disable_principal(self, *, principal_id: str) -> Principal:
         """Mark a (locked) principal disabled, keeping the first time it was."""
-        row = await _one(tx, self._disable_principal, {"id": principal_id})
+        row = await self._one("disable_principal", self._disable_principal, {"id": principal_id})
         return _principal(row)
 
     async def root_admins(
-        self, tx: Transaction, *, without_principal: str | None = None, without_binding: str | None = None
+        self, *, without_principal: str | None = None, without_binding: str | None = None
     ) -> RootAdmins:
         """Count root-scope ``compute.admin`` bindings of enabled principals, and those left without a principal or a
         binding. Serialized across processes until the transaction ends, so two changes cannot both take the last
         but one."""
-        await _rows(tx, self._lock_root_admins, {"key": self._lock_key})
+        await self._rows("root_admins", self._lock_root_admins, {"key": self._lock_key})
         params = {"principal": without_principal, "binding": without_binding}
-        total, remaining = await _one(tx, self._root_admins, params)
+        total, remaining = await self._one("root_admins", self._root_admins, params)
         return RootAdmins(total=int(total), remaining=int(remaining))
 
     async def create_credential(
         self,
-        tx: Transaction,
         *,
         credential_id: str,
         principal_id: str,
@@ -347,28 +324,26 @@ class IamAdmin:
             "seconds": expires_in_seconds,
         }
         with _constraints(conflict="a credential with this id exists; retry", details={}):
-            row = await _one(tx, self._insert_credential, params)
+            row = await self._one("create_credential", self._insert_credential, params)
         return _credential(row)
 
-    async def lock_credential(self, tx: Transaction, *, tenant: str, credential_id: str) -> str | None:
+    async def lock_credential(self, *, tenant: str, credential_id: str) -> str | None:
         """The principal of a credential of ``tenant``, the credential locked until the transaction ends; ``None``
         when the tenant has no such credential."""
-        row = await _row(tx, self._lock_credential, {"id": credential_id, "tenant": tenant})
+        row = await self._row("lock_credential", self._lock_credential, {"id": credential_id, "tenant": tenant})
         return row[0] if row is not None else None
 
-    async def revoke_credential(
-        self, tx: Transaction, *, tenant: str, credential_id: str
-    ) -> tuple[CredentialInfo, bool] | None:
+    async def revoke_credential(self, *, tenant: str, credential_id: str) -> tuple[CredentialInfo, bool] | None:
         """Revoke a credential of ``tenant`` (keeping the first revocation time); whether this call revoked it.
         ``None`` when the tenant has no such credential."""
         params = {"id": credential_id, "tenant": tenant}
-        row = await _row(tx, self._revoke_credential, params)
+        row = await self._row("revoke_credential", self._revoke_credential, params)
         if row is None:
             return None
         return _credential(row), bool(row[8])
 
     async def create_role(
-        self, tx: Transaction, *, role_id: str, tenant: str, name: str, actions: Sequence[str], description: str
+        self, *, role_id: str, tenant: str, name: str, actions: Sequence[str], description: str
     ) -> Role:
         """Insert a custom role. Raises ``NotFoundError`` (no such tenant) or ``ConflictError`` (name taken)."""
         params = {"id": role_id, "tenant": tenant, "name": name, "actions": list(actions), "description": description}
@@ -377,12 +352,11 @@ class IamAdmin:
             missing="no such tenant",
             details={"tenant": tenant, "name": name},
         ):
-            row = await _one(tx, self._insert_role, params)
+            row = await self._one("create_role", self._insert_role, params)
         return _role(row)
 
     async def create_binding(
         self,
-        tx: Transaction,
         *,
         binding_id: str,
         tenant: str,
@@ -407,43 +381,53 @@ class IamAdmin:
         }
         details = {"principal_id": principal_id, "role": role, "scope_type": scope_type, "scope_id": scope_id}
         with _constraints(conflict="this role is already bound to the principal on that scope", details=details):
-            row = await _row(tx, self._insert_binding, params)
+            row = await self._row("create_binding", self._insert_binding, params)
         if row is not None:
             return _binding(row)
-        principal_found, role_found = await _one(tx, self._binding_parts, params)
+        principal_found, role_found = await self._one("create_binding", self._binding_parts, params)
         if not principal_found:
             raise NotFoundError("no such principal in this tenant", details={"path": "principal_id", **details})
         if not role_found:
             raise NotFoundError("no such role in this tenant", details={"path": "role", **details})
         raise InternalError("the binding was not stored")
 
-    async def grants(self, tx: Transaction, *, principal_ids: Sequence[str]) -> dict[str, tuple[Grant, ...]]:
-        """What the bindings of each principal give it, read in ``tx`` (a principal without bindings maps to ``()``)."""
-        rows = await _rows(tx, self._grants, {"principals": list(principal_ids)})
+    async def grants(self, *, principal_ids: Sequence[str]) -> dict[str, tuple[Grant, ...]]:
+        """What the bindings of each principal give it, read in the transaction (a principal without bindings maps to
+        ``()``)."""
+        rows = await self._rows("grants", self._grants, {"principals": list(principal_ids)})
         grants: dict[str, tuple[Grant, ...]] = {p: () for p in principal_ids}
         for principal_id, actions, scope_type, scope_id, scope_tenant in rows:
             grant = Grant(patterns=tuple(actions), scope_type=scope_type, scope_id=scope_id, scope_tenant=scope_tenant)
             grants[principal_id] += (grant,)
         return grants
 
-    async def pool_tenant(self, tx: Transaction, *, pool_id: str) -> str | None:
-        """The tenant of a pool, read in ``tx``; ``None`` when no pool has that id."""
-        row = await _row(tx, self._pool_tenant, {"pool": pool_id})
+    async def pool_tenant(self, *, pool_id: str) -> str | None:
+        """The tenant of a pool, read in the transaction; ``None`` when no pool has that id."""
+        row = await self._row("pool_tenant", self._pool_tenant, {"pool": pool_id})
         return row[0] if row is not None else None
 
-    async def role_actions(self, tx: Transaction, *, tenant: str, role: str) -> tuple[str, ...] | None:
+    async def role_actions(self, *, tenant: str, role: str) -> tuple[str, ...] | None:
         """The action patterns of a built-in role or of a role of ``tenant``; ``None`` when there is no such role."""
-        row = await _row(tx, self._role_actions, {"tenant": tenant, "role": role})
+        row = await self._row("role_actions", self._role_actions, {"tenant": tenant, "role": role})
         return tuple(row[0]) if row is not None else None
 
-    async def lock_binding(self, tx: Transaction, *, tenant: str, binding_id: str) -> Binding | None:
+    async def lock_binding(self, *, tenant: str, binding_id: str) -> Binding | None:
         """A binding of ``tenant``, locked until the transaction ends; ``None`` when there is none."""
-        row = await _row(tx, self._lock_binding, {"id": binding_id, "tenant": tenant})
+        row = await self._row("lock_binding", self._lock_binding, {"id": binding_id, "tenant": tenant})
         return _binding(row) if row is not None else None
 
-    async def delete_binding(self, tx: Transaction, *, binding_id: str) -> None:
+    async def delete_binding(self, *, binding_id: str) -> None:
         """Delete a (locked) binding."""
-        await _rows(tx, self._delete_binding, {"id": binding_id})
+        await self._rows("delete_binding", self._delete_binding, {"id": binding_id})
+
+
+IAM_ADMIN: Repository[IamAdmin] = Repository(
+    module="iam", name="admin", adapters={"postgresql": "bettercompute_iam._pg._admin"}
+)
+"""``tx.repository(IAM_ADMIN)`` in a transaction, ``store.repository(IAM_ADMIN)`` for the listings."""
+
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"admin": IamAdmin}
+"""The adapters the PostgreSQL store finds here through ``IAM_ADMIN.adapters``, by ``Repository.name``."""
 
 
 # --- rows to outputs (rows never leave this module) --------------------------------------------------------------

@@ -1,7 +1,9 @@
 """IAM's PostgreSQL adapter: its tables (migrations of module ``iam``) and the statements that read and write them.
 
 The only modules of this package that may import the PostgreSQL store or psycopg (an import-linter contract) are
-this adapter's; its statements run on psycopg, on the connection of the store's transaction (``connection_of``).
+this adapter's; its statements run on psycopg, on the store's pooled connections or on the connection of a
+transaction it opens itself (``PgTransaction.connection``). Its administrative statements are the repository
+``IamAdmin`` (``_admin``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import attrs
 
 from bettercompute.errors import InvalidConfigError
 from bettercompute.ports import AuditRecord, Migration, Store
-from bettercompute_store_pg import PgStore, connection_of, fetch_in, quote_schema
+from bettercompute_store_pg import PgStore, fetch_in, quote_schema
 
 __all__ = ["MIGRATIONS", "ROOT_TENANT", "CredentialRow", "IamTables"]
 
@@ -210,7 +212,7 @@ class IamTables:
         """Create the root tenant if it does not exist, and add to the built-in roles the actions they lack."""
         roles = json.dumps({name: list(actions) for name, actions in builtin_roles.items()})
         async with self._store.transaction() as tx:
-            conn = connection_of(tx)
+            conn = tx.connection
             await fetch_in(conn, self._ensure_root, {"id": ROOT_TENANT})
             await fetch_in(conn, self._upsert_builtin, {"roles": roles})
 
@@ -221,7 +223,7 @@ class IamTables:
         records when they ended, for listings and for the audit trail.
         """
         async with self._store.transaction() as tx:
-            rows = await fetch_in(connection_of(tx), self._expire, {"limit": limit})
+            rows = await fetch_in(tx.connection, self._expire, {"limit": limit})
             expired = [(r[0], r[1], r[2]) for r in rows]
             for credential_id, _, tenant in expired:
                 await tx.audit(
@@ -261,7 +263,7 @@ class IamTables:
         Serialized across processes, so two concurrent bootstraps mint one credential.
         """
         async with self._store.transaction() as tx:
-            conn = connection_of(tx)
+            conn = tx.connection
             await fetch_in(conn, self._lock, {"key": f"{self._store.schema}:iam-bootstrap"})
             await fetch_in(conn, self._ensure_root, {"id": ROOT_TENANT})
             params = {"id": principal_id, "tenant": ROOT_TENANT, "kind": "user", "name": principal_name}
@@ -287,4 +289,4 @@ class IamTables:
     async def revoke(self, credential_ids: list[str]) -> list[str]:
         """Revoke credentials; returns those that were active."""
         async with self._store.transaction() as tx:
-            return [r[0] for r in await fetch_in(connection_of(tx), self._revoke, {"ids": credential_ids})]
+            return [r[0] for r in await fetch_in(tx.connection, self._revoke, {"ids": credential_ids})]

@@ -11,19 +11,13 @@ from bettercompute.errors import InvalidInputError, NotFoundError
 from bettercompute.modules.pools import POOLS
 from bettercompute.paging import Keyset
 from bettercompute.ports import ResourceRef
-from examples.maintenance._pg import PgWindows
-from examples.maintenance._port import WindowRecord, Windows
+from examples.maintenance._port import MAINTENANCE, WindowRecord
 from examples.maintenance._schemas import CreateWindowInput, ListWindowsInput, ListWindowsOutput, Window
 
 __all__ = ["create", "list_windows"]
 
 WINDOW = "maintenance-window"
 _PAGES: Keyset[Window] = Keyset(dt.datetime, str, key=lambda w: (w.starts_at, w.id))
-
-
-def windows(call: CallContext) -> Windows:
-    """The module's repository on the control plane's store (its statements are built once per store)."""
-    return PgWindows.of(call.context.store)
 
 
 def _in_tenant(input: Any) -> ResourceRef:
@@ -64,7 +58,7 @@ async def create(call: CallContext, input: CreateWindowInput) -> Window:
         reason=input.reason,
     )
     async with call.transaction() as tx:
-        await windows(call).create(tx, record)
+        await tx.repository(MAINTENANCE).create(record)
         await tx.project(ResourceRef(type=WINDOW, id=record.id, tenant=record.tenant, pool=record.pool_id))
         call.describe(resource_id=record.id, details={"pool_id": record.pool_id})
     return _window(record)
@@ -75,6 +69,8 @@ async def list_windows(call: CallContext, input: ListWindowsInput) -> ListWindow
     """A page of the tenant's maintenance windows, earliest first."""
     scope = call.method.action
     after = _PAGES.after(scope, input.cursor)
-    records = await windows(call).for_tenant(input.tenant, after=after, limit=input.limit + 1)
+    records = await call.context.store.repository(MAINTENANCE).for_tenant(
+        input.tenant, after=after, limit=input.limit + 1
+    )
     page, next_cursor = _PAGES.page(scope, [_window(r) for r in records], input.limit)
     return ListWindowsOutput(windows=page, next_cursor=next_cursor)

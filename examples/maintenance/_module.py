@@ -9,7 +9,8 @@ from bettercompute import GroupSet, GroupSpec, Job, ModuleContext
 from bettercompute.modules.pools import POOLS
 from bettercompute.ports import Migration, Repository
 from examples.maintenance import _handlers
-from examples.maintenance._pg import MIGRATIONS, PgWindows
+from examples.maintenance._pg import MIGRATIONS
+from examples.maintenance._port import MAINTENANCE
 
 __all__ = ["MaintenanceGroup", "MaintenanceGroups", "MaintenanceModule"]
 
@@ -40,11 +41,11 @@ class MaintenanceModule:
     actions: Sequence[str] = ()  # every method's action comes from its declaration
     migrations: Mapping[str, Sequence[Migration]] = {"postgresql": MIGRATIONS}
     jobs: Sequence[Job] = ()
-    repositories: Sequence[Repository[Any]] = (POOLS,)  # the core's repositories it reads
+    # Its own repository and the core's it reads: better_compute() refuses a store that lacks one.
+    repositories: Sequence[Repository[Any]] = (MAINTENANCE, POOLS)
 
     async def start(self, context: ModuleContext) -> None:
-        """Check the store can hold the module's table (the PostgreSQL store)."""
-        PgWindows.of(context.store)
+        """Nothing to start: the store made sure of the repositories at composition."""
 
     async def stop(self) -> None:
         """Nothing to stop."""

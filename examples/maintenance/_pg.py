@@ -1,23 +1,22 @@
 """The PostgreSQL adapter of ``Windows`` and the module's migrations (module name ``maintenance``).
 
 The table lives in the control plane's schema beside the core's; the migrations are versioned under the module's
-own name in ``schema_migrations``. Writes run on the caller's transaction (``connection_of``), so a window, its
-authorization projection and the call's audit row commit together.
+own name in ``schema_migrations``. ``PgWindows`` is a ``PgRepository``: the store makes it once (the key
+``MAINTENANCE`` names this file) and ``tx.repository(MAINTENANCE)`` binds it to the caller's transaction, so a window,
+its authorization projection and the call's audit row commit together.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from bettercompute.errors import InvalidConfigError
-from bettercompute.ports import Migration, Store, Transaction
-from bettercompute_store_pg import PgStore, connection_of, fetch_in
+from bettercompute.ports import Migration
+from bettercompute_store_pg import Database, PgRepository
 from examples.maintenance._port import WindowRecord
 
-__all__ = ["MIGRATIONS", "PgWindows"]
+__all__ = ["MIGRATIONS", "REPOSITORIES", "PgWindows"]
 
 MIGRATIONS = (
     Migration(
@@ -57,36 +56,16 @@ def _record(row: Any) -> WindowRecord:
     )
 
 
-_MADE: weakref.WeakKeyDictionary[PgStore, PgWindows] = weakref.WeakKeyDictionary()
+class PgWindows(PgRepository):
+    """``Windows`` on the ``maintenance_windows`` table; one statement per call."""
 
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self._insert = db.sql(_INSERT)
+        self._page = db.sql(_PAGE)
 
-class PgWindows:
-    """``Windows`` on the ``maintenance_windows`` table; one statement per call. One per store: ``of(store)``."""
-
-    @classmethod
-    def of(cls, store: Store) -> PgWindows:
-        """The adapter for ``store``, made on first use.
-
-        Raises:
-            InvalidConfigError: ``store`` is not the PostgreSQL store.
-        """
-        if not isinstance(store, PgStore):
-            raise InvalidConfigError(
-                "the maintenance module needs the PostgreSQL store",
-                details={"problems": [f"store is a {type(store).__name__}, not a PgStore"]},
-            )
-        made = _MADE.get(store)
-        if made is None:
-            made = _MADE[store] = cls(store)
-        return made
-
-    def __init__(self, store: PgStore) -> None:
-        self._store = store
-        self._insert = store.sql(_INSERT)
-        self._page = store.sql(_PAGE)
-
-    async def create(self, tx: Transaction, record: WindowRecord) -> None:
-        """Add a window in the caller's transaction."""
+    async def create(self, record: WindowRecord) -> None:
+        """Add a window in the transaction this adapter is bound to."""
         params = {
             "id": record.id,
             "tenant": record.tenant,
@@ -95,12 +74,16 @@ class PgWindows:
             "ends": record.ends_at,
             "reason": record.reason,
         }
-        await fetch_in(connection_of(tx), self._insert, params)
+        await self._fetch_in_transaction("create", self._insert, params)
 
     async def for_tenant(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[WindowRecord]:
         """A page of the tenant's windows by (start, id)."""
         after_at, after_id = after if after is not None else (None, None)
-        rows = await self._store.fetch(
+        rows = await self._fetch(
             self._page, {"tenant": tenant, "after_at": after_at, "after_id": after_id, "limit": limit}
         )
         return [_record(r) for r in rows]
+
+
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"windows": PgWindows}
+"""This module's adapters by ``Repository.name``, found by the PostgreSQL store through ``MAINTENANCE.adapters``."""

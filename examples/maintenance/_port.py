@@ -1,4 +1,4 @@
-"""The ``maintenance`` module's repository: what its handlers need of a store, as a protocol."""
+"""The ``maintenance`` module's repository: what its handlers need of a store, as a protocol, and its typed key."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports import Transaction
+from bettercompute.ports import Repository
 
-__all__ = ["WindowRecord", "Windows"]
+__all__ = ["MAINTENANCE", "WindowRecord", "Windows"]
 
 
 @attrs.frozen(kw_only=True)
@@ -26,12 +26,19 @@ class WindowRecord:
 
 
 class Windows(Protocol):
-    """Maintenance windows."""
+    """Maintenance windows. ``create`` needs a transaction (``tx.repository(MAINTENANCE)``)."""
 
-    async def create(self, tx: Transaction, record: WindowRecord) -> None:
-        """Add a window in the caller's transaction."""
+    async def create(self, record: WindowRecord) -> None:
+        """Add a window; it commits or rolls back with the transaction."""
         ...
 
     async def for_tenant(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[WindowRecord]:
         """A page of the tenant's windows by (start, id), after the key ``after``."""
         ...
+
+
+MAINTENANCE: Repository[Windows] = Repository(
+    module="maintenance", name="windows", adapters={"postgresql": "examples.maintenance._pg"}
+)
+"""``tx.repository(MAINTENANCE)`` in a transaction, ``store.repository(MAINTENANCE)`` outside one. The module lives
+in a package of its own, so its key names where the PostgreSQL store finds the adapter (``REPOSITORIES`` there)."""

@@ -14,8 +14,8 @@ import anyio
 import attrs
 
 from bettercompute._runtime.reconcile import Outcome, ReconcileContext, Reconciler, RetryPolicy, reason_of
-from bettercompute.errors import ConflictError, InvalidConfigError, InvalidInputError, NotFoundError
-from bettercompute.ports import Transaction, WorkflowLogEntry, WorkflowRecord, WorkflowStore
+from bettercompute.errors import ComputeError, ConflictError, InvalidConfigError, InvalidInputError, NotFoundError
+from bettercompute.ports import WORKFLOWS, Transaction, WorkflowLogEntry, WorkflowRecord, WorkflowStore
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -34,6 +34,18 @@ from bettercompute._runtime.workflows.definitions import (
 __all__ = ["Workflows"]
 
 log = logging.getLogger("bettercompute.workflows")
+
+
+def _has_workflows(store: object) -> bool:
+    """Whether ``store`` ships the workflow store (``store.repository(WORKFLOWS)``)."""
+    repository = getattr(store, "repository", None)
+    if not callable(repository):
+        return False
+    try:
+        repository(WORKFLOWS)
+    except ComputeError:
+        return False
+    return True
 
 
 class Workflows:
@@ -55,7 +67,7 @@ class Workflows:
             if workflow.name in types:
                 problems.append(f"workflow type {workflow.name!r} is declared twice")
             types[workflow.name] = workflow
-        if types and not hasattr(context.store, "workflows"):
+        if types and not _has_workflows(context.store):
             problems.append(f"store: {type(context.store).__name__} lacks workflows")
         if problems:
             raise InvalidConfigError("the workflows are misdeclared", details={"problems": problems})
@@ -78,9 +90,8 @@ class Workflows:
 
     @property
     def _store(self) -> WorkflowStore:
-        store: Any = self._context.store
-        workflows: WorkflowStore = store.workflows
-        return workflows
+        """The workflow store outside a transaction (reads); inside one, ``tx.repository(WORKFLOWS)``."""
+        return self._context.store.repository(WORKFLOWS)
 
     # --- the API ------------------------------------------------------------------------------------------------
 
@@ -121,7 +132,7 @@ class Workflows:
             attempt=1,
             data=dict(data or {}),
         )
-        await self._store.insert(tx, record)
+        await tx.repository(WORKFLOWS).insert(record)
         await tx.enqueue([self.reconciler.item(id)])
         return id
 
@@ -152,12 +163,14 @@ class Workflows:
         if not event:
             raise InvalidInputError("a signal needs an event name")
         async with self._context.store.transaction() as tx:
-            record = await self._store.lock(tx, id)
+            record = await tx.repository(WORKFLOWS).lock(id)
             if record is None:
                 raise NotFoundError("no such workflow", details={"id": id})
             if record.state not in ("running", "waiting"):
                 return False
-            await self._store.update(tx, attrs.evolve(record, inbox={**record.inbox, event: dict(payload or {})}))
+            await tx.repository(WORKFLOWS).update(
+                attrs.evolve(record, inbox={**record.inbox, event: dict(payload or {})})
+            )
             await tx.enqueue([self.reconciler.item(id)])
         return True
 
@@ -171,13 +184,12 @@ class Workflows:
         """
         checked_reason(reason)
         async with self._context.store.transaction() as tx:
-            record = await self._store.lock(tx, id)
+            record = await tx.repository(WORKFLOWS).lock(id)
             if record is None:
                 raise NotFoundError("no such workflow", details={"id": id})
             if record.state not in ("running", "waiting", "failed"):
                 return False
-            await self._store.update(
-                tx,
+            await tx.repository(WORKFLOWS).update(
                 attrs.evolve(
                     record,
                     state="cancelling",
@@ -195,10 +207,9 @@ class Workflows:
 
     async def _gave_up(self, ctx: ReconcileContext, key: str, reason: str) -> None:
         async with ctx.transaction() as tx:
-            record = await self._store.lock(tx, key)
+            record = await tx.repository(WORKFLOWS).lock(key)
             if record is not None and record.state in ACTIVE:
-                await self._store.update(
-                    tx,
+                await tx.repository(WORKFLOWS).update(
                     attrs.evolve(
                         record, state="failed", reason=reason, message="the workflow engine could not make progress"
                     ),
@@ -247,8 +258,7 @@ class Workflows:
         return attrs.evolve(record, state="running", step_index=index, step=workflow.steps[index].name, **common)
 
     async def _log(self, tx: Transaction, record: WorkflowRecord, outcome: str, reason: str | None = None) -> None:
-        await self._store.log(
-            tx,
+        await tx.repository(WORKFLOWS).log(
             workflow_id=record.id,
             step_index=record.step_index,
             step=record.step or "",
@@ -261,7 +271,7 @@ class Workflows:
         """A parked workflow: go on if its event came or its wait timed out, else park again."""
         now = ctx.clock.now()
         async with ctx.transaction() as tx:
-            record = await self._store.lock(tx, snapshot.id)
+            record = await tx.repository(WORKFLOWS).lock(snapshot.id)
             if record is None or record.state != "waiting":
                 return None
             event = record.waiting_for or ""
@@ -270,15 +280,14 @@ class Workflows:
                 payload = inbox.pop(event)
                 await self._log(tx, record, "signaled")
                 record = attrs.evolve(record, inbox=inbox)
-                await self._store.update(tx, self._advance(workflow, record, {**record.data, event: payload}))
+                await tx.repository(WORKFLOWS).update(self._advance(workflow, record, {**record.data, event: payload}))
                 return None
             if record.wake_at is not None and record.wake_at <= now:
                 await self._log(tx, record, "timed_out", "WAIT_TIMEOUT")
                 if record.on_timeout == "next":
-                    await self._store.update(tx, self._advance(workflow, record, record.data))
+                    await tx.repository(WORKFLOWS).update(self._advance(workflow, record, record.data))
                     return None
-                await self._store.update(
-                    tx,
+                await tx.repository(WORKFLOWS).update(
                     attrs.evolve(
                         record,
                         state="failed",
@@ -305,7 +314,7 @@ class Workflows:
         )
 
         async def finish(tx: Transaction, result: StepOutcome) -> Outcome | None:
-            current = await self._store.lock(tx, record.id)
+            current = await tx.repository(WORKFLOWS).lock(record.id)
             if (
                 current is None
                 or current.state not in ("running", "cancelling")
@@ -344,27 +353,26 @@ class Workflows:
             await self._log(tx, record, "next")
             if cancelling:  # it completed: the cancellation compensates it too
                 completed = max(record.completed, record.step_index + 1)
-                await self._store.update(tx, attrs.evolve(record, data=data, completed=completed))
+                await tx.repository(WORKFLOWS).update(attrs.evolve(record, data=data, completed=completed))
             else:
-                await self._store.update(tx, self._advance(workflow, record, data))
+                await tx.repository(WORKFLOWS).update(self._advance(workflow, record, data))
             return None
         if result.action == "wait":
             event = result.event or ""
             await self._log(tx, record, "wait")
             completed = max(record.completed, record.step_index + 1)
             if cancelling:
-                await self._store.update(tx, attrs.evolve(record, data=data, completed=completed))
+                await tx.repository(WORKFLOWS).update(attrs.evolve(record, data=data, completed=completed))
                 return None
             if event in record.inbox:  # the event came before the wait
                 inbox = dict(record.inbox)
                 payload = inbox.pop(event)
                 await self._log(tx, record, "signaled")
                 record = attrs.evolve(record, inbox=inbox)
-                await self._store.update(tx, self._advance(workflow, record, {**data, event: payload}))
+                await tx.repository(WORKFLOWS).update(self._advance(workflow, record, {**data, event: payload}))
                 return None
             wake_at = None if result.timeout is None else now + result.timeout
-            await self._store.update(
-                tx,
+            await tx.repository(WORKFLOWS).update(
                 attrs.evolve(
                     record,
                     state="waiting",
@@ -381,17 +389,17 @@ class Workflows:
         if result.action == "fail":
             await self._log(tx, record, "failed", result.reason)
             if cancelling:
-                await self._store.update(tx, attrs.evolve(record, data=data))
+                await tx.repository(WORKFLOWS).update(attrs.evolve(record, data=data))
                 return None
-            await self._store.update(
-                tx, attrs.evolve(record, state="failed", data=data, reason=result.reason, message=result.message)
+            await tx.repository(WORKFLOWS).update(
+                attrs.evolve(record, state="failed", data=data, reason=result.reason, message=result.message)
             )
             return Outcome.done()
         # retry
         await self._log(tx, record, "retry", result.reason)
         record = attrs.evolve(record, data=data)
         if cancelling:
-            await self._store.update(tx, record)
+            await tx.repository(WORKFLOWS).update(record)
             return None
         return await self._next_attempt(tx, step, record, result.reason or "RETRY", result.message, result.after)
 
@@ -407,8 +415,7 @@ class Workflows:
         """After a failed attempt: the next one after the backoff, or the workflow fails with the reason."""
         if record.attempt >= step.retry.max_attempts:
             what = "compensating step" if record.compensating else "step"
-            await self._store.update(
-                tx,
+            await tx.repository(WORKFLOWS).update(
                 attrs.evolve(
                     record,
                     state="failed",
@@ -421,10 +428,9 @@ class Workflows:
             delay = step.retry.delay(WORKFLOW_KIND, f"{record.id}/{step.name}", record.attempt)
         if record.compensating:  # the cancellation's reason stays; the log has the attempt's
             what = f"compensating step {step.name!r} failed on attempt {record.attempt} ({reason}); retrying"
-            await self._store.update(tx, attrs.evolve(record, attempt=record.attempt + 1, message=what))
+            await tx.repository(WORKFLOWS).update(attrs.evolve(record, attempt=record.attempt + 1, message=what))
             return Outcome.requeue(delay)
-        await self._store.update(
-            tx,
+        await tx.repository(WORKFLOWS).update(
             attrs.evolve(
                 record,
                 attempt=record.attempt + 1,
@@ -440,7 +446,7 @@ class Workflows:
         """Record a failed attempt (its writes rolled back) in a transaction of its own."""
         step = workflow.steps[snapshot.step_index]
         async with ctx.transaction() as tx:
-            record = await self._store.lock(tx, snapshot.id)
+            record = await tx.repository(WORKFLOWS).lock(snapshot.id)
             if record is None or (record.step_index, record.attempt, record.compensating) != (
                 snapshot.step_index,
                 snapshot.attempt,
@@ -459,10 +465,10 @@ class Workflows:
         """One step of a cancellation: compensate the last completed step, or end as cancelled."""
         if not snapshot.compensating:  # the cancellation begins: from the last completed step, backwards
             async with ctx.transaction() as tx:
-                record = await self._store.lock(tx, snapshot.id)
+                record = await tx.repository(WORKFLOWS).lock(snapshot.id)
                 if record is None or record.state != "cancelling" or record.compensating:
                     return None
-                await self._store.update(tx, self._compensating(workflow, record, record.completed))
+                await tx.repository(WORKFLOWS).update(self._compensating(workflow, record, record.completed))
             return None
         index = snapshot.completed - 1
         step = workflow.steps[index]
@@ -490,7 +496,7 @@ class Workflows:
         return None
 
     async def _compensated(self, tx: Transaction, workflow: Workflow, snapshot: WorkflowRecord, outcome: str) -> bool:
-        record = await self._store.lock(tx, snapshot.id)
+        record = await tx.repository(WORKFLOWS).lock(snapshot.id)
         if (
             record is None
             or record.state != "cancelling"
@@ -499,7 +505,7 @@ class Workflows:
         ):
             return False
         await self._log(tx, record, outcome)
-        await self._store.update(tx, self._compensating(workflow, record, record.completed - 1))
+        await tx.repository(WORKFLOWS).update(self._compensating(workflow, record, record.completed - 1))
         return True
 
     def _compensating(self, workflow: Workflow, record: WorkflowRecord, completed: int) -> WorkflowRecord:

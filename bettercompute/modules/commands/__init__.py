@@ -29,7 +29,7 @@ from bettercompute._version import __version__
 from bettercompute.errors import InvalidInputError
 from bettercompute.modules.commands._port import COMMANDS, SESSIONS, CommandRecord, Commands, SessionRecord, Sessions
 from bettercompute.modules.nodes._port import NodeRecord
-from bettercompute.ports import OutboxEvent, Store, Transaction
+from bettercompute.ports import OutboxEvent, Transaction
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -57,7 +57,6 @@ _KIND = re.compile(r"[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*")
 
 async def create_command(
     tx: Transaction,
-    store: Store,
     *,
     node: NodeRecord,
     kind: str,
@@ -78,8 +77,7 @@ async def create_command(
         raise InvalidInputError("on_session_loss: redispatch or fail", details={"path": "on_session_loss"})
     if not 1 <= max_attempts <= 100:
         raise InvalidInputError("max_attempts: between 1 and 100", details={"path": "max_attempts"})
-    return await store.repository(COMMANDS).create(
-        tx,
+    return await tx.repository(COMMANDS).create(
         id=f"cmd_{secrets.token_hex(10)}",
         node_id=node.id,
         tenant=node.tenant,
@@ -107,14 +105,13 @@ def _event(command: CommandRecord) -> OutboxEvent:
 
 async def sweep_commands(context: ModuleContext) -> int:
     """One pass of the CommandSweeper; returns how many commands it changed."""
-    store = context.store
     changed = 0
     while True:
         now = context.clock.now()
         async with job_transaction(context) as tx:
-            expired = await store.repository(COMMANDS).expire(tx, now=now, limit=SWEEP_BATCH)
-            orphaned = await store.repository(COMMANDS).orphaned(
-                tx, stale_before=now - context.session_timeout, now=now, limit=SWEEP_BATCH
+            expired = await tx.repository(COMMANDS).expire(now=now, limit=SWEEP_BATCH)
+            orphaned = await tx.repository(COMMANDS).orphaned(
+                stale_before=now - context.session_timeout, now=now, limit=SWEEP_BATCH
             )
             settled = sorted([*expired, *orphaned], key=lambda c: c.id)
             if settled:

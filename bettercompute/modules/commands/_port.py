@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports import Repository, Transaction
+from bettercompute.ports import Repository
 
 __all__ = ["COMMANDS", "SESSIONS", "CommandRecord", "Commands", "SessionRecord", "Sessions"]
 
@@ -58,12 +58,15 @@ class SessionRecord:
 
 
 class Commands(Protocol):
-    """Commands for daemons. Writes given a ``tx`` commit with it; state changes are guarded by the state they
-    leave, so a repeated or concurrent call changes nothing twice."""
+    """Commands for daemons; state changes are guarded by the state they leave, so a repeated or concurrent call
+    changes nothing twice.
+
+    ``create``, ``expire`` and ``orphaned`` need a transaction (``tx.repository(COMMANDS)``); the others also run on
+    their own (``store.repository(COMMANDS)``).
+    """
 
     async def create(
         self,
-        tx: Transaction,
         *,
         id: str,
         node_id: str,
@@ -93,14 +96,12 @@ class Commands(Protocol):
         when it is not dispatched on that epoch any more (expired, re-dispatched, finished already)."""
         ...
 
-    async def expire(self, tx: Transaction, *, now: dt.datetime, limit: int) -> list[CommandRecord]:
+    async def expire(self, *, now: dt.datetime, limit: int) -> list[CommandRecord]:
         """Turn up to ``limit`` open (``pending`` or ``dispatched``) commands whose deadline passed by ``now`` into
         ``expired`` (reason ``deadline_exceeded``); returns them as they are now."""
         ...
 
-    async def orphaned(
-        self, tx: Transaction, *, stale_before: dt.datetime, now: dt.datetime, limit: int
-    ) -> list[CommandRecord]:
+    async def orphaned(self, *, stale_before: dt.datetime, now: dt.datetime, limit: int) -> list[CommandRecord]:
         """Settle up to ``limit`` ``dispatched`` commands whose session died (closed, replaced by a newer epoch,
         gone, or not seen since ``stale_before``): back to ``pending`` when they declare ``redispatch`` and have
         attempts left, else ``failed`` (``session_lost`` or ``attempts_exhausted``). Returns them as they are now."""
@@ -130,6 +131,6 @@ class Sessions(Protocol):
 
 
 COMMANDS: Repository[Commands] = Repository(module="commands", name="commands")
-"""``store.repository(COMMANDS)``: the store's ``Commands``"""
+"""``tx.repository(COMMANDS)`` in a transaction, ``store.repository(COMMANDS)`` outside one: the store's ``Commands``"""
 SESSIONS: Repository[Sessions] = Repository(module="commands", name="sessions")
-"""``store.repository(SESSIONS)``: the store's ``Sessions``"""
+"""``tx.repository(SESSIONS)`` in a transaction, ``store.repository(SESSIONS)`` outside one: the store's ``Sessions``"""

@@ -46,7 +46,7 @@ from bettercompute.errors import (
     NotFoundError,
     UnavailableError,
 )
-from bettercompute.modules.nodes._port import CERTIFICATES, CaKey, IssuedCertificate, Revocation
+from bettercompute.modules.nodes._port import CERTIFICATES, CaKey, Certificates, IssuedCertificate, Revocation
 from bettercompute.ports import Clock, Kms, OutboxEvent, Store, Transaction
 
 __all__ = ["CertificateAuthority", "IssuedBundle", "RevocationResult", "serial_hex"]
@@ -214,11 +214,11 @@ class CertificateAuthority:
         # Sealed before the transaction: the KMS may be remote, and no network call waits inside a transaction.
         key, private = await self._sealed_key()
         async with self._store.transaction() as tx:
-            await self._store.repository(CERTIFICATES).lock(tx, self.trust_domain)
-            keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain, tx=tx)
+            await tx.repository(CERTIFICATES).lock(self.trust_domain)
+            keys = await tx.repository(CERTIFICATES).keys(self.trust_domain)
             current = next((k for k in keys if k.state == "active"), None)
             if current is None:
-                await self._store.repository(CERTIFICATES).add_key(tx, key)
+                await tx.repository(CERTIFICATES).add_key(key)
         self._forget_keys()
         if current is not None:
             return current  # another process created it meanwhile: ours, never stored, is dropped
@@ -238,13 +238,13 @@ class CertificateAuthority:
         """Make a new active key; the current one becomes ``previous`` and stays in the trust bundle."""
         key, private = await self._sealed_key()  # before the transaction, as in ``ensure``
         async with self._store.transaction() as tx:
-            await self._store.repository(CERTIFICATES).lock(tx, self.trust_domain)
-            for old in await self._store.repository(CERTIFICATES).keys(self.trust_domain, tx=tx):
+            await tx.repository(CERTIFICATES).lock(self.trust_domain)
+            for old in await tx.repository(CERTIFICATES).keys(self.trust_domain):
                 if old.state == "active":
-                    await self._store.repository(CERTIFICATES).set_key_state(
-                        tx, trust_domain=self.trust_domain, id=old.id, state="previous"
+                    await tx.repository(CERTIFICATES).set_key_state(
+                        trust_domain=self.trust_domain, id=old.id, state="previous"
                     )
-            await self._store.repository(CERTIFICATES).add_key(tx, key)
+            await tx.repository(CERTIFICATES).add_key(key)
         self._forget_keys()
         return self._created(key, private)
 
@@ -257,8 +257,8 @@ class CertificateAuthority:
                 still unexpired and unrevoked.
         """
         async with self._store.transaction() as tx:
-            await self._store.repository(CERTIFICATES).lock(tx, self.trust_domain)
-            keys = {k.id: k for k in await self._store.repository(CERTIFICATES).keys(self.trust_domain, tx=tx)}
+            await tx.repository(CERTIFICATES).lock(self.trust_domain)
+            keys = {k.id: k for k in await tx.repository(CERTIFICATES).keys(self.trust_domain)}
             key = keys.get(key_id)
             if key is None:
                 raise NotFoundError("no such CA key", details={"key_id": key_id})
@@ -268,15 +268,13 @@ class CertificateAuthority:
                 raise FailedPreconditionError(
                     "the active CA key cannot be retired; rotate first", details={"key_id": key_id}
                 )
-            live = await self._store.repository(CERTIFICATES).live_count(key_id, now=self._clock.now(), tx=tx)
+            live = await tx.repository(CERTIFICATES).live_count(key_id, now=self._clock.now())
             if live and not force:
                 raise FailedPreconditionError(
                     "certificates issued under this CA key are still valid; retire it after they expire",
                     details={"key_id": key_id, "live_certificates": live},
                 )
-            await self._store.repository(CERTIFICATES).set_key_state(
-                tx, trust_domain=self.trust_domain, id=key_id, state="retired"
-            )
+            await tx.repository(CERTIFICATES).set_key_state(trust_domain=self.trust_domain, id=key_id, state="retired")
         self._private.pop(key_id, None)
         self._forget_keys()
         log.info("CA key %s of %s retired", key_id, self.trust_domain)
@@ -387,10 +385,10 @@ class CertificateAuthority:
             key_sha256=key_sha256(public_key),
         )
         if tx is not None:
-            await self._store.repository(CERTIFICATES).record(tx, record)
+            await tx.repository(CERTIFICATES).record(record)
         else:
             async with self._store.transaction() as own:
-                await self._store.repository(CERTIFICATES).record(own, record)
+                await own.repository(CERTIFICATES).record(record)
         return IssuedBundle(
             certificate_pem=cert.public_bytes(serialization.Encoding.PEM).decode(),
             chain_pem=key.certificate_pem,
@@ -426,7 +424,7 @@ class CertificateAuthority:
             NotFoundError: the CA issued no certificate with this serial.
         """
         canonical = serial_hex(serial)
-        issued = await self._store.repository(CERTIFICATES).get(canonical, tx=tx)
+        issued = await self._certificates(tx).get(canonical)
         if issued is None:
             raise NotFoundError("no certificate with this serial was issued", details={"serial": canonical})
         return await self._revoke(tx, issued.spiffe_id, reason, serial=canonical)
@@ -456,10 +454,8 @@ class CertificateAuthority:
         async def run(t: Transaction) -> list[Revocation]:
             # Exclusive: a renewal of this identity checks and issues under the shared lock, so it either sees this
             # revocation or its new certificate is revoked by it.
-            await self._store.repository(CERTIFICATES).lock_identity(t, key, shared=False)
-            added = await self._store.repository(CERTIFICATES).revoke(
-                t, serial=serial, spiffe_id=spiffe_id, reason=reason
-            )
+            await t.repository(CERTIFICATES).lock_identity(key, shared=False)
+            added = await t.repository(CERTIFICATES).revoke(serial=serial, spiffe_id=spiffe_id, reason=reason)
             if added:
                 serials = [r.serial for r in added]
                 payload = {"spiffe_id": key, "serials": serials, "reason": reason}
@@ -481,8 +477,12 @@ class CertificateAuthority:
         if tx is None and not fresh:
             keys = await self.keys()
         else:
-            keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain, tx=tx)
+            keys = await self._certificates(tx).keys(self.trust_domain)
         return next((k for k in keys if k.state == "active"), None)
+
+    def _certificates(self, tx: Transaction | None) -> Certificates:
+        """The CA's repository in ``tx``, or outside any transaction when there is none."""
+        return tx.repository(CERTIFICATES) if tx is not None else self._store.repository(CERTIFICATES)
 
     def _context(self, key_id: str) -> str:
         return f"ca:{self.trust_domain}:{key_id}"

@@ -227,8 +227,7 @@ class JoinService:
         bundle_pem = await self.ca.trust_bundle_pem()
         vouched = "serial" in token.expect or bool(attestation)
         async with self._store.transaction() as tx:
-            enrollment = await self._store.repository(NODES).enroll(
-                tx,
+            enrollment = await tx.repository(NODES).enroll(
                 new_id=f"node_{secrets.token_hex(8)}",
                 pool_id=pool.id,
                 tenant=pool.tenant,
@@ -250,7 +249,7 @@ class JoinService:
             if reclaimed:
                 # Claims alone do not prove it is the same machine: while the node still holds a valid certificate
                 # (it may be up and running), only a token that names the serial or an attestor may take it back.
-                live = await self._store.repository(CERTIFICATES).live_count_for(spiffe_id, now=now, tx=tx)
+                live = await tx.repository(CERTIFICATES).live_count_for(spiffe_id, now=now)
                 if live and not vouched:
                     raise ConflictError(
                         "the node with this hardware still holds a valid certificate: revoke it (nodes.revoke) or"
@@ -262,7 +261,7 @@ class JoinService:
             await tx.project(ResourceRef(type=NODE, id=node.id, tenant=node.tenant, pool=node.pool_id))
             # The token's row stays locked from here to the commit: spend the use last, so joins sharing a token
             # wait for each other as briefly as possible.
-            spent = await self._store.repository(JOIN_TOKENS).consume(tx, id=token_id, secret_hash=secret_hash, now=now)
+            spent = await tx.repository(JOIN_TOKENS).consume(id=token_id, secret_hash=secret_hash, now=now)
             if spent.outcome != "consumed":
                 _refuse_spent(spent.outcome == "revoked", spent.outcome == "expired", spent.outcome == "exhausted")
                 raise UnauthenticatedError("the join token is not valid", details={"reason": "unknown_token"})
@@ -352,7 +351,7 @@ class JoinService:
             NotFoundError: there is no such node.
         """
         async with self._store.transaction() as tx:
-            node = await retire_node(tx, self._store, self.ca, node_id, reason=reason)
+            node = await retire_node(tx, self.ca, node_id, reason=reason)
         log.info("node %s retired", node_id)
         return node
 

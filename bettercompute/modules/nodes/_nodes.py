@@ -22,7 +22,7 @@ from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._port import NODES, NodeRecord
 from bettercompute.modules.nodes._tokens import JoinSettings
 from bettercompute.paging import Keyset, PageInput
-from bettercompute.ports import ResourceRef, Store, Transaction
+from bettercompute.ports import ResourceRef, Transaction
 
 __all__ = [
     "GetNodeInput",
@@ -130,15 +130,13 @@ def _node(record: NodeRecord) -> Node:
     )
 
 
-async def retire_node(
-    tx: Transaction, store: Store, ca: CertificateAuthority, node_id: str, *, reason: str
-) -> NodeRecord:
+async def retire_node(tx: Transaction, ca: CertificateAuthority, node_id: str, *, reason: str) -> NodeRecord:
     """Retire a node and revoke its certificates in ``tx``.
 
     Raises:
         NotFoundError: there is no such node.
     """
-    node = await store.repository(NODES).retire(tx, node_id)
+    node = await tx.repository(NODES).retire(node_id)
     if node is None:
         raise NotFoundError("no such node", details={"id": node_id})
     await ca.revoke_spiffe_id(ca.spiffe_id(node_id), reason=reason, tx=tx)
@@ -227,7 +225,7 @@ async def retire_handler(call: CallContext, input: RetireNodeInput) -> Node:
     """
     ca = _ca(call)
     async with call.transaction() as tx:
-        record = await retire_node(tx, call.context.store, ca, input.id, reason=input.reason)
+        record = await retire_node(tx, ca, input.id, reason=input.reason)
         call.describe(resource_type=NODE, resource_id=record.id, tenant=record.tenant, details={"reason": input.reason})
     return _node(record)
 

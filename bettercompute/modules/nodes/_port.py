@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports import Repository, Transaction
+from bettercompute.ports import Repository
 
 __all__ = [
     "CERTIFICATES",
@@ -79,11 +79,11 @@ class JoinKeyRecord:
 
 
 class Nodes(Protocol):
-    """Nodes (machines joined to pools). Writes given a ``tx`` commit with it."""
+    """Nodes (machines joined to pools). ``enroll``, ``retire`` and ``get(lock=True)`` need a transaction
+    (``tx.repository(NODES)``)."""
 
     async def enroll(
         self,
-        tx: Transaction,
         *,
         new_id: str,
         pool_id: str,
@@ -100,8 +100,8 @@ class Nodes(Protocol):
         one creates the node and the other gets ``ConflictError``."""
         ...
 
-    async def get(self, id: str, *, tx: Transaction | None = None, lock: bool = False) -> NodeRecord | None:
-        """A node by id; with ``lock`` (and ``tx``) its row is share-locked until ``tx`` ends, so a reclaim or a
+    async def get(self, id: str, *, lock: bool = False) -> NodeRecord | None:
+        """A node by id; with ``lock`` its row is share-locked until the transaction ends, so a reclaim or a
         retirement of it waits (or is waited for)."""
         ...
 
@@ -116,7 +116,7 @@ class Nodes(Protocol):
         ``limit``, after the key ``after``."""
         ...
 
-    async def retire(self, tx: Transaction, id: str) -> NodeRecord | None:
+    async def retire(self, id: str) -> NodeRecord | None:
         """Retire a node for good (idempotent): it can no longer renew, fetch secrets or be reclaimed; ``None`` for
         no such node."""
         ...
@@ -187,60 +187,60 @@ class Revocation:
 class Certificates(Protocol):
     """The node CA's state: its signing keys (sealed), the certificates it issued, and their revocations.
 
-    Writes given a ``tx`` commit with it. ``lock`` serializes the key changes of one trust domain.
+    ``lock`` serializes the key changes of one trust domain. The writes, ``lock`` and ``lock_identity`` need a
+    transaction (``tx.repository(CERTIFICATES)``); the reads run in one when asked through it, else on their own.
     """
 
-    async def lock(self, tx: Transaction, trust_domain: str) -> None:
-        """Hold the trust domain's key lock until ``tx`` ends (creating, rotating and retiring keys take it)."""
+    async def lock(self, trust_domain: str) -> None:
+        """Hold the trust domain's key lock until the transaction ends (creating, rotating and retiring keys take
+        it)."""
         ...
 
-    async def keys(self, trust_domain: str, *, tx: Transaction | None = None) -> list[CaKey]:
-        """The trust domain's keys, retired ones included, oldest first (read in ``tx`` when given)."""
+    async def keys(self, trust_domain: str) -> list[CaKey]:
+        """The trust domain's keys, retired ones included, oldest first."""
         ...
 
-    async def add_key(self, tx: Transaction, key: CaKey) -> None:
+    async def add_key(self, key: CaKey) -> None:
         """Add a key (its ``created_at`` is the store's now). ``ConflictError`` for a second active key."""
         ...
 
-    async def set_key_state(self, tx: Transaction, *, trust_domain: str, id: str, state: str) -> bool:
+    async def set_key_state(self, *, trust_domain: str, id: str, state: str) -> bool:
         """Move a key to ``state`` (``retired`` stamps ``retired_at``); ``False`` when there is no such key."""
         ...
 
-    async def record(self, tx: Transaction, certificate: IssuedCertificate) -> None:
+    async def record(self, certificate: IssuedCertificate) -> None:
         """Record an issued certificate. ``ConflictError`` if its serial is recorded already."""
         ...
 
-    async def get(self, serial: str, *, tx: Transaction | None = None) -> IssuedCertificate | None:
+    async def get(self, serial: str) -> IssuedCertificate | None:
         """The issued certificate with this serial, or ``None``."""
         ...
 
-    async def live_count(self, ca_key_id: str, *, now: dt.datetime, tx: Transaction | None = None) -> int:
+    async def live_count(self, ca_key_id: str, *, now: dt.datetime) -> int:
         """How many certificates issued under ``ca_key_id`` are unexpired at ``now`` and not revoked."""
         ...
 
-    async def live_count_for(self, spiffe_id: str, *, now: dt.datetime, tx: Transaction | None = None) -> int:
+    async def live_count_for(self, spiffe_id: str, *, now: dt.datetime) -> int:
         """How many certificates of ``spiffe_id`` are unexpired at ``now`` and not revoked."""
         ...
 
-    async def newest(self, spiffe_id: str, *, tx: Transaction | None = None) -> IssuedCertificate | None:
+    async def newest(self, spiffe_id: str) -> IssuedCertificate | None:
         """The most recently issued certificate of ``spiffe_id`` that is not revoked, or ``None``."""
         ...
 
-    async def lock_identity(self, tx: Transaction, spiffe_id: str, *, shared: bool) -> None:
-        """Hold the identity lock of ``spiffe_id`` until ``tx`` ends: shared while a renewal checks and issues,
+    async def lock_identity(self, spiffe_id: str, *, shared: bool) -> None:
+        """Hold the identity lock of ``spiffe_id`` until the transaction ends: shared while a renewal checks and issues,
         exclusive while a revocation writes, so neither misses the other."""
         ...
 
-    async def revoke(
-        self, tx: Transaction, *, serial: str | None = None, spiffe_id: str | None = None, reason: str
-    ) -> list[Revocation]:
+    async def revoke(self, *, serial: str | None = None, spiffe_id: str | None = None, reason: str) -> list[Revocation]:
         """Revoke the certificate ``serial``, or every certificate of ``spiffe_id`` (exactly one of them given).
 
         Returns the revocations this call added (a certificate revoked before is left as it was).
         """
         ...
 
-    async def is_revoked(self, serial: str, *, tx: Transaction | None = None) -> bool:
+    async def is_revoked(self, serial: str) -> bool:
         """Whether the certificate ``serial`` is revoked."""
         ...
 
@@ -250,8 +250,10 @@ class Certificates(Protocol):
 
 
 CERTIFICATES: Repository[Certificates] = Repository(module="identity", name="certificates")
-"""``store.repository(CERTIFICATES)``: the store's ``Certificates``"""
+"""``tx.repository(CERTIFICATES)`` in a transaction, ``store.repository(CERTIFICATES)`` outside one: the store's
+``Certificates``"""
 NODES: Repository[Nodes] = Repository(module="identity", name="nodes")
-"""``store.repository(NODES)``: the store's ``Nodes``"""
+"""``tx.repository(NODES)`` in a transaction, ``store.repository(NODES)`` outside one: the store's ``Nodes``"""
 JOIN_KEYS: Repository[JoinKeys] = Repository(module="identity", name="join_keys")
-"""``store.repository(JOIN_KEYS)``: the store's ``JoinKeys``"""
+"""``tx.repository(JOIN_KEYS)`` in a transaction, ``store.repository(JOIN_KEYS)`` outside one: the store's
+``JoinKeys``"""

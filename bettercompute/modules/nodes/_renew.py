@@ -129,11 +129,11 @@ class Renewals:
         async with self._store.transaction() as tx:
             # Checked again under the node's row lock (a reclaim or a retirement holds it exclusively) and the
             # identity's shared lock (a revocation holds it exclusively): whichever commits first, the other sees it.
-            current = await self._store.repository(NODES).get(node.id, tx=tx, lock=True)
-            await self._store.repository(CERTIFICATES).lock_identity(tx, spiffe_id, shared=True)
+            current = await tx.repository(NODES).get(node.id, lock=True)
+            await tx.repository(CERTIFICATES).lock_identity(spiffe_id, shared=True)
             if current is None or current.state == "retired":
                 raise AccessDeniedError("the node is retired", details={"reason": "node_retired"})
-            if await self._store.repository(CERTIFICATES).is_revoked(presented.record.serial, tx=tx):
+            if await tx.repository(CERTIFICATES).is_revoked(presented.record.serial):
                 raise UnauthenticatedError("the certificate was revoked", details={"reason": "certificate_revoked"})
             await self._check_newest(presented, csr_key_digest=key_sha256(csr_key), tx=tx)
             issued = await self.ca.issue(csr_pem, node_id=node.id, role="node", tx=tx)
@@ -163,7 +163,7 @@ class Renewals:
     async def _check_newest(self, presented: Presented, *, csr_key_digest: str, tx: Transaction) -> None:
         """Only the newest certificate renews, unless the CSR asks again for the newest one's key (a renewal whose
         answer was lost: the CSR proves possession of that key)."""
-        newest = await self._store.repository(CERTIFICATES).newest(presented.record.spiffe_id, tx=tx)
+        newest = await tx.repository(CERTIFICATES).newest(presented.record.spiffe_id)
         if newest is not None and newest.serial != presented.record.serial and newest.key_sha256 != csr_key_digest:
             raise UnauthenticatedError(
                 "a newer certificate of this node exists: renew that one", details={"reason": "superseded"}

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports import Repository, Transaction
+from bettercompute.ports import Repository
 
 __all__ = ["JOIN_TOKENS", "POOLS", "JoinTokenRecord", "JoinTokens", "PoolRecord", "Pools", "TokenConsumption"]
 
@@ -55,11 +55,10 @@ class TokenConsumption:
 
 
 class Pools(Protocol):
-    """Pools of machines (the ``pools`` group's state). Writes given a ``tx`` commit with it."""
+    """Pools of machines (the ``pools`` group's state). Writes need a transaction (``tx.repository(POOLS)``)."""
 
     async def create(
         self,
-        tx: Transaction,
         *,
         id: str,
         tenant: str,
@@ -82,7 +81,6 @@ class Pools(Protocol):
 
     async def update(
         self,
-        tx: Transaction,
         *,
         id: str,
         name: str | None = None,
@@ -94,11 +92,11 @@ class Pools(Protocol):
 
 
 class JoinTokens(Protocol):
-    """Join tokens of pools: only the SHA-256 of a token's secret is ever given to the store."""
+    """Join tokens of pools: only the SHA-256 of a token's secret is ever given to the store. ``create``, ``revoke``
+    and ``consume`` need a transaction (``tx.repository(JOIN_TOKENS)``)."""
 
     async def create(
         self,
-        tx: Transaction,
         *,
         id: str,
         pool_id: str,
@@ -126,17 +124,18 @@ class JoinTokens(Protocol):
         """The token ``id`` if its secret hashes to ``secret_hash`` (whatever its state), else ``None``."""
         ...
 
-    async def revoke(self, tx: Transaction, id: str) -> JoinTokenRecord | None:
+    async def revoke(self, id: str) -> JoinTokenRecord | None:
         """End a token (idempotent); ``None`` for no such token."""
         ...
 
-    async def consume(self, tx: Transaction, *, id: str, secret_hash: bytes, now: dt.datetime) -> TokenConsumption:
+    async def consume(self, *, id: str, secret_hash: bytes, now: dt.datetime) -> TokenConsumption:
         """Spend one use atomically if the hash matches and the token is live at ``now``: of concurrent consumers
         of the last use, exactly one gets ``consumed``."""
         ...
 
 
 POOLS: Repository[Pools] = Repository(module="pools", name="pools")
-"""``store.repository(POOLS)``: the store's ``Pools``"""
+"""``tx.repository(POOLS)`` in a transaction, ``store.repository(POOLS)`` outside one: the store's ``Pools``"""
 JOIN_TOKENS: Repository[JoinTokens] = Repository(module="pools", name="join_tokens")
-"""``store.repository(JOIN_TOKENS)``: the store's ``JoinTokens``"""
+"""``tx.repository(JOIN_TOKENS)`` in a transaction, ``store.repository(JOIN_TOKENS)`` outside one: the store's
+``JoinTokens``"""

@@ -159,12 +159,10 @@ async def create_pool(call: CallContext, input: CreatePoolInput) -> Pool:
         NotFoundError: there is no such tenant.
         ConflictError: the tenant has a pool of that name.
     """
-    store = call.context.store
     pool_id = f"pool_{secrets.token_hex(8)}"
     async with call.transaction() as tx:
         await require_tenant(tx, input.tenant)
-        record = await store.repository(POOLS).create(
-            tx,
+        record = await tx.repository(POOLS).create(
             id=pool_id,
             tenant=input.tenant,
             name=input.name,
@@ -226,10 +224,9 @@ async def update_pool(call: CallContext, input: UpdatePoolInput) -> Pool:
         NotFoundError: there is no such pool.
         ConflictError: another pool of the tenant has the new name.
     """
-    store = call.context.store
     async with call.transaction() as tx:
-        record = await store.repository(POOLS).update(
-            tx, id=input.id, name=input.name, acceptance_checks=input.acceptance_checks, labels=input.labels
+        record = await tx.repository(POOLS).update(
+            id=input.id, name=input.name, acceptance_checks=input.acceptance_checks, labels=input.labels
         )
         if record is None:
             raise NotFoundError("no such pool", details={"id": input.id})
@@ -257,8 +254,7 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
     async with call.transaction() as tx:
         # A pool written before tenants were checked may name one that does not exist: mint nothing for it.
         await require_tenant(tx, pool.tenant)
-        record = await context.store.repository(JOIN_TOKENS).create(
-            tx,
+        record = await tx.repository(JOIN_TOKENS).create(
             id=token_id,
             pool_id=pool.id,
             tenant=pool.tenant,
@@ -329,9 +325,8 @@ async def revoke_token(call: CallContext, input: RevokeJoinTokenInput) -> JoinTo
     Raises:
         NotFoundError: there is no such token.
     """
-    store = call.context.store
     async with call.transaction() as tx:
-        record = await store.repository(JOIN_TOKENS).revoke(tx, input.id)
+        record = await tx.repository(JOIN_TOKENS).revoke(input.id)
         if record is None:
             raise NotFoundError("no such join token", details={"id": input.id})
         call.describe(

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports import Repository, Transaction
+from bettercompute.ports import Repository
 
 __all__ = ["SECRETS", "SecretRecord", "SecretStore"]
 
@@ -32,10 +32,10 @@ class SecretRecord:
 
 
 class SecretStore(Protocol):
-    """Secrets of the ``secrets`` group, sealed by the KMS; a name is unique within its tenant. Writes given a ``tx``
-    commit with it."""
+    """Secrets of the ``secrets`` group, sealed by the KMS; a name is unique within its tenant. Writes need a
+    transaction (``tx.repository(SECRETS)``)."""
 
-    async def create(self, tx: Transaction, record: SecretRecord) -> SecretRecord:
+    async def create(self, record: SecretRecord) -> SecretRecord:
         """Add a secret (``created_at`` is the store's now). ``ConflictError`` if the tenant has one of that name."""
         ...
 
@@ -43,7 +43,7 @@ class SecretStore(Protocol):
         """The tenant's secrets by name (unique in a tenant): at most ``limit``, after the key ``after`` (a name)."""
         ...
 
-    async def delete(self, tx: Transaction, *, tenant: str, name: str) -> SecretRecord | None:
+    async def delete(self, *, tenant: str, name: str) -> SecretRecord | None:
         """Delete a secret of ``tenant``; ``None`` when it has no such one."""
         ...
 
@@ -53,4 +53,5 @@ class SecretStore(Protocol):
 
 
 SECRETS: Repository[SecretStore] = Repository(module="secrets", name="secrets")
-"""``store.repository(SECRETS)``: the store's ``SecretStore``"""
+"""``tx.repository(SECRETS)`` in a transaction, ``store.repository(SECRETS)`` outside one: the store's
+``SecretStore``"""

@@ -95,10 +95,10 @@ async def create(call: CallContext, input: CreateSecretInput) -> Secret:
         await require_tenant(tx, input.tenant)
         if kind == "node":
             # Read in this transaction: a second pooled connection while this one is held could exhaust the pool.
-            node = await context.store.repository(NODES).get(scope_id, tx=tx)
+            node = await tx.repository(NODES).get(scope_id)
             if node is None or node.tenant != input.tenant:
                 raise _scope_not_found(kind)
-        stored = await context.store.repository(SECRETS).create(tx, record)
+        stored = await tx.repository(SECRETS).create(record)
         call.describe(
             resource_type="secret",
             resource_id=stored.id,
@@ -133,9 +133,8 @@ async def delete(call: CallContext, input: DeleteSecretInput) -> DeleteSecretOut
     Raises:
         NotFoundError: the tenant has no secret of this name.
     """
-    store = call.context.store
     async with call.transaction() as tx:
-        deleted = await store.repository(SECRETS).delete(tx, tenant=input.tenant, name=input.name)
+        deleted = await tx.repository(SECRETS).delete(tenant=input.tenant, name=input.name)
         if deleted is None:
             raise NotFoundError("no secret of this name in this tenant", details={"name": input.name})
         call.describe(

@@ -52,12 +52,11 @@ def _floor(at: dt.datetime) -> dt.datetime:
 
 async def account_usage(context: ModuleContext) -> int:
     """One pass of the usage job; returns how many usage records it wrote."""
-    store = context.store
     closed_until = _floor(context.clock.now() - USAGE_GRACE)
     async with job_transaction(context) as tx:
-        watermark = await store.repository(USAGE_RECORDS).accounted_until(tx)
+        watermark = await tx.repository(USAGE_RECORDS).accounted_until()
         if watermark is None:
-            earliest = await store.repository(USAGE_RECORDS).earliest_booking(tx)
+            earliest = await tx.repository(USAGE_RECORDS).earliest_booking()
             start = _floor(earliest) if earliest is not None else closed_until
         elif watermark >= closed_until:
             return 0  # no hour closed since the last pass
@@ -66,7 +65,7 @@ async def account_usage(context: ModuleContext) -> int:
         end = min(closed_until, start + MAX_PERIODS_PER_PASS * USAGE_PERIOD)
         if end <= start:
             return 0
-        return await store.repository(USAGE_RECORDS).account(tx, start=start, end=end, period=USAGE_PERIOD)
+        return await tx.repository(USAGE_RECORDS).account(start=start, end=end, period=USAGE_PERIOD)
 
 
 USAGE = Job(name="usage", role="controllers", interval=dt.timedelta(minutes=1), run=account_usage)

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import attrs
 
-from bettercompute.ports import Repository, Transaction
+from bettercompute.ports import Repository
 
 __all__ = ["BOOKINGS", "USAGE_RECORDS", "Booking", "Bookings", "Usage", "UsageRecord"]
 
@@ -41,11 +41,11 @@ class UsageRecord:
 
 class Bookings(Protocol):
     """Bookings of atoms by reservations. The store refuses two bookings of one atom whose times overlap, whatever
-    the timing (PostgreSQL: an exclusion constraint)."""
+    the timing (PostgreSQL: an exclusion constraint). ``book`` and ``release`` need a transaction
+    (``tx.repository(BOOKINGS)``)."""
 
     async def book(
         self,
-        tx: Transaction,
         *,
         atom_id: str,
         reservation_id: str,
@@ -58,7 +58,7 @@ class Bookings(Protocol):
         """Book ``atom_id`` for ``[start, end)``; ``ConflictError`` when it is booked for an overlapping time."""
         ...
 
-    async def release(self, tx: Transaction, *, reservation_id: str, at: dt.datetime) -> int:
+    async def release(self, *, reservation_id: str, at: dt.datetime) -> int:
         """End the reservation's bookings at ``at`` (those ending later or never); returns how many changed."""
         ...
 
@@ -70,17 +70,19 @@ class Bookings(Protocol):
 class Usage(Protocol):
     """Usage records, computed from bookings per closed period. Recomputing a period replaces its records, so an
     accounting pass may run again over the same periods without counting anything twice. Bookings that end after
-    ``accounted_until`` must be kept until a pass has accounted them."""
+    ``accounted_until`` must be kept until a pass has accounted them. All but ``records`` need a transaction
+    (``tx.repository(USAGE_RECORDS)``), the one an accounting pass runs in."""
 
-    async def accounted_until(self, tx: Transaction) -> dt.datetime | None:
-        """The end of the last period accounted (locked until ``tx`` ends), ``None`` before the first pass."""
+    async def accounted_until(self) -> dt.datetime | None:
+        """The end of the last period accounted (locked until the transaction ends), ``None`` before the first
+        pass."""
         ...
 
-    async def earliest_booking(self, tx: Transaction) -> dt.datetime | None:
+    async def earliest_booking(self) -> dt.datetime | None:
         """The start of the earliest booking, ``None`` when there is none."""
         ...
 
-    async def account(self, tx: Transaction, *, start: dt.datetime, end: dt.datetime, period: dt.timedelta) -> int:
+    async def account(self, *, start: dt.datetime, end: dt.datetime, period: dt.timedelta) -> int:
         """(Re)compute the records of every period of length ``period`` in ``[start, end)`` (``start`` aligned) and
         set ``accounted_until`` to ``end``; returns how many records were written."""
         ...
@@ -93,6 +95,7 @@ class Usage(Protocol):
 
 
 BOOKINGS: Repository[Bookings] = Repository(module="usage", name="bookings")
-"""``store.repository(BOOKINGS)``: the store's ``Bookings``"""
+"""``tx.repository(BOOKINGS)`` in a transaction, ``store.repository(BOOKINGS)`` outside one: the store's ``Bookings``"""
 USAGE_RECORDS: Repository[Usage] = Repository(module="usage", name="usage")
-"""``store.repository(USAGE_RECORDS)``: the store's ``Usage``"""
+"""``tx.repository(USAGE_RECORDS)`` in a transaction, ``store.repository(USAGE_RECORDS)`` outside one: the store's
+``Usage``"""

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports import Repository, Transaction
+from bettercompute.ports import Repository
 
 __all__ = ["WEBHOOKS", "DeliveryOutcome", "DueDelivery", "WebhookDelivery", "WebhookSubscription", "Webhooks"]
 
@@ -86,12 +86,13 @@ class Webhooks(Protocol):
 
     Deliveries of one subscription and one event key are handed out one at a time in the order they were added: a
     delivery is not claimed while an earlier one of its key is still pending (delivered and dead ones no longer
-    hold it back). A subscription's deletion deletes its deliveries. Writes given a ``tx`` commit with it.
+    hold it back). A subscription's deletion deletes its deliveries. ``create``, ``delete`` and ``add_delivery`` need
+    a transaction (``tx.repository(WEBHOOKS)``); the deliveries' own writes (``fan_out``, ``claim``, ``record``,
+    ``purge``) commit on their own.
     """
 
     async def create(
         self,
-        tx: Transaction,
         *,
         id: str,
         tenant: str,
@@ -107,12 +108,12 @@ class Webhooks(Protocol):
         """The tenant's subscriptions in ``(created_at, id)`` order: at most ``limit``, after the key ``after``."""
         ...
 
-    async def delete(self, tx: Transaction, *, tenant: str, id: str) -> WebhookSubscription | None:
+    async def delete(self, *, tenant: str, id: str) -> WebhookSubscription | None:
         """Delete a subscription of ``tenant`` and its deliveries; ``None`` when the tenant has no such one."""
         ...
 
     async def add_delivery(
-        self, tx: Transaction, *, tenant: str, id: str, event_id: str, event_type: str, event_key: str, body: str
+        self, *, tenant: str, id: str, event_id: str, event_type: str, event_key: str, body: str
     ) -> bool:
         """Queue one event for one subscription of ``tenant``; ``False`` when the tenant has no such one."""
         ...
@@ -154,4 +155,4 @@ class Webhooks(Protocol):
 
 
 WEBHOOKS: Repository[Webhooks] = Repository(module="webhooks", name="webhooks")
-"""``store.repository(WEBHOOKS)``: the store's ``Webhooks``"""
+"""``tx.repository(WEBHOOKS)`` in a transaction, ``store.repository(WEBHOOKS)`` outside one: the store's ``Webhooks``"""

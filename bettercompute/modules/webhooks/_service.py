@@ -169,8 +169,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
     event_types = tuple(dict.fromkeys(input.event_types))
     async with call.transaction() as tx:
         await require_tenant(tx, input.tenant)
-        subscription = await context.store.repository(WEBHOOKS).create(
-            tx,
+        subscription = await tx.repository(WEBHOOKS).create(
             id=subscription_id,
             tenant=input.tenant,
             url=url,
@@ -214,9 +213,8 @@ async def delete(call: CallContext, input: DeleteWebhookInput) -> DeleteWebhookO
     Raises:
         NotFoundError: the tenant has no such subscription.
     """
-    store = call.context.store
     async with call.transaction() as tx:
-        deleted = await store.repository(WEBHOOKS).delete(tx, tenant=input.tenant, id=input.id)
+        deleted = await tx.repository(WEBHOOKS).delete(tenant=input.tenant, id=input.id)
         if deleted is None:
             raise NotFoundError("no such webhook in this tenant", details={"id": input.id})
         call.describe(resource_type="webhook", resource_id=input.id, tenant=input.tenant, details={"url": deleted.url})
@@ -230,7 +228,6 @@ async def test(call: CallContext, input: WebhookTestInput) -> WebhookTestOutput:
     Raises:
         NotFoundError: the tenant has no such subscription.
     """
-    store = call.context.store
     event_id = f"evt_test_{secrets.token_hex(8)}"
     key = f"{TEST_EVENT}:{event_id}"  # its own key: a test never waits for, or holds back, real events
     body = event_body(
@@ -243,8 +240,8 @@ async def test(call: CallContext, input: WebhookTestInput) -> WebhookTestOutput:
         data={"webhook_id": input.id},
     )
     async with call.transaction() as tx:
-        added = await store.repository(WEBHOOKS).add_delivery(
-            tx, tenant=input.tenant, id=input.id, event_id=event_id, event_type=TEST_EVENT, event_key=key, body=body
+        added = await tx.repository(WEBHOOKS).add_delivery(
+            tenant=input.tenant, id=input.id, event_id=event_id, event_type=TEST_EVENT, event_key=key, body=body
         )
         if not added:
             raise NotFoundError("no such webhook in this tenant", details={"id": input.id})

@@ -14,9 +14,8 @@ from typing import Any
 
 from bettercompute.errors import InternalError, NotFoundError
 from bettercompute.modules.commands import CommandRecord, SessionRecord
-from bettercompute.ports import Transaction
-from bettercompute_store_pg._db import Database, dumps, fetch_in, utc
-from bettercompute_store_pg._transaction import connection_of
+from bettercompute_store_pg._db import Database, dumps, utc
+from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["REPOSITORIES", "PgCommands", "PgSessions"]
 
@@ -169,11 +168,11 @@ def _session(row: Any) -> SessionRecord:
     )
 
 
-class PgCommands:
+class PgCommands(PgRepository):
     """``Commands`` on the ``commands`` table (the commands module's migrations); one statement per call."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._create = db.sql(_CREATE)
         self._get = db.sql(_GET)
         self._dispatch = db.sql(_DISPATCH)
@@ -183,7 +182,6 @@ class PgCommands:
 
     async def create(
         self,
-        tx: Transaction,
         *,
         id: str,
         node_id: str,
@@ -205,18 +203,18 @@ class PgCommands:
             "on_session_loss": on_session_loss,
             "max_attempts": max_attempts,
         }
-        rows = await fetch_in(connection_of(tx), self._create, params)
+        rows = await self._fetch_in_transaction("create", self._create, params)
         return _command(rows[0])
 
     async def get(self, id: str) -> CommandRecord | None:
         """A command by id."""
-        rows = await self._db.fetch(self._get, {"id": id})
+        rows = await self._fetch(self._get, {"id": id})
         return _command(rows[0]) if rows else None
 
     async def dispatch(self, *, node_id: str, epoch: int, now: dt.datetime, limit: int) -> list[CommandRecord]:
         """Mark the node's oldest pending commands dispatched on ``epoch``."""
         params = {"node_id": node_id, "epoch": epoch, "now": now, "limit": limit}
-        rows = await self._db.fetch(self._dispatch, params)
+        rows = await self._fetch(self._dispatch, params)
         return sorted((_command(r) for r in rows), key=lambda c: (c.created_at, c.id))
 
     async def finish(
@@ -226,28 +224,26 @@ class PgCommands:
         if state not in ("succeeded", "failed"):
             raise InternalError("a command finishes as succeeded or failed")
         params = {"id": id, "epoch": epoch, "state": state, "result": dumps(dict(result)), "reason": reason}
-        rows = await self._db.fetch(self._finish, params)
+        rows = await self._fetch(self._finish, params)
         return _command(rows[0]) if rows else None
 
-    async def expire(self, tx: Transaction, *, now: dt.datetime, limit: int) -> list[CommandRecord]:
+    async def expire(self, *, now: dt.datetime, limit: int) -> list[CommandRecord]:
         """Expire open commands past their deadline."""
-        rows = await fetch_in(connection_of(tx), self._expire, {"now": now, "limit": limit})
+        rows = await self._fetch_in_transaction("expire", self._expire, {"now": now, "limit": limit})
         return [_command(r) for r in rows]
 
-    async def orphaned(
-        self, tx: Transaction, *, stale_before: dt.datetime, now: dt.datetime, limit: int
-    ) -> list[CommandRecord]:
+    async def orphaned(self, *, stale_before: dt.datetime, now: dt.datetime, limit: int) -> list[CommandRecord]:
         """Re-queue or fail dispatched commands whose session died."""
         params = {"stale_before": stale_before, "now": now, "limit": limit}
-        rows = await fetch_in(connection_of(tx), self._orphaned, params)
+        rows = await self._fetch_in_transaction("orphaned", self._orphaned, params)
         return [_command(r) for r in rows]
 
 
-class PgSessions:
+class PgSessions(PgRepository):
     """``Sessions`` on the ``sessions`` table (the commands module's migrations) and the nodes' ``session_epoch``."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._open = db.sql(_OPEN)
         self._seen = db.sql(_SEEN)
         self._close = db.sql(_CLOSE)
@@ -259,7 +255,7 @@ class PgSessions:
         Raises:
             NotFoundError: no such node, or it is retired.
         """
-        rows = await self._db.fetch(self._open, {"node_id": node_id, "gateway": gateway})
+        rows = await self._fetch(self._open, {"node_id": node_id, "gateway": gateway})
         if not rows:
             raise NotFoundError("no such live node", details={"node_id": node_id})
         return _session(rows[0])
@@ -269,17 +265,17 @@ class PgSessions:
         if not alive:
             return 0
         params = {"node_ids": [a[0] for a in alive], "epochs": [a[1] for a in alive], "gateway": gateway}
-        return await self._db.rowcount(self._seen, params)
+        return await self._rowcount(self._seen, params)
 
     async def close(self, *, node_id: str, epoch: int) -> bool:
         """End session ``epoch`` of the node."""
-        return bool(await self._db.fetch(self._close, {"node_id": node_id, "epoch": epoch}))
+        return bool(await self._fetch(self._close, {"node_id": node_id, "epoch": epoch}))
 
     async def get(self, node_id: str) -> SessionRecord | None:
         """The node's latest session."""
-        rows = await self._db.fetch(self._get, {"node_id": node_id})
+        rows = await self._fetch(self._get, {"node_id": node_id})
         return _session(rows[0]) if rows else None
 
 
-REPOSITORIES: dict[str, Callable[[Database], object]] = {"commands": PgCommands, "sessions": PgSessions}
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"commands": PgCommands, "sessions": PgSessions}
 """The adapters of this module's repositories, by ``Repository.name``."""

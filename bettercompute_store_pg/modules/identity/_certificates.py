@@ -10,9 +10,8 @@ from typing import Any
 
 from bettercompute.errors import ConflictError, InvalidInputError
 from bettercompute.modules.nodes import CaKey, IssuedCertificate, Revocation
-from bettercompute.ports import Transaction
-from bettercompute_store_pg._db import Database, fetch_in, utc
-from bettercompute_store_pg._transaction import connection_of
+from bettercompute_store_pg._db import Database, utc
+from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["PgCertificates"]
 
@@ -120,11 +119,11 @@ def _revocation(row: Any) -> Revocation:
     return Revocation(serial=row.serial, spiffe_id=row.spiffe_id, reason=row.reason, revoked_at=utc(row.revoked_at))
 
 
-class PgCertificates:
+class PgCertificates(PgRepository):
     """``Certificates`` on ``ca_keys``, ``certificates`` and ``revocations``."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._lock = db.sql(_LOCK)
         self._keys = db.sql(_KEYS)
         self._add_key = db.sql(_ADD_KEY)
@@ -140,19 +139,15 @@ class PgCertificates:
         self._lock_identity_shared = db.sql(_LOCK_IDENTITY_SHARED)
         self._revocations = db.sql(_REVOCATIONS)
 
-    async def lock(self, tx: Transaction, trust_domain: str) -> None:
+    async def lock(self, trust_domain: str) -> None:
         """Take the trust domain's transaction-scoped advisory lock."""
-        await fetch_in(connection_of(tx), self._lock, {"trust_domain": trust_domain})
+        await self._fetch_in_transaction("lock", self._lock, {"trust_domain": trust_domain})
 
-    async def keys(self, trust_domain: str, *, tx: Transaction | None = None) -> list[CaKey]:
+    async def keys(self, trust_domain: str) -> list[CaKey]:
         """The trust domain's keys, oldest first."""
-        params = {"trust_domain": trust_domain}
-        rows = await (
-            fetch_in(connection_of(tx), self._keys, params) if tx is not None else self._db.fetch(self._keys, params)
-        )
-        return [_key(row) for row in rows]
+        return [_key(row) for row in await self._fetch(self._keys, {"trust_domain": trust_domain})]
 
-    async def add_key(self, tx: Transaction, key: CaKey) -> None:
+    async def add_key(self, key: CaKey) -> None:
         """Add a key; a second active key of one trust domain (or a taken id) is a ``ConflictError``."""
         params = {
             "id": key.id,
@@ -163,15 +158,15 @@ class PgCertificates:
             "state": key.state,
             "not_after": key.not_after,
         }
-        if not await fetch_in(connection_of(tx), self._add_key, params):
+        if not await self._fetch_in_transaction("add_key", self._add_key, params):
             raise ConflictError("the trust domain has an active CA key already, or the key id is taken")
 
-    async def set_key_state(self, tx: Transaction, *, trust_domain: str, id: str, state: str) -> bool:
+    async def set_key_state(self, *, trust_domain: str, id: str, state: str) -> bool:
         """Move a key to ``state``."""
         params = {"trust_domain": trust_domain, "id": id, "state": state}
-        return bool(await fetch_in(connection_of(tx), self._set_state, params))
+        return bool(await self._fetch_in_transaction("set_key_state", self._set_state, params))
 
-    async def record(self, tx: Transaction, certificate: IssuedCertificate) -> None:
+    async def record(self, certificate: IssuedCertificate) -> None:
         """Record an issued certificate."""
         params = {
             "serial": certificate.serial,
@@ -183,53 +178,47 @@ class PgCertificates:
             "not_after": certificate.not_after,
             "key_sha256": certificate.key_sha256,
         }
-        if not await fetch_in(connection_of(tx), self._record, params):
+        if not await self._fetch_in_transaction("record", self._record, params):
             raise ConflictError("a certificate with this serial is recorded already")
 
-    async def _rows(self, tx: Transaction | None, statement: Any, params: dict[str, Any]) -> Any:
-        if tx is not None:
-            return await fetch_in(connection_of(tx), statement, params)
-        return await self._db.fetch(statement, params)
-
-    async def get(self, serial: str, *, tx: Transaction | None = None) -> IssuedCertificate | None:
+    async def get(self, serial: str) -> IssuedCertificate | None:
         """The issued certificate ``serial``, or ``None``."""
-        rows = await self._rows(tx, self._get, {"serial": serial})
+        rows = await self._fetch(self._get, {"serial": serial})
         return _certificate(rows[0]) if rows else None
 
-    async def live_count(self, ca_key_id: str, *, now: dt.datetime, tx: Transaction | None = None) -> int:
+    async def live_count(self, ca_key_id: str, *, now: dt.datetime) -> int:
         """Unexpired, unrevoked certificates issued under ``ca_key_id``."""
-        rows = await self._rows(tx, self._live, {"ca_key_id": ca_key_id, "now": now})
+        rows = await self._fetch(self._live, {"ca_key_id": ca_key_id, "now": now})
         return int(rows[0].n)
 
-    async def live_count_for(self, spiffe_id: str, *, now: dt.datetime, tx: Transaction | None = None) -> int:
+    async def live_count_for(self, spiffe_id: str, *, now: dt.datetime) -> int:
         """Unexpired, unrevoked certificates of ``spiffe_id``."""
-        rows = await self._rows(tx, self._live_for, {"spiffe_id": spiffe_id, "now": now})
+        rows = await self._fetch(self._live_for, {"spiffe_id": spiffe_id, "now": now})
         return int(rows[0].n)
 
-    async def newest(self, spiffe_id: str, *, tx: Transaction | None = None) -> IssuedCertificate | None:
+    async def newest(self, spiffe_id: str) -> IssuedCertificate | None:
         """The most recently issued unrevoked certificate of ``spiffe_id``."""
-        rows = await self._rows(tx, self._newest, {"spiffe_id": spiffe_id})
+        rows = await self._fetch(self._newest, {"spiffe_id": spiffe_id})
         return _certificate(rows[0]) if rows else None
 
-    async def lock_identity(self, tx: Transaction, spiffe_id: str, *, shared: bool) -> None:
-        """Hold ``spiffe_id``'s identity lock until ``tx`` ends: shared while renewing, exclusive while revoking."""
+    async def lock_identity(self, spiffe_id: str, *, shared: bool) -> None:
+        """Hold ``spiffe_id``'s identity lock until the transaction ends: shared while renewing, exclusive while
+        revoking."""
         statement = self._lock_identity_shared if shared else self._lock_identity
-        await fetch_in(connection_of(tx), statement, {"spiffe_id": spiffe_id})
+        await self._fetch_in_transaction("lock_identity", statement, {"spiffe_id": spiffe_id})
 
-    async def revoke(
-        self, tx: Transaction, *, serial: str | None = None, spiffe_id: str | None = None, reason: str
-    ) -> list[Revocation]:
+    async def revoke(self, *, serial: str | None = None, spiffe_id: str | None = None, reason: str) -> list[Revocation]:
         """Revoke one certificate by serial, or all of a SPIFFE ID's; returns the revocations added."""
         if (serial is None) == (spiffe_id is None):
             raise InvalidInputError("revoke takes a serial or a SPIFFE ID")
         params = {"serial": serial, "spiffe_id": spiffe_id, "reason": reason}
-        return [_revocation(row) for row in await fetch_in(connection_of(tx), self._revoke, params)]
+        return [_revocation(row) for row in await self._fetch_in_transaction("revoke", self._revoke, params)]
 
-    async def is_revoked(self, serial: str, *, tx: Transaction | None = None) -> bool:
+    async def is_revoked(self, serial: str) -> bool:
         """Whether ``serial`` is revoked."""
-        rows = await self._rows(tx, self._is_revoked, {"serial": serial})
+        rows = await self._fetch(self._is_revoked, {"serial": serial})
         return bool(rows[0].revoked)
 
     async def revocations(self, spiffe_id: str) -> list[Revocation]:
         """The revocations of ``spiffe_id``'s certificates, oldest first."""
-        return [_revocation(row) for row in await self._db.fetch(self._revocations, {"spiffe_id": spiffe_id})]
+        return [_revocation(row) for row in await self._fetch(self._revocations, {"spiffe_id": spiffe_id})]

@@ -13,9 +13,8 @@ from typing import Any
 
 from bettercompute.errors import InternalError
 from bettercompute.modules.nodes import Enrollment, JoinKeyRecord, NodeRecord
-from bettercompute.ports import Transaction
-from bettercompute_store_pg._db import Database, dumps, fetch_in, utc
-from bettercompute_store_pg._transaction import connection_of
+from bettercompute_store_pg._db import Database, dumps, utc
+from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["PgJoinKeys", "PgNodes"]
 
@@ -102,11 +101,11 @@ def _node(row: Any) -> NodeRecord:
     )
 
 
-class PgNodes:
+class PgNodes(PgRepository):
     """``Nodes`` on the ``nodes`` table (the identity module's migrations)."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._enroll = db.sql(_ENROLL)
         self._get = db.sql(_GET)
         self._get_locked = db.sql(_GET_LOCKED)
@@ -116,7 +115,6 @@ class PgNodes:
 
     async def enroll(
         self,
-        tx: Transaction,
         *,
         new_id: str,
         pool_id: str,
@@ -138,24 +136,22 @@ class PgNodes:
             "join_token_id": join_token_id,
             "reclaim": reclaim,
         }
-        rows = await fetch_in(connection_of(tx), self._enroll, params)
+        rows = await self._fetch_in_transaction("enroll", self._enroll, params)
         if not rows:  # pragma: no cover - one of the three branches always answers
             raise InternalError("enrolling a node gave no answer")
         return Enrollment(outcome=rows[0].outcome, node=_node(rows[0]))
 
-    async def get(self, id: str, *, tx: Transaction | None = None, lock: bool = False) -> NodeRecord | None:
-        """A node by id (share-locked until ``tx`` ends with ``lock``)."""
-        if tx is not None:
-            rows = await fetch_in(connection_of(tx), self._get_locked if lock else self._get, {"id": id})
-        elif lock:
-            raise InternalError("locking a node needs a transaction")
+    async def get(self, id: str, *, lock: bool = False) -> NodeRecord | None:
+        """A node by id (share-locked until the transaction ends with ``lock``, which needs a transaction)."""
+        if lock:
+            rows = await self._fetch_in_transaction("get(lock=True)", self._get_locked, {"id": id})
         else:
-            rows = await self._db.fetch(self._get, {"id": id})
+            rows = await self._fetch(self._get, {"id": id})
         return _node(rows[0]) if rows else None
 
     async def for_pool(self, pool_id: str) -> list[NodeRecord]:
         """The pool's nodes, oldest first."""
-        return [_node(r) for r in await self._db.fetch(self._for_pool, {"pool_id": pool_id})]
+        return [_node(r) for r in await self._fetch(self._for_pool, {"pool_id": pool_id})]
 
     async def for_tenant(
         self, tenant: str, *, pool_id: str | None = None, after: Sequence[Any] | None, limit: int
@@ -163,12 +159,12 @@ class PgNodes:
         """The tenant's nodes (of one pool) in ``(created_at, id)`` order, after ``after``, in one statement."""
         after_at, after_id = after if after is not None else (None, None)
         params = {"tenant": tenant, "pool_id": pool_id, "after_at": after_at, "after_id": after_id, "limit": limit}
-        rows = await self._db.fetch(self._for_tenant, params)
+        rows = await self._fetch(self._for_tenant, params)
         return [_node(r) for r in rows]
 
-    async def retire(self, tx: Transaction, id: str) -> NodeRecord | None:
+    async def retire(self, id: str) -> NodeRecord | None:
         """Retire a node (idempotent)."""
-        rows = await fetch_in(connection_of(tx), self._retire, {"id": id})
+        rows = await self._fetch_in_transaction("retire", self._retire, {"id": id})
         return _node(rows[0]) if rows else None
 
 
@@ -182,22 +178,22 @@ def _key(row: Any) -> JoinKeyRecord:
     )
 
 
-class PgJoinKeys:
+class PgJoinKeys(PgRepository):
     """``JoinKeys`` on the ``join_keys`` table (the identity module's migrations)."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._active = db.sql(_ACTIVE_KEY)
         self._create = db.sql(_CREATE_KEY)
 
     async def active(self) -> JoinKeyRecord | None:
         """The active key, if any."""
-        rows = await self._db.fetch(self._active, {})
+        rows = await self._fetch(self._active, {})
         return _key(rows[0]) if rows else None
 
     async def create_if_none(self, *, id: str, public_key: str, sealed_key: bytes) -> JoinKeyRecord:
         """Store this key as the active one unless one exists; the active key either way."""
-        rows = await self._db.fetch(self._create, {"id": id, "public_key": public_key, "sealed_key": sealed_key})
+        rows = await self._fetch(self._create, {"id": id, "public_key": public_key, "sealed_key": sealed_key})
         if not rows:  # pragma: no cover - the insert or the existing row always answers
             raise InternalError("no active join key after creating one")
         return _key(rows[0])

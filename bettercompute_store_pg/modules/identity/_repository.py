@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bettercompute_store_pg._db import Database
+from bettercompute_store_pg._repository import PgRepository
 from bettercompute_store_pg.modules.identity._certificates import PgCertificates
 from bettercompute_store_pg.modules.identity._nodes import PgJoinKeys, PgNodes
 
 __all__ = ["REPOSITORIES"]
 
-REPOSITORIES: dict[str, Callable[[Database], object]] = {
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {
     "certificates": PgCertificates,
     "nodes": PgNodes,
     "join_keys": PgJoinKeys,

@@ -14,9 +14,8 @@ from typing import Any
 
 from bettercompute.errors import ConflictError
 from bettercompute.modules.pools import JoinTokenRecord, PoolRecord, TokenConsumption
-from bettercompute.ports import Transaction
-from bettercompute_store_pg._db import Database, dumps, fetch_in, utc
-from bettercompute_store_pg._transaction import connection_of
+from bettercompute_store_pg._db import Database, dumps, utc
+from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["REPOSITORIES", "PgJoinTokens", "PgPools"]
 
@@ -127,11 +126,11 @@ def _token(row: Any, *, uses_left: int | None = None) -> JoinTokenRecord:
     )
 
 
-class PgPools:
+class PgPools(PgRepository):
     """``Pools`` on the ``pools`` table; one statement per call."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._create = db.sql(_POOL_CREATE)
         self._list = db.sql(_POOL_LIST)
         self._get = db.sql(_POOL_GET)
@@ -139,7 +138,6 @@ class PgPools:
 
     async def create(
         self,
-        tx: Transaction,
         *,
         id: str,
         tenant: str,
@@ -161,7 +159,7 @@ class PgPools:
             "checks": list(acceptance_checks),
             "labels": dumps(dict(labels)),
         }
-        rows = await fetch_in(connection_of(tx), self._create, params)
+        rows = await self._fetch_in_transaction("create", self._create, params)
         if not rows:
             raise ConflictError("the tenant has a pool of that name", details={"path": "name", "name": name})
         return _pool(rows[0])
@@ -170,17 +168,16 @@ class PgPools:
         """The tenant's pools in ``(created_at, id)`` order, after ``after``."""
         after_at, after_id = after if after is not None else (None, None)
         params = {"tenant": tenant, "after_at": after_at, "after_id": after_id, "limit": limit}
-        rows = await self._db.fetch(self._list, params)
+        rows = await self._fetch(self._list, params)
         return [_pool(row) for row in rows]
 
     async def get(self, id: str) -> PoolRecord | None:
         """A pool by id."""
-        rows = await self._db.fetch(self._get, {"id": id})
+        rows = await self._fetch(self._get, {"id": id})
         return _pool(rows[0]) if rows else None
 
     async def update(
         self,
-        tx: Transaction,
         *,
         id: str,
         name: str | None = None,
@@ -198,7 +195,7 @@ class PgPools:
             "checks": list(acceptance_checks) if acceptance_checks is not None else None,
             "labels": dumps(dict(labels)) if labels is not None else None,
         }
-        row = (await fetch_in(connection_of(tx), self._update, params))[0]
+        row = (await self._fetch_in_transaction("update", self._update, params))[0]
         if not row.found:
             return None
         if row.taken:
@@ -206,11 +203,11 @@ class PgPools:
         return _pool(row)
 
 
-class PgJoinTokens:
+class PgJoinTokens(PgRepository):
     """``JoinTokens`` on the ``join_tokens`` table; one statement per call."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._create = db.sql(_TOKEN_CREATE)
         self._list = db.sql(_TOKEN_LIST)
         self._get = db.sql(_TOKEN_GET)
@@ -220,7 +217,6 @@ class PgJoinTokens:
 
     async def create(
         self,
-        tx: Transaction,
         *,
         id: str,
         pool_id: str,
@@ -244,32 +240,32 @@ class PgJoinTokens:
             "reclaim": reclaim,
             "created_by": created_by,
         }
-        rows = await fetch_in(connection_of(tx), self._create, params)
+        rows = await self._fetch_in_transaction("create", self._create, params)
         return _token(rows[0])
 
     async def for_pool(self, pool_id: str, *, after: Sequence[Any] | None, limit: int) -> list[JoinTokenRecord]:
         """The pool's tokens, newest first, before ``after``."""
         after_at, after_id = after if after is not None else (None, None)
         params = {"pool_id": pool_id, "after_at": after_at, "after_id": after_id, "limit": limit}
-        rows = await self._db.fetch(self._list, params)
+        rows = await self._fetch(self._list, params)
         return [_token(row) for row in rows]
 
     async def get(self, id: str) -> JoinTokenRecord | None:
         """A token by id."""
-        rows = await self._db.fetch(self._get, {"id": id})
+        rows = await self._fetch(self._get, {"id": id})
         return _token(rows[0]) if rows else None
 
     async def matching(self, id: str, *, secret_hash: bytes) -> JoinTokenRecord | None:
         """The token ``id`` if its stored hash is ``secret_hash``."""
-        rows = await self._db.fetch(self._matching, {"id": id, "secret_hash": secret_hash})
+        rows = await self._fetch(self._matching, {"id": id, "secret_hash": secret_hash})
         return _token(rows[0]) if rows else None
 
-    async def revoke(self, tx: Transaction, id: str) -> JoinTokenRecord | None:
+    async def revoke(self, id: str) -> JoinTokenRecord | None:
         """End a token now (a revoked one keeps its first ``revoked_at``); ``None`` when there is no such token."""
-        rows = await fetch_in(connection_of(tx), self._revoke, {"id": id})
+        rows = await self._fetch_in_transaction("revoke", self._revoke, {"id": id})
         return _token(rows[0]) if rows else None
 
-    async def consume(self, tx: Transaction, *, id: str, secret_hash: bytes, now: dt.datetime) -> TokenConsumption:
+    async def consume(self, *, id: str, secret_hash: bytes, now: dt.datetime) -> TokenConsumption:
         """Spend one use of a token in the caller's transaction (rolled back with it), in one statement.
 
         The outcome is ``consumed`` (``token.uses_left`` is what is left after), or why nothing was spent:
@@ -277,7 +273,9 @@ class PgJoinTokens:
         ``expired`` (at ``now``) or ``exhausted``. The hash is compared in SQL, to make the decrement conditional
         on it; the result is re-checked here with ``hmac.compare_digest``.
         """
-        rows = await fetch_in(connection_of(tx), self._consume, {"id": id, "secret_hash": secret_hash, "now": now})
+        rows = await self._fetch_in_transaction(
+            "consume", self._consume, {"id": id, "secret_hash": secret_hash, "now": now}
+        )
         if not rows:
             return TokenConsumption(outcome="unknown", token=None)
         row = rows[0]
@@ -295,5 +293,5 @@ class PgJoinTokens:
         return TokenConsumption(outcome=outcome, token=token)
 
 
-REPOSITORIES: dict[str, Callable[[Database], object]] = {"pools": PgPools, "join_tokens": PgJoinTokens}
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"pools": PgPools, "join_tokens": PgJoinTokens}
 """The adapters of this module's repositories, by ``Repository.name``."""

@@ -8,9 +8,8 @@ from typing import Any
 
 from bettercompute.errors import ConflictError
 from bettercompute.modules.secrets import SecretRecord
-from bettercompute.ports import Transaction
-from bettercompute_store_pg._db import Database, fetch_in, utc
-from bettercompute_store_pg._transaction import connection_of
+from bettercompute_store_pg._db import Database, utc
+from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["REPOSITORIES", "PgSecrets"]
 
@@ -50,17 +49,17 @@ def _record(row: Any) -> SecretRecord:
     )
 
 
-class PgSecrets:
+class PgSecrets(PgRepository):
     """``SecretStore`` on the ``secrets`` table (the secrets module's migrations); one statement per call."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._create = db.sql(_CREATE)
         self._list = db.sql(_LIST)
         self._delete = db.sql(_DELETE)
         self._named = db.sql(_NAMED)
 
-    async def create(self, tx: Transaction, record: SecretRecord) -> SecretRecord:
+    async def create(self, record: SecretRecord) -> SecretRecord:
         """Add a secret in the caller's transaction; ``ConflictError`` if the tenant has one of that name."""
         params = {
             "id": record.id,
@@ -70,7 +69,7 @@ class PgSecrets:
             "description": record.description,
             "sealed_value": record.sealed_value,
         }
-        rows = await fetch_in(connection_of(tx), self._create, params)
+        rows = await self._fetch_in_transaction("create", self._create, params)
         if not rows:
             raise ConflictError("this tenant has a secret of this name", details={"name": record.name})
         return _record(rows[0])
@@ -78,19 +77,19 @@ class PgSecrets:
     async def for_tenant(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[SecretRecord]:
         """The tenant's secrets by name, after the name in ``after``."""
         params = {"tenant": tenant, "after": after[0] if after is not None else None, "limit": limit}
-        rows = await self._db.fetch(self._list, params)
+        rows = await self._fetch(self._list, params)
         return [_record(row) for row in rows]
 
-    async def delete(self, tx: Transaction, *, tenant: str, name: str) -> SecretRecord | None:
+    async def delete(self, *, tenant: str, name: str) -> SecretRecord | None:
         """Delete a secret of ``tenant`` in the caller's transaction."""
-        rows = await fetch_in(connection_of(tx), self._delete, {"tenant": tenant, "name": name})
+        rows = await self._fetch_in_transaction("delete", self._delete, {"tenant": tenant, "name": name})
         return _record(rows[0]) if rows else None
 
     async def named(self, name: str, *, scopes: Sequence[str], tenant: str | None = None) -> list[SecretRecord]:
         """The secrets called ``name`` scoped to one of ``scopes``."""
-        rows = await self._db.fetch(self._named, {"name": name, "scopes": list(scopes), "tenant": tenant})
+        rows = await self._fetch(self._named, {"name": name, "scopes": list(scopes), "tenant": tenant})
         return [_record(row) for row in rows]
 
 
-REPOSITORIES: dict[str, Callable[[Database], object]] = {"secrets": PgSecrets}
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"secrets": PgSecrets}
 """The adapters of this module's repositories, by ``Repository.name``."""

@@ -14,9 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bettercompute.modules.usage import Booking, UsageRecord
-from bettercompute.ports import Transaction
-from bettercompute_store_pg._db import Database, fetch_in, utc
-from bettercompute_store_pg._transaction import connection_of
+from bettercompute_store_pg._db import Database, utc
+from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["REPOSITORIES", "PgBookings", "PgUsage"]
 
@@ -102,18 +101,17 @@ def _booking(row: Any) -> Booking:
     )
 
 
-class PgBookings:
+class PgBookings(PgRepository):
     """``Bookings`` on the ``bookings`` table (the usage module's migrations)."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._book = db.sql(_BOOK)
         self._release = db.sql(_RELEASE)
         self._for_reservation = db.sql(_FOR_RESERVATION)
 
     async def book(
         self,
-        tx: Transaction,
         *,
         atom_id: str,
         reservation_id: str,
@@ -134,41 +132,45 @@ class PgBookings:
             "start": start,
             "end": end,
         }
-        rows = await fetch_in(connection_of(tx), self._book, params)
+        rows = await self._fetch_in_transaction("book", self._book, params)
         return _booking(rows[0])
 
-    async def release(self, tx: Transaction, *, reservation_id: str, at: dt.datetime) -> int:
+    async def release(self, *, reservation_id: str, at: dt.datetime) -> int:
         """End the reservation's bookings at ``at``."""
-        return len(await fetch_in(connection_of(tx), self._release, {"reservation_id": reservation_id, "at": at}))
+        return len(
+            await self._fetch_in_transaction("release", self._release, {"reservation_id": reservation_id, "at": at})
+        )
 
     async def for_reservation(self, reservation_id: str) -> list[Booking]:
         """The reservation's bookings."""
-        return [_booking(r) for r in await self._db.fetch(self._for_reservation, {"reservation_id": reservation_id})]
+        return [_booking(r) for r in await self._fetch(self._for_reservation, {"reservation_id": reservation_id})]
 
 
-class PgUsage:
+class PgUsage(PgRepository):
     """``Usage`` on ``usage_records`` and the one-row ``usage_state`` (the usage module's migrations)."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._watermark = db.sql(_WATERMARK)
         self._earliest = db.sql(_EARLIEST)
         self._account = db.sql(_ACCOUNT)
         self._records = db.sql(_RECORDS)
 
-    async def accounted_until(self, tx: Transaction) -> dt.datetime | None:
-        """The watermark, locked until ``tx`` ends."""
-        rows = await fetch_in(connection_of(tx), self._watermark, {})
+    async def accounted_until(self) -> dt.datetime | None:
+        """The watermark, locked until the transaction ends."""
+        rows = await self._fetch_in_transaction("accounted_until", self._watermark, {})
         return utc(rows[0].accounted_until) if rows else None
 
-    async def earliest_booking(self, tx: Transaction) -> dt.datetime | None:
+    async def earliest_booking(self) -> dt.datetime | None:
         """The earliest booking's start."""
-        rows = await fetch_in(connection_of(tx), self._earliest, {})
+        rows = await self._fetch_in_transaction("earliest_booking", self._earliest, {})
         return utc(rows[0].earliest) if rows and rows[0].earliest is not None else None
 
-    async def account(self, tx: Transaction, *, start: dt.datetime, end: dt.datetime, period: dt.timedelta) -> int:
+    async def account(self, *, start: dt.datetime, end: dt.datetime, period: dt.timedelta) -> int:
         """Recompute the periods of ``[start, end)`` and move the watermark to ``end``."""
-        rows = await fetch_in(connection_of(tx), self._account, {"start": start, "end": end, "period": period})
+        rows = await self._fetch_in_transaction(
+            "account", self._account, {"start": start, "end": end, "period": period}
+        )
         return int(rows[0].n)
 
     async def records(
@@ -184,9 +186,9 @@ class PgUsage:
                 period_end=utc(r.period_end),
                 gpu_seconds=float(r.gpu_seconds),
             )
-            for r in await self._db.fetch(self._records, params)
+            for r in await self._fetch(self._records, params)
         ]
 
 
-REPOSITORIES: dict[str, Callable[[Database], object]] = {"bookings": PgBookings, "usage": PgUsage}
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"bookings": PgBookings, "usage": PgUsage}
 """The adapters of this module's repositories, by ``Repository.name``."""

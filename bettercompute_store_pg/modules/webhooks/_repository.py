@@ -13,9 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bettercompute.modules.webhooks import DeliveryOutcome, DueDelivery, WebhookDelivery, WebhookSubscription
-from bettercompute.ports import Transaction
-from bettercompute_store_pg._db import Database, dumps, fetch_in, utc
-from bettercompute_store_pg._transaction import connection_of
+from bettercompute_store_pg._db import Database, dumps, utc
+from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["REPOSITORIES", "PgWebhooks"]
 
@@ -195,12 +194,12 @@ def _delivery(row: Any) -> WebhookDelivery:
     )
 
 
-class PgWebhooks:
+class PgWebhooks(PgRepository):
     """``Webhooks`` on ``webhook_subscriptions`` and ``webhook_deliveries``; one statement per
     call, except ``purge`` (one bounded statement per step)."""
 
     def __init__(self, db: Database) -> None:
-        self._db = db
+        super().__init__(db)
         self._create = db.sql(_CREATE)
         self._list = db.sql(_LIST)
         self._delete = db.sql(_DELETE)
@@ -213,7 +212,6 @@ class PgWebhooks:
 
     async def create(
         self,
-        tx: Transaction,
         *,
         id: str,
         tenant: str,
@@ -231,23 +229,23 @@ class PgWebhooks:
             "description": description,
             "sealed_secret": sealed_secret,
         }
-        rows = await fetch_in(connection_of(tx), self._create, params)
+        rows = await self._fetch_in_transaction("create", self._create, params)
         return _subscription(rows[0])
 
     async def for_tenant(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[WebhookSubscription]:
         """The tenant's subscriptions in ``(created_at, id)`` order, after ``after``."""
         after_at, after_id = after if after is not None else (None, None)
         params = {"tenant": tenant, "after_at": after_at, "after_id": after_id, "limit": limit}
-        rows = await self._db.fetch(self._list, params)
+        rows = await self._fetch(self._list, params)
         return [_subscription(row) for row in rows]
 
-    async def delete(self, tx: Transaction, *, tenant: str, id: str) -> WebhookSubscription | None:
+    async def delete(self, *, tenant: str, id: str) -> WebhookSubscription | None:
         """Delete a subscription of ``tenant`` (its deliveries go with it)."""
-        rows = await fetch_in(connection_of(tx), self._delete, {"id": id, "tenant": tenant})
+        rows = await self._fetch_in_transaction("delete", self._delete, {"id": id, "tenant": tenant})
         return _subscription(rows[0]) if rows else None
 
     async def add_delivery(
-        self, tx: Transaction, *, tenant: str, id: str, event_id: str, event_type: str, event_key: str, body: str
+        self, *, tenant: str, id: str, event_id: str, event_type: str, event_key: str, body: str
     ) -> bool:
         """Queue one event for one subscription of ``tenant``; ``False`` when it has no such one."""
         params = {
@@ -258,12 +256,12 @@ class PgWebhooks:
             "event_key": event_key,
             "body": body,
         }
-        return bool(await fetch_in(connection_of(tx), self._add, params))
+        return bool(await self._fetch_in_transaction("add_delivery", self._add, params))
 
     async def fan_out(self, *, tenant: str, event_id: str, event_type: str, event_key: str, body: str) -> int:
         """Queue an event for every matching subscription of ``tenant``, once per (subscription, event)."""
         params = {"tenant": tenant, "event_id": event_id, "event_type": event_type, "event_key": event_key}
-        return await self._db.rowcount(self._fan_out, {**params, "body": body})
+        return await self._rowcount(self._fan_out, {**params, "body": body})
 
     async def claim(
         self, *, limit: int, claim_for: dt.timedelta, per_tenant: int, per_webhook: int
@@ -272,7 +270,7 @@ class PgWebhooks:
         if min(limit, per_tenant, per_webhook) <= 0:
             return []
         params = {"limit": limit, "claim_for": claim_for, "per_tenant": per_tenant, "per_webhook": per_webhook}
-        rows = await self._db.fetch(self._claim, params)
+        rows = await self._fetch(self._claim, params)
         return [_due(row) for row in sorted(rows, key=lambda r: (r.turn, r.next_attempt_at, r.id))]
 
     async def record(self, outcomes: Sequence[DeliveryOutcome]) -> int:
@@ -291,7 +289,7 @@ class PgWebhooks:
             }
             for o in outcomes
         ]
-        return await self._db.rowcount(self._record, {"outcomes": dumps(payload)})
+        return await self._rowcount(self._record, {"outcomes": dumps(payload)})
 
     async def deliveries(
         self, *, tenant: str, id: str, after: Sequence[Any] | None, limit: int
@@ -299,7 +297,7 @@ class PgWebhooks:
         """A subscription of ``tenant``'s deliveries, newest first, below the id in ``after``; ``None`` when the
         tenant has no such subscription."""
         params = {"tenant": tenant, "id": id, "after": after[0] if after is not None else None, "limit": limit}
-        rows = await self._db.fetch(self._deliveries, params)
+        rows = await self._fetch(self._deliveries, params)
         if not rows:
             return None
         return [_delivery(row) for row in rows if row.id is not None]
@@ -316,12 +314,12 @@ class PgWebhooks:
         }
         after, deleted = 0, 0
         while True:
-            (row,) = await self._db.fetch(self._purge, {**params, "after": after})
+            (row,) = await self._fetch(self._purge, {**params, "after": after})
             deleted += int(row.purged)
             if row.scanned < batch or row.reached_recent:
                 return deleted
             after = int(row.last_id)
 
 
-REPOSITORIES: dict[str, Callable[[Database], object]] = {"webhooks": PgWebhooks}
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"webhooks": PgWebhooks}
 """The adapters of this module's repositories, by ``Repository.name``."""

@@ -32,7 +32,6 @@ async def _command(
     async with fleet.store.transaction() as tx:
         return await create_command(
             tx,
-            fleet.store,
             node=node,
             kind="diag.nvml",
             payload={"level": 1},
@@ -191,7 +190,6 @@ async def test_bad_command_declarations_are_refused(fleet: Fleet) -> None:
             async with fleet.store.transaction() as tx:
                 await create_command(
                     tx,
-                    fleet.store,
                     node=node,
                     payload={},
                     deadline=fleet.clock.now(),

@@ -120,8 +120,7 @@ class World:
         )
         node_id = f"node_{secrets.token_hex(8)}"
         async with self.t.store.transaction() as tx:
-            await self.t.store.repository(NODES).enroll(
-                tx,
+            await tx.repository(NODES).enroll(
                 new_id=node_id,
                 pool_id=pool,
                 tenant=self.t.acme,

@@ -98,8 +98,7 @@ async def world(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
         token = await api.join_tokens.create(t.alice, CreateJoinTokenInput(pool_id=pool.id))
         async with t.store.transaction() as tx:
             # A node as JoinService enrolls and projects one (the join itself is covered in tests/integration/joins).
-            enrolled = await t.store.repository(NODES).enroll(
-                tx,
+            enrolled = await tx.repository(NODES).enroll(
                 new_id=f"node_{secrets.token_hex(8)}",
                 pool_id=pool.id,
                 tenant=t.acme,

@@ -98,7 +98,7 @@ async def test_a_revoked_certificate_or_a_retired_node_cannot_renew(fleet: Fleet
     retired, key = await _joined(fleet, "SN-2")
     challenge = await fleet.services.renew_challenge(certificate_pem=retired.certificate_pem)
     async with fleet.store.transaction() as tx:
-        await fleet.store.repository(NODES).retire(tx, retired.node_id)
+        await tx.repository(NODES).retire(retired.node_id)
     csr = key.csr_pem()
     with pytest.raises(AccessDeniedError) as was_retired:
         await fleet.renew(retired.certificate_pem, key, challenge, csr)

@@ -114,7 +114,7 @@ async def test_a_revoked_or_retired_node_gets_no_secret(fleet: Fleet) -> None:
         await _ask(fleet, revoked, revoked_key, "db")
     assert _reason(was_revoked) == "certificate_revoked"
     async with fleet.store.transaction() as tx:
-        await fleet.store.repository(NODES).retire(tx, retired.node_id)
+        await tx.repository(NODES).retire(retired.node_id)
     with pytest.raises(AccessDeniedError) as was_retired:
         await _ask(fleet, retired, retired_key, "db")
     assert _reason(was_retired) == "node_retired"

@@ -212,8 +212,7 @@ async def test_an_unknown_pool_or_token_is_not_found(plane: Plane) -> None:
 async def test_no_token_is_minted_for_a_pool_whose_tenant_does_not_exist(plane: Plane, database_url: str) -> None:
     # A pool written before creates checked their tenant (pools.create refuses it now), of a tenant never made.
     async with plane.store.transaction() as tx:
-        await plane.store.repository(POOLS).create(
-            tx,
+        await tx.repository(POOLS).create(
             id="pool_0123456789abcdef",
             tenant="tn_gone",
             name="orphan",
@@ -276,8 +275,8 @@ async def test_no_token_secret_is_in_any_table(plane: Plane, database_url: str) 
 
 async def _consume(plane: Plane, token_id: str, secret: str) -> TokenConsumption:
     async with plane.store.transaction() as tx:
-        return await plane.store.repository(JOIN_TOKENS).consume(
-            tx, id=token_id, secret_hash=hash_secret(secret), now=plane.compute.context.clock.now()
+        return await tx.repository(JOIN_TOKENS).consume(
+            id=token_id, secret_hash=hash_secret(secret), now=plane.compute.context.clock.now()
         )
 
 
@@ -307,8 +306,8 @@ async def test_two_joins_racing_for_the_last_use_one_wins(plane: Plane) -> None:
         async def join(token_id: str, secret: str, start: anyio.Event, outcomes: list[str]) -> None:
             await start.wait()
             async with plane.store.transaction() as tx:  # each racer on its own pooled connection
-                result = await plane.store.repository(JOIN_TOKENS).consume(
-                    tx, id=token_id, secret_hash=hash_secret(secret), now=plane.compute.context.clock.now()
+                result = await tx.repository(JOIN_TOKENS).consume(
+                    id=token_id, secret_hash=hash_secret(secret), now=plane.compute.context.clock.now()
                 )
                 await anyio.sleep(0.05)  # hold the row while the others queue on it
             outcomes.append(result.outcome)

@@ -61,8 +61,7 @@ async def _node(vault: Vault, credential: str, pool_id: str) -> str:
     pool = await vault.store.repository(POOLS).get(pool_id)
     assert pool is not None
     async with vault.store.transaction() as tx:
-        enrolled = await vault.store.repository(NODES).enroll(
-            tx,
+        enrolled = await tx.repository(NODES).enroll(
             new_id=f"node_{secrets.token_hex(8)}",
             pool_id=pool_id,
             tenant=pool.tenant,
@@ -89,7 +88,7 @@ async def _site_secret(vault: Vault, name: str, site: str, value: str) -> None:
         created_at=dt.datetime.now(dt.UTC),
     )
     async with vault.store.transaction() as tx:
-        await vault.store.repository(SECRETS).create(tx, record)
+        await tx.repository(SECRETS).create(record)
 
 
 @pytest.fixture

@@ -34,8 +34,8 @@ async def _book(
     gpus: float = 1.0,
 ) -> None:
     async with fleet.store.transaction() as tx:
-        await fleet.store.repository(BOOKINGS).book(
-            tx, atom_id=atom, reservation_id=reservation, tenant=tenant, pool_id=pool, gpus=gpus, start=start, end=end
+        await tx.repository(BOOKINGS).book(
+            atom_id=atom, reservation_id=reservation, tenant=tenant, pool_id=pool, gpus=gpus, start=start, end=end
         )
 
 
@@ -70,7 +70,7 @@ async def test_gpu_seconds_per_tenant_pool_and_hour_counted_once_however_often_t
 
     # The MIG slice is released at 12:30; the 12:00 hour is accounted once it closed.
     async with fleet.store.transaction() as tx:
-        assert await fleet.store.repository(BOOKINGS).release(tx, reservation_id="r-2", at=at(12, 30)) == 1
+        assert await tx.repository(BOOKINGS).release(reservation_id="r-2", at=at(12, 30)) == 1
     fleet.clock.set(at(13, 6))
     await fleet.compute.jobs.tick()
     assert (await _usage(fleet, "t-a"))[4:] == [(12, "p-1", round(900 + 1800 / 7, 1)), (12, "p-vps", 0.0)]
@@ -83,7 +83,7 @@ async def test_a_late_change_to_the_last_hour_is_picked_up_and_replaces_its_numb
     assert await _usage(fleet, "t-a") == [(10, "p-1", 3600.0)]
     # A release at 10:20 recorded late (after the hour was accounted): the next pass recounts that hour.
     async with fleet.store.transaction() as tx:
-        await fleet.store.repository(BOOKINGS).release(tx, reservation_id="r-1", at=at(10, 20))
+        await tx.repository(BOOKINGS).release(reservation_id="r-1", at=at(10, 20))
     fleet.clock.set(at(12, 10))
     await account_usage(fleet.compute.context)
     assert await _usage(fleet, "t-a") == [(10, "p-1", 1200.0)]

@@ -105,8 +105,7 @@ async def test_the_sender_sends_a_key_backlog_without_waiting_for_its_polls(
         webhook_id, _ = await hooks.subscribe(receiver.url)
         async with hooks.store.transaction() as tx:
             for n in range(3):
-                added = await hooks.store.repository(WEBHOOKS).add_delivery(
-                    tx,
+                added = await tx.repository(WEBHOOKS).add_delivery(
                     tenant=hooks.acme,
                     id=webhook_id,
                     event_id=f"evt_{n}",
