@@ -176,6 +176,7 @@ class CertificateAuthority:
         self._read: tuple[float, list[CaKey]] | None = None  # (when, keys) of the last read outside a transaction
         self._generation = 0  # bumped by each change this process makes to the keys
         self._bundle: tuple[tuple[str, ...], list[x509.Certificate]] | None = None
+        self._ca_certs: dict[str, x509.Certificate] = {}  # each key's CA certificate, parsed (keys never change)
 
     ROLES = ROLES
     RAMDISK_MAX_TTL = RAMDISK_MAX_TTL
@@ -319,11 +320,18 @@ class CertificateAuthority:
         role: str = "node",
         ttl: dt.timedelta | None = None,
         tx: Transaction | None = None,
+        checked_key: _AcceptedKey | None = None,
     ) -> IssuedBundle:
         """Sign a CSR for ``node_id`` in ``role`` and record the certificate (in ``tx`` when given, so a join's
         writes and the record commit together).
 
-        Only the CSR's public key is used: the subject, SAN and extensions are the CA's own.
+        Only the CSR's public key is used: the subject, SAN and extensions are the CA's own. A caller that checked
+        the CSR already passes the key ``checked_csr_key(csr_pem)`` returned as ``checked_key`` (it is not parsed
+        twice).
+
+        In ``tx``, nothing is read before the record: the key is the active one ``prepare()`` read and loaded, and
+        the record is made only if that key is still the active one (checked by its statement); if another process
+        rotated meanwhile, ``UnavailableError`` (``ca_key_changed``) and the retry reads the keys again.
 
         Raises:
             InvalidInputError: a CSR that does not parse, whose signature does not match its key, whose key type is
@@ -332,21 +340,19 @@ class CertificateAuthority:
         """
         spiffe_id = self.spiffe_id(node_id, role)
         lifetime = self._lifetime(role, ttl)
-        public_key = checked_csr_key(csr_pem)
+        public_key = checked_key if checked_key is not None else checked_csr_key(csr_pem)
         if tx is None:
             key = await self._active(fresh=True) or await self.ensure()
             private = await self._private_key(key)
         else:
-            # Only reads in ``tx`` (a second pooled connection per join could starve the pool), and no KMS call.
-            active = await self._active(tx)
+            # No statement and no KMS call here: a read outside ``tx`` would take a second pooled connection per
+            # join (which could starve the pool), and the record checks the key is still active anyway.
+            active = self._last_active()
             loaded = self._private.get(active.id) if active is not None else None
             if active is None or loaded is None:
-                self._forget_keys()  # the retry's prepare() reads the keys again
-                raise UnavailableError(
-                    "the CA's signing key changed while this request ran; retry", details={"reason": "ca_key_changed"}
-                )
+                raise self._key_changed()
             key, private = active, loaded
-        ca_cert = x509.load_pem_x509_certificate(key.certificate_pem.encode())
+        ca_cert = self._certificate_of(key)
         not_before = _utc_seconds(self._clock.now()) - CLOCK_SKEW
         not_after = min(not_before + lifetime, key.not_after)
         serial = x509.random_serial_number()
@@ -385,10 +391,12 @@ class CertificateAuthority:
             key_sha256=key_sha256(public_key),
         )
         if tx is not None:
-            await tx.repository(CERTIFICATES).record(record)
+            recorded = await tx.repository(CERTIFICATES).record(record)
         else:
             async with self._store.transaction() as own:
-                await own.repository(CERTIFICATES).record(record)
+                recorded = await own.repository(CERTIFICATES).record(record)
+        if not recorded:
+            raise self._key_changed()
         return IssuedBundle(
             certificate_pem=cert.public_bytes(serialization.Encoding.PEM).decode(),
             chain_pem=key.certificate_pem,
@@ -472,6 +480,24 @@ class CertificateAuthority:
         return RevocationResult(spiffe_id=key, serials=tuple(r.serial for r in added))
 
     # --- internals ----------------------------------------------------------------------------------------------
+
+    def _last_active(self) -> CaKey | None:
+        """The active key of the last read outside a transaction, whatever its age (no I/O); ``None`` if none."""
+        read = self._read
+        return next((k for k in read[1] if k.state == "active"), None) if read is not None else None
+
+    def _key_changed(self) -> UnavailableError:
+        self._forget_keys()  # the retry's prepare() reads the keys again
+        return UnavailableError(
+            "the CA's signing key changed while this request ran; retry", details={"reason": "ca_key_changed"}
+        )
+
+    def _certificate_of(self, key: CaKey) -> x509.Certificate:
+        """A key's CA certificate, parsed once per key."""
+        cert = self._ca_certs.get(key.id)
+        if cert is None:
+            cert = self._ca_certs[key.id] = x509.load_pem_x509_certificate(key.certificate_pem.encode())
+        return cert
 
     async def _active(self, tx: Transaction | None = None, *, fresh: bool = False) -> CaKey | None:
         if tx is None and not fresh:

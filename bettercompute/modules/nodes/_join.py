@@ -10,8 +10,8 @@ commit in one transaction, and nothing in it calls out):
 
 1. Check the CSR (parses, its signature matches its key, asks for no name of its own).
 2. Unseal the token (HPKE to JoinService's key, fresh, never seen before), check its binding, parse it.
-3. Find the token by id and secret hash; refuse it revoked, expired, exhausted or for another pool; decode the
-   claims.
+3. Find the token and its pool (one statement) by id and secret hash; refuse it revoked, expired, exhausted or for
+   another pool; decode the claims.
 4. Run the attestor chain (the built-in ``claims`` attestor enforcing the token's ``expect`` first, then
    ``Options.attestors``), outside any transaction: an attestor may call out. Load the CA key.
 5. In one transaction: enroll the node as ``adopting`` by its hardware key (a new node, or with ``reclaim:
@@ -71,7 +71,7 @@ from bettercompute.modules.nodes._proofs import (
 from bettercompute.modules.nodes._renew import NODE, Renewals, RenewResult
 from bettercompute.modules.nodes._sealing import Unsealer
 from bettercompute.modules.nodes._tokens import hash_secret, parse_token
-from bettercompute.modules.pools._port import JOIN_TOKENS, POOLS
+from bettercompute.modules.pools._port import JOIN_TOKENS
 from bettercompute.ports import AuditRecord, Clock, OutboxEvent, ReplayGuard, ResourceRef, Store
 
 __all__ = ["JOIN_ACTION", "JoinResult", "JoinService", "RenewResult"]
@@ -197,9 +197,10 @@ class JoinService:
             )
         token_id, secret = parsed
         secret_hash = hash_secret(secret)
-        token = await self._store.repository(JOIN_TOKENS).matching(token_id, secret_hash=secret_hash)
-        if token is None:
+        match = await self._store.repository(JOIN_TOKENS).matching(token_id, secret_hash=secret_hash)
+        if match is None:
             raise UnauthenticatedError("the join token is not valid", details={"reason": "unknown_token"})
+        token, pool = match.token, match.pool
         _refuse_spent(token.revoked_at is not None, token.expires_at <= now, token.uses_left <= 0)
         if pool_id is not None and pool_id != token.pool_id:
             raise AccessDeniedError(
@@ -208,9 +209,6 @@ class JoinService:
             )
         hardware = _claims(claims)
         facts = checked_evidence(evidence)
-        pool = await self._store.repository(POOLS).get(token.pool_id)
-        if pool is None:  # pragma: no cover - a token's pool cannot be deleted
-            raise InternalError("the join token's pool is missing")
         if pool.pool_class == "provider":
             raise FailedPreconditionError(
                 "a provider pool takes no daemons: its machines are run through the provider's API",
@@ -257,7 +255,7 @@ class JoinService:
                         details={"reason": "node_live"},
                     )
                 await self.ca.revoke_spiffe_id(spiffe_id, reason="reclaimed by a new join of the same hardware", tx=tx)
-            issued = await self.ca.issue(csr_pem, node_id=node.id, role="node", tx=tx)
+            issued = await self.ca.issue(csr_pem, node_id=node.id, role="node", tx=tx, checked_key=csr_key)
             await tx.project(ResourceRef(type=NODE, id=node.id, tenant=node.tenant, pool=node.pool_id))
             # The token's row stays locked from here to the commit: spend the use last, so joins sharing a token
             # wait for each other as briefly as possible.

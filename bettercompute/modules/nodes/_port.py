@@ -208,8 +208,10 @@ class Certificates(Protocol):
         """Move a key to ``state`` (``retired`` stamps ``retired_at``); ``False`` when there is no such key."""
         ...
 
-    async def record(self, certificate: IssuedCertificate) -> None:
-        """Record an issued certificate. ``ConflictError`` if its serial is recorded already."""
+    async def record(self, certificate: IssuedCertificate) -> bool:
+        """Record an issued certificate if the CA key that signed it (``ca_key_id``) is still the active one, checked
+        by the same statement; ``False`` (nothing recorded) when it is not. ``ConflictError`` if its serial is
+        recorded already."""
         ...
 
     async def get(self, serial: str) -> IssuedCertificate | None:

@@ -136,7 +136,7 @@ class Renewals:
             if await tx.repository(CERTIFICATES).is_revoked(presented.record.serial):
                 raise UnauthenticatedError("the certificate was revoked", details={"reason": "certificate_revoked"})
             await self._check_newest(presented, csr_key_digest=key_sha256(csr_key), tx=tx)
-            issued = await self.ca.issue(csr_pem, node_id=node.id, role="node", tx=tx)
+            issued = await self.ca.issue(csr_pem, node_id=node.id, role="node", tx=tx, checked_key=csr_key)
             await tx.audit(
                 AuditRecord(
                     action=RENEW_ACTION,

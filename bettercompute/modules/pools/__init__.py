@@ -6,6 +6,7 @@ from bettercompute.modules.pools._methods import PoolsGroup as PoolsGroup
 from bettercompute.modules.pools._module import PoolsModule as PoolsModule
 from bettercompute.modules.pools._port import JOIN_TOKENS as JOIN_TOKENS
 from bettercompute.modules.pools._port import POOLS as POOLS
+from bettercompute.modules.pools._port import JoinTokenMatch as JoinTokenMatch
 from bettercompute.modules.pools._port import JoinTokenRecord as JoinTokenRecord
 from bettercompute.modules.pools._port import JoinTokens as JoinTokens
 from bettercompute.modules.pools._port import PoolRecord as PoolRecord

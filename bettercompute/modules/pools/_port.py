@@ -10,7 +10,16 @@ import attrs
 
 from bettercompute.ports import Repository
 
-__all__ = ["JOIN_TOKENS", "POOLS", "JoinTokenRecord", "JoinTokens", "PoolRecord", "Pools", "TokenConsumption"]
+__all__ = [
+    "JOIN_TOKENS",
+    "POOLS",
+    "JoinTokenMatch",
+    "JoinTokenRecord",
+    "JoinTokens",
+    "PoolRecord",
+    "Pools",
+    "TokenConsumption",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -43,6 +52,14 @@ class JoinTokenRecord:
     created_at: dt.datetime
     revoked_at: dt.datetime | None
     last_used_at: dt.datetime | None
+
+
+@attrs.frozen(kw_only=True)
+class JoinTokenMatch:
+    """A join token found by its id and secret, with its pool (``JoinTokens.matching``: a join reads both at once)."""
+
+    token: JoinTokenRecord
+    pool: PoolRecord
 
 
 @attrs.frozen(kw_only=True)
@@ -120,8 +137,9 @@ class JoinTokens(Protocol):
         """A token by id."""
         ...
 
-    async def matching(self, id: str, *, secret_hash: bytes) -> JoinTokenRecord | None:
-        """The token ``id`` if its secret hashes to ``secret_hash`` (whatever its state), else ``None``."""
+    async def matching(self, id: str, *, secret_hash: bytes) -> JoinTokenMatch | None:
+        """The token ``id`` and its pool if its secret hashes to ``secret_hash`` (whatever its state), else
+        ``None``."""
         ...
 
     async def revoke(self, id: str) -> JoinTokenRecord | None:

@@ -36,11 +36,18 @@ WHERE trust_domain = :trust_domain AND id = :id
 RETURNING id
 """
 
+# Recorded only if the signing key is still the active one (a rotation by another process may have committed since
+# the key was read): checked by this statement, so issuing needs no read of the keys in its transaction.
 _RECORD = f"""
-INSERT INTO {{s}}.certificates ({_CERT_COLUMNS})
-VALUES (:serial, :node_id, :spiffe_id, :role, :ca_key_id, :not_before, :not_after, now(), :key_sha256)
-ON CONFLICT DO NOTHING
-RETURNING serial
+WITH signer AS (SELECT 1 FROM {{s}}.ca_keys WHERE id = :ca_key_id AND state = 'active'),
+recorded AS (
+    INSERT INTO {{s}}.certificates ({_CERT_COLUMNS})
+    SELECT :serial, :node_id, :spiffe_id, :role, :ca_key_id, :not_before, :not_after, now(), :key_sha256
+    FROM signer
+    ON CONFLICT DO NOTHING
+    RETURNING serial
+)
+SELECT EXISTS (SELECT 1 FROM signer) AS active, EXISTS (SELECT 1 FROM recorded) AS recorded
 """
 
 _GET = f"SELECT {_CERT_COLUMNS} FROM {{s}}.certificates WHERE serial = :serial"
@@ -166,8 +173,8 @@ class PgCertificates(PgRepository):
         params = {"trust_domain": trust_domain, "id": id, "state": state}
         return bool(await self._fetch_in_transaction("set_key_state", self._set_state, params))
 
-    async def record(self, certificate: IssuedCertificate) -> None:
-        """Record an issued certificate."""
+    async def record(self, certificate: IssuedCertificate) -> bool:
+        """Record an issued certificate if its CA key is still the active one; ``False`` (nothing recorded) if not."""
         params = {
             "serial": certificate.serial,
             "node_id": certificate.node_id,
@@ -178,8 +185,12 @@ class PgCertificates(PgRepository):
             "not_after": certificate.not_after,
             "key_sha256": certificate.key_sha256,
         }
-        if not await self._fetch_in_transaction("record", self._record, params):
+        row = (await self._fetch_in_transaction("record", self._record, params))[0]
+        if not row.active:
+            return False
+        if not row.recorded:
             raise ConflictError("a certificate with this serial is recorded already")
+        return True
 
     async def get(self, serial: str) -> IssuedCertificate | None:
         """The issued certificate ``serial``, or ``None``."""

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bettercompute.errors import ConflictError
-from bettercompute.modules.pools import JoinTokenRecord, PoolRecord, TokenConsumption
+from bettercompute.modules.pools import JoinTokenMatch, JoinTokenRecord, PoolRecord, TokenConsumption
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
 
@@ -75,7 +75,14 @@ ORDER BY created_at DESC, id DESC LIMIT :limit
 
 _TOKEN_GET = f"SELECT {_TOKEN_COLUMNS} FROM {{s}}.join_tokens WHERE id = :id"
 
-_TOKEN_MATCHING = f"SELECT {_TOKEN_COLUMNS} FROM {{s}}.join_tokens WHERE id = :id AND secret_hash = :secret_hash"
+# The token and its pool in one round trip (a join needs both before anything else): the pool's columns prefixed
+# (its id is the token's pool_id).
+_TOKEN_MATCHING = f"""
+SELECT {", ".join(f"t.{c}" for c in _TOKEN_COLUMNS.split(", "))},
+    {", ".join(f"p.{c} AS pool_{c}" for c in _POOL_COLUMNS.split(", ") if c != "id")}
+FROM {{s}}.join_tokens AS t JOIN {{s}}.pools AS p ON p.id = t.pool_id
+WHERE t.id = :id AND t.secret_hash = :secret_hash
+"""
 
 _TOKEN_REVOKE = f"""
 UPDATE {{s}}.join_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = :id RETURNING {_TOKEN_COLUMNS}
@@ -255,10 +262,23 @@ class PgJoinTokens(PgRepository):
         rows = await self._fetch(self._get, {"id": id})
         return _token(rows[0]) if rows else None
 
-    async def matching(self, id: str, *, secret_hash: bytes) -> JoinTokenRecord | None:
-        """The token ``id`` if its stored hash is ``secret_hash``."""
+    async def matching(self, id: str, *, secret_hash: bytes) -> JoinTokenMatch | None:
+        """The token ``id`` and its pool if the token's stored hash is ``secret_hash``, in one statement."""
         rows = await self._fetch(self._matching, {"id": id, "secret_hash": secret_hash})
-        return _token(rows[0]) if rows else None
+        if not rows:
+            return None
+        row = rows[0]
+        pool = PoolRecord(
+            id=row.pool_id,
+            tenant=row.pool_tenant,
+            name=row.pool_name,
+            pool_class=row.pool_pool_class,
+            acceptance_checks=tuple(row.pool_acceptance_checks),
+            labels=dict(row.pool_labels),
+            created_at=utc(row.pool_created_at),
+            updated_at=utc(row.pool_updated_at),
+        )
+        return JoinTokenMatch(token=_token(row), pool=pool)
 
     async def revoke(self, id: str) -> JoinTokenRecord | None:
         """End a token now (a revoked one keeps its first ``revoked_at``); ``None`` when there is no such token."""
