@@ -21,10 +21,10 @@ refused after 5 minutes, so each batch is sealed just before it is sent.
 (2) Breakdown. One caller joining machines one after another gives the time of a join without queueing: (c), split
     into this process's CPU time and the rest, which is waiting on PostgreSQL. Beside it, the CPU steps alone, each
     timed over ``CPU_REPEATS`` fresh inputs without any database: (a) unseal, an ``Unsealer`` with an
-    ``InMemoryReplayGuard``; the CSR check (parse, verify its signature), which a join runs twice (``JoinService``
-    and then ``CertificateAuthority.issue``); (b) CA signing, CPU only: a leaf built the way ``issue`` builds it
-    (same names, extensions and lifetime, a P-256 CA key, PEM out) by code in this file. ``issue()`` itself is not
-    timed, because it also reads the CA key and records the certificate in the store.
+    ``InMemoryReplayGuard``; the CSR check (parse, verify its signature), which a join runs once (``JoinService``
+    hands the checked key to ``CertificateAuthority.issue``); (b) CA signing, CPU only: a leaf built the way
+    ``issue`` builds it (same names, extensions and lifetime, a P-256 CA key, PEM out) by code in this file.
+    ``issue()`` itself is not timed, because it also records the certificate in the store.
 
 (3) Baseline. pgbench runs the store's own statements (imported from ``bettercompute_store_pg``; bound parameters,
     prepared) on the same tables, with as many clients as there are callers and with the same token arrangement, as
@@ -40,7 +40,7 @@ refused after 5 minutes, so each batch is sealed just before it is sent.
 
 Reading the numbers: on 2 cores, Python and PostgreSQL share the machine, and the Python side is one process (one
 core at most). If cores is near 1.00, joins/s is about 1 / CPU per join, and more callers will not raise it; more
-processes would. Compare (a) + CSR checks + (b) with the CPU line of (2) to see how much of a join is cryptography.
+processes would. Compare (a) + CSR check + (b) with the CPU line of (2) to see how much of a join is cryptography.
 If the shared-token rows fall below the per-caller rows, joins are queueing on the token's row lock. A transaction
 holds that lock from the consume (its last write but two) to its COMMIT. pgbench's shared-token
 figure is the ceiling for joins on a single token, however fast the Python side gets.
@@ -600,16 +600,16 @@ def report(results: Results, args: argparse.Namespace) -> None:
     cpu = results.cpu
     solo = results.solo
     wall = solo.seconds / solo.joins
-    crypto = cpu.unseal + 2 * cpu.csr_check + cpu.sign
+    crypto = cpu.unseal + cpu.csr_check + cpu.sign
     print("(2) where one join's time goes: µs per join, and share of (c)")
     steps = [
         ("(a) unseal: HPKE open + in-memory replay guard, no DB", cpu.unseal),
-        ("    CSR check: parse + verify its signature, twice a join", 2 * cpu.csr_check),
+        ("    CSR check: parse + verify its signature, once a join", cpu.csr_check),
         ("(b) CA signing, CPU only: leaf built as issue() builds it", cpu.sign),
-        ("    (a) + CSR checks + (b)", crypto),
+        ("    (a) + CSR check + (b)", crypto),
         (f"(c) full join, 1 caller, {solo.joins} joins one after another", wall),
         ("    this process's CPU during (c)", solo.cpu_per_join),
-        ("      of which not (a), CSR checks, (b): store, psycopg, pool...", solo.cpu_per_join - crypto),
+        ("      of which not (a), CSR check, (b): store, psycopg, pool...", solo.cpu_per_join - crypto),
         ("    waiting on PostgreSQL: (c) - CPU", wall - solo.cpu_per_join),
     ]
     for name, seconds in steps:
