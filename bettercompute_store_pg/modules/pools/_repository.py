@@ -103,16 +103,21 @@ SELECT t.*, (SELECT uses_left FROM spent) AS uses_after FROM t
 """
 
 
-def _pool(row: Any) -> PoolRecord:
+def _pool(row: Any, prefix: str = "") -> PoolRecord:
+    """A pool from ``row``'s columns, named ``<prefix><column>`` (``pool_`` where a token's row carries its pool)."""
+
+    def column(name: str) -> Any:
+        return getattr(row, prefix + name)
+
     return PoolRecord(
-        id=row.id,
-        tenant=row.tenant,
-        name=row.name,
-        pool_class=row.pool_class,
-        acceptance_checks=tuple(row.acceptance_checks),
-        labels=dict(row.labels),
-        created_at=utc(row.created_at),
-        updated_at=utc(row.updated_at),
+        id=column("id"),
+        tenant=column("tenant"),
+        name=column("name"),
+        pool_class=column("pool_class"),
+        acceptance_checks=tuple(column("acceptance_checks")),
+        labels=dict(column("labels")),
+        created_at=utc(column("created_at")),
+        updated_at=utc(column("updated_at")),
     )
 
 
@@ -268,17 +273,8 @@ class PgJoinTokens(PgRepository):
         if not rows:
             return None
         row = rows[0]
-        pool = PoolRecord(
-            id=row.pool_id,
-            tenant=row.pool_tenant,
-            name=row.pool_name,
-            pool_class=row.pool_pool_class,
-            acceptance_checks=tuple(row.pool_acceptance_checks),
-            labels=dict(row.pool_labels),
-            created_at=utc(row.pool_created_at),
-            updated_at=utc(row.pool_updated_at),
-        )
-        return JoinTokenMatch(token=_token(row), pool=pool)
+        # The pool's id is the token's ``pool_id``: with the prefix, ``id`` reads that column.
+        return JoinTokenMatch(token=_token(row), pool=_pool(row, prefix="pool_"))
 
     async def revoke(self, id: str) -> JoinTokenRecord | None:
         """End a token now (a revoked one keeps its first ``revoked_at``); ``None`` when there is no such token."""
