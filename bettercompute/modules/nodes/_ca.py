@@ -319,25 +319,51 @@ class CertificateAuthority:
         node_id: str,
         role: str = "node",
         ttl: dt.timedelta | None = None,
-        tx: Transaction | None = None,
         checked_key: _AcceptedKey | None = None,
     ) -> IssuedBundle:
-        """Sign a CSR for ``node_id`` in ``role`` and record the certificate (in ``tx`` when given, so a join's
-        writes and the record commit together).
+        """Sign a CSR for ``node_id`` in ``role`` and record the certificate, in a transaction of its own (loading
+        the active key from the KMS first if needed). ``issue_in`` records it in the caller's transaction.
 
         Only the CSR's public key is used: the subject, SAN and extensions are the CA's own. A caller that checked
         the CSR already passes the key ``checked_csr_key(csr_pem)`` returned as ``checked_key`` (it is not parsed
         twice).
-
-        In ``tx``, nothing is read before the record: the key is the active one ``prepare()`` read and loaded, and
-        the record is made only if that key is still the active one (checked by its statement); if another process
-        rotated meanwhile, ``UnavailableError`` (``ca_key_changed``) and the retry reads the keys again.
 
         Raises:
             InvalidInputError: a CSR that does not parse, whose signature does not match its key, whose key type is
                 not accepted (EC P-256/P-384, Ed25519, RSA >= 2048), or that asks for a subject alternative name;
                 an unknown role, a bad node id, a ttl that is not positive or is longer than the role allows.
         """
+        return await self._issue(None, csr_pem, node_id=node_id, role=role, ttl=ttl, checked_key=checked_key)
+
+    async def issue_in(
+        self,
+        tx: Transaction,
+        csr_pem: str | bytes,
+        *,
+        node_id: str,
+        role: str = "node",
+        ttl: dt.timedelta | None = None,
+        checked_key: _AcceptedKey | None = None,
+    ) -> IssuedBundle:
+        """``issue``, recorded in ``tx`` (a join's writes and the record commit together).
+
+        Nothing is read and nothing called out before the record: the key is the active one ``prepare()`` (call it
+        before the transaction) read and loaded, and the record is made only if that key is still the active one
+        (checked by its statement); if another process rotated meanwhile, or the key is not loaded,
+        ``UnavailableError`` (``ca_key_changed``) and the retry reads the keys again. Raises as ``issue`` otherwise.
+        """
+        return await self._issue(tx, csr_pem, node_id=node_id, role=role, ttl=ttl, checked_key=checked_key)
+
+    async def _issue(
+        self,
+        tx: Transaction | None,
+        csr_pem: str | bytes,
+        *,
+        node_id: str,
+        role: str,
+        ttl: dt.timedelta | None,
+        checked_key: _AcceptedKey | None,
+    ) -> IssuedBundle:
         spiffe_id = self.spiffe_id(node_id, role)
         lifetime = self._lifetime(role, ttl)
         public_key = checked_key if checked_key is not None else checked_csr_key(csr_pem)
@@ -422,8 +448,9 @@ class CertificateAuthority:
 
     # --- revocation ---------------------------------------------------------------------------------------------
 
-    async def revoke(self, serial: int | str, *, reason: str = "", tx: Transaction | None = None) -> RevocationResult:
-        """Revoke one certificate and publish ``certificate.revoked`` (key: its SPIFFE ID) in the same transaction.
+    async def revoke(self, serial: int | str, *, reason: str = "") -> RevocationResult:
+        """Revoke one certificate and publish ``certificate.revoked`` (key: its SPIFFE ID), in a transaction of its
+        own; ``revoke_in`` does it in the caller's.
 
         Revoking a revoked certificate changes nothing and publishes nothing.
 
@@ -431,20 +458,33 @@ class CertificateAuthority:
             InvalidInputError: a malformed serial.
             NotFoundError: the CA issued no certificate with this serial.
         """
+        return await self._revoke_serial(None, serial, reason)
+
+    async def revoke_in(self, tx: Transaction, serial: int | str, *, reason: str = "") -> RevocationResult:
+        """``revoke``, in ``tx``."""
+        return await self._revoke_serial(tx, serial, reason)
+
+    async def _revoke_serial(self, tx: Transaction | None, serial: int | str, reason: str) -> RevocationResult:
         canonical = serial_hex(serial)
         issued = await self._certificates(tx).get(canonical)
         if issued is None:
             raise NotFoundError("no certificate with this serial was issued", details={"serial": canonical})
         return await self._revoke(tx, issued.spiffe_id, reason, serial=canonical)
 
-    async def revoke_spiffe_id(
-        self, spiffe_id: str, *, reason: str = "", tx: Transaction | None = None
-    ) -> RevocationResult:
-        """Revoke every certificate issued to ``spiffe_id`` and publish one ``certificate.revoked`` event for them.
+    async def revoke_spiffe_id(self, spiffe_id: str, *, reason: str = "") -> RevocationResult:
+        """Revoke every certificate issued to ``spiffe_id`` and publish one ``certificate.revoked`` event for them,
+        in a transaction of its own; ``revoke_spiffe_id_in`` does it in the caller's.
 
         Raises:
             InvalidInputError: not a SPIFFE ID of this trust domain.
         """
+        return await self._revoke_identity(None, spiffe_id, reason)
+
+    async def revoke_spiffe_id_in(self, tx: Transaction, spiffe_id: str, *, reason: str = "") -> RevocationResult:
+        """``revoke_spiffe_id``, in ``tx``."""
+        return await self._revoke_identity(tx, spiffe_id, reason)
+
+    async def _revoke_identity(self, tx: Transaction | None, spiffe_id: str, reason: str) -> RevocationResult:
         if not spiffe_id.startswith(f"spiffe://{self.trust_domain}/"):
             raise InvalidInputError("not a SPIFFE ID of this trust domain", details={"field": "spiffe_id"})
         return await self._revoke(tx, spiffe_id, reason, spiffe_id=spiffe_id)
@@ -499,11 +539,8 @@ class CertificateAuthority:
             cert = self._ca_certs[key.id] = x509.load_pem_x509_certificate(key.certificate_pem.encode())
         return cert
 
-    async def _active(self, tx: Transaction | None = None, *, fresh: bool = False) -> CaKey | None:
-        if tx is None and not fresh:
-            keys = await self.keys()
-        else:
-            keys = await self._certificates(tx).keys(self.trust_domain)
+    async def _active(self, *, fresh: bool = False) -> CaKey | None:
+        keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain) if fresh else await self.keys()
         return next((k for k in keys if k.state == "active"), None)
 
     def _certificates(self, tx: Transaction | None) -> Certificates:

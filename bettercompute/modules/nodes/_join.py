@@ -254,8 +254,8 @@ class JoinService:
                         " retire it (nodes.retire) first, or join with a token whose expect names the serial",
                         details={"reason": "node_live"},
                     )
-                await self.ca.revoke_spiffe_id(spiffe_id, reason="reclaimed by a new join of the same hardware", tx=tx)
-            issued = await self.ca.issue(csr_pem, node_id=node.id, role="node", tx=tx, checked_key=csr_key)
+                await self.ca.revoke_spiffe_id_in(tx, spiffe_id, reason="reclaimed by a new join of the same hardware")
+            issued = await self.ca.issue_in(tx, csr_pem, node_id=node.id, role="node", checked_key=csr_key)
             await tx.project(ResourceRef(type=NODE, id=node.id, tenant=node.tenant, pool=node.pool_id))
             # The token's row stays locked from here to the commit: spend the use last, so joins sharing a token
             # wait for each other as briefly as possible.

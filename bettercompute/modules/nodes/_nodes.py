@@ -139,7 +139,7 @@ async def retire_node(tx: Transaction, ca: CertificateAuthority, node_id: str, *
     node = await tx.repository(NODES).retire(node_id)
     if node is None:
         raise NotFoundError("no such node", details={"id": node_id})
-    await ca.revoke_spiffe_id(ca.spiffe_id(node_id), reason=reason, tx=tx)
+    await ca.revoke_spiffe_id_in(tx, ca.spiffe_id(node_id), reason=reason)
     return node
 
 
@@ -206,7 +206,7 @@ async def revoke_node(call: CallContext, input: RevokeNodeInput) -> RevokedNode:
     record = await _existing(call, input.id)
     ca = _ca(call)
     async with call.transaction() as tx:
-        revoked = await ca.revoke_spiffe_id(ca.spiffe_id(record.id), reason=input.reason, tx=tx)
+        revoked = await ca.revoke_spiffe_id_in(tx, ca.spiffe_id(record.id), reason=input.reason)
         call.describe(
             resource_type=NODE,
             resource_id=record.id,

@@ -135,8 +135,8 @@ class Renewals:
                 raise AccessDeniedError("the node is retired", details={"reason": "node_retired"})
             if await tx.repository(CERTIFICATES).is_revoked(presented.record.serial):
                 raise UnauthenticatedError("the certificate was revoked", details={"reason": "certificate_revoked"})
-            await self._check_newest(presented, csr_key_digest=key_sha256(csr_key), tx=tx)
-            issued = await self.ca.issue(csr_pem, node_id=node.id, role="node", tx=tx, checked_key=csr_key)
+            await self._check_newest(tx, presented, csr_key_digest=key_sha256(csr_key))
+            issued = await self.ca.issue_in(tx, csr_pem, node_id=node.id, role="node", checked_key=csr_key)
             await tx.audit(
                 AuditRecord(
                     action=RENEW_ACTION,
@@ -160,7 +160,7 @@ class Renewals:
             not_after=issued.not_after,
         )
 
-    async def _check_newest(self, presented: Presented, *, csr_key_digest: str, tx: Transaction) -> None:
+    async def _check_newest(self, tx: Transaction, presented: Presented, *, csr_key_digest: str) -> None:
         """Only the newest certificate renews, unless the CSR asks again for the newest one's key (a renewal whose
         answer was lost: the CSR proves possession of that key)."""
         newest = await tx.repository(CERTIFICATES).newest(presented.record.spiffe_id)

@@ -197,7 +197,7 @@ async def test_revocation_rolls_back_with_its_transaction(ca: CertificateAuthori
 
     with pytest.raises(Abort):
         async with pg_store.transaction() as tx:
-            await ca.revoke(issued.serial, tx=tx)
+            await ca.revoke_in(tx, issued.serial)
             raise Abort
     assert not await ca.is_revoked(issued.serial)
     assert await outbox(pg_store) == []
@@ -440,8 +440,8 @@ async def test_an_issue_in_a_transaction_after_a_rotation_elsewhere_is_refused_t
     rotated = await other.rotate()
     with pytest.raises(UnavailableError) as changed:  # the cached key is not the active one any more
         async with pg_store.transaction() as tx:
-            await cached.issue(csr(), node_id="n-1", tx=tx)
+            await cached.issue_in(tx, csr(), node_id="n-1")
     assert changed.value.details["reason"] == "ca_key_changed"
     await cached.prepare()  # the retry reads the keys again, despite the hour-long TTL
     async with pg_store.transaction() as tx:
-        assert (await cached.issue(csr(), node_id="n-1", tx=tx)).ca_key_id == rotated.id
+        assert (await cached.issue_in(tx, csr(), node_id="n-1")).ca_key_id == rotated.id

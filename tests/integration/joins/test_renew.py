@@ -180,7 +180,7 @@ async def test_a_renewal_racing_a_revocation_never_outlives_it(fleet: Fleet) -> 
 
     # The revocation's transaction is open (holding the identity lock) while the renewal runs; it commits later.
     async with anyio.create_task_group() as tg, fleet.store.transaction() as tx:
-        await fleet.services.joins.ca.revoke_spiffe_id(joined.spiffe_id, reason="compromised", tx=tx)
+        await fleet.services.joins.ca.revoke_spiffe_id_in(tx, joined.spiffe_id, reason="compromised")
         tg.start_soon(renew)
         await anyio.sleep(0.5)
         assert outcome == []  # the renewal waits for the revocation
