@@ -5,6 +5,7 @@
 #   make lint    the checks without the tests        make fmt     format and apply safe lint fixes
 #   make bench   measure the performance claims       make clean   remove caches and build output (distclean: + .venv)
 #   make test-embedded   pytest on the embedded PostgreSQL (URL unset), the subset CI runs there
+#   make protos  regenerate the wire code from protos/ (make test checks it did not drift)
 
 PYTHON ?= python3
 VENV := .venv
@@ -21,7 +22,7 @@ define step
 	echo "<== $(1): $$(( ($$(date +%s%N) - started) / 1000000 )) ms, exit $$rc"; exit $$rc
 endef
 
-.PHONY: dev install test test-embedded lint check-ruff check-format check-types check-imports pytest fmt bench clean distclean
+.PHONY: dev install test test-embedded lint check-ruff check-format check-types check-imports check-protos protos pytest fmt bench clean distclean
 
 $(BIN)/python:
 	@# Debian's python3 has no ensurepip without python3-venv; a half-made .venv would fool the next run.
@@ -40,7 +41,7 @@ dev: $(STAMP)
 
 test: lint pytest
 
-lint: check-ruff check-format check-types check-imports
+lint: check-ruff check-format check-types check-imports check-protos
 
 check-ruff: $(STAMP)
 	$(call step,ruff check,$(BIN)/ruff check .)
@@ -53,6 +54,13 @@ check-types: $(STAMP)
 
 check-imports: $(STAMP)
 	$(call step,lint-imports,$(BIN)/lint-imports)
+
+# The generated wire code must be what protos/ generate with the pinned compiler; `make protos` regenerates it.
+check-protos: $(STAMP)
+	$(call step,protos,$(BIN)/python -m bettercompute_proto._regenerate --check)
+
+protos: $(STAMP)
+	$(BIN)/python -m bettercompute_proto._regenerate
 
 # `make test` runs the test files side by side (pytest-xdist), a file's tests on one worker so that what a module
 # starts once (PgBouncer, a served control plane) starts once. Every test has a schema of its own, and much of a
