@@ -1,5 +1,17 @@
-"""Reserved for a later release: only the package name and its import rules exist so far."""
+"""The gateway for node daemons: ``create_gateway(compute.gateway_services, store, tls, options)``.
+
+Daemons dial out to it over gRPC with mutual TLS (``bettercompute_proto``); it relays ``Join``, ``Renew`` and
+``Secret`` to the control plane's services, and holds their ``Session`` streams in memory, writing liveness in
+batches. It holds no CA key and no JoinService key.
+"""
+
+from bettercompute_gateway._errors import STATUS_OF as STATUS_OF
+from bettercompute_gateway._gateway import Gateway as Gateway
+from bettercompute_gateway._gateway import GatewayOptions as GatewayOptions
+from bettercompute_gateway._gateway import create_gateway as create_gateway
+from bettercompute_gateway._tls import GatewayTls as GatewayTls
+from bettercompute_gateway._tls import server_context as server_context
 
 __version__ = "0.0.0"
 
-__all__ = ["__version__"]
+__all__ = ["STATUS_OF", "Gateway", "GatewayOptions", "GatewayTls", "__version__", "create_gateway", "server_context"]

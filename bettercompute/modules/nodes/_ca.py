@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import ipaddress
 import logging
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 from cryptography import x509
@@ -55,6 +56,9 @@ log = logging.getLogger("bettercompute.ca")
 
 ROLES = ("node", "site", "ramdisk")
 """The roles a certificate can carry; each is also the first path segment of its SPIFFE ID."""
+
+GATEWAY_ROLE = "gateway"
+"""The role of a gateway's server certificate (``issue_server``); never one a node's certificate can have."""
 
 RAMDISK_MAX_TTL = dt.timedelta(hours=2)
 DEFAULT_TTL = dt.timedelta(hours=24)
@@ -354,6 +358,25 @@ class CertificateAuthority:
         """
         return await self._issue(tx, csr_pem, node_id=node_id, role=role, ttl=ttl, checked_key=checked_key)
 
+    async def issue_server(
+        self, csr_pem: str | bytes, *, name: str, hosts: Sequence[str], ttl: dt.timedelta | None = None
+    ) -> IssuedBundle:
+        """A server certificate for the gateway ``name``, valid for ``hosts`` (DNS names or IP addresses a daemon
+        dials), from the same CA as the nodes' certificates: a daemon that trusts the bundle it joined with trusts
+        it. Role ``gateway`` (``spiffe://<trust-domain>/gateway/<name>``, extended key usage server authentication
+        only: it cannot open a session as a node), recorded and revocable like the others; 24 hours by default.
+
+        Raises:
+            InvalidInputError: a bad CSR, name or host, no host, or a ttl as for ``issue``.
+        """
+        if not hosts:
+            raise InvalidInputError("a server certificate needs at least one host", details={"field": "hosts"})
+        for host in hosts:
+            _host_name(host)
+        return await self._issue(
+            None, csr_pem, node_id=name, role=GATEWAY_ROLE, ttl=ttl, checked_key=None, server_hosts=tuple(hosts)
+        )
+
     async def _issue(
         self,
         tx: Transaction | None,
@@ -363,8 +386,12 @@ class CertificateAuthority:
         role: str,
         ttl: dt.timedelta | None,
         checked_key: _AcceptedKey | None,
+        server_hosts: Sequence[str] = (),
     ) -> IssuedBundle:
-        spiffe_id = self.spiffe_id(node_id, role)
+        if role == GATEWAY_ROLE:
+            spiffe_id = f"spiffe://{self.trust_domain}/{GATEWAY_ROLE}/{_checked_segment(node_id)}"
+        else:
+            spiffe_id = self.spiffe_id(node_id, role)
         lifetime = self._lifetime(role, ttl)
         public_key = checked_key if checked_key is not None else checked_csr_key(csr_pem)
         if tx is None:
@@ -400,8 +427,18 @@ class CertificateAuthority:
             .not_valid_after(not_after)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(_leaf_key_usage(), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(spiffe_id)]), critical=False)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH if server_hosts else ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+            .add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.UniformResourceIdentifier(spiffe_id), *map(_host_name, server_hosts)]
+                ),
+                critical=False,
+            )
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(private.public_key()), critical=False)
             .sign(private, hashes.SHA256())
@@ -647,6 +684,33 @@ def _leaf_key_usage() -> x509.KeyUsage:
 
 
 _AcceptedKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | rsa.RSAPublicKey
+
+_HOST = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+
+
+def _host_name(host: str) -> x509.GeneralName:
+    """A subject alternative name for a host a client dials: an IP address, or an ASCII DNS name.
+
+    Raises:
+        InvalidInputError: neither.
+    """
+    if not isinstance(host, str):
+        raise InvalidInputError("a host must be text", details={"field": "hosts"})
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if not host.isascii() or not _HOST.fullmatch(host):
+        raise InvalidInputError("a host must be an IP address or an ASCII DNS name", details={"field": "hosts"})
+    return x509.DNSName(host.lower())
+
+
+def _checked_segment(name: str) -> str:
+    if not isinstance(name, str) or not _NODE_ID.fullmatch(name):
+        raise InvalidInputError("the name must be 1 to 128 letters, digits, '.', '_' or '-'", details={"field": "name"})
+    return name
 
 
 def checked_csr_key(csr_pem: str | bytes) -> _AcceptedKey:

@@ -97,6 +97,13 @@ CREATE UNIQUE INDEX join_keys_active ON {schema}.join_keys ((true)) WHERE state 
     + NODE_KEYS
 )
 
+# The CA also issues the gateways' server certificates (role ``gateway``), recorded like the others.
+_V2 = """
+ALTER TABLE {schema}.certificates DROP CONSTRAINT certificates_role_check,
+    ADD CONSTRAINT certificates_role_check CHECK (role IN ('node', 'site', 'ramdisk', 'gateway'));
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
+    Migration(version=2, name="gateway certificates", sql=_V2),
 )

@@ -445,3 +445,22 @@ async def test_an_issue_in_a_transaction_after_a_rotation_elsewhere_is_refused_t
     await cached.prepare()  # the retry reads the keys again, despite the hour-long TTL
     async with pg_store.transaction() as tx:
         assert (await cached.issue_in(tx, csr(), node_id="n-1")).ca_key_id == rotated.id
+
+
+async def test_a_gateway_server_certificate_names_its_hosts_and_serves_only(
+    ca: CertificateAuthority, pg_store: PgStore
+) -> None:
+    issued = await ca.issue_server(csr(), name="gw-1", hosts=["gw.eu-1.example.com", "10.0.0.7", "::1"])
+    cert = x509.load_pem_x509_certificate(issued.certificate_pem.encode())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.UniformResourceIdentifier) == [f"spiffe://{ca.trust_domain}/gateway/gw-1"]
+    assert names.get_values_for_type(x509.DNSName) == ["gw.eu-1.example.com"]
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["10.0.0.7", "::1"]
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]  # it cannot authenticate as a client (a node)
+    assert (await pg_store.repository(CERTIFICATES).get(issued.serial)) is not None
+    for hosts in ([], ["under_score.example"], ["bücher.example"], ["-x.example"], ["a" * 64 + ".example"]):
+        with pytest.raises(InvalidInputError):
+            await ca.issue_server(csr(), name="gw-1", hosts=hosts)
+    with pytest.raises(InvalidInputError):
+        await ca.issue_server(csr(), name="gw/1", hosts=["gw.example"])

@@ -117,8 +117,9 @@ async def test_migrating_twice_applies_nothing(database_url: str, empty_schema: 
 async def test_a_module_finds_its_store_migrations_by_name() -> None:
     store = PgStore("postgresql://nobody@127.0.0.1:1/none")
     for name in ("pools", "commands", "usage", *KMS_MODULES):
-        [first] = store.migrations(name)
+        first, *later = store.migrations(name)
         assert first.version == 1 and first.adopts == ("core", LEGACY_CORE_MIGRATIONS[-1].version)
+        assert [m.version for m in later] == list(range(2, len(later) + 2)) and all(m.adopts is None for m in later)
     # The runtime is install()'s, never a module's; names the store ships nothing for get nothing.
     for name in ("runtime", "core", "iam", "metal", "no-such", "../pools", "Pools"):
         assert store.migrations(name) == ()

@@ -1,0 +1,476 @@
+"""The gateway: daemons' ``Join``, ``Renew`` and ``Secret`` relayed to the control plane's services, and their
+``Session`` streams held in memory.
+
+Every method is a raw grpclib handler (not the generated base class) for three reasons: a message is refused by its
+length prefix before it is read (grpclib reads any length it is sent), the connection's client certificate is read
+from the TLS connection, and every failure becomes one error envelope.
+
+A session, in order: a client certificate is required (the handshake verified its chain against the trust bundle);
+the first frame must be ``Hello`` within ``hello_timeout``; the certificate must be current for a live node (the
+control plane's ``node_of``: not expired, chaining to the bundle, issued here, not revoked, role ``node``, node not
+retired) and its node id must be the one in ``Hello``. Then the node's next epoch is taken (``Sessions.open``), an
+older session of the node on this gateway is closed (``superseded``), ``Welcome`` carries the epoch and the
+heartbeat interval, and inventory is asked for. Frames then flow until the daemon ends the stream, stays silent for
+three heartbeat intervals (``timeout``), or the gateway closes it. Liveness is written by one loop, one statement
+per flush for every session heard from since the last (``Sessions.seen``), whatever their number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import attrs
+import betterproto2
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from grpclib.config import Configuration
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.server import Server, Stream
+
+import bettercompute_proto as wire
+from bettercompute.errors import ComputeError, InvalidInputError, UnauthenticatedError
+from bettercompute.modules.commands import SESSIONS
+from bettercompute.modules.nodes import GatewayServices
+from bettercompute.ports import Store
+
+from ._errors import grpc_error, internal
+from ._tls import GatewayTls, server_context
+
+__all__ = ["Gateway", "GatewayOptions", "create_gateway"]
+
+log = logging.getLogger("bettercompute.gateway")
+
+M = TypeVar("M", bound=betterproto2.Message)
+
+
+@attrs.frozen(kw_only=True)
+class GatewayOptions:
+    """How a gateway runs. grpclib's own defaults are unsafe for thousands of daemons (no message size limit, 4 MiB
+    windows per connection and stream, a listen backlog of 100, keepalive after two hours), so each is set here.
+
+    Args:
+        name: This gateway's name (sessions record which gateway holds them).
+        heartbeat_interval: How often daemons beat (sent in ``Welcome``); three intervals of silence end a session.
+        liveness_flush_interval: How often liveness is written (one statement for all sessions heard from).
+        hello_timeout: How long a new session may take to send ``Hello``.
+        send_timeout: How long a frame may wait for a slow daemon to read before its session is closed (``slow``).
+        max_message_bytes: The largest message taken (its length prefix is checked before it is read).
+        connection_window_bytes: HTTP/2 flow-control window per connection.
+        stream_window_bytes: HTTP/2 flow-control window per stream.
+        backlog: The listen backlog (a reconnect storm arrives at once).
+        keepalive: How often the gateway pings an idle connection (and drops one that does not answer).
+    """
+
+    name: str = "gateway"
+    heartbeat_interval: float = 10.0
+    liveness_flush_interval: float = 1.0
+    hello_timeout: float = 10.0
+    send_timeout: float = 10.0
+    max_message_bytes: int = 1024 * 1024
+    connection_window_bytes: int = 1024 * 1024
+    stream_window_bytes: int = 256 * 1024
+    backlog: int = 4096
+    keepalive: float = 60.0
+
+
+@attrs.define(eq=False)
+class _Session:
+    node_id: str
+    epoch: int
+    stream: Stream[Any, Any]
+    heard: float
+    task: asyncio.Task[Any] | None
+    closing: str | None = None
+    sends: asyncio.Lock = attrs.field(factory=asyncio.Lock)
+
+
+class Gateway:
+    """A gateway: ``await gateway.start(host, port)``, then ``await gateway.close()``. Made by ``create_gateway``."""
+
+    def __init__(self, services: GatewayServices, store: Store, tls: GatewayTls, options: GatewayOptions) -> None:
+        self._services = services
+        self._store = store
+        self._tls = tls
+        self.options = options
+        self._sessions: dict[str, _Session] = {}
+        self._heard: set[str] = set()  # node ids heard from since the last flush
+        self._server: Server | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self.port: int | None = None
+
+    def __repr__(self) -> str:
+        return f"Gateway(name={self.options.name!r}, port={self.port!r}, sessions={len(self._sessions)})"
+
+    @property
+    def sessions(self) -> Mapping[str, int]:
+        """The sessions held now: node id -> epoch."""
+        return {node_id: s.epoch for node_id, s in self._sessions.items()}
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (``0``: any free port) and start the liveness loop; returns the port."""
+        config = Configuration(
+            http2_connection_window_size=self.options.connection_window_bytes,
+            http2_stream_window_size=self.options.stream_window_bytes,
+            _keepalive_time=self.options.keepalive,
+            _keepalive_timeout=min(20.0, self.options.keepalive),
+        )
+        server = Server([self], config=config)
+        await server.start(host, port, ssl=server_context(self._tls), backlog=self.options.backlog)
+        self._server = server
+        listening = server._server  # grpclib does not say which port it bound
+        sockets = listening.sockets if isinstance(listening, asyncio.Server) else ()
+        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        self._flusher = asyncio.create_task(self._flush_loop(), name="gateway-liveness")
+        log.info("gateway %s listening on %s:%s", self.options.name, host, self.port)
+        return self.port
+
+    async def close(self, *, reason: str = "draining") -> None:
+        """Close every session with ``reason``, stop listening, and write the last liveness. Idempotent."""
+        for session in list(self._sessions.values()):
+            await self._close(session, reason, "the gateway is closing")
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+            await self._flush()
+
+    # --- grpclib ------------------------------------------------------------------------------------------------
+
+    def __mapping__(self) -> dict[str, Handler]:
+        def unary(handler: Callable[[Stream[Any, Any]], Awaitable[None]], request: type, reply: type) -> Handler:
+            return Handler(handler, Cardinality.UNARY_UNARY, request, reply)
+
+        path = f"/{wire.SERVICE}/"
+        return {
+            path + "Join": unary(self._join, wire.JoinRequest, wire.JoinResponse),
+            path + "RenewChallenge": unary(
+                self._renew_challenge, wire.RenewChallengeRequest, wire.RenewChallengeResponse
+            ),
+            path + "Renew": unary(self._renew, wire.RenewRequest, wire.RenewResponse),
+            path + "Secret": unary(self._secret, wire.SecretRequest, wire.SecretResponse),
+            path + "Session": Handler(self._session, Cardinality.STREAM_STREAM, wire.NodeFrame, wire.ControlFrame),
+            path + "Tunnel": Handler(self._tunnel, Cardinality.STREAM_STREAM, wire.TunnelFrame, wire.TunnelFrame),
+        }
+
+    async def _receive(self, stream: Stream[Any, Any], kind: type[M]) -> M | None:
+        """The next message of ``stream`` (``None`` at its end), refused by its length before it is read.
+
+        Raises:
+            GRPCError: ``RESOURCE_EXHAUSTED`` for a message over ``max_message_bytes``, ``INVALID_ARGUMENT`` for
+                one that does not parse or is compressed.
+        """
+        raw = stream._stream
+        head = await raw.recv_data(5)
+        if not head:
+            return None
+        if len(head) != 5:
+            raise grpc_error(InvalidInputError("a message was cut short", details={"reason": "malformed"}))
+        compressed, length = struct.unpack(">?I", head)
+        if compressed:
+            raise grpc_error(InvalidInputError("compressed messages are not taken", details={"reason": "malformed"}))
+        if length > self.options.max_message_bytes:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                json.dumps(
+                    {
+                        "error": {
+                            "code": "INVALID_INPUT",
+                            "message": f"a message is at most {self.options.max_message_bytes} bytes",
+                            "details": {"reason": "too_large", "max_bytes": self.options.max_message_bytes},
+                            "retryable": False,
+                        }
+                    }
+                ),
+            )
+        body = await raw.recv_data(length)
+        if len(body) != length:
+            raise grpc_error(InvalidInputError("a message was cut short", details={"reason": "malformed"}))
+        try:
+            return kind.parse(body)
+        except Exception:
+            raise grpc_error(InvalidInputError("a message does not parse", details={"reason": "malformed"})) from None
+
+    async def _unary(self, stream: Stream[Any, Any], kind: type[M], answer: Callable[[M], Awaitable[Any]]) -> None:
+        try:
+            request = await self._receive(stream, kind)
+            if request is None:
+                raise grpc_error(InvalidInputError("no request was sent", details={"reason": "malformed"}))
+            reply = await answer(request)
+        except GRPCError:
+            raise
+        except ComputeError as exc:
+            raise grpc_error(exc) from None
+        except Exception as exc:
+            log.error("%s failed: %s", kind.__name__, type(exc).__name__)
+            raise internal() from None
+        await stream.send_message(reply)
+
+    # --- relayed calls ------------------------------------------------------------------------------------------
+
+    async def _join(self, stream: Stream[Any, Any]) -> None:
+        async def answer(request: wire.JoinRequest) -> wire.JoinResponse:
+            result = await self._services.join(
+                sealed_token=request.sealed_token,
+                csr_pem=request.csr_pem,
+                claims=_json_object(request.claims_json, "claims_json"),
+                evidence=_json_object(request.evidence_json, "evidence_json") if request.evidence_json else None,
+                pool_id=request.pool_id or None,
+            )
+            return wire.JoinResponse(
+                certificate=wire.Certificate(
+                    node_id=result.node_id,
+                    spiffe_id=result.spiffe_id,
+                    certificate_pem=result.certificate_pem,
+                    chain_pem=result.chain_pem,
+                    trust_bundle_pem=result.trust_bundle_pem,
+                    serial=result.serial,
+                    not_after_ms=_ms(result.not_after.timestamp()),
+                ),
+                tenant=result.tenant,
+                pool_id=result.pool_id,
+                reclaimed=result.reclaimed,
+            )
+
+        await self._unary(stream, wire.JoinRequest, answer)
+
+    async def _renew_challenge(self, stream: Stream[Any, Any]) -> None:
+        async def answer(request: wire.RenewChallengeRequest) -> wire.RenewChallengeResponse:
+            challenge = await self._services.renew_challenge(certificate_pem=_client_certificate(stream))
+            return wire.RenewChallengeResponse(challenge=challenge)
+
+        await self._unary(stream, wire.RenewChallengeRequest, answer)
+
+    async def _renew(self, stream: Stream[Any, Any]) -> None:
+        async def answer(request: wire.RenewRequest) -> wire.RenewResponse:
+            result = await self._services.renew(
+                certificate_pem=_client_certificate(stream),
+                challenge=request.challenge,
+                signature=request.signature,
+                csr_pem=request.csr_pem,
+            )
+            return wire.RenewResponse(
+                certificate=wire.Certificate(
+                    node_id=result.node_id,
+                    spiffe_id=result.spiffe_id,
+                    certificate_pem=result.certificate_pem,
+                    chain_pem=result.chain_pem,
+                    trust_bundle_pem=result.trust_bundle_pem,
+                    serial=result.serial,
+                    not_after_ms=_ms(result.not_after.timestamp()),
+                )
+            )
+
+        await self._unary(stream, wire.RenewRequest, answer)
+
+    async def _secret(self, stream: Stream[Any, Any]) -> None:
+        async def answer(request: wire.SecretRequest) -> wire.SecretResponse:
+            jwe = await self._services.secret(
+                certificate_pem=_client_certificate(stream),
+                name=request.name,
+                ephemeral_public_jwk=_json_object(request.ephemeral_public_jwk_json, "ephemeral_public_jwk_json"),
+                signed_at_ms=request.signed_at_ms,
+                nonce=request.nonce,
+                signature=request.signature,
+            )
+            return wire.SecretResponse(jwe=jwe)
+
+        await self._unary(stream, wire.SecretRequest, answer)
+
+    async def _tunnel(self, stream: Stream[Any, Any]) -> None:
+        await self._drain(stream)
+        raise GRPCError(Status.UNIMPLEMENTED, "tunnels come with a later release")
+
+    # --- sessions -----------------------------------------------------------------------------------------------
+
+    async def _session(self, stream: Stream[Any, Any]) -> None:
+        try:
+            node_id, epoch = await self._admit(stream)
+        except ComputeError as exc:
+            await self._refuse(stream, exc)
+            raise grpc_error(exc) from None
+        task = asyncio.current_task()
+        session = _Session(node_id=node_id, epoch=epoch, stream=stream, heard=time.monotonic(), task=task)
+        older = self._sessions.get(node_id)
+        self._sessions[node_id] = session
+        if older is not None:
+            await self._close(older, "superseded", "a newer session of this node opened")
+        log.info("node %s: session %d opened on %s", node_id, epoch, self.options.name)
+        try:
+            welcome = wire.Welcome(epoch=epoch, heartbeat_interval_ms=_ms(self.options.heartbeat_interval))
+            await self._send(session, wire.ControlFrame(welcome=welcome))
+            await self._send(session, wire.ControlFrame(inventory_request=wire.InventoryRequest()))
+            self._heard.add(node_id)
+            await self._serve(session)
+        except asyncio.CancelledError:
+            if session.closing is None:
+                raise  # the server is stopping this handler: not ours to swallow
+            if task is not None:
+                task.uncancel()  # ``_close`` woke the read; the stream still ends with a status
+        except (StreamTerminatedError, ConnectionError):
+            pass
+        finally:
+            if self._sessions.get(node_id) is session:
+                del self._sessions[node_id]
+                with contextlib.suppress(Exception):
+                    await self._store.repository(SESSIONS).close(node_id=node_id, epoch=session.epoch)
+            log.info("node %s: session %d ended (%s)", node_id, session.epoch, session.closing or "the daemon left")
+        if session.closing is not None:
+            await self._drain(stream)
+
+    async def _admit(self, stream: Stream[Any, Any]) -> tuple[str, int]:
+        """Check a new session (see the module docstring) and open it: its node id and epoch.
+
+        Raises:
+            ComputeError: why it is refused.
+        """
+        certificate_pem = _client_certificate(stream)
+        node = await self._services.joins.node_of(certificate_pem)
+        try:
+            async with asyncio.timeout(self.options.hello_timeout):
+                first = await self._receive(stream, wire.NodeFrame)
+        except TimeoutError:
+            raise InvalidInputError("no Hello arrived in time", details={"reason": "protocol"}) from None
+        kind, hello = betterproto2.which_one_of(first, "frame") if first is not None else ("", None)
+        if not isinstance(hello, wire.Hello):
+            raise InvalidInputError("a session opens with Hello", details={"reason": "protocol", "got": kind})
+        if hello.node_id != node.id:
+            raise UnauthenticatedError(
+                "Hello names another node than the connection's certificate", details={"reason": "spiffe_id"}
+            )
+        record = await self._store.repository(SESSIONS).open(node_id=node.id, gateway=self.options.name)
+        return node.id, record.epoch
+
+    async def _refuse(self, stream: Stream[Any, Any], error: ComputeError) -> None:
+        """Tell a refused daemon why in a ``Close`` frame (its reason is the error's), then let it end its side."""
+        reason = str(error.details.get("reason", error.code.lower()))
+        close = wire.Close(reason=reason, message=json.dumps(error.to_envelope(), separators=(",", ":")))
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                await stream.send_message(wire.ControlFrame(close=close))
+        await self._drain(stream)
+
+    async def _drain(self, stream: Stream[Any, Any]) -> None:
+        """Read what the daemon still sends until it ends its side (a daemon does on ``Close``), for a little while:
+        ending the stream before that would reset it, and a reset can overtake the ``Close`` frame."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2.0):
+                while await self._receive(stream, wire.NodeFrame) is not None:
+                    pass
+
+    async def _serve(self, session: _Session) -> None:
+        """Take the session's frames until it ends."""
+        silence = 3 * self.options.heartbeat_interval
+        while session.closing is None:
+            try:
+                async with asyncio.timeout(silence):
+                    frame = await self._receive(session.stream, wire.NodeFrame)
+            except TimeoutError:
+                await self._close(session, "timeout", "no frame for three heartbeat intervals")
+                return
+            except GRPCError:
+                await self._close(session, "protocol", "a frame was refused")
+                return
+            if frame is None:
+                return
+            session.heard = time.monotonic()
+            self._heard.add(session.node_id)
+            kind, _ = betterproto2.which_one_of(frame, "frame")
+            if kind == "hello":
+                await self._close(session, "protocol", "Hello was sent twice")
+                return
+
+    async def _send(self, session: _Session, frame: wire.ControlFrame) -> None:
+        """Send a frame, or close the session as ``slow`` when the daemon does not read it in time."""
+        async with session.sends:
+            try:
+                async with asyncio.timeout(self.options.send_timeout):
+                    await session.stream.send_message(frame)
+            except TimeoutError:
+                session.closing = "slow"
+                raise StreamTerminatedError("the daemon did not read its frames") from None
+
+    async def _close(self, session: _Session, reason: str, message: str) -> None:
+        """Send ``Close`` (best effort) and end the session; from another task (a newer session, a revocation, the
+        gateway closing) the session's task is woken from its read to end the stream."""
+        if session.closing is not None:
+            return
+        session.closing = reason
+        close = wire.ControlFrame(close=wire.Close(reason=reason, message=message))
+        with contextlib.suppress(Exception):
+            async with session.sends:
+                async with asyncio.timeout(1.0):
+                    await session.stream.send_message(close)
+        if session.task is not None and session.task is not asyncio.current_task():
+            session.task.cancel()  # wakes its read; it then ends the stream normally, after the Close frame
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.liveness_flush_interval)
+            try:
+                await self._flush()
+            except Exception as exc:  # a database outage: the next pass writes what was missed
+                log.warning("liveness not written: %s", type(exc).__name__)
+
+    async def _flush(self) -> None:
+        """Write that the sessions heard from since the last flush are alive: one statement for all of them."""
+        heard, self._heard = self._heard, set()
+        alive = [(node_id, s.epoch) for node_id in heard if (s := self._sessions.get(node_id)) is not None]
+        if not alive:
+            return
+        try:
+            await self._store.repository(SESSIONS).seen(alive, gateway=self.options.name)
+        except BaseException:
+            self._heard |= heard
+            raise
+
+
+def create_gateway(
+    services: GatewayServices, store: Store, tls: GatewayTls, options: GatewayOptions | None = None
+) -> Gateway:
+    """A gateway for the control plane's ``services`` (``compute.gateway_services``) and ``store``: ``await
+    gateway.start(host, port)`` to listen. It holds no CA and no JoinService key: ``Join``, ``Renew`` and
+    ``Secret`` are decided by ``services``."""
+    return Gateway(services, store, tls, options or GatewayOptions())
+
+
+def _client_certificate(stream: Stream[Any, Any]) -> str:
+    """The PEM of the connection's client certificate (verified against the trust bundle by the handshake).
+
+    Raises:
+        UnauthenticatedError: the connection presented none.
+    """
+    transport = stream.peer._transport
+    ssl_object = transport.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    if not der:
+        raise UnauthenticatedError(
+            "this call needs the node's client certificate", details={"reason": "no_certificate"}
+        )
+    return x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _json_object(text: str, path: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{path}: expected a JSON object", details={"path": path})
+    return value
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)

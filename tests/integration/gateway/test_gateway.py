@@ -1,0 +1,287 @@
+"""The gateway over real mutual TLS on loopback: the relayed calls, sessions and their epochs, liveness in batches,
+and the refusals, each with the project's error envelope, while the gateway keeps serving the others."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import struct
+
+import anyio
+import betterproto2
+import pytest
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+import bettercompute_proto as wire
+from bettercompute.modules.commands import SESSIONS
+from bettercompute.modules.nodes import NODES
+from bettercompute_daemon.identity import NodeKey
+
+from .conftest import Wire, envelope, hello, session_request
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+
+async def opened(stream: object) -> list[str]:
+    """The kinds of the first two control frames (Welcome, then the inventory request)."""
+    kinds = []
+    for _ in range(2):
+        frame = await stream.recv_message()  # type: ignore[attr-defined]
+        assert frame is not None
+        kinds.append(betterproto2.which_one_of(frame, "frame")[0])
+    return kinds
+
+
+async def refused(stream: object) -> tuple[str, GRPCError]:
+    """A refused session as the daemon sees it: a ``Close`` frame with the reason, then, once it ends its side, the
+    error status with the envelope."""
+    frame = await stream.recv_message()  # type: ignore[attr-defined]
+    assert frame is not None and frame.close is not None
+    await stream.end()  # type: ignore[attr-defined]
+    assert await stream.recv_message() is None  # type: ignore[attr-defined]
+    with pytest.raises(GRPCError) as caught:
+        await stream.recv_trailing_metadata()  # type: ignore[attr-defined]
+    assert envelope(caught.value)["details"]["reason"] == frame.close.reason
+    return frame.close.reason, caught.value
+
+
+async def test_a_machine_joins_over_the_wire_and_holds_a_session_whose_liveness_is_written(gw: Wire) -> None:
+    joined = await gw.join()
+    node = await gw.fleet.store.repository(NODES).get(joined.node_id)
+    assert node is not None and node.state == "adopting"
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await stream.send_request()
+            await stream.send_message(hello(joined.node_id))
+            welcome = await stream.recv_message()
+            assert welcome is not None and welcome.welcome is not None
+            assert welcome.welcome.epoch == 1 and welcome.welcome.heartbeat_interval_ms == 1000
+            request = await stream.recv_message()
+            assert request is not None and request.inventory_request is not None
+            assert gw.gateway.sessions == {joined.node_id: 1}
+            first = await gw.fleet.store.repository(SESSIONS).get(joined.node_id)
+            assert first is not None and first.epoch == 1 and first.gateway == "gw-test" and first.closed_at is None
+            await anyio.sleep(0.3)
+            await stream.send_message(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=1)))
+            with anyio.fail_after(5):
+                while True:
+                    seen = await gw.fleet.store.repository(SESSIONS).get(joined.node_id)
+                    assert seen is not None
+                    if seen.last_seen_at > first.last_seen_at:
+                        break
+                    await anyio.sleep(0.05)
+            await stream.end()
+        with anyio.fail_after(5):
+            while gw.gateway.sessions:  # noqa: ASYNC110 - the gateway has no event for this; poll
+                await anyio.sleep(0.05)
+        closed = await gw.fleet.store.repository(SESSIONS).get(joined.node_id)
+        assert closed is not None and closed.closed_at is not None
+    finally:
+        channel.close()
+
+
+async def test_a_second_session_of_a_node_closes_the_first_and_takes_the_next_epoch(gw: Wire) -> None:
+    joined = await gw.join()
+    first_channel, second_channel = gw.channel(joined), gw.channel(joined)
+    try:
+        async with session_request(first_channel) as first:
+            await first.send_request()
+            await first.send_message(hello(joined.node_id))
+            assert await opened(first) == ["welcome", "inventory_request"]
+            async with session_request(second_channel) as second:
+                await second.send_request()
+                await second.send_message(hello(joined.node_id))
+                frame = await second.recv_message()
+                assert frame is not None and frame.welcome is not None and frame.welcome.epoch == 2
+                assert (await second.recv_message()).inventory_request is not None
+                close = await first.recv_message()
+                assert close is not None and close.close is not None and close.close.reason == "superseded"
+                await first.end()
+                assert await first.recv_message() is None  # then the stream ends with an OK status
+                assert gw.gateway.sessions == {joined.node_id: 2}
+                await second.end()
+                assert await second.recv_message() is None
+    finally:
+        first_channel.close()
+        second_channel.close()
+
+
+async def test_a_session_needs_a_certificate_for_the_node_it_names(gw: Wire) -> None:
+    joined = await gw.join("SN-0001")
+    other = await gw.join("SN-0002")
+    # No client certificate at all.
+    channel = gw.channel()
+    try:
+        async with session_request(channel) as stream:
+            await stream.send_request()
+            await stream.send_message(hello(joined.node_id))
+            reason, error = await refused(stream)
+        assert (reason, error.status) == ("no_certificate", Status.UNAUTHENTICATED)
+    finally:
+        channel.close()
+    # Another node's id in Hello.
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await stream.send_request()
+            await stream.send_message(hello(other.node_id))
+            reason, error = await refused(stream)
+        assert (reason, error.status) == ("spiffe_id", Status.UNAUTHENTICATED)
+        assert gw.gateway.sessions == {}
+    finally:
+        channel.close()
+
+
+async def test_a_revoked_certificate_opens_no_session(gw: Wire) -> None:
+    joined = await gw.join()
+    await gw.fleet.services.joins.ca.revoke(joined.serial, reason="compromised")
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await stream.send_request()
+            await stream.send_message(hello(joined.node_id))
+            reason, error = await refused(stream)
+        assert (reason, error.status) == ("certificate_revoked", Status.UNAUTHENTICATED)
+    finally:
+        channel.close()
+
+
+async def test_a_certificate_of_another_ca_fails_the_handshake(gw: Wire, tmp_path: object) -> None:
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = NodeKey()
+    foreign = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "someone else's CA")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "node_x")]))
+        .issuer_name(name)
+        .public_key(x509.load_pem_x509_csr(key.csr_pem().encode()).public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .sign(foreign, hashes.SHA256())
+    )
+    channel = gw.channel(cert_pem=cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem=key.private_key_pem())
+    try:
+        with pytest.raises((ssl.SSLError, ConnectionError, StreamTerminatedError, GRPCError, OSError)):
+            async with session_request(channel) as stream:
+                await stream.send_request()
+                await stream.send_message(hello("node_x"))
+                await stream.recv_message()
+    finally:
+        channel.close()
+    # The gateway still serves everyone else.
+    joined = await gw.join()
+    assert joined.node_id.startswith("node_")
+
+
+async def test_a_renewal_over_the_wire_needs_proof_of_the_key(gw: Wire) -> None:
+    joined = await gw.join()
+    channel = gw.channel(joined)
+    try:
+        stub = wire.NodeStub(channel)
+        challenge = (await stub.renew_challenge(wire.RenewChallengeRequest())).challenge
+        new_key = NodeKey()
+        csr_pem = new_key.csr_pem()
+        # Signed by another key than the certificate's: refused.
+        with pytest.raises(GRPCError) as caught:
+            await stub.renew(
+                wire.RenewRequest(
+                    challenge=challenge, signature=new_key.renewal_proof(challenge, csr_pem), csr_pem=csr_pem
+                )
+            )
+        assert caught.value.status == Status.UNAUTHENTICATED
+        challenge = (await stub.renew_challenge(wire.RenewChallengeRequest())).challenge
+        renewed = await stub.renew(
+            wire.RenewRequest(
+                challenge=challenge, signature=joined.key.renewal_proof(challenge, csr_pem), csr_pem=csr_pem
+            )
+        )
+        assert renewed.certificate is not None and renewed.certificate.node_id == joined.node_id
+        assert renewed.certificate.serial != joined.serial
+    finally:
+        channel.close()
+    # Without a client certificate there is nothing to renew.
+    channel = gw.channel()
+    try:
+        with pytest.raises(GRPCError) as caught:
+            await wire.NodeStub(channel).renew_challenge(wire.RenewChallengeRequest())
+        assert envelope(caught.value)["code"] == "UNAUTHENTICATED"
+    finally:
+        channel.close()
+
+
+async def test_a_replayed_join_and_a_bad_request_get_their_envelopes(gw: Wire) -> None:
+    token = await gw.fleet.token(uses=2)
+    key = NodeKey()
+    csr_pem = key.csr_pem()
+    from bettercompute_daemon.identity import join_binding, seal_token
+
+    from .conftest import claims
+
+    hardware = claims("SN-0009")
+    sealed = seal_token(
+        await gw.fleet.join_key(), token.token, binding=join_binding(csr_pem, hardware), now=gw.fleet.clock.now()
+    )
+    request = wire.JoinRequest(sealed_token=sealed, csr_pem=csr_pem, claims_json=json.dumps(hardware))
+    channel = gw.channel()
+    try:
+        stub = wire.NodeStub(channel)
+        await stub.join(request)
+        with pytest.raises(GRPCError) as caught:
+            await stub.join(request)
+        assert caught.value.status == Status.UNAUTHENTICATED
+        assert envelope(caught.value)["details"]["reason"] == "replayed"
+        with pytest.raises(GRPCError) as caught:
+            await stub.join(wire.JoinRequest(sealed_token=sealed, csr_pem=csr_pem, claims_json="[1, 2]"))
+        assert caught.value.status == Status.INVALID_ARGUMENT
+        assert envelope(caught.value)["details"]["path"] == "claims_json"
+    finally:
+        channel.close()
+
+
+async def test_garbage_and_oversized_frames_are_refused_and_others_are_served(gw: Wire) -> None:
+    joined = await gw.join()
+    channel = gw.channel(joined)
+    try:
+        for payload, status in (
+            (b"\x00" + struct.pack(">I", 4) + b"\xff\xff\xff\xff", Status.INVALID_ARGUMENT),
+            (b"\x00" + struct.pack(">I", 64 * 1024 * 1024), Status.RESOURCE_EXHAUSTED),
+        ):
+            # As a stream on the client's side, so that it may end without a message of its own making.
+            async with channel.request(
+                f"/{wire.SERVICE}/Join", Cardinality.STREAM_STREAM, wire.JoinRequest, wire.JoinResponse
+            ) as stream:
+                await stream.send_request()
+                await stream._stream.send_data(payload)  # a frame no codec would make
+                await stream.end()
+                with pytest.raises(GRPCError) as caught:
+                    await stream.recv_message()
+            assert caught.value.status == status
+    finally:
+        channel.close()
+    assert (await gw.join("SN-0002")).node_id != joined.node_id
+
+
+async def test_tunnels_are_not_served_yet(gw: Wire) -> None:
+    channel = gw.channel()
+    try:
+        async with channel.request(
+            f"/{wire.SERVICE}/Tunnel", Cardinality.STREAM_STREAM, wire.TunnelFrame, wire.TunnelFrame
+        ) as stream:
+            await stream.send_request()
+            await stream.end()
+            with pytest.raises(GRPCError) as caught:
+                await stream.recv_message()
+        assert caught.value.status == Status.UNIMPLEMENTED
+    finally:
+        channel.close()
