@@ -12,7 +12,13 @@ retired) and its node id must be the one in ``Hello``. Then the node's next epoc
 older session of the node on this gateway is closed (``superseded``), ``Welcome`` carries the epoch and the
 heartbeat interval, and inventory is asked for. Frames then flow until the daemon ends the stream, stays silent for
 three heartbeat intervals (``timeout``), or the gateway closes it. Liveness is written by one loop, one statement
-per flush for every session heard from since the last (``Sessions.seen``), whatever their number.
+per flush for every session heard from since the last (``Sessions.seen``), whatever their number; the same loop
+closes (``revoked``) the sessions whose certificate was revoked since (a node revoked or retired), one statement
+for all of them.
+
+Closing a session sends ``Close`` with its reason, then waits a little for the daemon to end its side before the
+stream ends with a status (a refused session's status carries the error envelope): ending first would reset the
+stream, and a reset can overtake the ``Close`` frame.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from grpclib.server import Server, Stream
 import bettercompute_proto as wire
 from bettercompute.errors import ComputeError, InvalidInputError, UnauthenticatedError
 from bettercompute.modules.commands import SESSIONS
-from bettercompute.modules.nodes import GatewayServices
+from bettercompute.modules.nodes import CERTIFICATES, GatewayServices
 from bettercompute.ports import Store
 
 from ._errors import grpc_error, internal
@@ -85,6 +91,7 @@ class GatewayOptions:
 class _Session:
     node_id: str
     epoch: int
+    serial: str
     stream: Stream[Any, Any]
     heard: float
     task: asyncio.Task[Any] | None
@@ -297,12 +304,14 @@ class Gateway:
 
     async def _session(self, stream: Stream[Any, Any]) -> None:
         try:
-            node_id, epoch = await self._admit(stream)
+            node_id, epoch, serial = await self._admit(stream)
         except ComputeError as exc:
             await self._refuse(stream, exc)
             raise grpc_error(exc) from None
         task = asyncio.current_task()
-        session = _Session(node_id=node_id, epoch=epoch, stream=stream, heard=time.monotonic(), task=task)
+        session = _Session(
+            node_id=node_id, epoch=epoch, serial=serial, stream=stream, heard=time.monotonic(), task=task
+        )
         older = self._sessions.get(node_id)
         self._sessions[node_id] = session
         if older is not None:
@@ -330,13 +339,14 @@ class Gateway:
         if session.closing is not None:
             await self._drain(stream)
 
-    async def _admit(self, stream: Stream[Any, Any]) -> tuple[str, int]:
-        """Check a new session (see the module docstring) and open it: its node id and epoch.
+    async def _admit(self, stream: Stream[Any, Any]) -> tuple[str, int, str]:
+        """Check a new session (see the module docstring) and open it: its node id, epoch and certificate serial.
 
         Raises:
             ComputeError: why it is refused.
         """
         certificate_pem = _client_certificate(stream)
+        serial = format(x509.load_pem_x509_certificate(certificate_pem.encode()).serial_number, "x")
         node = await self._services.joins.node_of(certificate_pem)
         try:
             async with asyncio.timeout(self.options.hello_timeout):
@@ -351,7 +361,7 @@ class Gateway:
                 "Hello names another node than the connection's certificate", details={"reason": "spiffe_id"}
             )
         record = await self._store.repository(SESSIONS).open(node_id=node.id, gateway=self.options.name)
-        return node.id, record.epoch
+        return node.id, record.epoch, serial
 
     async def _refuse(self, stream: Stream[Any, Any], error: ComputeError) -> None:
         """Tell a refused daemon why in a ``Close`` frame (its reason is the error's), then let it end its side."""
@@ -421,8 +431,21 @@ class Gateway:
             await asyncio.sleep(self.options.liveness_flush_interval)
             try:
                 await self._flush()
-            except Exception as exc:  # a database outage: the next pass writes what was missed
-                log.warning("liveness not written: %s", type(exc).__name__)
+                await self._close_revoked()
+            except Exception as exc:  # a database outage: the next pass does what this one missed
+                log.warning("liveness or revocations not handled: %s", type(exc).__name__)
+
+    async def _close_revoked(self) -> None:
+        """Close the sessions whose certificate was revoked (a node revoked or retired): one statement for all of
+        them, each flush, so a revocation ends its session within about two flush intervals whatever happens to
+        events."""
+        sessions = {s.serial: s for s in self._sessions.values() if s.closing is None}
+        if not sessions:
+            return
+        for serial in await self._store.repository(CERTIFICATES).revoked_among(list(sessions)):
+            session = sessions[serial]
+            log.info("node %s: certificate %s revoked, closing its session", session.node_id, serial)
+            await self._close(session, "revoked", "the node's certificate was revoked")
 
     async def _flush(self) -> None:
         """Write that the sessions heard from since the last flush are alive: one statement for all of them."""

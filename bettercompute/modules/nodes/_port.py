@@ -250,6 +250,10 @@ class Certificates(Protocol):
         """The revocations of ``spiffe_id``'s certificates, oldest first."""
         ...
 
+    async def revoked_among(self, serials: Sequence[str]) -> set[str]:
+        """Which of ``serials`` are revoked, in one statement (a gateway asks for all its sessions at once)."""
+        ...
+
 
 CERTIFICATES: Repository[Certificates] = Repository(module="identity", name="certificates")
 """``tx.repository(CERTIFICATES)`` in a transaction, ``store.repository(CERTIFICATES)`` outside one: the store's

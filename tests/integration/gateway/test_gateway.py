@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import ssl
 import struct
+import time
 
 import anyio
 import betterproto2
@@ -15,7 +16,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 import bettercompute_proto as wire
 from bettercompute.modules.commands import SESSIONS
-from bettercompute.modules.nodes import NODES
+from bettercompute.modules.nodes import NODES, RevokeNodeInput
 from bettercompute_daemon.identity import NodeKey
 
 from .conftest import Wire, envelope, hello, session_request
@@ -283,5 +284,26 @@ async def test_tunnels_are_not_served_yet(gw: Wire) -> None:
             with pytest.raises(GRPCError) as caught:
                 await stream.recv_message()
         assert caught.value.status == Status.UNIMPLEMENTED
+    finally:
+        channel.close()
+
+
+async def test_revoking_a_node_closes_its_live_session_within_two_seconds(gw: Wire) -> None:
+    joined = await gw.join()
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await stream.send_request()
+            await stream.send_message(hello(joined.node_id))
+            assert await opened(stream) == ["welcome", "inventory_request"]
+            revoked_at = time.monotonic()
+            await gw.fleet.compute.api.nodes.revoke(gw.fleet.alice, RevokeNodeInput(id=joined.node_id))
+            with anyio.fail_after(2):
+                frame = await stream.recv_message()
+            assert frame is not None and frame.close is not None and frame.close.reason == "revoked"
+            assert time.monotonic() - revoked_at < 2
+            await stream.end()
+            assert await stream.recv_message() is None
+        assert gw.gateway.sessions == {}
     finally:
         channel.close()
