@@ -43,8 +43,8 @@ from grpclib.server import Server, Stream
 
 import bettercompute_proto as wire
 from bettercompute.errors import ComputeError, InvalidInputError, UnauthenticatedError
-from bettercompute.modules.commands import SESSIONS
-from bettercompute.modules.nodes import CERTIFICATES, GatewayServices
+from bettercompute.modules.commands import COMMANDS, SESSIONS
+from bettercompute.modules.nodes import CERTIFICATES, GatewayServices, verify_signature
 from bettercompute.ports import Store
 
 from ._errors import grpc_error, internal
@@ -92,11 +92,13 @@ class _Session:
     node_id: str
     epoch: int
     serial: str
+    public_key: Any
     stream: Stream[Any, Any]
     heard: float
     task: asyncio.Task[Any] | None
     closing: str | None = None
     sends: asyncio.Lock = attrs.field(factory=asyncio.Lock)
+    commands: dict[str, str] = attrs.field(factory=dict)  # dispatched on this session: id -> kind
 
 
 class Gateway:
@@ -304,13 +306,19 @@ class Gateway:
 
     async def _session(self, stream: Stream[Any, Any]) -> None:
         try:
-            node_id, epoch, serial = await self._admit(stream)
+            node_id, epoch, certificate = await self._admit(stream)
         except ComputeError as exc:
             await self._refuse(stream, exc)
             raise grpc_error(exc) from None
         task = asyncio.current_task()
         session = _Session(
-            node_id=node_id, epoch=epoch, serial=serial, stream=stream, heard=time.monotonic(), task=task
+            node_id=node_id,
+            epoch=epoch,
+            serial=format(certificate.serial_number, "x"),
+            public_key=certificate.public_key(),
+            stream=stream,
+            heard=time.monotonic(),
+            task=task,
         )
         older = self._sessions.get(node_id)
         self._sessions[node_id] = session
@@ -339,14 +347,14 @@ class Gateway:
         if session.closing is not None:
             await self._drain(stream)
 
-    async def _admit(self, stream: Stream[Any, Any]) -> tuple[str, int, str]:
-        """Check a new session (see the module docstring) and open it: its node id, epoch and certificate serial.
+    async def _admit(self, stream: Stream[Any, Any]) -> tuple[str, int, x509.Certificate]:
+        """Check a new session (see the module docstring) and open it: its node id, epoch and certificate.
 
         Raises:
             ComputeError: why it is refused.
         """
         certificate_pem = _client_certificate(stream)
-        serial = format(x509.load_pem_x509_certificate(certificate_pem.encode()).serial_number, "x")
+        certificate = x509.load_pem_x509_certificate(certificate_pem.encode())
         node = await self._services.joins.node_of(certificate_pem)
         try:
             async with asyncio.timeout(self.options.hello_timeout):
@@ -361,7 +369,7 @@ class Gateway:
                 "Hello names another node than the connection's certificate", details={"reason": "spiffe_id"}
             )
         record = await self._store.repository(SESSIONS).open(node_id=node.id, gateway=self.options.name)
-        return node.id, record.epoch, serial
+        return node.id, record.epoch, certificate
 
     async def _refuse(self, stream: Stream[Any, Any], error: ComputeError) -> None:
         """Tell a refused daemon why in a ``Close`` frame (its reason is the error's), then let it end its side."""
@@ -397,10 +405,50 @@ class Gateway:
                 return
             session.heard = time.monotonic()
             self._heard.add(session.node_id)
-            kind, _ = betterproto2.which_one_of(frame, "frame")
+            kind, content = betterproto2.which_one_of(frame, "frame")
             if kind == "hello":
                 await self._close(session, "protocol", "Hello was sent twice")
                 return
+            if isinstance(content, wire.CommandResult):
+                await self._take_result(session, content)
+
+    async def _take_result(self, session: _Session, result: wire.CommandResult) -> None:
+        """Record a command's result, once its node's signature over it verifies; refuse (and log) it otherwise."""
+        kind = session.commands.get(result.command_id)
+        why = None
+        if kind is None or kind != result.kind:
+            why = "not a command dispatched on this session"
+        elif result.epoch != session.epoch:
+            why = "signed for another session"
+        elif result.outcome not in ("succeeded", "failed"):
+            why = "an outcome other than succeeded or failed"
+        else:
+            message = wire.command_result_message(
+                command_id=result.command_id,
+                kind=result.kind,
+                outcome=result.outcome,
+                result_json=result.result_json,
+                epoch=result.epoch,
+            )
+            try:
+                verify_signature(session.public_key, result.signature, message)
+                body = _json_object(result.result_json, "result_json")
+            except ComputeError as exc:
+                why = "a bad signature" if exc.details.get("reason") == "bad_signature" else "a malformed result"
+        if why is not None:
+            log.warning("node %s: refused a result for command %s: %s", session.node_id, result.command_id[:64], why)
+            return
+        del session.commands[result.command_id]
+        reason = body.get("reason") if result.outcome == "failed" else None
+        finished = await self._store.repository(COMMANDS).finish(
+            id=result.command_id,
+            epoch=session.epoch,
+            state=result.outcome,
+            result=body,
+            reason=reason if isinstance(reason, str) else None,
+        )
+        if finished is None:
+            log.info("node %s: command %s was no longer waiting for a result", session.node_id, result.command_id)
 
     async def _send(self, session: _Session, frame: wire.ControlFrame) -> None:
         """Send a frame, or close the session as ``slow`` when the daemon does not read it in time."""
@@ -432,8 +480,29 @@ class Gateway:
             try:
                 await self._flush()
                 await self._close_revoked()
+                await self._dispatch()
             except Exception as exc:  # a database outage: the next pass does what this one missed
                 log.warning("liveness or revocations not handled: %s", type(exc).__name__)
+
+    async def _dispatch(self) -> None:
+        """Send the sessions' pending commands: one statement takes them for every session at once."""
+        live = {s.node_id: s for s in self._sessions.values() if s.closing is None}
+        if not live:
+            return
+        commands = await self._store.repository(COMMANDS).dispatch_many(
+            [(s.node_id, s.epoch) for s in live.values()], now=self._services.clock.now(), limit=16
+        )
+        for command in commands:
+            session = live[command.node_id]
+            session.commands[command.id] = command.kind
+            frame = wire.Command(
+                id=command.id,
+                kind=command.kind,
+                arguments_json=json.dumps(dict(command.payload), separators=(",", ":")),
+                deadline_ms=_ms(command.deadline.timestamp()),
+            )
+            with contextlib.suppress(Exception):  # a session that cannot take it ends; the sweeper re-dispatches
+                await self._send(session, wire.ControlFrame(command=frame))
 
     async def _close_revoked(self) -> None:
         """Close the sessions whose certificate was revoked (a node revoked or retired): one statement for all of

@@ -32,6 +32,7 @@ from bettercompute_proto._generated.bcnode.v1 import SecretRequest as SecretRequ
 from bettercompute_proto._generated.bcnode.v1 import SecretResponse as SecretResponse
 from bettercompute_proto._generated.bcnode.v1 import TunnelFrame as TunnelFrame
 from bettercompute_proto._generated.bcnode.v1 import Welcome as Welcome
+from bettercompute_proto._signing import command_result_message as command_result_message
 
 SERVICE = "bcnode.v1.Node"
 """The gRPC service's full name (a method's path is ``/bcnode.v1.Node/Session``)."""
@@ -66,4 +67,5 @@ __all__ = [
     "TunnelFrame",
     "Welcome",
     "__version__",
+    "command_result_message",
 ]

@@ -44,6 +44,7 @@ from bettercompute.modules.nodes._proofs import (
     SECRET_CONTEXT,
     renew_message,
     secret_message,
+    verify_signature,
 )
 from bettercompute.modules.nodes._renew import RenewResult
 from bettercompute.modules.nodes._tokens import (
@@ -101,4 +102,5 @@ __all__ = [
     "secret_matches",
     "secret_message",
     "serial_hex",
+    "verify_signature",
 ]

@@ -57,6 +57,8 @@ class GatewayServices:
         self._broker = broker
         self._guard = replay_guard
         self._clock = clock
+        self.clock = clock
+        """The control plane's clock (a gateway dates what it dispatches with it)."""
 
     def __repr__(self) -> str:
         return f"GatewayServices(trust_domain={self.joins.ca.trust_domain!r})"

@@ -46,6 +46,24 @@ FROM picked WHERE c.id = picked.id
 RETURNING {_C_COLUMNS}
 """
 
+# ``_DISPATCH`` for many sessions at once: per node, its oldest pending commands (the partial index
+# ``commands_pending`` answers each probe).
+_DISPATCH_MANY = f"""
+WITH s AS (SELECT * FROM unnest(CAST(:node_ids AS text[]), CAST(:epochs AS bigint[])) AS s (node_id, epoch)),
+picked AS (
+    SELECT p.id, s.epoch FROM s CROSS JOIN LATERAL (
+        SELECT id FROM {{s}}.commands
+        WHERE node_id = s.node_id AND state = 'pending' AND deadline > :now
+        ORDER BY created_at, id LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+)
+UPDATE {{s}}.commands AS c SET state = 'dispatched', session_epoch = picked.epoch, dispatched_at = :now,
+    attempts = c.attempts + 1, updated_at = :now
+FROM picked WHERE c.id = picked.id
+RETURNING {_C_COLUMNS}
+"""
+
 _FINISH = f"""
 UPDATE {{s}}.commands AS c SET state = :state, result = CAST(:result AS jsonb), reason = :reason,
     finished_at = now(), updated_at = now()
@@ -176,6 +194,7 @@ class PgCommands(PgRepository):
         self._create = db.sql(_CREATE)
         self._get = db.sql(_GET)
         self._dispatch = db.sql(_DISPATCH)
+        self._dispatch_many = db.sql(_DISPATCH_MANY)
         self._finish = db.sql(_FINISH)
         self._expire = db.sql(_EXPIRE)
         self._orphaned = db.sql(_ORPHANED)
@@ -215,6 +234,21 @@ class PgCommands(PgRepository):
         """Mark the node's oldest pending commands dispatched on ``epoch``."""
         params = {"node_id": node_id, "epoch": epoch, "now": now, "limit": limit}
         rows = await self._fetch(self._dispatch, params)
+        return sorted((_command(r) for r in rows), key=lambda c: (c.created_at, c.id))
+
+    async def dispatch_many(
+        self, sessions: Sequence[tuple[str, int]], *, now: dt.datetime, limit: int
+    ) -> list[CommandRecord]:
+        """Mark the oldest pending commands of each session's node dispatched on its epoch, in one statement."""
+        if not sessions:
+            return []
+        params = {
+            "node_ids": [node_id for node_id, _ in sessions],
+            "epochs": [epoch for _, epoch in sessions],
+            "now": now,
+            "limit": limit,
+        }
+        rows = await self._fetch(self._dispatch_many, params)
         return sorted((_command(r) for r in rows), key=lambda c: (c.created_at, c.id))
 
     async def finish(

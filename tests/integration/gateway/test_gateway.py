@@ -3,6 +3,7 @@ and the refusals, each with the project's error envelope, while the gateway keep
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import ssl
 import struct
@@ -15,7 +16,7 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 import bettercompute_proto as wire
-from bettercompute.modules.commands import SESSIONS
+from bettercompute.modules.commands import COMMANDS, SESSIONS, create_command
 from bettercompute.modules.nodes import NODES, RevokeNodeInput
 from bettercompute_daemon.identity import NodeKey
 
@@ -305,5 +306,63 @@ async def test_revoking_a_node_closes_its_live_session_within_two_seconds(gw: Wi
             await stream.end()
             assert await stream.recv_message() is None
         assert gw.gateway.sessions == {}
+    finally:
+        channel.close()
+
+
+async def test_a_command_reaches_the_node_and_only_its_signed_result_is_recorded(gw: Wire) -> None:
+    joined = await gw.join()
+    node = await gw.fleet.store.repository(NODES).get(joined.node_id)
+    assert node is not None
+    deadline = gw.fleet.clock.now() + dt.timedelta(minutes=5)
+    async with gw.fleet.store.transaction() as tx:
+        first = await create_command(tx, node=node, kind="diag.nvml", payload={"quick": True}, deadline=deadline)
+        second = await create_command(tx, node=node, kind="diag.nvml", payload={}, deadline=deadline)
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await stream.send_request()
+            await stream.send_message(hello(joined.node_id))
+            assert await opened(stream) == ["welcome", "inventory_request"]
+            sent: list[wire.Command] = []
+            with anyio.fail_after(5):
+                while len(sent) < 2:
+                    frame = await stream.recv_message()
+                    assert frame is not None and frame.command is not None
+                    sent.append(frame.command)
+            # Made in one transaction, so at one time: their order is their ids'.
+            sent.sort(key=lambda c: c.id != first.id)
+            assert [c.id for c in sent] == [first.id, second.id]
+            assert json.loads(sent[0].arguments_json) == {"quick": True} and sent[0].kind == "diag.nvml"
+
+            def result(command: wire.Command, signer: NodeKey, *, epoch: int = 1) -> wire.NodeFrame:
+                body = json.dumps({"healthy": True})
+                message = wire.command_result_message(
+                    command_id=command.id, kind=command.kind, outcome="succeeded", result_json=body, epoch=epoch
+                )
+                return wire.NodeFrame(
+                    command_result=wire.CommandResult(
+                        command_id=command.id,
+                        kind=command.kind,
+                        outcome="succeeded",
+                        result_json=body,
+                        epoch=epoch,
+                        signature=signer.sign(message),
+                    )
+                )
+
+            # Signed by another key, and signed for another session: both refused, the session goes on.
+            await stream.send_message(result(sent[0], NodeKey()))
+            await stream.send_message(result(sent[1], joined.key, epoch=7))
+            await stream.send_message(result(sent[1], joined.key))
+            commands = gw.fleet.store.repository(COMMANDS)
+            with anyio.fail_after(5):
+                while (done := await commands.get(second.id)) is None or done.state != "succeeded":  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            assert done.result == {"healthy": True}
+            kept = await gw.fleet.store.repository(COMMANDS).get(first.id)
+            assert kept is not None and kept.state == "dispatched"
+            await stream.end()
+            assert await stream.recv_message() is None
     finally:
         channel.close()

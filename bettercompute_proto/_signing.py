@@ -1,0 +1,18 @@
+"""What a daemon signs on the wire, written once for both sides (the daemon signs, the gateway verifies)."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+__all__ = ["command_result_message"]
+
+_COMMAND_RESULT = b"bettercompute/v1/command-result\x00"
+
+
+def command_result_message(*, command_id: str, kind: str, outcome: str, result_json: str, epoch: int) -> bytes:
+    """The bytes a node key signs for a command's result: a context, then each field length-prefixed (so no two
+    results share a message), the result as its SHA-256, and the session epoch it was received in."""
+    parts = [command_id.encode(), kind.encode(), outcome.encode(), hashlib.sha256(result_json.encode()).digest()]
+    framed = b"".join(struct.pack(">I", len(part)) + part for part in parts)
+    return _COMMAND_RESULT + framed + struct.pack(">q", epoch)
