@@ -1,5 +1,29 @@
-"""Reserved for a later release: only the package name and its import rules exist so far."""
+"""``bcd``, the node daemon: it joins a pool with a one-time token and then holds one session with a gateway,
+dialing out over gRPC with mutual TLS; it opens no listening port and imports nothing of the control plane."""
+
+from bettercompute_daemon._agent import STOPPED as STOPPED
+from bettercompute_daemon._agent import Agent as Agent
+from bettercompute_daemon._agent import DaemonError as DaemonError
+from bettercompute_daemon._agent import join as join
+from bettercompute_daemon._agent import run_node as run_node
+from bettercompute_daemon._cli import main as main
+from bettercompute_daemon._inventory import Inventory as Inventory
+from bettercompute_daemon._state import NodeConfig as NodeConfig
+from bettercompute_daemon._state import NodeIdentity as NodeIdentity
+from bettercompute_daemon._state import StateDir as StateDir
 
 __version__ = "0.0.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "STOPPED",
+    "Agent",
+    "DaemonError",
+    "Inventory",
+    "NodeConfig",
+    "NodeIdentity",
+    "StateDir",
+    "__version__",
+    "join",
+    "main",
+    "run_node",
+]

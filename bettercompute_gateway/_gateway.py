@@ -39,6 +39,8 @@ from cryptography.hazmat.primitives import serialization
 from grpclib.config import Configuration
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.protocol import H2Protocol
+from grpclib.server import Handler as ConnectionHandler
 from grpclib.server import Server, Stream
 
 import bettercompute_proto as wire
@@ -111,7 +113,7 @@ class Gateway:
         self.options = options
         self._sessions: dict[str, _Session] = {}
         self._heard: set[str] = set()  # node ids heard from since the last flush
-        self._server: Server | None = None
+        self._server: _Server | None = None
         self._flusher: asyncio.Task[None] | None = None
         self.port: int | None = None
 
@@ -131,7 +133,7 @@ class Gateway:
             _keepalive_time=self.options.keepalive,
             _keepalive_timeout=min(20.0, self.options.keepalive),
         )
-        server = Server([self], config=config)
+        server = _Server([self], config=config)
         await server.start(host, port, ssl=server_context(self._tls), backlog=self.options.backlog)
         self._server = server
         listening = server._server  # grpclib does not say which port it bound
@@ -149,6 +151,7 @@ class Gateway:
         if server is not None:
             server.close()
             await server.wait_closed()
+            server.drop_connections()
         flusher, self._flusher = self._flusher, None
         if flusher is not None:
             flusher.cancel()
@@ -527,6 +530,42 @@ class Gateway:
         except BaseException:
             self._heard |= heard
             raise
+
+
+class _Server(Server):
+    """grpclib's server, keeping its connections so that closing the gateway closes them too (grpclib stops
+    listening and cancels handlers, but leaves the connections to the clients)."""
+
+    def __init__(self, handlers: list[Any], *, config: Configuration) -> None:
+        super().__init__(handlers, config=config)
+        self._transports: set[asyncio.BaseTransport] = set()
+
+    def _protocol_factory(self) -> H2Protocol:
+        # grpclib's own factory (a handler per connection), with the transport kept when the connection is made.
+        self.__gc_step__()
+        handler = ConnectionHandler(self._mapping, self._codec, self._status_details_codec, self.__dispatch__)
+        self._handlers.add(handler)
+        transports = self._transports
+
+        class Tracked(H2Protocol):
+            kept: asyncio.BaseTransport | None = None
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                self.kept = transport
+                transports.add(transport)
+                super().connection_made(transport)
+
+            def connection_lost(self, exc: BaseException | None) -> None:
+                if self.kept is not None:
+                    transports.discard(self.kept)
+                super().connection_lost(exc)
+
+        return Tracked(handler, self._config, self._h2_config)
+
+    def drop_connections(self) -> None:
+        for transport in list(self._transports):
+            transport.close()
+        self._transports.clear()
 
 
 def create_gateway(

@@ -128,7 +128,8 @@ async def gw(fleet: Fleet, tmp_path: Path) -> AsyncIterator[Wire]:
     port = await gateway.start("127.0.0.1", 0)
     folder = tmp_path / "clients"
     folder.mkdir()
+    made = Wire(fleet=fleet, gateway=gateway, port=port, trust_bundle_pem=bundle, folder=folder)
     try:
-        yield Wire(fleet=fleet, gateway=gateway, port=port, trust_bundle_pem=bundle, folder=folder)
+        yield made
     finally:
-        await gateway.close()
+        await made.gateway.close()  # a test may have replaced it (a gateway restart)

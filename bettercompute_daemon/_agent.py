@@ -1,0 +1,284 @@
+"""``bcd join`` and ``bcd node``: the daemon dials out to a gateway over gRPC with mutual TLS and never listens.
+
+Join: a fresh key and CSR, the hardware claims, and the one-time token sealed to JoinService's key and bound to
+them, sent over TLS that trusts only the pinned CA bundle (no client certificate yet). What comes back is kept in
+the state directory.
+
+Node: one ``Session`` stream with the node's certificate. ``Hello``, then the gateway's ``Welcome`` (epoch and
+heartbeat interval); heartbeats; inventory sections when asked; desired state recorded and acknowledged; commands
+run and their results signed by the node key over the command id, its kind, the outcome, the result and the epoch.
+A ``Close`` whose reason says the identity is gone (``revoked``, ``retired``, a refused certificate) stops the
+daemon for good (exit status 3: its unit does not restart it); any other end reconnects with exponential backoff
+and jitter, so that a gateway restart does not bring every node back in the same second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import secrets
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import betterproto2
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from grpclib.client import Channel
+from grpclib.const import Cardinality
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+import bettercompute_proto as wire
+
+from ._inventory import Inventory
+from ._state import NodeConfig, NodeIdentity, StateDir
+from .identity import NodeKey, join_binding, seal_token
+
+__all__ = ["STOPPED", "DaemonError", "join", "run_node"]
+
+log = logging.getLogger("bcd")
+
+VERSION = "0.1.0"
+STOPPED = 3
+"""The exit status when the node's identity is gone (revoked, retired): retrying cannot help."""
+
+_FINAL = {"revoked", "retired", "certificate_revoked", "node_retired", "untrusted", "certificate_expired"}
+_CAPABILITIES = ["inventory", "desired-state", "diag.nvml"]
+
+
+class DaemonError(Exception):
+    """A failure to report to the operator: one line, no secret."""
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too).
+
+    Raises:
+        DaemonError: not an address with a port.
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise DaemonError(f"the gateway address must be host:port, not {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _context(bundle_pem: str, *, certificate: tuple[str, str] | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=bundle_pem)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["h2"])
+    if certificate is not None:
+        context.load_cert_chain(certfile=certificate[0], keyfile=certificate[1])
+    return context
+
+
+def refusal(error: GRPCError) -> str:
+    """One line for a refused call: the envelope's message, code and reason when the gateway sent one."""
+    try:
+        body = json.loads(error.message or "")["error"]
+        reason = body.get("details", {}).get("reason")
+        return f"{body['message']} ({body['code']}{', ' + reason if reason else ''})"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"{error.status.name}: {error.message or 'no message'}"
+
+
+async def join(
+    *, state: StateDir, token: str, config: NodeConfig, bundle_pem: str, inventory: Inventory
+) -> NodeIdentity:
+    """Join the pool with ``token`` and keep the identity in ``state``.
+
+    Raises:
+        DaemonError: the gateway could not be reached or refused the join (with its reason).
+    """
+    key = NodeKey()
+    csr_pem = key.csr_pem(str(inventory.claims.get("hostname", "node")))
+    claims = inventory.claims
+    sealed = seal_token(config.join_key, token, binding=join_binding(csr_pem, claims, None, config.pool))
+    host, port = split_address(config.gateway)
+    channel = Channel(host, port, ssl=_context(bundle_pem))
+    try:
+        reply = await wire.NodeStub(channel).join(
+            wire.JoinRequest(
+                sealed_token=sealed, csr_pem=csr_pem, claims_json=json.dumps(claims), pool_id=config.pool or ""
+            )
+        )
+    except GRPCError as exc:
+        raise DaemonError(f"the join was refused: {refusal(exc)}") from None
+    except (OSError, StreamTerminatedError, ssl.SSLError) as exc:
+        raise DaemonError(f"the gateway {config.gateway} could not be reached: {type(exc).__name__}") from None
+    finally:
+        channel.close()
+    certificate = reply.certificate
+    if certificate is None or not certificate.spiffe_id.startswith(f"spiffe://{config.trust_domain}/"):
+        raise DaemonError("the gateway answered with a certificate of another trust domain")
+    identity = NodeIdentity(
+        node_id=certificate.node_id, serial=certificate.serial, not_after_ms=certificate.not_after_ms
+    )
+    state.save_config(config)
+    state.save_identity(
+        identity,
+        key_pem=key.private_key_pem(),
+        certificate_pem=certificate.certificate_pem + certificate.chain_pem,
+        bundle_pem=certificate.trust_bundle_pem,
+    )
+    return identity
+
+
+@attrs.define
+class _Session:
+    stream: Any
+    sends: asyncio.Lock = attrs.field(factory=asyncio.Lock)
+    epoch: int = 0
+    closed: str | None = None
+
+    async def send(self, frame: wire.NodeFrame) -> None:
+        async with self.sends:
+            await self.stream.send_message(frame)
+
+
+class Agent:
+    """``bcd node``: one session at a time, reconnecting until stopped or told the identity is gone."""
+
+    def __init__(self, state: StateDir, inventory: Inventory, *, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+        self._state = state
+        self._inventory = inventory
+        self._sleep = sleep
+        config = state.config()
+        identity = state.identity()
+        if identity is None:
+            raise DaemonError(f"no node identity in {state.path}: run bcd join first")
+        self._config = config
+        self._identity = identity
+        self._key = NodeKey(_private_key(state.read("node.key")))
+
+    async def run(self) -> int:
+        """Hold sessions until the identity is gone (``STOPPED``)."""
+        backoff = 1.0
+        while True:
+            started = time.monotonic()
+            outcome = await self._one_session()
+            if outcome in _FINAL:
+                log.error("the gateway closed the session: %s; this node's identity is gone, stopping", outcome)
+                return STOPPED
+            if time.monotonic() - started > 60:
+                backoff = 1.0
+            delay = backoff * random.uniform(0.5, 1.5)  # noqa: S311 - jitter, not a secret
+            log.info("session ended (%s); reconnecting in %.1f s", outcome, delay)
+            await self._sleep(delay)
+            backoff = min(backoff * 2, 60.0)
+
+    async def _one_session(self) -> str:
+        """One session, from dialing to its end; returns why it ended."""
+        host, port = split_address(self._config.gateway)
+        files = (str(self._state.path / "node.crt"), str(self._state.path / "node.key"))
+        try:
+            context = _context(self._state.read("ca-bundle.pem").decode(), certificate=files)
+        except (OSError, ssl.SSLError) as exc:
+            return f"local state unreadable: {type(exc).__name__}"
+        channel = Channel(host, port, ssl=context)
+        try:
+            async with channel.request(
+                f"/{wire.SERVICE}/Session", Cardinality.STREAM_STREAM, wire.NodeFrame, wire.ControlFrame
+            ) as stream:
+                session = _Session(stream=stream)
+                await stream.send_request()
+                hello = wire.Hello(
+                    node_id=self._identity.node_id,
+                    session_nonce=secrets.token_bytes(16),
+                    software_version=VERSION,
+                    capabilities=_CAPABILITIES,
+                )
+                await session.send(wire.NodeFrame(hello=hello))
+                return await self._serve(session)
+        except GRPCError as exc:
+            return f"refused: {refusal(exc)}"
+        except (TimeoutError, OSError, StreamTerminatedError, ssl.SSLError) as exc:
+            return f"connection lost: {type(exc).__name__}"
+        finally:
+            channel.close()
+
+    async def _serve(self, session: _Session) -> str:
+        beats: asyncio.Task[None] | None = None
+        try:
+            while True:
+                frame = await session.stream.recv_message()
+                if frame is None:
+                    return session.closed or "the gateway ended the stream"
+                kind, content = betterproto2.which_one_of(frame, "frame")
+                if isinstance(content, wire.Welcome):
+                    session.epoch = content.epoch
+                    log.info("session %d open on %s", content.epoch, self._config.gateway)
+                    interval = max(content.heartbeat_interval_ms, 100) / 1000
+                    beats = asyncio.create_task(self._beat(session, interval))
+                elif isinstance(content, wire.InventoryRequest):
+                    await self._send_inventory(session, list(content.sections))
+                elif isinstance(content, wire.DesiredState):
+                    self._state.write("desired.json", content.content_json.encode())
+                    ack = wire.DesiredStateAck(observed_generation=content.generation)
+                    await session.send(wire.NodeFrame(desired_state_ack=ack))
+                elif isinstance(content, wire.Command):
+                    await self._run_command(session, content)
+                elif isinstance(content, wire.Close):
+                    session.closed = content.reason or "closed"
+                    await session.stream.end()  # the gateway then ends the stream with its status
+                else:
+                    log.warning("ignored a %s frame", kind)
+        finally:
+            if beats is not None:
+                beats.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beats
+
+    async def _beat(self, session: _Session, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(Exception):
+                await session.send(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=round(time.time() * 1000))))
+
+    async def _send_inventory(self, session: _Session, wanted: list[str]) -> None:
+        for name, content in self._inventory.sections.items():
+            if wanted and name not in wanted:
+                continue
+            section = wire.InventorySection(section=name, content_json=json.dumps(content), fake=self._inventory.fake)
+            await session.send(wire.NodeFrame(inventory=section))
+
+    async def _run_command(self, session: _Session, command: wire.Command) -> None:
+        if command.kind == "diag.nvml":
+            outcome, result = "succeeded", {"health": self._inventory.health, "fake": self._inventory.fake}
+        else:
+            outcome, result = "failed", {"reason": "unknown_kind"}
+        body = json.dumps(result, sort_keys=True)
+        message = wire.command_result_message(
+            command_id=command.id, kind=command.kind, outcome=outcome, result_json=body, epoch=session.epoch
+        )
+        signed = wire.CommandResult(
+            command_id=command.id,
+            kind=command.kind,
+            outcome=outcome,
+            result_json=body,
+            epoch=session.epoch,
+            signature=self._key.sign(message),
+        )
+        await session.send(wire.NodeFrame(command_result=signed))
+
+
+async def run_node(state: StateDir, inventory: Inventory) -> int:
+    """``bcd node``: the exit status."""
+    return await Agent(state, inventory).run()
+
+
+def _private_key(pem: bytes) -> ec.EllipticCurvePrivateKey:
+    key = serialization.load_pem_private_key(pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise DaemonError("the node key on disk is not an EC key")
+    return key
+
+
+def certificate_not_after(pem: bytes) -> float:
+    """When a certificate on disk expires (seconds since the epoch)."""
+    return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
