@@ -35,6 +35,7 @@ from ._runtime import (
     build_serving,
     close,
     display_host,
+    gateway_plan,
     notifier_note,
     plan_roles,
     require_database_url,
@@ -229,7 +230,7 @@ def serve(
     """Run the control plane in one process mode until SIGINT or SIGTERM."""
     with _errors():
         config = _config(ctx, roles=roles, host=host, port=port, iam_url=iam_url)
-        plan = plan_roles(config.roles)
+        plan = plan_roles(config.roles, config)
         compute, remote = build_serving(config, require_database_url(config))
         _setup_logging()
         if remote is not None:
@@ -287,7 +288,7 @@ async def _dev(config: Config, url: str, embedded: bool, rotate: bool, access_lo
             await close(compute)
         raise
     banner = _dev_banner(config, result, url if embedded else None)
-    plan = Plan(api=True, workers=frozenset(WORKER_ROLES))
+    plan = Plan(api=True, workers=frozenset(WORKER_ROLES), gateway=gateway_plan(config))
     await run(
         compute,
         plan,

@@ -47,6 +47,7 @@ from ._config import (
     Config,
     ConfigError,
 )
+from ._gateway import GatewayPlan, HostedGateway, gateway_name
 
 __all__ = [
     "Plan",
@@ -54,6 +55,7 @@ __all__ = [
     "build_notifier",
     "build_serving",
     "close",
+    "gateway_plan",
     "notifier_note",
     "plan_roles",
     "require_embedded_iam",
@@ -69,33 +71,50 @@ _GRACEFUL_SHUTDOWN_SECONDS = 5
 
 @attrs.frozen(kw_only=True)
 class Plan:
-    """What one process runs: the HTTP API or not, and which worker roles."""
+    """What one process runs: the HTTP API or not, which worker roles, and the gateway or not."""
 
     api: bool
     workers: frozenset[str]
+    gateway: GatewayPlan | None = None
 
     def describe(self) -> str:
         """``api + controllers, iam`` and the like, for logs."""
-        parts = ([API_ROLE] if self.api else []) + sorted(self.workers)
+        parts = ([API_ROLE] if self.api else []) + sorted(self.workers) + ([GATEWAY_ROLE] if self.gateway else [])
         return ", ".join(parts)
 
 
-def plan_roles(roles: tuple[str, ...]) -> Plan:
-    """The plan for ``serve --roles``; ``all`` is the API and every worker role.
+def gateway_plan(config: Config) -> GatewayPlan | None:
+    """Where this process's gateway listens: on ``host``, at the port of ``gateway_address`` (the address daemons
+    dial, which its certificate names, with ``localhost`` and the loopback addresses); ``None`` without node
+    identity configured."""
+    if config.gateway_address is None or config.trust_domain is None or config.kms_key_file is None:
+        return None
+    host, _, port = config.gateway_address.rpartition(":")
+    dialed = host.strip("[]")
+    hosts = tuple(dict.fromkeys([dialed, "localhost", "127.0.0.1", "::1"]))
+    name = gateway_name(config.instance or "gateway")
+    return GatewayPlan(listen_host=config.host, port=int(port), hosts=hosts, name=name)
+
+
+def plan_roles(roles: tuple[str, ...], config: Config | None = None) -> Plan:
+    """The plan for ``serve --roles``; ``all`` is the API, every worker role and, when node identity is configured
+    (``trust_domain``, ``gateway_address``, ``kms_key_file``), the gateway.
 
     Raises:
-        ConfigError: The gateway role was asked for (a later release brings it).
+        ConfigError: The gateway role was asked for without node identity configured.
     """
-    if GATEWAY_ROLE in roles:
+    gateway = gateway_plan(config) if config is not None else None
+    if GATEWAY_ROLE in roles and gateway is None:
         raise ConfigError(
-            [
-                "roles: the gateway role arrives in a later release; this one serves "
-                f"{API_ROLE}, {', '.join(WORKER_ROLES)} or all"
-            ]
+            ["roles: the gateway role needs trust_domain, gateway_address and kms_key_file (node identity) set"]
         )
     if "all" in roles:
-        return Plan(api=True, workers=frozenset(WORKER_ROLES))
-    return Plan(api=API_ROLE in roles, workers=frozenset(r for r in roles if r in WORKER_ROLES))
+        return Plan(api=True, workers=frozenset(WORKER_ROLES), gateway=gateway)
+    return Plan(
+        api=API_ROLE in roles,
+        workers=frozenset(r for r in roles if r in WORKER_ROLES),
+        gateway=gateway if GATEWAY_ROLE in roles else None,
+    )
 
 
 def require_database_url(config: Config) -> str:
@@ -433,8 +452,12 @@ async def run(
     on_ready: Callable[[], None] | None = None,
 ) -> None:
     """Initialize the control plane, run the plan until a stop signal, then close it."""
+    hosted: HostedGateway | None = None
     try:
         await compute.initialize(migrate=migrate)
+        if plan.gateway is not None:
+            hosted = HostedGateway(compute, plan.gateway)
+            await hosted.start()
         if plan.api:
             await serve_http(
                 compute, plan, host=host, port=port, migrate=migrate, access_log=access_log, on_ready=on_ready
@@ -443,4 +466,6 @@ async def run(
             await serve_workers(compute, plan, on_ready=on_ready)
     finally:
         with anyio.CancelScope(shield=True):
+            if hosted is not None:
+                await hosted.close()
             await close(compute)

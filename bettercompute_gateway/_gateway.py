@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -50,7 +51,7 @@ from bettercompute.modules.nodes import CERTIFICATES, GatewayServices, verify_si
 from bettercompute.ports import Store
 
 from ._errors import grpc_error, internal
-from ._tls import GatewayTls, server_context
+from ._tls import GatewayTls, load, server_context
 
 __all__ = ["Gateway", "GatewayOptions", "create_gateway"]
 
@@ -114,6 +115,7 @@ class Gateway:
         self._sessions: dict[str, _Session] = {}
         self._heard: set[str] = set()  # node ids heard from since the last flush
         self._server: _Server | None = None
+        self._context: ssl.SSLContext | None = None
         self._flusher: asyncio.Task[None] | None = None
         self.port: int | None = None
 
@@ -134,7 +136,8 @@ class Gateway:
             _keepalive_timeout=min(20.0, self.options.keepalive),
         )
         server = _Server([self], config=config)
-        await server.start(host, port, ssl=server_context(self._tls), backlog=self.options.backlog)
+        self._context = server_context(self._tls)
+        await server.start(host, port, ssl=self._context, backlog=self.options.backlog)
         self._server = server
         listening = server._server  # grpclib does not say which port it bound
         sockets = listening.sockets if isinstance(listening, asyncio.Server) else ()
@@ -142,6 +145,17 @@ class Gateway:
         self._flusher = asyncio.create_task(self._flush_loop(), name="gateway-liveness")
         log.info("gateway %s listening on %s:%s", self.options.name, host, self.port)
         return self.port
+
+    def reload_tls(self, tls: GatewayTls) -> None:
+        """Use a new server certificate (and trust bundle) for the connections made from now on.
+
+        Raises:
+            ssl.SSLError: it does not load (the old one stays in use).
+        """
+        server_context(tls)  # fails here, before the live context is touched, if it does not load
+        if self._context is not None:
+            load(self._context, tls)
+        self._tls = tls
 
     async def close(self, *, reason: str = "draining") -> None:
         """Close every session with ``reason``, stop listening, and write the last liveness. Idempotent."""

@@ -37,8 +37,20 @@ def server_context(tls: GatewayTls) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.verify_mode = ssl.CERT_OPTIONAL
-    context.load_verify_locations(cadata=tls.trust_bundle_pem)
     context.set_alpn_protocols(["h2"])
+    load(context, tls)
+    return context
+
+
+def load(context: ssl.SSLContext, tls: GatewayTls) -> None:
+    """Put ``tls``'s certificate, key and bundle in ``context``; connections made after it use them (a renewed
+    certificate, a CA added by a rotation). A CA that left the bundle stays trusted by the handshake until the
+    process restarts, but the control plane refuses its certificates (they no longer chain to its bundle).
+
+    Raises:
+        ssl.SSLError: the certificate, key or bundle does not load.
+    """
+    context.load_verify_locations(cadata=tls.trust_bundle_pem)
     # The standard library loads a certificate and key only from files: a private file, removed at once.
     fd, path = tempfile.mkstemp(prefix="bc-gateway-", suffix=".pem")
     try:
@@ -49,4 +61,3 @@ def server_context(tls: GatewayTls) -> ssl.SSLContext:
         context.load_cert_chain(path)
     finally:
         os.unlink(path)
-    return context

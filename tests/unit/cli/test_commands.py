@@ -58,10 +58,10 @@ def test_a_bad_port_flag_is_a_usage_error() -> None:
     assert "--port must be a port number from 1 to 65535" in result.stderr
 
 
-def test_the_gateway_role_arrives_later() -> None:
+def test_the_gateway_role_needs_node_identity() -> None:
     result = _invoke("serve", "--roles", "api,gateway", BETTERCOMPUTE_DATABASE_URL="postgresql://u@127.0.0.1:1/x")
     _assert_clean_failure(result, 2)
-    assert "the gateway role arrives in a later release" in result.stderr
+    assert "the gateway role needs trust_domain, gateway_address and kms_key_file" in result.stderr
 
 
 def test_an_unknown_role_is_named() -> None:

@@ -199,8 +199,17 @@ def test_role_plans() -> None:
     assert plan_roles(("all",)) == Plan(api=True, workers=workers)
     assert plan_roles(("api",)) == Plan(api=True, workers=frozenset())
     assert plan_roles(("sinks", "iam")) == Plan(api=False, workers=frozenset({"sinks", "iam"}))
-    with pytest.raises(ConfigError, match="gateway role arrives in a later release"):
+    with pytest.raises(ConfigError, match="the gateway role needs trust_domain, gateway_address and kms_key_file"):
         plan_roles(("api", "gateway"))
+    identity = Config(
+        trust_domain="compute.example", gateway_address="gw.example.com:7443", kms_key_file=Path("/k"), instance="a b"
+    )
+    plan = plan_roles(("gateway",), identity)
+    assert plan.api is False and plan.workers == frozenset() and plan.gateway is not None
+    assert (plan.gateway.port, plan.gateway.name) == (7443, "a-b")
+    assert plan.gateway.hosts == ("gw.example.com", "localhost", "127.0.0.1", "::1")
+    assert plan_roles(("all",), identity).gateway == plan.gateway
+    assert plan_roles(("all",), Config()).gateway is None  # no node identity: no gateway in all
 
 
 CREDENTIAL = "bcak_0000000000000000." + "s" * 43

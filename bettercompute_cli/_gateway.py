@@ -1,0 +1,111 @@
+"""Hosting the gateway in a ``serve`` or ``dev`` process: its server certificate from the control plane's CA (the one
+daemons trust since they joined), renewed before it expires, and the gateway itself."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+
+import attrs
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from bettercompute import BetterCompute
+from bettercompute.errors import InvalidConfigError
+from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway
+
+__all__ = ["GatewayPlan", "HostedGateway"]
+
+log = logging.getLogger("bettercompute.cli")
+
+_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@attrs.frozen(kw_only=True)
+class GatewayPlan:
+    """Where the gateway listens, and the names its certificate is valid for (what daemons dial)."""
+
+    listen_host: str
+    port: int
+    hosts: tuple[str, ...]
+    name: str
+
+
+def gateway_name(instance: str) -> str:
+    """A gateway name made of the process's instance name (letters, digits, '.', '_' and '-' only)."""
+    return (_NAME.sub("-", instance).strip("-") or "gateway")[:128]
+
+
+class HostedGateway:
+    """The gateway of this process: ``await start()``, then ``await close()``."""
+
+    def __init__(self, compute: BetterCompute, plan: GatewayPlan) -> None:
+        self._compute = compute
+        self._plan = plan
+        self.gateway: Gateway | None = None
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def _certificate(self) -> tuple[GatewayTls, float]:
+        """A fresh server certificate (and when to renew it, in seconds: at two thirds of its life)."""
+        services = self._compute.gateway_services
+        key = ec.generate_private_key(ec.SECP256R1())
+        csr = (
+            x509.CertificateSigningRequestBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, self._plan.name)]))
+            .sign(key, hashes.SHA256())
+        )
+        issued = await services.joins.ca.issue_server(
+            csr.public_bytes(serialization.Encoding.PEM).decode(), name=self._plan.name, hosts=self._plan.hosts
+        )
+        tls = GatewayTls(
+            certificate_pem=issued.certificate_pem + issued.chain_pem,
+            private_key_pem=key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            ).decode(),
+            trust_bundle_pem=await services.trust_bundle_pem(),
+        )
+        life = (issued.not_after - issued.not_before).total_seconds()
+        return tls, max(60.0, life * 2 / 3)
+
+    async def start(self) -> None:
+        store = self._compute.options.store
+        if store is None:  # a control plane that serves JoinService has a store
+            raise InvalidConfigError("the gateway needs the control plane's store")
+        tls, renew_in = await self._certificate()
+        gateway = create_gateway(self._compute.gateway_services, store, tls, GatewayOptions(name=self._plan.name))
+        await gateway.start(self._plan.listen_host, self._plan.port)
+        self.gateway = gateway
+        self._renewer = asyncio.create_task(self._renew(renew_in), name="gateway-certificate")
+        log.info(
+            "gateway %s listening on %s:%d (certificate for %s)",
+            self._plan.name,
+            self._plan.listen_host,
+            self._plan.port,
+            ", ".join(self._plan.hosts),
+        )
+
+    async def _renew(self, delay: float) -> None:
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                tls, delay = await self._certificate()
+                if self.gateway is not None:
+                    self.gateway.reload_tls(tls)
+                log.info("gateway %s: server certificate renewed", self._plan.name)
+            except Exception as exc:  # try again soon; the old certificate is still valid for a third of its life
+                log.warning("gateway %s: server certificate not renewed: %s", self._plan.name, type(exc).__name__)
+                delay = 60.0
+
+    async def close(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+        gateway, self.gateway = self.gateway, None
+        if gateway is not None:
+            await gateway.close()

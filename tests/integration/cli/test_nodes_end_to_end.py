@@ -1,0 +1,80 @@
+"""As a new user: ``better-compute dev``, then a pool and a join token through the API, then the printed
+``bcd join ...``, then ``bcd node``: the node is listed with a live session, and ``nodes.revoke`` cuts it off and
+stops the daemon for good. Every part is a real process: the control plane, its gateway, the daemon."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .conftest import StartCli, free_port
+
+BCD = str(Path(sys.executable).parent / "bcd")
+
+
+def test_dev_then_a_token_then_bcd_join_and_node_then_revoke(
+    cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path
+) -> None:
+    port, gateway_port = free_port(), free_port()
+    env = {
+        **cli_env,
+        "BETTERCOMPUTE_TRUST_DOMAIN": "dev.localhost",
+        "BETTERCOMPUTE_GATEWAY_ADDRESS": f"127.0.0.1:{gateway_port}",
+    }
+    dev = start_cli(env, "dev", "--ephemeral", "--port", str(port), cwd=tmp_path)
+    dev.wait_for("Stop with Ctrl-C.", timeout=60)
+    token = re.search(r"export TOKEN=(bcak_\S+)", dev.stdout)
+    assert token is not None, dev.stdout
+    base = f"http://127.0.0.1:{port}/api/compute"
+    headers = {"Authorization": f"Bearer {token.group(1)}"}
+
+    def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = httpx.post(f"{base}/{path}", headers=headers, json=body, timeout=10)
+        assert response.status_code == 200, response.text
+        data: dict[str, Any] = response.json()["data"]
+        return data
+
+    root = call("system/whoami", {})["tenant_id"]
+    pool = call("pools/create", {"tenant": root, "name": "gpus"})
+    created = call("join-tokens/create", {"pool_id": pool["id"], "uses": 1, "expires_in_seconds": 600})
+    printed = shlex.split(created["join_command"])
+    assert printed[:2] == ["bcd", "join"] and printed[printed.index("--gateway") + 1] == f"127.0.0.1:{gateway_port}"
+
+    inventory = tmp_path / "inventory.json"
+    claims = {"hostname": "gpu-01", "serial": "SN-E2E-1", "product": "PowerEdge XE9680"}
+    inventory.write_text(json.dumps({"claims": claims, "health": {"healthy": True}}))
+    common = ["--state-dir", str(tmp_path / "bcd"), "--fake-inventory", str(inventory)]
+    joined = subprocess.run([BCD, *common, *printed[1:]], capture_output=True, text=True, timeout=60, check=False)
+    assert joined.returncode == 0, joined.stderr
+    node_id = json.loads((tmp_path / "bcd" / "node.json").read_text())["node_id"]
+
+    with (tmp_path / "bcd.err").open("w") as err:
+        daemon = subprocess.Popen([BCD, *common, "node"], stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            listed = call("nodes/list", {"tenant": root, "pool_id": pool["id"]})["nodes"]
+            [node] = [n for n in listed if n["id"] == node_id]
+            if node["session_epoch"] >= 1 and node["last_seen_at"] is not None:
+                break
+            assert time.monotonic() < deadline, f"no live session: {node}"
+            time.sleep(0.2)
+        assert node["state"] == "adopting" and node["claims"]["serial"] == "SN-E2E-1"
+
+        call("nodes/revoke", {"id": node_id})
+        assert daemon.wait(timeout=15) == 3  # cut off, and it does not try again
+        assert "revoked" in (tmp_path / "bcd.err").read_text()
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(timeout=10)
+    assert dev.stop(timeout=15) == 0
+    assert "Traceback" not in dev.stderr
