@@ -65,7 +65,7 @@ def _fixtures(item: pytest.Item) -> set[tuple[str, str]]:
 # The files that take longest (a schemathesis run, the CLI's subprocesses) come first: with the files spread over
 # workers (``make test``), one that starts last would run on alone after every other worker has finished.
 _START_FIRST = (
-    "tests/integration/core/test_schemathesis.py",
+    "tests/integration/schemathesis/",
     "tests/integration/cli/",
     "tests/integration/iam_matrix/",
 )
