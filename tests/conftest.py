@@ -62,18 +62,50 @@ def _fixtures(item: pytest.Item) -> set[tuple[str, str]]:
     return {(defs[-1].baseid, name) for name, defs in info.name2fixturedefs.items() if defs}
 
 
-# The files that take longest (a schemathesis run, the CLI's subprocesses) come first: with the files spread over
-# workers (``make test``), one that starts last would run on alone after every other worker has finished.
+# The files that take longest, longest first (a file's share of the schemathesis run, the CLI's subprocesses, worker
+# processes, PgBouncer): with the files spread over workers (``make test``), one that starts last would run on alone
+# after every other worker has finished. The other files follow, those with the most tests first.
 _START_FIRST = (
-    "tests/integration/core/test_schemathesis.py",
+    "tests/integration/schemathesis/test_operations_",
+    "tests/integration/cli/test_webhooks.py",
+    "tests/integration/cli/test_notifier.py",
+    "tests/integration/webhooks/test_poison.py",
+    "tests/integration/workflows/test_processes.py",
+    "tests/integration/store_pg/test_pgbouncer.py",
+    "tests/integration/store_pg/test_conformance.py",
+    "tests/integration/core/test_database_blip.py",
     "tests/integration/cli/",
     "tests/integration/iam_matrix/",
+    "tests/integration/schemathesis/",
+    "tests/unit/core/test_fields.py",
+    "tests/integration/core/test_long_passes.py",
+    "tests/integration/worker/test_processes.py",
+    "tests/integration/store_pg/test_concurrency.py",
+    "tests/integration/store_pg/test_connections.py",
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist would otherwise reorder the files by their number of tests, undoing the order given below.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def _start_rank(item: pytest.Item, tests_in_file: dict[str, int]) -> tuple[int, int]:
+    path = item.nodeid.partition("::")[0]
+    for rank, prefix in enumerate(_START_FIRST):
+        if path.startswith(prefix):
+            return rank, 0
+    return len(_START_FIRST), -tests_in_file[path]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Long files first; with ``--fixture-cover``, keep a subset that still sets up every fixture at least once."""
-    items.sort(key=lambda item: not item.nodeid.startswith(_START_FIRST))  # stable: the order within stays
+    tests_in_file: dict[str, int] = {}
+    for item in items:
+        path = item.nodeid.partition("::")[0]
+        tests_in_file[path] = tests_in_file.get(path, 0) + 1
+    items.sort(key=lambda item: _start_rank(item, tests_in_file))  # stable: the order within a file stays
     if not config.getoption("--fixture-cover"):
         return
     covered: set[tuple[str, str]] = set()

@@ -16,9 +16,19 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import attrs
 import psycopg
 
-__all__ = ["KMS_MODULES", "clone_schema", "copy_script", "fingerprint", "migrate_template"]
+__all__ = [
+    "KMS_MODULES",
+    "Template",
+    "clone_schema",
+    "copy_script",
+    "fingerprint",
+    "migrate_template",
+    "recycle_schema",
+    "template_of",
+]
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -57,6 +67,11 @@ SELECT c.relname, k.conname, pg_get_constraintdef(k.oid)
 FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
 WHERE k.connamespace = %(ns)s::oid AND k.contype = ANY(%(types)s) ORDER BY k.oid
 """
+_REFERENCES = """
+SELECT c.relname, p.relname FROM pg_constraint k
+JOIN pg_class c ON c.oid = k.conrelid JOIN pg_class p ON p.oid = k.confrelid
+WHERE k.connamespace = %(ns)s::oid AND k.contype = 'f'
+"""
 _INDEXES = """
 SELECT pg_get_indexdef(x.oid) FROM pg_class x JOIN pg_index i ON i.indexrelid = x.oid
 WHERE x.relnamespace = %(ns)s::oid AND x.relkind = 'i'
@@ -80,20 +95,30 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _namespace(conn: psycopg.Connection[Any], schema: str) -> int | None:
+    """The schema's oid, looked up once: a cast in a WHERE clause would be looked up again for every row."""
+    found = conn.execute("SELECT oid FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+    return None if found is None else int(found[0])
+
+
 def copy_script(url: str, template: str) -> str:
     """The SQL that makes a copy of ``template`` under the name ``{dst}``, read once from the catalog.
 
     Definitions are read with an empty ``search_path``, which qualifies every name in them with its schema:
     replacing ``template.`` by the copy's name points a copied default, index or foreign key at the copy.
     """
+    return template_of(url, template).copy
+
+
+def template_of(url: str, template: str) -> Template:
+    """What copying ``template`` and recycling its copies takes, read once from the catalog."""
     src = _checked(template)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET search_path = ''")
-        # The schema's oid once, as a constant: a cast in the WHERE clause would be looked up again for every row.
-        found = conn.execute("SELECT oid FROM pg_namespace WHERE nspname = %s", (src,)).fetchone()
-        if found is None:
+        ns = _namespace(conn, src)
+        if ns is None:
             raise RuntimeError(f"no template schema {src!r}")
-        args = {"ns": found[0]}
+        args = {"ns": ns}
         unknown = [row[0] for row in conn.execute(_UNKNOWN, args)]
         if unknown:
             raise RuntimeError(f"the template schema holds what a test copy cannot reproduce: {unknown}")
@@ -104,6 +129,10 @@ def copy_script(url: str, template: str) -> str:
         keys = conn.execute(_CONSTRAINTS, {**args, "types": ["p", "u", "x"]}).fetchall()
         indexes = [row[0] for row in conn.execute(_INDEXES, args)]
         foreign = conn.execute(_CONSTRAINTS, {**args, "types": ["f"]}).fetchall()
+        references = conn.execute(_REFERENCES, args).fetchall()
+        seeded = [
+            t for t in tables if conn.execute(f"SELECT EXISTS (SELECT FROM {src}.{_ident(t)})").fetchone() == (True,)
+        ]
     dst = "{dst}"
     steps = [f"CREATE SCHEMA {dst}"]
     for name, type_, increment, low, high, start, cache, cycle in sequences:
@@ -122,14 +151,41 @@ def copy_script(url: str, template: str) -> str:
     steps += [f"ALTER TABLE {dst}.{_ident(t)} ADD CONSTRAINT {_ident(k)} {d}" for t, k, d in keys]
     steps += [d.replace(f" ON {src}.", f" ON {dst}.") for d in indexes]
     # The rows (recorded migrations, anything a migration seeds) before the foreign keys that check them.
-    steps += [f"INSERT INTO {dst}.{_ident(t)} SELECT * FROM {src}.{_ident(t)}" for t in tables]
+    rows = [f"INSERT INTO {dst}.{_ident(t)} SELECT * FROM {src}.{_ident(t)}" for t in tables]
+    positions = [
+        f"SELECT setval('{dst}.{_ident(s)}', last_value, is_called) FROM {src}.{_ident(s)}" for s, *_ in sequences
+    ]
+    steps += rows
     for t, k, d in foreign:
         target = d.replace(f" REFERENCES {src}.", f" REFERENCES {dst}.")
         steps.append(f"ALTER TABLE {dst}.{_ident(t)} ADD CONSTRAINT {_ident(k)} {target}")
-    steps += [
-        f"SELECT setval('{dst}.{_ident(s)}', last_value, is_called) FROM {src}.{_ident(s)}" for s, *_ in sequences
+    steps += positions
+    # A copy handed back with the template's structure: renamed, emptied (referencing tables first), then given the
+    # template's rows and sequence positions again. DELETE, not TRUNCATE: a TRUNCATE gives every table and index a
+    # new file and catalog row, which is most of what a copy costs.
+    reset = [
+        "ALTER SCHEMA {old} RENAME TO {dst}",
+        *(f"DELETE FROM {dst}.{_ident(t)}" for t in _referencing_first(tables, references)),
+        *(f"INSERT INTO {dst}.{_ident(t)} SELECT * FROM {src}.{_ident(t)}" for t in seeded),
+        *positions,
     ]
-    return ";\n".join(steps)
+    with psycopg.connect(url, autocommit=True) as conn:
+        shape = _shape(conn, src)
+    assert shape is not None
+    return Template(name=src, copy=";\n".join(steps), reset=";\n".join(reset), shape=shape)
+
+
+def _referencing_first(tables: list[str], references: list[tuple[str, str]]) -> list[str]:
+    """``tables`` ordered so that a table comes before every table it references (a self-reference aside)."""
+    ordered: list[str] = []
+    left = list(tables)
+    while left:
+        ready = [t for t in left if not any(p == t and c in left and c != t for c, p in references)]
+        if not ready:
+            raise RuntimeError(f"foreign keys in a cycle among {left}: a copy cannot be emptied table by table")
+        ordered += ready
+        left = [t for t in left if t not in ready]
+    return ordered
 
 
 def clone_schema(url: str, script: str, schema: str) -> None:
@@ -137,6 +193,94 @@ def clone_schema(url: str, script: str, schema: str) -> None:
     sql = script.replace("{dst}", _checked(schema))
     with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
         conn.execute(sql.encode())
+
+
+@attrs.frozen(kw_only=True)
+class Template:
+    """A migrated schema that tests' schemas are copies of: the SQL that copies it (``{dst}`` the copy's name), the
+    SQL that resets a copy to it (``{old}`` the copy's name, ``{dst}`` its new one), and its ``shape``."""
+
+    name: str
+    copy: str
+    reset: str
+    shape: str
+
+
+# Everything about a schema's structure that a test could change, as one digest; rows are not in it. Read with the
+# schema alone on the search_path, so that no definition names the schema (an index's always does: taken out) and a
+# copy digests as its template does. Every lookup starts from the schema's own entries in pg_depend and goes by
+# index, so its cost does not grow with the catalogs (which a server without autovacuum lets bloat).
+_SHAPE = """
+WITH objects AS MATERIALIZED (
+    SELECT classid, objid FROM pg_depend
+    WHERE refclassid = 'pg_namespace'::regclass AND refobjid = %(ns)s::oid AND deptype = 'n'
+), rel AS MATERIALIZED (
+    SELECT c.oid, c.relname, c.relkind FROM objects o JOIN pg_class c ON c.oid = o.objid
+    WHERE o.classid = 'pg_class'::regclass
+)
+SELECT md5(coalesce(string_agg(line, E'\\n' ORDER BY line), '')) FROM (
+    SELECT concat_ws(' ', 'relation', c.relname, c.relkind, c.relpersistence, c.relnatts, c.relchecks,
+                     c.relhasindex, c.relhastriggers, c.relhasrules, c.relrowsecurity, c.reloptions::text,
+                     c.relacl::text) AS line
+    FROM rel JOIN pg_class c ON c.oid = rel.oid
+    UNION ALL
+    SELECT concat_ws(' ', 'object', pg_describe_object(o.classid, o.objid, 0))
+    FROM objects o WHERE o.classid <> 'pg_class'::regclass
+    UNION ALL
+    SELECT concat_ws(' ', 'column', rel.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod),
+                     a.attnotnull, a.attisdropped, a.attidentity, a.attgenerated, a.attcollation,
+                     pg_get_expr(d.adbin, d.adrelid))
+    FROM rel JOIN pg_attribute a ON a.attrelid = rel.oid AND a.attnum > 0
+    LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    UNION ALL
+    SELECT concat_ws(' ', 'constraint', rel.relname, k.conname, k.contype, k.condeferrable, k.condeferred,
+                     k.convalidated, pg_get_constraintdef(k.oid))
+    FROM rel JOIN pg_constraint k ON k.conrelid = rel.oid
+    UNION ALL
+    SELECT concat_ws(' ', 'index', replace(pg_get_indexdef(i.indexrelid), %(on)s, ' ON '))
+    FROM rel JOIN pg_index i ON i.indrelid = rel.oid
+    UNION ALL
+    SELECT concat_ws(' ', 'trigger', rel.relname, g.tgname) FROM rel JOIN pg_trigger g ON g.tgrelid = rel.oid
+    WHERE NOT g.tgisinternal
+    UNION ALL
+    SELECT concat_ws(' ', 'sequence', rel.relname, q.seqtypid, q.seqincrement, q.seqmin, q.seqmax, q.seqstart,
+                     q.seqcache, q.seqcycle, t.relname, a.attname)
+    FROM rel JOIN pg_sequence q ON q.seqrelid = rel.oid
+    LEFT JOIN pg_depend dep ON dep.classid = 'pg_class'::regclass AND dep.objid = rel.oid AND dep.deptype = 'a'
+    LEFT JOIN pg_class t ON t.oid = dep.refobjid
+    LEFT JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = dep.refobjsubid
+) AS lines
+"""
+
+
+def _shape(conn: psycopg.Connection[Any], schema: str) -> str | None:
+    """The digest of ``schema``'s structure (``_SHAPE``), or None when there is no such schema."""
+    with conn.transaction():
+        ns = _namespace(conn, schema)
+        if ns is None:
+            return None
+        conn.execute(f"SET LOCAL search_path = {_ident(schema)}")
+        row = conn.execute(_SHAPE, {"ns": ns, "on": f" ON {schema}."}).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def recycle_schema(url: str, template: Template, schema: str, new_name: str) -> bool:
+    """Reset ``schema`` to a copy of ``template`` under ``new_name``, if its structure is still the template's.
+
+    The test that had it may have written rows, moved sequences, or made, altered or dropped anything: a schema
+    whose structure differs in any way (``_SHAPE``), or that is gone, is left as it is and False returned. Its rows
+    and sequences are then what a new copy's are; the rename means no later test meets the name it had.
+    """
+    sql = template.reset.replace("{old}", _checked(schema)).replace("{dst}", _checked(new_name))
+    with psycopg.connect(url, autocommit=True) as conn:
+        # A session still holding one of its tables (a leak) makes this give up, and the schema is dropped instead.
+        conn.execute("SET lock_timeout = '5s'")
+        with conn.transaction():
+            if _shape(conn, schema) != template.shape:
+                return False
+            conn.execute(sql.encode())
+    return True
 
 
 KMS_MODULES = ("webhooks", "secrets", "identity")

@@ -1,8 +1,9 @@
 """Fixtures for tests against PostgreSQL: a fresh, migrated store per test, in a schema of its own.
 
 A test's schema is a copy of one migrated once per session (``_template.py``), not migrated again: ``initialize()``
-and ``install()`` find every migration recorded and apply nothing. Tests of the migrations themselves take
-``empty_schema``.
+and ``install()`` find every migration recorded and apply nothing. After the test the copy is reset to the template
+and renamed for the next one (``SchemaPool``), or dropped if the test changed its structure. Tests of the migrations
+themselves take ``empty_schema``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from bettercompute import BetterCompute, Options, better_compute
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
 
-from ._template import clone_schema, copy_script, migrate_template
+from ._template import Template, clone_schema, migrate_template, recycle_schema, template_of
 
 
 def new_schema() -> str:
@@ -35,23 +36,81 @@ def drop_schema(url: str, schema: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def schema_copy_script(database_url: str) -> Iterator[str]:
-    """The SQL that copies a schema migrated once for the session (the template is dropped when it ends)."""
+def schema_template(database_url: str) -> Iterator[Template]:
+    """A schema migrated once for the session, and what copying it takes (it is dropped when the session ends)."""
     template = new_schema()
     try:
         anyio.run(migrate_template, database_url, template)
-        yield copy_script(database_url, template)
+        yield template_of(database_url, template)
     finally:
         drop_schema(database_url, template)
 
 
+@pytest.fixture(scope="session")
+def schema_copy_script(schema_template: Template) -> str:
+    """The SQL that copies the session's migrated template under the name ``{dst}``."""
+    return schema_template.copy
+
+
+class SchemaPool:
+    """This process's copies of the template: a test's copy, handed back, is reset and renamed for the next test.
+
+    Resetting a copy (its rows deleted, the template's rows and sequence positions again) costs a small part of
+    making one; a copy whose structure the test changed, or that it dropped, is dropped instead (``recycle_schema``),
+    and so is one used ``REUSES`` times, which bounds the dead rows a server without autovacuum keeps in it.
+    """
+
+    REUSES = 20
+
+    def __init__(self, url: str, template: Template) -> None:
+        self._url = url
+        self._template = template
+        self._ready: list[str] = []
+        self._uses: dict[str, int] = {}
+
+    def take(self) -> str:
+        """A schema no other test has had under its name, with the template's structure, rows and sequences."""
+        if self._ready:
+            return self._ready.pop()
+        schema = new_schema()
+        clone_schema(self._url, self._template.copy, schema)
+        self._uses[schema] = 0
+        return schema
+
+    def give_back(self, schema: str) -> None:
+        uses = self._uses.pop(schema, 0) + 1
+        renamed = new_schema()
+        try:
+            recycled = uses < self.REUSES and recycle_schema(self._url, self._template, schema, renamed)
+        except psycopg.Error:
+            recycled = False
+        if recycled:
+            self._uses[renamed] = uses
+            self._ready.append(renamed)
+        else:
+            drop_schema(self._url, schema)
+
+    def close(self) -> None:
+        while self._ready:
+            drop_schema(self._url, self._ready.pop())
+
+
+@pytest.fixture(scope="session")
+def schema_pool(database_url: str, schema_template: Template) -> Iterator[SchemaPool]:
+    pool = SchemaPool(database_url, schema_template)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
-def fresh_schema(database_url: str, schema_copy_script: str) -> Iterator[str]:
-    """A unique schema with every migration of the store and IAM applied (a copy of the template), dropped after."""
-    schema = new_schema()
-    clone_schema(database_url, schema_copy_script, schema)
+def fresh_schema(schema_pool: SchemaPool) -> Iterator[str]:
+    """A schema under a name of its own with every migration of the store and IAM applied: a copy of the template,
+    or an earlier test's copy reset to the template (``SchemaPool``). Dropped or reset after the test."""
+    schema = schema_pool.take()
     yield schema
-    drop_schema(database_url, schema)
+    schema_pool.give_back(schema)
 
 
 @pytest.fixture

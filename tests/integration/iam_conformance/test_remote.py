@@ -244,7 +244,8 @@ async def test_an_id_the_subject_may_not_see_is_not_found_remotely_as_in_process
 
 @pytest.mark.anyio
 async def test_remote_iam_over_a_real_http_server(central: Central) -> None:
-    listener = socket.socket()
+    # TCP named, so that asyncio turns Nagle off on its connections (else ~40 ms a keep-alive request).
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.bind(("127.0.0.1", 0))
     # Listening before uvicorn starts: connections wait in the backlog, so there is no start-up to wait for.
     listener.listen()
