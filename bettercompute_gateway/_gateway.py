@@ -47,7 +47,13 @@ from grpclib.server import Server, Stream
 import bettercompute_proto as wire
 from bettercompute.errors import ComputeError, InvalidInputError, UnauthenticatedError
 from bettercompute.modules.commands import COMMANDS, SESSIONS
-from bettercompute.modules.nodes import CERTIFICATES, GatewayServices, verify_signature
+from bettercompute.modules.nodes import (
+    CERTIFICATES,
+    GatewayServices,
+    JoinResult,
+    RenewResult,
+    verify_signature,
+)
 from bettercompute.ports import Store
 
 from ._errors import grpc_error, internal
@@ -256,15 +262,7 @@ class Gateway:
                 pool_id=request.pool_id or None,
             )
             return wire.JoinResponse(
-                certificate=wire.Certificate(
-                    node_id=result.node_id,
-                    spiffe_id=result.spiffe_id,
-                    certificate_pem=result.certificate_pem,
-                    chain_pem=result.chain_pem,
-                    trust_bundle_pem=result.trust_bundle_pem,
-                    serial=result.serial,
-                    not_after_ms=_ms(result.not_after.timestamp()),
-                ),
+                certificate=_certificate(result),
                 tenant=result.tenant,
                 pool_id=result.pool_id,
                 reclaimed=result.reclaimed,
@@ -287,17 +285,7 @@ class Gateway:
                 signature=request.signature,
                 csr_pem=request.csr_pem,
             )
-            return wire.RenewResponse(
-                certificate=wire.Certificate(
-                    node_id=result.node_id,
-                    spiffe_id=result.spiffe_id,
-                    certificate_pem=result.certificate_pem,
-                    chain_pem=result.chain_pem,
-                    trust_bundle_pem=result.trust_bundle_pem,
-                    serial=result.serial,
-                    not_after_ms=_ms(result.not_after.timestamp()),
-                )
-            )
+            return wire.RenewResponse(certificate=_certificate(result))
 
         await self._unary(stream, wire.RenewRequest, answer)
 
@@ -605,6 +593,19 @@ def _client_certificate(stream: Stream[Any, Any]) -> str:
             "this call needs the node's client certificate", details={"reason": "no_certificate"}
         )
     return x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _certificate(result: JoinResult | RenewResult) -> wire.Certificate:
+    """A joined or renewed node's certificate, as the wire carries it."""
+    return wire.Certificate(
+        node_id=result.node_id,
+        spiffe_id=result.spiffe_id,
+        certificate_pem=result.certificate_pem,
+        chain_pem=result.chain_pem,
+        trust_bundle_pem=result.trust_bundle_pem,
+        serial=result.serial,
+        not_after_ms=_ms(result.not_after.timestamp()),
+    )
 
 
 def _json_object(text: str, path: str) -> dict[str, Any]:
