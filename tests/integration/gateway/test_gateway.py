@@ -366,3 +366,31 @@ async def test_a_command_reaches_the_node_and_only_its_signed_result_is_recorded
             assert await stream.recv_message() is None
     finally:
         channel.close()
+
+
+async def test_a_ramdisk_or_an_expired_certificate_opens_no_session(gw: Wire) -> None:
+    joined = await gw.join()
+    # A ramdisk certificate for the same node id: the right CA, the wrong role for a session.
+    ramdisk_key = NodeKey()
+    ramdisk = await gw.fleet.services.joins.ca.issue(ramdisk_key.csr_pem(), node_id=joined.node_id, role="ramdisk")
+    channel = gw.channel(cert_pem=ramdisk.certificate_pem, key_pem=ramdisk_key.private_key_pem())
+    try:
+        async with session_request(channel) as stream:
+            await stream.send_request()
+            await stream.send_message(hello(joined.node_id))
+            reason, error = await refused(stream)
+        assert (reason, error.status) == ("role", Status.FAILED_PRECONDITION)
+    finally:
+        channel.close()
+    # The node's own certificate once the control plane's clock is past its end.
+    gw.fleet.clock.advance(dt.timedelta(hours=25))
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await stream.send_request()
+            await stream.send_message(hello(joined.node_id))
+            reason, error = await refused(stream)
+        assert (reason, error.status) == ("certificate_expired", Status.UNAUTHENTICATED)
+        assert gw.gateway.sessions == {}
+    finally:
+        channel.close()
