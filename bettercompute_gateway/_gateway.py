@@ -45,6 +45,7 @@ from grpclib.server import Handler as ConnectionHandler
 from grpclib.server import Server, Stream
 
 import bettercompute_proto as wire
+from bettercompute._runtime.codec import storable
 from bettercompute.errors import ComputeError, InvalidInputError, UnauthenticatedError
 from bettercompute.modules.commands import COMMANDS, SESSIONS
 from bettercompute.modules.nodes import (
@@ -343,6 +344,9 @@ class Gateway:
                 task.uncancel()  # ``_close`` woke the read; the stream still ends with a status
         except (StreamTerminatedError, ConnectionError):
             pass
+        except Exception as exc:  # nothing of it reaches the daemon or the log but its class
+            log.error("node %s: session %d failed: %s", node_id, session.epoch, type(exc).__name__)
+            await self._close(session, "internal", "the gateway failed; reconnect")
         finally:
             if self._sessions.get(node_id) is session:
                 del self._sessions[node_id]
@@ -443,15 +447,21 @@ class Gateway:
         if why is not None:
             log.warning("node %s: refused a result for command %s: %s", session.node_id, result.command_id[:64], why)
             return
-        del session.commands[result.command_id]
         reason = body.get("reason") if result.outcome == "failed" else None
-        finished = await self._store.repository(COMMANDS).finish(
-            id=result.command_id,
-            epoch=session.epoch,
-            state=result.outcome,
-            result=body,
-            reason=reason if isinstance(reason, str) else None,
-        )
+        try:
+            finished = await self._store.repository(COMMANDS).finish(
+                id=result.command_id,
+                epoch=session.epoch,
+                state=result.outcome,
+                result=body,
+                reason=reason if isinstance(reason, str) else None,
+            )
+        except ComputeError as exc:  # text the database cannot hold (a NUL), or the database away: not recorded
+            log.warning(
+                "node %s: result for command %s not recorded: %s", session.node_id, result.command_id[:64], exc.code
+            )
+            return
+        del session.commands[result.command_id]
         if finished is None:
             log.info("node %s: command %s was no longer waiting for a result", session.node_id, result.command_id)
 
@@ -609,13 +619,33 @@ def _certificate(result: JoinResult | RenewResult) -> wire.Certificate:
 
 
 def _json_object(text: str, path: str) -> dict[str, Any]:
+    """A JSON object from the wire, refused when it is not one or holds text PostgreSQL cannot store (a NUL, an
+    unpaired surrogate from a ``\\ud800`` escape), anywhere, keys included.
+
+    Raises:
+        InvalidInputError: either.
+    """
     try:
         value = json.loads(text)
     except ValueError:
         value = None
     if not isinstance(value, dict):
         raise InvalidInputError(f"{path}: expected a JSON object", details={"path": path})
+    if not _all_storable(value):
+        raise InvalidInputError(
+            f"{path}: holds a NUL character or an unpaired surrogate", details={"path": path, "reason": "unstorable"}
+        )
     return value
+
+
+def _all_storable(value: object) -> bool:
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, dict):
+        return all(storable(k) and _all_storable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_all_storable(v) for v in value)
+    return True
 
 
 def _ms(seconds: float) -> int:

@@ -335,25 +335,29 @@ async def test_a_command_reaches_the_node_and_only_its_signed_result_is_recorded
             assert [c.id for c in sent] == [first.id, second.id]
             assert json.loads(sent[0].arguments_json) == {"quick": True} and sent[0].kind == "diag.nvml"
 
-            def result(command: wire.Command, signer: NodeKey, *, epoch: int = 1) -> wire.NodeFrame:
-                body = json.dumps({"healthy": True})
+            def result(
+                command: wire.Command, signer: NodeKey, *, epoch: int = 1, body: dict[str, object] | None = None
+            ) -> wire.NodeFrame:
+                text = json.dumps(body if body is not None else {"healthy": True})
                 message = wire.command_result_message(
-                    command_id=command.id, kind=command.kind, outcome="succeeded", result_json=body, epoch=epoch
+                    command_id=command.id, kind=command.kind, outcome="succeeded", result_json=text, epoch=epoch
                 )
                 return wire.NodeFrame(
                     command_result=wire.CommandResult(
                         command_id=command.id,
                         kind=command.kind,
                         outcome="succeeded",
-                        result_json=body,
+                        result_json=text,
                         epoch=epoch,
                         signature=signer.sign(message),
                     )
                 )
 
-            # Signed by another key, and signed for another session: both refused, the session goes on.
+            # Signed by another key, signed for another session, or holding text the database cannot keep (a NUL):
+            # each refused and logged, and the session goes on.
             await stream.send_message(result(sent[0], NodeKey()))
             await stream.send_message(result(sent[1], joined.key, epoch=7))
+            await stream.send_message(result(sent[0], joined.key, body={"note": "a\u0000b"}))
             await stream.send_message(result(sent[1], joined.key))
             commands = gw.fleet.store.repository(COMMANDS)
             with anyio.fail_after(5):
