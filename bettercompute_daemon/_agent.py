@@ -63,7 +63,7 @@ def split_address(address: str) -> tuple[str, int]:
         DaemonError: not an address with a port.
     """
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not (port.isascii() and port.isdigit()) or not host or not 0 < int(port) < 65536:
         raise DaemonError(f"the gateway address must be host:port, not {address!r}")
     return host.strip("[]"), int(port)
 
