@@ -6,8 +6,16 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 DATABASE_URL_ENV = "BETTERCOMPUTE_DATABASE_URL"
+
+# Hypothesis's deadline (200 ms an example unless a test sets one) measures the machine's load, not the code: with
+# the test files on more workers than cores, and other runs on the same two cores, an example that takes 0.1 ms has
+# waited 340 ms for a core and failed as "unreliable timings". No test asserts a duration through it (those that
+# matter set their own), and pytest-timeout still ends a test that hangs. Example counts stay each test's own.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 @pytest.fixture(scope="session")
