@@ -6,6 +6,8 @@ batches. It holds no CA key and no JoinService key.
 """
 
 from bettercompute_gateway._errors import STATUS_OF as STATUS_OF
+from bettercompute_gateway._gateway import SESSION_CLOSED as SESSION_CLOSED
+from bettercompute_gateway._gateway import SESSION_OPENED as SESSION_OPENED
 from bettercompute_gateway._gateway import Gateway as Gateway
 from bettercompute_gateway._gateway import GatewayOptions as GatewayOptions
 from bettercompute_gateway._gateway import create_gateway as create_gateway
@@ -14,4 +16,14 @@ from bettercompute_gateway._tls import server_context as server_context
 
 __version__ = "0.0.0"
 
-__all__ = ["STATUS_OF", "Gateway", "GatewayOptions", "GatewayTls", "__version__", "create_gateway", "server_context"]
+__all__ = [
+    "SESSION_CLOSED",
+    "SESSION_OPENED",
+    "STATUS_OF",
+    "Gateway",
+    "GatewayOptions",
+    "GatewayTls",
+    "__version__",
+    "create_gateway",
+    "server_context",
+]

@@ -55,7 +55,7 @@ from bettercompute.modules.nodes import (
     RenewResult,
     verify_signature,
 )
-from bettercompute.ports import Store
+from bettercompute.ports import OutboxEvent, Store
 
 from ._errors import grpc_error, internal
 from ._tls import GatewayTls, load, server_context
@@ -65,6 +65,11 @@ __all__ = ["Gateway", "GatewayOptions", "create_gateway"]
 log = logging.getLogger("bettercompute.gateway")
 
 M = TypeVar("M", bound=betterproto2.Message)
+
+SESSION_OPENED = "node.session_opened"
+"""Published when a node's session opens (payload: node_id, epoch, gateway)."""
+SESSION_CLOSED = "node.session_closed"
+"""Published when it ends (payload: node_id, epoch, gateway, reason: ``left`` or the gateway's close reason)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -348,10 +353,12 @@ class Gateway:
             log.error("node %s: session %d failed: %s", node_id, session.epoch, type(exc).__name__)
             await self._close(session, "internal", "the gateway failed; reconnect")
         finally:
-            if self._sessions.get(node_id) is session:
+            current = self._sessions.get(node_id) is session
+            if current:
                 del self._sessions[node_id]
+            if current or session.closing == "superseded":
                 with contextlib.suppress(Exception):
-                    await self._store.repository(SESSIONS).close(node_id=node_id, epoch=session.epoch)
+                    await self._closed(session)
             log.info("node %s: session %d ended (%s)", node_id, session.epoch, session.closing or "the daemon left")
         if session.closing is not None:
             await self._drain(stream)
@@ -377,8 +384,25 @@ class Gateway:
             raise UnauthenticatedError(
                 "Hello names another node than the connection's certificate", details={"reason": "spiffe_id"}
             )
-        record = await self._store.repository(SESSIONS).open(node_id=node.id, gateway=self.options.name)
+        async with self._store.transaction() as tx:
+            record = await tx.repository(SESSIONS).open(node_id=node.id, gateway=self.options.name)
+            payload = {"node_id": node.id, "epoch": record.epoch, "gateway": self.options.name}
+            await tx.publish([OutboxEvent(type=SESSION_OPENED, key=node.id, payload=payload)])
         return node.id, record.epoch, certificate
+
+    async def _closed(self, session: _Session) -> None:
+        """Record that a session ended, and publish ``node.session_closed`` with why (``left``: the daemon ended it;
+        ``superseded`` when a newer session replaced it); nothing twice for a session closed already."""
+        async with self._store.transaction() as tx:
+            current = await tx.repository(SESSIONS).close(node_id=session.node_id, epoch=session.epoch)
+            if current or session.closing == "superseded":
+                payload = {
+                    "node_id": session.node_id,
+                    "epoch": session.epoch,
+                    "gateway": self.options.name,
+                    "reason": session.closing or "left",
+                }
+                await tx.publish([OutboxEvent(type=SESSION_CLOSED, key=session.node_id, payload=payload)])
 
     async def _refuse(self, stream: Stream[Any, Any], error: ComputeError) -> None:
         """Tell a refused daemon why in a ``Close`` frame (its reason is the error's), then let it end its side."""

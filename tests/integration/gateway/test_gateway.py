@@ -80,6 +80,10 @@ async def test_a_machine_joins_over_the_wire_and_holds_a_session_whose_liveness_
                 await anyio.sleep(0.05)
         closed = await gw.fleet.store.repository(SESSIONS).get(joined.node_id)
         assert closed is not None and closed.closed_at is not None
+        opened_events = await gw.fleet.events("node.session_opened")
+        assert opened_events == [(joined.node_id, {"node_id": joined.node_id, "epoch": 1, "gateway": "gw-test"})]
+        closed_events = await gw.fleet.events("node.session_closed")
+        assert [(key, p["epoch"], p["reason"]) for key, p in closed_events] == [(joined.node_id, 1, "left")]
     finally:
         channel.close()
 
@@ -105,6 +109,10 @@ async def test_a_second_session_of_a_node_closes_the_first_and_takes_the_next_ep
                 assert gw.gateway.sessions == {joined.node_id: 2}
                 await second.end()
                 assert await second.recv_message() is None
+        with anyio.fail_after(5):
+            while len(closed := await gw.fleet.events("node.session_closed")) < 2:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert sorted((p["epoch"], p["reason"]) for _, p in closed) == [(1, "superseded"), (2, "left")]
     finally:
         first_channel.close()
         second_channel.close()
