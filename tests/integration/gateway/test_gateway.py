@@ -12,6 +12,7 @@ import time
 import anyio
 import betterproto2
 import pytest
+from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
@@ -46,6 +47,18 @@ async def refused(stream: object) -> tuple[str, GRPCError]:
         await stream.recv_trailing_metadata()  # type: ignore[attr-defined]
     assert envelope(caught.value)["details"]["reason"] == frame.close.reason
     return frame.close.reason, caught.value
+
+
+async def refused_session(channel: Channel, node_id: str) -> tuple[str, Status]:
+    """Open a session on ``channel`` with ``Hello`` for ``node_id``, expecting a refusal: its reason and status."""
+    try:
+        async with session_request(channel) as stream:
+            await stream.send_request()
+            await stream.send_message(hello(node_id))
+            reason, error = await refused(stream)
+        return reason, error.status
+    finally:
+        channel.close()
 
 
 async def test_a_machine_joins_over_the_wire_and_holds_a_session_whose_liveness_is_written(gw: Wire) -> None:
@@ -122,40 +135,16 @@ async def test_a_session_needs_a_certificate_for_the_node_it_names(gw: Wire) -> 
     joined = await gw.join("SN-0001")
     other = await gw.join("SN-0002")
     # No client certificate at all.
-    channel = gw.channel()
-    try:
-        async with session_request(channel) as stream:
-            await stream.send_request()
-            await stream.send_message(hello(joined.node_id))
-            reason, error = await refused(stream)
-        assert (reason, error.status) == ("no_certificate", Status.UNAUTHENTICATED)
-    finally:
-        channel.close()
+    assert await refused_session(gw.channel(), joined.node_id) == ("no_certificate", Status.UNAUTHENTICATED)
     # Another node's id in Hello.
-    channel = gw.channel(joined)
-    try:
-        async with session_request(channel) as stream:
-            await stream.send_request()
-            await stream.send_message(hello(other.node_id))
-            reason, error = await refused(stream)
-        assert (reason, error.status) == ("spiffe_id", Status.UNAUTHENTICATED)
-        assert gw.gateway.sessions == {}
-    finally:
-        channel.close()
+    assert await refused_session(gw.channel(joined), other.node_id) == ("spiffe_id", Status.UNAUTHENTICATED)
+    assert gw.gateway.sessions == {}
 
 
 async def test_a_revoked_certificate_opens_no_session(gw: Wire) -> None:
     joined = await gw.join()
     await gw.fleet.services.joins.ca.revoke(joined.serial, reason="compromised")
-    channel = gw.channel(joined)
-    try:
-        async with session_request(channel) as stream:
-            await stream.send_request()
-            await stream.send_message(hello(joined.node_id))
-            reason, error = await refused(stream)
-        assert (reason, error.status) == ("certificate_revoked", Status.UNAUTHENTICATED)
-    finally:
-        channel.close()
+    assert await refused_session(gw.channel(joined), joined.node_id) == ("certificate_revoked", Status.UNAUTHENTICATED)
 
 
 async def test_a_certificate_of_another_ca_fails_the_handshake(gw: Wire, tmp_path: object) -> None:
@@ -385,24 +374,10 @@ async def test_a_ramdisk_or_an_expired_certificate_opens_no_session(gw: Wire) ->
     # A ramdisk certificate for the same node id: the right CA, the wrong role for a session.
     ramdisk_key = NodeKey()
     ramdisk = await gw.fleet.services.joins.ca.issue(ramdisk_key.csr_pem(), node_id=joined.node_id, role="ramdisk")
-    channel = gw.channel(cert_pem=ramdisk.certificate_pem, key_pem=ramdisk_key.private_key_pem())
-    try:
-        async with session_request(channel) as stream:
-            await stream.send_request()
-            await stream.send_message(hello(joined.node_id))
-            reason, error = await refused(stream)
-        assert (reason, error.status) == ("role", Status.FAILED_PRECONDITION)
-    finally:
-        channel.close()
+    assert await refused_session(
+        gw.channel(cert_pem=ramdisk.certificate_pem, key_pem=ramdisk_key.private_key_pem()), joined.node_id
+    ) == ("role", Status.FAILED_PRECONDITION)
     # The node's own certificate once the control plane's clock is past its end.
     gw.fleet.clock.advance(dt.timedelta(hours=25))
-    channel = gw.channel(joined)
-    try:
-        async with session_request(channel) as stream:
-            await stream.send_request()
-            await stream.send_message(hello(joined.node_id))
-            reason, error = await refused(stream)
-        assert (reason, error.status) == ("certificate_expired", Status.UNAUTHENTICATED)
-        assert gw.gateway.sessions == {}
-    finally:
-        channel.close()
+    assert await refused_session(gw.channel(joined), joined.node_id) == ("certificate_expired", Status.UNAUTHENTICATED)
+    assert gw.gateway.sessions == {}
