@@ -151,8 +151,9 @@ class Gateway:
         self._context = server_context(self._tls)
         await server.start(host, port, ssl=self._context, backlog=self.options.backlog)
         self._server = server
-        listening = server._server  # grpclib does not say which port it bound
-        sockets = listening.sockets if isinstance(listening, asyncio.Server) else ()
+        # grpclib does not say which port it bound. Its listening server is asyncio's, or uvloop's (which is no
+        # ``asyncio.Server``): either has ``sockets``.
+        sockets = getattr(server._server, "sockets", None) or ()
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
         self._flusher = asyncio.create_task(self._flush_loop(), name="gateway-liveness")
         log.info("gateway %s listening on %s:%s", self.options.name, host, self.port)
