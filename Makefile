@@ -87,6 +87,7 @@ fmt: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/claims.py
 	$(BIN)/python bench/joins.py
+	$(BIN)/python bench/gateway.py
 
 clean:
 	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache build dist *.egg-info
