@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from bettercompute._runtime.jobs import Job
 from bettercompute._version import __version__
 from bettercompute.errors import FailedPreconditionError, InvalidConfigError
+from bettercompute.modules.commands import SESSION_SWEEPER
 from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._claims import Attestor
 from bettercompute.modules.nodes._gateway import GatewayServices
@@ -84,7 +85,7 @@ class IdentityModule:
         POOLS,
         JOIN_TOKENS,
     )
-    jobs: Sequence[Job] = (NONCE_PURGE,)
+    jobs: Sequence[Job] = (NONCE_PURGE, SESSION_SWEEPER)
 
     def __init__(self, settings: JoinSettings, kms: Kms, attestors: Sequence[Attestor] = ()) -> None:
         self._settings = settings
