@@ -756,10 +756,16 @@ class Gateway:
         alive = [(node_id, s.epoch) for node_id in heard if (s := self._sessions.get(node_id)) is not None]
         if alive:
             try:
-                await self._store.repository(SESSIONS).seen(alive, gateway=self.options.name)
+                current = set(await self._store.repository(SESSIONS).seen(alive, gateway=self.options.name))
             except BaseException:
                 self._heard |= heard
                 raise
+            # A session the database no longer counts as current (the SessionSweeper gave it up while this gateway
+            # could not report it, or the node is gone) is closed: the daemon's next session starts clean.
+            for node_id, epoch in alive:
+                session = self._sessions.get(node_id)
+                if node_id not in current and session is not None and session.epoch == epoch:
+                    self._spawn(self._close(session, "stale", "the control plane no longer counts this session"))
         acks, self._acks = self._acks, {}
         if acks:
             try:

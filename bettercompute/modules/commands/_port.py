@@ -137,9 +137,10 @@ class Sessions(Protocol):
         any earlier session of the node is over from then on."""
         ...
 
-    async def seen(self, alive: Sequence[tuple[str, int]], *, gateway: str) -> int:
+    async def seen(self, alive: Sequence[tuple[str, int]], *, gateway: str) -> list[str]:
         """Record that these sessions (node id, epoch) held by ``gateway`` are alive, in one statement whatever their
-        number; returns how many were still current (not closed, not replaced)."""
+        number; returns the node ids whose session was still current (not closed, not replaced, not given up by
+        the SessionSweeper)."""
         ...
 
     async def close(self, *, node_id: str, epoch: int) -> bool:

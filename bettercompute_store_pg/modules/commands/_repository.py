@@ -139,6 +139,7 @@ touched AS (
     RETURNING s.node_id
 )
 UPDATE {s}.nodes AS n SET last_seen_at = now() FROM touched WHERE n.id = touched.node_id
+RETURNING n.id
 """
 
 _CLOSE = """
@@ -311,12 +312,12 @@ class PgSessions(PgRepository):
             raise NotFoundError("no such live node", details={"node_id": node_id})
         return _session(rows[0])
 
-    async def seen(self, alive: Sequence[tuple[str, int]], *, gateway: str) -> int:
-        """Mark these sessions seen now."""
+    async def seen(self, alive: Sequence[tuple[str, int]], *, gateway: str) -> list[str]:
+        """Mark these sessions seen now; the node ids whose session was still current."""
         if not alive:
-            return 0
+            return []
         params = {"node_ids": [a[0] for a in alive], "epochs": [a[1] for a in alive], "gateway": gateway}
-        return await self._rowcount(self._seen, params)
+        return [r.id for r in await self._fetch(self._seen, params)]
 
     async def close(self, *, node_id: str, epoch: int) -> bool:
         """End session ``epoch`` of the node."""

@@ -381,3 +381,22 @@ async def test_a_ramdisk_or_an_expired_certificate_opens_no_session(gw: Wire) ->
     gw.fleet.clock.advance(dt.timedelta(hours=25))
     assert await refused_session(gw.channel(joined), joined.node_id) == ("certificate_expired", Status.UNAUTHENTICATED)
     assert gw.gateway.sessions == {}
+
+
+async def test_a_session_the_control_plane_gave_up_is_closed_so_the_daemon_starts_clean(gw: Wire) -> None:
+    """As when the SessionSweeper closed it while this gateway could not reach the database."""
+    joined = await gw.join()
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await stream.send_request()
+            await stream.send_message(hello(joined.node_id))
+            assert await opened(stream) == ["welcome", "inventory_request"]
+            assert await gw.fleet.store.repository(SESSIONS).close(node_id=joined.node_id, epoch=1)
+            await stream.send_message(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=1)))
+            with anyio.fail_after(5):
+                frame = await stream.recv_message()
+            assert frame is not None and frame.close is not None and frame.close.reason == "stale"
+            await stream.end()
+    finally:
+        channel.close()
