@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ._agent import DaemonError, join, run_node
 from ._inventory import Inventory
+from ._renewal import REENROLL_TOKEN
 from ._state import DEFAULT_STATE_DIR, NodeConfig, StateDir
 
 __all__ = ["main"]
@@ -41,12 +42,19 @@ def _parser() -> argparse.ArgumentParser:
     joining.add_argument("--ca-bundle", required=True, help="the CA bundle to trust, base64 of its PEM")
     joining.add_argument("--join-key", required=True, help="JoinService's public key the token is sealed to")
     joining.add_argument("--pool", default=None, help="the pool this machine is meant for")
+    joining.add_argument(
+        "--keep-token",
+        action="store_true",
+        help="keep the token (reenroll.token, 0600) to join again with should the certificate expire while the"
+        " machine is off; use a token with several uses whose reclaim is same-hardware",
+    )
     commands.add_parser("node", help="hold the node's session with the gateway")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``bcd``; the exit status (``3``: the node's identity was revoked or retired, do not restart)."""
+    """Run ``bcd``; the exit status (``3``: the node's identity was revoked or retired, ``4``: its certificate
+    expired and it could not join again; do not restart on either)."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="bcd: %(message)s", stream=sys.stderr)
     state = StateDir(args.state_dir)
@@ -63,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             identity = asyncio.run(
                 join(state=state, token=args.token, config=config, bundle_pem=bundle, inventory=inventory)
             )
+            if args.keep_token:
+                state.write(REENROLL_TOKEN, args.token.encode())
             print(f"joined as {identity.node_id}; run `bcd node` to hold its session")
             return 0
         return asyncio.run(run_node(state, inventory))

@@ -5,7 +5,10 @@ Files (mode 0600, in a 0700 directory; each written to a temporary file and rena
 - ``config.json``: the gateway, trust domain, pool and JoinService key it was pinned to;
 - ``ca-bundle.pem``: the CA certificates it trusts for the gateway;
 - ``node.key``: its private key (PEM);
-- ``node.crt``: its certificate (PEM), ``node.json``: its node id, serial and expiry.
+- ``node.crt``: its certificate (PEM), ``node.json``: its node id, serial and expiry;
+- ``renewal.key``: the new key of a renewal under way (``_renewal``);
+- ``reenroll.token``: the join token ``bcd node`` joins again with once its certificate expired, when kept
+  (``bcd join --keep-token``, or placed there by an operator).
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ class StateDir:
         self.write("node.key", key_pem)
         self.write("node.crt", certificate_pem.encode())
         self.write("ca-bundle.pem", bundle_pem.encode())
+        self.save_identity_record(identity)
+
+    def save_identity_record(self, identity: NodeIdentity) -> None:
+        """Write ``node.json`` alone (a renewal writes its certificate and key itself, in its own order)."""
         self.write("node.json", json.dumps(attrs.asdict(identity), indent=2).encode())
 
     def identity(self) -> NodeIdentity | None:

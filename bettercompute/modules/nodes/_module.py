@@ -122,6 +122,7 @@ class IdentityModule:
             clock=context.clock,
             attestors=self._attestors,
             sealed_token_max_age=self._settings.sealed_token_max_age,
+            certificate_ttl=self._settings.certificate_ttl,
         )
         broker = SecretBroker(store, self._kms)
         self._services = GatewayServices(joins, broker, store=store, replay_guard=store.nonces, clock=context.clock)

@@ -21,9 +21,20 @@ import bettercompute_proto as wire
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway
 
-from ..joins.conftest import Fleet, attestors, claims, clock, fleet
+from ..joins.conftest import Fleet, attestors, certificate_ttl, claims, clock, fleet
 
-__all__ = ["OPTIONS", "Fleet", "Wire", "attestors", "claims", "clock", "envelope", "fleet", "gateway_tls"]
+__all__ = [
+    "OPTIONS",
+    "Fleet",
+    "Wire",
+    "attestors",
+    "certificate_ttl",
+    "claims",
+    "clock",
+    "envelope",
+    "fleet",
+    "gateway_tls",
+]
 
 
 def envelope(error: GRPCError) -> dict[str, Any]:
