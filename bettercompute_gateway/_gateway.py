@@ -134,6 +134,7 @@ class _Session:
     commands: dict[str, str] = attrs.field(factory=dict)  # dispatched on this session: id -> kind
     sent_generation: int | None = None  # the desired-state generation sent; None until first looked up
     queued: int = 0  # frames from the flush loop waiting to be sent
+    not_after: float = float("inf")  # when the session's certificate expires (seconds since the epoch)
 
 
 class Gateway:
@@ -437,6 +438,7 @@ class Gateway:
             epoch=epoch,
             serial=format(certificate.serial_number, "x"),
             public_key=certificate.public_key(),
+            not_after=certificate.not_valid_after_utc.timestamp(),
             stream=stream,
             heard=time.monotonic(),
             task=task,
@@ -744,6 +746,13 @@ class Gateway:
         sessions = {s.serial: s for s in self._sessions.values() if s.closing is None}
         if not sessions:
             return
+        # A session lives no longer than the certificate it opened with; the daemon renewed it meanwhile and opens
+        # its next session with the new one.
+        now = self._services.clock.now().timestamp()
+        for session in [s for s in sessions.values() if s.not_after <= now]:
+            log.info("node %s: the certificate of session %d expired, closing it", session.node_id, session.epoch)
+            await self._close(session, "certificate_expired", "the session's certificate expired; reconnect")
+            del sessions[session.serial]
         for serial in await self._store.repository(CERTIFICATES).revoked_among(list(sessions)):
             session = sessions[serial]
             log.info("node %s: certificate %s revoked, closing its session", session.node_id, serial)

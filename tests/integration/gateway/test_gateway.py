@@ -400,3 +400,21 @@ async def test_a_session_the_control_plane_gave_up_is_closed_so_the_daemon_start
             await stream.end()
     finally:
         channel.close()
+
+
+async def test_a_session_ends_when_the_certificate_it_opened_with_expires(gw: Wire) -> None:
+    """The daemon renewed meanwhile; its next session opens with the new certificate."""
+    joined = await gw.join()
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await stream.send_request()
+            await stream.send_message(hello(joined.node_id))
+            assert await opened(stream) == ["welcome", "inventory_request"]
+            gw.fleet.clock.advance(dt.timedelta(hours=25))
+            with anyio.fail_after(5):
+                frame = await stream.recv_message()
+            assert frame is not None and frame.close is not None and frame.close.reason == "certificate_expired"
+            await stream.end()
+    finally:
+        channel.close()
