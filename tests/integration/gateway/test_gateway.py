@@ -8,6 +8,7 @@ import json
 import ssl
 import struct
 import time
+from collections.abc import Awaitable, Callable
 
 import anyio
 import betterproto2
@@ -21,7 +22,7 @@ from bettercompute.modules.commands import COMMANDS, SESSIONS, create_command
 from bettercompute.modules.nodes import NODES, RevokeNodeInput
 from bettercompute_daemon.identity import NodeKey
 
-from .conftest import Wire, envelope, hello, session_request
+from .conftest import Joined, Wire, envelope, hello, session_request
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -34,6 +35,14 @@ async def opened(stream: object) -> list[str]:
         assert frame is not None
         kinds.append(betterproto2.which_one_of(frame, "frame")[0])
     return kinds
+
+
+async def start(stream: object, node_id: str) -> None:
+    """Open a session for ``node_id`` on a new ``Session`` stream: ``Hello``, then ``Welcome`` and the inventory
+    request."""
+    await stream.send_request()  # type: ignore[attr-defined]
+    await stream.send_message(hello(node_id))  # type: ignore[attr-defined]
+    assert await opened(stream) == ["welcome", "inventory_request"]
 
 
 async def refused(stream: object) -> tuple[str, GRPCError]:
@@ -106,9 +115,7 @@ async def test_a_second_session_of_a_node_closes_the_first_and_takes_the_next_ep
     first_channel, second_channel = gw.channel(joined), gw.channel(joined)
     try:
         async with session_request(first_channel) as first:
-            await first.send_request()
-            await first.send_message(hello(joined.node_id))
-            assert await opened(first) == ["welcome", "inventory_request"]
+            await start(first, joined.node_id)
             async with session_request(second_channel) as second:
                 await second.send_request()
                 await second.send_message(hello(joined.node_id))
@@ -291,9 +298,7 @@ async def test_revoking_a_node_closes_its_live_session_within_two_seconds(gw: Wi
     channel = gw.channel(joined)
     try:
         async with session_request(channel) as stream:
-            await stream.send_request()
-            await stream.send_message(hello(joined.node_id))
-            assert await opened(stream) == ["welcome", "inventory_request"]
+            await start(stream, joined.node_id)
             revoked_at = time.monotonic()
             await gw.fleet.compute.api.nodes.revoke(gw.fleet.alice, RevokeNodeInput(id=joined.node_id))
             with anyio.fail_after(2):
@@ -318,9 +323,7 @@ async def test_a_command_reaches_the_node_and_only_its_signed_result_is_recorded
     channel = gw.channel(joined)
     try:
         async with session_request(channel) as stream:
-            await stream.send_request()
-            await stream.send_message(hello(joined.node_id))
-            assert await opened(stream) == ["welcome", "inventory_request"]
+            await start(stream, joined.node_id)
             sent: list[wire.Command] = []
             with anyio.fail_after(5):
                 while len(sent) < 2:
@@ -383,38 +386,37 @@ async def test_a_ramdisk_or_an_expired_certificate_opens_no_session(gw: Wire) ->
     assert gw.gateway.sessions == {}
 
 
-async def test_a_session_the_control_plane_gave_up_is_closed_so_the_daemon_starts_clean(gw: Wire) -> None:
-    """As when the SessionSweeper closed it while this gateway could not reach the database."""
+async def closed_after(gw: Wire, change: Callable[[Joined], Awaitable[object]]) -> str:
+    """Open a session, make ``change``, and return the reason of the ``Close`` frame that follows."""
     joined = await gw.join()
     channel = gw.channel(joined)
     try:
         async with session_request(channel) as stream:
-            await stream.send_request()
-            await stream.send_message(hello(joined.node_id))
-            assert await opened(stream) == ["welcome", "inventory_request"]
-            assert await gw.fleet.store.repository(SESSIONS).close(node_id=joined.node_id, epoch=1)
+            await start(stream, joined.node_id)
+            await change(joined)
             await stream.send_message(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=1)))
             with anyio.fail_after(5):
                 frame = await stream.recv_message()
-            assert frame is not None and frame.close is not None and frame.close.reason == "stale"
+            assert frame is not None and frame.close is not None
             await stream.end()
+            return str(frame.close.reason)
     finally:
         channel.close()
+
+
+async def test_a_session_the_control_plane_gave_up_is_closed_so_the_daemon_starts_clean(gw: Wire) -> None:
+    """As when the SessionSweeper closed it while this gateway could not reach the database."""
+
+    async def give_up(joined: Joined) -> None:
+        assert await gw.fleet.store.repository(SESSIONS).close(node_id=joined.node_id, epoch=1)
+
+    assert await closed_after(gw, give_up) == "stale"
 
 
 async def test_a_session_ends_when_the_certificate_it_opened_with_expires(gw: Wire) -> None:
     """The daemon renewed meanwhile; its next session opens with the new certificate."""
-    joined = await gw.join()
-    channel = gw.channel(joined)
-    try:
-        async with session_request(channel) as stream:
-            await stream.send_request()
-            await stream.send_message(hello(joined.node_id))
-            assert await opened(stream) == ["welcome", "inventory_request"]
-            gw.fleet.clock.advance(dt.timedelta(hours=25))
-            with anyio.fail_after(5):
-                frame = await stream.recv_message()
-            assert frame is not None and frame.close is not None and frame.close.reason == "certificate_expired"
-            await stream.end()
-    finally:
-        channel.close()
+
+    async def expire(joined: Joined) -> None:
+        gw.fleet.clock.advance(dt.timedelta(hours=25))
+
+    assert await closed_after(gw, expire) == "certificate_expired"

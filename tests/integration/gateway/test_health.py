@@ -19,7 +19,7 @@ from bettercompute_store_pg import PgStore
 
 from ..core.test_database_outage import _free_port, proxied_url, tcp_proxy
 from .conftest import Wire, gateway_tls, hello, session_request
-from .test_gateway import opened, refused
+from .test_gateway import refused, start
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -53,9 +53,7 @@ async def test_serving_then_draining_closes_sessions_and_refuses_new_ones(gw: Wi
         channel = gw.channel(joined)
         try:
             async with session_request(channel) as stream:
-                await stream.send_request()
-                await stream.send_message(hello(joined.node_id))
-                assert await opened(stream) == ["welcome", "inventory_request"]
+                await start(stream, joined.node_id)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(lambda: gw.gateway.drain(period=0.5))
                     with anyio.fail_after(5):
