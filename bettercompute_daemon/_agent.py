@@ -276,7 +276,8 @@ class Agent:
 
     async def _run_command(self, session: _Session, command: wire.Command) -> None:
         if command.kind == "diag.nvml":
-            outcome, result = "succeeded", {"health": self._inventory.health, "fake": self._inventory.fake}
+            health = await asyncio.to_thread(self._inventory.current_health)  # NVML's calls block
+            outcome, result = "succeeded", {"health": health, "fake": self._inventory.fake}
         else:
             outcome, result = "failed", {"reason": "unknown_kind"}
         body = json.dumps(result, sort_keys=True)

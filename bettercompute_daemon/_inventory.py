@@ -49,6 +49,18 @@ class Inventory:
     sections: dict[str, Any]
     health: dict[str, Any]
     fake: bool
+    nvml: Any = attrs.field(default=None, repr=False)
+    """The ``pynvml`` module when NVML answered at load: ``diag.nvml`` asks it again (``current_health``)."""
+
+    def current_health(self) -> dict[str, Any]:
+        """The health now: NVML read again when it answered at load (a GPU that failed since shows), else as
+        loaded (the fake inventory's declared health, or no NVML)."""
+        if self.nvml is None:
+            return self.health
+        reading = read_nvml(self.nvml)
+        if reading is None:
+            return {"healthy": False, "source": "nvml", "error": "NVML no longer answers"}
+        return reading.health
 
     @classmethod
     def load(cls, fake_inventory: Path | None, *, nvml: Any = None) -> Inventory:
@@ -96,6 +108,7 @@ class Inventory:
             sections=sections,
             health=health,
             fake=False,
+            nvml=module if reading is not None else None,
         )
 
 

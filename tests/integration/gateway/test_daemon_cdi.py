@@ -2,7 +2,7 @@
 declared inventory's minor numbers), and says when it could not apply all of it (then it does not acknowledge).
 
 The gateway's own desired-state push is not part of this test: the frame is sent on the live session through the
-gateway's send path, as the push will send it."""
+gateway's send path, as the push will send it, and the acknowledgements are read where the gateway reads them."""
 
 from __future__ import annotations
 
@@ -47,6 +47,16 @@ async def test_desired_state_becomes_a_cdi_spec_of_the_allocated_gpus(gw: Wire, 
     assert joined.returncode == 0, joined.stderr.decode()
     node_id = json.loads((tmp_path / "bcd" / "node.json").read_text())["node_id"]
 
+    acks: list[int] = []
+    receive = gw.gateway._receive
+
+    async def seen(stream: Any, kind: Any) -> Any:  # what the gateway reads, noted on the way
+        frame = await receive(stream, kind)
+        if isinstance(frame, wire.NodeFrame) and frame.desired_state_ack is not None:
+            acks.append(frame.desired_state_ack.observed_generation)
+        return frame
+
+    gw.gateway._receive = seen  # type: ignore[method-assign]
     cdi = tmp_path / "cdi"
     log = tmp_path / "bcd.err"
     with log.open("wb") as err:
@@ -90,6 +100,12 @@ async def test_desired_state_becomes_a_cdi_spec_of_the_allocated_gpus(gw: Wire, 
             return not spec_file.exists()
 
         await wait_for(removed)
+
+        async def acknowledged() -> bool:
+            return 4 in acks
+
+        await wait_for(acknowledged)
+        assert acks == [1, 3, 4]  # never 2
         assert json.loads((tmp_path / "bcd" / "desired.json").read_text()) == {"allocations": []}
     finally:
         daemon.terminate()

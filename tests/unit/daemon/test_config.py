@@ -209,6 +209,13 @@ def test_a_pin_is_sha256_of_the_sorted_der_certificates() -> None:
 
 def test_a_pin_is_ascii_hex_in_either_case() -> None:
     assert parse_pin("sha256:" + "AB" * 32) == "sha256:" + "ab" * 32
-    for bad in ("sha256:" + "\uff21" * 64, "sha256:" + "g" * 64, "sha1:" + "ab" * 32, "sha256:" + "ab" * 33, ""):
+    for bad in (
+        "sha256:" + "\uff10" * 64,
+        "sha256:" + "\uff21" * 64,
+        "sha256:" + "g" * 64,
+        "sha1:" + "ab" * 32,
+        "sha256:" + "ab" * 33,
+        "",
+    ):
         with pytest.raises(DaemonError, match="64 hex digits"):
             parse_pin(bad)

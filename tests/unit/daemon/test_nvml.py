@@ -264,3 +264,17 @@ def test_this_machine_reports_its_own_cpu_and_memory() -> None:
     inventory = Inventory.load(None, nvml=FakeNvml([], init_error=FakeNvmlError(12, "no library")))
     assert inventory.sections["cpu"]["count"] >= 1 and inventory.sections["memory"]["bytes"] > 0
     assert isinstance(inventory.sections["disks"], list) and isinstance(inventory.sections["nics"], list)
+
+
+def test_diag_nvml_reads_the_health_again() -> None:
+    gpu = FakeGpu(uuid="GPU-a")
+    nvml = FakeNvml([gpu])
+    inventory = Inventory.load(None, nvml=nvml)
+    assert inventory.current_health()["healthy"] is True
+    gpu.recovery = 2  # the GPU asks for a reboot after the daemon started
+    health = inventory.current_health()
+    assert health["healthy"] is False and health["gpus"][0]["problems"] == ["recovery_action_node_reboot"]
+    nvml.init_error = FakeNvmlError(9, "Driver Not Loaded")
+    assert inventory.current_health() == {"healthy": False, "source": "nvml", "error": "NVML no longer answers"}
+    without = Inventory.load(None, nvml=FakeNvml([], init_error=FakeNvmlError(12, "no library")))
+    assert without.current_health() == without.health == {"healthy": True, "source": "no NVML on this machine"}
