@@ -12,8 +12,8 @@ pinned configuration, JoinService's public key included (``/etc/bcd/join.json``,
 How ``bcd`` gets on the machine: a ``bcd`` already there is used (``BCD_BIN``, else the one on ``PATH``); otherwise
 the script makes a virtual environment (``BCD_VENV``, ``/opt/bcd``; Python 3.11 or later) and installs
 ``bettercompute[daemon,nvml]`` of this control plane's version with pip (pip's own configuration, such as
-``PIP_INDEX_URL`` for a mirror, applies), linking ``/usr/local/bin/bcd``. The script holds the token, a secret: it
-is in this one answer, never stored, and should be deleted once run.
+``PIP_INDEX_URL`` for a mirror, applies), linking ``/usr/local/bin/bcd`` (``BCD_BIN_DIR``). The script holds the
+token, a secret: it is in this one answer, never stored, and should be deleted once run.
 
 Every value the script holds is single-quoted for ``sh`` (``shlex.quote``) and the configuration is JSON with
 ASCII escapes, so no value can end its quotes, start a command or add a line, whatever it holds; upstream rules
@@ -47,6 +47,7 @@ _SCRIPT = """\
 #   BCD_SKIP_SYSTEMCTL=1                 install the unit, but do not reload, enable or start it
 #   BCD_BIN=/path/to/bcd                 the bcd to use; without it the one on PATH, and without that bcd of this
 #                                        control plane's version is installed with pip into BCD_VENV (/opt/bcd)
+#                                        and linked from BCD_BIN_DIR (/usr/local/bin)
 #   BCD_FAKE_INVENTORY=/path/to/file     declare this machine's hardware (a machine without GPUs); reported as fake
 set -eu
 umask 077
@@ -55,6 +56,7 @@ BCD_ETC="${{BCD_ETC:-/etc/bcd}}"
 BCD_STATE_DIR="${{BCD_STATE_DIR:-/var/lib/bcd}}"
 BCD_SYSTEMD_DIR="${{BCD_SYSTEMD_DIR:-/etc/systemd/system}}"
 BCD_VENV="${{BCD_VENV:-/opt/bcd}}"
+BCD_BIN_DIR="${{BCD_BIN_DIR:-/usr/local/bin}}"
 BCD_VERSION={version}
 BCD_TOKEN={token}
 BCD_CONFIG={config}
@@ -71,8 +73,8 @@ if [ -z "$BCD_BIN" ]; then
   python3 -m venv "$BCD_VENV" || fail "no virtual environment in $BCD_VENV (Debian: apt-get install python3-venv)"
   "$BCD_VENV/bin/python" -m pip install --quiet "bettercompute[daemon,nvml]==$BCD_VERSION" \\
     || fail "pip could not install bettercompute[daemon,nvml]==$BCD_VERSION"
-  mkdir -p /usr/local/bin
-  ln -sf "$BCD_VENV/bin/bcd" /usr/local/bin/bcd
+  mkdir -p "$BCD_BIN_DIR"
+  ln -sf "$BCD_VENV/bin/bcd" "$BCD_BIN_DIR/bcd"
   BCD_BIN="$BCD_VENV/bin/bcd"
 fi
 [ -x "$BCD_BIN" ] || fail "$BCD_BIN is not an executable bcd"

@@ -16,6 +16,9 @@ from typing import Any
 
 import httpx
 
+from bettercompute._version import __version__
+from bettercompute.modules.pools._install import install_script
+
 from .conftest import StartCli, free_port
 
 BCD = str(Path(sys.executable).parent / "bcd")
@@ -105,3 +108,58 @@ def test_the_install_script_joins_the_machine_and_installs_a_unit_that_runs(
         daemon.wait(timeout=10)
     assert dev.stop(timeout=15) == 0
     assert "Traceback" not in dev.stderr
+
+
+def test_without_bcd_the_script_installs_this_version_with_pip(tmp_path: Path) -> None:
+    """No ``bcd`` on the machine: the script makes a virtual environment and pip-installs
+    ``bettercompute[daemon,nvml]`` of the control plane's version (from a wheel of this tree: pip's own
+    ``PIP_FIND_LINKS``, as an operator's mirror would be; the dependencies from the configured index), links it, and
+    the installed ``bcd`` writes the unit and runs the join."""
+    wheels = tmp_path / "wheels"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(Path(__file__).parents[3])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    tools = tmp_path / "tools"  # a python3 and the system's commands, no bcd
+    tools.mkdir()
+    (tools / "python3").symlink_to(getattr(sys, "_base_executable", sys.executable))
+    script = install_script(
+        token="bcjt_x", gateway="127.0.0.1:1", trust_domain="example.com", pool_id=None, join_key="A" * 43,
+        ca_pin="sha256:" + "0" * 64,
+    )  # fmt: skip
+    (tmp_path / "install.sh").write_text(script)
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"claims": {"hostname": "h", "serial": "SN-PIP-1"}}))
+    root = tmp_path / "machine"
+    done = subprocess.run(
+        ["/bin/sh", str(tmp_path / "install.sh")],
+        env={
+            "PATH": f"{tools}:/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "PIP_FIND_LINKS": str(wheels),
+            "BCD_ETC": str(root / "etc" / "bcd"),
+            "BCD_STATE_DIR": str(root / "var" / "lib" / "bcd"),
+            "BCD_SYSTEMD_DIR": str(root / "etc" / "systemd" / "system"),
+            "BCD_VENV": str(root / "opt" / "bcd"),
+            "BCD_BIN_DIR": str(root / "usr" / "local" / "bin"),
+            "BCD_SKIP_SYSTEMCTL": "1",
+            "BCD_FAKE_INVENTORY": str(inventory),
+        },
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    installed = root / "opt" / "bcd" / "bin" / "bcd"
+    assert f"installing bcd {__version__} into {root}/opt/bcd" in done.stderr, done.stderr
+    assert (root / "usr" / "local" / "bin" / "bcd").resolve() == installed.resolve()
+    version = subprocess.run([str(installed), "--version"], capture_output=True, text=True, timeout=60, check=True)
+    assert version.stdout.strip() == f"bcd {__version__}"
+    unit = (root / "etc" / "systemd" / "system" / "bcd.service").read_text()
+    assert f"ExecStart={installed} --state-dir {root}/var/lib/bcd" in unit
+    # The installed bcd ran the join: nothing listens on port 1.
+    assert done.returncode == 1 and "the gateway 127.0.0.1:1 could not be reached" in done.stderr
