@@ -97,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"joined as {identity.node_id}; run `bcd node` to hold its session")
             return 0
         inventory = Inventory.load(args.fake_inventory)
+        if inventory.xids is not None:
+            inventory.xids.start()  # a thread of its own, for the life of the process
         return asyncio.run(run_node(state, inventory, cdi_dir=args.cdi_dir))
     except DaemonError as exc:
         print(f"bcd: {exc}", file=sys.stderr)

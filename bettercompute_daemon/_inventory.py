@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from ._nvml import read_nvml
+from ._nvml import XidWatcher, read_nvml
 
 __all__ = ["Inventory"]
 
@@ -51,13 +51,16 @@ class Inventory:
     fake: bool
     nvml: Any = attrs.field(default=None, repr=False)
     """The ``pynvml`` module when NVML answered at load: ``diag.nvml`` asks it again (``current_health``)."""
+    xids: XidWatcher | None = attrs.field(default=None, repr=False)
+    """The XIDs of this machine's GPUs, once ``bcd node`` starts listening (``xids.start()``)."""
 
     def current_health(self) -> dict[str, Any]:
-        """The health now: NVML read again when it answered at load (a GPU that failed since shows), else as
-        loaded (the fake inventory's declared health, or no NVML)."""
+        """The health now: NVML read again when it answered at load (a GPU that failed since shows, and the XIDs
+        heard since ``xids.start()``), else as loaded (the fake inventory's declared health, or no NVML)."""
         if self.nvml is None:
             return self.health
-        reading = read_nvml(self.nvml)
+        heard = self.xids.seen() if self.xids is not None and self.xids.listening else None
+        reading = read_nvml(self.nvml, xids=heard)
         if reading is None:
             return {"healthy": False, "source": "nvml", "error": "NVML no longer answers"}
         return reading.health
@@ -109,6 +112,7 @@ class Inventory:
             health=health,
             fake=False,
             nvml=module if reading is not None else None,
+            xids=XidWatcher(module) if reading is not None else None,
         )
 
 

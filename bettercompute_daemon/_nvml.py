@@ -13,29 +13,39 @@ reports. Each GPU::
      "recovery_action": "none"}
 
 A value NVML does not support on that GPU (retired pages on Ampere and later, row remapping before it, MIG on most
-cards, the recovery action before driver 550) is ``null``. XIDs are not counters in NVML, only events to listen to
-while running; they are not collected yet, and the health says so (``"xid": null``).
+cards, the recovery action before driver 550) is ``null``.
+
+XIDs are not counters in NVML but events: ``XidWatcher`` listens for them in a thread while ``bcd node`` runs and
+keeps the last ones (``"xid": [{"uuid", "xid", "at_ms"}]`` in the health; ``null`` when nothing listens).
 
 The health, in the fake inventory's shape plus the detail per GPU: ``healthy`` is false when a GPU has uncorrected
 volatile ECC errors, pages pending retirement, a row-remapping failure or pending remap, a recovery action other
-than ``none``, or could not be read at all.
+than ``none``, an XID that is not an application's own fault (the NVIDIA device plugin's rule: 13, 31, 43, 45, 68
+and 109 are left out), or could not be read at all.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
 
-__all__ = ["NvmlReading", "read_nvml"]
+__all__ = ["NvmlReading", "XidWatcher", "read_nvml"]
 
 log = logging.getLogger("bcd")
 
 T = TypeVar("T")
 MIB = 1024 * 1024
+
+# XIDs an application causes (its own faults, not the GPU's): what the NVIDIA device plugin does not count against a
+# GPU's health.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 # NVML_GPU_RECOVERY_ACTION_* (driver 550 and later), by value.
 RECOVERY_ACTIONS = {
@@ -59,9 +69,10 @@ class NvmlReading:
     claims: dict[str, Any]
 
 
-def read_nvml(nvml: Any) -> NvmlReading | None:
-    """Read every GPU through ``nvml`` (the ``pynvml`` module); ``None`` when NVML does not start (no driver, no
-    library, no permission), so the caller falls back to what it has without it."""
+def read_nvml(nvml: Any, *, xids: list[dict[str, Any]] | None = None) -> NvmlReading | None:
+    """Read every GPU through ``nvml`` (the ``pynvml`` module), with the XIDs seen so far (``XidWatcher.seen``;
+    ``None``: not listened for); ``None`` when NVML does not start (no driver, no library, no permission), so the
+    caller falls back to what it has without it."""
     error: type[BaseException] = nvml.NVMLError
     try:
         nvml.nvmlInit()
@@ -78,7 +89,7 @@ def read_nvml(nvml: Any) -> NvmlReading | None:
     finally:
         with contextlib.suppress(error):
             nvml.nvmlShutdown()
-    return NvmlReading(gpus=gpus, health=_health(gpus, driver), claims=_claims(gpus))
+    return NvmlReading(gpus=gpus, health=_health(gpus, driver, xids), claims=_claims(gpus))
 
 
 def _gpu(nvml: Any, error: type[BaseException], index: int, driver: str | None) -> dict[str, Any]:
@@ -154,10 +165,12 @@ def _gpu(nvml: Any, error: type[BaseException], index: int, driver: str | None) 
     }
 
 
-def _health(gpus: list[dict[str, Any]], driver: str | None) -> dict[str, Any]:
+def _health(gpus: list[dict[str, Any]], driver: str | None, xids: list[dict[str, Any]] | None) -> dict[str, Any]:
     detail = []
     for gpu in gpus:
         problems = []
+        seen = sorted({x["xid"] for x in xids or () if x["uuid"] == gpu.get("uuid")} - APPLICATION_XIDS)
+        problems += [f"xid_{xid}" for xid in seen]
         if "error" in gpu:
             problems.append("unreadable")
         ecc, retired, remapped = gpu.get("ecc") or {}, gpu.get("retired_pages") or {}, gpu.get("remapped_rows") or {}
@@ -189,7 +202,7 @@ def _health(gpus: list[dict[str, Any]], driver: str | None) -> dict[str, Any]:
         "driver_version": driver,
         "ecc_uncorrectable": sum(d["ecc_uncorrectable"] for d in detail),
         "retired_pages_pending": any(d["retired_pages_pending"] for d in detail),
-        "xid": None,
+        "xid": xids,
         "gpus": detail,
     }
 
@@ -217,3 +230,82 @@ def _text(value: Any) -> str:
         value = value.decode("ascii", "replace")
     text = str(value)
     return "".join(c if c.isascii() and c.isprintable() else "?" for c in text)[:128]
+
+
+class XidWatcher:
+    """XIDs as NVML reports them (critical-error events on every GPU), collected by a thread of its own from
+    ``start()`` to ``stop()``; ``seen()`` is the last ``keep`` of them, oldest first."""
+
+    def __init__(self, nvml: Any, *, keep: int = 256, wait_ms: int = 500) -> None:
+        self._nvml = nvml
+        self._seen: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._wait_ms = wait_ms
+
+    def __repr__(self) -> str:
+        return f"XidWatcher(listening={self.listening})"
+
+    @property
+    def listening(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def seen(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._seen)
+
+    def start(self) -> bool:
+        """Listen on every GPU that can tell its XIDs; whether any can (NVML started, and a GPU registered)."""
+        nvml, error = self._nvml, self._nvml.NVMLError
+        try:
+            nvml.nvmlInit()
+            events = nvml.nvmlEventSetCreate()
+        except error as exc:
+            log.info("XIDs are not listened for: %s", _text(exc))
+            return False
+        registered = 0
+        for index in range(_optional(error, lambda: int(nvml.nvmlDeviceGetCount())) or 0):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
+                registered += 1
+            except error as exc:
+                log.info("GPU %d does not report XIDs: %s", index, _text(exc))
+        if not registered:
+            self._close(events)
+            return False
+        self._thread = threading.Thread(target=self._listen, args=(events,), name="bcd-xid", daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self._wait_ms / 1000)
+
+    def _listen(self, events: Any) -> None:
+        nvml, error = self._nvml, self._nvml.NVMLError
+        try:
+            while not self._stopping.is_set():
+                try:
+                    data = nvml.nvmlEventSetWait_v2(events, self._wait_ms)
+                except error as exc:
+                    if getattr(exc, "value", None) == nvml.NVML_ERROR_TIMEOUT:
+                        continue
+                    log.warning("stopped listening for XIDs: %s", _text(exc))
+                    return
+                device = data.device
+                uuid = _optional(error, lambda: _text(nvml.nvmlDeviceGetUUID(device)))  # noqa: B023 - called at once
+                xid = int(data.eventData)
+                log.warning("GPU %s: XID %d", uuid, xid)
+                with self._lock:
+                    self._seen.append({"uuid": uuid, "xid": xid, "at_ms": round(time.time() * 1000)})
+        finally:
+            self._close(events)
+
+    def _close(self, events: Any) -> None:
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlEventSetFree(events)
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlShutdown()

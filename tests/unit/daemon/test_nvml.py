@@ -6,6 +6,9 @@ nvidia-ml-py 13); the real ``pynvml``, installed in development, is used where a
 from __future__ import annotations
 
 import importlib
+import queue
+import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -59,12 +62,36 @@ class FakeNvml(types.SimpleNamespace):
     NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
     NVML_DEVICE_MIG_ENABLE = 1
     NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+    NVML_ERROR_TIMEOUT = 10
+    nvmlEventTypeXidCriticalError = 0x8
 
     def __init__(self, gpus: list[FakeGpu], *, init_error: FakeNvmlError | None = None) -> None:
         super().__init__()
         self.gpus = gpus
         self.init_error = init_error
         self.shut_down = False
+        self.events: queue.Queue[tuple[FakeGpu, int]] = queue.Queue()  # what the driver would raise: (GPU, XID)
+        self.registered: list[FakeGpu] = []
+        self.freed = threading.Event()
+
+    def nvmlEventSetCreate(self) -> object:
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, gpu: FakeGpu, types: int, events: object) -> None:
+        if gpu.broken:
+            raise NOT_SUPPORTED
+        assert types == self.nvmlEventTypeXidCriticalError
+        self.registered.append(gpu)
+
+    def nvmlEventSetWait_v2(self, events: object, timeout_ms: int) -> Any:
+        try:
+            gpu, xid = self.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise FakeNvmlError(self.NVML_ERROR_TIMEOUT, "Timeout") from None
+        return types.SimpleNamespace(device=gpu, eventType=self.nvmlEventTypeXidCriticalError, eventData=xid)
+
+    def nvmlEventSetFree(self, events: object) -> None:
+        self.freed.set()
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:
@@ -162,7 +189,7 @@ def test_a_healthy_machine_maps_into_the_gpus_section_claims_and_health() -> Non
     assert second["mig"] == {"current": True, "pending": True} and second["minor"] == 1
     assert reading.claims == {"gpu_count": 2, "gpu_uuids": ["GPU-a", "GPU-b"], "gpu_model": "NVIDIA H100 80GB HBM3"}
     assert reading.health["healthy"] is True and reading.health["source"] == "nvml"
-    assert reading.health["ecc_uncorrectable"] == 0 and reading.health["xid"] is None
+    assert reading.health["ecc_uncorrectable"] == 0 and reading.health["xid"] is None  # nothing listened for them
 
 
 def test_errors_retired_pages_and_recovery_actions_make_the_machine_unhealthy() -> None:
@@ -278,3 +305,37 @@ def test_diag_nvml_reads_the_health_again() -> None:
     assert inventory.current_health() == {"healthy": False, "source": "nvml", "error": "NVML no longer answers"}
     without = Inventory.load(None, nvml=FakeNvml([], init_error=FakeNvmlError(12, "no library")))
     assert without.current_health() == without.health == {"healthy": True, "source": "no NVML on this machine"}
+
+
+def test_xids_heard_while_running_show_in_the_health() -> None:
+    gpu, other = FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b", minor=1)
+    nvml = FakeNvml([gpu, other, FakeGpu(uuid="GPU-lost", minor=2, broken=True)])
+    inventory = Inventory.load(None, nvml=nvml)
+    assert inventory.xids is not None and inventory.xids.start()
+    try:
+        assert nvml.registered == [gpu, other]  # a GPU that cannot report XIDs is skipped, not fatal
+        assert inventory.current_health()["xid"] == []
+        nvml.events.put((other, 13))  # an application's own fault: recorded, not held against the GPU
+        nvml.events.put((gpu, 79))  # fallen off the bus
+        deadline = time.monotonic() + 10
+        while len(inventory.xids.seen()) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        health = inventory.current_health()
+        assert [(x["uuid"], x["xid"]) for x in health["xid"]] == [("GPU-b", 13), ("GPU-a", 79)]
+        assert health["healthy"] is False
+        assert [(g["uuid"], g["problems"]) for g in health["gpus"]] == [
+            ("GPU-a", ["xid_79"]),
+            ("GPU-b", []),
+            (None, ["unreadable"]),
+        ]
+    finally:
+        inventory.xids.stop()
+    assert nvml.freed.wait(5) and not inventory.xids.listening
+
+
+def test_no_xid_listening_without_gpus_that_report_them() -> None:
+    nvml = FakeNvml([FakeGpu(uuid="GPU-lost", broken=True)])
+    inventory = Inventory.load(None, nvml=nvml)
+    assert inventory.xids is not None and inventory.xids.start() is False
+    assert nvml.freed.is_set() and inventory.current_health()["xid"] is None
