@@ -5,7 +5,8 @@ them, sent over TLS that trusts only the pinned CA bundle (no client certificate
 the state directory.
 
 Node: one ``Session`` stream with the node's certificate. ``Hello``, then the gateway's ``Welcome`` (epoch and
-heartbeat interval); heartbeats; inventory sections when asked; desired state recorded and acknowledged; commands
+heartbeat interval); heartbeats; inventory sections when asked; desired state recorded, its CDI spec written
+(``_cdi``) and acknowledged once all of it was applied; commands
 run and their results signed by the node key over the command id, its kind, the outcome, the result and the epoch.
 A ``Close`` whose reason says the identity is gone (``revoked``, ``retired``, a refused certificate) stops the
 daemon for good (exit status 3: its unit does not restart it); any other end reconnects with exponential backoff
@@ -30,6 +31,7 @@ import secrets
 import ssl
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -41,6 +43,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 import bettercompute_proto as wire
 
+from ._cdi import DEFAULT_CDI_DIR, apply_desired_state
 from ._inventory import Inventory
 from ._renewal import IDENTITY_GONE, REENROLL_TOKEN, Renewer, retryable
 from ._state import NodeConfig, NodeIdentity, StateDir
@@ -58,7 +61,7 @@ EXPIRED = 4
 join was refused): retrying cannot help either, an operator has to act."""
 
 _FINAL = IDENTITY_GONE
-_CAPABILITIES = ["inventory", "desired-state", "diag.nvml"]
+_CAPABILITIES = ["inventory", "desired-state", "cdi", "diag.nvml"]
 
 
 class DaemonError(Exception):
@@ -160,9 +163,17 @@ class _Session:
 class Agent:
     """``bcd node``: one session at a time, reconnecting until stopped or told the identity is gone."""
 
-    def __init__(self, state: StateDir, inventory: Inventory, *, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        state: StateDir,
+        inventory: Inventory,
+        *,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+        cdi_dir: Path = DEFAULT_CDI_DIR,
+    ) -> None:
         self._state = state
         self._inventory = inventory
+        self._cdi_dir = cdi_dir
         self._sleep = sleep
         config = state.config()
         identity = state.identity()
@@ -264,8 +275,9 @@ class Agent:
                     await self._send_inventory(session, list(content.sections))
                 elif isinstance(content, wire.DesiredState):
                     self._state.write("desired.json", content.content_json.encode())
-                    ack = wire.DesiredStateAck(observed_generation=content.generation)
-                    await session.send(wire.NodeFrame(desired_state_ack=ack))
+                    if self._apply(content):
+                        ack = wire.DesiredStateAck(observed_generation=content.generation)
+                        await session.send(wire.NodeFrame(desired_state_ack=ack))
                 elif isinstance(content, wire.Command):
                     await self._run_command(session, content)
                 elif isinstance(content, wire.Close):
@@ -278,6 +290,21 @@ class Agent:
                 beats.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beats
+
+    def _apply(self, desired: wire.DesiredState) -> bool:
+        """Write the CDI spec of a desired state; whether all of it was applied (only then is it acknowledged)."""
+        gpus = self._inventory.sections.get("gpus")
+        problems = apply_desired_state(
+            self._cdi_dir,
+            desired.content_json,
+            gpus if isinstance(gpus, list) else [],
+            generation=desired.generation,
+        )
+        for problem in problems:
+            log.error("desired state %d: %s", desired.generation, problem)
+        if problems:
+            log.error("desired state %d not acknowledged: not all of it was applied", desired.generation)
+        return not problems
 
     async def _beat(self, session: _Session, interval: float) -> None:
         while True:
@@ -294,7 +321,8 @@ class Agent:
 
     async def _run_command(self, session: _Session, command: wire.Command) -> None:
         if command.kind == "diag.nvml":
-            outcome, result = "succeeded", {"health": self._inventory.health, "fake": self._inventory.fake}
+            health = await asyncio.to_thread(self._inventory.current_health)  # NVML's calls block
+            outcome, result = "succeeded", {"health": health, "fake": self._inventory.fake}
         else:
             outcome, result = "failed", {"reason": "unknown_kind"}
         body = json.dumps(result, sort_keys=True)
@@ -362,9 +390,9 @@ class Agent:
         return None
 
 
-async def run_node(state: StateDir, inventory: Inventory) -> int:
+async def run_node(state: StateDir, inventory: Inventory, *, cdi_dir: Path = DEFAULT_CDI_DIR) -> int:
     """``bcd node``: the exit status."""
-    return await Agent(state, inventory).run()
+    return await Agent(state, inventory, cdi_dir=cdi_dir).run()
 
 
 def certificate_not_after(pem: bytes) -> float:

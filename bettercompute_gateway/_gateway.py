@@ -269,6 +269,7 @@ class Gateway:
         path = f"/{wire.SERVICE}/"
         return {
             path + "Join": unary(self._join, wire.JoinRequest, wire.JoinResponse),
+            path + "TrustBundle": unary(self._trust_bundle, wire.TrustBundleRequest, wire.TrustBundleResponse),
             path + "RenewChallenge": unary(
                 self._renew_challenge, wire.RenewChallengeRequest, wire.RenewChallengeResponse
             ),
@@ -356,6 +357,14 @@ class Gateway:
             )
 
         await self._unary(stream, wire.JoinRequest, answer)
+
+    async def _trust_bundle(self, stream: Stream[Any, Any]) -> None:
+        # No client certificate needed: a daemon pinned with ``--ca-pin`` asks before it trusts anything, and checks
+        # the answer against its pin (the bundle is public; the pin is what makes it trusted).
+        async def answer(request: wire.TrustBundleRequest) -> wire.TrustBundleResponse:
+            return wire.TrustBundleResponse(trust_bundle_pem=await self._services.trust_bundle_pem())
+
+        await self._unary(stream, wire.TrustBundleRequest, answer)
 
     async def _renew_challenge(self, stream: Stream[Any, Any]) -> None:
         async def answer(request: wire.RenewChallengeRequest) -> wire.RenewChallengeResponse:

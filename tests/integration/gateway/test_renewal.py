@@ -67,10 +67,13 @@ class Node:
     async def join(self, token: str, printed: str, *more: str) -> None:
         """``bcd join`` as ``join-tokens.create`` printed it, with the test gateway's address."""
         words = shlex.split(printed)
-        assert words[:2] == ["bcd", "join"] and len(words) % 2 == 0
-        options = dict(zip(words[2::2], words[3::2], strict=True))
+        assert words[:2] == ["bcd", "join"]
+        options: dict[str, str] = {}
+        rest = iter(words[2:])
+        for word in rest:  # "--name value", or "--name=value" (the join key: it may start with "-")
+            name, equals, value = word.partition("=")
+            options[name] = value if equals else next(rest)
         options["--gateway"] = f"127.0.0.1:{self.gw.port}"
-        # As --name=value: a base64url join key may start with "-", which argparse would take for an option.
         args = [f"{name}={value}" for name, value in options.items()]
         joined = await anyio.run_process([BCD, *self.common, "join", *args, *more], check=False)
         assert joined.returncode == 0, joined.stderr.decode()
