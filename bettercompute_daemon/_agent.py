@@ -137,6 +137,7 @@ async def join(
         node_id=certificate.node_id, serial=certificate.serial, not_after_ms=certificate.not_after_ms
     )
     state.save_config(config)
+    state.write("pinned-ca.pem", bundle_pem.encode())
     state.save_identity(
         identity,
         key_pem=key.private_key_pem(),
@@ -228,7 +229,7 @@ class Agent:
         """
         host, port = split_address(self._config.gateway)
         files = (str(self._state.path / "node.crt"), str(self._state.path / "node.key"))
-        return Channel(host, port, ssl=_context(self._state.read("ca-bundle.pem").decode(), certificate=files))
+        return Channel(host, port, ssl=_context(self._state.gateway_trust(), certificate=files))
 
     async def _one_session(self) -> str:
         """One session, from dialing to its end; returns why it ended."""
@@ -364,7 +365,7 @@ class Agent:
         backoff = 1.0
         while True:
             try:
-                bundle = self._state.read("ca-bundle.pem").decode()
+                bundle = self._state.gateway_trust()
                 identity = await join(
                     state=self._state, token=token, config=self._config, bundle_pem=bundle, inventory=self._inventory
                 )
