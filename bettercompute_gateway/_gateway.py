@@ -28,6 +28,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import re
 import ssl
 import struct
 import time
@@ -53,6 +54,9 @@ from bettercompute.modules.commands import COMMANDS, SESSION_CLOSED, SESSION_OPE
 from bettercompute.modules.nodes import (
     CERTIFICATES,
     DESIRED_STATE_CHANNEL,
+    INVENTORY_REPORTED,
+    INVENTORY_SECTIONS,
+    NODE_REPORTED,
     NODES,
     DesiredState,
     GatewayServices,
@@ -74,6 +78,8 @@ M = TypeVar("M", bound=betterproto2.Message)
 
 _SERVED = frozenset({"", wire.SERVICE})
 """The services the health service answers for ("": the gateway as a whole)."""
+_EVENTS_PER_MINUTE = 60
+_EVENT_TYPE = re.compile(r"[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*")
 _MAX_QUEUED = 32
 """How many frames from the flush loop may wait for one slow daemon before its session is closed as ``slow``."""
 _DESIRED_LOOKBACK = 30.0
@@ -135,6 +141,8 @@ class _Session:
     sent_generation: int | None = None  # the desired-state generation sent; None until first looked up
     queued: int = 0  # frames from the flush loop waiting to be sent
     not_after: float = float("inf")  # when the session's certificate expires (seconds since the epoch)
+    events: int = 0  # events taken in the current minute
+    events_since: float = 0.0
 
 
 class Gateway:
@@ -566,10 +574,53 @@ class Gateway:
                 return
             if isinstance(content, wire.CommandResult):
                 await self._take_result(session, content)
+            elif isinstance(content, wire.InventorySection):
+                await self._take_inventory(session, content)
+            elif isinstance(content, wire.NodeEvent):
+                await self._take_event(session, content)
             elif isinstance(content, wire.DesiredStateAck):
                 sent = session.sent_generation or 0
                 if 0 < content.observed_generation <= sent:  # only what was sent on this session
                     self._acks[session.node_id] = max(self._acks.get(session.node_id, 0), content.observed_generation)
+
+    async def _take_inventory(self, session: _Session, section: wire.InventorySection) -> None:
+        """Keep a reported inventory section and publish ``node.inventory_reported``; an unknown section, or content
+        that is not JSON PostgreSQL can store, is dropped and logged (the session goes on)."""
+        if section.section not in INVENTORY_SECTIONS:
+            log.warning("node %s: dropped an inventory section of an unknown name", session.node_id)
+            return
+        try:
+            content = _json_value(section.content_json, "content_json")
+            async with self._store.transaction() as tx:
+                if await tx.repository(NODES).record_inventory(
+                    session.node_id, section.section, content, fake=section.fake
+                ):
+                    payload = {"node_id": session.node_id, "section": section.section, "fake": section.fake}
+                    await tx.publish([OutboxEvent(type=INVENTORY_REPORTED, key=session.node_id, payload=payload)])
+        except ComputeError as exc:
+            log.warning("node %s: inventory section %s not kept: %s", session.node_id, section.section, exc.code)
+
+    async def _take_event(self, session: _Session, event: wire.NodeEvent) -> None:
+        """Publish what the daemon reports (``node.reported``, with its type and payload); at most
+        ``_EVENTS_PER_MINUTE`` a minute per session, and a malformed one is dropped and logged."""
+        now = time.monotonic()
+        if now - session.events_since > 60:
+            session.events_since, session.events = now, 0
+        session.events += 1
+        if session.events > _EVENTS_PER_MINUTE:
+            if session.events == _EVENTS_PER_MINUTE + 1:
+                log.warning("node %s: more than %d events a minute; dropping", session.node_id, _EVENTS_PER_MINUTE)
+            return
+        if len(event.type) > 128 or not _EVENT_TYPE.fullmatch(event.type):
+            log.warning("node %s: dropped an event with a malformed type", session.node_id)
+            return
+        try:
+            body = _json_object(event.payload_json or "{}", "payload_json")
+            payload = {"node_id": session.node_id, "type": event.type, "payload": body, "at_ms": event.at_ms}
+            async with self._store.transaction() as tx:
+                await tx.publish([OutboxEvent(type=NODE_REPORTED, key=session.node_id, payload=payload)])
+        except ComputeError as exc:
+            log.warning("node %s: event %s not published: %s", session.node_id, event.type, exc.code)
 
     async def _take_result(self, session: _Session, result: wire.CommandResult) -> None:
         """Record a command's result, once its node's signature over it verifies; refuse (and log) it otherwise."""
@@ -882,6 +933,23 @@ def _certificate(result: JoinResult | RenewResult) -> wire.Certificate:
         serial=result.serial,
         not_after_ms=_ms(result.not_after.timestamp()),
     )
+
+
+def _json_value(text: str, path: str) -> Any:
+    """Any JSON value from the wire, refused when it does not parse or holds text PostgreSQL cannot store.
+
+    Raises:
+        InvalidInputError: either.
+    """
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise InvalidInputError(f"{path}: not JSON", details={"path": path}) from None
+    if not storable_json(value):
+        raise InvalidInputError(
+            f"{path}: holds a NUL character or an unpaired surrogate", details={"path": path, "reason": "unstorable"}
+        )
+    return value
 
 
 def _json_object(text: str, path: str) -> dict[str, Any]:

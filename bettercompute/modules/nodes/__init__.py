@@ -20,6 +20,7 @@ from bettercompute.modules.nodes._desired import (
     set_desired_state,
 )
 from bettercompute.modules.nodes._gateway import GatewayServices
+from bettercompute.modules.nodes._inventory import INVENTORY_REPORTED, INVENTORY_SECTIONS, NODE_REPORTED
 from bettercompute.modules.nodes._join import JoinResult, JoinService
 from bettercompute.modules.nodes._module import IdentityModule
 from bettercompute.modules.nodes._nodes import (
@@ -39,6 +40,7 @@ from bettercompute.modules.nodes._port import CaKey as CaKey
 from bettercompute.modules.nodes._port import Certificates as Certificates
 from bettercompute.modules.nodes._port import DesiredState as DesiredState
 from bettercompute.modules.nodes._port import Enrollment as Enrollment
+from bettercompute.modules.nodes._port import InventoryRecord as InventoryRecord
 from bettercompute.modules.nodes._port import IssuedCertificate as IssuedCertificate
 from bettercompute.modules.nodes._port import JoinKeyRecord as JoinKeyRecord
 from bettercompute.modules.nodes._port import JoinKeys as JoinKeys
@@ -67,9 +69,12 @@ __all__ = [
     "CERTIFICATES",
     "CHALLENGE_BYTES",
     "DESIRED_STATE_CHANNEL",
+    "INVENTORY_REPORTED",
+    "INVENTORY_SECTIONS",
     "JOIN_KEYS",
     "MAX_DESIRED_STATE_BYTES",
     "NODES",
+    "NODE_REPORTED",
     "RENEW_CONTEXT",
     "SECRET_CONTEXT",
     "TOKEN_PREFIX",
@@ -85,6 +90,7 @@ __all__ = [
     "GetNodeInput",
     "HardwareClaims",
     "IdentityModule",
+    "InventoryRecord",
     "IssuedBundle",
     "IssuedCertificate",
     "JoinKeyRecord",

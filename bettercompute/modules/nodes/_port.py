@@ -19,6 +19,7 @@ __all__ = [
     "Certificates",
     "DesiredState",
     "Enrollment",
+    "InventoryRecord",
     "IssuedCertificate",
     "JoinKeyRecord",
     "JoinKeys",
@@ -89,6 +90,18 @@ class DesiredState:
     content: Mapping[str, Any]
 
 
+@attrs.frozen(kw_only=True)
+class InventoryRecord:
+    """One inventory section a node's daemon reported (``gpus``, ``cpu``, ``memory``, ``disks``, ``nics``), as it
+    sent it: ``fake`` when it comes from a declared fake inventory, not the hardware."""
+
+    node_id: str
+    section: str
+    content: Any
+    fake: bool
+    received_at: dt.datetime
+
+
 class Nodes(Protocol):
     """Nodes (machines joined to pools). ``enroll``, ``retire`` and ``get(lock=True)`` need a transaction
     (``tx.repository(NODES)``)."""
@@ -145,6 +158,15 @@ class Nodes(Protocol):
     async def desired_since(self, since: dt.datetime) -> tuple[list[DesiredState], dt.datetime]:
         """The desired states changed after ``since`` (by the database's clock), and the database's time of the
         read; one indexed statement, however many nodes there are."""
+        ...
+
+    async def record_inventory(self, node_id: str, section: str, content: Any, *, fake: bool) -> bool:
+        """Keep the latest content of one inventory section of a node (needs a transaction); ``False`` for no such
+        live node."""
+        ...
+
+    async def inventory(self, node_id: str) -> list[InventoryRecord]:
+        """The node's latest inventory sections, by name."""
         ...
 
     async def observe(self, acks: Sequence[tuple[str, int]]) -> int:

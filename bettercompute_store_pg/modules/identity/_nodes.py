@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bettercompute.errors import InternalError
-from bettercompute.modules.nodes import DesiredState, Enrollment, JoinKeyRecord, NodeRecord
+from bettercompute.modules.nodes import DesiredState, Enrollment, InventoryRecord, JoinKeyRecord, NodeRecord
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
 
@@ -90,6 +90,17 @@ FROM unnest(CAST(:node_ids AS text[]), CAST(:generations AS bigint[])) AS a (nod
 WHERE n.id = a.node_id AND a.generation > n.observed_generation AND a.generation <= n.desired_generation
 """
 
+_RECORD_INVENTORY = """
+INSERT INTO {s}.node_inventory AS i (node_id, section, content, fake, received_at)
+SELECT id, :section, CAST(:content AS jsonb), :fake, now() FROM {s}.nodes WHERE id = :node_id AND state <> 'retired'
+ON CONFLICT (node_id, section) DO UPDATE
+    SET content = EXCLUDED.content, fake = EXCLUDED.fake, received_at = EXCLUDED.received_at
+RETURNING node_id
+"""
+_INVENTORY = """
+SELECT node_id, section, content, fake, received_at FROM {s}.node_inventory WHERE node_id = :node_id ORDER BY section
+"""
+
 _KEY_COLUMNS = "id, public_key, sealed_key, state, created_at"
 _ACTIVE_KEY = f"SELECT {_KEY_COLUMNS} FROM {{s}}.join_keys WHERE state = 'active'"
 # Insert unless an active key exists (the partial unique index settles a race); then read the active key.
@@ -146,6 +157,8 @@ class PgNodes(PgRepository):
         self._desired_newer = db.sql(_DESIRED_NEWER)
         self._desired_since = db.sql(_DESIRED_SINCE)
         self._observe = db.sql(_OBSERVE)
+        self._record_inventory = db.sql(_RECORD_INVENTORY)
+        self._inventory = db.sql(_INVENTORY)
 
     async def enroll(
         self,
@@ -218,6 +231,21 @@ class PgNodes(PgRepository):
         """The desired states changed after ``since``, and the database's time of the read."""
         rows = await self._fetch(self._desired_since, {"since": since})
         return [_desired(r) for r in rows if r.id is not None], utc(rows[0].at)
+
+    async def record_inventory(self, node_id: str, section: str, content: Any, *, fake: bool) -> bool:
+        """Keep the latest content of one section (in the caller's transaction)."""
+        params = {"node_id": node_id, "section": section, "content": dumps(content), "fake": fake}
+        return bool(await self._fetch_in_transaction("record_inventory", self._record_inventory, params))
+
+    async def inventory(self, node_id: str) -> list[InventoryRecord]:
+        """The node's latest sections."""
+        rows = await self._fetch(self._inventory, {"node_id": node_id})
+        return [
+            InventoryRecord(
+                node_id=r.node_id, section=r.section, content=r.content, fake=r.fake, received_at=utc(r.received_at)
+            )
+            for r in rows
+        ]
 
     async def observe(self, acks: Sequence[tuple[str, int]]) -> int:
         """Record acknowledged generations, in one statement."""

@@ -226,7 +226,7 @@ async def test_a_renewal_over_the_wire_needs_proof_of_the_key(gw: Wire) -> None:
         channel.close()
 
 
-async def test_a_replayed_join_and_a_bad_request_get_their_envelopes(gw: Wire) -> None:
+async def test_a_replayed_join_a_bad_request_and_a_token_for_another_pool_get_their_envelopes(gw: Wire) -> None:
     token = await gw.fleet.token(uses=2)
     key = NodeKey()
     csr_pem = key.csr_pem()
@@ -251,6 +251,30 @@ async def test_a_replayed_join_and_a_bad_request_get_their_envelopes(gw: Wire) -
             await stub.join(wire.JoinRequest(sealed_token=sealed, csr_pem=csr_pem, claims_json="[1, 2]"))
         assert caught.value.status == Status.INVALID_ARGUMENT
         assert envelope(caught.value)["details"]["path"] == "claims_json"
+
+        # A token of one pool, sent by a machine meant for another: refused, and the token keeps its use.
+        other = await gw.fleet.new_pool("other")
+        fresh = await gw.fleet.token()
+        aimed = seal_token(
+            await gw.fleet.join_key(),
+            fresh.token,
+            binding=join_binding(csr_pem, hardware, None, other),
+            now=gw.fleet.clock.now(),
+        )
+        with pytest.raises(GRPCError) as caught:
+            await stub.join(
+                wire.JoinRequest(sealed_token=aimed, csr_pem=csr_pem, claims_json=json.dumps(hardware), pool_id=other)
+            )
+        assert caught.value.status == Status.PERMISSION_DENIED
+        assert envelope(caught.value)["details"]["reason"] == "wrong_pool"
+        elsewhere = claims("SN-0010")
+        right = seal_token(
+            await gw.fleet.join_key(), fresh.token, binding=join_binding(csr_pem, elsewhere), now=gw.fleet.clock.now()
+        )
+        reply = await stub.join(
+            wire.JoinRequest(sealed_token=right, csr_pem=csr_pem, claims_json=json.dumps(elsewhere))
+        )
+        assert reply.pool_id == gw.fleet.pool  # its one use was still there
     finally:
         channel.close()
 
@@ -420,3 +444,44 @@ async def test_a_session_ends_when_the_certificate_it_opened_with_expires(gw: Wi
         gw.fleet.clock.advance(dt.timedelta(hours=25))
 
     assert await closed_after(gw, expire) == "certificate_expired"
+
+
+async def test_inventory_sections_and_events_are_taken_in_and_bad_ones_dropped(gw: Wire) -> None:
+    joined = await gw.join()
+    gpus = [{"uuid": "GPU-1", "model": "H100"}]
+    frames = [
+        wire.InventorySection(section="gpus", content_json=json.dumps(gpus), fake=True),
+        wire.InventorySection(section="../../etc", content_json="{}"),  # not a section: dropped
+        wire.InventorySection(section="cpu", content_json='{"model": "a\\u0000b"}'),  # a NUL: dropped
+        wire.InventorySection(section="memory", content_json="{not json"),  # dropped
+        wire.InventorySection(section="memory", content_json='{"total_mib": 2048}'),
+    ]
+    events = [
+        wire.NodeEvent(type="gpu.xid", payload_json='{"xid": 79}', at_ms=5),
+        wire.NodeEvent(type="Not A Type", payload_json="{}"),  # dropped
+        wire.NodeEvent(type="gpu.xid", payload_json='{"x": "\\ud800"}'),  # an unpaired surrogate: dropped
+    ]
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await start(stream, joined.node_id)
+            for section in frames:
+                await stream.send_message(wire.NodeFrame(inventory=section))
+            for event in events:
+                await stream.send_message(wire.NodeFrame(event=event))
+            await stream.send_message(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=1)))
+            with anyio.fail_after(5):
+                while len(await gw.fleet.events("node.inventory_reported")) < 2:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            assert gw.gateway.sessions == {joined.node_id: 1}  # the session goes on
+            await stream.end()
+            assert await stream.recv_message() is None  # every frame was read before the stream ended
+    finally:
+        channel.close()
+    kept = await gw.fleet.store.repository(NODES).inventory(joined.node_id)
+    assert [(k.section, k.content, k.fake) for k in kept] == [
+        ("gpus", gpus, True),
+        ("memory", {"total_mib": 2048}, False),
+    ]
+    reported = await gw.fleet.events("node.reported")
+    assert [(p["type"], p["payload"], p["at_ms"]) for _, p in reported] == [("gpu.xid", {"xid": 79}, 5)]
