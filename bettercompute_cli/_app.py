@@ -211,6 +211,14 @@ def serve(
     roles: Annotated[str | None, typer.Option("--roles", help=_ROLES_HELP, show_default="all")] = None,
     host: Annotated[str | None, typer.Option("--host", help="Where the API listens.", show_default="127.0.0.1")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Where the API listens.", show_default="3000")] = None,
+    gateway_host: Annotated[
+        str | None,
+        typer.Option("--gateway-host", help="Where the gateway listens.", show_default="the --host address"),
+    ] = None,
+    gateway_port: Annotated[
+        int | None,
+        typer.Option("--gateway-port", help="The gateway's port.", show_default="the port of gateway_address"),
+    ] = None,
     iam_url: Annotated[
         str | None,
         typer.Option(
@@ -229,7 +237,15 @@ def serve(
 ) -> None:
     """Run the control plane in one process mode until SIGINT or SIGTERM."""
     with _errors():
-        config = _config(ctx, roles=roles, host=host, port=port, iam_url=iam_url)
+        config = _config(
+            ctx,
+            roles=roles,
+            host=host,
+            port=port,
+            iam_url=iam_url,
+            gateway_host=gateway_host,
+            gateway_port=gateway_port,
+        )
         plan = plan_roles(config.roles, config)
         compute, remote = build_serving(config, require_database_url(config))
         _setup_logging()

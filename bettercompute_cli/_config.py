@@ -60,6 +60,8 @@ KEYS = (
     "kms_key_file",
     "trust_domain",
     "gateway_address",
+    "gateway_host",
+    "gateway_port",
     "lease_ttl_seconds",
     "notify_url",
     "webhooks_allow_private",
@@ -105,6 +107,9 @@ class Config:
         trust_domain: The SPIFFE trust domain of node identities; with ``gateway_address`` and ``kms_key_file`` it
             turns on JoinService and the node CA (``dev`` defaults to ``dev.localhost``).
         gateway_address: ``host:port`` daemons dial, pinned in the join command (``dev``: ``<host>:7443``).
+        gateway_host: Where the gateway listens (``host`` by default); behind a load balancer, the address the
+            balancer forwards to, while ``gateway_address`` stays what daemons dial.
+        gateway_port: The port the gateway listens on (the port of ``gateway_address`` by default).
         lease_ttl_seconds: How long a worker's leases and membership rows live unrenewed (``Options.lease_ttl``):
             a dead worker's shards move on after about this long; leases are renewed every third of it.
         notify_url: A PostgreSQL URL straight to the server (not through a pooler) for the notifier's LISTEN and
@@ -130,6 +135,8 @@ class Config:
     kms_key_file: Path | None = None
     trust_domain: str | None = None
     gateway_address: str | None = None
+    gateway_host: str | None = None
+    gateway_port: int | None = None
     lease_ttl_seconds: float = 15.0
     notify_url: str | None = attrs.field(default=None, repr=False)
     webhooks_allow_private: bool = False
@@ -191,7 +198,7 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
         if key == "gateway_address" and not _ADDRESS.fullmatch(text):
             return None, f"{where} {text!r} must be host:port"
         return text, None
-    if key in ("host", "instance", "schema"):
+    if key in ("host", "gateway_host", "instance", "schema"):
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty string"
         text = value.strip()
@@ -201,10 +208,11 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
                 " not starting with pg_"
             )
         return text, None
-    if key == "port":
+    if key in ("port", "gateway_port"):
         port: Any = value
-        if from_env:
-            port = int(value) if value.strip().isdigit() else None
+        if from_env:  # ASCII digits only: int() would also read full-width or Arabic-Indic ones
+            text = value.strip()
+            port = int(text) if text.isascii() and text.isdigit() else None
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             return None, f"{where} must be a port number from 1 to 65535, not {value!r}"
         return port, None

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import signal
 
 import attrs
 from cryptography import x509
@@ -18,11 +19,18 @@ from bettercompute import BetterCompute
 from bettercompute.errors import InvalidConfigError
 from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway
 
-__all__ = ["GatewayPlan", "HostedGateway"]
+__all__ = ["CLOSE_DRAIN_SECONDS", "DRAIN_SIGNAL", "GatewayPlan", "HostedGateway"]
 
 log = logging.getLogger("bettercompute.cli")
 
 _NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+DRAIN_SIGNAL = signal.SIGUSR1
+"""Drains the gateway of a running ``serve`` or ``dev``: health answers NOT_SERVING, no new session is taken, and the
+sessions held are closed (reason ``draining``) over ``GatewayOptions.drain_period``; the process goes on serving the
+rest until it is stopped."""
+CLOSE_DRAIN_SECONDS = 5.0
+"""Over how long a stopping process closes its gateway's sessions, when it was not drained before."""
 
 
 @attrs.frozen(kw_only=True)
@@ -48,6 +56,8 @@ class HostedGateway:
         self._plan = plan
         self.gateway: Gateway | None = None
         self._renewer: asyncio.Task[None] | None = None
+        self._draining: asyncio.Task[None] | None = None
+        self._signal = False
 
     async def _certificate(self) -> tuple[GatewayTls, float]:
         """A fresh server certificate (and when to renew it, in seconds: at two thirds of its life)."""
@@ -76,10 +86,19 @@ class HostedGateway:
         if store is None:  # a control plane that serves JoinService has a store
             raise InvalidConfigError("the gateway needs the control plane's store")
         tls, renew_in = await self._certificate()
-        gateway = create_gateway(self._compute.gateway_services, store, tls, GatewayOptions(name=self._plan.name))
+        gateway = create_gateway(
+            self._compute.gateway_services,
+            store,
+            tls,
+            GatewayOptions(name=self._plan.name),
+            notifier=self._compute.options.notifier,
+        )
         await gateway.start(self._plan.listen_host, self._plan.port)
         self.gateway = gateway
         self._renewer = asyncio.create_task(self._renew(renew_in), name="gateway-certificate")
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+            asyncio.get_running_loop().add_signal_handler(DRAIN_SIGNAL, self._drain_requested)
+            self._signal = True
         log.info(
             "gateway %s listening on %s:%d (certificate for %s)",
             self._plan.name,
@@ -100,7 +119,26 @@ class HostedGateway:
                 log.warning("gateway %s: server certificate not renewed: %s", self._plan.name, type(exc).__name__)
                 delay = 60.0
 
+    def _drain_requested(self) -> None:
+        log.info("gateway %s: %s received, draining", self._plan.name, DRAIN_SIGNAL.name)
+        if self.gateway is not None and not self.gateway.draining and self._draining is None:
+            self._draining = asyncio.create_task(self.gateway.drain(), name="gateway-drain")
+
     async def close(self) -> None:
+        """Stop: sessions are drained over a few seconds (all at once would send every daemon to the other gateways
+        in the same instant), then the gateway closes."""
+        if self._signal:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_signal_handler(DRAIN_SIGNAL)
+            self._signal = False
+        if self.gateway is not None and self._draining is None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.gateway.drain(period=CLOSE_DRAIN_SECONDS), CLOSE_DRAIN_SECONDS + 5)
+        draining, self._draining = self._draining, None
+        if draining is not None:
+            draining.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await draining
         renewer, self._renewer = self._renewer, None
         if renewer is not None:
             renewer.cancel()

@@ -84,16 +84,17 @@ class Plan:
 
 
 def gateway_plan(config: Config) -> GatewayPlan | None:
-    """Where this process's gateway listens: on ``host``, at the port of ``gateway_address`` (the address daemons
-    dial, which its certificate names, with ``localhost`` and the loopback addresses); ``None`` without node
-    identity configured."""
+    """Where this process's gateway listens: on ``gateway_host`` (else ``host``), at ``gateway_port`` (else the port
+    of ``gateway_address``, the address daemons dial, which its certificate names, with ``localhost`` and the
+    loopback addresses); ``None`` without node identity configured."""
     if config.gateway_address is None or config.trust_domain is None or config.kms_key_file is None:
         return None
     host, _, port = config.gateway_address.rpartition(":")
     dialed = host.strip("[]")
     hosts = tuple(dict.fromkeys([dialed, "localhost", "127.0.0.1", "::1"]))
     name = gateway_name(config.instance or "gateway")
-    return GatewayPlan(listen_host=config.host, port=int(port), hosts=hosts, name=name)
+    listen_port = config.gateway_port if config.gateway_port is not None else int(port)
+    return GatewayPlan(listen_host=config.gateway_host or config.host, port=listen_port, hosts=hosts, name=name)
 
 
 def plan_roles(roles: tuple[str, ...], config: Config | None = None) -> Plan:

@@ -1,6 +1,7 @@
 """``bcd``, the node daemon: it joins a pool with a one-time token and then holds one session with a gateway,
 dialing out over gRPC with mutual TLS; it opens no listening port and imports nothing of the control plane."""
 
+from bettercompute_daemon._agent import EXPIRED as EXPIRED
 from bettercompute_daemon._agent import STOPPED as STOPPED
 from bettercompute_daemon._agent import Agent as Agent
 from bettercompute_daemon._agent import DaemonError as DaemonError
@@ -15,6 +16,7 @@ from bettercompute_daemon._state import StateDir as StateDir
 __version__ = "0.0.0"
 
 __all__ = [
+    "EXPIRED",
     "STOPPED",
     "Agent",
     "DaemonError",

@@ -5,11 +5,19 @@ them, sent over TLS that trusts only the pinned CA bundle (no client certificate
 the state directory.
 
 Node: one ``Session`` stream with the node's certificate. ``Hello``, then the gateway's ``Welcome`` (epoch and
-heartbeat interval); heartbeats; inventory sections when asked; desired state recorded and acknowledged; commands
+heartbeat interval); heartbeats; inventory sections when asked; desired state recorded, its CDI spec written
+(``_cdi``) and acknowledged once all of it was applied; commands
 run and their results signed by the node key over the command id, its kind, the outcome, the result and the epoch.
 A ``Close`` whose reason says the identity is gone (``revoked``, ``retired``, a refused certificate) stops the
 daemon for good (exit status 3: its unit does not restart it); any other end reconnects with exponential backoff
-and jitter, so that a gateway restart does not bring every node back in the same second.
+and jitter, so that a gateway restart does not bring every node back in the same second. Alongside the sessions,
+the certificate is renewed at about two thirds of its life (``_renewal``).
+
+Re-enrolment: a certificate that expired (the machine was off, or renewals kept failing) cannot be renewed. Before
+it dials, ``bcd node`` then joins again as ``bcd join`` does (a new key and CSR, the same hardware claims, the
+pinned configuration) with the token kept in ``reenroll.token``; with a token whose ``reclaim`` is
+``same-hardware`` the control plane gives the node its id back. Without a token, or when the join is refused (with
+the gateway's reason), it stops with exit status 4, which its unit does not restart either: an operator has to act.
 """
 
 from __future__ import annotations
@@ -23,37 +31,45 @@ import secrets
 import ssl
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
 import betterproto2
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 import bettercompute_proto as wire
 
+from ._cdi import DEFAULT_CDI_DIR, apply_desired_state
 from ._inventory import Inventory
+from ._renewal import IDENTITY_GONE, REENROLL_TOKEN, Renewer, retryable
 from ._state import NodeConfig, NodeIdentity, StateDir
 from .identity import NodeKey, join_binding, seal_token
 
-__all__ = ["STOPPED", "DaemonError", "join", "run_node"]
+__all__ = ["EXPIRED", "STOPPED", "DaemonError", "JoinRefused", "join", "run_node"]
 
 log = logging.getLogger("bcd")
 
 VERSION = "0.1.0"
 STOPPED = 3
 """The exit status when the node's identity is gone (revoked, retired): retrying cannot help."""
+EXPIRED = 4
+"""The exit status when the certificate expired and the node could not join again (no ``reenroll.token``, or the
+join was refused): retrying cannot help either, an operator has to act."""
 
-_FINAL = {"revoked", "retired", "certificate_revoked", "node_retired", "untrusted", "certificate_expired"}
-_CAPABILITIES = ["inventory", "desired-state", "diag.nvml"]
+_FINAL = IDENTITY_GONE
+_CAPABILITIES = ["inventory", "desired-state", "cdi", "diag.nvml"]
 
 
 class DaemonError(Exception):
     """A failure to report to the operator: one line, no secret."""
+
+
+class JoinRefused(DaemonError):
+    """The control plane refused the join, and asking again would not change its answer."""
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -108,7 +124,8 @@ async def join(
             )
         )
     except GRPCError as exc:
-        raise DaemonError(f"the join was refused: {refusal(exc)}") from None
+        kind = DaemonError if retryable(exc) else JoinRefused
+        raise kind(f"the join was refused: {refusal(exc)}") from None
     except (OSError, StreamTerminatedError, ssl.SSLError) as exc:
         raise DaemonError(f"the gateway {config.gateway} could not be reached: {type(exc).__name__}") from None
     finally:
@@ -120,6 +137,7 @@ async def join(
         node_id=certificate.node_id, serial=certificate.serial, not_after_ms=certificate.not_after_ms
     )
     state.save_config(config)
+    state.write("pinned-ca.pem", bundle_pem.encode())
     state.save_identity(
         identity,
         key_pem=key.private_key_pem(),
@@ -132,6 +150,8 @@ async def join(
 @attrs.define
 class _Session:
     stream: Any
+    key: NodeKey
+    """The key of the certificate the session opened with: the gateway checks command results against it."""
     sends: asyncio.Lock = attrs.field(factory=asyncio.Lock)
     epoch: int = 0
     closed: str | None = None
@@ -144,22 +164,51 @@ class _Session:
 class Agent:
     """``bcd node``: one session at a time, reconnecting until stopped or told the identity is gone."""
 
-    def __init__(self, state: StateDir, inventory: Inventory, *, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        state: StateDir,
+        inventory: Inventory,
+        *,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+        cdi_dir: Path = DEFAULT_CDI_DIR,
+    ) -> None:
         self._state = state
         self._inventory = inventory
+        self._cdi_dir = cdi_dir
         self._sleep = sleep
         config = state.config()
         identity = state.identity()
         if identity is None:
             raise DaemonError(f"no node identity in {state.path}: run bcd join first")
         self._config = config
-        self._identity = identity
-        self._key = NodeKey(_private_key(state.read("node.key")))
+        self._renewer = Renewer(state, self._channel)
 
     async def run(self) -> int:
-        """Hold sessions until the identity is gone (``STOPPED``)."""
+        """Hold sessions and renew the certificate until the identity is gone (``STOPPED``) or expired beyond
+        re-enrolment (``EXPIRED``)."""
+        renewing = asyncio.create_task(self._renew(), name="bcd-renewal")
+        holding = asyncio.create_task(self._hold(), name="bcd-sessions")
+        try:
+            done, _ = await asyncio.wait({renewing, holding}, return_when=asyncio.FIRST_COMPLETED)
+            return done.pop().result()
+        finally:
+            for task in (renewing, holding):
+                task.cancel()
+            await asyncio.gather(renewing, holding, return_exceptions=True)
+
+    async def _renew(self) -> int:
+        refused = await self._renewer.run()
+        log.error("the certificate renewal was %s; this node's identity is gone, stopping", refused)
+        return STOPPED
+
+    async def _hold(self) -> int:
+        """Hold sessions, one at a time; before each, join again if the certificate expired."""
         backoff = 1.0
         while True:
+            if self._renewer.credentials.expired():
+                status = await self._reenrol()
+                if status is not None:
+                    return status
             started = time.monotonic()
             outcome = await self._one_session()
             if outcome in _FINAL:
@@ -172,23 +221,31 @@ class Agent:
             await self._sleep(delay)
             backoff = min(backoff * 2, 60.0)
 
-    async def _one_session(self) -> str:
-        """One session, from dialing to its end; returns why it ended."""
+    def _channel(self) -> Channel:
+        """A channel to the gateway with the node's certificate on disk now (for a session or a renewal).
+
+        Raises:
+            OSError, ssl.SSLError: the state directory's files do not load.
+        """
         host, port = split_address(self._config.gateway)
         files = (str(self._state.path / "node.crt"), str(self._state.path / "node.key"))
+        return Channel(host, port, ssl=_context(self._state.gateway_trust(), certificate=files))
+
+    async def _one_session(self) -> str:
+        """One session, from dialing to its end; returns why it ended."""
+        credentials = self._renewer.credentials  # read with the files, no await between: a renewal cannot split them
         try:
-            context = _context(self._state.read("ca-bundle.pem").decode(), certificate=files)
+            channel = self._channel()
         except (OSError, ssl.SSLError) as exc:
             return f"local state unreadable: {type(exc).__name__}"
-        channel = Channel(host, port, ssl=context)
         try:
             async with channel.request(
                 f"/{wire.SERVICE}/Session", Cardinality.STREAM_STREAM, wire.NodeFrame, wire.ControlFrame
             ) as stream:
-                session = _Session(stream=stream)
+                session = _Session(stream=stream, key=credentials.key)
                 await stream.send_request()
                 hello = wire.Hello(
-                    node_id=self._identity.node_id,
+                    node_id=credentials.identity.node_id,
                     session_nonce=secrets.token_bytes(16),
                     software_version=VERSION,
                     capabilities=_CAPABILITIES,
@@ -219,8 +276,9 @@ class Agent:
                     await self._send_inventory(session, list(content.sections))
                 elif isinstance(content, wire.DesiredState):
                     self._state.write("desired.json", content.content_json.encode())
-                    ack = wire.DesiredStateAck(observed_generation=content.generation)
-                    await session.send(wire.NodeFrame(desired_state_ack=ack))
+                    if self._apply(content):
+                        ack = wire.DesiredStateAck(observed_generation=content.generation)
+                        await session.send(wire.NodeFrame(desired_state_ack=ack))
                 elif isinstance(content, wire.Command):
                     await self._run_command(session, content)
                 elif isinstance(content, wire.Close):
@@ -233,6 +291,21 @@ class Agent:
                 beats.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beats
+
+    def _apply(self, desired: wire.DesiredState) -> bool:
+        """Write the CDI spec of a desired state; whether all of it was applied (only then is it acknowledged)."""
+        gpus = self._inventory.sections.get("gpus")
+        problems = apply_desired_state(
+            self._cdi_dir,
+            desired.content_json,
+            gpus if isinstance(gpus, list) else [],
+            generation=desired.generation,
+        )
+        for problem in problems:
+            log.error("desired state %d: %s", desired.generation, problem)
+        if problems:
+            log.error("desired state %d not acknowledged: not all of it was applied", desired.generation)
+        return not problems
 
     async def _beat(self, session: _Session, interval: float) -> None:
         while True:
@@ -249,7 +322,8 @@ class Agent:
 
     async def _run_command(self, session: _Session, command: wire.Command) -> None:
         if command.kind == "diag.nvml":
-            outcome, result = "succeeded", {"health": self._inventory.health, "fake": self._inventory.fake}
+            health = await asyncio.to_thread(self._inventory.current_health)  # NVML's calls block
+            outcome, result = "succeeded", {"health": health, "fake": self._inventory.fake}
         else:
             outcome, result = "failed", {"reason": "unknown_kind"}
         body = json.dumps(result, sort_keys=True)
@@ -262,21 +336,64 @@ class Agent:
             outcome=outcome,
             result_json=body,
             epoch=session.epoch,
-            signature=self._key.sign(message),
+            signature=session.key.sign(message),
         )
         await session.send(wire.NodeFrame(command_result=signed))
 
+    async def _reenrol(self) -> int | None:
+        """Join again with the kept token, the certificate having expired: ``None`` once joined (and the new
+        identity taken up), else the exit status. A gateway that cannot be reached is tried again with backoff."""
+        credentials = self._renewer.credentials
+        try:
+            token = self._state.read(REENROLL_TOKEN).decode().strip()
+        except FileNotFoundError:
+            token = ""
+        if not token:
+            log.error(
+                "the certificate of node %s expired at %s and no re-enrolment token is kept in %s: run bcd join again"
+                " (or place a token whose reclaim is same-hardware there), then bcd node",
+                credentials.identity.node_id,
+                credentials.expiry(),
+                self._state.path / REENROLL_TOKEN,
+            )
+            return EXPIRED
+        log.info(
+            "the certificate expired at %s; joining again to get node %s back",
+            credentials.expiry(),
+            credentials.identity.node_id,
+        )
+        backoff = 1.0
+        while True:
+            try:
+                bundle = self._state.gateway_trust()
+                identity = await join(
+                    state=self._state, token=token, config=self._config, bundle_pem=bundle, inventory=self._inventory
+                )
+                break
+            except JoinRefused as exc:
+                log.error("could not re-enrol node %s: %s", credentials.identity.node_id, exc)
+                return EXPIRED
+            except DaemonError as exc:
+                delay = backoff * random.uniform(0.5, 1.5)  # noqa: S311 - jitter, not a secret
+                log.warning("could not re-enrol yet: %s; trying again in %.1f s", exc, delay)
+                await self._sleep(delay)
+                backoff = min(backoff * 2, 60.0)
+        self._renewer.reload()
+        if identity.node_id == credentials.identity.node_id:
+            log.info("re-enrolled: node %s is back (reclaimed), serial %s", identity.node_id, identity.serial)
+        else:
+            log.warning(
+                "re-enrolled as a new node %s: node %s was not reclaimed (a token whose reclaim is not same-hardware,"
+                " or a node retired meanwhile)",
+                identity.node_id,
+                credentials.identity.node_id,
+            )
+        return None
 
-async def run_node(state: StateDir, inventory: Inventory) -> int:
+
+async def run_node(state: StateDir, inventory: Inventory, *, cdi_dir: Path = DEFAULT_CDI_DIR) -> int:
     """``bcd node``: the exit status."""
-    return await Agent(state, inventory).run()
-
-
-def _private_key(pem: bytes) -> ec.EllipticCurvePrivateKey:
-    key = serialization.load_pem_private_key(pem, password=None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise DaemonError("the node key on disk is not an EC key")
-    return key
+    return await Agent(state, inventory, cdi_dir=cdi_dir).run()
 
 
 def certificate_not_after(pem: bytes) -> float:

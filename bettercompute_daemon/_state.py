@@ -3,9 +3,15 @@
 Files (mode 0600, in a 0700 directory; each written to a temporary file and renamed, so a crash leaves the old one):
 
 - ``config.json``: the gateway, trust domain, pool and JoinService key it was pinned to;
-- ``ca-bundle.pem``: the CA certificates it trusts for the gateway;
+- ``ca-bundle.pem``: the node CA's trust bundle, as the control plane last sent it (join, renewal);
+- ``pinned-ca.pem``: the bundle it was told to trust at ``bcd join`` (``--ca-bundle``, or fetched and checked
+  against ``--ca-pin``); the gateway's certificate may chain to either (an operator's own gateway certificate
+  chains to a CA of this one);
 - ``node.key``: its private key (PEM);
-- ``node.crt``: its certificate (PEM), ``node.json``: its node id, serial and expiry.
+- ``node.crt``: its certificate (PEM), ``node.json``: its node id, serial and expiry;
+- ``renewal.key``: the new key of a renewal under way (``_renewal``);
+- ``reenroll.token``: the join token ``bcd node`` joins again with once its certificate expired, when kept
+  (``bcd join --keep-token``, or placed there by an operator).
 """
 
 from __future__ import annotations
@@ -77,7 +83,17 @@ class StateDir:
         self.write("node.key", key_pem)
         self.write("node.crt", certificate_pem.encode())
         self.write("ca-bundle.pem", bundle_pem.encode())
+        self.save_identity_record(identity)
+
+    def save_identity_record(self, identity: NodeIdentity) -> None:
+        """Write ``node.json`` alone (a renewal writes its certificate and key itself, in its own order)."""
         self.write("node.json", json.dumps(attrs.asdict(identity), indent=2).encode())
+
+    def gateway_trust(self) -> str:
+        """The CA certificates a gateway's certificate may chain to: the node CA's bundle and the pinned one."""
+        bundle = self.read("ca-bundle.pem").decode()
+        pinned = self.path / "pinned-ca.pem"
+        return bundle + "\n" + self.read("pinned-ca.pem").decode() if pinned.exists() else bundle
 
     def identity(self) -> NodeIdentity | None:
         """The node this daemon is, or ``None`` before it joined."""

@@ -5,9 +5,9 @@ Daemons dial out to it over gRPC with mutual TLS (``bettercompute_proto``); it r
 batches. It holds no CA key and no JoinService key.
 """
 
+from bettercompute.modules.commands import SESSION_CLOSED as SESSION_CLOSED
+from bettercompute.modules.commands import SESSION_OPENED as SESSION_OPENED
 from bettercompute_gateway._errors import STATUS_OF as STATUS_OF
-from bettercompute_gateway._gateway import SESSION_CLOSED as SESSION_CLOSED
-from bettercompute_gateway._gateway import SESSION_OPENED as SESSION_OPENED
 from bettercompute_gateway._gateway import Gateway as Gateway
 from bettercompute_gateway._gateway import GatewayOptions as GatewayOptions
 from bettercompute_gateway._gateway import create_gateway as create_gateway

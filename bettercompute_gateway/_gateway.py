@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import logging
+import re
 import ssl
 import struct
 import time
@@ -43,19 +45,27 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.protocol import H2Protocol
 from grpclib.server import Handler as ConnectionHandler
 from grpclib.server import Server, Stream
+from h2.settings import SettingCodes
 
 import bettercompute_proto as wire
-from bettercompute._runtime.codec import storable
-from bettercompute.errors import ComputeError, InvalidInputError, UnauthenticatedError
-from bettercompute.modules.commands import COMMANDS, SESSIONS
+from bettercompute._runtime.codec import storable_json
+from bettercompute.errors import ComputeError, InvalidInputError, UnauthenticatedError, UnavailableError
+from bettercompute.modules.commands import COMMANDS, SESSION_CLOSED, SESSION_OPENED, SESSIONS
 from bettercompute.modules.nodes import (
     CERTIFICATES,
+    DESIRED_STATE_CHANNEL,
+    INVENTORY_REPORTED,
+    INVENTORY_SECTIONS,
+    NODE_REPORTED,
+    NODES,
+    DesiredState,
     GatewayServices,
     JoinResult,
     RenewResult,
     verify_signature,
 )
-from bettercompute.ports import OutboxEvent, Store
+from bettercompute.ports import Notifier, OutboxEvent, Store
+from bettercompute_proto import health
 
 from ._errors import grpc_error, internal
 from ._tls import GatewayTls, load, server_context
@@ -66,10 +76,15 @@ log = logging.getLogger("bettercompute.gateway")
 
 M = TypeVar("M", bound=betterproto2.Message)
 
-SESSION_OPENED = "node.session_opened"
-"""Published when a node's session opens (payload: node_id, epoch, gateway)."""
-SESSION_CLOSED = "node.session_closed"
-"""Published when it ends (payload: node_id, epoch, gateway, reason: ``left`` or the gateway's close reason)."""
+_SERVED = frozenset({"", wire.SERVICE})
+"""The services the health service answers for ("": the gateway as a whole)."""
+_EVENTS_PER_MINUTE = 60
+_EVENT_TYPE = re.compile(r"[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*")
+_MAX_QUEUED = 32
+"""How many frames from the flush loop may wait for one slow daemon before its session is closed as ``slow``."""
+_DESIRED_LOOKBACK = 30.0
+"""How far back (seconds) each poll of changed desired states reaches: a change whose transaction committed up to
+this long after it was dated is still seen; the full comparison every ``desired_sweep_interval`` catches the rest."""
 
 
 @attrs.frozen(kw_only=True)
@@ -88,6 +103,12 @@ class GatewayOptions:
         stream_window_bytes: HTTP/2 flow-control window per stream.
         backlog: The listen backlog (a reconnect storm arrives at once).
         keepalive: How often the gateway pings an idle connection (and drops one that does not answer).
+        max_streams_per_connection: How many calls one connection may have open at once (HTTP/2's
+            ``MAX_CONCURRENT_STREAMS``; h2's default is 100); more are refused by HTTP/2 itself.
+        drain_period: Over how long ``drain`` spreads the closing of its sessions, so that the daemons reconnect
+            elsewhere a few at a time rather than all at once.
+        desired_sweep_interval: How often every session's desired-state generation is compared with the nodes' (a
+            backstop; changes are otherwise read each flush, and at once on a notifier poke).
     """
 
     name: str = "gateway"
@@ -100,6 +121,9 @@ class GatewayOptions:
     stream_window_bytes: int = 256 * 1024
     backlog: int = 4096
     keepalive: float = 60.0
+    max_streams_per_connection: int = 8
+    drain_period: float = 30.0
+    desired_sweep_interval: float = 60.0
 
 
 @attrs.define(eq=False)
@@ -114,21 +138,42 @@ class _Session:
     closing: str | None = None
     sends: asyncio.Lock = attrs.field(factory=asyncio.Lock)
     commands: dict[str, str] = attrs.field(factory=dict)  # dispatched on this session: id -> kind
+    sent_generation: int | None = None  # the desired-state generation sent; None until first looked up
+    queued: int = 0  # frames from the flush loop waiting to be sent
+    not_after: float = float("inf")  # when the session's certificate expires (seconds since the epoch)
+    events: int = 0  # events taken in the current minute
+    events_since: float = 0.0
 
 
 class Gateway:
     """A gateway: ``await gateway.start(host, port)``, then ``await gateway.close()``. Made by ``create_gateway``."""
 
-    def __init__(self, services: GatewayServices, store: Store, tls: GatewayTls, options: GatewayOptions) -> None:
+    def __init__(
+        self,
+        services: GatewayServices,
+        store: Store,
+        tls: GatewayTls,
+        options: GatewayOptions,
+        notifier: Notifier | None = None,
+    ) -> None:
         self._services = services
         self._store = store
         self._tls = tls
         self.options = options
+        self._notifier = notifier
         self._sessions: dict[str, _Session] = {}
         self._heard: set[str] = set()  # node ids heard from since the last flush
+        self._acks: dict[str, int] = {}  # desired-state generations acknowledged since the last flush
         self._server: _Server | None = None
         self._context: ssl.SSLContext | None = None
-        self._flusher: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._deliveries: set[asyncio.Future[None]] = set()
+        self._draining = False
+        self._database_ok = True  # until a pass of the flush loop fails
+        self._health_changed = asyncio.Event()  # set, and replaced, when the served status changes
+        self._desired_lock = asyncio.Lock()
+        self._desired_since: dt.datetime | None = None
+        self._desired_sweep_at = 0.0
         self.port: int | None = None
 
     def __repr__(self) -> str:
@@ -147,7 +192,7 @@ class Gateway:
             _keepalive_time=self.options.keepalive,
             _keepalive_timeout=min(20.0, self.options.keepalive),
         )
-        server = _Server([self], config=config)
+        server = _Server([self], config=config, max_streams=self.options.max_streams_per_connection)
         self._context = server_context(self._tls)
         await server.start(host, port, ssl=self._context, backlog=self.options.backlog)
         self._server = server
@@ -155,7 +200,9 @@ class Gateway:
         # ``asyncio.Server``): either has ``sockets``.
         sockets = getattr(server._server, "sockets", None) or ()
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
-        self._flusher = asyncio.create_task(self._flush_loop(), name="gateway-liveness")
+        self._tasks = [asyncio.create_task(self._flush_loop(), name="gateway-liveness")]
+        if self._notifier is not None:
+            self._tasks.append(asyncio.create_task(self._listen_desired(), name="gateway-desired-pokes"))
         log.info("gateway %s listening on %s:%s", self.options.name, host, self.port)
         return self.port
 
@@ -170,8 +217,42 @@ class Gateway:
             load(self._context, tls)
         self._tls = tls
 
+    @property
+    def serving(self) -> bool:
+        """What the health service says: serving unless draining or the database could not be reached by the last
+        pass of the flush loop."""
+        return not self._draining and self._database_ok
+
+    @property
+    def draining(self) -> bool:
+        """Whether ``drain`` was called: no new session is taken."""
+        return self._draining
+
+    def _health_may_have_changed(self, before: bool) -> None:
+        if self.serving != before:
+            changed, self._health_changed = self._health_changed, asyncio.Event()
+            changed.set()
+            log.warning("gateway %s is %s", self.options.name, "serving" if self.serving else "not serving")
+
+    async def drain(self, *, period: float | None = None) -> None:
+        """Stop taking sessions (health answers NOT_SERVING, so load balancers send daemons elsewhere), then close
+        the sessions held with reason ``draining``, spread evenly over ``period`` (``options.drain_period``): the
+        daemons reconnect, through the load balancer, to the other gateways a few at a time. Calls other than
+        ``Session`` are still answered. Returns when the last session is closed."""
+        before = self.serving
+        self._draining = True
+        self._health_may_have_changed(before)
+        sessions = [s for s in self._sessions.values() if s.closing is None]
+        period = self.options.drain_period if period is None else period
+        pause = period / len(sessions) if sessions else 0.0
+        log.info("gateway %s draining %d sessions over %.0f s", self.options.name, len(sessions), period)
+        for index, session in enumerate(sessions):
+            if index and pause:
+                await asyncio.sleep(pause)
+            await self._close(session, "draining", "this gateway is draining; reconnect to another")
+
     async def close(self, *, reason: str = "draining") -> None:
-        """Close every session with ``reason``, stop listening, and write the last liveness. Idempotent."""
+        """Close every session with ``reason`` at once, stop listening, and write the last liveness. Idempotent."""
         for session in list(self._sessions.values()):
             await self._close(session, reason, "the gateway is closing")
         server, self._server = self._server, None
@@ -179,12 +260,14 @@ class Gateway:
             server.close()
             await server.wait_closed()
             server.drop_connections()
-        flusher, self._flusher = self._flusher, None
-        if flusher is not None:
-            flusher.cancel()
+        tasks, self._tasks = self._tasks, []
+        for task in [*tasks, *self._deliveries]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await flusher
-            await self._flush()
+                await task
+        if tasks:
+            with contextlib.suppress(Exception):
+                await self._flush()
 
     # --- grpclib ------------------------------------------------------------------------------------------------
 
@@ -195,6 +278,7 @@ class Gateway:
         path = f"/{wire.SERVICE}/"
         return {
             path + "Join": unary(self._join, wire.JoinRequest, wire.JoinResponse),
+            path + "TrustBundle": unary(self._trust_bundle, wire.TrustBundleRequest, wire.TrustBundleResponse),
             path + "RenewChallenge": unary(
                 self._renew_challenge, wire.RenewChallengeRequest, wire.RenewChallengeResponse
             ),
@@ -202,6 +286,12 @@ class Gateway:
             path + "Secret": unary(self._secret, wire.SecretRequest, wire.SecretResponse),
             path + "Session": Handler(self._session, Cardinality.STREAM_STREAM, wire.NodeFrame, wire.ControlFrame),
             path + "Tunnel": Handler(self._tunnel, Cardinality.STREAM_STREAM, wire.TunnelFrame, wire.TunnelFrame),
+            f"/{health.SERVICE}/Check": unary(
+                self._health_check, health.HealthCheckRequest, health.HealthCheckResponse
+            ),
+            f"/{health.SERVICE}/Watch": Handler(
+                self._health_watch, Cardinality.UNARY_STREAM, health.HealthCheckRequest, health.HealthCheckResponse
+            ),
         }
 
     async def _receive(self, stream: Stream[Any, Any], kind: type[M]) -> M | None:
@@ -277,6 +367,14 @@ class Gateway:
 
         await self._unary(stream, wire.JoinRequest, answer)
 
+    async def _trust_bundle(self, stream: Stream[Any, Any]) -> None:
+        # No client certificate needed: a daemon pinned with ``--ca-pin`` asks before it trusts anything, and checks
+        # the answer against its pin (the bundle is public; the pin is what makes it trusted).
+        async def answer(request: wire.TrustBundleRequest) -> wire.TrustBundleResponse:
+            return wire.TrustBundleResponse(trust_bundle_pem=await self._services.trust_bundle_pem())
+
+        await self._unary(stream, wire.TrustBundleRequest, answer)
+
     async def _renew_challenge(self, stream: Stream[Any, Any]) -> None:
         async def answer(request: wire.RenewChallengeRequest) -> wire.RenewChallengeResponse:
             challenge = await self._services.renew_challenge(certificate_pem=_client_certificate(stream))
@@ -310,6 +408,34 @@ class Gateway:
 
         await self._unary(stream, wire.SecretRequest, answer)
 
+    # --- health ---------------------------------------------------------------------------------------------------
+
+    def _status(self) -> health.ServingStatus:
+        return health.ServingStatus.SERVING if self.serving else health.ServingStatus.NOT_SERVING
+
+    async def _health_check(self, stream: Stream[Any, Any]) -> None:
+        """``Check``: the status now (no client certificate needed; nothing is read from the database)."""
+        request = await self._receive(stream, health.HealthCheckRequest)
+        if request is None or request.service not in _SERVED:
+            raise GRPCError(Status.NOT_FOUND, "unknown service")
+        await stream.send_message(health.HealthCheckResponse(status=self._status()))
+
+    async def _health_watch(self, stream: Stream[Any, Any]) -> None:
+        """``Watch``: the status now, then each change, until the caller leaves or the gateway closes; an unknown
+        service gets ``SERVICE_UNKNOWN`` and the call stays open, as the protocol asks."""
+        request = await self._receive(stream, health.HealthCheckRequest)
+        if request is None or request.service not in _SERVED:
+            await stream.send_message(health.HealthCheckResponse(status=health.ServingStatus.SERVICE_UNKNOWN))
+            await asyncio.Event().wait()
+        sent = None
+        while True:
+            changed = self._health_changed
+            status = self._status()
+            if status != sent:
+                await stream.send_message(health.HealthCheckResponse(status=status))
+                sent = status
+            await changed.wait()
+
     async def _tunnel(self, stream: Stream[Any, Any]) -> None:
         await self._drain(stream)
         raise GRPCError(Status.UNIMPLEMENTED, "tunnels come with a later release")
@@ -318,6 +444,8 @@ class Gateway:
 
     async def _session(self, stream: Stream[Any, Any]) -> None:
         try:
+            if self._draining:
+                raise UnavailableError("this gateway is draining; reconnect to another", details={"reason": "draining"})
             node_id, epoch, certificate = await self._admit(stream)
         except ComputeError as exc:
             await self._refuse(stream, exc)
@@ -328,6 +456,7 @@ class Gateway:
             epoch=epoch,
             serial=format(certificate.serial_number, "x"),
             public_key=certificate.public_key(),
+            not_after=certificate.not_valid_after_utc.timestamp(),
             stream=stream,
             heard=time.monotonic(),
             task=task,
@@ -358,8 +487,9 @@ class Gateway:
             if current:
                 del self._sessions[node_id]
             if current or session.closing == "superseded":
+                # Recorded even when the server cancels this handler (the daemon reset the stream): shielded.
                 with contextlib.suppress(Exception):
-                    await self._closed(session)
+                    await asyncio.shield(self._closed(session))
             log.info("node %s: session %d ended (%s)", node_id, session.epoch, session.closing or "the daemon left")
         if session.closing is not None:
             await self._drain(stream)
@@ -445,6 +575,53 @@ class Gateway:
                 return
             if isinstance(content, wire.CommandResult):
                 await self._take_result(session, content)
+            elif isinstance(content, wire.InventorySection):
+                await self._take_inventory(session, content)
+            elif isinstance(content, wire.NodeEvent):
+                await self._take_event(session, content)
+            elif isinstance(content, wire.DesiredStateAck):
+                sent = session.sent_generation or 0
+                if 0 < content.observed_generation <= sent:  # only what was sent on this session
+                    self._acks[session.node_id] = max(self._acks.get(session.node_id, 0), content.observed_generation)
+
+    async def _take_inventory(self, session: _Session, section: wire.InventorySection) -> None:
+        """Keep a reported inventory section and publish ``node.inventory_reported``; an unknown section, or content
+        that is not JSON PostgreSQL can store, is dropped and logged (the session goes on)."""
+        if section.section not in INVENTORY_SECTIONS:
+            log.warning("node %s: dropped an inventory section of an unknown name", session.node_id)
+            return
+        try:
+            content = _json_value(section.content_json, "content_json")
+            async with self._store.transaction() as tx:
+                if await tx.repository(NODES).record_inventory(
+                    session.node_id, section.section, content, fake=section.fake
+                ):
+                    payload = {"node_id": session.node_id, "section": section.section, "fake": section.fake}
+                    await tx.publish([OutboxEvent(type=INVENTORY_REPORTED, key=session.node_id, payload=payload)])
+        except ComputeError as exc:
+            log.warning("node %s: inventory section %s not kept: %s", session.node_id, section.section, exc.code)
+
+    async def _take_event(self, session: _Session, event: wire.NodeEvent) -> None:
+        """Publish what the daemon reports (``node.reported``, with its type and payload); at most
+        ``_EVENTS_PER_MINUTE`` a minute per session, and a malformed one is dropped and logged."""
+        now = time.monotonic()
+        if now - session.events_since > 60:
+            session.events_since, session.events = now, 0
+        session.events += 1
+        if session.events > _EVENTS_PER_MINUTE:
+            if session.events == _EVENTS_PER_MINUTE + 1:
+                log.warning("node %s: more than %d events a minute; dropping", session.node_id, _EVENTS_PER_MINUTE)
+            return
+        if len(event.type) > 128 or not _EVENT_TYPE.fullmatch(event.type):
+            log.warning("node %s: dropped an event with a malformed type", session.node_id)
+            return
+        try:
+            body = _json_object(event.payload_json or "{}", "payload_json")
+            payload = {"node_id": session.node_id, "type": event.type, "payload": body, "at_ms": event.at_ms}
+            async with self._store.transaction() as tx:
+                await tx.publish([OutboxEvent(type=NODE_REPORTED, key=session.node_id, payload=payload)])
+        except ComputeError as exc:
+            log.warning("node %s: event %s not published: %s", session.node_id, event.type, exc.code)
 
     async def _take_result(self, session: _Session, result: wire.CommandResult) -> None:
         """Record a command's result, once its node's signature over it verifies; refuse (and log) it otherwise."""
@@ -491,14 +668,38 @@ class Gateway:
             log.info("node %s: command %s was no longer waiting for a result", session.node_id, result.command_id)
 
     async def _send(self, session: _Session, frame: wire.ControlFrame) -> None:
-        """Send a frame, or close the session as ``slow`` when the daemon does not read it in time."""
-        async with session.sends:
-            try:
-                async with asyncio.timeout(self.options.send_timeout):
+        """Send a frame, or close the session as ``slow`` when the daemon does not read it in time (HTTP/2 flow
+        control holds a frame back while the daemon's window is full)."""
+        try:
+            async with asyncio.timeout(self.options.send_timeout):
+                async with session.sends:
                     await session.stream.send_message(frame)
-            except TimeoutError:
-                session.closing = "slow"
-                raise StreamTerminatedError("the daemon did not read its frames") from None
+        except TimeoutError:
+            await self._close(session, "slow", "the daemon did not read its frames in time")
+            raise StreamTerminatedError("the daemon did not read its frames") from None
+
+    def _deliver(self, session: _Session, frame: wire.ControlFrame) -> None:
+        """Send a frame from the flush loop without waiting for it: a daemon that reads slowly delays only its own
+        frames (in order), never the loop or other sessions; past ``_MAX_QUEUED`` frames waiting it is closed."""
+        if session.closing is not None:
+            return
+        if session.queued >= _MAX_QUEUED:
+            self._spawn(self._close(session, "slow", "the daemon did not read its frames in time"))
+            return
+        session.queued += 1
+        self._spawn(self._deliver_one(session, frame))
+
+    async def _deliver_one(self, session: _Session, frame: wire.ControlFrame) -> None:
+        try:
+            with contextlib.suppress(Exception):  # a session that cannot take it ends
+                await self._send(session, frame)
+        finally:
+            session.queued -= 1
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
 
     async def _close(self, session: _Session, reason: str, message: str) -> None:
         """Send ``Close`` (best effort) and end the session; from another task (a newer session, a revocation, the
@@ -508,8 +709,8 @@ class Gateway:
         session.closing = reason
         close = wire.ControlFrame(close=wire.Close(reason=reason, message=message))
         with contextlib.suppress(Exception):
-            async with session.sends:
-                async with asyncio.timeout(1.0):
+            async with asyncio.timeout(1.0):
+                async with session.sends:
                     await session.stream.send_message(close)
         if session.task is not None and session.task is not asyncio.current_task():
             session.task.cancel()  # wakes its read; it then ends the stream normally, after the Close frame
@@ -517,12 +718,67 @@ class Gateway:
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(self.options.liveness_flush_interval)
+            before = self.serving
             try:
                 await self._flush()
                 await self._close_revoked()
                 await self._dispatch()
+                await self._push_desired()  # reads the database every pass: it is the health probe too
+                self._database_ok = True
             except Exception as exc:  # a database outage: the next pass does what this one missed
+                self._database_ok = False
                 log.warning("liveness or revocations not handled: %s", type(exc).__name__)
+            self._health_may_have_changed(before)
+
+    async def _listen_desired(self) -> None:
+        """Push desired states as soon as a poke says one changed; reconnect with backoff (polling covers the
+        gaps, so nothing is lost while this is down)."""
+        assert self._notifier is not None
+        delay = 1.0
+        while True:
+            try:
+                async with self._notifier.listen(DESIRED_STATE_CHANNEL) as pokes:
+                    delay = 1.0
+                    async for _ in pokes:
+                        with contextlib.suppress(Exception):
+                            await self._push_desired()
+            except Exception as exc:
+                log.info("desired-state pokes not heard (%s); polling meanwhile", type(exc).__name__)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    async def _push_desired(self) -> None:
+        """Send each live session the node's desired state when its generation is newer than the one sent: the
+        changes dated since the last read (one indexed statement), the new sessions' current ones, and every
+        ``desired_sweep_interval`` a comparison for all sessions (one statement each)."""
+        async with self._desired_lock:
+            nodes = self._store.repository(NODES)
+            # The first read only learns the database's time: the sessions' own lookups cover what came before.
+            changed, read_at = await nodes.desired_since(self._desired_since or _NEVER)
+            self._desired_since = read_at - dt.timedelta(seconds=_DESIRED_LOOKBACK)
+            live = {s.node_id: s for s in self._sessions.values() if s.closing is None}
+            now = time.monotonic()
+            if now >= self._desired_sweep_at:
+                self._desired_sweep_at = now + self.options.desired_sweep_interval
+                asked = list(live.values())
+            else:
+                asked = [s for s in live.values() if s.sent_generation is None]
+            if asked:
+                changed += await nodes.desired_newer([(s.node_id, s.sent_generation or 0) for s in asked])
+            for session in asked:
+                if session.sent_generation is None:
+                    session.sent_generation = 0
+            for desired in sorted(changed, key=lambda d: d.generation):
+                target = live.get(desired.node_id)
+                if target is not None and desired.generation > (target.sent_generation or 0):
+                    self._send_desired(target, desired)
+
+    def _send_desired(self, session: _Session, desired: DesiredState) -> None:
+        frame = wire.DesiredState(
+            generation=desired.generation, content_json=json.dumps(dict(desired.content), separators=(",", ":"))
+        )
+        session.sent_generation = desired.generation  # a session that cannot take it ends; its next one gets it
+        self._deliver(session, wire.ControlFrame(desired_state=frame))
 
     async def _dispatch(self) -> None:
         """Send the sessions' pending commands: one statement takes them for every session at once."""
@@ -541,8 +797,8 @@ class Gateway:
                 arguments_json=json.dumps(dict(command.payload), separators=(",", ":")),
                 deadline_ms=_ms(command.deadline.timestamp()),
             )
-            with contextlib.suppress(Exception):  # a session that cannot take it ends; the sweeper re-dispatches
-                await self._send(session, wire.ControlFrame(command=frame))
+            self._deliver(session, wire.ControlFrame(command=frame))  # a session that cannot take it ends; the sweeper
+            # settles the command as its ``on_session_loss`` says
 
     async def _close_revoked(self) -> None:
         """Close the sessions whose certificate was revoked (a node revoked or retired): one statement for all of
@@ -551,31 +807,53 @@ class Gateway:
         sessions = {s.serial: s for s in self._sessions.values() if s.closing is None}
         if not sessions:
             return
+        # A session lives no longer than the certificate it opened with; the daemon renewed it meanwhile and opens
+        # its next session with the new one.
+        now = self._services.clock.now().timestamp()
+        for session in [s for s in sessions.values() if s.not_after <= now]:
+            log.info("node %s: the certificate of session %d expired, closing it", session.node_id, session.epoch)
+            await self._close(session, "certificate_expired", "the session's certificate expired; reconnect")
+            del sessions[session.serial]
         for serial in await self._store.repository(CERTIFICATES).revoked_among(list(sessions)):
             session = sessions[serial]
             log.info("node %s: certificate %s revoked, closing its session", session.node_id, serial)
             await self._close(session, "revoked", "the node's certificate was revoked")
 
     async def _flush(self) -> None:
-        """Write that the sessions heard from since the last flush are alive: one statement for all of them."""
+        """Write that the sessions heard from since the last flush are alive: one statement for all of them; and
+        the desired-state generations daemons acknowledged, one statement when there are any."""
         heard, self._heard = self._heard, set()
         alive = [(node_id, s.epoch) for node_id in heard if (s := self._sessions.get(node_id)) is not None]
-        if not alive:
-            return
-        try:
-            await self._store.repository(SESSIONS).seen(alive, gateway=self.options.name)
-        except BaseException:
-            self._heard |= heard
-            raise
+        if alive:
+            try:
+                current = set(await self._store.repository(SESSIONS).seen(alive, gateway=self.options.name))
+            except BaseException:
+                self._heard |= heard
+                raise
+            # A session the database no longer counts as current (the SessionSweeper gave it up while this gateway
+            # could not report it, or the node is gone) is closed: the daemon's next session starts clean.
+            for node_id, epoch in alive:
+                session = self._sessions.get(node_id)
+                if node_id not in current and session is not None and session.epoch == epoch:
+                    self._spawn(self._close(session, "stale", "the control plane no longer counts this session"))
+        acks, self._acks = self._acks, {}
+        if acks:
+            try:
+                await self._store.repository(NODES).observe(list(acks.items()))
+            except BaseException:
+                for node_id, generation in acks.items():
+                    self._acks[node_id] = max(self._acks.get(node_id, 0), generation)
+                raise
 
 
 class _Server(Server):
     """grpclib's server, keeping its connections so that closing the gateway closes them too (grpclib stops
     listening and cancels handlers, but leaves the connections to the clients)."""
 
-    def __init__(self, handlers: list[Any], *, config: Configuration) -> None:
+    def __init__(self, handlers: list[Any], *, config: Configuration, max_streams: int) -> None:
         super().__init__(handlers, config=config)
         self._transports: set[asyncio.BaseTransport] = set()
+        self._max_streams = max_streams
 
     def _protocol_factory(self) -> H2Protocol:
         # grpclib's own factory (a handler per connection), with the transport kept when the connection is made.
@@ -583,6 +861,7 @@ class _Server(Server):
         handler = ConnectionHandler(self._mapping, self._codec, self._status_details_codec, self.__dispatch__)
         self._handlers.add(handler)
         transports = self._transports
+        max_streams = self._max_streams
 
         class Tracked(H2Protocol):
             kept: asyncio.BaseTransport | None = None
@@ -591,6 +870,9 @@ class _Server(Server):
                 self.kept = transport
                 transports.add(transport)
                 super().connection_made(transport)
+                # h2 allows 100 concurrent streams per connection; a daemon needs a few.
+                self.connection._connection.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: max_streams})
+                self.connection.flush()
 
             def connection_lost(self, exc: BaseException | None) -> None:
                 if self.kept is not None:
@@ -600,18 +882,29 @@ class _Server(Server):
         return Tracked(handler, self._config, self._h2_config)
 
     def drop_connections(self) -> None:
+        # Aborted, not closed: a close waits for the write buffer to drain, which a client that stopped reading
+        # never lets happen (the socket would outlive the gateway).
         for transport in list(self._transports):
-            transport.close()
+            if isinstance(transport, asyncio.WriteTransport):
+                transport.abort()
+            else:
+                transport.close()
         self._transports.clear()
 
 
 def create_gateway(
-    services: GatewayServices, store: Store, tls: GatewayTls, options: GatewayOptions | None = None
+    services: GatewayServices,
+    store: Store,
+    tls: GatewayTls,
+    options: GatewayOptions | None = None,
+    *,
+    notifier: Notifier | None = None,
 ) -> Gateway:
     """A gateway for the control plane's ``services`` (``compute.gateway_services``) and ``store``: ``await
     gateway.start(host, port)`` to listen. It holds no CA and no JoinService key: ``Join``, ``Renew`` and
-    ``Secret`` are decided by ``services``."""
-    return Gateway(services, store, tls, options or GatewayOptions())
+    ``Secret`` are decided by ``services``. With a ``notifier`` (the control plane's), desired states are pushed as
+    soon as they change rather than at the next liveness flush."""
+    return Gateway(services, store, tls, options or GatewayOptions(), notifier)
 
 
 def _client_certificate(stream: Stream[Any, Any]) -> str:
@@ -643,6 +936,23 @@ def _certificate(result: JoinResult | RenewResult) -> wire.Certificate:
     )
 
 
+def _json_value(text: str, path: str) -> Any:
+    """Any JSON value from the wire, refused when it does not parse or holds text PostgreSQL cannot store.
+
+    Raises:
+        InvalidInputError: either.
+    """
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise InvalidInputError(f"{path}: not JSON", details={"path": path}) from None
+    if not storable_json(value):
+        raise InvalidInputError(
+            f"{path}: holds a NUL character or an unpaired surrogate", details={"path": path, "reason": "unstorable"}
+        )
+    return value
+
+
 def _json_object(text: str, path: str) -> dict[str, Any]:
     """A JSON object from the wire, refused when it is not one or holds text PostgreSQL cannot store (a NUL, an
     unpaired surrogate from a ``\\ud800`` escape), anywhere, keys included.
@@ -656,21 +966,14 @@ def _json_object(text: str, path: str) -> dict[str, Any]:
         value = None
     if not isinstance(value, dict):
         raise InvalidInputError(f"{path}: expected a JSON object", details={"path": path})
-    if not _all_storable(value):
+    if not storable_json(value):
         raise InvalidInputError(
             f"{path}: holds a NUL character or an unpaired surrogate", details={"path": path, "reason": "unstorable"}
         )
     return value
 
 
-def _all_storable(value: object) -> bool:
-    if isinstance(value, str):
-        return storable(value)
-    if isinstance(value, dict):
-        return all(storable(k) and _all_storable(v) for k, v in value.items())
-    if isinstance(value, list):
-        return all(_all_storable(v) for v in value)
-    return True
+_NEVER = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
 
 
 def _ms(seconds: float) -> int:

@@ -30,6 +30,8 @@ from bettercompute_proto._generated.bcnode.v1 import RenewRequest as RenewReques
 from bettercompute_proto._generated.bcnode.v1 import RenewResponse as RenewResponse
 from bettercompute_proto._generated.bcnode.v1 import SecretRequest as SecretRequest
 from bettercompute_proto._generated.bcnode.v1 import SecretResponse as SecretResponse
+from bettercompute_proto._generated.bcnode.v1 import TrustBundleRequest as TrustBundleRequest
+from bettercompute_proto._generated.bcnode.v1 import TrustBundleResponse as TrustBundleResponse
 from bettercompute_proto._generated.bcnode.v1 import TunnelFrame as TunnelFrame
 from bettercompute_proto._generated.bcnode.v1 import Welcome as Welcome
 from bettercompute_proto._signing import command_result_message as command_result_message
@@ -64,6 +66,8 @@ __all__ = [
     "RenewResponse",
     "SecretRequest",
     "SecretResponse",
+    "TrustBundleRequest",
+    "TrustBundleResponse",
     "TunnelFrame",
     "Welcome",
     "__version__",

@@ -48,6 +48,17 @@ def storable(text: str) -> bool:
     return _UNSTORABLE.search(text) is None
 
 
+def storable_json(value: object) -> bool:
+    """Whether every string in a JSON value (object keys included) is ``storable``."""
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, dict):
+        return all(storable(str(k)) and storable_json(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(storable_json(v) for v in value)
+    return True
+
+
 def quote(text: str, limit: int = _QUOTE_LIMIT) -> str:
     """``text`` made safe to put in an error message or a log line: every character that is not printable (controls,
     bidirectional and other format marks, surrogates, separators) becomes a ``\\x``/``\\u`` escape, and the result is

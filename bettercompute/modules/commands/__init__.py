@@ -13,6 +13,12 @@ daemon's result (``finish``). The sweeper, a singleton job of the ``controllers`
 
 Each change is published, in the same transaction, as ``command.expired``, ``command.failed`` or
 ``command.requeued`` (key: the command id), and the sweeper's writes are fenced by its lease.
+
+Sessions are opened and closed by gateways, which publish ``node.session_opened`` and ``node.session_closed`` (with
+the reason). The SessionSweeper (lease ``controllers/session-sweeper``) announces ``node.unreachable`` once per
+session when a node's last session has been quiet for ``Options.session_timeout`` with no newer one: closed by its
+gateway (the daemon left, timed out, was refused) or still open because its gateway died; such an open session is
+closed by the sweep (``node.session_closed`` with reason ``gateway_lost``). A retired node is not announced.
 """
 
 from __future__ import annotations
@@ -27,7 +33,15 @@ from bettercompute._runtime.declarations import StaticModule
 from bettercompute._runtime.jobs import Job, job_transaction
 from bettercompute._version import __version__
 from bettercompute.errors import InvalidInputError
-from bettercompute.modules.commands._port import COMMANDS, SESSIONS, CommandRecord, Commands, SessionRecord, Sessions
+from bettercompute.modules.commands._port import (
+    COMMANDS,
+    SESSIONS,
+    CommandRecord,
+    Commands,
+    LostSession,
+    SessionRecord,
+    Sessions,
+)
 from bettercompute.modules.nodes._port import NodeRecord
 from bettercompute.ports import OutboxEvent, Transaction
 
@@ -37,19 +51,33 @@ if TYPE_CHECKING:
 __all__ = [
     "COMMANDS",
     "COMMAND_SWEEPER",
+    "NODE_UNREACHABLE",
     "SESSIONS",
+    "SESSION_CLOSED",
+    "SESSION_OPENED",
+    "SESSION_SWEEPER",
     "SWEEP_BATCH",
     "CommandRecord",
     "Commands",
     "CommandsModule",
+    "LostSession",
     "OnSessionLoss",
     "SessionRecord",
     "Sessions",
     "create_command",
     "sweep_commands",
+    "sweep_sessions",
 ]
 
 OnSessionLoss = Literal["redispatch", "fail"]
+SESSION_OPENED = "node.session_opened"
+"""Published by a gateway when a node's session opens (payload: node_id, epoch, gateway)."""
+SESSION_CLOSED = "node.session_closed"
+"""Published when a session ends (payload: node_id, epoch, gateway, reason: ``left``, the gateway's close reason, or
+``gateway_lost`` from the SessionSweeper)."""
+NODE_UNREACHABLE = "node.unreachable"
+"""Published by the SessionSweeper, once per session, when a node has had no live session for the session timeout
+(payload: node_id, epoch, gateway, last_seen_at)."""
 SWEEP_BATCH = 500
 """How many commands one statement of a sweep settles; a pass repeats until a batch comes back short."""
 _KIND = re.compile(r"[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*")
@@ -125,8 +153,43 @@ COMMAND_SWEEPER = Job(name="command-sweeper", role="controllers", interval=dt.ti
 """The CommandSweeper: a singleton of the ``controllers`` role (lease ``controllers/command-sweeper``)."""
 
 
+def _lost_events(lost: LostSession) -> list[OutboxEvent]:
+    if lost.retired:
+        return []
+    base = {"node_id": lost.node_id, "epoch": lost.epoch, "gateway": lost.gateway}
+    events = []
+    if lost.closed_by_sweep:
+        events.append(OutboxEvent(type=SESSION_CLOSED, key=lost.node_id, payload={**base, "reason": "gateway_lost"}))
+    payload = {**base, "last_seen_at": lost.last_seen_at.isoformat()}
+    events.append(OutboxEvent(type=NODE_UNREACHABLE, key=lost.node_id, payload=payload))
+    return events
+
+
+async def sweep_sessions(context: ModuleContext) -> int:
+    """One pass of the SessionSweeper; returns how many nodes it found unreachable."""
+    found = 0
+    while True:
+        now = context.clock.now()
+        async with job_transaction(context) as tx:
+            lost = await tx.repository(SESSIONS).unreachable(
+                stale_before=now - context.session_timeout, now=now, limit=SWEEP_BATCH
+            )
+            events = [e for one in lost for e in _lost_events(one)]
+            if events:
+                await tx.publish(events)
+        found += len(lost)
+        if len(lost) < SWEEP_BATCH:
+            return found
+
+
+SESSION_SWEEPER = Job(name="session-sweeper", role="controllers", interval=dt.timedelta(seconds=2), run=sweep_sessions)
+"""The SessionSweeper: a singleton of the ``controllers`` role (lease ``controllers/session-sweeper``). It reads the
+nodes' table, so the identity module runs it (where JoinService is on): without it no node, so no session, exists."""
+
+
 def CommandsModule() -> StaticModule:
-    """The ``commands`` module: commands to node daemons and their sweeper (no group of methods yet)."""
+    """The ``commands`` module: commands to node daemons and daemon sessions, with their sweepers (no group of
+    methods yet)."""
     return StaticModule(
         name="commands",
         version=__version__,

@@ -10,7 +10,7 @@ import attrs
 
 from bettercompute.ports import Repository
 
-__all__ = ["COMMANDS", "SESSIONS", "CommandRecord", "Commands", "SessionRecord", "Sessions"]
+__all__ = ["COMMANDS", "SESSIONS", "CommandRecord", "Commands", "LostSession", "SessionRecord", "Sessions"]
 
 
 @attrs.frozen(kw_only=True)
@@ -55,6 +55,20 @@ class SessionRecord:
     opened_at: dt.datetime
     last_seen_at: dt.datetime
     closed_at: dt.datetime | None
+
+
+@attrs.frozen(kw_only=True)
+class LostSession:
+    """A node found unreachable by ``Sessions.unreachable``: its last session, whether that session was still open
+    (and so closed by the sweep: its gateway went away), and whether the node is retired (then nothing is announced).
+    """
+
+    node_id: str
+    epoch: int
+    gateway: str
+    last_seen_at: dt.datetime
+    closed_by_sweep: bool
+    retired: bool
 
 
 class Commands(Protocol):
@@ -123,9 +137,10 @@ class Sessions(Protocol):
         any earlier session of the node is over from then on."""
         ...
 
-    async def seen(self, alive: Sequence[tuple[str, int]], *, gateway: str) -> int:
+    async def seen(self, alive: Sequence[tuple[str, int]], *, gateway: str) -> list[str]:
         """Record that these sessions (node id, epoch) held by ``gateway`` are alive, in one statement whatever their
-        number; returns how many were still current (not closed, not replaced)."""
+        number; returns the node ids whose session was still current (not closed, not replaced, not given up by
+        the SessionSweeper)."""
         ...
 
     async def close(self, *, node_id: str, epoch: int) -> bool:
@@ -134,6 +149,13 @@ class Sessions(Protocol):
 
     async def get(self, node_id: str) -> SessionRecord | None:
         """The node's latest session."""
+        ...
+
+    async def unreachable(self, *, stale_before: dt.datetime, now: dt.datetime, limit: int) -> list[LostSession]:
+        """Mark up to ``limit`` nodes unreachable, once per session: their latest session was last seen before
+        ``stale_before`` and, if it was closed, was closed before then too (no newer session since). A session still
+        open (its gateway died or lost the database) is closed at ``now``. Needs a transaction; a new session of the
+        node (``open``) clears the mark."""
         ...
 
 

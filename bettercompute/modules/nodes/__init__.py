@@ -13,7 +13,14 @@ from bettercompute.modules.nodes._claims import (
     HardwareClaims,
     hardware_key,
 )
+from bettercompute.modules.nodes._desired import (
+    DESIRED_STATE_CHANNEL,
+    MAX_DESIRED_STATE_BYTES,
+    poke_gateways,
+    set_desired_state,
+)
 from bettercompute.modules.nodes._gateway import GatewayServices
+from bettercompute.modules.nodes._inventory import INVENTORY_REPORTED, INVENTORY_SECTIONS, NODE_REPORTED
 from bettercompute.modules.nodes._join import JoinResult, JoinService
 from bettercompute.modules.nodes._module import IdentityModule
 from bettercompute.modules.nodes._nodes import (
@@ -31,7 +38,9 @@ from bettercompute.modules.nodes._port import JOIN_KEYS as JOIN_KEYS
 from bettercompute.modules.nodes._port import NODES as NODES
 from bettercompute.modules.nodes._port import CaKey as CaKey
 from bettercompute.modules.nodes._port import Certificates as Certificates
+from bettercompute.modules.nodes._port import DesiredState as DesiredState
 from bettercompute.modules.nodes._port import Enrollment as Enrollment
+from bettercompute.modules.nodes._port import InventoryRecord as InventoryRecord
 from bettercompute.modules.nodes._port import IssuedCertificate as IssuedCertificate
 from bettercompute.modules.nodes._port import JoinKeyRecord as JoinKeyRecord
 from bettercompute.modules.nodes._port import JoinKeys as JoinKeys
@@ -59,8 +68,13 @@ from bettercompute.modules.nodes._tokens import (
 __all__ = [
     "CERTIFICATES",
     "CHALLENGE_BYTES",
+    "DESIRED_STATE_CHANNEL",
+    "INVENTORY_REPORTED",
+    "INVENTORY_SECTIONS",
     "JOIN_KEYS",
+    "MAX_DESIRED_STATE_BYTES",
     "NODES",
+    "NODE_REPORTED",
     "RENEW_CONTEXT",
     "SECRET_CONTEXT",
     "TOKEN_PREFIX",
@@ -70,11 +84,13 @@ __all__ = [
     "CertificateAuthority",
     "Certificates",
     "ClaimsAttestor",
+    "DesiredState",
     "Enrollment",
     "GatewayServices",
     "GetNodeInput",
     "HardwareClaims",
     "IdentityModule",
+    "InventoryRecord",
     "IssuedBundle",
     "IssuedCertificate",
     "JoinKeyRecord",
@@ -98,9 +114,11 @@ __all__ = [
     "hash_secret",
     "new_token",
     "parse_token",
+    "poke_gateways",
     "renew_message",
     "secret_matches",
     "secret_message",
     "serial_hex",
+    "set_desired_state",
     "verify_signature",
 ]

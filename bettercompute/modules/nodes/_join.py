@@ -17,8 +17,8 @@ commit in one transaction, and nothing in it calls out):
 5. In one transaction: enroll the node as ``adopting`` by its hardware key (a new node, or with ``reclaim:
    same-hardware`` the pool's live node with the same key, whose certificates are then revoked; while that node
    still holds a valid certificate only a token naming the serial, or an attestor's facts, may take it); sign and
-   record its 24-hour certificate; project it; spend a use of the token last (atomic: of two joins racing for the
-   last use, one wins); audit it and publish ``node.joined``.
+   record its certificate (24 hours, or ``JoinSettings.certificate_ttl``); project it; spend a use of the token
+   last (atomic: of two joins racing for the last use, one wins); audit it and publish ``node.joined``.
 
 Renewal needs the node's newest certificate (valid, chaining to the trust bundle, not revoked, its node not
 retired), a challenge from ``renew_challenge`` for that certificate, not used before, at most two minutes old, and
@@ -117,6 +117,8 @@ class JoinService:
         clock: The control plane's clock.
         attestors: The host's attestors, run after the built-in ``claims`` attestor.
         sealed_token_max_age: How old a sealed token may be.
+        certificate_ttl: The lifetime of the certificates it issues (joins and renewals); the CA's default when
+            ``None``.
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class JoinService:
         clock: Clock,
         attestors: Sequence[Attestor] = (),
         sealed_token_max_age: dt.timedelta = dt.timedelta(minutes=5),
+        certificate_ttl: dt.timedelta | None = None,
     ) -> None:
         self._store = store
         self.ca = ca
@@ -139,7 +142,15 @@ class JoinService:
         self._clock = clock
         self._attestors = chain(attestors)
         self._max_age = sealed_token_max_age
-        self.renewals = Renewals(store=store, ca=ca, challenges=challenges, replay_guard=replay_guard, clock=clock)
+        self._ttl = certificate_ttl
+        self.renewals = Renewals(
+            store=store,
+            ca=ca,
+            challenges=challenges,
+            replay_guard=replay_guard,
+            clock=clock,
+            certificate_ttl=certificate_ttl,
+        )
         """Renewals of this service's certificates."""
 
     def __repr__(self) -> str:
@@ -255,7 +266,9 @@ class JoinService:
                         details={"reason": "node_live"},
                     )
                 await self.ca.revoke_spiffe_id_in(tx, spiffe_id, reason="reclaimed by a new join of the same hardware")
-            issued = await self.ca.issue_in(tx, csr_pem, node_id=node.id, role="node", checked_key=csr_key)
+            issued = await self.ca.issue_in(
+                tx, csr_pem, node_id=node.id, role="node", ttl=self._ttl, checked_key=csr_key
+            )
             await tx.project(ResourceRef(type=NODE, id=node.id, tenant=node.tenant, pool=node.pool_id))
             # The token's row stays locked from here to the commit: spend the use last, so joins sharing a token
             # wait for each other as briefly as possible.

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from bettercompute._runtime.jobs import Job
 from bettercompute._version import __version__
 from bettercompute.errors import FailedPreconditionError, InvalidConfigError
+from bettercompute.modules.commands import SESSION_SWEEPER
 from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._claims import Attestor
 from bettercompute.modules.nodes._gateway import GatewayServices
@@ -84,7 +85,7 @@ class IdentityModule:
         POOLS,
         JOIN_TOKENS,
     )
-    jobs: Sequence[Job] = (NONCE_PURGE,)
+    jobs: Sequence[Job] = (NONCE_PURGE, SESSION_SWEEPER)
 
     def __init__(self, settings: JoinSettings, kms: Kms, attestors: Sequence[Attestor] = ()) -> None:
         self._settings = settings
@@ -121,6 +122,7 @@ class IdentityModule:
             clock=context.clock,
             attestors=self._attestors,
             sealed_token_max_age=self._settings.sealed_token_max_age,
+            certificate_ttl=self._settings.certificate_ttl,
         )
         broker = SecretBroker(store, self._kms)
         self._services = GatewayServices(joins, broker, store=store, replay_guard=store.nonces, clock=context.clock)

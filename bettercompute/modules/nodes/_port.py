@@ -17,7 +17,9 @@ __all__ = [
     "NODES",
     "CaKey",
     "Certificates",
+    "DesiredState",
     "Enrollment",
+    "InventoryRecord",
     "IssuedCertificate",
     "JoinKeyRecord",
     "JoinKeys",
@@ -78,6 +80,28 @@ class JoinKeyRecord:
         return f"JoinKeyRecord(id={self.id!r}, state={self.state!r})"
 
 
+@attrs.frozen(kw_only=True)
+class DesiredState:
+    """What a node's daemon is to apply: ``content`` (a JSON object; ``{"allocations": [{"id", "gpus": [uuid, ...]}]}``
+    for GPUs) at ``generation``, which grows by one with every change. Generation 0 means nothing was asked yet."""
+
+    node_id: str
+    generation: int
+    content: Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class InventoryRecord:
+    """One inventory section a node's daemon reported (``gpus``, ``cpu``, ``memory``, ``disks``, ``nics``), as it
+    sent it: ``fake`` when it comes from a declared fake inventory, not the hardware."""
+
+    node_id: str
+    section: str
+    content: Any
+    fake: bool
+    received_at: dt.datetime
+
+
 class Nodes(Protocol):
     """Nodes (machines joined to pools). ``enroll``, ``retire`` and ``get(lock=True)`` need a transaction
     (``tx.repository(NODES)``)."""
@@ -119,6 +143,36 @@ class Nodes(Protocol):
     async def retire(self, id: str) -> NodeRecord | None:
         """Retire a node for good (idempotent): it can no longer renew, fetch secrets or be reclaimed; ``None`` for
         no such node."""
+        ...
+
+    async def set_desired(self, id: str, content: Mapping[str, Any]) -> DesiredState | None:
+        """Replace the node's desired state with ``content`` at the next generation (needs a transaction); ``None``
+        for no such node or a retired one. Gateways push it to the node's session (see ``DESIRED_STATE_CHANNEL``)."""
+        ...
+
+    async def desired_newer(self, known: Sequence[tuple[str, int]]) -> list[DesiredState]:
+        """For pairs (node id, generation a session was sent), the nodes whose desired generation is higher, in one
+        statement whatever their number."""
+        ...
+
+    async def desired_since(self, since: dt.datetime) -> tuple[list[DesiredState], dt.datetime]:
+        """The desired states changed after ``since`` (by the database's clock), and the database's time of the
+        read; one indexed statement, however many nodes there are."""
+        ...
+
+    async def record_inventory(self, node_id: str, section: str, content: Any, *, fake: bool) -> bool:
+        """Keep the latest content of one inventory section of a node (needs a transaction); ``False`` for no such
+        live node."""
+        ...
+
+    async def inventory(self, node_id: str) -> list[InventoryRecord]:
+        """The node's latest inventory sections, by name."""
+        ...
+
+    async def observe(self, acks: Sequence[tuple[str, int]]) -> int:
+        """Record the generations daemons acknowledged applying (node id, generation), in one statement; a
+        generation is taken only if it is newer than the recorded one and not beyond the desired one. Returns how
+        many nodes moved."""
         ...
 
 

@@ -74,12 +74,14 @@ class Renewals:
         challenges: ChallengeIssuer,
         replay_guard: ReplayGuard,
         clock: Clock,
+        certificate_ttl: dt.timedelta | None = None,
     ) -> None:
         self._store = store
         self.ca = ca
         self._challenges = challenges
         self._guard = replay_guard
         self._clock = clock
+        self._ttl = certificate_ttl
 
     async def renew_challenge(self, *, certificate_pem: str) -> bytes:
         """A fresh challenge for renewing ``certificate_pem`` (valid for two minutes, usable once).
@@ -136,7 +138,9 @@ class Renewals:
             if await tx.repository(CERTIFICATES).is_revoked(presented.record.serial):
                 raise UnauthenticatedError("the certificate was revoked", details={"reason": "certificate_revoked"})
             await self._check_newest(tx, presented, csr_key_digest=key_sha256(csr_key))
-            issued = await self.ca.issue_in(tx, csr_pem, node_id=node.id, role="node", checked_key=csr_key)
+            issued = await self.ca.issue_in(
+                tx, csr_pem, node_id=node.id, role="node", ttl=self._ttl, checked_key=csr_key
+            )
             await tx.audit(
                 AuditRecord(
                     action=RENEW_ACTION,

@@ -44,11 +44,15 @@ class JoinSettings:
         trust_domain: The SPIFFE trust domain of node identities (``example.com``).
         sealed_token_max_age: How old a sealed join token may be when it arrives (the daemon seals it right before
             sending).
+        certificate_ttl: The lifetime of the certificates a join or a renewal gives a node (24 hours by default;
+            ``bcd node`` renews at about two thirds of it). Certificates are backdated by a minute for slow clocks,
+            so a lifetime of a minute or less would be expired when issued.
     """
 
     gateway_address: str
     trust_domain: str
     sealed_token_max_age: dt.timedelta = dt.timedelta(minutes=5)
+    certificate_ttl: dt.timedelta = dt.timedelta(hours=24)
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (``better_compute()`` reports it as ``INVALID_CONFIG``)."""
@@ -59,6 +63,8 @@ class JoinSettings:
             problems.append("join.trust_domain: must be a lower-case DNS name")
         if not dt.timedelta(seconds=10) <= self.sealed_token_max_age <= dt.timedelta(hours=1):
             problems.append("join.sealed_token_max_age: must be between 10 seconds and 1 hour")
+        if not dt.timedelta(minutes=1) < self.certificate_ttl <= dt.timedelta(hours=24):
+            problems.append("join.certificate_ttl: must be more than 1 minute and at most 24 hours")
         return problems
 
 

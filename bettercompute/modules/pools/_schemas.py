@@ -194,7 +194,15 @@ class JoinToken:
 
 @attrs.frozen(kw_only=True, repr=False)
 class CreatedJoinToken:
-    """The new token, shown here only, and the ``bcd join`` command that carries it."""
+    """The new token, shown here only, and what carries it to a machine.
+
+    ``join_command`` pins the CA bundle itself (``--ca-bundle``); ``short_join_command`` pins it by ``ca_pin``
+    (``--ca-pin sha256:<hex>``: the SHA-256 of the CA certificates in DER, sorted and concatenated; the daemon fetches
+    the bundle from the gateway and trusts it only if it matches). ``install_script`` (POSIX ``sh``, run once as
+    root) writes the pinned configuration, installs ``bcd`` and its systemd unit, joins and starts the daemon. The
+    last three are null until the deployment has a CA and JoinService (``Options.join`` with ``Options.kms``). The
+    commands and the script hold the token: keep them as secret as the token.
+    """
 
     id: str
     token: str
@@ -204,6 +212,9 @@ class CreatedJoinToken:
     expect: JoinExpect
     reclaim: Reclaim
     join_command: str
+    ca_pin: str | None = None
+    short_join_command: str | None = None
+    install_script: str | None = None
 
     def __repr__(self) -> str:
         return f"CreatedJoinToken(id={self.id!r}, pool_id={self.pool_id!r}, token=<hidden>)"

@@ -20,6 +20,7 @@ from bettercompute.errors import NotFoundError
 from bettercompute.modules._tenants import require_tenant
 from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS
 from bettercompute.modules.nodes._tokens import JoinSettings, new_token
+from bettercompute.modules.pools._install import bundle_pin, install_script
 from bettercompute.modules.pools._port import JOIN_TOKENS, POOLS, JoinTokenRecord, PoolRecord
 from bettercompute.modules.pools._schemas import (
     CreatedJoinToken,
@@ -114,24 +115,27 @@ def join_command(
     pool_id: str | None = None,
     ca_bundle_pem: str | None = None,
     join_key: str | None = None,
+    ca_pin: str | None = None,
 ) -> str:
     """The ``bcd join`` command line for ``token``, pinned to what is known.
 
     ``--pool`` pins the pool the machine is meant for (JoinService refuses a token of another pool);
     ``--gateway`` and ``--trust-domain`` come from ``Options.join``; ``--ca-bundle`` (base64 of the PEM bundle) and
     ``--join-key`` (JoinService's X25519 public key) are the live ones, once the CA and JoinService have made their
-    keys (at ``initialize()`` when ``Options.join`` and ``Options.kms`` are set). Without ``Options.join`` it is the
-    bare ``bcd join --token ...``.
+    keys (at ``initialize()`` when ``Options.join`` and ``Options.kms`` are set). With ``ca_pin`` it is the short
+    form, ``--ca-pin`` instead of ``--ca-bundle``. Without ``Options.join`` it is the bare ``bcd join --token ...``.
     """
     parts = ["bcd", "join", "--token", token]
     if pool_id is not None:
         parts += ["--pool", pool_id]
     if settings is not None:
         parts += ["--gateway", settings.gateway_address, "--trust-domain", settings.trust_domain]
-        if ca_bundle_pem:
+        if ca_pin is not None:
+            parts += ["--ca-pin", ca_pin]
+        elif ca_bundle_pem:
             parts += ["--ca-bundle", base64.b64encode(ca_bundle_pem.encode()).decode()]
         if join_key is not None:
-            parts += ["--join-key", join_key]
+            parts.append(f"--join-key={join_key}")  # attached: a key may start with '-', which reads as an option
     return shlex.join(parts)
 
 
@@ -272,6 +276,19 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
             tenant=pool.tenant,
             details={"pool_id": pool.id, "uses": input.uses, "expires_at": expires_at.isoformat()},
         )
+    settings = context.settings.get(JoinSettings)
+    pin = bundle_pin(bundle) if bundle else None
+    short_command = script = None
+    if settings is not None and pin is not None and join_key is not None:
+        short_command = join_command(token, settings, pool_id=pool.id, join_key=join_key, ca_pin=pin)
+        script = install_script(
+            token=token,
+            gateway=settings.gateway_address,
+            trust_domain=settings.trust_domain,
+            pool_id=pool.id,
+            join_key=join_key,
+            ca_pin=pin,
+        )
     return CreatedJoinToken(
         id=record.id,
         token=token,
@@ -280,9 +297,10 @@ async def create_token(call: CallContext, input: CreateJoinTokenInput) -> Create
         expires_at=record.expires_at,
         expect=_expect(record.expect),
         reclaim=input.reclaim,
-        join_command=join_command(
-            token, context.settings.get(JoinSettings), pool_id=pool.id, ca_bundle_pem=bundle, join_key=join_key
-        ),
+        join_command=join_command(token, settings, pool_id=pool.id, ca_bundle_pem=bundle, join_key=join_key),
+        ca_pin=pin,
+        short_join_command=short_command,
+        install_script=script,
     )
 
 

@@ -74,6 +74,14 @@ CREATE TABLE {schema}.sessions (
     + NODE_KEYS
 )
 
+# A node is announced unreachable once per session (``unreachable_at``); the sweep looks only at sessions not yet
+# marked, by when they were last seen.
+_V2 = """
+ALTER TABLE {schema}.sessions ADD COLUMN unreachable_at timestamptz;
+CREATE INDEX sessions_unmarked ON {schema}.sessions (last_seen_at) WHERE unreachable_at IS NULL;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="commands and sessions", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
+    Migration(version=2, name="unreachable nodes", sql=_V2),
 )

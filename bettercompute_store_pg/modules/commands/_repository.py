@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bettercompute.errors import InternalError, NotFoundError
-from bettercompute.modules.commands import CommandRecord, SessionRecord
+from bettercompute.modules.commands import CommandRecord, LostSession, SessionRecord
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
 
@@ -124,7 +124,7 @@ WITH bumped AS (
 INSERT INTO {{s}}.sessions AS s (node_id, epoch, gateway, opened_at, last_seen_at, closed_at)
 SELECT id, session_epoch, :gateway, now(), now(), NULL FROM bumped
 ON CONFLICT (node_id) DO UPDATE SET epoch = EXCLUDED.epoch, gateway = EXCLUDED.gateway,
-    opened_at = EXCLUDED.opened_at, last_seen_at = EXCLUDED.last_seen_at, closed_at = NULL
+    opened_at = EXCLUDED.opened_at, last_seen_at = EXCLUDED.last_seen_at, closed_at = NULL, unreachable_at = NULL
 RETURNING {_SESSION_COLUMNS}
 """
 
@@ -139,6 +139,7 @@ touched AS (
     RETURNING s.node_id
 )
 UPDATE {s}.nodes AS n SET last_seen_at = now() FROM touched WHERE n.id = touched.node_id
+RETURNING n.id
 """
 
 _CLOSE = """
@@ -147,6 +148,22 @@ RETURNING node_id
 """
 
 _SESSION_GET = f"SELECT {_SESSION_COLUMNS} FROM {{s}}.sessions WHERE node_id = :node_id"
+
+# A session last seen before ``stale_before`` (and, when closed, closed before it too) is marked once; one still open
+# is closed here. The partial index ``sessions_unmarked`` keeps the probe to the unmarked rows.
+_UNREACHABLE = """
+WITH lost AS (
+    SELECT s.node_id, s.closed_at AS was_closed, n.state = 'retired' AS retired
+    FROM {s}.sessions AS s JOIN {s}.nodes AS n ON n.id = s.node_id
+    WHERE s.unreachable_at IS NULL AND s.last_seen_at < :stale_before
+      AND (s.closed_at IS NULL OR s.closed_at < :stale_before)
+    ORDER BY s.last_seen_at, s.node_id LIMIT :limit
+    FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE {s}.sessions AS s SET unreachable_at = :now, closed_at = COALESCE(s.closed_at, :now)
+FROM lost WHERE s.node_id = lost.node_id
+RETURNING s.node_id, s.epoch, s.gateway, s.last_seen_at, lost.was_closed IS NULL AS closed_by_sweep, lost.retired
+"""
 
 
 def _optional(value: dt.datetime | None) -> dt.datetime | None:
@@ -282,6 +299,7 @@ class PgSessions(PgRepository):
         self._seen = db.sql(_SEEN)
         self._close = db.sql(_CLOSE)
         self._get = db.sql(_SESSION_GET)
+        self._unreachable = db.sql(_UNREACHABLE)
 
     async def open(self, *, node_id: str, gateway: str) -> SessionRecord:
         """Open the node's next session.
@@ -294,12 +312,12 @@ class PgSessions(PgRepository):
             raise NotFoundError("no such live node", details={"node_id": node_id})
         return _session(rows[0])
 
-    async def seen(self, alive: Sequence[tuple[str, int]], *, gateway: str) -> int:
-        """Mark these sessions seen now."""
+    async def seen(self, alive: Sequence[tuple[str, int]], *, gateway: str) -> list[str]:
+        """Mark these sessions seen now; the node ids whose session was still current."""
         if not alive:
-            return 0
+            return []
         params = {"node_ids": [a[0] for a in alive], "epochs": [a[1] for a in alive], "gateway": gateway}
-        return await self._rowcount(self._seen, params)
+        return [r.id for r in await self._fetch(self._seen, params)]
 
     async def close(self, *, node_id: str, epoch: int) -> bool:
         """End session ``epoch`` of the node."""
@@ -309,6 +327,22 @@ class PgSessions(PgRepository):
         """The node's latest session."""
         rows = await self._fetch(self._get, {"node_id": node_id})
         return _session(rows[0]) if rows else None
+
+    async def unreachable(self, *, stale_before: dt.datetime, now: dt.datetime, limit: int) -> list[LostSession]:
+        """Mark nodes whose last session went quiet unreachable (once per session), in one statement."""
+        params = {"stale_before": stale_before, "now": now, "limit": limit}
+        rows = await self._fetch_in_transaction("unreachable", self._unreachable, params)
+        return [
+            LostSession(
+                node_id=r.node_id,
+                epoch=r.epoch,
+                gateway=r.gateway,
+                last_seen_at=utc(r.last_seen_at),
+                closed_by_sweep=r.closed_by_sweep,
+                retired=r.retired,
+            )
+            for r in rows
+        ]
 
 
 REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"commands": PgCommands, "sessions": PgSessions}

@@ -103,7 +103,29 @@ ALTER TABLE {schema}.certificates DROP CONSTRAINT certificates_role_check,
     ADD CONSTRAINT certificates_role_check CHECK (role IN ('node', 'site', 'ramdisk', 'gateway'));
 """
 
+# A node's desired state (its generation was there from the start) and when it last changed, which gateways read
+# changes by.
+_V3 = """
+ALTER TABLE {schema}.nodes ADD COLUMN desired_state jsonb NOT NULL DEFAULT '{}',
+    ADD COLUMN desired_at timestamptz;
+CREATE INDEX nodes_desired_at ON {schema}.nodes (desired_at) WHERE desired_at IS NOT NULL;
+"""
+
+# The latest content of each inventory section a node reported, as its daemon sent it.
+_V4 = """
+CREATE TABLE {schema}.node_inventory (
+    node_id text NOT NULL REFERENCES {schema}.nodes (id),
+    section text NOT NULL,
+    content jsonb NOT NULL,
+    fake boolean NOT NULL,
+    received_at timestamptz NOT NULL,
+    PRIMARY KEY (node_id, section)
+);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
     Migration(version=2, name="gateway certificates", sql=_V2),
+    Migration(version=3, name="desired state", sql=_V3),
+    Migration(version=4, name="inventory sections", sql=_V4),
 )

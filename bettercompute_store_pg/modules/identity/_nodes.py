@@ -8,11 +8,12 @@ which the store boundary turns into ``ConflictError``.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bettercompute.errors import InternalError
-from bettercompute.modules.nodes import Enrollment, JoinKeyRecord, NodeRecord
+from bettercompute.modules.nodes import DesiredState, Enrollment, InventoryRecord, JoinKeyRecord, NodeRecord
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
 
@@ -64,6 +65,42 @@ UPDATE {{s}}.nodes SET state = 'retired', retired_at = coalesce(retired_at, now(
 WHERE id = :id RETURNING {_COLUMNS}
 """
 
+# A change of desired state is dated by the clock at the statement (``desired_at``), which gateways read back by;
+# the partial index keeps that read to the nodes that were ever given one.
+_SET_DESIRED = """
+UPDATE {s}.nodes SET desired_state = CAST(:content AS jsonb), desired_generation = desired_generation + 1,
+    desired_at = clock_timestamp(), updated_at = now()
+WHERE id = :id AND state <> 'retired'
+RETURNING id, desired_generation, desired_state
+"""
+_DESIRED_NEWER = """
+SELECT n.id, n.desired_generation, n.desired_state
+FROM unnest(CAST(:node_ids AS text[]), CAST(:generations AS bigint[])) AS k (node_id, generation)
+JOIN {s}.nodes AS n ON n.id = k.node_id
+WHERE n.desired_generation > k.generation
+"""
+_DESIRED_SINCE = """
+SELECT t.at, n.id, n.desired_generation, n.desired_state
+FROM (SELECT clock_timestamp() AS at) AS t
+LEFT JOIN {s}.nodes AS n ON n.desired_at > :since
+"""
+_OBSERVE = """
+UPDATE {s}.nodes AS n SET observed_generation = a.generation, updated_at = now()
+FROM unnest(CAST(:node_ids AS text[]), CAST(:generations AS bigint[])) AS a (node_id, generation)
+WHERE n.id = a.node_id AND a.generation > n.observed_generation AND a.generation <= n.desired_generation
+"""
+
+_RECORD_INVENTORY = """
+INSERT INTO {s}.node_inventory AS i (node_id, section, content, fake, received_at)
+SELECT id, :section, CAST(:content AS jsonb), :fake, now() FROM {s}.nodes WHERE id = :node_id AND state <> 'retired'
+ON CONFLICT (node_id, section) DO UPDATE
+    SET content = EXCLUDED.content, fake = EXCLUDED.fake, received_at = EXCLUDED.received_at
+RETURNING node_id
+"""
+_INVENTORY = """
+SELECT node_id, section, content, fake, received_at FROM {s}.node_inventory WHERE node_id = :node_id ORDER BY section
+"""
+
 _KEY_COLUMNS = "id, public_key, sealed_key, state, created_at"
 _ACTIVE_KEY = f"SELECT {_KEY_COLUMNS} FROM {{s}}.join_keys WHERE state = 'active'"
 # Insert unless an active key exists (the partial unique index settles a race); then read the active key.
@@ -101,6 +138,10 @@ def _node(row: Any) -> NodeRecord:
     )
 
 
+def _desired(row: Any) -> DesiredState:
+    return DesiredState(node_id=row.id, generation=row.desired_generation, content=dict(row.desired_state))
+
+
 class PgNodes(PgRepository):
     """``Nodes`` on the ``nodes`` table (the identity module's migrations)."""
 
@@ -112,6 +153,12 @@ class PgNodes(PgRepository):
         self._for_pool = db.sql(_FOR_POOL)
         self._for_tenant = db.sql(_FOR_TENANT)
         self._retire = db.sql(_RETIRE)
+        self._set_desired = db.sql(_SET_DESIRED)
+        self._desired_newer = db.sql(_DESIRED_NEWER)
+        self._desired_since = db.sql(_DESIRED_SINCE)
+        self._observe = db.sql(_OBSERVE)
+        self._record_inventory = db.sql(_RECORD_INVENTORY)
+        self._inventory = db.sql(_INVENTORY)
 
     async def enroll(
         self,
@@ -166,6 +213,46 @@ class PgNodes(PgRepository):
         """Retire a node (idempotent)."""
         rows = await self._fetch_in_transaction("retire", self._retire, {"id": id})
         return _node(rows[0]) if rows else None
+
+    async def set_desired(self, id: str, content: Mapping[str, Any]) -> DesiredState | None:
+        """Replace the node's desired state at its next generation (in the caller's transaction)."""
+        params = {"id": id, "content": dumps(dict(content))}
+        rows = await self._fetch_in_transaction("set_desired", self._set_desired, params)
+        return _desired(rows[0]) if rows else None
+
+    async def desired_newer(self, known: Sequence[tuple[str, int]]) -> list[DesiredState]:
+        """The nodes whose desired generation is beyond the one given for them, in one statement."""
+        if not known:
+            return []
+        params = {"node_ids": [k[0] for k in known], "generations": [k[1] for k in known]}
+        return [_desired(r) for r in await self._fetch(self._desired_newer, params)]
+
+    async def desired_since(self, since: dt.datetime) -> tuple[list[DesiredState], dt.datetime]:
+        """The desired states changed after ``since``, and the database's time of the read."""
+        rows = await self._fetch(self._desired_since, {"since": since})
+        return [_desired(r) for r in rows if r.id is not None], utc(rows[0].at)
+
+    async def record_inventory(self, node_id: str, section: str, content: Any, *, fake: bool) -> bool:
+        """Keep the latest content of one section (in the caller's transaction)."""
+        params = {"node_id": node_id, "section": section, "content": dumps(content), "fake": fake}
+        return bool(await self._fetch_in_transaction("record_inventory", self._record_inventory, params))
+
+    async def inventory(self, node_id: str) -> list[InventoryRecord]:
+        """The node's latest sections."""
+        rows = await self._fetch(self._inventory, {"node_id": node_id})
+        return [
+            InventoryRecord(
+                node_id=r.node_id, section=r.section, content=r.content, fake=r.fake, received_at=utc(r.received_at)
+            )
+            for r in rows
+        ]
+
+    async def observe(self, acks: Sequence[tuple[str, int]]) -> int:
+        """Record acknowledged generations, in one statement."""
+        if not acks:
+            return 0
+        params = {"node_ids": [a[0] for a in acks], "generations": [a[1] for a in acks]}
+        return await self._rowcount(self._observe, params)
 
 
 def _key(row: Any) -> JoinKeyRecord:

@@ -1,19 +1,24 @@
 """As a new user: ``better-compute dev``, then a pool and a join token through the API, then the printed
 ``bcd join ...``, then ``bcd node``: the node is listed with a live session, and ``nodes.revoke`` cuts it off and
-stops the daemon for good. Every part is a real process: the control plane, its gateway, the daemon."""
+stops the daemon for good; the gateway's health answers a load balancer, and SIGUSR1 drains it. Every part is a real
+process: the control plane, its gateway, the daemon."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from .conftest import StartCli, free_port
 
@@ -76,5 +81,19 @@ def test_dev_then_a_token_then_bcd_join_and_node_then_revoke(
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait(timeout=10)
+
+    # The gateway's health, as a load balancer asks it; SIGUSR1 drains the gateway and the process goes on.
+    bundle = base64.b64decode(printed[printed.index("--ca-bundle") + 1])
+    credentials = grpc.ssl_channel_credentials(root_certificates=bundle)
+    with grpc.secure_channel(f"localhost:{gateway_port}", credentials) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        ask = health_pb2.HealthCheckRequest(service="")
+        assert stub.Check(ask, timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+        dev.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 15
+        while stub.Check(ask, timeout=10).status != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert time.monotonic() < deadline, "the gateway did not drain"
+            time.sleep(0.1)
+    assert call("system/whoami", {})["tenant_id"] == root  # the API still serves
     assert dev.stop(timeout=15) == 0
     assert "Traceback" not in dev.stderr

@@ -141,7 +141,7 @@ def test_dev_runs_join_service_and_renders_a_pinned_join_command(
     assert created.status_code == 200, created.text
     command = created.json()["data"]["join_command"]
     assert "--gateway 127.0.0.1:7443 --trust-domain dev.localhost" in command
-    assert re.search(r"--ca-bundle \S+ --join-key [A-Za-z0-9_-]{43}$", command), command
+    assert re.search(r"--ca-bundle \S+ --join-key=[A-Za-z0-9_-]{43}$", command), command
     assert dev.stop(signal.SIGINT, timeout=5) == 0
 
 

@@ -21,9 +21,20 @@ import bettercompute_proto as wire
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway
 
-from ..joins.conftest import Fleet, attestors, claims, clock, fleet
+from ..joins.conftest import Fleet, attestors, certificate_ttl, claims, clock, fleet
 
-__all__ = ["Fleet", "Wire", "attestors", "claims", "clock", "envelope", "fleet"]
+__all__ = [
+    "OPTIONS",
+    "Fleet",
+    "Wire",
+    "attestors",
+    "certificate_ttl",
+    "claims",
+    "clock",
+    "envelope",
+    "fleet",
+    "gateway_tls",
+]
 
 
 def envelope(error: GRPCError) -> dict[str, Any]:
@@ -109,26 +120,33 @@ def hello(node_id: str) -> wire.NodeFrame:
     return wire.NodeFrame(hello=wire.Hello(node_id=node_id, session_nonce=b"n" * 16, software_version="test"))
 
 
-@pytest.fixture
-async def gw(fleet: Fleet, tmp_path: Path) -> AsyncIterator[Wire]:
+async def gateway_tls(fleet: Fleet, name: str = "gw-test") -> GatewayTls:
+    """A gateway server certificate from the plane's CA, for loopback."""
     ca = fleet.services.joins.ca
     key = ec.generate_private_key(ec.SECP256R1())
     csr_pem = NodeKey(key).csr_pem()
-    issued = await ca.issue_server(csr_pem, name="gw-test", hosts=["127.0.0.1", "localhost"])
-    bundle = await ca.trust_bundle_pem()
-    tls = GatewayTls(
+    issued = await ca.issue_server(csr_pem, name=name, hosts=["127.0.0.1", "localhost"])
+    return GatewayTls(
         certificate_pem=issued.certificate_pem,
         private_key_pem=key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         ).decode(),
-        trust_bundle_pem=bundle,
+        trust_bundle_pem=await ca.trust_bundle_pem(),
     )
-    options = GatewayOptions(name="gw-test", heartbeat_interval=1.0, liveness_flush_interval=0.2, hello_timeout=2.0)
-    gateway = create_gateway(fleet.services, fleet.store, tls, options)
+
+
+OPTIONS = GatewayOptions(name="gw-test", heartbeat_interval=1.0, liveness_flush_interval=0.2, hello_timeout=2.0)
+"""The test gateway's options: short intervals, so that tests see liveness, timeouts and pushes quickly."""
+
+
+@pytest.fixture
+async def gw(fleet: Fleet, tmp_path: Path) -> AsyncIterator[Wire]:
+    tls = await gateway_tls(fleet)
+    gateway = create_gateway(fleet.services, fleet.store, tls, OPTIONS, notifier=fleet.compute.options.notifier)
     port = await gateway.start("127.0.0.1", 0)
     folder = tmp_path / "clients"
     folder.mkdir()
-    made = Wire(fleet=fleet, gateway=gateway, port=port, trust_bundle_pem=bundle, folder=folder)
+    made = Wire(fleet=fleet, gateway=gateway, port=port, trust_bundle_pem=tls.trust_bundle_pem, folder=folder)
     try:
         yield made
     finally:

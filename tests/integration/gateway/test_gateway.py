@@ -8,6 +8,7 @@ import json
 import ssl
 import struct
 import time
+from collections.abc import Awaitable, Callable
 
 import anyio
 import betterproto2
@@ -21,7 +22,7 @@ from bettercompute.modules.commands import COMMANDS, SESSIONS, create_command
 from bettercompute.modules.nodes import NODES, RevokeNodeInput
 from bettercompute_daemon.identity import NodeKey
 
-from .conftest import Wire, envelope, hello, session_request
+from .conftest import Joined, Wire, envelope, hello, session_request
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -34,6 +35,14 @@ async def opened(stream: object) -> list[str]:
         assert frame is not None
         kinds.append(betterproto2.which_one_of(frame, "frame")[0])
     return kinds
+
+
+async def start(stream: object, node_id: str) -> None:
+    """Open a session for ``node_id`` on a new ``Session`` stream: ``Hello``, then ``Welcome`` and the inventory
+    request."""
+    await stream.send_request()  # type: ignore[attr-defined]
+    await stream.send_message(hello(node_id))  # type: ignore[attr-defined]
+    assert await opened(stream) == ["welcome", "inventory_request"]
 
 
 async def refused(stream: object) -> tuple[str, GRPCError]:
@@ -106,9 +115,7 @@ async def test_a_second_session_of_a_node_closes_the_first_and_takes_the_next_ep
     first_channel, second_channel = gw.channel(joined), gw.channel(joined)
     try:
         async with session_request(first_channel) as first:
-            await first.send_request()
-            await first.send_message(hello(joined.node_id))
-            assert await opened(first) == ["welcome", "inventory_request"]
+            await start(first, joined.node_id)
             async with session_request(second_channel) as second:
                 await second.send_request()
                 await second.send_message(hello(joined.node_id))
@@ -219,7 +226,7 @@ async def test_a_renewal_over_the_wire_needs_proof_of_the_key(gw: Wire) -> None:
         channel.close()
 
 
-async def test_a_replayed_join_and_a_bad_request_get_their_envelopes(gw: Wire) -> None:
+async def test_a_replayed_join_a_bad_request_and_a_token_for_another_pool_get_their_envelopes(gw: Wire) -> None:
     token = await gw.fleet.token(uses=2)
     key = NodeKey()
     csr_pem = key.csr_pem()
@@ -244,6 +251,30 @@ async def test_a_replayed_join_and_a_bad_request_get_their_envelopes(gw: Wire) -
             await stub.join(wire.JoinRequest(sealed_token=sealed, csr_pem=csr_pem, claims_json="[1, 2]"))
         assert caught.value.status == Status.INVALID_ARGUMENT
         assert envelope(caught.value)["details"]["path"] == "claims_json"
+
+        # A token of one pool, sent by a machine meant for another: refused, and the token keeps its use.
+        other = await gw.fleet.new_pool("other")
+        fresh = await gw.fleet.token()
+        aimed = seal_token(
+            await gw.fleet.join_key(),
+            fresh.token,
+            binding=join_binding(csr_pem, hardware, None, other),
+            now=gw.fleet.clock.now(),
+        )
+        with pytest.raises(GRPCError) as caught:
+            await stub.join(
+                wire.JoinRequest(sealed_token=aimed, csr_pem=csr_pem, claims_json=json.dumps(hardware), pool_id=other)
+            )
+        assert caught.value.status == Status.PERMISSION_DENIED
+        assert envelope(caught.value)["details"]["reason"] == "wrong_pool"
+        elsewhere = claims("SN-0010")
+        right = seal_token(
+            await gw.fleet.join_key(), fresh.token, binding=join_binding(csr_pem, elsewhere), now=gw.fleet.clock.now()
+        )
+        reply = await stub.join(
+            wire.JoinRequest(sealed_token=right, csr_pem=csr_pem, claims_json=json.dumps(elsewhere))
+        )
+        assert reply.pool_id == gw.fleet.pool  # its one use was still there
     finally:
         channel.close()
 
@@ -291,9 +322,7 @@ async def test_revoking_a_node_closes_its_live_session_within_two_seconds(gw: Wi
     channel = gw.channel(joined)
     try:
         async with session_request(channel) as stream:
-            await stream.send_request()
-            await stream.send_message(hello(joined.node_id))
-            assert await opened(stream) == ["welcome", "inventory_request"]
+            await start(stream, joined.node_id)
             revoked_at = time.monotonic()
             await gw.fleet.compute.api.nodes.revoke(gw.fleet.alice, RevokeNodeInput(id=joined.node_id))
             with anyio.fail_after(2):
@@ -318,9 +347,7 @@ async def test_a_command_reaches_the_node_and_only_its_signed_result_is_recorded
     channel = gw.channel(joined)
     try:
         async with session_request(channel) as stream:
-            await stream.send_request()
-            await stream.send_message(hello(joined.node_id))
-            assert await opened(stream) == ["welcome", "inventory_request"]
+            await start(stream, joined.node_id)
             sent: list[wire.Command] = []
             with anyio.fail_after(5):
                 while len(sent) < 2:
@@ -381,3 +408,80 @@ async def test_a_ramdisk_or_an_expired_certificate_opens_no_session(gw: Wire) ->
     gw.fleet.clock.advance(dt.timedelta(hours=25))
     assert await refused_session(gw.channel(joined), joined.node_id) == ("certificate_expired", Status.UNAUTHENTICATED)
     assert gw.gateway.sessions == {}
+
+
+async def closed_after(gw: Wire, change: Callable[[Joined], Awaitable[object]]) -> str:
+    """Open a session, make ``change``, and return the reason of the ``Close`` frame that follows."""
+    joined = await gw.join()
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await start(stream, joined.node_id)
+            await change(joined)
+            await stream.send_message(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=1)))
+            with anyio.fail_after(5):
+                frame = await stream.recv_message()
+            assert frame is not None and frame.close is not None
+            await stream.end()
+            return str(frame.close.reason)
+    finally:
+        channel.close()
+
+
+async def test_a_session_the_control_plane_gave_up_is_closed_so_the_daemon_starts_clean(gw: Wire) -> None:
+    """As when the SessionSweeper closed it while this gateway could not reach the database."""
+
+    async def give_up(joined: Joined) -> None:
+        assert await gw.fleet.store.repository(SESSIONS).close(node_id=joined.node_id, epoch=1)
+
+    assert await closed_after(gw, give_up) == "stale"
+
+
+async def test_a_session_ends_when_the_certificate_it_opened_with_expires(gw: Wire) -> None:
+    """The daemon renewed meanwhile; its next session opens with the new certificate."""
+
+    async def expire(joined: Joined) -> None:
+        gw.fleet.clock.advance(dt.timedelta(hours=25))
+
+    assert await closed_after(gw, expire) == "certificate_expired"
+
+
+async def test_inventory_sections_and_events_are_taken_in_and_bad_ones_dropped(gw: Wire) -> None:
+    joined = await gw.join()
+    gpus = [{"uuid": "GPU-1", "model": "H100"}]
+    frames = [
+        wire.InventorySection(section="gpus", content_json=json.dumps(gpus), fake=True),
+        wire.InventorySection(section="../../etc", content_json="{}"),  # not a section: dropped
+        wire.InventorySection(section="cpu", content_json='{"model": "a\\u0000b"}'),  # a NUL: dropped
+        wire.InventorySection(section="memory", content_json="{not json"),  # dropped
+        wire.InventorySection(section="memory", content_json='{"total_mib": 2048}'),
+    ]
+    events = [
+        wire.NodeEvent(type="gpu.xid", payload_json='{"xid": 79}', at_ms=5),
+        wire.NodeEvent(type="Not A Type", payload_json="{}"),  # dropped
+        wire.NodeEvent(type="gpu.xid", payload_json='{"x": "\\ud800"}'),  # an unpaired surrogate: dropped
+    ]
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await start(stream, joined.node_id)
+            for section in frames:
+                await stream.send_message(wire.NodeFrame(inventory=section))
+            for event in events:
+                await stream.send_message(wire.NodeFrame(event=event))
+            await stream.send_message(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=1)))
+            with anyio.fail_after(5):
+                while len(await gw.fleet.events("node.inventory_reported")) < 2:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            assert gw.gateway.sessions == {joined.node_id: 1}  # the session goes on
+            await stream.end()
+            assert await stream.recv_message() is None  # every frame was read before the stream ended
+    finally:
+        channel.close()
+    kept = await gw.fleet.store.repository(NODES).inventory(joined.node_id)
+    assert [(k.section, k.content, k.fake) for k in kept] == [
+        ("gpus", gpus, True),
+        ("memory", {"total_mib": 2048}, False),
+    ]
+    reported = await gw.fleet.events("node.reported")
+    assert [(p["type"], p["payload"], p["at_ms"]) for _, p in reported] == [("gpu.xid", {"xid": 79}, 5)]

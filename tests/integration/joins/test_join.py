@@ -38,7 +38,7 @@ async def _uses_left(fleet: Fleet, token_id: str) -> int:
 
 async def test_a_join_makes_an_adopting_node_with_a_24_hour_spiffe_certificate(fleet: Fleet) -> None:
     created = await fleet.token(uses=2)
-    assert f"--join-key {await fleet.join_key()}" in created.join_command
+    assert f"--join-key={await fleet.join_key()}" in created.join_command
     assert f"--pool {fleet.pool}" in created.join_command and "--ca-bundle " in created.join_command
 
     result, _ = await fleet.join(created.token, pool_id=fleet.pool)

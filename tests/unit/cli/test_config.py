@@ -427,3 +427,40 @@ def test_dev_allows_loopback_webhooks_and_serve_only_with_the_setting() -> None:
     for dev_mode in (False, True):
         note = webhooks_note(allowed, dev=dev_mode)
         assert note is not None and "webhooks_allow_private is on" in note
+
+
+def test_the_gateway_listens_where_its_keys_say_and_daemons_still_dial_the_address(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        'trust_domain = "compute.example"\ngateway_address = "gw.example.com:443"\nkms_key_file = "/k"\n'
+        'gateway_host = "10.1.2.3"\n',
+    )
+    config = load_config(path, {"BETTERCOMPUTE_GATEWAY_PORT": "7443"})
+    assert (config.gateway_host, config.gateway_port) == ("10.1.2.3", 7443)
+    plan = plan_roles(("gateway",), config).gateway
+    assert plan is not None and (plan.listen_host, plan.port) == ("10.1.2.3", 7443)
+    assert plan.hosts[0] == "gw.example.com"  # the certificate names what daemons dial
+    flagged = load_config(path, {}, {"gateway_port": 9443, "gateway_host": "10.0.0.5"})
+    assert (flagged.gateway_host, flagged.gateway_port) == ("10.0.0.5", 9443)
+    unset = plan_roles(("gateway",), load_config(path, {"BETTERCOMPUTE_GATEWAY_HOST": ""}))
+    assert unset.gateway is not None and unset.gateway.port == 443
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "\uff10",
+        "\uff17\uff14\uff14\uff13",
+        "\u0667\u0664\u0664\u0663",
+        "7443\u200f",
+        "0",
+        "65536",
+        "-1",
+        "74 43",
+        "7443\x00",
+    ],
+)
+def test_a_port_from_the_environment_takes_ascii_digits_in_range_only(value: str) -> None:
+    for name in ("BETTERCOMPUTE_PORT", "BETTERCOMPUTE_GATEWAY_PORT"):
+        problems = _problems(environ={name: value})
+        assert len(problems) == 1 and name in problems[0], problems

@@ -47,6 +47,13 @@ def test_attestors_are_checked_and_need_join_service(tmp_path: Path) -> None:
     with pytest.raises(InvalidConfigError) as age:
         better_compute(Options(store=store, iam=make_iam(), join=bad_age, kms=LocalKeyKms(tmp_path / "k")))
     assert age.value.details["problems"] == ["join.sealed_token_max_age: must be between 10 seconds and 1 hour"]
+    for ttl in (dt.timedelta(minutes=1), dt.timedelta(hours=24, seconds=1)):
+        bad_ttl = JoinSettings(gateway_address="gw:1", trust_domain="example.com", certificate_ttl=ttl)
+        with pytest.raises(InvalidConfigError) as lifetime:
+            better_compute(Options(store=store, iam=make_iam(), join=bad_ttl, kms=LocalKeyKms(tmp_path / "k")))
+        assert lifetime.value.details["problems"] == [
+            "join.certificate_ttl: must be more than 1 minute and at most 24 hours"
+        ]
     with pytest.raises(InvalidConfigError) as twice:
         better_compute(
             Options(store=store, iam=make_iam(), modules=[IdentityModule(JOIN, LocalKeyKms(tmp_path / "k"))])

@@ -27,6 +27,8 @@ __all__ = (
     "RenewResponse",
     "SecretRequest",
     "SecretResponse",
+    "TrustBundleRequest",
+    "TrustBundleResponse",
     "TunnelFrame",
     "Welcome",
 )
@@ -425,6 +427,27 @@ default_message_pool.register_message("bcnode.v1", "SecretResponse", SecretRespo
 
 
 @dataclass(eq=False, repr=False)
+class TrustBundleRequest(betterproto2.Message):
+    pass
+
+
+default_message_pool.register_message("bcnode.v1", "TrustBundleRequest", TrustBundleRequest)
+
+
+@dataclass(eq=False, repr=False)
+class TrustBundleResponse(betterproto2.Message):
+    trust_bundle_pem: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    Every CA certificate to trust now, as concatenated PEM. Its pin is `sha256:` and the lowercase hex SHA-256 of
+    the certificates' DER encodings, sorted bytewise and concatenated (for one certificate: its usual SHA-256
+    fingerprint).
+    """
+
+
+default_message_pool.register_message("bcnode.v1", "TrustBundleResponse", TrustBundleResponse)
+
+
+@dataclass(eq=False, repr=False)
 class TunnelFrame(betterproto2.Message):
     data: "bytes" = betterproto2.field(1, betterproto2.TYPE_BYTES)
 
@@ -463,6 +486,31 @@ class NodeStub(betterproto2_grpclib.ServiceStub):
             "/bcnode.v1.Node/Join",
             message,
             JoinResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def trust_bundle(
+        self,
+        message: "TrustBundleRequest | None" = None,
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "TrustBundleResponse":
+        """
+        The CA certificates a daemon is to trust (no client certificate). A daemon pinned with `--ca-pin` makes this one
+        call without verifying the gateway, and keeps the answer only if its SHA-256 pin matches (see the message).
+        """
+
+        if message is None:
+            message = TrustBundleRequest()
+
+        return await self._unary_unary(
+            "/bcnode.v1.Node/TrustBundle",
+            message,
+            TrustBundleResponse,
             timeout=timeout,
             deadline=deadline,
             metadata=metadata,
@@ -589,6 +637,14 @@ class NodeBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def trust_bundle(self, message: "TrustBundleRequest") -> "TrustBundleResponse":
+        """
+        The CA certificates a daemon is to trust (no client certificate). A daemon pinned with `--ca-pin` makes this one
+        call without verifying the gateway, and keeps the answer only if its SHA-256 pin matches (see the message).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def renew_challenge(self, message: "RenewChallengeRequest") -> "RenewChallengeResponse":
         """
         A fresh challenge for renewing the certificate the connection was made with.
@@ -630,6 +686,14 @@ class NodeBase(betterproto2_grpclib.ServiceBase):
         request = await stream.recv_message()
         assert request is not None
         response = await self.join(request)
+        await stream.send_message(response)
+
+    async def __rpc_trust_bundle(
+        self, stream: "grpclib.server.Stream[TrustBundleRequest, TrustBundleResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.trust_bundle(request)
         await stream.send_message(response)
 
     async def __rpc_renew_challenge(
@@ -675,6 +739,12 @@ class NodeBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 JoinRequest,
                 JoinResponse,
+            ),
+            "/bcnode.v1.Node/TrustBundle": grpclib.const.Handler(
+                self.__rpc_trust_bundle,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                TrustBundleRequest,
+                TrustBundleResponse,
             ),
             "/bcnode.v1.Node/RenewChallenge": grpclib.const.Handler(
                 self.__rpc_renew_challenge,

@@ -1,0 +1,213 @@
+"""What ``bcd join`` is pinned to, from its flags, from a pinned configuration file (``--config``), or both.
+
+The file is a JSON object with the flags' values under their names (underscores for dashes)::
+
+    {"gateway": "gw.example.com:443", "trust_domain": "example.com", "pool": "pool_...",
+     "join_key": "<JoinService's X25519 key, base64url>", "ca_pin": "sha256:<64 hex>"}
+
+with ``ca_bundle`` (base64 of the PEM bundle, as ``--ca-bundle``) instead of ``ca_pin`` for the long form. ``pool``
+may be left out or null. The token is never in the file: it is a one-time secret, given as ``--token``.
+
+A flag may repeat what the file says; a flag that says something else is refused. Every field is checked (its type,
+ASCII only, no NUL or control character, its own shape) and every problem is reported, one line each, before
+anything is sent or written.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from cryptography import x509
+
+from ._agent import DaemonError
+from ._pin import parse_pin
+from ._state import NodeConfig
+
+__all__ = ["FIELDS", "ConfigError", "JoinConfig", "read_config_file", "resolve"]
+
+FIELDS = ("gateway", "trust_domain", "pool", "join_key", "ca_bundle", "ca_pin")
+MAX_FILE_BYTES = 1024 * 1024
+
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]")
+_TRUST_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+_POOL = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_JOIN_KEY = re.compile(r"[A-Za-z0-9_-]{43}=?")
+_BASE64 = re.compile(r"[A-Za-z0-9+/=]+")
+
+
+class ConfigError(DaemonError):
+    """The join configuration cannot be used: every problem, one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        noun = "problem" if len(problems) == 1 else "problems"
+        super().__init__(f"the join configuration has {len(problems)} {noun}:\n  " + "\n  ".join(problems))
+
+
+@attrs.frozen(kw_only=True)
+class JoinConfig:
+    """The checked configuration: a CA bundle (PEM) or a CA pin, never both."""
+
+    gateway: str
+    trust_domain: str
+    pool: str | None
+    join_key: str
+    ca_bundle_pem: str | None
+    ca_pin: str | None
+
+    def node_config(self) -> NodeConfig:
+        """What the state directory keeps of it."""
+        return NodeConfig(gateway=self.gateway, trust_domain=self.trust_domain, pool=self.pool, join_key=self.join_key)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The file's JSON object, as written (its fields are checked by ``resolve``).
+
+    Raises:
+        ConfigError: it cannot be read, is too large, is not UTF-8 JSON, not an object, or repeats a key.
+    """
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot be read ({exc.strerror or type(exc).__name__})"]) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError([f"{path}: larger than {MAX_FILE_BYTES} bytes"])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError([f"{path}: not UTF-8 text"]) from None
+    repeated: list[str] = []
+
+    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                repeated.append(key)
+            seen[key] = value
+        return seen
+
+    try:
+        value = json.loads(text, object_pairs_hook=no_repeats)
+    except ValueError as exc:
+        where = f" (line {exc.lineno}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise ConfigError([f"{path}: not JSON{where}"]) from None
+    if not isinstance(value, dict):
+        raise ConfigError([f"{path}: expected a JSON object"])
+    if repeated:
+        raise ConfigError([f"{path}: {_printable(key)}: given more than once" for key in sorted(set(repeated))])
+    return value
+
+
+def resolve(flags: Mapping[str, str | None], file: Mapping[str, Any] | None = None, *, path: str = "") -> JoinConfig:
+    """One configuration from the flags (``None``: not given) and the file's object read from ``path``.
+
+    Raises:
+        ConfigError: every problem found: an unknown field, a flag that conflicts with the file, a missing or
+            malformed value, both or neither of a CA bundle and a CA pin.
+    """
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    conflicted: set[str] = set()
+    for key in file or {}:
+        if key not in FIELDS:
+            problems.append(f"{path}: {_printable(key)}: not a field of the join configuration ({', '.join(FIELDS)})")
+    for name in FIELDS:
+        flag = "--" + name.replace("_", "-")
+        given = flags.get(name)
+        in_file = file is not None and name in file
+        if given is not None and file is not None and in_file and file[name] != given:
+            problems.append(f"{flag} says otherwise than {name} in {path}: give one or make them agree")
+            conflicted.add(name)
+        elif given is not None:
+            values[name], where[name] = given, flag
+        elif file is not None and in_file and not (name == "pool" and file[name] is None):  # null: no pool
+            values[name], where[name] = file[name], f"{path}: {name}"
+    for name in ("gateway", "trust_domain", "join_key"):
+        if name not in values and name not in conflicted:
+            problems.append(f"{name}: missing (give --{name.replace('_', '-')} or put it in --config)")
+    if "ca_bundle" in values and "ca_pin" in values:
+        problems.append(f"{where['ca_bundle']} and {where['ca_pin']}: give a CA bundle or a CA pin, not both")
+    elif "ca_bundle" not in values and "ca_pin" not in values and not conflicted & {"ca_bundle", "ca_pin"}:
+        problems.append("ca_bundle or ca_pin: missing (give --ca-pin or --ca-bundle, or put one in --config)")
+    checked: dict[str, Any] = {}
+    for name, value in values.items():
+        problem, result = _check(name, value)
+        if problem is not None:
+            problems.append(f"{where[name]}: {problem}")
+        else:
+            checked[name] = result
+    if problems:
+        raise ConfigError(problems)
+    return JoinConfig(
+        gateway=checked["gateway"],
+        trust_domain=checked["trust_domain"],
+        pool=checked.get("pool"),
+        join_key=checked["join_key"],
+        ca_bundle_pem=checked.get("ca_bundle"),
+        ca_pin=checked.get("ca_pin"),
+    )
+
+
+def _check(name: str, value: Any) -> tuple[str | None, Any]:
+    """``(problem, None)`` or ``(None, the value to use)``."""
+    if not isinstance(value, str):
+        return f"expected a string, not {_json_type(value)}", None
+    if not value:
+        return "empty", None
+    if not value.isascii() or not value.isprintable():
+        return "only printable ASCII is allowed (no NUL, control or non-ASCII character)", None
+    if name == "gateway":
+        host, sep, port = value.rpartition(":")
+        if not sep or not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
+            return "must be host:port, the port a number from 1 to 65535", None
+        return None, value
+    if name == "trust_domain":
+        return (None, value) if _TRUST_DOMAIN.fullmatch(value) else ("must be a lower-case DNS name", None)
+    if name == "pool":
+        return (None, value) if _POOL.fullmatch(value) else ("must be 1 to 128 of A-Z, a-z, 0-9, '.', '_', '-'", None)
+    if name == "join_key":
+        if not _JOIN_KEY.fullmatch(value):
+            return "must be a 32-byte key in URL-safe base64 (43 characters)", None
+        return None, value.rstrip("=")
+    if name == "ca_pin":
+        try:
+            return None, parse_pin(value)
+        except DaemonError as exc:
+            return str(exc), None
+    # ca_bundle: base64 of a PEM bundle with at least one certificate
+    try:
+        if not _BASE64.fullmatch(value):
+            raise ValueError
+        pem = base64.b64decode(value, validate=True).decode("ascii")
+        x509.load_pem_x509_certificates(pem.encode())
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return "must be base64 of a PEM bundle of CA certificates", None
+    return None, pem
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _printable(key: str) -> str:
+    """A key as it may be shown (JSON-escaped: a key is what the file says, control characters included)."""
+    return json.dumps(key)[1:-1][:64]

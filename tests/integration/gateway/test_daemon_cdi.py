@@ -1,0 +1,110 @@
+"""A real ``bcd node`` given desired state (``set_desired_state``, pushed by the gateway to its session) writes the
+CDI spec of its allocated GPUs (from its declared inventory's minor numbers), and says when it could not apply all of
+it: then it does not acknowledge, and the node's ``observed_generation`` stays behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from bettercompute.modules.nodes import NODES, set_desired_state
+
+from .conftest import Wire
+from .test_daemon import wait_for
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+BCD = str(Path(sys.executable).parent / "bcd")
+GPU_A = "GPU-4b0c1a2e-0000-4000-8000-000000000000"
+GPU_B = "GPU-4b0c1a2e-0000-4000-8000-000000000001"
+
+
+async def push(gw: Wire, node_id: str, generation: int, content: dict[str, Any]) -> None:
+    async with gw.fleet.store.transaction() as tx:
+        assert (await set_desired_state(tx, node_id, content)).generation == generation
+
+
+async def observed(gw: Wire, node_id: str) -> int:
+    node = await gw.fleet.store.repository(NODES).get(node_id)
+    assert node is not None
+    return node.observed_generation
+
+
+async def test_desired_state_becomes_a_cdi_spec_of_the_allocated_gpus(gw: Wire, tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.json"
+    gpus = [{"uuid": GPU_A, "model": "H100", "minor": 0}, {"uuid": GPU_B, "model": "H100", "minor": 3}]
+    claims = {"hostname": "gpu-cdi", "serial": "SN-CDI-1", "product": "PowerEdge XE9680"}
+    inventory.write_text(json.dumps({"claims": claims, "sections": {"gpus": gpus}}))
+    common = ["--state-dir", str(tmp_path / "bcd"), "--fake-inventory", str(inventory)]
+    token = await gw.fleet.token()
+    args = shlex.split(token.join_command)[2:]
+    args[args.index("--gateway") + 1] = f"127.0.0.1:{gw.port}"
+    joined = await anyio.run_process([BCD, *common, "join", *args], check=False)
+    assert joined.returncode == 0, joined.stderr.decode()
+    node_id = json.loads((tmp_path / "bcd" / "node.json").read_text())["node_id"]
+
+    cdi = tmp_path / "cdi"
+    log = tmp_path / "bcd.err"
+    with log.open("wb") as err:
+        daemon = await asyncio.create_subprocess_exec(
+            BCD, *common, "node", "--cdi-dir", str(cdi), stdout=asyncio.subprocess.DEVNULL, stderr=err
+        )
+    try:
+
+        async def in_session() -> bool:
+            return node_id in gw.gateway.sessions
+
+        await wait_for(in_session)
+        await push(gw, node_id, 1, {"allocations": [{"id": "alloc-1", "gpus": [GPU_B, GPU_A]}]})
+        spec_file = cdi / "bettercompute.io-gpu.json"
+
+        async def written() -> bool:
+            return spec_file.exists()
+
+        await wait_for(written)
+        spec = json.loads(spec_file.read_text())
+        assert spec["kind"] == "bettercompute.io/gpu" and spec["cdiVersion"] == "0.6.0"
+        nodes = {d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]}
+        assert nodes == {GPU_A: ["/dev/nvidia0"], GPU_B: ["/dev/nvidia3"], "alloc-1": ["/dev/nvidia0", "/dev/nvidia3"]}
+
+        async def acknowledged_1() -> bool:
+            return await observed(gw, node_id) == 1
+
+        await wait_for(acknowledged_1)
+
+        # A GPU this node does not have: that allocation is left out, and the generation is not acknowledged.
+        await push(gw, node_id, 2, {"allocations": [{"id": "alloc-2", "gpus": ["GPU-not-here"]}]})
+
+        async def refused() -> bool:
+            return "desired state 2 not acknowledged" in log.read_text()
+
+        await wait_for(refused)
+        assert "allocation alloc-2: GPU GPU-not-here is not in this node's inventory" in log.read_text()
+        assert not spec_file.exists()  # nothing else was allocated
+        assert await observed(gw, node_id) == 1
+
+        # Nothing allocated: the spec is removed.
+        await push(gw, node_id, 3, {"allocations": [{"id": "alloc-3", "gpus": [GPU_A]}]})
+        await wait_for(written)
+        await push(gw, node_id, 4, {"allocations": []})
+
+        async def removed() -> bool:
+            return not spec_file.exists()
+
+        await wait_for(removed)
+
+        async def acknowledged() -> bool:
+            return await observed(gw, node_id) == 4
+
+        await wait_for(acknowledged)
+        assert json.loads((tmp_path / "bcd" / "desired.json").read_text()) == {"allocations": []}
+    finally:
+        daemon.terminate()
+        await daemon.wait()

@@ -1,0 +1,178 @@
+"""Desired state over the wire: a change reaches the node's live session (by polling, and at once on a notifier
+poke), a new session gets the current one, the daemon's acknowledgement becomes ``observed_generation``; and a
+daemon that stops reading is closed as ``slow`` without slowing anyone else."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import anyio
+import betterproto2
+import pytest
+from grpclib.client import Channel
+from grpclib.config import Configuration
+from grpclib.exceptions import ProtocolError, StreamTerminatedError
+
+import bettercompute_proto as wire
+from bettercompute.errors import InvalidInputError, NotFoundError
+from bettercompute.modules.nodes import NODES, DesiredState, poke_gateways, set_desired_state
+from bettercompute_gateway import GatewayOptions, create_gateway
+from bettercompute_store_pg import PgNotifier
+
+from .conftest import Joined, Wire, gateway_tls, hello, session_request
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+
+async def _desire(gw: Wire, node_id: str, content: dict[str, Any]) -> DesiredState:
+    async with gw.fleet.store.transaction() as tx:
+        return await set_desired_state(tx, node_id, content)
+
+
+async def _next(stream: Any, kind: str, seconds: float = 10) -> Any:
+    """The next control frame of ``kind``, skipping others (inventory requests, commands)."""
+    with anyio.fail_after(seconds):
+        while True:
+            frame = await stream.recv_message()
+            assert frame is not None, f"the stream ended before a {kind} frame"
+            got, content = betterproto2.which_one_of(frame, "frame")
+            if got == kind:
+                return content
+
+
+async def _observed(gw: Wire, node_id: str, generation: int) -> None:
+    with anyio.fail_after(10):
+        while True:
+            node = await gw.fleet.store.repository(NODES).get(node_id)
+            assert node is not None
+            if node.observed_generation == generation:
+                return
+            await anyio.sleep(0.05)
+
+
+async def _open(stream: Any, joined: Joined) -> None:
+    await stream.send_request()
+    await stream.send_message(hello(joined.node_id))
+    assert (await _next(stream, "welcome")).epoch >= 1
+
+
+async def _closed_on(gw: Wire, gateway: str) -> list[tuple[str, str]]:
+    """The sessions closed on ``gateway``, with their reasons."""
+    return [(k, p["reason"]) for k, p in await gw.fleet.events("node.session_closed") if p["gateway"] == gateway]
+
+
+ALLOCATION = {"allocations": [{"id": "alloc-1", "gpus": ["GPU-0000-aaaa"]}]}
+
+
+async def test_a_desired_state_reaches_the_live_session_and_its_ack_is_recorded(gw: Wire) -> None:
+    joined = await gw.join()
+    before = await _desire(gw, joined.node_id, {"allocations": []})  # set while the node was away
+    assert before.generation == 1
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await _open(stream, joined)
+            first = await _next(stream, "desired_state")  # a new session gets the current one
+            assert (first.generation, json.loads(first.content_json)) == (1, {"allocations": []})
+            await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=1)))
+            await _observed(gw, joined.node_id, 1)
+
+            changed = await _desire(gw, joined.node_id, ALLOCATION)
+            pushed = await _next(stream, "desired_state")
+            assert (pushed.generation, json.loads(pushed.content_json)) == (changed.generation, ALLOCATION)
+            # An acknowledgement of a generation never sent is not taken.
+            await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=9)))
+            await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=2)))
+            await _observed(gw, joined.node_id, 2)
+            await stream.end()
+    finally:
+        channel.close()
+    # The next session is sent the current generation, not the history.
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            await _open(stream, joined)
+            assert (await _next(stream, "desired_state")).generation == 2
+            await stream.end()
+    finally:
+        channel.close()
+
+
+async def test_bad_desired_states_are_refused_with_nothing_written(gw: Wire) -> None:
+    joined = await gw.join()
+    for bad in ({"text": "a\x00b"}, {"\ud800": 1}, {"big": "x" * 300_000}, {"n": float("nan")}):
+        with pytest.raises(InvalidInputError):
+            await _desire(gw, joined.node_id, bad)
+    with pytest.raises(NotFoundError):
+        await _desire(gw, "node_nope", {})
+    node = await gw.fleet.store.repository(NODES).get(joined.node_id)
+    assert node is not None and node.desired_generation == 0
+
+
+async def test_a_poke_pushes_at_once_when_polling_is_slow(gw: Wire, database_url: str) -> None:
+    """With a flush a minute apart, only the notifier poke can bring the change within the wait."""
+    notifier = PgNotifier(database_url, schema=gw.fleet.store.schema)
+    options = GatewayOptions(name="gw-slow", heartbeat_interval=30.0, liveness_flush_interval=60.0)
+    tls = await gateway_tls(gw.fleet, "gw-slow")
+    slow = create_gateway(gw.fleet.services, gw.fleet.store, tls, options, notifier=notifier)
+    port = await slow.start("127.0.0.1", 0)
+    joined = await gw.join()
+    channel = Channel("127.0.0.1", port, ssl=gw.context(joined))
+    try:
+        async with session_request(channel) as stream:
+            await _open(stream, joined)
+            await anyio.sleep(1.0)  # the gateway's listener is up
+            await _desire(gw, joined.node_id, ALLOCATION)
+            await poke_gateways(notifier)
+            assert (await _next(stream, "desired_state", seconds=15)).generation == 1
+            await stream.end()
+    finally:
+        channel.close()
+        await slow.close()
+        await notifier.close()
+
+
+async def test_a_daemon_that_stops_reading_is_closed_as_slow_and_others_are_not_held_up(
+    gw: Wire, database_url: str
+) -> None:
+    options = GatewayOptions(name="gw-tight", heartbeat_interval=30.0, liveness_flush_interval=0.2, send_timeout=1.0)
+    tls = await gateway_tls(gw.fleet, "gw-tight")
+    tight = create_gateway(gw.fleet.services, gw.fleet.store, tls, options)
+    port = await tight.start("127.0.0.1", 0)
+    stuck, fine = await gw.join("SN-0001"), await gw.join("SN-0002")
+    # It advertises a small receive window, as a daemon on a slow link would; one that stops reading its socket
+    # altogether stalls the gateway's writes the same way (grpclib waits while the transport is paused).
+    small = Configuration(http2_stream_window_size=64 * 1024, http2_connection_window_size=64 * 1024)
+    stuck_channel = Channel("127.0.0.1", port, ssl=gw.context(stuck), config=small)
+    fine_channel = Channel("127.0.0.1", port, ssl=gw.context(fine))
+    big = {"allocations": [], "note": "x" * 150_000}
+    checked = False
+    try:
+        # The stuck stream is ended by the gateway, not by this client: leaving it says so (ProtocolError).
+        with contextlib.suppress(ProtocolError, StreamTerminatedError):
+            async with session_request(stuck_channel) as jam:
+                await _open(jam, stuck)
+                async with session_request(fine_channel) as stream:
+                    await _open(stream, fine)
+                    # The stuck daemon reads nothing more: large states fill its window, so the gateway's sends
+                    # must wait.
+                    for _ in range(3):
+                        await _desire(gw, stuck.node_id, big)
+                        await anyio.sleep(0.3)
+                    for generation in (1, 2, 3):
+                        await _desire(gw, fine.node_id, {"allocations": [], "n": generation})
+                        assert (await _next(stream, "desired_state")).generation == generation
+                    with anyio.fail_after(10):
+                        while not (gone := await _closed_on(gw, "gw-tight")):  # noqa: ASYNC110 - polls the outbox
+                            await anyio.sleep(0.05)
+                    assert gone == [(stuck.node_id, "slow")]
+                    assert stuck.node_id not in tight.sessions and fine.node_id in tight.sessions
+                    await stream.end()
+                    checked = True
+        assert checked
+    finally:
+        stuck_channel.close()
+        fine_channel.close()
+        await tight.close()
