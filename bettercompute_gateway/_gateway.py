@@ -846,6 +846,31 @@ class Gateway:
                 raise
 
 
+class _Tracked(H2Protocol):
+    """grpclib's protocol for one connection, which keeps its transport in the server's set while it is open and
+    lowers HTTP/2's stream limit. One class for every connection: a class made per connection cost each session a
+    type object and its closures (about 2 KB, and more work for the garbage collector)."""
+
+    def __init__(self, *args: Any, transports: set[asyncio.BaseTransport], max_streams: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._transports = transports
+        self._max_streams = max_streams
+        self.kept: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.kept = transport
+        self._transports.add(transport)
+        super().connection_made(transport)
+        # h2 allows 100 concurrent streams per connection; a daemon needs a few.
+        self.connection._connection.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: self._max_streams})
+        self.connection.flush()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.kept is not None:
+            self._transports.discard(self.kept)
+        super().connection_lost(exc)
+
+
 class _Server(Server):
     """grpclib's server, keeping its connections so that closing the gateway closes them too (grpclib stops
     listening and cancels handlers, but leaves the connections to the clients)."""
@@ -860,26 +885,9 @@ class _Server(Server):
         self.__gc_step__()
         handler = ConnectionHandler(self._mapping, self._codec, self._status_details_codec, self.__dispatch__)
         self._handlers.add(handler)
-        transports = self._transports
-        max_streams = self._max_streams
-
-        class Tracked(H2Protocol):
-            kept: asyncio.BaseTransport | None = None
-
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                self.kept = transport
-                transports.add(transport)
-                super().connection_made(transport)
-                # h2 allows 100 concurrent streams per connection; a daemon needs a few.
-                self.connection._connection.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: max_streams})
-                self.connection.flush()
-
-            def connection_lost(self, exc: BaseException | None) -> None:
-                if self.kept is not None:
-                    transports.discard(self.kept)
-                super().connection_lost(exc)
-
-        return Tracked(handler, self._config, self._h2_config)
+        return _Tracked(
+            handler, self._config, self._h2_config, transports=self._transports, max_streams=self._max_streams
+        )
 
     def drop_connections(self) -> None:
         # Aborted, not closed: a close waits for the write buffer to drain, which a client that stopped reading
