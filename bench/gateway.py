@@ -72,6 +72,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import ctypes
 import datetime as dt
 import gc
 import json
@@ -102,8 +103,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 import bettercompute_proto as wire
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute.modules.commands import COMMANDS, SESSIONS
-from bettercompute.modules.nodes import CERTIFICATES, JOIN_KEYS
+from bettercompute.modules.nodes import CERTIFICATES, JOIN_KEYS, NODES
 from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, Pool
+from bettercompute.ports import Repository
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_gateway import GatewayOptions, GatewayTls, create_gateway
 from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
@@ -309,12 +311,23 @@ class GcClock:
             self.runs[generation] += 1
 
 
+FLUSH_STATEMENTS: list[tuple[Repository[Any], str, str]] = [
+    (SESSIONS, "_seen", "Sessions.seen"),
+    (CERTIFICATES, "_revoked_among", "Certificates.revoked_among"),
+    (COMMANDS, "_dispatch_many", "Commands.dispatch_many"),
+    (NODES, "_desired_since", "Nodes.desired_since"),
+    (NODES, "_desired_newer", "Nodes.desired_newer"),
+]
+
+
 async def run_gateway(config: Mapping[str, Any]) -> None:
     """The gateway process: say its port on stdout, then answer ``stats`` lines on stdin until stdin closes."""
     counter = StatementCounter()
     counter.install()
     gc_clock = GcClock()
     gc_clock.install()
+    if config.get("gc_threshold"):
+        gc.set_threshold(*config["gc_threshold"])
     folder = Path(config["folder"])
     async with open_plane(folder, pool_size=10, instance=GATEWAY_NAME, migrate=False) as compute:
         store = compute.options.store
@@ -333,12 +346,13 @@ async def run_gateway(config: Mapping[str, Any]) -> None:
         )
         options = GatewayOptions(name=GATEWAY_NAME, heartbeat_interval=float(config["heartbeat"]))
         gateway = create_gateway(services, store, tls, options)
-        # The statements of the flush loop, by the text the store sends (its repositories' own statements).
-        labels = {
-            store.repository(SESSIONS)._seen.query: "Sessions.seen",  # type: ignore[attr-defined]
-            store.repository(CERTIFICATES)._revoked_among.query: "Certificates.revoked_among",  # type: ignore[attr-defined]
-            store.repository(COMMANDS)._dispatch_many.query: "Commands.dispatch_many",  # type: ignore[attr-defined]
-        }
+        # The flush loop's statements get their repository method's name (read from the store's own statements);
+        # any other statement is named by its first words.
+        labels: dict[str, str] = {}
+        for repository, attribute, label in FLUSH_STATEMENTS:
+            statement = getattr(store.repository(repository), attribute, None)
+            if statement is not None:
+                labels[statement.query] = label
         port = await gateway.start("127.0.0.1", 0)
         reply({"port": port, "loop": type(asyncio.get_running_loop()).__module__})
         loop = asyncio.get_running_loop()
@@ -348,13 +362,18 @@ async def run_gateway(config: Mapping[str, Any]) -> None:
             while line := await reader.readline():
                 if line.strip() == b"census":  # not part of the figures: what the collector tracks, by type
                     types = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
-                    reply({"objects": sum(types.values()), "top": types.most_common(40)})
+                    top = types.most_common(40)
+                    reply({"objects": sum(types.values()), "top": top, "sessions": len(gateway.sessions)})
+                elif line.strip() == b"trim":  # not part of the figures: give free heap back to the system
+                    ctypes.CDLL("libc.so.6").malloc_trim(0)
+                    reply({"rss": rss_bytes(os.getpid())})
                 elif line.strip() == b"stats":
                     by_label: collections.Counter[str] = collections.Counter()
                     wall: collections.defaultdict[str, float] = collections.defaultdict(float)
                     for query, count in counter.counts.items():
-                        by_label[labels.get(query, "other")] += count
-                        wall[labels.get(query, "other")] += counter.seconds[query]
+                        label = labels.get(query) or " ".join(query.split())[:40]
+                        by_label[label] += count
+                        wall[label] += counter.seconds[query]
                     reply(
                         {
                             "sessions": len(gateway.sessions),
@@ -652,6 +671,7 @@ async def conduct(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 "folder": str(folder),
                 "heartbeat": args.heartbeat,
                 "loop": args.loop,
+                "gc_threshold": args.gc_threshold,
                 "files": args.sessions + SPARE_FILES,
             },
             folder,
@@ -704,6 +724,13 @@ async def conduct(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         gateway_stats = await gateway.ask("stats")
         rss_held = rss_bytes(gateway.pid)
         census_held = (await gateway.ask("census", within=300)) if args.census else None
+        if census_held is not None:  # after the figures: how much RSS the allocator holds free (changes the process)
+            trimmed = (await gateway.ask("trim", within=300))["rss"]
+            print(
+                f"RSS after malloc_trim(0): {trimmed / 2**20:.1f} MB "
+                f"({(trimmed - rss_idle) / max(1, int(census_held['sessions'])) / 1024:.1f} KB a session)",
+                file=sys.stderr,
+            )
         client_stats = [await c.ask("stats") for c in clients]
         with psycopg.connect(URL, autocommit=True) as conn:
             row = conn.execute(
@@ -747,6 +774,7 @@ async def conduct(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "heartbeat_s": args.heartbeat,
         "window_s": round(seconds, 1),
         "loop": args.loop,
+        "gc_threshold": args.gc_threshold or list(gc.get_threshold()),
         "clients": args.clients,
         "joins_per_s": round(join_rate, 1),
         "sessions_held": {
@@ -780,7 +808,7 @@ async def conduct(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             round((b - a) / seconds, 2) for a, b in zip(gateway_start["gc_runs"], gateway_stats["gc_runs"], strict=True)
         ],
         "liveness_writes_per_s": round(statements.get("Sessions.seen", 0.0), 2),
-        "statements_per_s": {k: round(v, 2) for k, v in sorted(statements.items())},
+        "statements_per_s": {k: round(v, 2) for k, v in sorted(statements.items()) if v > 0},
         "statement_ms": dict(sorted(statement_ms.items())),
         "heartbeats_per_s": round((sum(s["heartbeats"] for s in client_stats) - heartbeats_start) / seconds, 1),
         "ended_during_run": dict(ended),
@@ -871,6 +899,11 @@ def main() -> None:
     )
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="the gateway's event loop")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--gc-threshold",
+        type=lambda text: [int(v) for v in text.split(",")],
+        help="an experiment: gc.set_threshold(N0,N1,N2) in the gateway process (default: Python's own)",
+    )
     parser.add_argument(
         "--census", action="store_true", help="also count the gateway's objects by type, idle and held (stderr)"
     )
