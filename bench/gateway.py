@@ -326,8 +326,6 @@ async def run_gateway(config: Mapping[str, Any]) -> None:
     counter.install()
     gc_clock = GcClock()
     gc_clock.install()
-    if config.get("gc_threshold"):
-        gc.set_threshold(*config["gc_threshold"])
     folder = Path(config["folder"])
     async with open_plane(folder, pool_size=10, instance=GATEWAY_NAME, migrate=False) as compute:
         store = compute.options.store
@@ -345,6 +343,8 @@ async def run_gateway(config: Mapping[str, Any]) -> None:
             trust_bundle_pem=await services.trust_bundle_pem(),
         )
         options = GatewayOptions(name=GATEWAY_NAME, heartbeat_interval=float(config["heartbeat"]))
+        if config["gc_young"] is not None:
+            options = attrs.evolve(options, gc_young_threshold=config["gc_young"] or None)
         gateway = create_gateway(services, store, tls, options)
         # The flush loop's statements get their repository method's name (read from the store's own statements);
         # any other statement is named by its first words.
@@ -671,7 +671,7 @@ async def conduct(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 "folder": str(folder),
                 "heartbeat": args.heartbeat,
                 "loop": args.loop,
-                "gc_threshold": args.gc_threshold,
+                "gc_young": args.gc_young,
                 "files": args.sessions + SPARE_FILES,
             },
             folder,
@@ -774,7 +774,7 @@ async def conduct(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "heartbeat_s": args.heartbeat,
         "window_s": round(seconds, 1),
         "loop": args.loop,
-        "gc_threshold": args.gc_threshold or list(gc.get_threshold()),
+        "gc_young_threshold": GatewayOptions().gc_young_threshold if args.gc_young is None else args.gc_young or None,
         "clients": args.clients,
         "joins_per_s": round(join_rate, 1),
         "sessions_held": {
@@ -900,9 +900,9 @@ def main() -> None:
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="the gateway's event loop")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument(
-        "--gc-threshold",
-        type=lambda text: [int(v) for v in text.split(",")],
-        help="an experiment: gc.set_threshold(N0,N1,N2) in the gateway process (default: Python's own)",
+        "--gc-young",
+        type=int,
+        help="an experiment: the gateway's gc_young_threshold (default: the gateway's own; 0: Python's, untouched)",
     )
     parser.add_argument(
         "--census", action="store_true", help="also count the gateway's objects by type, idle and held (stderr)"
