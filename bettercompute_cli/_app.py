@@ -290,7 +290,14 @@ def _dev_banner(config: Config, result: Bootstrap, embedded_url: str | None) -> 
                 "To mint a new one and revoke the old: better-compute dev --rotate",
                 f"(or, while this runs: {DATABASE_URL_ENV}={embedded_url} better-compute iam bootstrap --rotate)",
             ]
-    lines += ["", "Try it:", "", f"    {_curl(config.host, config.port)}", "", "Stop with Ctrl-C.", ""]
+    lines += ["", "Try it:", "", f"    {_curl(config.host, config.port)}", ""]
+    if config.gateway_address is not None:
+        lines += [
+            f"Node daemons join through the gateway at {config.gateway_address}: pools/create, then",
+            "join-tokens/create prints the `bcd join ...` command (and an install script) for a machine.",
+            "",
+        ]
+    lines += ["Stop with Ctrl-C.", ""]
     return "\n".join(lines)
 
 

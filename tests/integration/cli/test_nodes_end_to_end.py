@@ -36,6 +36,7 @@ def test_dev_then_a_token_then_bcd_join_and_node_then_revoke(
     }
     dev = start_cli(env, "dev", "--ephemeral", "--port", str(port), cwd=tmp_path)
     dev.wait_for("Stop with Ctrl-C.", timeout=60)
+    assert f"Node daemons join through the gateway at 127.0.0.1:{gateway_port}" in dev.stdout
     token = re.search(r"export TOKEN=(bcak_\S+)", dev.stdout)
     assert token is not None, dev.stdout
     base = f"http://127.0.0.1:{port}/api/compute"
