@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -10,7 +11,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import attrs
 import httpx
 import pytest
 
@@ -116,3 +119,42 @@ def start_cli(tmp_path: Path) -> Iterator[StartCli]:
         if running.process.poll() is None:
             running.process.kill()
             running.process.wait(timeout=10)
+
+
+@attrs.define
+class DevPlane:
+    """A running ``better-compute dev`` with its gateway: ``call(path, body)`` posts to its API as the root admin
+    and returns the answer's ``data``."""
+
+    dev: Running
+    port: int
+    gateway_port: int
+    root_tenant: str
+    headers: dict[str, str]
+
+    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = httpx.post(
+            f"http://127.0.0.1:{self.port}/api/compute/{path}", headers=self.headers, json=body, timeout=10
+        )
+        assert response.status_code == 200, response.text
+        data: dict[str, Any] = response.json()["data"]
+        return data
+
+
+def dev_with_gateway(cli_env: dict[str, str], start_cli: StartCli, cwd: Path) -> DevPlane:
+    """``better-compute dev --ephemeral`` with node identity on a free gateway port, ready, and its root admin."""
+    port, gateway_port = free_port(), free_port()
+    env = {
+        **cli_env,
+        "BETTERCOMPUTE_TRUST_DOMAIN": "dev.localhost",
+        "BETTERCOMPUTE_GATEWAY_ADDRESS": f"127.0.0.1:{gateway_port}",
+    }
+    dev = start_cli(env, "dev", "--ephemeral", "--port", str(port), cwd=cwd)
+    dev.wait_for("Stop with Ctrl-C.", timeout=60)
+    token = re.search(r"export TOKEN=(bcak_\S+)", dev.stdout)
+    assert token is not None, dev.stdout
+    plane = DevPlane(
+        dev=dev, port=port, gateway_port=gateway_port, root_tenant="", headers={"Authorization": f"Bearer {token[1]}"}
+    )
+    plane.root_tenant = plane.call("system/whoami", {})["tenant_id"]
+    return plane

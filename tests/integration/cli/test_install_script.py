@@ -12,14 +12,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import httpx
 
 from bettercompute._version import __version__
 from bettercompute.modules.pools._install import install_script
 
-from .conftest import StartCli, free_port
+from .conftest import StartCli, dev_with_gateway
 
 BCD = str(Path(sys.executable).parent / "bcd")
 
@@ -27,25 +24,8 @@ BCD = str(Path(sys.executable).parent / "bcd")
 def test_the_install_script_joins_the_machine_and_installs_a_unit_that_runs(
     cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path
 ) -> None:
-    port, gateway_port = free_port(), free_port()
-    env = {
-        **cli_env,
-        "BETTERCOMPUTE_TRUST_DOMAIN": "dev.localhost",
-        "BETTERCOMPUTE_GATEWAY_ADDRESS": f"127.0.0.1:{gateway_port}",
-    }
-    dev = start_cli(env, "dev", "--ephemeral", "--port", str(port), cwd=tmp_path)
-    dev.wait_for("Stop with Ctrl-C.", timeout=60)
-    credential = next(line for line in dev.stdout.splitlines() if "export TOKEN=" in line).split("=", 1)[1]
-    base = f"http://127.0.0.1:{port}/api/compute"
-    headers = {"Authorization": f"Bearer {credential.strip()}"}
-
-    def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = httpx.post(f"{base}/{path}", headers=headers, json=body, timeout=10)
-        assert response.status_code == 200, response.text
-        data: dict[str, Any] = response.json()["data"]
-        return data
-
-    root_tenant = call("system/whoami", {})["tenant_id"]
+    plane = dev_with_gateway(cli_env, start_cli, tmp_path)
+    dev, gateway_port, call, root_tenant = plane.dev, plane.gateway_port, plane.call, plane.root_tenant
     pool = call("pools/create", {"tenant": root_tenant, "name": "gpus"})
     created = call("join-tokens/create", {"pool_id": pool["id"], "uses": 1, "expires_in_seconds": 600})
     script = created["install_script"]

@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import grpc
-import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .conftest import StartCli, free_port
+from .conftest import StartCli, dev_with_gateway
 
 BCD = str(Path(sys.executable).parent / "bcd")
 
@@ -28,27 +25,8 @@ BCD = str(Path(sys.executable).parent / "bcd")
 def test_dev_then_a_token_then_bcd_join_and_node_then_revoke(
     cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path
 ) -> None:
-    port, gateway_port = free_port(), free_port()
-    env = {
-        **cli_env,
-        "BETTERCOMPUTE_TRUST_DOMAIN": "dev.localhost",
-        "BETTERCOMPUTE_GATEWAY_ADDRESS": f"127.0.0.1:{gateway_port}",
-    }
-    dev = start_cli(env, "dev", "--ephemeral", "--port", str(port), cwd=tmp_path)
-    dev.wait_for("Stop with Ctrl-C.", timeout=60)
-    assert f"Node daemons join through the gateway at 127.0.0.1:{gateway_port}" in dev.stdout
-    token = re.search(r"export TOKEN=(bcak_\S+)", dev.stdout)
-    assert token is not None, dev.stdout
-    base = f"http://127.0.0.1:{port}/api/compute"
-    headers = {"Authorization": f"Bearer {token.group(1)}"}
-
-    def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = httpx.post(f"{base}/{path}", headers=headers, json=body, timeout=10)
-        assert response.status_code == 200, response.text
-        data: dict[str, Any] = response.json()["data"]
-        return data
-
-    root = call("system/whoami", {})["tenant_id"]
+    plane = dev_with_gateway(cli_env, start_cli, tmp_path)
+    dev, gateway_port, call, root = plane.dev, plane.gateway_port, plane.call, plane.root_tenant
     pool = call("pools/create", {"tenant": root, "name": "gpus"})
     created = call("join-tokens/create", {"pool_id": pool["id"], "uses": 1, "expires_in_seconds": 600})
     printed = shlex.split(created["join_command"])
