@@ -25,6 +25,7 @@ pytestmark = pytest.mark.anyio
 STORE_MODULES = ("runtime", "pools", "commands", "usage", *KMS_MODULES)
 NODE_KEYS = [
     ("commands", "commands_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
+    ("node_inventory", "node_inventory_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
     ("sessions", "sessions_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
 ]
 
