@@ -76,7 +76,8 @@ class RetireNodeInput:
 
 @attrs.frozen(kw_only=True)
 class Node:
-    """A joined machine: its state, the hardware claims of its latest join, what attestors recorded, its session."""
+    """A joined machine: its state, the hardware claims of its latest join, what attestors recorded, its session, and
+    its desired-state generations (the latest given, the latest its daemon acknowledged)."""
 
     id: str
     tenant: str
@@ -92,6 +93,10 @@ class Node:
     joined_at: dt.datetime
     created_at: dt.datetime
     retired_at: dt.datetime | None
+    desired_generation: int
+    observed_generation: int
+    desired_state_pending: bool
+    """Whether the daemon has yet to acknowledge the latest desired state (``observed_generation`` behind)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -127,6 +132,9 @@ def _node(record: NodeRecord) -> Node:
         joined_at=record.joined_at,
         created_at=record.created_at,
         retired_at=record.retired_at,
+        desired_generation=record.desired_generation,
+        observed_generation=record.observed_generation,
+        desired_state_pending=record.observed_generation < record.desired_generation,
     )
 
 

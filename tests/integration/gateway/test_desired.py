@@ -17,7 +17,7 @@ from grpclib.exceptions import ProtocolError, StreamTerminatedError
 
 import bettercompute_proto as wire
 from bettercompute.errors import InvalidInputError, NotFoundError
-from bettercompute.modules.nodes import NODES, DesiredState, poke_gateways, set_desired_state
+from bettercompute.modules.nodes import NODES, DesiredState, GetNodeInput, poke_gateways, set_desired_state
 from bettercompute_gateway import GatewayOptions, create_gateway
 from bettercompute_store_pg import PgNotifier
 
@@ -82,10 +82,14 @@ async def test_a_desired_state_reaches_the_live_session_and_its_ack_is_recorded(
             changed = await _desire(gw, joined.node_id, ALLOCATION)
             pushed = await _next(stream, "desired_state")
             assert (pushed.generation, json.loads(pushed.content_json)) == (changed.generation, ALLOCATION)
+            shown = await gw.fleet.compute.api.nodes.get(gw.fleet.alice, GetNodeInput(id=joined.node_id))
+            assert (shown.desired_generation, shown.observed_generation, shown.desired_state_pending) == (2, 1, True)
             # An acknowledgement of a generation never sent is not taken.
             await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=9)))
             await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=2)))
             await _observed(gw, joined.node_id, 2)
+            shown = await gw.fleet.compute.api.nodes.get(gw.fleet.alice, GetNodeInput(id=joined.node_id))
+            assert (shown.desired_generation, shown.observed_generation, shown.desired_state_pending) == (2, 2, False)
             await stream.end()
     finally:
         channel.close()
