@@ -185,7 +185,9 @@ class ShardedWorker:
             async with anyio.create_task_group() as tg:
                 await tg.start(self._shard_loop)
                 if self._context.notifier is not None:
-                    tg.start_soon(self._listen)
+                    # Started once LISTEN is in place (or its first try failed): a poke sent after ``run`` has
+                    # started is heard, never lost to a LISTEN still on its way.
+                    await tg.start(self._listen)
                 for role in self._shard_roles:
                     if self._kinds[role]:
                         tg.start_soon(self._reconcile_loop, role)
@@ -208,18 +210,25 @@ class ShardedWorker:
     async def _poke(self, payload: str) -> None:
         await notify_work(self._context, payload)
 
-    async def _listen(self) -> None:
+    async def _listen(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Turn notifier pokes into wake-ups; reconnect with backoff, forever (the loops poll meanwhile)."""
         notifier = self._context.notifier
         assert notifier is not None
         failures = 0
+        started = False
         while True:
             try:
                 async with notifier.listen(WORK_CHANNEL) as pokes:
                     failures = 0
+                    if not started:
+                        task_status.started()
+                        started = True
                     async for payload in pokes:
                         self._on_poke(payload)
             except ComputeError as exc:
+                if not started:
+                    task_status.started()
+                    started = True
                 failures += 1
                 wait = min(30.0, math.pow(2, min(failures, 5)))
                 log.info("listening for pokes failed (%s); again in about %.0f s", exc.code, wait)

@@ -17,5 +17,5 @@ class Notifier(Protocol):
         ...
 
     def listen(self, channel: str) -> AbstractAsyncContextManager[AsyncIterator[str]]:
-        """Receive pokes on ``channel`` while the context is open."""
+        """Receive pokes on ``channel`` while the context is open: every poke sent after it is entered."""
         ...

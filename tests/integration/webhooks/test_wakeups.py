@@ -3,6 +3,7 @@ event at once, and without pokes (no notifier, or a poke that never came) they s
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 from collections.abc import AsyncIterator, Callable
@@ -58,6 +59,38 @@ async def test_a_poke_sends_an_event_long_before_the_poll_would(
     assert json.loads(receiver.received[2].body)["id"] == sent.event_id
     for item in receiver.received:
         verify(secret, item.headers, item.body)
+
+
+class _SlowToListen:
+    """A real ``PgNotifier`` whose LISTEN takes a second to be in place, as on a busy or distant server."""
+
+    def __init__(self, inner: PgNotifier) -> None:
+        self._inner = inner
+
+    async def notify(self, channel: str, payload: str = "") -> None:
+        await self._inner.notify(channel, payload)
+
+    @contextlib.asynccontextmanager
+    async def listen(self, channel: str) -> AsyncIterator[AsyncIterator[str]]:
+        await anyio.sleep(1)
+        async with self._inner.listen(channel) as pokes:
+            yield pokes
+
+
+async def test_an_event_published_as_soon_as_the_loops_start_is_not_left_for_the_poll(
+    database_url: str, fresh_schema: str, tmp_path: Path, receiver: Receiver, notifier: PgNotifier
+) -> None:
+    """``start`` returns once the loops listen: the poke of a publish right after it is heard, not lost to a LISTEN
+    still on its way (which would leave the event for the minute-long poll)."""
+    poll = dt.timedelta(seconds=60)
+    async with open_hooks(
+        database_url, fresh_schema, tmp_path / "kms.key", notifier=_SlowToListen(notifier), poll_interval=poll
+    ) as hooks:
+        await hooks.subscribe(receiver.url)
+        await hooks.compute.start({"sinks"})
+        await hooks.publish("node.changed", "node_1")
+        await _until(lambda: len(receiver.received) >= 1, 10)
+    assert _keys(receiver) == ["node_1"]
 
 
 async def test_the_sinks_loops_deliver_by_polling_with_the_notifier_off(
