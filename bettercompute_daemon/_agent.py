@@ -13,6 +13,11 @@ daemon for good (exit status 3: its unit does not restart it); any other end rec
 and jitter, so that a gateway restart does not bring every node back in the same second. Alongside the sessions,
 the certificate is renewed at about two thirds of its life (``_renewal``).
 
+The same ``Agent`` holds each simulated node of ``bcd sim`` (``_sim``): without a CDI directory it writes nothing for
+a desired state and acknowledges it (after ``ack_delay``), answers ``diag.nvml`` with the declared health without a
+thread, and tells an observer what happened (sessions opened and ended, inventory sent, commands answered, acks);
+``drop()`` cuts the live connection as a network fault would, and the node reconnects as ``bcd node`` does.
+
 Re-enrolment: a certificate that expired (the machine was off, or renewals kept failing) cannot be renewed. Before
 it dials, ``bcd node`` then joins again as ``bcd join`` does (a new key and CSR, the same hardware claims, the
 pinned configuration) with the token kept in ``reenroll.token``; with a token whose ``reclaim`` is
@@ -30,7 +35,7 @@ import random
 import secrets
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +54,7 @@ from ._renewal import IDENTITY_GONE, REENROLL_TOKEN, Renewer, retryable
 from ._state import NodeConfig, NodeIdentity, StateDir
 from .identity import NodeKey, join_binding, seal_token
 
-__all__ = ["EXPIRED", "STOPPED", "DaemonError", "JoinRefused", "join", "run_node"]
+__all__ = ["EXPIRED", "STOPPED", "Agent", "DaemonError", "JoinRefused", "Observer", "join", "run_node"]
 
 log = logging.getLogger("bcd")
 
@@ -62,6 +67,14 @@ join was refused): retrying cannot help either, an operator has to act."""
 
 _FINAL = IDENTITY_GONE
 _CAPABILITIES = ["inventory", "desired-state", "cdi", "diag.nvml"]
+
+Observer = Callable[[str, Mapping[str, Any]], None]
+"""Told of each notable thing a node's sessions do: its name (``session_opened``, ``session_ended``, ``inventory``,
+``command``, ``ack``) and a few JSON-ready facts about it."""
+
+
+def _unobserved(event: str, facts: Mapping[str, Any]) -> None:
+    """No observer."""
 
 
 class DaemonError(Exception):
@@ -150,6 +163,7 @@ async def join(
 @attrs.define
 class _Session:
     stream: Any
+    channel: Channel
     key: NodeKey
     """The key of the certificate the session opened with: the gateway checks command results against it."""
     sends: asyncio.Lock = attrs.field(factory=asyncio.Lock)
@@ -162,7 +176,17 @@ class _Session:
 
 
 class Agent:
-    """``bcd node``: one session at a time, reconnecting until stopped or told the identity is gone."""
+    """``bcd node``: one session at a time, reconnecting until stopped or told the identity is gone.
+
+    Args:
+        state: The node's state directory (joined).
+        inventory: What the node reports.
+        sleep: How to wait before reconnecting.
+        cdi_dir: Where the CDI spec of a desired state is written; ``None`` for a simulated node, which writes
+            nothing (not even ``desired.json``) and acknowledges every desired state.
+        observer: Told of each notable event (see ``Observer``).
+        ack_delay: Seconds between receiving a desired state and acknowledging it (a fault ``bcd sim`` injects).
+    """
 
     def __init__(
         self,
@@ -170,12 +194,18 @@ class Agent:
         inventory: Inventory,
         *,
         sleep: Callable[[float], Any] = asyncio.sleep,
-        cdi_dir: Path = DEFAULT_CDI_DIR,
+        cdi_dir: Path | None = DEFAULT_CDI_DIR,
+        observer: Observer = _unobserved,
+        ack_delay: float = 0.0,
     ) -> None:
         self._state = state
         self._inventory = inventory
         self._cdi_dir = cdi_dir
         self._sleep = sleep
+        self._observe = observer
+        self._ack_delay = ack_delay
+        self._session: _Session | None = None
+        self._capabilities = [c for c in _CAPABILITIES if c != "cdi" or cdi_dir is not None]
         config = state.config()
         identity = state.identity()
         if identity is None:
@@ -211,6 +241,7 @@ class Agent:
                     return status
             started = time.monotonic()
             outcome = await self._one_session()
+            self._observe("session_ended", {"reason": outcome})
             if outcome in _FINAL:
                 log.error("the gateway closed the session: %s; this node's identity is gone, stopping", outcome)
                 return STOPPED
@@ -231,6 +262,16 @@ class Agent:
         files = (str(self._state.path / "node.crt"), str(self._state.path / "node.key"))
         return Channel(host, port, ssl=_context(self._state.gateway_trust(), certificate=files))
 
+    def drop(self) -> bool:
+        """Cut the live session's connection, as a network fault would (the node reconnects with backoff); whether
+        there was one."""
+        session = self._session
+        if session is None or session.closed is not None:
+            return False
+        session.closed = "dropped"
+        session.channel.close()
+        return True
+
     async def _one_session(self) -> str:
         """One session, from dialing to its end; returns why it ended."""
         credentials = self._renewer.credentials  # read with the files, no await between: a renewal cannot split them
@@ -242,25 +283,28 @@ class Agent:
             async with channel.request(
                 f"/{wire.SERVICE}/Session", Cardinality.STREAM_STREAM, wire.NodeFrame, wire.ControlFrame
             ) as stream:
-                session = _Session(stream=stream, key=credentials.key)
+                session = self._session = _Session(stream=stream, channel=channel, key=credentials.key)
                 await stream.send_request()
                 hello = wire.Hello(
                     node_id=credentials.identity.node_id,
                     session_nonce=secrets.token_bytes(16),
                     software_version=VERSION,
-                    capabilities=_CAPABILITIES,
+                    capabilities=self._capabilities,
                 )
                 await session.send(wire.NodeFrame(hello=hello))
                 return await self._serve(session)
         except GRPCError as exc:
             return f"refused: {refusal(exc)}"
         except (TimeoutError, OSError, StreamTerminatedError, ssl.SSLError) as exc:
-            return f"connection lost: {type(exc).__name__}"
+            dropped = self._session is not None and self._session.closed == "dropped"
+            return "dropped" if dropped else f"connection lost: {type(exc).__name__}"
         finally:
+            self._session = None
             channel.close()
 
     async def _serve(self, session: _Session) -> str:
         beats: asyncio.Task[None] | None = None
+        acks: set[asyncio.Task[None]] = set()
         try:
             while True:
                 frame = await session.stream.recv_message()
@@ -270,15 +314,22 @@ class Agent:
                 if isinstance(content, wire.Welcome):
                     session.epoch = content.epoch
                     log.info("session %d open on %s", content.epoch, self._config.gateway)
+                    self._observe("session_opened", {"epoch": content.epoch})
                     interval = max(content.heartbeat_interval_ms, 100) / 1000
                     beats = asyncio.create_task(self._beat(session, interval))
                 elif isinstance(content, wire.InventoryRequest):
                     await self._send_inventory(session, list(content.sections))
                 elif isinstance(content, wire.DesiredState):
-                    self._state.write("desired.json", content.content_json.encode())
-                    if self._apply(content):
-                        ack = wire.DesiredStateAck(observed_generation=content.generation)
-                        await session.send(wire.NodeFrame(desired_state_ack=ack))
+                    if self._cdi_dir is not None:
+                        self._state.write("desired.json", content.content_json.encode())
+                    if not self._apply(content):
+                        continue
+                    if self._ack_delay > 0:  # later, without holding up the frames that follow
+                        task = asyncio.create_task(self._ack(session, content.generation, self._ack_delay))
+                        acks.add(task)
+                        task.add_done_callback(acks.discard)
+                    else:
+                        await self._ack(session, content.generation)
                 elif isinstance(content, wire.Command):
                     await self._run_command(session, content)
                 elif isinstance(content, wire.Close):
@@ -287,13 +338,28 @@ class Agent:
                 else:
                     log.warning("ignored a %s frame", kind)
         finally:
-            if beats is not None:
-                beats.cancel()
+            for task in [t for t in (beats, *acks) if t is not None]:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await beats
+                    await task
+
+    async def _ack(self, session: _Session, generation: int, delay: float = 0.0) -> None:
+        frame = wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=generation))
+        if delay:
+            await asyncio.sleep(delay)
+            try:
+                await session.send(frame)
+            except Exception:  # the session ended meanwhile: the next one is sent the desired state again
+                return
+        else:
+            await session.send(frame)
+        self._observe("ack", {"generation": generation})
 
     def _apply(self, desired: wire.DesiredState) -> bool:
-        """Write the CDI spec of a desired state; whether all of it was applied (only then is it acknowledged)."""
+        """Write the CDI spec of a desired state; whether all of it was applied (only then is it acknowledged). A
+        simulated node (no CDI directory) has nothing to write."""
+        if self._cdi_dir is None:
+            return True
         gpus = self._inventory.sections.get("gpus")
         problems = apply_desired_state(
             self._cdi_dir,
@@ -314,15 +380,21 @@ class Agent:
                 await session.send(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=round(time.time() * 1000))))
 
     async def _send_inventory(self, session: _Session, wanted: list[str]) -> None:
+        sent = []
         for name, content in self._inventory.sections.items():
             if wanted and name not in wanted:
                 continue
             section = wire.InventorySection(section=name, content_json=json.dumps(content), fake=self._inventory.fake)
             await session.send(wire.NodeFrame(inventory=section))
+            sent.append(name)
+        self._observe("inventory", {"sections": sent})
 
     async def _run_command(self, session: _Session, command: wire.Command) -> None:
         if command.kind == "diag.nvml":
-            health = await asyncio.to_thread(self._inventory.current_health)  # NVML's calls block
+            if self._inventory.nvml is not None:
+                health = await asyncio.to_thread(self._inventory.current_health)  # NVML's calls block
+            else:
+                health = self._inventory.current_health()  # declared: nothing blocks, no thread per node
             outcome, result = "succeeded", {"health": health, "fake": self._inventory.fake}
         else:
             outcome, result = "failed", {"reason": "unknown_kind"}
@@ -339,6 +411,7 @@ class Agent:
             signature=session.key.sign(message),
         )
         await session.send(wire.NodeFrame(command_result=signed))
+        self._observe("command", {"kind": command.kind, "outcome": outcome})
 
     async def _reenrol(self) -> int | None:
         """Join again with the kept token, the certificate having expired: ``None`` once joined (and the new

@@ -1,6 +1,6 @@
 """The ``bcd`` command: ``bcd join ...`` (exactly what ``join-tokens.create`` prints, or ``--config`` with a pinned
-configuration file), ``bcd node``, and ``bcd unit`` (the systemd unit for this ``bcd``, as the install script
-writes it)."""
+configuration file), ``bcd node``, ``bcd unit`` (the systemd unit for this ``bcd``, as the install script writes
+it), and ``bcd sim`` (a simulated fleet, ``_sim``)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,18 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 from ._agent import VERSION, DaemonError, join, run_node
 from ._cdi import DEFAULT_CDI_DIR
-from ._config import FIELDS, read_config_file, resolve
+from ._config import FIELDS, ConfigError, read_config_file, resolve
 from ._inventory import Inventory
 from ._pin import fetch_pinned_bundle
 from ._renewal import REENROLL_TOKEN
-from ._state import DEFAULT_STATE_DIR, StateDir
+from ._sim import SimOptions, Simulator, run_sim
+from ._state import DEFAULT_STATE_DIR, NodeConfig, StateDir
 
 __all__ = ["main"]
 
@@ -48,17 +50,7 @@ def _parser() -> argparse.ArgumentParser:
         "flag that repeats the file must agree with it.",
     )
     joining.add_argument("--token", required=True, help="the join token (bcjt_<id>.<secret>)")
-    joining.add_argument("--config", type=Path, default=None, help="the pinned configuration file (JSON)")
-    joining.add_argument("--gateway", help="the gateway to dial, host:port")
-    joining.add_argument("--trust-domain", help="the control plane's trust domain")
-    joining.add_argument("--ca-bundle", help="the CA bundle to trust, base64 of its PEM")
-    joining.add_argument(
-        "--ca-pin",
-        help="instead of --ca-bundle: sha256:<hex> of the CA certificates (DER, sorted, concatenated); the bundle is "
-        "fetched from the gateway and trusted only if it matches",
-    )
-    joining.add_argument("--join-key", help="JoinService's public key the token is sealed to")
-    joining.add_argument("--pool", default=None, help="the pool this machine is meant for")
+    _join_options(joining)
     joining.add_argument(
         "--keep-token",
         action="store_true",
@@ -73,7 +65,147 @@ def _parser() -> argparse.ArgumentParser:
         help=f"where the CDI spec of the allocated GPUs is written (default {DEFAULT_CDI_DIR})",
     )
     commands.add_parser("unit", help="print the systemd unit that runs this bcd's `bcd node`")
+    _sim_parser(commands.add_parser)
     return parser
+
+
+def _join_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None, help="the pinned configuration file (JSON)")
+    parser.add_argument("--gateway", help="the gateway to dial, host:port")
+    parser.add_argument("--trust-domain", help="the control plane's trust domain")
+    parser.add_argument("--ca-bundle", help="the CA bundle to trust, base64 of its PEM")
+    parser.add_argument(
+        "--ca-pin",
+        help="instead of --ca-bundle: sha256:<hex> of the CA certificates (DER, sorted, concatenated); the bundle is "
+        "fetched from the gateway and trusted only if it matches",
+    )
+    parser.add_argument("--join-key", help="JoinService's public key the token is sealed to")
+    parser.add_argument("--pool", default=None, help="the pool this machine is meant for")
+
+
+def _count(low: int, high: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, not {value}")
+        return value
+
+    return parse
+
+
+def _number(low: float, high: float | None = None) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (value >= low and (high is None or value <= high)):  # NaN fails both
+            bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, not {text}")
+        return value
+
+    return parse
+
+
+def _sim_parser(add: Any) -> None:
+    sim = add(
+        "sim",
+        help="run a deterministic simulated fleet over the real wire",
+        description="Run N simulated nodes in this one process: each joins with the (multi-use) token, holds its own "
+        "mutual-TLS session, answers inventory and commands and acknowledges desired state. Nodes already joined in "
+        "--state-dir are reused. Prints a JSON summary on SIGINT or SIGTERM.",
+    )
+    sim.add_argument("--nodes", type=_count(1, 100_000), required=True, help="how many nodes")
+    sim.add_argument("--seed", type=_count(0, 2**63), default=0, help="what the fleet and its faults are drawn from")
+    sim.add_argument(
+        "--state-dir", dest="sim_state_dir", type=Path, required=True, help="each node's state, in <index>/"
+    )
+    sim.add_argument("--token", default=None, help="a join token with enough uses (needed while a node has not joined)")
+    _join_options(sim)
+    sim.add_argument("--gpus-per-node", type=_count(1, 64), default=8, help="GPUs of each node (default 8)")
+    sim.add_argument("--unhealthy", type=_number(0, 1), default=0.0, help="share of GPUs declared unhealthy")
+    sim.add_argument(
+        "--fail-acceptance", type=_number(0, 1), default=0.0, help="share of nodes whose diag.nvml finds an ECC error"
+    )
+    sim.add_argument(
+        "--drop-sessions", type=_number(0), default=0.0, help="sessions dropped per node per minute (then reconnected)"
+    )
+    sim.add_argument("--ack-delay", type=_number(0), default=0.0, help="seconds before a desired state is acked")
+    sim.add_argument("--join-concurrency", type=_count(1, 1024), default=8, help="joins under way at once (default 8)")
+    sim.add_argument(
+        "--open-concurrency", type=_count(1, 10_000), default=64, help="first sessions being opened at once"
+    )
+    sim.add_argument("--duration", type=_number(0), default=None, help="stop after this many seconds")
+    sim.add_argument("--debug", action="store_true", help="print one JSON line per notable event on stdout")
+
+
+def _sim(args: argparse.Namespace) -> int:
+    options = SimOptions(
+        nodes=args.nodes,
+        seed=args.seed,
+        gpus_per_node=args.gpus_per_node,
+        unhealthy=args.unhealthy,
+        fail_acceptance=args.fail_acceptance,
+        drop_sessions=args.drop_sessions,
+        ack_delay=args.ack_delay,
+        join_concurrency=args.join_concurrency,
+        open_concurrency=args.open_concurrency,
+    )
+    logging.getLogger("bcd").setLevel(logging.INFO if args.debug else logging.WARNING)
+    probe = Simulator(args.sim_state_dir, options)
+    unjoined = probe.unjoined()
+    config: NodeConfig | None = None
+    bundle: str | None = None
+    pin: str | None = None
+    if unjoined:
+        problems = [] if args.token else [f"--token: {len(unjoined)} of the {options.nodes} nodes have not joined yet"]
+        flags = {name: getattr(args, name) for name in FIELDS}
+        joined = [i for i in range(options.nodes) if i not in set(unjoined)]
+        if joined and args.config is None and not any(flags.values()):
+            # More nodes than last time: they join where the others did, trusting what they were pinned to.
+            state = probe.state(joined[0])
+            config, bundle = state.config(), state.read("pinned-ca.pem").decode()
+        else:
+            try:
+                file = read_config_file(args.config) if args.config is not None else None
+                resolved = resolve(flags, file, path=str(args.config or ""))
+                config, bundle, pin = resolved.node_config(), resolved.ca_bundle_pem, resolved.ca_pin
+            except ConfigError as exc:
+                problems += exc.problems
+        if problems:
+            raise ConfigError(problems)
+    print(
+        f"bcd sim: {options.nodes} nodes from seed {options.seed} in {args.sim_state_dir} ({len(unjoined)} to join)",
+        file=sys.stderr,
+    )
+
+    async def main() -> int:
+        trusted = bundle
+        if config is not None and trusted is None:
+            trusted = await fetch_pinned_bundle(config.gateway, pin or "")
+        simulator = Simulator(
+            args.sim_state_dir,
+            options,
+            token=args.token,
+            config=config,
+            bundle_pem=trusted,
+            events=sys.stdout if args.debug else None,
+        )
+        return await run_sim(simulator, duration=args.duration)
+
+    return _run(main())
+
+
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    """Run ``main`` on uvloop when it is installed (as the gateway does), else on asyncio's own loop."""
+    try:
+        import uvloop  # an optional dependency, imported only here
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="bcd: %(message)s", stream=sys.stderr)
     state = StateDir(args.state_dir)
     try:
+        if args.command == "sim":
+            return _sim(args)
         if args.command == "unit":
             print(unit(args.state_dir, args.fake_inventory), end="")
             return 0
@@ -110,6 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if inventory.xids is not None:
             inventory.xids.start()  # a thread of its own, for the life of the process
         return asyncio.run(run_node(state, inventory, cdi_dir=args.cdi_dir))
+    except ConfigError as exc:
+        print(f"bcd: {exc}", file=sys.stderr)
+        return 2 if args.command == "sim" else 1
     except DaemonError as exc:
         print(f"bcd: {exc}", file=sys.stderr)
         return 1

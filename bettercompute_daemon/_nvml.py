@@ -6,6 +6,7 @@ reports. Each GPU::
     {"index": 0, "uuid": "GPU-...", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "minor": 0,
      "pci_bus_id": "00000000:18:00.0", "serial": "...", "driver_version": "550.54.15",
      "mig": {"current": false, "pending": false},
+     "nvlink_peers": ["GPU-...", ...],
      "ecc": {"enabled": true, "volatile": {"corrected": 0, "uncorrected": 0},
              "aggregate": {"corrected": 0, "uncorrected": 0}},
      "retired_pages": {"single_bit": 0, "double_bit": 0, "pending": false},
@@ -13,7 +14,10 @@ reports. Each GPU::
      "recovery_action": "none"}
 
 A value NVML does not support on that GPU (retired pages on Ampere and later, row remapping before it, MIG on most
-cards, the recovery action before driver 550) is ``null``.
+cards, the recovery action before driver 550, peer-to-peer status) is ``null``. With MIG on, ``mig`` also lists the
+MIG devices: ``"devices": [{"uuid": "MIG-...", "profile": "1g.10gb", "memory_mib": 9856}]`` (the profile read from
+the device's name, ``null`` when it does not say). ``nvlink_peers`` are the UUIDs of the other GPUs this one reaches
+peer-to-peer over NVLink (directly or through NVSwitch).
 
 XIDs are not counters in NVML but events: ``XidWatcher`` listens for them in a thread while ``bcd node`` runs and
 keeps the last ones (``"xid": [{"uuid", "xid", "at_ms"}]`` in the health; ``null`` when nothing listens).
@@ -36,7 +40,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-__all__ = ["NvmlReading", "XidWatcher", "read_nvml"]
+__all__ = ["NvmlReading", "XidWatcher", "health_of", "read_nvml"]
 
 log = logging.getLogger("bcd")
 
@@ -83,13 +87,78 @@ def read_nvml(nvml: Any, *, xids: list[dict[str, Any]] | None = None) -> NvmlRea
         driver = _optional(error, lambda: _text(nvml.nvmlSystemGetDriverVersion()))
         count = int(nvml.nvmlDeviceGetCount())
         gpus = [_gpu(nvml, error, index, driver) for index in range(count)]
+        handles = [_handle(nvml, error, index) for index in range(count)]
+        for gpu, handle in zip(gpus, handles, strict=True):
+            if "uuid" in gpu:
+                gpu["nvlink_peers"] = _peers_or_none(nvml, error, gpu, handle, gpus, handles)
     except error as exc:
         log.warning("NVML failed while listing GPUs (%s): no GPUs reported", _text(exc))
         return None
     finally:
         with contextlib.suppress(error):
             nvml.nvmlShutdown()
-    return NvmlReading(gpus=gpus, health=_health(gpus, driver, xids), claims=_claims(gpus))
+    return NvmlReading(gpus=gpus, health=health_of(gpus, driver, xids), claims=_claims(gpus))
+
+
+def _handle(nvml: Any, error: type[BaseException], index: int) -> Any:
+    try:
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+    except error:
+        return None
+
+
+def _peers_or_none(
+    nvml: Any,
+    error: type[BaseException],
+    gpu: dict[str, Any],
+    handle: Any,
+    gpus: list[dict[str, Any]],
+    handles: list[Any],
+) -> list[str] | None:
+    try:
+        return _nvlink_peers(nvml, gpu, handle, gpus, handles)
+    except error:
+        return None
+
+
+def _nvlink_peers(
+    nvml: Any, gpu: dict[str, Any], handle: Any, gpus: list[dict[str, Any]], handles: list[Any]
+) -> list[str] | None:
+    """The UUIDs of the GPUs ``gpu`` reaches over NVLink; ``None`` when these bindings cannot tell."""
+    index = getattr(nvml, "NVML_P2P_CAPS_INDEX_NVLINK", None)
+    if index is None or not hasattr(nvml, "nvmlDeviceGetP2PStatus"):
+        return None
+    peers = []
+    for other, other_handle in zip(gpus, handles, strict=True):
+        if other is gpu or other_handle is None or "uuid" not in other:
+            continue
+        if nvml.nvmlDeviceGetP2PStatus(handle, other_handle, index) == nvml.NVML_P2P_STATUS_OK:
+            peers.append(other["uuid"])
+    return peers
+
+
+def _mig_devices(nvml: Any, error: type[BaseException], handle: Any) -> list[dict[str, Any]] | None:
+    """The MIG devices of a GPU with MIG on (an empty slot is skipped); ``None`` when these bindings cannot tell."""
+    if not hasattr(nvml, "nvmlDeviceGetMaxMigDeviceCount"):
+        return None
+    devices = []
+    for slot in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            device = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except error as exc:
+            if getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NOT_FOUND", object()):
+                continue
+            raise
+        name = _text(nvml.nvmlDeviceGetName(device))  # "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+        _, found, profile = name.rpartition(" MIG ")
+        devices.append(
+            {
+                "uuid": _text(nvml.nvmlDeviceGetUUID(device)),
+                "profile": profile if found and profile else None,
+                "memory_mib": int(nvml.nvmlDeviceGetMemoryInfo(device).total) // MIB,
+            }
+        )
+    return devices
 
 
 def _gpu(nvml: Any, error: type[BaseException], index: int, driver: str | None) -> dict[str, Any]:
@@ -120,9 +189,15 @@ def _gpu(nvml: Any, error: type[BaseException], index: int, driver: str | None) 
             "aggregate": _optional(error, lambda: ecc_counts(nvml.NVML_AGGREGATE_ECC)),
         }
 
-    def mig() -> dict[str, bool]:
+    def mig() -> dict[str, Any]:
         current, pending = nvml.nvmlDeviceGetMigMode(handle)
-        return {"current": current == nvml.NVML_DEVICE_MIG_ENABLE, "pending": pending == nvml.NVML_DEVICE_MIG_ENABLE}
+        mode: dict[str, Any] = {
+            "current": current == nvml.NVML_DEVICE_MIG_ENABLE,
+            "pending": pending == nvml.NVML_DEVICE_MIG_ENABLE,
+        }
+        if mode["current"]:
+            mode["devices"] = _optional(error, lambda: _mig_devices(nvml, error, handle))
+        return mode
 
     def retired_pages() -> dict[str, Any]:
         single = nvml.nvmlDeviceGetRetiredPages(handle, nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
@@ -165,7 +240,8 @@ def _gpu(nvml: Any, error: type[BaseException], index: int, driver: str | None) 
     }
 
 
-def _health(gpus: list[dict[str, Any]], driver: str | None, xids: list[dict[str, Any]] | None) -> dict[str, Any]:
+def health_of(gpus: list[dict[str, Any]], driver: str | None, xids: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The health ``diag.nvml`` reports for these ``gpus`` (entries of the ``gpus`` section) and the XIDs heard."""
     detail = []
     for gpu in gpus:
         problems = []

@@ -46,6 +46,15 @@ class FakeGpu:
     remapped: tuple[int, int, int, int] | None = (0, 0, 0, 0)
     recovery: int | None = 0
     broken: bool = False
+    mig_devices: list[FakeMig] = attrs.field(factory=list)  # by slot; None: an empty slot
+    nvlink: tuple[str, ...] = ()  # the UUIDs of the GPUs it reaches over NVLink
+
+
+@attrs.define(kw_only=True)
+class FakeMig:
+    uuid: str
+    name: str
+    memory_bytes: int
 
 
 class FakeNvml(types.SimpleNamespace):
@@ -63,6 +72,11 @@ class FakeNvml(types.SimpleNamespace):
     NVML_DEVICE_MIG_ENABLE = 1
     NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
     NVML_ERROR_TIMEOUT = 10
+    NVML_ERROR_NOT_FOUND = 6
+    NVML_P2P_CAPS_INDEX_NVLINK = 2
+    NVML_P2P_STATUS_OK = 0
+    NVML_P2P_STATUS_NOT_SUPPORTED = 5
+    MAX_MIG_DEVICES = 7
     nvmlEventTypeXidCriticalError = 0x8
 
     def __init__(self, gpus: list[FakeGpu], *, init_error: FakeNvmlError | None = None) -> None:
@@ -109,15 +123,29 @@ class FakeNvml(types.SimpleNamespace):
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         return self.gpus[index]
 
-    def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:
-        if gpu.broken:
+    def nvmlDeviceGetMaxMigDeviceCount(self, gpu: FakeGpu) -> int:
+        return self.MAX_MIG_DEVICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, gpu: FakeGpu, slot: int) -> FakeMig:
+        if slot >= len(gpu.mig_devices):
+            raise FakeNvmlError(self.NVML_ERROR_NOT_FOUND, "Not Found")
+        return gpu.mig_devices[slot]
+
+    def nvmlDeviceGetP2PStatus(self, gpu: FakeGpu, other: FakeGpu, index: int) -> int:
+        assert index == self.NVML_P2P_CAPS_INDEX_NVLINK
+        if gpu.broken or other.broken:
+            raise FakeNvmlError(15, "GPU is lost")
+        return self.NVML_P2P_STATUS_OK if other.uuid in gpu.nvlink else self.NVML_P2P_STATUS_NOT_SUPPORTED
+
+    def nvmlDeviceGetUUID(self, gpu: FakeGpu | FakeMig) -> str:
+        if isinstance(gpu, FakeGpu) and gpu.broken:
             raise FakeNvmlError(15, "GPU is lost")
         return gpu.uuid
 
-    def nvmlDeviceGetName(self, gpu: FakeGpu) -> bytes:
+    def nvmlDeviceGetName(self, gpu: FakeGpu | FakeMig) -> bytes:
         return gpu.name.encode()  # older bindings answer bytes
 
-    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu | FakeMig) -> Any:
         return types.SimpleNamespace(total=gpu.memory_bytes, used=0, free=gpu.memory_bytes)
 
     def nvmlDeviceGetMinorNumber(self, gpu: FakeGpu) -> int:
@@ -177,6 +205,7 @@ def test_a_healthy_machine_maps_into_the_gpus_section_claims_and_health() -> Non
         "serial": None,  # not supported on this card
         "driver_version": "550.54.15",
         "mig": {"current": False, "pending": False},
+        "nvlink_peers": [],
         "ecc": {
             "enabled": True,
             "volatile": {"corrected": 0, "uncorrected": 0},
@@ -186,7 +215,7 @@ def test_a_healthy_machine_maps_into_the_gpus_section_claims_and_health() -> Non
         "remapped_rows": {"corrected": 0, "uncorrected": 0, "pending": False, "failure": False},
         "recovery_action": "none",
     }
-    assert second["mig"] == {"current": True, "pending": True} and second["minor"] == 1
+    assert second["mig"] == {"current": True, "pending": True, "devices": []} and second["minor"] == 1
     assert reading.claims == {"gpu_count": 2, "gpu_uuids": ["GPU-a", "GPU-b"], "gpu_model": "NVIDIA H100 80GB HBM3"}
     assert reading.health["healthy"] is True and reading.health["source"] == "nvml"
     assert reading.health["ecc_uncorrectable"] == 0 and reading.health["xid"] is None  # nothing listened for them
@@ -339,3 +368,54 @@ def test_no_xid_listening_without_gpus_that_report_them() -> None:
     inventory = Inventory.load(None, nvml=nvml)
     assert inventory.xids is not None and inventory.xids.start() is False
     assert nvml.freed.is_set() and inventory.current_health()["xid"] is None
+
+
+def test_mig_devices_and_nvlink_peers_are_reported_in_the_gpus_section() -> None:
+    name = "NVIDIA H100 80GB HBM3"
+    slices = [FakeMig(uuid=f"MIG-{n}", name=f"{name} MIG 1g.10gb", memory_bytes=9856 * 1024 * 1024) for n in range(2)]
+    odd = FakeMig(uuid="MIG-odd", name="something else", memory_bytes=4 * 1024 * 1024 * 1024)
+    gpus = [
+        FakeGpu(uuid="GPU-a", mig=(1, 0), mig_devices=[*slices, odd], nvlink=("GPU-b",)),
+        FakeGpu(uuid="GPU-b", minor=1, nvlink=("GPU-a", "GPU-c")),
+        FakeGpu(uuid="GPU-c", minor=2, mig=None),  # a PCIe card: no MIG, no NVLink
+        FakeGpu(uuid="GPU-lost", minor=3, broken=True),
+    ]
+    reading = read_nvml(FakeNvml(gpus))
+    assert reading is not None
+    a, b, c, lost = reading.gpus
+    assert a["mig"] == {
+        "current": True,
+        "pending": False,
+        "devices": [
+            {"uuid": "MIG-0", "profile": "1g.10gb", "memory_mib": 9856},
+            {"uuid": "MIG-1", "profile": "1g.10gb", "memory_mib": 9856},
+            {"uuid": "MIG-odd", "profile": None, "memory_mib": 4096},  # a name that does not say its profile
+        ],
+    }
+    assert b["mig"] == {"current": False, "pending": False} and c["mig"] is None
+    assert [a["nvlink_peers"], b["nvlink_peers"], c["nvlink_peers"]] == [["GPU-b"], ["GPU-a", "GPU-c"], []]
+    assert lost == {"index": 3, "error": "GPU is lost"}  # and no other GPU's peers asked about it
+    assert reading.health["healthy"] is False  # the lost GPU; MIG and NVLink change nothing to the health
+    assert [g["problems"] for g in reading.health["gpus"]] == [[], [], [], ["unreadable"]]
+
+
+def test_bindings_without_mig_devices_or_p2p_status_leave_them_unknown() -> None:
+    nvml = FakeNvml([FakeGpu(uuid="GPU-a", mig=(1, 1)), FakeGpu(uuid="GPU-b", minor=1, nvlink=("GPU-a",))])
+    reading = read_nvml(_Without(nvml, {"nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetP2PStatus"}))
+    assert reading is not None
+    assert reading.gpus[0]["mig"] == {"current": True, "pending": True, "devices": None}
+    assert [g["nvlink_peers"] for g in reading.gpus] == [None, None]
+    assert reading.health["healthy"] is True
+
+
+class _Without:
+    """``nvml`` as older bindings would be: without the ``missing`` names."""
+
+    def __init__(self, nvml: FakeNvml, missing: set[str]) -> None:
+        self._nvml = nvml
+        self._missing = missing
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._missing:
+            raise AttributeError(name)
+        return getattr(self._nvml, name)
