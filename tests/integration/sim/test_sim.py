@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import importlib.util
 import json
 import shlex
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -244,3 +246,44 @@ async def test_bad_arguments_are_refused_with_exit_status_2(tmp_path: Path, args
     assert said in done.stderr.decode()
     assert b"Traceback" not in done.stderr
     assert not (tmp_path / "s").exists()  # nothing written
+
+
+def lifecycle_controller_present() -> bool:
+    """Whether this control plane moves joined nodes from ``adopting`` to ``adopted`` (issue 12's lifecycle
+    controller, with the ``inventory`` module)."""
+    return importlib.util.find_spec("bettercompute.modules.inventory") is not None
+
+
+async def writes(gw: Wire) -> dict[str, int]:
+    """Rows written so far to the tables of inventory (``node_inventory``) and liveness (``sessions``, ``nodes``),
+    as PostgreSQL's statistics count them (each backend reports within about a second)."""
+    rows = await gw.fleet.store.fetch(
+        gw.fleet.store.sql(
+            "SELECT relname, n_tup_ins + n_tup_upd AS written FROM pg_stat_user_tables"
+            " WHERE schemaname = :schema AND relname IN ('node_inventory', 'sessions', 'nodes')"
+        ),
+        {"schema": gw.fleet.store.schema},
+    )
+    return {r.relname: int(r.written) for r in rows}
+
+
+async def test_two_hundred_nodes_hold_their_sessions_on_one_gateway(gw: Wire, tmp_path: Path) -> None:
+    flags = await join_flags(gw, uses=200)
+    args = ["--nodes", "200", "--seed", "200", "--state-dir", str(tmp_path / "fleet"), "--unhealthy", "0.01"]
+    async with sim(*args, "--join-concurrency", "8", *flags) as running:
+        await wait_for(lambda: all_in_session(gw, 200), seconds=50)
+        if lifecycle_controller_present():
+
+            async def adopted() -> bool:
+                return all(n.state == "adopted" for n in await nodes_of(gw))
+
+            await wait_for(adopted, seconds=50)
+        before, started = await writes(gw), time.monotonic()
+        await anyio.sleep(5)  # a report, not an assertion: what the fleet costs the database in steady state
+        after, elapsed = await writes(gw), time.monotonic() - started
+        rates = {name: round((after.get(name, 0) - before.get(name, 0)) / elapsed, 1) for name in after}
+        print(f"200 simulated nodes, rows written per second: {rates}")
+        assert len(gw.gateway.sessions) == 200
+        code, summary, stderr = await running.stop()
+    assert code == 0, stderr
+    assert summary["joined"] == 200 and summary["sessions_open"] == 200 and summary["join_refused"] == 0
