@@ -13,6 +13,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +30,7 @@ from bettercompute_iam import Bootstrap, RemoteIam
 from bettercompute_store_pg import EmbeddedPostgres
 
 from ._config import DATABASE_URL_ENV, IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
+from ._devnode import run_dev_node
 from ._runtime import (
     Plan,
     build,
@@ -53,6 +55,8 @@ DEV_DATA = Path(".bettercompute") / "pg"
 """Where ``dev`` keeps its embedded PostgreSQL's data, below the current folder."""
 
 DEV_KMS_KEY = Path(".bettercompute") / "kms.key"
+DEV_NODE = Path(".bettercompute") / "node"
+"""Where ``dev``'s simulated node keeps its state (``0/``: its key, certificate and declared inventory)."""
 DEV_TRUST_DOMAIN = "dev.localhost"
 """``dev``'s SPIFFE trust domain unless ``trust_domain`` is set."""
 DEV_GATEWAY_PORT = 7443
@@ -301,7 +305,7 @@ def _dev_banner(config: Config, result: Bootstrap, embedded_url: str | None) -> 
     return "\n".join(lines)
 
 
-async def _dev(config: Config, url: str, embedded: bool, rotate: bool, access_log: bool) -> None:
+async def _dev(config: Config, url: str, embedded: bool, rotate: bool, access_log: bool, node_folder: Path) -> None:
     compute, iam = build(config, url, notify=True, loopback_webhooks=True)
     try:
         await compute.initialize()
@@ -312,15 +316,33 @@ async def _dev(config: Config, url: str, embedded: bool, rotate: bool, access_lo
         raise
     banner = _dev_banner(config, result, url if embedded else None)
     plan = Plan(api=True, workers=frozenset(WORKER_ROLES), gateway=gateway_plan(config))
-    await run(
-        compute,
-        plan,
-        host=config.host,
-        port=config.port,
-        migrate=True,
-        access_log=access_log,
-        on_ready=lambda: typer.echo(banner),
-    )
+    ready = anyio.Event()
+
+    def on_ready() -> None:
+        typer.echo(banner)
+        ready.set()
+
+    async with anyio.create_task_group() as tg:
+
+        async def serve() -> None:
+            try:
+                await run(
+                    compute,
+                    plan,
+                    host=config.host,
+                    port=config.port,
+                    migrate=True,
+                    access_log=access_log,
+                    on_ready=on_ready,
+                )
+            finally:
+                tg.cancel_scope.cancel()  # the simulated node goes with it
+
+        tg.start_soon(serve)
+        if plan.gateway is not None:
+            await ready.wait()
+            api = f"http://{display_host(config.host)}:{config.port}"
+            tg.start_soon(partial(run_dev_node, compute, result, node_folder, api=api))
 
 
 @app.command()
@@ -356,6 +378,7 @@ def dev(
             log.info("dev runs its own embedded IAM; iam_url is not used")
         server: EmbeddedPostgres | None = None
         key_folder: str | None = None
+        node_folder: str | None = None
         try:
             if config.kms_key_file is None:
                 if ephemeral:
@@ -379,8 +402,13 @@ def dev(
                 log.info("starting an embedded PostgreSQL (data in %s)", where)
                 server = EmbeddedPostgres(directory)
                 url = server.start()
-            anyio.run(_dev, config, url, server is not None, rotate, access_log)
+            if ephemeral:
+                node_folder = tempfile.mkdtemp(prefix="bettercompute-node-")
+            node = Path(node_folder) if node_folder is not None else DEV_NODE.absolute()
+            anyio.run(_dev, config, url, server is not None, rotate, access_log, node)
         finally:
+            if node_folder is not None:
+                shutil.rmtree(node_folder, ignore_errors=True)
             if server is not None:
                 log.info("stopping the embedded PostgreSQL")
                 server.stop()

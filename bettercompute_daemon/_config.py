@@ -19,6 +19,7 @@ import base64
 import binascii
 import json
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from ._agent import DaemonError
 from ._pin import parse_pin
 from ._state import NodeConfig
 
-__all__ = ["FIELDS", "ConfigError", "JoinConfig", "read_config_file", "resolve"]
+__all__ = ["FIELDS", "ConfigError", "JoinConfig", "parse_join_command", "read_config_file", "resolve"]
 
 FIELDS = ("gateway", "trust_domain", "pool", "join_key", "ca_bundle", "ca_pin")
 MAX_FILE_BYTES = 1024 * 1024
@@ -211,3 +212,23 @@ def _json_type(value: Any) -> str:
 def _printable(key: str) -> str:
     """A key as it may be shown (JSON-escaped: a key is what the file says, control characters included)."""
     return json.dumps(key)[1:-1][:64]
+
+
+def parse_join_command(command: str) -> tuple[str, JoinConfig]:
+    """The token and the configuration of a ``bcd join ...`` command as ``join-tokens.create`` prints it.
+
+    Raises:
+        ConfigError: it is not such a command, or its configuration has problems.
+    """
+    words: list[str] = []
+    for word in shlex.split(command):  # --flag=value (a join key may start with '-') or --flag value
+        words += word.split("=", 1) if word.startswith("--") and "=" in word else [word]
+    if words[:2] != ["bcd", "join"] or len(words) % 2:
+        raise ConfigError(["not a `bcd join --flag value ...` command"])
+    given = dict(zip(words[2::2], words[3::2], strict=True))
+    token = given.pop("--token", None)
+    unknown = sorted(k for k in given if k.removeprefix("--").replace("-", "_") not in FIELDS)
+    if token is None or unknown:
+        raise ConfigError([f"{flag}: not a flag of bcd join" for flag in unknown] or ["--token: missing"])
+    flags = {name: given.get("--" + name.replace("_", "-")) for name in FIELDS}
+    return token, resolve(flags)

@@ -7,6 +7,7 @@ import base64
 import datetime as dt
 import hashlib
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from bettercompute_daemon._agent import DaemonError
-from bettercompute_daemon._config import ConfigError, read_config_file, resolve
+from bettercompute_daemon._config import ConfigError, parse_join_command, read_config_file, resolve
 from bettercompute_daemon._pin import bundle_pin, parse_pin
 
 
@@ -219,3 +220,22 @@ def test_a_pin_is_ascii_hex_in_either_case() -> None:
     ):
         with pytest.raises(DaemonError, match="64 hex digits"):
             parse_pin(bad)
+
+
+def test_a_printed_join_command_parses_into_its_token_and_configuration() -> None:
+    key = "-" + JOIN_KEY[1:]  # a key may start with '-': join-tokens.create prints it attached
+    bundle = base64.b64encode(BUNDLE.encode()).decode()
+    pinned = ["--pool", "pool_1", "--gateway", "gw.example.com:443", "--trust-domain", "example.com"]
+    command = shlex.join(["bcd", "join", "--token", "bcjt_a.b", *pinned, "--ca-bundle", bundle, f"--join-key={key}"])
+    token, config = parse_join_command(command)
+    assert token == "bcjt_a.b"
+    assert (config.gateway, config.trust_domain, config.pool, config.join_key) == (
+        "gw.example.com:443",
+        "example.com",
+        "pool_1",
+        key,
+    )
+    assert config.ca_bundle_pem == BUNDLE
+    for bad in ("bcd node", "bcd join --pool p", "bcd join --token t --nope x", "bcd join --token"):
+        with pytest.raises(ConfigError):
+            parse_join_command(bad)
