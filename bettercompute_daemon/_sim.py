@@ -301,7 +301,7 @@ class Simulator:
         self._started = time.monotonic()
 
     def state(self, index: int) -> StateDir:
-        return StateDir(self.directory / str(index))
+        return StateDir(self.directory / str(index), durable=False)
 
     def unjoined(self) -> list[int]:
         """The nodes with no identity in the state directory yet."""
@@ -332,7 +332,9 @@ class Simulator:
         state = self.state(index)
         inventory = self.inventory(index)
         declared = {"claims": inventory.claims, "sections": inventory.sections, "health": inventory.health}
-        state.write(INVENTORY_FILE, json.dumps(declared, indent=1).encode())
+        text = json.dumps(declared, indent=1).encode()
+        if not (state.path / INVENTORY_FILE).exists() or state.read(INVENTORY_FILE) != text:
+            state.write(INVENTORY_FILE, text)
         identity = state.identity()
         if identity is None:
             joined = await self._join(index, state, inventory)

@@ -48,10 +48,17 @@ class NodeIdentity:
 
 
 class StateDir:
-    """The daemon's state directory (made 0700 on first write)."""
+    """The daemon's state directory (made 0700 on first write).
 
-    def __init__(self, path: Path) -> None:
+    Args:
+        path: Where it is.
+        durable: Whether each write is synced to disk before it replaces the old file. ``bcd sim`` turns it off: its
+            nodes' state is cheap to make again, and thousands of syncs would stall its one event loop.
+    """
+
+    def __init__(self, path: Path, *, durable: bool = True) -> None:
         self.path = path
+        self.durable = durable
 
     def __repr__(self) -> str:
         return f"StateDir({str(self.path)!r})"
@@ -64,7 +71,8 @@ class StateDir:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, data)
-            os.fsync(fd)
+            if self.durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(temporary, self.path / name)

@@ -217,9 +217,12 @@ async def test_dropped_sessions_are_opened_again(gw: Wire, tmp_path: Path) -> No
         await wait_for(lambda: all_in_session(gw, 3))
         nodes = await nodes_of(gw)
 
-        async def reconnected() -> bool:  # every node dropped at least twice and back in session
-            sessions = gw.gateway.sessions
-            return all(sessions.get(n.id, 0) >= 3 for n in nodes)
+        highest: dict[str, int] = {}
+
+        async def reconnected() -> bool:  # every node dropped at least twice and seen back in session each time
+            for node_id, epoch in gw.gateway.sessions.items():
+                highest[node_id] = max(epoch, highest.get(node_id, 0))
+            return all(highest.get(n.id, 0) >= 3 for n in nodes)
 
         await wait_for(reconnected, seconds=50)
         code, summary, stderr = await running.stop()
