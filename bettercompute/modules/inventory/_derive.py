@@ -255,27 +255,27 @@ def atom_states(
     now: dt.datetime,
     grace: dt.timedelta,
 ) -> list[AtomRecord]:
-    """``atoms`` with their availability decided: the node's state first (adopting, quarantined, unreachable past
-    the pool's grace, ...), then the device's (missing, in conflict), then MIG (a whole GPU with MIG on is booked by
-    its slices; a slice no longer reported is missing)."""
+    """``atoms`` with their availability decided: the device's first (missing, in conflict, a MIG slice no longer
+    reported), then the node's state (adopting, quarantined, unreachable past the pool's grace, ...), then MIG (a
+    whole GPU with MIG on is booked by its slices)."""
     by_id = {d.id: d for d in devices}
     node_reason = _node_reason(node, now, grace)
     decided = []
     for atom in atoms:
         device = by_id.get(atom.device_id)
-        reason = node_reason
-        if reason is None:
-            if device is None or device.state == "missing":
+        reason: str | None
+        if device is None or device.state == "missing":
+            reason = "device_missing"
+        elif device.state == "conflict":
+            reason = "device_conflict"
+        else:
+            reason = node_reason
+            mig = device.details.get("mig") or {}
+            slices = {p["uuid"] for p in mig.get("devices") or ()} if mig.get("current") else set()
+            if atom.kind == "mig" and atom.ident not in slices:
                 reason = "device_missing"
-            elif device.state == "conflict":
-                reason = "device_conflict"
-            else:
-                mig = device.details.get("mig") or {}
-                slices = {p["uuid"] for p in mig.get("devices") or ()} if mig.get("current") else set()
-                if atom.kind == "gpu" and mig.get("current"):
-                    reason = "mig_enabled"
-                elif atom.kind == "mig" and atom.ident not in slices:
-                    reason = "device_missing"
+            elif reason is None and atom.kind == "gpu" and mig.get("current"):
+                reason = "mig_enabled"
         state = "available" if reason is None else "unavailable"
         decided.append(attrs.evolve(atom, state=state, reason=reason))
     return decided
