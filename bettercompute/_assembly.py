@@ -22,6 +22,7 @@ from bettercompute._runtime.registry import GroupSpec, Registry
 from bettercompute._version import __version__
 from bettercompute.errors import ComputeError
 from bettercompute.modules.commands import CommandsModule
+from bettercompute.modules.inventory import AcceptanceCheck, InventoryModule
 from bettercompute.modules.nodes import Attestor, IdentityModule
 from bettercompute.modules.nodes._tokens import JoinSettings
 from bettercompute.modules.pools import PoolsModule
@@ -124,6 +125,8 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
         modules.append(SecretsModule())
         if join is not None:
             modules.append(IdentityModule(join, kms, attestors))
+            # The built-in node controllers; the acceptance checks other modules declare are added below.
+            modules.append(InventoryModule())
     extra: list[Any] = []
     if iam is not None and isinstance(iam, Module):
         extra.append(iam)
@@ -131,7 +134,7 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
     extra.extend(given)
     # The built-in names are taken whether or not the options turn those modules on; "runtime" is the name the
     # store's own tables are migrated under.
-    names = {"core", "runtime", "pools", "commands", "usage", "webhooks", "secrets", "identity"}
+    names = {"core", "runtime", "pools", "commands", "usage", "webhooks", "secrets", "identity", "inventory"}
     for position, module in enumerate(extra):
         # The IAM, when it is a module, comes first but is not one of options.modules.
         index = position - (len(extra) - len(given))
@@ -168,7 +171,14 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
             problems.append(f"plugins[{index}]: the name {plugin.name!r} is used twice")
         plugin_names.add(plugin.name)
         problems.extend(_range_problems(f"plugin {plugin.name!r}", plugin.core_range))
-
+    checks = [c for m in modules for c in getattr(m, "acceptance_checks", ())]
+    for index, module in enumerate(modules):
+        if isinstance(module, InventoryModule) and checks:
+            bad = [type(c).__name__ for c in checks if not isinstance(c, AcceptanceCheck)]
+            if bad:
+                problems.append(f"acceptance_checks: {bad[0]} is not a bettercompute.modules.inventory.AcceptanceCheck")
+            else:
+                modules[index] = InventoryModule(checks)
     return modules
 
 

@@ -87,8 +87,17 @@ class Integer:
     def __call__(self, instance: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
         if value is None:
             return
+        reason = self.problem(value)
+        if reason is not None:
+            raise _refuse(attribute, reason)
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` breaks the rule, or ``None`` when it keeps it."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "must be an integer"
         if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
-            raise _refuse(attribute, self.reason)
+            return self.reason
+        return None
 
     def schema(self) -> dict[str, Any]:
         """The JSON Schema keywords of the rule."""
@@ -105,12 +114,12 @@ class Items:
     """A list: its length, each item's rule, and whether an item may repeat. ``None`` passes."""
 
     reason: str
-    item: Text | None = None
+    item: Text | Integer | None = None
     min_items: int | None = None
     max_items: int | None = None
     unique: bool = False
 
-    def __call__(self, instance: Any, attribute: attrs.Attribute[Any], value: Sequence[str] | None) -> None:
+    def __call__(self, instance: Any, attribute: attrs.Attribute[Any], value: Sequence[Any] | None) -> None:
         if value is None:
             return
         if (self.min_items is not None and len(value) < self.min_items) or (

@@ -63,6 +63,8 @@ from bettercompute.modules.nodes import (
     GatewayServices,
     JoinResult,
     RenewResult,
+    inventory_item,
+    lifecycle_item,
     verify_signature,
 )
 from bettercompute.ports import Notifier, OutboxEvent, Store
@@ -529,6 +531,7 @@ class Gateway:
             record = await tx.repository(SESSIONS).open(node_id=node.id, gateway=self.options.name)
             payload = {"node_id": node.id, "epoch": record.epoch, "gateway": self.options.name}
             await tx.publish([OutboxEvent(type=SESSION_OPENED, key=node.id, payload=payload)])
+            await tx.enqueue([lifecycle_item(node.id)])  # reachable again: the lifecycle controller takes note
         return node.id, record.epoch, certificate
 
     async def _closed(self, session: _Session) -> None:
@@ -544,6 +547,8 @@ class Gateway:
                     "reason": session.closing or "left",
                 }
                 await tx.publish([OutboxEvent(type=SESSION_CLOSED, key=session.node_id, payload=payload)])
+            if current:
+                await tx.enqueue([lifecycle_item(session.node_id)])  # ``Reachable`` turns false; the timeout runs
 
     async def _refuse(self, stream: Stream[Any, Any], error: ComputeError) -> None:
         """Tell a refused daemon why in a ``Close`` frame (its reason is the error's), then let it end its side."""
@@ -608,6 +613,7 @@ class Gateway:
                 ):
                     payload = {"node_id": session.node_id, "section": section.section, "fake": section.fake}
                     await tx.publish([OutboxEvent(type=INVENTORY_REPORTED, key=session.node_id, payload=payload)])
+                    await tx.enqueue([inventory_item(session.node_id)])
         except ComputeError as exc:
             log.warning("node %s: inventory section %s not kept: %s", session.node_id, section.section, exc.code)
 
@@ -661,13 +667,16 @@ class Gateway:
             return
         reason = body.get("reason") if result.outcome == "failed" else None
         try:
-            finished = await self._store.repository(COMMANDS).finish(
-                id=result.command_id,
-                epoch=session.epoch,
-                state=result.outcome,
-                result=body,
-                reason=reason if isinstance(reason, str) else None,
-            )
+            async with self._store.transaction() as tx:
+                finished = await tx.repository(COMMANDS).finish(
+                    id=result.command_id,
+                    epoch=session.epoch,
+                    state=result.outcome,
+                    result=body,
+                    reason=reason if isinstance(reason, str) else None,
+                )
+                if finished is not None and finished.wake is not None:
+                    await tx.enqueue([finished.wake])  # whoever asked for the command hears of it at once
         except ComputeError as exc:  # text the database cannot hold (a NUL), or the database away: not recorded
             log.warning(
                 "node %s: result for command %s not recorded: %s", session.node_id, result.command_id[:64], exc.code

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from bettercompute._runtime.registry import GroupSet
+from bettercompute.modules.inventory._devices import DevicesGroup
 from bettercompute.modules.nodes._nodes import NodesGroup
 from bettercompute.modules.pools._methods import JoinTokensGroup, PoolsGroup
 from bettercompute.modules.secrets._methods import SecretsGroup
@@ -18,7 +19,8 @@ B = TypeVar("B")
 
 class BuiltinGroups(GroupSet[B]):
     """Every group of the core's own modules. ``webhooks`` and ``secrets`` are registered only with ``Options.kms``,
-    ``nodes`` only with ``Options.kms`` and ``Options.join``; elsewhere their calls answer ``NOT_FOUND``."""
+    ``nodes`` and ``devices`` only with ``Options.kms`` and ``Options.join``; elsewhere their calls answer
+    ``NOT_FOUND``."""
 
     system: SystemGroup[B]
     pools: PoolsGroup[B]
@@ -26,3 +28,4 @@ class BuiltinGroups(GroupSet[B]):
     webhooks: WebhooksGroup[B]
     secrets: SecretsGroup[B]
     nodes: NodesGroup[B]
+    devices: DevicesGroup[B]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from bettercompute._runtime.declarations import StaticModule
@@ -42,8 +42,9 @@ from bettercompute.modules.commands._port import (
     SessionRecord,
     Sessions,
 )
+from bettercompute.modules.nodes._inventory import lifecycle_item
 from bettercompute.modules.nodes._port import NodeRecord
-from bettercompute.ports import OutboxEvent, Transaction
+from bettercompute.ports import OutboxEvent, Transaction, WorkItem
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -65,6 +66,7 @@ __all__ = [
     "SessionRecord",
     "Sessions",
     "create_command",
+    "ended_wakes",
     "sweep_commands",
     "sweep_sessions",
 ]
@@ -92,8 +94,12 @@ async def create_command(
     deadline: dt.datetime,
     on_session_loss: OnSessionLoss = "fail",
     max_attempts: int = 3,
+    wake: WorkItem | None = None,
 ) -> CommandRecord:
     """Create a ``pending`` command for ``node`` in ``tx`` (it becomes visible when ``tx`` commits).
+
+    ``wake`` (``reconciler.item(key)``) is enqueued in the transaction that ends the command (its result recorded,
+    its deadline passed, its session lost for good), so the controller waiting for it runs again at once.
 
     Raises:
         InvalidInputError: a kind that is not a dotted lower-case name, an unknown ``on_session_loss``, or
@@ -114,7 +120,13 @@ async def create_command(
         deadline=deadline,
         on_session_loss=on_session_loss,
         max_attempts=max_attempts,
+        wake=wake,
     )
+
+
+def ended_wakes(commands: Sequence[CommandRecord]) -> list[WorkItem]:
+    """The wake-up work items of the commands among ``commands`` that have ended (not those sent back to pending)."""
+    return [c.wake for c in commands if c.wake is not None and c.state not in ("pending", "dispatched")]
 
 
 def _event(command: CommandRecord) -> OutboxEvent:
@@ -144,6 +156,9 @@ async def sweep_commands(context: ModuleContext) -> int:
             settled = sorted([*expired, *orphaned], key=lambda c: c.id)
             if settled:
                 await tx.publish([_event(c) for c in settled])
+                wakes = ended_wakes(settled)
+                if wakes:
+                    await tx.enqueue(wakes)
         changed += len(settled)
         if len(expired) < SWEEP_BATCH and len(orphaned) < SWEEP_BATCH:
             return changed
@@ -177,6 +192,9 @@ async def sweep_sessions(context: ModuleContext) -> int:
             events = [e for one in lost for e in _lost_events(one)]
             if events:
                 await tx.publish(events)
+            wakes = [lifecycle_item(one.node_id) for one in lost if not one.retired]
+            if wakes:
+                await tx.enqueue(wakes)  # the lifecycle controller marks them unreachable
         found += len(lost)
         if len(lost) < SWEEP_BATCH:
             return found

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports import Repository
+from bettercompute.ports import Repository, WorkItem
 
 __all__ = ["COMMANDS", "SESSIONS", "CommandRecord", "Commands", "LostSession", "SessionRecord", "Sessions"]
 
@@ -42,6 +42,9 @@ class CommandRecord:
     created_at: dt.datetime
     updated_at: dt.datetime
     finished_at: dt.datetime | None
+    wake: WorkItem | None = None
+    """The work item to enqueue when the command ends (succeeded, failed or expired), so the controller that asked
+    for it hears of the outcome at once."""
 
 
 @attrs.frozen(kw_only=True)
@@ -90,8 +93,9 @@ class Commands(Protocol):
         deadline: dt.datetime,
         on_session_loss: str,
         max_attempts: int,
+        wake: WorkItem | None = None,
     ) -> CommandRecord:
-        """Add a ``pending`` command."""
+        """Add a ``pending`` command (``wake``: the work item to enqueue when it ends)."""
         ...
 
     async def get(self, id: str) -> CommandRecord | None:

@@ -11,25 +11,34 @@ its join, so ``get``, ``revoke`` and ``retire`` are decided on the node's pool; 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
 import attrs
 
 from bettercompute._runtime.registry import CallContext, GroupSpec, method
-from bettercompute.errors import FailedPreconditionError, NotFoundError
+from bettercompute.errors import ConflictError, FailedPreconditionError, NotFoundError
 from bettercompute.fields import Text
 from bettercompute.modules.nodes._ca import CertificateAuthority
+from bettercompute.modules.nodes._inventory import lifecycle_item
+from bettercompute.modules.nodes._inventory_port import INVENTORY, ConditionRecord
 from bettercompute.modules.nodes._port import NODES, NodeRecord
 from bettercompute.modules.nodes._tokens import JoinSettings
 from bettercompute.paging import Keyset, PageInput
-from bettercompute.ports import ResourceRef, Transaction
+from bettercompute.ports import OutboxEvent, ResourceRef, Transaction
 
 __all__ = [
+    "NODE_CORDONED",
+    "NODE_REQUALIFYING",
+    "NODE_UNCORDONED",
+    "Condition",
+    "CordonNodeInput",
     "GetNodeInput",
     "ListNodesInput",
     "ListNodesOutput",
     "Node",
     "NodesGroup",
+    "RequalifyNodeInput",
     "RetireNodeInput",
     "RevokeNodeInput",
     "RevokedNode",
@@ -37,7 +46,7 @@ __all__ = [
 ]
 
 NODE = "node"
-NodeState = Literal["adopting", "adopted", "failed", "retired"]
+NodeState = Literal["adopting", "adopted", "quarantined", "unreachable", "failed", "retired"]
 _ID = Text(pattern=r"[A-Za-z0-9._-]{1,128}", reason="must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
 _REASON = Text(max_length=500, reason="at most 500 characters")
 B = TypeVar("B")
@@ -75,6 +84,34 @@ class RetireNodeInput:
 
 
 @attrs.frozen(kw_only=True)
+class CordonNodeInput:
+    """Stop new bookings on a node (``cordon``, ``drain``), or allow them again (``uncordon``), saying why."""
+
+    id: str = attrs.field(validator=_ID)
+    reason: str = attrs.field(default="", validator=_REASON)
+
+
+@attrs.frozen(kw_only=True)
+class RequalifyNodeInput:
+    """Run a node's acceptance checks again (a quarantined node is adopted again if they pass)."""
+
+    id: str = attrs.field(validator=_ID)
+    reason: str = attrs.field(default="", validator=_REASON)
+
+
+@attrs.frozen(kw_only=True)
+class Condition:
+    """One condition of a node: ``status`` ``True``, ``False`` or ``Unknown``, a machine-readable ``reason``, a
+    message, and when the status last changed."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition_at: dt.datetime | None
+
+
+@attrs.frozen(kw_only=True)
 class Node:
     """A joined machine: its state, the hardware claims of its latest join, what attestors recorded, its session, and
     its desired-state generations (the latest given, the latest its daemon acknowledged)."""
@@ -97,6 +134,17 @@ class Node:
     observed_generation: int
     desired_state_pending: bool
     """Whether the daemon has yet to acknowledge the latest desired state (``observed_generation`` behind)."""
+    state_reason: str | None
+    """Why the node is in its state, machine-readable (a quarantine's failing finding, ``no_session``)."""
+    state_detail: dict[str, Any]
+    """For a quarantined node: the check, its findings and its output."""
+    state_changed_at: dt.datetime | None
+    cordoned: bool
+    """No new bookings land on the node."""
+    draining: bool
+    """Cordoned, and its bookings run to their end."""
+    unreachable_since: dt.datetime | None
+    conditions: tuple[Condition, ...]
 
 
 @attrs.frozen(kw_only=True)
@@ -115,7 +163,7 @@ class RevokedNode:
     serials: tuple[str, ...]
 
 
-def _node(record: NodeRecord) -> Node:
+def _node(record: NodeRecord, conditions: Sequence[ConditionRecord] = ()) -> Node:
     state: Any = record.state
     return Node(
         id=record.id,
@@ -135,6 +183,22 @@ def _node(record: NodeRecord) -> Node:
         desired_generation=record.desired_generation,
         observed_generation=record.observed_generation,
         desired_state_pending=record.observed_generation < record.desired_generation,
+        state_reason=record.state_reason,
+        state_detail=dict(record.state_detail),
+        state_changed_at=record.state_changed_at,
+        cordoned=record.cordoned,
+        draining=record.draining,
+        unreachable_since=record.unreachable_since,
+        conditions=tuple(
+            Condition(
+                type=c.type,
+                status=c.status,
+                reason=c.reason,
+                message=c.message,
+                last_transition_at=c.last_transition_at,
+            )
+            for c in conditions
+        ),
     )
 
 
@@ -148,6 +212,7 @@ async def retire_node(tx: Transaction, ca: CertificateAuthority, node_id: str, *
     if node is None:
         raise NotFoundError("no such node", details={"id": node_id})
     await ca.revoke_spiffe_id_in(tx, ca.spiffe_id(node_id), reason=reason)
+    await tx.enqueue([lifecycle_item(node_id)])  # its atoms are withdrawn
     return node
 
 
@@ -190,7 +255,8 @@ async def list_nodes(call: CallContext, input: ListNodesInput) -> ListNodesOutpu
     found = await call.context.store.repository(NODES).for_tenant(
         input.tenant, pool_id=input.pool_id, after=after, limit=input.limit + 1
     )
-    nodes, next_cursor = _NODE_PAGES.page(scope, [_node(n) for n in found], input.limit)
+    conditions = await call.context.store.repository(INVENTORY).conditions([n.id for n in found[: input.limit]])
+    nodes, next_cursor = _NODE_PAGES.page(scope, [_node(n, conditions.get(n.id, ())) for n in found], input.limit)
     return ListNodesOutput(nodes=nodes, next_cursor=next_cursor)
 
 
@@ -201,7 +267,9 @@ async def get_node(call: CallContext, input: GetNodeInput) -> Node:
     Raises:
         NotFoundError: there is no such node.
     """
-    return _node(await _existing(call, input.id))
+    record = await _existing(call, input.id)
+    conditions = await call.context.store.repository(INVENTORY).conditions([record.id])
+    return _node(record, conditions.get(record.id, ()))
 
 
 @method(mutates=True, resource=_by_id)
@@ -238,12 +306,139 @@ async def retire_handler(call: CallContext, input: RetireNodeInput) -> Node:
     return _node(record)
 
 
+NODE_CORDONED = "node.cordoned"
+"""Published when a node stops taking new bookings (payload: node_id, pool_id, draining, reason)."""
+NODE_UNCORDONED = "node.uncordoned"
+"""Published when a node takes new bookings again (payload: node_id, pool_id, reason)."""
+NODE_REQUALIFYING = "node.requalifying"
+"""Published when an operator runs a node's acceptance checks again (payload: node_id, pool_id, from, reason)."""
+_REQUALIFIABLE = ("adopted", "quarantined", "adopting")
+
+
+async def _change(call: CallContext, node_id: str, change: Any, event: str, extra: dict[str, Any], reason: str) -> Node:
+    """Apply ``change(record) -> record | None`` to the locked node, write it, audit it and publish ``event`` when it
+    changed anything (a repeated call changes nothing and publishes nothing, but is audited like any call)."""
+    async with call.transaction() as tx:
+        record = await tx.repository(NODES).get_for_update(node_id)
+        if record is None:
+            raise NotFoundError("no such node", details={"id": node_id})
+        if record.state == "retired":
+            raise FailedPreconditionError("the node is retired", details={"id": node_id, "state": record.state})
+        wanted = change(record)
+        changed = wanted is not None and wanted != record
+        if changed:
+            saved = await tx.repository(NODES).save_lifecycle(wanted)
+            if saved is None:  # pragma: no cover - the row is locked and not retired
+                raise NotFoundError("no such node", details={"id": node_id})
+            payload = {"node_id": record.id, "pool_id": record.pool_id, **extra, "reason": reason}
+            await tx.publish([OutboxEvent(type=event, key=record.id, payload=payload)])
+            if event == NODE_REQUALIFYING:
+                await tx.enqueue([lifecycle_item(record.id)])
+            record = saved
+        call.describe(
+            resource_type=NODE,
+            resource_id=record.id,
+            tenant=record.tenant,
+            details={"reason": reason, "changed": changed, **extra},
+        )
+    conditions = await call.context.store.repository(INVENTORY).conditions([record.id])
+    return _node(record, conditions.get(record.id, ()))
+
+
+@method(mutates=True, resource=_by_id)
+async def cordon_node(call: CallContext, input: CordonNodeInput) -> Node:
+    """Stop new bookings on a node; what is booked stays. Idempotent.
+
+    Raises:
+        NotFoundError: there is no such node.
+        FailedPreconditionError: the node is retired.
+    """
+    return await _change(
+        call,
+        input.id,
+        lambda n: attrs.evolve(n, cordoned=True) if not n.cordoned else None,
+        NODE_CORDONED,
+        {"draining": False},
+        input.reason,
+    )
+
+
+@method(mutates=True, resource=_by_id)
+async def drain_node(call: CallContext, input: CordonNodeInput) -> Node:
+    """Cordon a node and let its bookings run to their end (none is moved or cut short). Idempotent.
+
+    Raises:
+        NotFoundError: there is no such node.
+        FailedPreconditionError: the node is retired.
+    """
+    return await _change(
+        call,
+        input.id,
+        lambda n: attrs.evolve(n, cordoned=True, draining=True) if not n.draining else None,
+        NODE_CORDONED,
+        {"draining": True},
+        input.reason,
+    )
+
+
+@method(mutates=True, resource=_by_id)
+async def uncordon_node(call: CallContext, input: CordonNodeInput) -> Node:
+    """Let a cordoned or draining node take new bookings again. Idempotent.
+
+    Raises:
+        NotFoundError: there is no such node.
+        FailedPreconditionError: the node is retired.
+    """
+    return await _change(
+        call,
+        input.id,
+        lambda n: attrs.evolve(n, cordoned=False, draining=False) if n.cordoned or n.draining else None,
+        NODE_UNCORDONED,
+        {},
+        input.reason,
+    )
+
+
+def _requalify(record: NodeRecord) -> NodeRecord | None:
+    if record.state not in _REQUALIFIABLE:
+        raise ConflictError(
+            f"a node that is {record.state} cannot be requalified",
+            details={"id": record.id, "state": record.state, "reason": "wrong_state"},
+        )
+    if record.state == "adopting" and not record.acceptance.get("finished"):
+        return None  # a round is running already: its result stands
+    acceptance = {"round": int(record.acceptance.get("round") or 0)}
+    return attrs.evolve(record, state="adopting", state_reason="requalifying", state_detail={}, acceptance=acceptance)
+
+
+@method(mutates=True, resource=_by_id)
+async def requalify_node(call: CallContext, input: RequalifyNodeInput) -> Node:
+    """Run a node's acceptance checks again: it is ``adopting`` until they end, then ``adopted`` or ``quarantined``.
+    A node whose checks are running already is left to them.
+
+    Raises:
+        NotFoundError: there is no such node.
+        FailedPreconditionError: the node is retired.
+        ConflictError: the node is unreachable or failed (reason ``wrong_state``).
+    """
+
+    def change(record: NodeRecord) -> NodeRecord | None:
+        return _requalify(record)
+
+    record = await _existing(call, input.id)
+    return await _change(call, input.id, change, NODE_REQUALIFYING, {"from": record.state}, input.reason)
+
+
 class NodesGroup(GroupSpec[B]):
-    """Joined machines: list, get, revoke their identity, retire them."""
+    """Joined machines: list, get, cordon, drain, uncordon, requalify, revoke their identity, retire them."""
 
     name = "nodes"
     list = list_nodes
     get = get_node
+    cordon = cordon_node
+    drain = drain_node
+    uncordon = uncordon_node
+    requalify = requalify_node
     revoke = revoke_node
     retire = retire_handler
 

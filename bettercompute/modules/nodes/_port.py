@@ -32,9 +32,12 @@ __all__ = [
 @attrs.frozen(kw_only=True)
 class NodeRecord:
     """A machine joined to a pool. ``state`` is ``adopting`` (joined, acceptance checks pending), ``adopted``,
-    ``failed`` or ``retired``. ``hardware_key`` is derived from its stable hardware claims; ``claims`` are the
-    hardware claims of its latest join and ``attestation`` the facts the attestor chain recorded then.
-    ``enrollments`` counts its joins (1 + reclaims)."""
+    ``quarantined`` (a check failed: ``state_reason`` says why, ``state_detail`` holds the check's output),
+    ``unreachable`` (adopted, but without a session for longer than the session timeout), ``failed`` or
+    ``retired``. ``hardware_key`` is derived from its stable hardware claims; ``claims`` are the hardware claims of
+    its latest join and ``attestation`` the facts the attestor chain recorded then. ``enrollments`` counts its joins
+    (1 + reclaims). ``cordoned``: no new bookings; ``draining``: cordoned, and its bookings run to their end.
+    ``acceptance`` is the current round of acceptance checks (``{"round", "commands": {check: command id}}``)."""
 
     id: str
     tenant: str
@@ -54,6 +57,13 @@ class NodeRecord:
     created_at: dt.datetime
     updated_at: dt.datetime
     retired_at: dt.datetime | None
+    state_reason: str | None = None
+    state_detail: Mapping[str, Any] = attrs.field(factory=dict)
+    state_changed_at: dt.datetime | None = None
+    cordoned: bool = False
+    draining: bool = False
+    acceptance: Mapping[str, Any] = attrs.field(factory=dict)
+    unreachable_since: dt.datetime | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -127,6 +137,17 @@ class Nodes(Protocol):
     async def get(self, id: str, *, lock: bool = False) -> NodeRecord | None:
         """A node by id; with ``lock`` its row is share-locked until the transaction ends, so a reclaim or a
         retirement of it waits (or is waited for)."""
+        ...
+
+    async def get_for_update(self, id: str) -> NodeRecord | None:
+        """A node by id, its row locked until the transaction ends (needs one): for a read-then-write of its
+        lifecycle (``save_lifecycle``)."""
+        ...
+
+    async def save_lifecycle(self, node: NodeRecord) -> NodeRecord | None:
+        """Write ``node``'s lifecycle fields (``state`` other than ``retired``, ``state_reason``, ``state_detail``,
+        ``cordoned``, ``draining``, ``acceptance``, ``unreachable_since``); ``state_changed_at`` moves when the
+        state does. Needs a transaction; ``None`` for no such node or a retired one (which nothing brings back)."""
         ...
 
     async def for_pool(self, pool_id: str) -> list[NodeRecord]:

@@ -24,6 +24,7 @@ from bettercompute.modules.pools._schemas import ListJoinTokensInput as ListJoin
 from bettercompute.modules.pools._schemas import ListJoinTokensOutput as ListJoinTokensOutput
 from bettercompute.modules.pools._schemas import ListPoolsInput as ListPoolsInput
 from bettercompute.modules.pools._schemas import ListPoolsOutput as ListPoolsOutput
+from bettercompute.modules.pools._schemas import NodePolicy as NodePolicy
 from bettercompute.modules.pools._schemas import Pool as Pool
 from bettercompute.modules.pools._schemas import RevokeJoinTokenInput as RevokeJoinTokenInput
 from bettercompute.modules.pools._schemas import UpdatePoolInput as UpdatePoolInput
@@ -48,6 +49,7 @@ __all__ = [
     "ListJoinTokensOutput",
     "ListPoolsInput",
     "ListPoolsOutput",
+    "NodePolicy",
     "Pool",
     "PoolRecord",
     "Pools",

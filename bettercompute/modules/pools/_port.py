@@ -32,6 +32,8 @@ class PoolRecord:
     pool_class: str
     acceptance_checks: tuple[str, ...]
     labels: Mapping[str, str]
+    node_policy: Mapping[str, Any]
+    """The pool's ``NodePolicy`` as stored (``NodePolicy.from_stored`` reads it)."""
     created_at: dt.datetime
     updated_at: dt.datetime
 
@@ -83,6 +85,7 @@ class Pools(Protocol):
         pool_class: str,
         acceptance_checks: Sequence[str],
         labels: Mapping[str, str],
+        node_policy: Mapping[str, Any] | None = None,
     ) -> PoolRecord:
         """Add a pool. ``ConflictError`` when the tenant has a pool of that name."""
         ...
@@ -103,6 +106,7 @@ class Pools(Protocol):
         name: str | None = None,
         acceptance_checks: Sequence[str] | None = None,
         labels: Mapping[str, str] | None = None,
+        node_policy: Mapping[str, Any] | None = None,
     ) -> PoolRecord | None:
         """Change the given fields; ``None`` for no such pool, ``ConflictError`` when the new name is taken."""
         ...

@@ -8,7 +8,8 @@ keyword).
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import attrs
 
@@ -28,6 +29,7 @@ __all__ = [
     "ListJoinTokensOutput",
     "ListPoolsInput",
     "ListPoolsOutput",
+    "NodePolicy",
     "Pool",
     "PoolClass",
     "Reclaim",
@@ -82,9 +84,53 @@ _CLAIM = Text(
     reason="must be 1 to 128 printable ASCII characters, not starting or ending in a space",
 )
 _GPU_COUNT = Integer(minimum=0, maximum=1024, reason="must be between 0 and 1024")
+DEFAULT_FATAL_XIDS = (48, 63, 64, 74, 79, 92, 93, 94, 95)
+_XIDS = Items(
+    item=Integer(minimum=1, maximum=1023, reason="must be an XID between 1 and 1023"),
+    max_items=256,
+    unique=True,
+    reason="at most 256 XIDs, each once",
+)
 
 
 # --- pools ------------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class NodePolicy:
+    """How a pool judges its machines: the acceptance gate's thresholds on NVML's facts, how long a check may run,
+    and how long an unreachable node keeps its capacity.
+
+    A node is quarantined when a GPU has more uncorrectable (volatile) ECC errors than ``max_ecc_uncorrectable``,
+    when one of ``fatal_xids`` was seen, when pages are pending retirement (``quarantine_retired_pages_pending``) or
+    when NVML asks for a recovery action (``quarantine_recovery_action``).
+    """
+
+    max_ecc_uncorrectable: int = attrs.field(
+        default=0, validator=Integer(minimum=0, maximum=1_000_000, reason="must be between 0 and 1000000")
+    )
+    fatal_xids: tuple[int, ...] = attrs.field(default=DEFAULT_FATAL_XIDS, validator=_XIDS)
+    quarantine_retired_pages_pending: bool = True
+    quarantine_recovery_action: bool = True
+    check_deadline_seconds: int = attrs.field(
+        default=120, validator=Integer(minimum=5, maximum=3600, reason="must be between 5 and 3600 seconds")
+    )
+    unreachable_grace_seconds: int = attrs.field(
+        default=300, validator=Integer(minimum=0, maximum=7 * 86400, reason="must be between 0 and 604800 seconds")
+    )
+
+    @classmethod
+    def from_stored(cls, stored: Mapping[str, Any]) -> NodePolicy:
+        """The policy as stored (a field not stored, from an older release, takes its default)."""
+        known = {f.name for f in attrs.fields(cls)}
+        values = {k: v for k, v in stored.items() if k in known}
+        if "fatal_xids" in values:
+            values["fatal_xids"] = tuple(values["fatal_xids"])
+        return cls(**values)
+
+    def stored(self) -> dict[str, Any]:
+        """The policy as a JSON object."""
+        return {**attrs.asdict(self), "fatal_xids": list(self.fatal_xids)}
 
 
 @attrs.frozen(kw_only=True)
@@ -96,6 +142,7 @@ class CreatePoolInput:
     pool_class: PoolClass = "gpu"
     acceptance_checks: tuple[str, ...] = attrs.field(default=DEFAULT_ACCEPTANCE_CHECKS, validator=_CHECKS)
     labels: dict[str, str] = attrs.field(factory=dict, validator=_LABELS)
+    node_policy: NodePolicy = attrs.field(factory=NodePolicy)
 
 
 @attrs.frozen(kw_only=True)
@@ -108,6 +155,7 @@ class Pool:
     pool_class: PoolClass
     acceptance_checks: tuple[str, ...]
     labels: dict[str, str]
+    node_policy: NodePolicy
     created_at: dt.datetime
     updated_at: dt.datetime
 
@@ -136,7 +184,8 @@ class GetPoolInput:
 
 @attrs.frozen(kw_only=True)
 class UpdatePoolInput:
-    """A pool's new name, acceptance checks or labels (a field left out stays as it is; labels are replaced whole).
+    """A pool's new name, acceptance checks, labels or node policy (a field left out stays as it is; labels and the
+    policy are replaced whole).
 
     The class is fixed at ``create``.
     """
@@ -145,6 +194,7 @@ class UpdatePoolInput:
     name: str | None = attrs.field(default=None, validator=_NAME)
     acceptance_checks: tuple[str, ...] | None = attrs.field(default=None, validator=_CHECKS)
     labels: dict[str, str] | None = attrs.field(default=None, validator=_LABELS)
+    node_policy: NodePolicy | None = None
 
 
 # --- join tokens ------------------------------------------------------------------------------------------------

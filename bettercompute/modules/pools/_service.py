@@ -34,6 +34,7 @@ from bettercompute.modules.pools._schemas import (
     ListJoinTokensOutput,
     ListPoolsInput,
     ListPoolsOutput,
+    NodePolicy,
     Pool,
     RevokeJoinTokenInput,
     UpdatePoolInput,
@@ -70,6 +71,7 @@ def _pool(record: PoolRecord) -> Pool:
         pool_class=pool_class,
         acceptance_checks=record.acceptance_checks,
         labels=dict(record.labels),
+        node_policy=NodePolicy.from_stored(record.node_policy),
         created_at=record.created_at,
         updated_at=record.updated_at,
     )
@@ -173,6 +175,7 @@ async def create_pool(call: CallContext, input: CreatePoolInput) -> Pool:
             pool_class=input.pool_class,
             acceptance_checks=input.acceptance_checks,
             labels=input.labels,
+            node_policy=input.node_policy.stored(),
         )
         await tx.project(ResourceRef(type=POOL, id=pool_id, tenant=input.tenant, pool=pool_id))
         call.describe(
@@ -230,11 +233,15 @@ async def update_pool(call: CallContext, input: UpdatePoolInput) -> Pool:
     """
     async with call.transaction() as tx:
         record = await tx.repository(POOLS).update(
-            id=input.id, name=input.name, acceptance_checks=input.acceptance_checks, labels=input.labels
+            id=input.id,
+            name=input.name,
+            acceptance_checks=input.acceptance_checks,
+            labels=input.labels,
+            node_policy=input.node_policy.stored() if input.node_policy is not None else None,
         )
         if record is None:
             raise NotFoundError("no such pool", details={"id": input.id})
-        changed = [f for f in ("name", "acceptance_checks", "labels") if getattr(input, f) is not None]
+        changed = [f for f in ("name", "acceptance_checks", "labels", "node_policy") if getattr(input, f) is not None]
         call.describe(resource_type=POOL, resource_id=input.id, tenant=record.tenant, details={"changed": changed})
     return _pool(record)
 

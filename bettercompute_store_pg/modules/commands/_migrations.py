@@ -81,7 +81,16 @@ ALTER TABLE {schema}.sessions ADD COLUMN unreachable_at timestamptz;
 CREATE INDEX sessions_unmarked ON {schema}.sessions (last_seen_at) WHERE unreachable_at IS NULL;
 """
 
+# A command may name a work item to enqueue when it ends (``wake_kind``/``wake_key``/``wake_shard``): the controller
+# that asked for it learns of the result at once instead of polling for it.
+_V3 = """
+ALTER TABLE {schema}.commands ADD COLUMN wake_kind text, ADD COLUMN wake_key text, ADD COLUMN wake_shard integer,
+    ADD CONSTRAINT commands_wake
+        CHECK ((wake_kind IS NULL) = (wake_key IS NULL) AND (wake_kind IS NULL) = (wake_shard IS NULL));
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="commands and sessions", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
     Migration(version=2, name="unreachable nodes", sql=_V2),
+    Migration(version=3, name="command wake-ups", sql=_V3),
 )

@@ -14,6 +14,7 @@ from typing import Any
 
 from bettercompute.errors import InternalError, NotFoundError
 from bettercompute.modules.commands import CommandRecord, LostSession, SessionRecord
+from bettercompute.ports import WorkItem
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
 
@@ -21,13 +22,15 @@ __all__ = ["REPOSITORIES", "PgCommands", "PgSessions"]
 
 _COLUMNS = (
     "id, node_id, tenant, kind, payload, state, on_session_loss, deadline, attempts, max_attempts, session_epoch, "
-    "dispatched_at, result, reason, created_at, updated_at, finished_at"
+    "dispatched_at, result, reason, created_at, updated_at, finished_at, wake_kind, wake_key, wake_shard"
 )
 _C_COLUMNS = ", ".join(f"c.{c.strip()}" for c in _COLUMNS.split(","))
 
 _CREATE = f"""
-INSERT INTO {{s}}.commands (id, node_id, tenant, kind, payload, state, on_session_loss, deadline, max_attempts)
-VALUES (:id, :node_id, :tenant, :kind, CAST(:payload AS jsonb), 'pending', :on_session_loss, :deadline, :max_attempts)
+INSERT INTO {{s}}.commands (id, node_id, tenant, kind, payload, state, on_session_loss, deadline, max_attempts,
+    wake_kind, wake_key, wake_shard)
+VALUES (:id, :node_id, :tenant, :kind, CAST(:payload AS jsonb), 'pending', :on_session_loss, :deadline, :max_attempts,
+    :wake_kind, :wake_key, :wake_shard)
 RETURNING {_COLUMNS}
 """
 
@@ -189,6 +192,7 @@ def _command(row: Any) -> CommandRecord:
         created_at=utc(row.created_at),
         updated_at=utc(row.updated_at),
         finished_at=_optional(row.finished_at),
+        wake=WorkItem(kind=row.wake_kind, key=row.wake_key, shard=row.wake_shard) if row.wake_kind else None,
     )
 
 
@@ -227,6 +231,7 @@ class PgCommands(PgRepository):
         deadline: dt.datetime,
         on_session_loss: str,
         max_attempts: int,
+        wake: WorkItem | None = None,
     ) -> CommandRecord:
         """Add a ``pending`` command in the caller's transaction."""
         params = {
@@ -238,6 +243,9 @@ class PgCommands(PgRepository):
             "deadline": deadline,
             "on_session_loss": on_session_loss,
             "max_attempts": max_attempts,
+            "wake_kind": wake.kind if wake is not None else None,
+            "wake_key": wake.key if wake is not None else None,
+            "wake_shard": wake.shard if wake is not None else None,
         }
         rows = await self._fetch_in_transaction("create", self._create, params)
         return _command(rows[0])

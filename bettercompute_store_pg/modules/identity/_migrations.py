@@ -123,9 +123,78 @@ CREATE TABLE {schema}.node_inventory (
 );
 """
 
+# The node lifecycle and what the inventory controller derives (the ``inventory`` module keeps its records here, next
+# to the nodes they hang off): a node may be ``quarantined`` (with a machine-readable reason and the failing check's
+# output) or ``unreachable``; it may be cordoned or draining; ``acceptance`` is the current round of acceptance
+# checks. Devices (GPUs, NICs, disks) are kept when they disappear (``missing``); a GPU UUID is present on one node
+# at most (another node claiming it gets a ``conflict`` device). Conditions are one row per node and type. Atoms, the
+# unit of capacity (a whole GPU, or a MIG slice), are never deleted: what was booked on one stays findable.
+_V5 = """
+ALTER TABLE {schema}.nodes DROP CONSTRAINT nodes_state_check,
+    ADD CONSTRAINT nodes_state_check
+        CHECK (state IN ('adopting', 'adopted', 'quarantined', 'unreachable', 'failed', 'retired')),
+    ADD COLUMN state_reason text,
+    ADD COLUMN state_detail jsonb NOT NULL DEFAULT '{}',
+    ADD COLUMN state_changed_at timestamptz,
+    ADD COLUMN cordoned boolean NOT NULL DEFAULT false,
+    ADD COLUMN draining boolean NOT NULL DEFAULT false,
+    ADD COLUMN acceptance jsonb NOT NULL DEFAULT '{}',
+    ADD COLUMN unreachable_since timestamptz;
+
+CREATE TABLE {schema}.devices (
+    id text PRIMARY KEY,
+    node_id text NOT NULL REFERENCES {schema}.nodes (id),
+    tenant text NOT NULL,
+    pool_id text NOT NULL,
+    kind text NOT NULL CHECK (kind IN ('gpu', 'nic', 'disk')),
+    ident text NOT NULL,
+    slot text,
+    model text,
+    details jsonb NOT NULL DEFAULT '{}',
+    state text NOT NULL CHECK (state IN ('present', 'missing', 'conflict')),
+    first_seen_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    missing_since timestamptz,
+    UNIQUE (node_id, kind, ident)
+);
+CREATE UNIQUE INDEX devices_gpu_present ON {schema}.devices (ident) WHERE kind = 'gpu' AND state = 'present';
+CREATE INDEX devices_tenant_page ON {schema}.devices (tenant, node_id, kind, ident);
+
+CREATE TABLE {schema}.node_conditions (
+    node_id text NOT NULL REFERENCES {schema}.nodes (id),
+    type text NOT NULL,
+    status text NOT NULL CHECK (status IN ('True', 'False', 'Unknown')),
+    reason text NOT NULL,
+    message text NOT NULL,
+    last_transition_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (node_id, type)
+);
+
+CREATE TABLE {schema}.atoms (
+    id text PRIMARY KEY,
+    node_id text NOT NULL REFERENCES {schema}.nodes (id),
+    device_id text NOT NULL REFERENCES {schema}.devices (id),
+    tenant text NOT NULL,
+    pool_id text NOT NULL,
+    kind text NOT NULL CHECK (kind IN ('gpu', 'mig')),
+    ident text NOT NULL,
+    model text,
+    profile text,
+    memory_mib bigint,
+    state text NOT NULL CHECK (state IN ('available', 'unavailable')),
+    reason text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (node_id, ident)
+);
+CREATE INDEX atoms_pool_available ON {schema}.atoms (pool_id, model) WHERE state = 'available';
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
     Migration(version=2, name="gateway certificates", sql=_V2),
     Migration(version=3, name="desired state", sql=_V3),
     Migration(version=4, name="inventory sections", sql=_V4),
+    Migration(version=5, name="node lifecycle, devices, conditions and atoms", sql=_V5),
 )

@@ -22,7 +22,7 @@ __all__ = ["PgJoinKeys", "PgNodes"]
 _COLUMNS = (
     "id, tenant, pool_id, site_id, state, hardware_key, claims, attestation, join_token_id, enrollments, "
     "session_epoch, desired_generation, observed_generation, last_seen_at, joined_at, created_at, updated_at, "
-    "retired_at"
+    "retired_at, state_reason, state_detail, state_changed_at, cordoned, draining, acceptance, unreachable_since"
 )
 _N_COLUMNS = ", ".join(f"n.{c.strip()}" for c in _COLUMNS.split(","))
 
@@ -35,7 +35,9 @@ WITH live AS (
 reclaimed AS (
     UPDATE {{s}}.nodes AS n SET state = 'adopting', claims = CAST(:claims AS jsonb),
         attestation = CAST(:attestation AS jsonb), join_token_id = :join_token_id, enrollments = n.enrollments + 1,
-        joined_at = now(), updated_at = now()
+        joined_at = now(), updated_at = now(), state_reason = NULL, state_detail = '{{}}', acceptance = '{{}}',
+        unreachable_since = NULL,
+        state_changed_at = CASE WHEN n.state <> 'adopting' THEN now() ELSE n.state_changed_at END
     FROM live WHERE n.id = live.id AND :reclaim
     RETURNING {_N_COLUMNS}
 ),
@@ -53,6 +55,15 @@ UNION ALL SELECT 'conflict', {_N_COLUMNS} FROM {{s}}.nodes AS n JOIN live ON n.i
 
 _GET = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE id = :id"
 _GET_LOCKED = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE id = :id FOR SHARE"
+_GET_FOR_UPDATE = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE id = :id FOR UPDATE"
+_SAVE_LIFECYCLE = f"""
+UPDATE {{s}}.nodes SET state = :state, state_reason = :state_reason, state_detail = CAST(:state_detail AS jsonb),
+    state_changed_at = CASE WHEN state <> :state THEN now() ELSE state_changed_at END,
+    cordoned = :cordoned, draining = :draining, acceptance = CAST(:acceptance AS jsonb),
+    unreachable_since = :unreachable_since, updated_at = now()
+WHERE id = :id AND state <> 'retired' AND :state <> 'retired'
+RETURNING {_COLUMNS}
+"""
 _FOR_POOL = f"SELECT {_COLUMNS} FROM {{s}}.nodes WHERE pool_id = :pool_id ORDER BY created_at, id LIMIT 10000"
 _FOR_TENANT = f"""
 SELECT {_COLUMNS} FROM {{s}}.nodes
@@ -135,6 +146,13 @@ def _node(row: Any) -> NodeRecord:
         created_at=utc(row.created_at),
         updated_at=utc(row.updated_at),
         retired_at=utc(row.retired_at) if row.retired_at is not None else None,
+        state_reason=row.state_reason,
+        state_detail=dict(row.state_detail),
+        state_changed_at=utc(row.state_changed_at) if row.state_changed_at is not None else None,
+        cordoned=row.cordoned,
+        draining=row.draining,
+        acceptance=dict(row.acceptance),
+        unreachable_since=utc(row.unreachable_since) if row.unreachable_since is not None else None,
     )
 
 
@@ -150,6 +168,8 @@ class PgNodes(PgRepository):
         self._enroll = db.sql(_ENROLL)
         self._get = db.sql(_GET)
         self._get_locked = db.sql(_GET_LOCKED)
+        self._get_for_update = db.sql(_GET_FOR_UPDATE)
+        self._save_lifecycle = db.sql(_SAVE_LIFECYCLE)
         self._for_pool = db.sql(_FOR_POOL)
         self._for_tenant = db.sql(_FOR_TENANT)
         self._retire = db.sql(_RETIRE)
@@ -194,6 +214,26 @@ class PgNodes(PgRepository):
             rows = await self._fetch_in_transaction("get(lock=True)", self._get_locked, {"id": id})
         else:
             rows = await self._fetch(self._get, {"id": id})
+        return _node(rows[0]) if rows else None
+
+    async def get_for_update(self, id: str) -> NodeRecord | None:
+        """A node by id, its row locked for update (in the caller's transaction)."""
+        rows = await self._fetch_in_transaction("get_for_update", self._get_for_update, {"id": id})
+        return _node(rows[0]) if rows else None
+
+    async def save_lifecycle(self, node: NodeRecord) -> NodeRecord | None:
+        """Write the node's lifecycle fields (in the caller's transaction)."""
+        params = {
+            "id": node.id,
+            "state": node.state,
+            "state_reason": node.state_reason,
+            "state_detail": dumps(dict(node.state_detail)),
+            "cordoned": node.cordoned,
+            "draining": node.draining,
+            "acceptance": dumps(dict(node.acceptance)),
+            "unreachable_since": node.unreachable_since,
+        }
+        rows = await self._fetch_in_transaction("save_lifecycle", self._save_lifecycle, params)
         return _node(rows[0]) if rows else None
 
     async def for_pool(self, pool_id: str) -> list[NodeRecord]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from bettercompute_store_pg._db import Database
 from bettercompute_store_pg._repository import PgRepository
 from bettercompute_store_pg.modules.identity._certificates import PgCertificates
+from bettercompute_store_pg.modules.identity._inventory import PgInventory
 from bettercompute_store_pg.modules.identity._nodes import PgJoinKeys, PgNodes
 
 __all__ = ["REPOSITORIES"]
@@ -15,5 +16,6 @@ REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {
     "certificates": PgCertificates,
     "nodes": PgNodes,
     "join_keys": PgJoinKeys,
+    "inventory": PgInventory,
 }
 """The adapters of this module's repositories, by ``Repository.name``."""

@@ -43,6 +43,13 @@ CREATE TABLE {schema}.join_tokens (
 CREATE INDEX join_tokens_pool ON {schema}.join_tokens (pool_id, created_at);
 """
 
+# How a pool judges its machines (``NodePolicy``: the acceptance gate's thresholds, check deadlines, the grace of an
+# unreachable node); an empty object means the defaults.
+_V2 = """
+ALTER TABLE {schema}.pools ADD COLUMN node_policy jsonb NOT NULL DEFAULT '{}';
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="pools and join tokens", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
+    Migration(version=2, name="node policy", sql=_V2),
 )

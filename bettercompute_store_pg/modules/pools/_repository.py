@@ -19,11 +19,11 @@ from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["REPOSITORIES", "PgJoinTokens", "PgPools"]
 
-_POOL_COLUMNS = "id, tenant, name, pool_class, acceptance_checks, labels, created_at, updated_at"
+_POOL_COLUMNS = "id, tenant, name, pool_class, acceptance_checks, labels, node_policy, created_at, updated_at"
 
 _POOL_CREATE = f"""
-INSERT INTO {{s}}.pools (id, tenant, name, pool_class, acceptance_checks, labels)
-VALUES (:id, :tenant, :name, :pool_class, CAST(:checks AS text[]), CAST(:labels AS jsonb))
+INSERT INTO {{s}}.pools (id, tenant, name, pool_class, acceptance_checks, labels, node_policy)
+VALUES (:id, :tenant, :name, :pool_class, CAST(:checks AS text[]), CAST(:labels AS jsonb), CAST(:policy AS jsonb))
 ON CONFLICT (tenant, name) DO NOTHING
 RETURNING {_POOL_COLUMNS}
 """
@@ -49,6 +49,7 @@ u AS (
         name = coalesce(CAST(:name AS text), t.name),
         acceptance_checks = coalesce(CAST(:checks AS text[]), t.acceptance_checks),
         labels = coalesce(CAST(:labels AS jsonb), t.labels),
+        node_policy = coalesce(CAST(:policy AS jsonb), t.node_policy),
         updated_at = now()
     FROM p WHERE t.id = p.id AND NOT EXISTS (SELECT 1 FROM taken)
     RETURNING t.{_POOL_COLUMNS.replace(", ", ", t.")}
@@ -116,6 +117,7 @@ def _pool(row: Any, prefix: str = "") -> PoolRecord:
         pool_class=column("pool_class"),
         acceptance_checks=tuple(column("acceptance_checks")),
         labels=dict(column("labels")),
+        node_policy=dict(column("node_policy")),
         created_at=utc(column("created_at")),
         updated_at=utc(column("updated_at")),
     )
@@ -157,6 +159,7 @@ class PgPools(PgRepository):
         pool_class: str,
         acceptance_checks: Sequence[str],
         labels: Mapping[str, str],
+        node_policy: Mapping[str, Any] | None = None,
     ) -> PoolRecord:
         """Add a pool in the caller's transaction.
 
@@ -170,6 +173,7 @@ class PgPools(PgRepository):
             "pool_class": pool_class,
             "checks": list(acceptance_checks),
             "labels": dumps(dict(labels)),
+            "policy": dumps(dict(node_policy or {})),
         }
         rows = await self._fetch_in_transaction("create", self._create, params)
         if not rows:
@@ -195,6 +199,7 @@ class PgPools(PgRepository):
         name: str | None = None,
         acceptance_checks: Sequence[str] | None = None,
         labels: Mapping[str, str] | None = None,
+        node_policy: Mapping[str, Any] | None = None,
     ) -> PoolRecord | None:
         """Change the given fields of a pool; ``None`` when there is no such pool.
 
@@ -206,6 +211,7 @@ class PgPools(PgRepository):
             "name": name,
             "checks": list(acceptance_checks) if acceptance_checks is not None else None,
             "labels": dumps(dict(labels)) if labels is not None else None,
+            "policy": dumps(dict(node_policy)) if node_policy is not None else None,
         }
         row = (await self._fetch_in_transaction("update", self._update, params))[0]
         if not row.found:

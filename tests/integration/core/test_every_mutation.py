@@ -22,7 +22,14 @@ from bettercompute import ApiBinding, CallContext, GroupSpec, JoinSettings, Loca
 from bettercompute._runtime.codec import encode
 from bettercompute._runtime.declarations import StaticModule
 from bettercompute.errors import ConflictError, NotFoundError
-from bettercompute.modules.nodes import NODES, NodesGroup, RetireNodeInput, RevokeNodeInput
+from bettercompute.modules.nodes import (
+    NODES,
+    CordonNodeInput,
+    NodesGroup,
+    RequalifyNodeInput,
+    RetireNodeInput,
+    RevokeNodeInput,
+)
 from bettercompute.modules.pools import (
     CreateJoinTokenInput,
     CreatePoolInput,
@@ -194,6 +201,14 @@ async def _nodes_revoke(w: World) -> tuple[Any, Any]:
     return RevokeNodeInput(id=await w.node(), reason="re-image"), RevokeNodeInput(id=await w.node(), reason="x")
 
 
+async def _nodes_cordon(w: World) -> tuple[Any, Any]:
+    return CordonNodeInput(id=await w.node(), reason="rack work"), CordonNodeInput(id=await w.node())
+
+
+async def _nodes_requalify(w: World) -> tuple[Any, Any]:
+    return RequalifyNodeInput(id=await w.node()), RequalifyNodeInput(id=await w.node(), reason="new driver")
+
+
 async def _nodes_retire(w: World) -> tuple[Any, Any]:
     return RetireNodeInput(id=await w.node(), reason="gone"), RetireNodeInput(id=await w.node(), reason="gone")
 
@@ -264,6 +279,10 @@ RECIPES: dict[str, Recipe] = {
     "secrets.create": _secrets_create,
     "secrets.delete": _secrets_delete,
     "nodes.revoke": _nodes_revoke,
+    "nodes.cordon": _nodes_cordon,
+    "nodes.drain": _nodes_cordon,
+    "nodes.uncordon": _nodes_cordon,
+    "nodes.requalify": _nodes_requalify,
     "nodes.retire": _nodes_retire,
     "tenants.create": _tenants_create,
     "principals.create": _principals_create,

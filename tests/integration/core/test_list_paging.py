@@ -195,6 +195,27 @@ async def _nodes(lists: Lists) -> dict[str, Any]:
     return {"tenant": tenant}
 
 
+async def _devices(lists: Lists) -> dict[str, Any]:
+    tenant = await lists.tenant()
+    pool = await lists.pool(tenant)
+    # Devices come from the inventory controller; the rows are what the list reads: one node, NICs and GPUs whose
+    # identities sort apart from their insertion order.
+    with psycopg.connect(lists.url, autocommit=True) as conn:
+        node = "node_" + secrets.token_hex(6)
+        conn.execute(
+            f'INSERT INTO "{lists.schema}".nodes (id, tenant, pool_id, state, hardware_key)'
+            " VALUES (%s, %s, %s, %s, %s)",
+            (node, tenant, pool, "adopting", "hw-" + node),
+        )
+        conn.execute(
+            f'INSERT INTO "{lists.schema}".devices (id, node_id, tenant, pool_id, kind, ident, state)'
+            " SELECT 'dev_' || md5(random()::text), %s, %s, %s, CASE WHEN i %% 2 = 0 THEN 'gpu' ELSE 'nic' END,"
+            " md5(i::text), 'present' FROM generate_series(1, %s) i",
+            (node, tenant, pool, ROWS),
+        )
+    return {"tenant": tenant}
+
+
 SEEDS: dict[str, Seed] = {
     "tenants/list": _tenants,
     "principals/list": _principals,
@@ -207,6 +228,7 @@ SEEDS: dict[str, Seed] = {
     "webhooks/list": _webhooks,
     "webhooks/deliveries": _deliveries,
     "nodes/list": _nodes,
+    "devices/list": _devices,
 }
 
 

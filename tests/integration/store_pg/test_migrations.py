@@ -24,7 +24,10 @@ pytestmark = pytest.mark.anyio
 # Every name a schema migrated with every built-in module on records, besides IAM's.
 STORE_MODULES = ("runtime", "pools", "commands", "usage", *KMS_MODULES)
 NODE_KEYS = [
+    ("atoms", "atoms_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
     ("commands", "commands_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
+    ("devices", "devices_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
+    ("node_conditions", "node_conditions_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
     ("node_inventory", "node_inventory_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
     ("sessions", "sessions_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
 ]
@@ -104,7 +107,7 @@ async def test_migrating_twice_applies_nothing(database_url: str, empty_schema: 
     compute = better_compute(Options(store=store, iam=EmbeddedIam()))
     try:
         first = await compute.migrate()
-        assert first["runtime"] == [1] and first["pools"] == [1] and first["iam"]
+        assert first["runtime"] == [1] and first["pools"] == [1, 2] and first["iam"]
         # The system module ("core") has no tables; modules that need a KMS are off here.
         assert "core" not in first and not set(first) & set(KMS_MODULES)
         second = await compute.migrate()
