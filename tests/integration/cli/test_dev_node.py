@@ -1,9 +1,9 @@
-"""``better-compute dev`` joins a simulated node with 8 fake GPUs by itself, through its own gateway, and prints
-what to try next; a second run reconnects the same node instead of joining again."""
+"""``better-compute dev`` joins a simulated node with 8 fake GPUs by itself, through its own gateway; it is adopted a
+few seconds later, and dev prints what to try next; a second run reconnects the same node instead of joining
+again."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import time
 from pathlib import Path
@@ -14,11 +14,6 @@ import httpx
 from .conftest import StartCli, free_port
 
 IN_SESSION = "A simulated node with 8 fake GPUs is in session: "
-
-
-def lifecycle_controller_present() -> bool:
-    """Whether this control plane adopts nodes that pass acceptance (issue 12's lifecycle controller)."""
-    return importlib.util.find_spec("bettercompute.modules.inventory") is not None
 
 
 def test_dev_joins_a_simulated_node_and_a_second_run_reuses_it(
@@ -51,11 +46,13 @@ def test_dev_joins_a_simulated_node_and_a_second_run_reuses_it(
     [pool] = call("pools/list", {"tenant": root})["pools"]
     assert pool["name"] == "dev" and node["pool_id"] == pool["id"]
     assert (tmp_path / ".bettercompute" / "node" / "0" / "node.crt").exists()
-    if lifecycle_controller_present():
-        deadline = time.monotonic() + 30
-        while call("nodes/get", {"id": node_id})["state"] != "adopted":
-            assert time.monotonic() < deadline, "the simulated node was not adopted"
-            time.sleep(0.2)
+    # The lifecycle controller runs its acceptance check (diag.nvml) and adopts it, with its 8 GPUs as atoms.
+    deadline = time.monotonic() + 30
+    while (seen := call("nodes/get", {"id": node_id}))["state"] != "adopted" or seen["desired_state_pending"]:
+        assert time.monotonic() < deadline, f"the simulated node was not adopted: {seen}"
+        time.sleep(0.2)
+    devices = call("devices/list", {"tenant": root, "node_id": node_id})["devices"]
+    assert len([d for d in devices if d["kind"] == "gpu"]) == 8
     assert dev.stop(timeout=15) == 0
     assert "Traceback" not in dev.stderr
 
@@ -64,6 +61,7 @@ def test_dev_joins_a_simulated_node_and_a_second_run_reuses_it(
     assert "already exists" in again.stdout and "export TOKEN=" not in again.stdout
     [node] = call("nodes/list", {"tenant": root})["nodes"]
     assert node["id"] == node_id and node["session_epoch"] == 2  # the same node, reconnected, not a new one
+    assert node["state"] == "adopted"
     assert len(call("pools/list", {"tenant": root})["pools"]) == 1
     assert again.stop(timeout=15) == 0
     assert "Traceback" not in again.stderr

@@ -1,12 +1,12 @@
 """``bcd sim`` as a real OS process against a real gateway and control plane: a fleet joins with one multi-use
 token and holds one session per node; the same seed declares the same machines; a second run in the same state
-directory joins nothing; dropped sessions come back; bad arguments are refused with exit status 2."""
+directory joins nothing; dropped sessions come back; bad arguments are refused with exit status 2. The controllers run
+through ``jobs.tick()`` (as in ``test_lifecycle``): healthy nodes are adopted, those declaring a fault quarantined."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import importlib.util
 import json
 import shlex
 import signal
@@ -85,6 +85,25 @@ async def all_in_session(gw: Wire, count: int, pool: str | None = None) -> bool:
     return len(nodes) == count and all(n.id in gw.gateway.sessions for n in nodes)
 
 
+async def settle(gw: Wire, count: int, seconds: float = 50) -> list[NodeRecord]:
+    """Run the controllers (acceptance, adoption) until each of ``count`` nodes is adopted with its desired state
+    acknowledged, or quarantined; the nodes then."""
+    with anyio.fail_after(seconds):
+        while True:
+            # Work the gateway enqueues is dated by the database: the manual clock keeps up with it.
+            gw.fleet.clock.set(max(gw.fleet.clock.now(), dt.datetime.now(dt.UTC)))
+            await gw.fleet.compute.jobs.tick({"controllers"})
+            nodes = await nodes_of(gw)
+            done = [
+                n
+                for n in nodes
+                if n.state == "quarantined" or (n.state == "adopted" and n.observed_generation == n.desired_generation)
+            ]
+            if len(done) == count:
+                return nodes
+            await anyio.sleep(0.1)
+
+
 async def test_a_fleet_joins_with_one_token_holds_its_sessions_and_answers_as_nodes_do(
     gw: Wire, tmp_path: Path
 ) -> None:
@@ -144,11 +163,25 @@ async def test_a_fleet_joins_with_one_token_holds_its_sessions_and_answers_as_no
         assert 8 <= sum(1 for h in healths for g in h["gpus"] if g["problems"]) <= 10
         assert sum(1 for h in healths if not h["healthy"]) >= 2
 
+        # The lifecycle controller judges them as it judges real machines: the nodes whose declared health has a
+        # problem (an unhealthy GPU, or a failed acceptance) are quarantined, the others adopted with generation 1.
+        declared_unhealthy = set()
+        for index in range(20):
+            declared = json.loads((state / str(index) / "inventory.json").read_text())
+            if not declared["health"]["healthy"]:
+                declared_unhealthy.add(json.loads((state / str(index) / "node.json").read_text())["node_id"])
+        assert len(declared_unhealthy) >= 2
+        settled = await settle(gw, 20)
+        assert {n.id for n in settled if n.state == "quarantined"} == declared_unhealthy
+        adopted = [n for n in settled if n.state == "adopted"]
+        assert adopted and all(n.desired_generation == n.observed_generation == 1 for n in adopted)
+
         code, summary, stderr = await running.stop()
     assert code == 0, stderr
     assert summary["event"] == "summary" and summary["nodes"] == 20
     assert summary["joined"] == 20 and summary["reused"] == 0 and summary["join_refused"] == 0
-    assert summary["sessions_open"] == 20 and summary["commands"] == 20 and summary["inventory_reports"] >= 20
+    assert summary["sessions_open"] == 20 and summary["commands"] >= 40 and summary["inventory_reports"] >= 20
+    assert summary["acks"] >= len(adopted)
     assert "Traceback" not in stderr
     for index in range(20):
         assert (state / str(index) / "node.crt").exists() and (state / str(index) / "inventory.json").exists()
@@ -251,12 +284,6 @@ async def test_bad_arguments_are_refused_with_exit_status_2(tmp_path: Path, args
     assert not (tmp_path / "s").exists()  # nothing written
 
 
-def lifecycle_controller_present() -> bool:
-    """Whether this control plane moves joined nodes from ``adopting`` to ``adopted`` (issue 12's lifecycle
-    controller, with the ``inventory`` module)."""
-    return importlib.util.find_spec("bettercompute.modules.inventory") is not None
-
-
 async def writes(gw: Wire) -> dict[str, int]:
     """Rows written so far to the tables of inventory (``node_inventory``) and liveness (``sessions``, ``nodes``),
     as PostgreSQL's statistics count them (each backend reports within about a second)."""
@@ -270,17 +297,13 @@ async def writes(gw: Wire) -> dict[str, int]:
     return {r.relname: int(r.written) for r in rows}
 
 
-async def test_two_hundred_nodes_hold_their_sessions_on_one_gateway(gw: Wire, tmp_path: Path) -> None:
+async def test_two_hundred_nodes_are_adopted_on_one_gateway(gw: Wire, tmp_path: Path) -> None:
     flags = await join_flags(gw, uses=200)
-    args = ["--nodes", "200", "--seed", "200", "--state-dir", str(tmp_path / "fleet"), "--unhealthy", "0.01"]
+    args = ["--nodes", "200", "--seed", "200", "--state-dir", str(tmp_path / "fleet")]
     async with sim(*args, "--join-concurrency", "8", *flags) as running:
         await wait_for(lambda: all_in_session(gw, 200), seconds=50)
-        if lifecycle_controller_present():
-
-            async def adopted() -> bool:
-                return all(n.state == "adopted" for n in await nodes_of(gw))
-
-            await wait_for(adopted, seconds=50)
+        settled = await settle(gw, 200)
+        assert all(n.state == "adopted" and n.observed_generation == 1 for n in settled)
         before, started = await writes(gw), time.monotonic()
         await anyio.sleep(5)  # a report, not an assertion: what the fleet costs the database in steady state
         after, elapsed = await writes(gw), time.monotonic() - started
@@ -290,3 +313,4 @@ async def test_two_hundred_nodes_hold_their_sessions_on_one_gateway(gw: Wire, tm
         code, summary, stderr = await running.stop()
     assert code == 0, stderr
     assert summary["joined"] == 200 and summary["sessions_open"] == 200 and summary["join_refused"] == 0
+    assert summary["acks"] >= 200 and summary["commands"] >= 200
