@@ -13,7 +13,6 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,6 +30,7 @@ from bettercompute_store_pg import EmbeddedPostgres
 
 from ._config import DATABASE_URL_ENV, IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
 from ._devnode import run_dev_node
+from ._gateway import GatewayPlan
 from ._runtime import (
     Plan,
     build,
@@ -305,6 +305,15 @@ def _dev_banner(config: Config, result: Bootstrap, embedded_url: str | None) -> 
     return "\n".join(lines)
 
 
+def _dial(config: Config, gateway: GatewayPlan) -> str | None:
+    """Where dev's own node dials its gateway: where it listens, when that is not the advertised address's port."""
+    advertised = (config.gateway_address or "").rpartition(":")[2]
+    if advertised == str(gateway.port):
+        return None
+    host = "127.0.0.1" if gateway.listen_host in ("0.0.0.0", "::", "") else gateway.listen_host  # noqa: S104
+    return f"[{host}]:{gateway.port}" if ":" in host else f"{host}:{gateway.port}"
+
+
 async def _dev(config: Config, url: str, embedded: bool, rotate: bool, access_log: bool, node_folder: Path) -> None:
     compute, iam = build(config, url, notify=True, loopback_webhooks=True)
     try:
@@ -317,10 +326,26 @@ async def _dev(config: Config, url: str, embedded: bool, rotate: bool, access_lo
     banner = _dev_banner(config, result, url if embedded else None)
     plan = Plan(api=True, workers=frozenset(WORKER_ROLES), gateway=gateway_plan(config))
     ready = anyio.Event()
+    node_scope = anyio.CancelScope()
+    node_stopped = anyio.Event()
 
     def on_ready() -> None:
         typer.echo(banner)
         ready.set()
+
+    async def node(api: str, gateway: str | None) -> None:
+        try:
+            with node_scope:
+                await run_dev_node(compute, result, node_folder, api=api, gateway=gateway)
+        finally:
+            node_stopped.set()
+
+    async def stop_node() -> None:
+        # Before the gateway closes: with the node's session open, the gateway would drain it for seconds.
+        node_scope.cancel()
+        if ready.is_set() and plan.gateway is not None:
+            with anyio.move_on_after(5):
+                await node_stopped.wait()
 
     async with anyio.create_task_group() as tg:
 
@@ -334,15 +359,15 @@ async def _dev(config: Config, url: str, embedded: bool, rotate: bool, access_lo
                     migrate=True,
                     access_log=access_log,
                     on_ready=on_ready,
+                    before_close=stop_node,
                 )
             finally:
-                tg.cancel_scope.cancel()  # the simulated node goes with it
+                tg.cancel_scope.cancel()
 
         tg.start_soon(serve)
         if plan.gateway is not None:
             await ready.wait()
-            api = f"http://{display_host(config.host)}:{config.port}"
-            tg.start_soon(partial(run_dev_node, compute, result, node_folder, api=api))
+            tg.start_soon(node, f"http://{display_host(config.host)}:{config.port}", _dial(config, plan.gateway))
 
 
 @app.command()

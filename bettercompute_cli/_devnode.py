@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 import anyio
+import attrs
 import typer
 
 from bettercompute import BetterCompute
@@ -65,9 +66,16 @@ async def _known(compute: BetterCompute, node_id: str) -> bool:
     return record is not None and record.state != "retired"
 
 
-async def run_dev_node(compute: BetterCompute, bootstrap: Bootstrap, folder: Path, *, api: str) -> None:
+async def run_dev_node(
+    compute: BetterCompute, bootstrap: Bootstrap, folder: Path, *, api: str, gateway: str | None = None
+) -> None:
     """Join (first run) and hold dev's simulated node until cancelled; print what to try next once it is in
-    session. Problems are logged, never raised: dev goes on without its node."""
+    session. Problems are logged, never raised: dev goes on without its node.
+
+    Args:
+        gateway: Where dev's gateway listens (``host:port``), when not where the join command says (``gateway_port``
+            set): the node dials it there.
+    """
     simulator = Simulator(folder, DEV_NODE)
     try:
         identity = simulator.state(0).identity()
@@ -98,9 +106,10 @@ async def run_dev_node(compute: BetterCompute, bootstrap: Bootstrap, folder: Pat
                 ),
             )
             token, config = parse_join_command(created.join_command)
-            simulator = Simulator(
-                folder, DEV_NODE, token=token, config=config.node_config(), bundle_pem=config.ca_bundle_pem
-            )
+            pinned = config.node_config()
+            if gateway is not None:
+                pinned = attrs.evolve(pinned, gateway=gateway)
+            simulator = Simulator(folder, DEV_NODE, token=token, config=pinned, bundle_pem=config.ca_bundle_pem)
         async with anyio.create_task_group() as tg:
             tg.start_soon(simulator.run)
             with anyio.move_on_after(OPEN_WAIT):

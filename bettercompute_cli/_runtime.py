@@ -22,7 +22,7 @@ import datetime as dt
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from types import FrameType
 from typing import Any
 
@@ -456,8 +456,10 @@ async def run(
     migrate: bool,
     access_log: bool,
     on_ready: Callable[[], None] | None = None,
+    before_close: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Initialize the control plane, run the plan until a stop signal, then close it."""
+    """Initialize the control plane, run the plan until a stop signal, then close it (after ``before_close``, which
+    runs while the gateway and the store are still up)."""
     hosted: HostedGateway | None = None
     try:
         await compute.initialize(migrate=migrate)
@@ -472,6 +474,8 @@ async def run(
             await serve_workers(compute, plan, on_ready=on_ready)
     finally:
         with anyio.CancelScope(shield=True):
+            if before_close is not None:
+                await before_close()
             if hosted is not None:
                 await hosted.close()
             await close(compute)

@@ -52,6 +52,12 @@ def free_port() -> int:
         return port
 
 
+def dev_env(cli_env: dict[str, str]) -> dict[str, str]:
+    """``cli_env`` for a ``dev`` whose gateway listens on a free port rather than dev's 7443 (its join commands still
+    say 7443): tests running side by side would otherwise race for that port."""
+    return {**cli_env, "BETTERCOMPUTE_GATEWAY_PORT": str(free_port())}
+
+
 class Running:
     """A long-running command (``serve``, ``dev``) with its output in files, so no pipe can fill up and block it."""
 

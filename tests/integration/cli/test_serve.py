@@ -14,7 +14,7 @@ import bettercompute
 from bettercompute.client import Client
 from bettercompute.errors import UnauthenticatedError
 
-from .conftest import StartCli, free_port, run_cli
+from .conftest import StartCli, dev_env, free_port, run_cli
 
 pytestmark = pytest.mark.pg
 
@@ -94,7 +94,7 @@ def test_worker_roles_run_without_http_until_sigterm_and_hand_back_their_lease(
 def test_dev_prints_a_credential_and_serves(cli_env: dict[str, str], database_url: str, start_cli: StartCli) -> None:
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    dev = start_cli(cli_env, "dev", "--port", str(port))
+    dev = start_cli(dev_env(cli_env), "dev", "--port", str(port))
     dev.wait_for("Stop with Ctrl-C.")
 
     out = dev.stdout

@@ -17,7 +17,7 @@ import pytest
 
 from bettercompute.modules.webhooks import verify
 
-from .conftest import Running, StartCli, free_port, run_cli
+from .conftest import Running, StartCli, dev_env, free_port, run_cli
 
 pytestmark = pytest.mark.pg
 
@@ -40,7 +40,7 @@ def _dev_token(stdout: str) -> str:
 def _start_dev(cli_env: dict[str, str], start_cli: StartCli, cwd: Path, *args: str) -> tuple[Running, str, str]:
     """``better-compute dev`` in ``cwd`` on a free port, ready: (the process, its base URL, the root credential)."""
     port = free_port()
-    dev = start_cli(cli_env, "dev", *args, "--port", str(port), cwd=cwd)
+    dev = start_cli(dev_env(cli_env), "dev", *args, "--port", str(port), cwd=cwd)
     dev.wait_for("Stop with Ctrl-C.")
     return dev, f"http://127.0.0.1:{port}", _dev_token(dev.stdout)
 
@@ -52,7 +52,7 @@ def test_dev_serves_webhooks_with_a_key_in_its_folder(
     cwd.mkdir()
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    dev = start_cli(cli_env, "dev", "--port", str(port), cwd=cwd)
+    dev = start_cli(dev_env(cli_env), "dev", "--port", str(port), cwd=cwd)
     dev.wait_for("Stop with Ctrl-C.")
     token = _dev_token(dev.stdout)
 
