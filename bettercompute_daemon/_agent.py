@@ -70,7 +70,7 @@ _CAPABILITIES = ["inventory", "desired-state", "cdi", "diag.nvml"]
 
 Observer = Callable[[str, Mapping[str, Any]], None]
 """Told of each notable thing a node's sessions do: its name (``session_opened``, ``session_ended``, ``inventory``,
-``command``, ``ack``) and a few JSON-ready facts about it."""
+``desired_state``, ``command``, ``ack``) and a few JSON-ready facts about it."""
 
 
 def _unobserved(event: str, facts: Mapping[str, Any]) -> None:
@@ -320,6 +320,7 @@ class Agent:
                 elif isinstance(content, wire.InventoryRequest):
                     await self._send_inventory(session, list(content.sections))
                 elif isinstance(content, wire.DesiredState):
+                    self._observe("desired_state", {"generation": content.generation})
                     if self._cdi_dir is not None:
                         self._state.write("desired.json", content.content_json.encode())
                     if not self._apply(content):

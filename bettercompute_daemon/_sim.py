@@ -256,6 +256,8 @@ class SimStats:
     """Sessions opened by a node that had held one before in this run."""
     drops: int = 0
     inventory_reports: int = 0
+    desired_states: int = 0
+    """Desired states received (each acknowledged ``ack_delay`` later, while the session lasts)."""
     commands: int = 0
     acks: int = 0
     stopped: int = 0
@@ -365,6 +367,8 @@ class Simulator:
                 first.set()
             elif event == "inventory":
                 stats.inventory_reports += 1
+            elif event == "desired_state":
+                stats.desired_states += 1
             elif event == "command":
                 stats.commands += 1
             elif event == "ack":
@@ -412,7 +416,8 @@ class Simulator:
                 return None
             except DaemonError as exc:
                 delay = backoff * random.uniform(0.5, 1.5)  # noqa: S311 - jitter, not a secret
-                log.warning("node %d: %s; trying again in %.1f s", index, exc, delay)
+                # info, not warning: with the gateway away, thousands of nodes would each say so
+                log.info("node %d: %s; trying again in %.1f s", index, exc, delay)
                 await asyncio.sleep(delay)
                 backoff = min(backoff * 2, JOIN_RETRY_LAST)
                 continue

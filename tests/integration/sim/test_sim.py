@@ -264,6 +264,25 @@ async def test_dropped_sessions_are_opened_again(gw: Wire, tmp_path: Path) -> No
     assert summary["sessions_opened"] == summary["reconnects"] + 3
 
 
+async def test_a_delayed_ack_leaves_the_desired_state_pending(gw: Wire, tmp_path: Path) -> None:
+    flags = await join_flags(gw, uses=2)
+    args = ["--nodes", "2", "--state-dir", str(tmp_path / "fleet"), "--ack-delay", "3600"]
+    async with sim(*args, *flags) as running:
+        await wait_for(lambda: all_in_session(gw, 2))
+        with anyio.fail_after(40):
+            while not all(n.state == "adopted" for n in await nodes_of(gw)):
+                gw.fleet.clock.set(max(gw.fleet.clock.now(), dt.datetime.now(dt.UTC)))
+                await gw.fleet.compute.jobs.tick({"controllers"})
+                await anyio.sleep(0.1)
+        # Adopted, generation 1 given and pushed; the nodes hold their acknowledgement back.
+        nodes = await nodes_of(gw)
+        assert all(n.desired_generation == 1 and n.observed_generation == 0 for n in nodes)
+        code, summary, stderr = await running.stop()
+    assert code == 0, stderr
+    assert summary["desired_states"] >= 2 and summary["acks"] == 0  # received, and held back
+    assert summary["commands"] >= 2  # the acceptance checks were answered all the same
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
@@ -313,4 +332,4 @@ async def test_two_hundred_nodes_are_adopted_on_one_gateway(gw: Wire, tmp_path: 
         code, summary, stderr = await running.stop()
     assert code == 0, stderr
     assert summary["joined"] == 200 and summary["sessions_open"] == 200 and summary["join_refused"] == 0
-    assert summary["acks"] >= 200 and summary["commands"] >= 200
+    assert summary["acks"] >= 200 and summary["desired_states"] >= 200 and summary["commands"] >= 200
