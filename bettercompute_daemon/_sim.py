@@ -262,6 +262,8 @@ class SimStats:
     acks: int = 0
     stopped: int = 0
     """Nodes told their identity is gone (revoked, retired)."""
+    failed: int = 0
+    """Nodes whose own state could not be used (a corrupt key or certificate, a disk error)."""
 
     def summary(self) -> dict[str, Any]:
         return {"event": "summary", **attrs.asdict(self)}
@@ -331,6 +333,15 @@ class Simulator:
         self._events.flush()
 
     async def _node(self, index: int) -> None:
+        """Run node ``index``; a node whose own state is unusable stops alone, the fleet goes on."""
+        try:
+            await self._hold(index)
+        except (OSError, ValueError, DaemonError) as exc:
+            self.stats.failed += 1
+            log.error("node %d stopped: %s", index, exc if isinstance(exc, DaemonError) else type(exc).__name__)
+            self._event("failed", index, {"error": type(exc).__name__})
+
+    async def _hold(self, index: int) -> None:
         state = self.state(index)
         inventory = self.inventory(index)
         declared = {"claims": inventory.claims, "sections": inventory.sections, "health": inventory.health}

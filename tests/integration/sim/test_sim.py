@@ -242,6 +242,21 @@ async def test_a_second_run_in_the_same_state_directory_joins_nothing(gw: Wire, 
     assert code == 0, stderr
     assert summary["joined"] == 1 and summary["reused"] == 4
 
+    # A node whose state is spoiled stops alone; the others hold their sessions.
+    (tmp_path / "fleet" / "2" / "node.crt").write_text("not a certificate")
+    async with sim("--nodes", "5", "--state-dir", state) as running:
+        spoiled = json.loads((tmp_path / "fleet" / "2" / "node.json").read_text())["node_id"]
+
+        async def others() -> bool:
+            live = {n.id for n in await nodes_of(gw)} & set(gw.gateway.sessions)
+            return len(live) == 4 and spoiled not in live
+
+        await wait_for(others)
+        code, summary, stderr = await running.stop()
+    assert code == 0, stderr
+    assert summary["failed"] == 1 and summary["sessions_open"] == 4
+    assert "node 2 stopped: ValueError" in stderr
+
 
 async def test_dropped_sessions_are_opened_again(gw: Wire, tmp_path: Path) -> None:
     flags = await join_flags(gw, uses=3)
