@@ -1,0 +1,538 @@
+"""A simulated fleet against a control plane of separate processes: how long until every node is adopted, and what
+holding the fleet costs in steady state (each gateway's CPU, PostgreSQL's writes, the control plane's CPU per node).
+
+FIGURES
+
+Processes, all on this machine, all over one PostgreSQL schema (``bc_bench_fleet``, dropped before and after):
+
+- the conductor (this one): writes a configuration file, runs ``better-compute migrate`` with it, makes the root
+  admin, a tenant, a pool and one join token with a use per node (in process, through the public API, as
+  ``bench/gateway.py`` does), starts the others, watches the database, measures and reports;
+- two gateway processes, ``better-compute serve --roles gateway --gateway-port P --no-migrate`` (each with its own
+  instance name, hence its own gateway name and server certificate from the control plane's CA), so what is measured
+  is exactly what an operator runs: uvloop, the LISTEN/NOTIFY notifier, ``GatewayOptions`` at their defaults (10 s
+  heartbeats, the raised young-generation GC threshold);
+- one worker process, ``better-compute serve --roles controllers,sinks --no-migrate``: the inventory and lifecycle
+  controllers, the command and session sweepers, and the outbox dispatcher (no webhook is subscribed, but the outbox
+  is drained as in a real deployment);
+- two ``bcd sim`` processes, one per gateway, each with half of the nodes (its own seed, so no two nodes claim the
+  same machine), joining with the one token through their own gateway, then holding their sessions; no fault is
+  injected (every node should be adopted).
+
+The real entry points rather than processes composed by the bench (as ``bench/gateway.py`` does) because the
+question is what the deployed control plane costs, and the command composes it (notifier, gateway certificate,
+module set) in ways a hand-made composition could miss. The price: no statement counter can be put inside those
+processes, so PostgreSQL's writes are read from PostgreSQL itself (below).
+
+Measured, per fleet size:
+
+- adoption: from the start of the sims until every node's state is ``adopted`` (or ``quarantined``) and, a figure
+  apart, until every adopted node has acknowledged desired-state generation 1; with the counts of nodes joined,
+  adopted and quarantined at that point (or when ``--adopt-timeout`` gave up, which the report then says), and the
+  CPU each process spent over that phase;
+- then ``--settle`` seconds, then the steady state over ``--window`` seconds: each process's CPU time (``utime`` +
+  ``stime`` from ``/proc/<pid>/stat``) over the wall time, in % of one core; the control plane's CPU (two gateways
+  and the worker) per node per minute, in milliseconds; each gateway's resident memory; the rows written per second
+  in the bench's schema (``n_tup_ins + n_tup_upd + n_tup_del`` of ``pg_stat_user_tables``, which PostgreSQL counts
+  per table, so other engineers' tests in other schemas of the same database do not count; the busiest tables are
+  listed); the machine's busy share (``/proc/stat``) and load average, since the two cores are shared; and the nodes
+  still in session at the end of the window whose liveness was written during it (``sessions.last_seen_at``).
+
+    python bench/fleet.py                        # 1,000 nodes; BETTERCOMPUTE_DATABASE_URL, else
+                                                 # postgresql://postgres@127.0.0.1:5432/test
+    python bench/fleet.py --nodes 1000,5000,10000 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psycopg
+
+from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
+from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
+from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
+from bettercompute_store_pg import PgStore
+
+URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://postgres@127.0.0.1:5432/test"
+SCHEMA = "bc_bench_fleet"
+TRUST_DOMAIN = "fleet.bench.test"
+NODES_DEFAULT = "1000"
+SETTLE_DEFAULT = 30.0
+WINDOW_DEFAULT = 60.0
+ADOPT_TIMEOUT_DEFAULT = 900.0
+JOIN_CONCURRENCY_DEFAULT = 8
+START_TIMEOUT = 60.0  # for a serve process to say it runs
+STOP_TIMEOUT = 30.0
+GATEWAYS = 2
+BIN = Path(sys.executable).parent
+SPARE_FILES = 1024
+
+
+# --- small things -----------------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) a process has used so far, every thread of it; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far, every core."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values[:8]) - idle, sum(values[:8])
+
+
+def load_average() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def drop_schema() -> None:
+    with psycopg.connect(URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def raise_open_files(needed: int) -> None:
+    """Children inherit this process's open-files limit: raise the soft one towards what the sims need."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(needed, hard), hard))
+
+
+# --- the control plane's processes ------------------------------------------------------------------------------
+
+
+@attrs.define(kw_only=True, eq=False)
+class Proc:
+    """A child process, its stderr in a file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @classmethod
+    def start(cls, name: str, argv: Sequence[str], folder: Path, env: Mapping[str, str] | None = None) -> Proc:
+        log = folder / f"{name}.log"
+        with log.open("wb") as err:
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env={**os.environ, **(env or {})},
+            )
+        return cls(name=name, popen=popen, log=log)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def wait_for_log(self, text: str, within: float) -> None:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if text in self.log.read_text(errors="replace"):
+                return
+            if self.popen.poll() is not None:
+                raise SystemExit(f"{self.name} ended (exit {self.popen.returncode}): see {self.log}")
+            time.sleep(0.2)
+        raise SystemExit(f"{self.name} did not log {text!r} within {within:.0f} s: see {self.log}")
+
+    def stop(self, within: float = STOP_TIMEOUT) -> bytes:
+        """SIGTERM, then SIGKILL after ``within`` seconds; what it printed on stdout."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.popen.communicate(timeout=within)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            out, _ = self.popen.communicate()
+        return out or b""
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+
+
+def write_config(folder: Path, gateway_port: int) -> Path:
+    path = folder / "bettercompute.toml"
+    lines = {
+        "database_url": URL,
+        "schema": SCHEMA,
+        "kms_key_file": str(folder / "kms.key"),
+        "trust_domain": TRUST_DOMAIN,
+        "gateway_address": f"127.0.0.1:{gateway_port}",
+    }
+    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in lines.items()))
+    return path
+
+
+async def make_token(folder: Path, uses: int, gateway_port: int) -> str:
+    """The root admin, a tenant, a pool and a join token with ``uses`` uses; its ``bcd join`` command."""
+    options = Options(
+        store=PgStore(URL, schema=SCHEMA, pool_size=2),
+        iam=EmbeddedIam(),
+        instance="bench-conductor",
+        kms=LocalKeyKms(folder / "kms.key"),
+        join=JoinSettings(gateway_address=f"127.0.0.1:{gateway_port}", trust_domain=TRUST_DOMAIN),
+    )
+    compute = better_compute(options)
+    await compute.initialize(migrate=False)
+    try:
+        iam = options.iam
+        assert isinstance(iam, EmbeddedIam)
+        boot = await iam.bootstrap()
+        assert boot.credential is not None
+        root = boot.credential
+        tenant = (await IamGroups(compute.api).tenants.create(root, CreateTenantInput(name="fleet"))).id
+        pool = await compute.api.pools.create(root, CreatePoolInput(tenant=tenant, name="fleet"))
+        created = await compute.api.join_tokens.create(
+            root, CreateJoinTokenInput(pool_id=pool.id, uses=uses, expires_in_seconds=6 * 3600)
+        )
+        return created.join_command
+    finally:
+        await compute.close()
+
+
+def sim_flags(join_command: str, gateway_port: int) -> list[str]:
+    """``bcd join``'s flags as ``join-tokens.create`` printed them, for the gateway at ``gateway_port``."""
+    words = shlex.split(join_command)[2:]
+    words[words.index("--gateway") + 1] = f"127.0.0.1:{gateway_port}"
+    return words
+
+
+# --- watching the database --------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Census:
+    joined: int
+    states: dict[str, int]
+    acked: int  # adopted nodes whose observed generation reached their desired one (>= 1)
+    in_session: int
+
+    @property
+    def settled(self) -> int:
+        return self.states.get("adopted", 0) + self.states.get("quarantined", 0)
+
+
+def census(conn: psycopg.Connection[Any]) -> Census:
+    states = dict(conn.execute(f"SELECT state, count(*) FROM {SCHEMA}.nodes GROUP BY state").fetchall())
+    acked = conn.execute(
+        f"SELECT count(*) FROM {SCHEMA}.nodes WHERE state = 'adopted' AND desired_generation >= 1"
+        " AND observed_generation = desired_generation"
+    ).fetchone()
+    open_ = conn.execute(f"SELECT count(*) FROM {SCHEMA}.sessions WHERE closed_at IS NULL").fetchone()
+    return Census(
+        joined=sum(states.values()),
+        states={str(k): int(v) for k, v in states.items()},
+        acked=int(acked[0]) if acked else 0,
+        in_session=int(open_[0]) if open_ else 0,
+    )
+
+
+def rows_written(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """Rows inserted, updated and deleted so far, by table of the bench's schema (PostgreSQL's own counts)."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    found = conn.execute(
+        "SELECT relname, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables WHERE schemaname = %s",
+        (SCHEMA,),
+    ).fetchall()
+    return {str(name): int(n) for name, n in found}
+
+
+# --- one fleet size ---------------------------------------------------------------------------------------------
+
+
+def run_size(args: argparse.Namespace, nodes: int, folder: Path) -> dict[str, Any]:
+    drop_schema()
+    ports = [free_port() for _ in range(GATEWAYS)]
+    config = write_config(folder, ports[0])
+    migrate = subprocess.run(
+        [str(BIN / "better-compute"), "--config", str(config), "migrate"], capture_output=True, check=False
+    )
+    if migrate.returncode != 0:
+        raise SystemExit(f"better-compute migrate failed: {migrate.stderr.decode(errors='replace')[-2000:]}")
+    join_command = asyncio.run(make_token(folder, nodes, ports[0]))
+    serve = [str(BIN / "better-compute"), "--config", str(config), "serve", "--no-migrate"]
+    procs: list[Proc] = []
+    try:
+        worker = Proc.start(
+            "worker", [*serve, "--roles", "controllers,sinks"], folder, {"BETTERCOMPUTE_INSTANCE": "bench-worker"}
+        )
+        procs.append(worker)
+        gateways = [
+            Proc.start(
+                f"gateway-{i + 1}",
+                [*serve, "--roles", "gateway", "--gateway-port", str(port)],
+                folder,
+                {"BETTERCOMPUTE_INSTANCE": f"bench-gw-{i + 1}"},
+            )
+            for i, port in enumerate(ports)
+        ]
+        procs += gateways
+        for proc in procs:
+            proc.wait_for_log("running ", START_TIMEOUT)
+        say(f"{nodes} nodes: worker and {GATEWAYS} gateways running (ports {ports})")
+
+        shares = [nodes // GATEWAYS + (1 if i < nodes % GATEWAYS else 0) for i in range(GATEWAYS)]
+        started = time.monotonic()
+        cpu_start = {p.name: p.cpu() for p in procs}
+        sims = [
+            Proc.start(
+                f"sim-{i + 1}",
+                [
+                    str(BIN / "bcd"),
+                    "sim",
+                    "--nodes",
+                    str(share),
+                    "--seed",
+                    str(i + 1),
+                    "--state-dir",
+                    str(folder / f"sim-{i + 1}"),
+                    "--join-concurrency",
+                    str(args.join_concurrency),
+                    *sim_flags(join_command, port),
+                ],
+                folder,
+            )
+            for i, (share, port) in enumerate(zip(shares, ports, strict=True))
+        ]
+        procs += sims
+        adoption = watch_adoption(args, nodes, started)
+        cpu_adopt = {p.name: p.cpu() - cpu_start.get(p.name, 0.0) for p in procs}
+
+        say(f"{nodes} nodes: settling {args.settle:.0f} s")
+        time.sleep(args.settle)
+        steady = measure_window(args, nodes, gateways, worker, sims)
+
+        summaries = []
+        for sim in sims:
+            out = sim.stop()
+            lines = out.decode(errors="replace").strip().splitlines()
+            with contextlib.suppress(ValueError, IndexError):
+                summaries.append(json.loads(lines[-1]))
+        return {
+            "nodes": nodes,
+            "gateways": GATEWAYS,
+            "adoption": adoption,
+            "adoption_cpu_seconds": {k: round(v, 1) for k, v in cpu_adopt.items()},
+            "steady": steady,
+            "sims": summaries,
+        }
+    finally:
+        for proc in reversed(procs):
+            proc.stop(within=15)
+        drop_schema()
+
+
+def watch_adoption(args: argparse.Namespace, nodes: int, started: float) -> dict[str, Any]:
+    """Poll the database until every node is adopted (or quarantined) and every adopted node acked generation 1."""
+    settled_at: float | None = None
+    acked_at: float | None = None
+    joined_at: float | None = None
+    last_print = 0.0
+    with psycopg.connect(URL, autocommit=True) as conn:
+        while True:
+            now = time.monotonic() - started
+            seen = census(conn)
+            if joined_at is None and seen.joined >= nodes:
+                joined_at = now
+            if settled_at is None and seen.settled >= nodes:
+                settled_at = now
+            if acked_at is None and seen.settled >= nodes and seen.acked >= seen.states.get("adopted", 0):
+                acked_at = now
+            if now - last_print >= 10:
+                last_print = now
+                say(
+                    f"  {now:5.0f} s: joined {seen.joined}, in session {seen.in_session}, {seen.states}, "
+                    f"acked {seen.acked}"
+                )
+            if acked_at is not None or now > args.adopt_timeout:
+                break
+            time.sleep(1.0)
+    return {
+        "all_settled": settled_at is not None,
+        "seconds_to_joined": None if joined_at is None else round(joined_at, 1),
+        "seconds_to_adopted": None if settled_at is None else round(settled_at, 1),
+        "seconds_to_acked": None if acked_at is None else round(acked_at, 1),
+        "gave_up_after": None if settled_at is not None else round(args.adopt_timeout),
+        "joined": seen.joined,
+        "adopted": seen.states.get("adopted", 0),
+        "quarantined": seen.states.get("quarantined", 0),
+        "other_states": {k: v for k, v in seen.states.items() if k not in ("adopted", "quarantined")},
+        "acked": seen.acked,
+        "in_session": seen.in_session,
+    }
+
+
+def measure_window(
+    args: argparse.Namespace, nodes: int, gateways: Sequence[Proc], worker: Proc, sims: Sequence[Proc]
+) -> dict[str, Any]:
+    """The steady state over ``--window`` seconds."""
+    everyone = [*gateways, worker, *sims]
+    with psycopg.connect(URL, autocommit=True) as conn:
+        window_start_db = conn.execute("SELECT now()").fetchone()
+        rows_before = rows_written(conn)
+        cpu_before = {p.name: p.cpu() for p in everyone}
+        busy_before, total_before = machine_ticks()
+        t0 = time.monotonic()
+        say(f"{nodes} nodes: measuring {args.window:.0f} s")
+        time.sleep(args.window)
+        wall = time.monotonic() - t0
+        cpu_after = {p.name: p.cpu() for p in everyone}
+        busy_after, total_after = machine_ticks()
+        load = load_average()
+        # Stats reach the shared counters when a backend goes idle, at most once a second: give them that second.
+        time.sleep(1.5)
+        rows_after = rows_written(conn)
+        assert window_start_db is not None
+        fresh = conn.execute(
+            f"SELECT gateway, count(*) FROM {SCHEMA}.sessions WHERE closed_at IS NULL AND last_seen_at > %s"
+            " GROUP BY gateway",
+            (window_start_db[0],),
+        ).fetchall()
+        after = census(conn)
+    percent = {name: 100 * (cpu_after[name] - cpu_before[name]) / wall for name in cpu_after}
+    plane = sum(cpu_after[p.name] - cpu_before[p.name] for p in [*gateways, worker])
+    deltas = {t: rows_after.get(t, 0) - rows_before.get(t, 0) for t in rows_after}
+    busiest = sorted(((t, d) for t, d in deltas.items() if d > 0), key=lambda x: -x[1])[:8]
+    return {
+        "window_seconds": round(wall, 1),
+        "cpu_percent": {k: round(v, 1) for k, v in percent.items()},
+        "control_plane_percent": round(100 * plane / wall, 1),
+        "control_plane_ms_per_node_minute": round(1000 * plane / wall * 60 / nodes, 3),
+        "gateway_rss_mb": {p.name: round(rss_bytes(p.pid) / 2**20, 1) for p in gateways},
+        "worker_rss_mb": round(rss_bytes(worker.pid) / 2**20, 1),
+        "rows_written_per_second": round(sum(deltas.values()) / wall, 1),
+        "rows_by_table_per_second": {t: round(d / wall, 2) for t, d in busiest},
+        "sessions_live_in_window": {str(g): int(n) for g, n in fresh},
+        "states_at_end": after.states,
+        "machine_busy_percent": round(100 * (busy_after - busy_before) / max(1, total_after - total_before), 1),
+        "load_average": load,
+    }
+
+
+# --- the report -------------------------------------------------------------------------------------------------
+
+
+def report(results: Sequence[Mapping[str, Any]]) -> None:
+    print(
+        "nodes  joined adopted quar.  to adopted  to acked   gw1 CPU  gw2 CPU  worker  sims     plane ms/node/min"
+        "  rows/s   live   load, busy"
+    )
+    for r in results:
+        a, s = r["adoption"], r["steady"]
+        cpu = s["cpu_percent"]
+        sims = sum(v for k, v in cpu.items() if k.startswith("sim-"))
+        live = sum(s["sessions_live_in_window"].values())
+        to_adopted = f"{a['seconds_to_adopted']:.0f} s" if a["seconds_to_adopted"] is not None else "not reached"
+        to_acked = f"{a['seconds_to_acked']:.0f} s" if a["seconds_to_acked"] is not None else "not reached"
+        print(
+            f"{r['nodes']:>6} {a['joined']:>6} {a['adopted']:>7} {a['quarantined']:>5}  {to_adopted:>10}"
+            f"  {to_acked:>9}  {cpu['gateway-1']:>6.1f}%  {cpu['gateway-2']:>6.1f}%  {cpu['worker']:>5.1f}%"
+            f"  {sims:>6.1f}%  {s['control_plane_ms_per_node_minute']:>8.2f}"
+            f"        {s['rows_written_per_second']:>7.1f}  {live:>6}  {s['load_average']:.1f}, "
+            f"{s['machine_busy_percent']:.0f} %"
+        )
+        if not a["all_settled"]:
+            print(
+                f"       NOT REACHED: after {a['gave_up_after']} s, {a['joined']} joined, {a['adopted']} adopted, "
+                f"{a['quarantined']} quarantined, others {a['other_states']}; the steady figures are for that"
+            )
+        busiest = ", ".join(f"{t} {v:.1f}" for t, v in s["rows_by_table_per_second"].items())
+        print(f"       rows/s by table: {busiest or 'none'}")
+        print(
+            f"       gateway RSS {s['gateway_rss_mb']} MB, worker {s['worker_rss_mb']} MB; CPU s over the adoption:"
+            f" {r['adoption_cpu_seconds']}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--nodes", default=NODES_DEFAULT, help=f"fleet sizes, comma-separated ({NODES_DEFAULT})")
+    parser.add_argument("--settle", type=float, default=SETTLE_DEFAULT, help="seconds after adoption (default 30)")
+    parser.add_argument("--window", type=float, default=WINDOW_DEFAULT, help="steady-state seconds (default 60)")
+    parser.add_argument(
+        "--adopt-timeout",
+        type=float,
+        default=ADOPT_TIMEOUT_DEFAULT,
+        help="give up waiting for adoption after this many seconds from the sims' start (default 900)",
+    )
+    parser.add_argument(
+        "--join-concurrency",
+        type=int,
+        default=JOIN_CONCURRENCY_DEFAULT,
+        help=f"joins under way at once in each sim (default {JOIN_CONCURRENCY_DEFAULT}, as bcd sim's)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the processes' logs and the sims' state (folder)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    try:
+        sizes = [int(n) for n in args.nodes.split(",")]
+    except ValueError:
+        parser.error("--nodes: comma-separated whole numbers")
+    if any(n < GATEWAYS for n in sizes):
+        parser.error(f"--nodes: at least {GATEWAYS} (one per gateway)")
+    raise_open_files(max(sizes) + SPARE_FILES)
+    results = []
+    for nodes in sizes:
+        if args.keep:
+            folder = Path(tempfile.mkdtemp(prefix="bc-fleet-"))
+            say(f"{nodes} nodes: logs and state in {folder}")
+            results.append(run_size(args, nodes, folder))
+            continue
+        with tempfile.TemporaryDirectory(prefix="bc-fleet-") as tmp:
+            results.append(run_size(args, nodes, Path(tmp)))
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        report(results)
+
+
+if __name__ == "__main__":
+    main()
