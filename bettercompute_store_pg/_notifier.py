@@ -26,7 +26,11 @@ class PgNotifier:
 
     Each ``listen`` opens its own autocommit connection straight to the server (LISTEN is session state, so it must
     not go through PgBouncer in transaction mode); ``notify`` uses one shared autocommit connection, opened on first
-    use. Channels are prefixed with the schema name, so stores in different schemas never hear each other.
+    use, so pokes are sent one at a time. A poke is a wake-up, and two identical ones wake the same listeners: a
+    ``notify`` that finds the same poke (channel and payload) still waiting its turn returns at once, since that
+    one is sent after it was called (a busy gateway commits hundreds of transactions a second, each poking; sent one
+    by one they queued for seconds and made every commit wait). Channels are prefixed with the schema name, so
+    stores in different schemas never hear each other.
 
     Args:
         url: ``postgresql://`` URL of the server itself (not of a transaction-mode pooler).
@@ -38,6 +42,8 @@ class PgNotifier:
         self.schema = validate_schema(schema)
         self._sender: psycopg.AsyncConnection[tuple[object, ...]] | None = None
         self._lock = anyio.Lock()
+        self._waiting: set[tuple[str, str]] = set()
+        """Pokes waiting for the sending connection, not sent yet."""
 
     def channel_name(self, channel: str) -> str:
         """The PostgreSQL channel for ``channel``: ``<schema>.<channel>``, hashed when too long to stay distinct.
@@ -62,7 +68,16 @@ class PgNotifier:
             UnavailableError: The database cannot be reached.
         """
         name = self.channel_name(channel)
-        async with self._lock:
+        poke = (name, payload)
+        if poke in self._waiting:  # the same poke, still to be sent, wakes the same listeners after this call
+            return
+        self._waiting.add(poke)
+        try:
+            await self._lock.acquire()
+        finally:
+            # From here on a new call sends again: this send may have begun before that caller's commit.
+            self._waiting.discard(poke)
+        try:
             with translated():
                 if self._sender is None or self._sender.closed:
                     self._sender = await self._connect()
@@ -73,6 +88,8 @@ class PgNotifier:
                     await self._sender.close()
                     self._sender = None
                     raise
+        finally:
+            self._lock.release()
 
     @contextlib.asynccontextmanager
     async def listen(self, channel: str) -> AsyncIterator[AsyncIterator[str]]:

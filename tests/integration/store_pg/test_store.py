@@ -166,6 +166,25 @@ async def test_notifier_delivers_pokes_per_schema(database_url: str) -> None:
                 assert await anext(aiter(other_pokes)) == "for two"
 
 
+async def test_a_burst_of_the_same_poke_is_sent_as_few_and_none_is_lost(database_url: str) -> None:
+    # 200 commits poking at once: identical pokes waiting for the one sending connection are sent once, so the
+    # listener hears far fewer than 200, yet a poke after the burst still arrives, and other payloads are not merged.
+    async with PgNotifier(database_url, schema="bc_n_burst") as notifier, notifier.listen("work") as pokes:
+        async with anyio.create_task_group() as tg:
+            for _ in range(200):
+                tg.start_soon(notifier.notify, "work", "reconcile.node")
+            tg.start_soon(notifier.notify, "work", "@sinks")
+        await notifier.notify("work", "last")
+        heard: list[str] = []
+        with anyio.fail_after(5):
+            async for payload in pokes:
+                heard.append(payload)
+                if payload == "last":
+                    break
+    assert 1 <= heard.count("reconcile.node") < 20
+    assert heard.count("@sinks") == 1
+
+
 async def test_a_unique_violation_is_a_conflict_without_sql(pg_store: PgStore) -> None:
     # What a race between two writers of one name ends in, once the loser's own checks passed.
     table = f'"{pg_store.schema}".names'
