@@ -30,7 +30,7 @@ from bettercompute_store_pg import EmbeddedPostgres
 
 from ._config import DATABASE_URL_ENV, IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
 from ._devnode import run_dev_node
-from ._gateway import GatewayPlan
+from ._gateway import GatewayPlan, loop_options
 from ._runtime import (
     Plan,
     build,
@@ -259,7 +259,10 @@ def serve(
         note = webhooks_note(config, dev=False)
         if note is not None and config.kms_key_file is not None:  # without a KMS there is no webhooks group
             log.warning("%s", note)
-        anyio.run(lambda: _serve(compute, remote, plan, config, migrate=not no_migrate, access_log=access_log))
+        anyio.run(
+            lambda: _serve(compute, remote, plan, config, migrate=not no_migrate, access_log=access_log),
+            backend_options=loop_options(plan.gateway),
+        )
 
 
 # --- dev ------------------------------------------------------------------------------------------------------------
@@ -430,7 +433,16 @@ def dev(
             if ephemeral:
                 node_folder = tempfile.mkdtemp(prefix="bettercompute-node-")
             node = Path(node_folder) if node_folder is not None else DEV_NODE.absolute()
-            anyio.run(_dev, config, url, server is not None, rotate, access_log, node)
+            anyio.run(
+                _dev,
+                config,
+                url,
+                server is not None,
+                rotate,
+                access_log,
+                node,
+                backend_options=loop_options(gateway_plan(config)),
+            )
         finally:
             if node_folder is not None:
                 shutil.rmtree(node_folder, ignore_errors=True)

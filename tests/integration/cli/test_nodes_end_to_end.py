@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -27,6 +28,8 @@ def test_dev_then_a_token_then_bcd_join_and_node_then_revoke(
 ) -> None:
     plane = dev_with_gateway(cli_env, start_cli, tmp_path)
     dev, gateway_port, call, root = plane.dev, plane.gateway_port, plane.call, plane.root_tenant
+    # The gateway runs on uvloop (the stdlib loop's TLS buffers cost about four times the memory per daemon).
+    assert re.search(rf"gateway \S+ listening on 127\.0\.0\.1:{gateway_port} .*event loop uvloop", dev.stderr)
     pool = call("pools/create", {"tenant": root, "name": "gpus"})
     created = call("join-tokens/create", {"pool_id": pool["id"], "uses": 1, "expires_in_seconds": 600})
     printed = shlex.split(created["join_command"])
