@@ -73,8 +73,8 @@ URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://
 SCHEMA = "bc_bench_fleet"
 TRUST_DOMAIN = "fleet.bench.test"
 NODES_DEFAULT = "1000"
-SETTLE_DEFAULT = 30.0
-WINDOW_DEFAULT = 60.0
+SETTLE_DEFAULT = 20.0
+WINDOW_DEFAULT = 30.0
 ADOPT_TIMEOUT_DEFAULT = 900.0
 JOIN_CONCURRENCY_DEFAULT = 8
 START_TIMEOUT = 60.0  # for a serve process to say it runs
@@ -318,10 +318,12 @@ def run_size(args: argparse.Namespace, nodes: int, folder: Path) -> dict[str, An
         for proc in procs:
             proc.wait_for_log("running ", START_TIMEOUT)
         say(f"{nodes} nodes: worker and {GATEWAYS} gateways running (ports {ports})")
+        idle_rss = {p.name: rss_bytes(p.pid) for p in gateways}
 
         shares = [nodes // GATEWAYS + (1 if i < nodes % GATEWAYS else 0) for i in range(GATEWAYS)]
         started = time.monotonic()
         cpu_start = {p.name: p.cpu() for p in procs}
+        busy_start, total_start = machine_ticks()
         sims = [
             Proc.start(
                 f"sim-{i + 1}",
@@ -345,10 +347,19 @@ def run_size(args: argparse.Namespace, nodes: int, folder: Path) -> dict[str, An
         procs += sims
         adoption = watch_adoption(args, nodes, started)
         cpu_adopt = {p.name: p.cpu() - cpu_start.get(p.name, 0.0) for p in procs}
+        busy_end, total_end = machine_ticks()
+        adoption["machine_busy_percent"] = round(100 * (busy_end - busy_start) / max(1, total_end - total_start), 1)
 
         say(f"{nodes} nodes: settling {args.settle:.0f} s")
         time.sleep(args.settle)
         steady = measure_window(args, nodes, gateways, worker, sims)
+        live = steady["sessions_live_in_window"]
+        held = {f"gateway-{i + 1}": live.get(f"bench-gw-{i + 1}", 0) for i in range(GATEWAYS)}
+        steady["gateway_kb_per_session"] = {
+            name: round((steady["gateway_rss_mb"][name] * 2**20 - idle_rss[name]) / 1024 / count, 1)
+            for name, count in held.items()
+            if count
+        }
 
         summaries = []
         for sim in sims:
@@ -450,7 +461,7 @@ def measure_window(
         "worker_rss_mb": round(rss_bytes(worker.pid) / 2**20, 1),
         "rows_written_per_second": round(sum(deltas.values()) / wall, 1),
         "rows_by_table_per_second": {t: round(d / wall, 2) for t, d in busiest},
-        "sessions_live_in_window": {str(g): int(n) for g, n in fresh},
+        "sessions_live_in_window": {str(g): int(n) for g, n in sorted(fresh)},
         "states_at_end": after.states,
         "machine_busy_percent": round(100 * (busy_after - busy_before) / max(1, total_after - total_before), 1),
         "load_average": load,
@@ -462,41 +473,44 @@ def measure_window(
 
 def report(results: Sequence[Mapping[str, Any]]) -> None:
     print(
-        "nodes  joined adopted quar.  to adopted  to acked   gw1 CPU  gw2 CPU  worker  sims     plane ms/node/min"
-        "  rows/s   live   load, busy"
+        "  nodes  joined adopted quar.  adopted  acked  | steady: gateway CPU %  worker %  sims %  plane ms/node/min"
+        "  rows/s  in session  load, busy"
     )
     for r in results:
         a, s = r["adoption"], r["steady"]
         cpu = s["cpu_percent"]
         sims = sum(v for k, v in cpu.items() if k.startswith("sim-"))
         live = sum(s["sessions_live_in_window"].values())
-        to_adopted = f"{a['seconds_to_adopted']:.0f} s" if a["seconds_to_adopted"] is not None else "not reached"
-        to_acked = f"{a['seconds_to_acked']:.0f} s" if a["seconds_to_acked"] is not None else "not reached"
+        seconds = [f"{a[k]:.0f} s" if a[k] is not None else "-" for k in ("seconds_to_adopted", "seconds_to_acked")]
+        gateways = " + ".join(f"{cpu[f'gateway-{i + 1}']:.1f}" for i in range(GATEWAYS))
         print(
-            f"{r['nodes']:>6} {a['joined']:>6} {a['adopted']:>7} {a['quarantined']:>5}  {to_adopted:>10}"
-            f"  {to_acked:>9}  {cpu['gateway-1']:>6.1f}%  {cpu['gateway-2']:>6.1f}%  {cpu['worker']:>5.1f}%"
-            f"  {sims:>6.1f}%  {s['control_plane_ms_per_node_minute']:>8.2f}"
-            f"        {s['rows_written_per_second']:>7.1f}  {live:>6}  {s['load_average']:.1f}, "
-            f"{s['machine_busy_percent']:.0f} %"
+            f"{r['nodes']:>7} {a['joined']:>7} {a['adopted']:>7} {a['quarantined']:>5} {seconds[0]:>8} {seconds[1]:>6}"
+            f"  |  {gateways:>19}  {cpu['worker']:>7.1f}  {sims:>6.1f}"
+            f"  {s['control_plane_ms_per_node_minute']:>17.2f}  {s['rows_written_per_second']:>6.0f}"
+            f"  {live:>10}  {s['load_average']:.1f}, {s['machine_busy_percent']:.0f} %"
         )
         if not a["all_settled"]:
             print(
-                f"       NOT REACHED: after {a['gave_up_after']} s, {a['joined']} joined, {a['adopted']} adopted, "
-                f"{a['quarantined']} quarantined, others {a['other_states']}; the steady figures are for that"
+                f"        NOT REACHED within {a['gave_up_after']} s: {a['joined']} joined, {a['adopted']} adopted, "
+                f"{a['quarantined']} quarantined, other states {a['other_states']}; the steady state is of those"
             )
-        busiest = ", ".join(f"{t} {v:.1f}" for t, v in s["rows_by_table_per_second"].items())
-        print(f"       rows/s by table: {busiest or 'none'}")
+        busiest = ", ".join(f"{t} {v:.0f}" for t, v in s["rows_by_table_per_second"].items())
+        print(f"        rows/s by table: {busiest or 'none'}")
         print(
-            f"       gateway RSS {s['gateway_rss_mb']} MB, worker {s['worker_rss_mb']} MB; CPU s over the adoption:"
-            f" {r['adoption_cpu_seconds']}"
+            f"        joined in {a['seconds_to_joined']} s; gateway RSS {s['gateway_rss_mb']} MB"
+            f" ({s.get('gateway_kb_per_session')} KB a session), worker {s['worker_rss_mb']} MB"
+        )
+        print(
+            f"        CPU seconds while adopting: {r['adoption_cpu_seconds']}, machine busy"
+            f" {a.get('machine_busy_percent')} %"
         )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--nodes", default=NODES_DEFAULT, help=f"fleet sizes, comma-separated ({NODES_DEFAULT})")
-    parser.add_argument("--settle", type=float, default=SETTLE_DEFAULT, help="seconds after adoption (default 30)")
-    parser.add_argument("--window", type=float, default=WINDOW_DEFAULT, help="steady-state seconds (default 60)")
+    parser.add_argument("--settle", type=float, default=SETTLE_DEFAULT, help="seconds after adoption (default 20)")
+    parser.add_argument("--window", type=float, default=WINDOW_DEFAULT, help="steady-state seconds (default 30)")
     parser.add_argument(
         "--adopt-timeout",
         type=float,
