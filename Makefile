@@ -88,6 +88,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/claims.py
 	$(BIN)/python bench/joins.py
 	$(BIN)/python bench/gateway.py
+	$(BIN)/python bench/fleet.py
 
 clean:
 	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache build dist *.egg-info
