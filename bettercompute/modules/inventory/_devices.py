@@ -121,7 +121,9 @@ _PAGES: Keyset[Device] = Keyset(str, str, str, key=lambda d: (d.node_id, d.kind,
 
 
 def _tenant(input: Any) -> ResourceRef:
-    return ResourceRef(type=NODE, tenant=input.tenant, id=input.node_id)
+    # Decided on the tenant; ``node_id`` only filters (within the tenant), so another tenant's node lists nothing,
+    # exactly as an unknown one does.
+    return ResourceRef(type=NODE, tenant=input.tenant)
 
 
 def _node(input: Any) -> ResourceRef:
@@ -151,12 +153,13 @@ async def get_device(call: CallContext, input: GetDeviceInput) -> Device:
     """A device of a node, with its atoms.
 
     Raises:
-        NotFoundError: the node has no such device.
+        NotFoundError: the node has no such device. The answer is the one an unknown node gets (``no such node``,
+            the node's id), so that it never tells a caller allowed to ask whether a node of another tenant exists.
     """
     inventory = call.context.store.repository(INVENTORY)
     record = await inventory.device(input.id)
     if record is None or record.node_id != input.node_id:
-        raise NotFoundError("no such device", details={"id": input.id, "node_id": input.node_id})
+        raise NotFoundError("no such node", details={"id": input.node_id})
     return _device(record, await inventory.atoms_of_devices([record.id]))
 
 

@@ -359,3 +359,38 @@ async def test_garbage_sections_a_uuid_two_nodes_claim_and_an_ack_never_sent_dis
     assert len(await _devices(gw, third.node_id)) == 64  # only what could be trusted: the first 64 GPUs
     assert await _devices(gw, first.node_id) == {"GPU-shared": "present", "GPU-one": "present"}
     assert (await node(gw, first.node_id)).state == "adopting"  # not checked yet: it never answered diag.nvml
+
+
+async def test_a_check_the_daemon_never_answers_or_no_one_provides_quarantines_with_its_reason(gw: Wire) -> None:
+    fleet = gw.fleet
+    silent = await gw.join("SN-SILENT")
+    unknown = await gw.join("SN-UNKNOWN")  # before the clock moves: its certificate is dated by it
+    channel = gw.channel(silent)
+    try:
+        async with session_request(channel) as stream:
+            # A daemon that reports its inventory, then never answers the diag.nvml command it is sent.
+            await stream.send_request()
+            await stream.send_message(hello(silent.node_id))
+            gpus = json.dumps([{"uuid": "GPU-silent", "model": "H100"}])
+            await stream.send_message(
+                wire.NodeFrame(inventory=wire.InventorySection(section="gpus", content_json=gpus))
+            )
+            waiting = await settle(gw, silent.node_id, lambda n: bool(n.conditions))
+            assert waiting.state == "adopting"
+            fleet.clock.advance(dt.timedelta(seconds=NodePolicy().check_deadline_seconds + 1))
+            late = await settle(gw, silent.node_id, lambda n: n.state == "quarantined")
+            assert late.state_reason == "check_deadline_exceeded"
+            assert late.state_detail["check"] == "diag.nvml"
+            await stream.end()
+    finally:
+        channel.close()
+
+    # A pool naming a check no module provides: the node is quarantined saying so, rather than waiting forever.
+    pool = await fleet.compute.api.pools.update(
+        fleet.alice, UpdatePoolInput(id=fleet.pool, acceptance_checks=("diag.nvml", "burn.in"))
+    )
+    assert pool.acceptance_checks == ("diag.nvml", "burn.in")
+    await _report(gw, unknown, {"gpus": [{"uuid": "GPU-unknown", "model": "H100"}]})
+    refused = await settle(gw, unknown.node_id, lambda n: n.state == "quarantined")
+    assert refused.state_reason == "unknown_check"
+    assert refused.state_detail["check"] == "burn.in" and "diag.nvml" in refused.state_detail["known"]

@@ -51,6 +51,8 @@ OTHER_FIELDS: dict[str, Any] = {
     "actions": ["compute:pools:get"],
     "expires_in_seconds": 3600,
 }
+# Ids that do not decide the resource (``devices.get``'s device id: its node does): any well-formed one.
+UNADDRESSED: dict[str, Any] = {"id": "dev_000000000000000000000000"}
 
 
 @attrs.frozen(kw_only=True)
@@ -255,7 +257,9 @@ async def test_ids_of_another_tenant_and_unknown_ids_get_the_same_answer(world: 
             for who, credential in callers.items():
                 others = _addressed(method)
                 body: dict[str, Any] = {
-                    name: world.ours[others[name]] if name in others and name != field else OTHER_FIELDS.get(name, "")
+                    name: world.ours[others[name]]
+                    if name in others and name != field
+                    else OTHER_FIELDS.get(name, UNADDRESSED.get(name, ""))
                     for name in _required(method)
                 }
                 if "tenant" in body:
