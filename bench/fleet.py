@@ -230,9 +230,9 @@ class Proc:
             if text in self.log.read_text(errors="replace"):
                 return
             if self.popen.poll() is not None:
-                raise SystemExit(f"{self.name} ended (exit {self.popen.returncode}): see {self.log}")
+                raise SystemExit(f"{self.name} ended (exit {self.popen.returncode}): see {self.log} (--keep keeps it)")
             time.sleep(0.2)
-        raise SystemExit(f"{self.name} did not log {text!r} within {within:.0f} s: see {self.log}")
+        raise SystemExit(f"{self.name} did not log {text!r} within {within:.0f} s: see {self.log} (--keep keeps it)")
 
     def stop(self, within: float = STOP_TIMEOUT) -> bytes:
         """SIGTERM, then SIGKILL after ``within`` seconds; what it printed on stdout."""
