@@ -36,7 +36,7 @@ from sqlalchemy.exc import ArgumentError
 from bettercompute.errors import InternalError, InvalidConfigError, InvalidInputError
 
 from ._errors import translated
-from ._pool import ConnectionPool, PgConnection
+from ._pool import ConnectionPool, PgConnection, pipelined
 from ._schema import quote_schema
 
 __all__ = [
@@ -293,7 +293,7 @@ async def _send(conn: Connection, last: tuple[str, Any]) -> psycopg.AsyncCursor[
         if not pending:
             await cur.execute(query, params, prepare=prepare)
             return cur
-        async with conn.pipeline():
+        async with pipelined(conn):
             for held, held_params in pending:
                 await conn.cursor().execute(held, held_params, prepare=False if held_params is None else None)
             await cur.execute(query, params, prepare=prepare)

@@ -24,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import select
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -34,7 +35,10 @@ from bettercompute.errors import InternalError, UnavailableError
 
 from ._errors import UNREACHABLE, translated
 
-__all__ = ["ConnectionPool", "PgConnection"]
+__all__ = ["PIPELINE_SHIELD_SECONDS", "ConnectionPool", "PgConnection", "pipelined"]
+
+PIPELINE_SHIELD_SECONDS = 60
+"""How long a pipeline round trip is finished after its task was cancelled (see ``pipelined``)."""
 
 
 class PgConnection(psycopg.AsyncConnection[Any]):
@@ -79,9 +83,26 @@ class PgConnection(psycopg.AsyncConnection[Any]):
         pending, self.pending = self.pending, []
         self.round_trips += 1
         with translated():
-            async with self.pipeline():
+            async with pipelined(self):
                 for query, params in pending:
                     await super().execute(query, params, prepare=False if params is None else None)
+
+
+@contextlib.asynccontextmanager
+async def pipelined(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+    """A psycopg pipeline that is finished even when its task is cancelled meanwhile (a worker or a gateway stopping):
+    psycopg leaves a pipeline interrupted half-way as a suspended generator, which later trips over the closed
+    connection when the garbage collector finalizes it. Bounded by ``PIPELINE_SHIELD_SECONDS``, so a server that no
+    longer answers cannot hold a stopping task for long; the cancellation takes effect right after.
+
+    Raises:
+        UnavailableError: the round trip did not end within that bound.
+    """
+    with anyio.move_on_after(PIPELINE_SHIELD_SECONDS, shield=True) as scope:
+        async with conn.pipeline():
+            yield
+    if scope.cancelled_caught:
+        raise UnavailableError("the database did not answer in time")
 
 
 def _alive(conn: PgConnection) -> bool:
