@@ -196,4 +196,3 @@ async def test_a_unique_violation_is_a_conflict_without_sql(pg_store: PgStore) -
             await fetch_in(tx.connection, Statement.of(f"INSERT INTO {table} VALUES ('a')"), {})
     assert info.value.code == "CONFLICT"
     assert "INSERT" not in info.value.message and "names" not in info.value.message
-
