@@ -13,7 +13,7 @@ import pytest
 
 from bettercompute import JoinSettings, LocalKeyKms
 from bettercompute.modules.capacity import CapacityGroup, QuotasGroup
-from bettercompute.modules.pools import CreatePoolInput, PoolsGroup
+from bettercompute.modules.pools import CreatePoolInput, Pool, PoolsGroup
 from bettercompute.testing import ManualClock
 
 from ..iam.conftest import TwoTenants, two_tenants
@@ -38,7 +38,8 @@ class Plane:
 
     async def pool(self, name: str = "gpus") -> str:
         pools: PoolsGroup[Any] = self.t.compute.api.group(PoolsGroup)
-        return (await pools.create(self.t.alice, CreatePoolInput(tenant=self.t.acme, name=name))).id
+        pool: Pool = await pools.create(self.t.alice, CreatePoolInput(tenant=self.t.acme, name=name))
+        return pool.id
 
 
 @pytest.fixture
