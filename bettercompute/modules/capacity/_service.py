@@ -60,7 +60,7 @@ def _quota(record: QuotaRecord) -> Quota:
 async def _existing_pool(call: CallContext, pool_id: str) -> PoolRecord:
     record = await call.context.store.repository(POOLS).get(pool_id)
     if record is None:
-        raise NotFoundError("no such pool", details={"path": "pool_id", "id": pool_id})
+        raise NotFoundError("no such pool", details={"id": pool_id})
     return record
 
 
