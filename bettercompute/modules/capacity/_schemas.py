@@ -1,8 +1,8 @@
 """Inputs and outputs of the ``quotas`` and ``capacity`` groups.
 
 Field rules are declared with ``bettercompute.fields``: the codec enforces them (``INVALID_INPUT`` at the field's
-path) and the OpenAPI document publishes them. The capacity window is ``start`` and ``end`` on the wire (``from`` is
-a Python keyword).
+path) and the OpenAPI document publishes them. The capacity window starts at ``start`` (``from`` is a Python
+keyword) and lasts ``days``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from bettercompute.fields import Integer, Number, Text
 from bettercompute.paging import PageInput
 
 __all__ = [
+    "MAX_DAYS",
     "MAX_GPUS",
     "MAX_GPU_HOURS_PER_MONTH",
-    "MAX_WINDOW",
     "Capacity",
     "CapacityDay",
     "EffectiveQuota",
@@ -36,12 +36,13 @@ MAX_GPUS = 1_000_000
 """The largest ``max_gpus`` a quota may hold (a million GPUs in one pool is beyond any real pool)."""
 MAX_GPU_HOURS_PER_MONTH = MAX_GPUS * 744
 """The largest ``max_gpu_hours_per_month``: ``MAX_GPUS`` busy for a 31-day month."""
-DEFAULT_WINDOW = dt.timedelta(days=7)
-MAX_WINDOW = dt.timedelta(days=31)
+DEFAULT_DAYS = 7
+MAX_DAYS = 31
 
 QuotaSource = Literal["tenant", "pool_default", "unlimited"]
 
 _ID = Text(pattern=r"[A-Za-z0-9._-]{1,128}", reason="must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
+_DAYS = Integer(minimum=1, maximum=MAX_DAYS, reason=f"must be between 1 and {MAX_DAYS} days")
 _MAX_GPUS = Integer(minimum=0, maximum=MAX_GPUS, reason=f"must be between 0 and {MAX_GPUS} (null: unlimited)")
 _MAX_HOURS = Number(
     minimum=0,
@@ -111,12 +112,12 @@ class ListQuotasOutput:
 
 @attrs.frozen(kw_only=True)
 class GetCapacityInput:
-    """A pool's capacity now, and what is booked over the window ``[start, end)``: by default the next 7 days, at
-    most 31 days (``end`` alone starts the window now; ``start`` alone ends it 7 days later)."""
+    """A pool's capacity now, and what is booked over a window of ``days`` days (1 to 31, default 7) from ``start``
+    (default now). A length rather than an end: every window the document allows is one the method answers."""
 
     pool_id: str = attrs.field(validator=_ID)
     start: dt.datetime | None = None
-    end: dt.datetime | None = None
+    days: int = attrs.field(default=DEFAULT_DAYS, validator=_DAYS)
 
 
 @attrs.frozen(kw_only=True)

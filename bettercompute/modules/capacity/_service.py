@@ -15,12 +15,10 @@ from collections import defaultdict
 from typing import Any
 
 from bettercompute._runtime.registry import CallContext, method
-from bettercompute.errors import InvalidInputError, NotFoundError
+from bettercompute.errors import NotFoundError
 from bettercompute.modules._tenants import require_tenant
 from bettercompute.modules.capacity._port import CAPACITY, QUOTAS, AtomCount, BookedHours, QuotaRecord
 from bettercompute.modules.capacity._schemas import (
-    DEFAULT_WINDOW,
-    MAX_WINDOW,
     Capacity,
     CapacityDay,
     EffectiveQuota,
@@ -147,25 +145,26 @@ async def list_quotas(call: CallContext, input: ListQuotasInput) -> ListQuotasOu
 # --- capacity ---------------------------------------------------------------------------------------------------
 
 
+_LATEST = dt.datetime.max.replace(tzinfo=dt.UTC)
+"""Where a window starting in the year 9999 ends (Python's datetimes end there)."""
+
+
 def _window(input: GetCapacityInput, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
     start = input.start if input.start is not None else now
-    end = input.end if input.end is not None else start + DEFAULT_WINDOW
-    if end <= start:
-        reason = "must be after start (start is now when left out)"
-        raise InvalidInputError(f"end: {reason}", details={"path": "end", "reason": reason})
-    if end - start > MAX_WINDOW:
-        reason = f"the window is at most {MAX_WINDOW.days} days"
-        raise InvalidInputError(f"end: {reason}", details={"path": "end", "reason": reason})
+    try:
+        end = start + dt.timedelta(days=input.days)
+    except OverflowError:
+        end = _LATEST
     return start, end
 
 
 def _days(start: dt.datetime, end: dt.datetime) -> list[dt.datetime]:
     """The UTC days the window touches, by their midnight."""
     day = dt.datetime.combine(start.astimezone(dt.UTC).date(), dt.time(), dt.UTC)
-    out = []
-    while day < end:
-        out.append(day)
+    out = [day]
+    while end - day > dt.timedelta(days=1):
         day += dt.timedelta(days=1)
+        out.append(day)
     return out
 
 
@@ -249,7 +248,6 @@ async def get_capacity(call: CallContext, input: GetCapacityInput) -> Capacity:
 
     Raises:
         NotFoundError: there is no such pool.
-        InvalidInputError: ``end`` is not after ``start``, or the window is longer than 31 days.
     """
     now = call.context.clock.now()
     start, end = _window(input, now)

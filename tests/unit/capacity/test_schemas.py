@@ -77,12 +77,20 @@ def test_the_codec_refuses_bad_quota_fields_at_their_path(body: dict[str, Any], 
     assert refused.value.details["path"] == path
 
 
-def test_the_capacity_window_is_timestamps_with_a_zone() -> None:
-    got = decode(GetCapacityInput, {"pool_id": "pool_1", "start": "2026-03-10T00:00:00Z"})
-    assert got.start is not None and got.start.utcoffset() is not None and got.end is None
-    with pytest.raises(InvalidInputError) as refused:
-        decode(GetCapacityInput, {"pool_id": "pool_1", "end": "next week"})
-    assert refused.value.details["path"] == "end"
+def test_the_capacity_window_is_a_zoned_start_and_1_to_31_days() -> None:
+    got = decode(GetCapacityInput, {"pool_id": "pool_1", "start": "2026-03-10T00:00:00+02:00"})
+    assert got.start is not None and got.start.hour == 22 and got.start.utcoffset() is not None and got.days == 7
+    assert decode(GetCapacityInput, {"pool_id": "pool_1", "days": 31}).days == 31
+    for body, path in (
+        ({"start": "next week"}, "start"),
+        ({"start": "2026-03-10T00:00:00"}, "start"),
+        ({"days": 0}, "days"),
+        ({"days": 32}, "days"),
+        ({"end": "2026-03-10T00:00:00Z"}, "end"),
+    ):
+        with pytest.raises(InvalidInputError) as refused:
+            decode(GetCapacityInput, {"pool_id": "pool_1", **body})
+        assert refused.value.details["path"] == path, body
 
 
 def test_a_number_rule_refuses_what_is_not_a_finite_number() -> None:
