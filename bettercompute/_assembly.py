@@ -21,6 +21,7 @@ from bettercompute._runtime.jobs import BUILTIN_JOBS, ROLES, Job
 from bettercompute._runtime.registry import GroupSpec, Registry
 from bettercompute._version import __version__
 from bettercompute.errors import ComputeError
+from bettercompute.modules.capacity import CapacityModule
 from bettercompute.modules.commands import CommandsModule
 from bettercompute.modules.inventory import AcceptanceCheck, InventoryModule
 from bettercompute.modules.nodes import Attestor, IdentityModule
@@ -118,7 +119,13 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
     kms: Any = options.kms
     iam: Any = options.iam
     join: Any = options.join if isinstance(options.join, JoinSettings) else None
-    modules: list[Module] = [SystemModule(jobs=BUILTIN_JOBS), PoolsModule(), CommandsModule(), UsageModule()]
+    modules: list[Module] = [
+        SystemModule(jobs=BUILTIN_JOBS),
+        PoolsModule(),
+        CommandsModule(),
+        UsageModule(),
+        CapacityModule(),
+    ]
     # Webhooks keep their signing secrets sealed by the KMS: the group exists only where one is configured.
     if kms is not None:
         modules.append(WebhooksModule())
@@ -134,7 +141,18 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
     extra.extend(given)
     # The built-in names are taken whether or not the options turn those modules on; "runtime" is the name the
     # store's own tables are migrated under.
-    names = {"core", "runtime", "pools", "commands", "usage", "webhooks", "secrets", "identity", "inventory"}
+    names = {
+        "core",
+        "runtime",
+        "pools",
+        "commands",
+        "usage",
+        "capacity",
+        "webhooks",
+        "secrets",
+        "identity",
+        "inventory",
+    }
     for position, module in enumerate(extra):
         # The IAM, when it is a module, comes first but is not one of options.modules.
         index = position - (len(extra) - len(given))

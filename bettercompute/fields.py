@@ -20,13 +20,14 @@ bounded repetition, with no ``\\d``, ``\\w`` or ``\\s`` (Unicode-wide in one, AS
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
-__all__ = ["Entries", "Integer", "Items", "Rule", "Text", "rules_of"]
+__all__ = ["Entries", "Integer", "Items", "Number", "Rule", "Text", "rules_of"]
 
 
 def _refuse(attribute: attrs.Attribute[Any], reason: str) -> ValueError:
@@ -95,6 +96,42 @@ class Integer:
         """Why ``value`` breaks the rule, or ``None`` when it keeps it."""
         if isinstance(value, bool) or not isinstance(value, int):
             return "must be an integer"
+        if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
+            return self.reason
+        return None
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema keywords of the rule."""
+        out: dict[str, Any] = {}
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class Number:
+    """A finite number (an integer or a float, never NaN or an infinity) within ``minimum`` and ``maximum``, both
+    included. ``None`` passes."""
+
+    reason: str
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def __call__(self, instance: Any, attribute: attrs.Attribute[Any], value: float | None) -> None:
+        if value is None:
+            return
+        reason = self.problem(value)
+        if reason is not None:
+            raise _refuse(attribute, reason)
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` breaks the rule, or ``None`` when it keeps it."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return "must be a number"
+        if not math.isfinite(value):
+            return "must be a finite number"
         if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
             return self.reason
         return None
@@ -181,7 +218,7 @@ class Entries:
         return out
 
 
-Rule = Text | Integer | Items | Entries
+Rule = Text | Integer | Number | Items | Entries
 
 
 def rules_of(field: attrs.Attribute[Any]) -> list[Rule]:
@@ -190,7 +227,7 @@ def rules_of(field: attrs.Attribute[Any]) -> list[Rule]:
     pending: list[Any] = [field.validator]
     while pending:
         validator = pending.pop()
-        if isinstance(validator, Text | Integer | Items | Entries):
+        if isinstance(validator, Text | Integer | Number | Items | Entries):
             found.append(validator)
         # attrs wraps a list of validators in an and_ validator, which keeps them in ``_validators``.
         pending.extend(getattr(validator, "_validators", ()))

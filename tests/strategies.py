@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from bettercompute import Job, MethodDef, Options
 from bettercompute._runtime.jobs import ROLES
-from bettercompute.fields import Text
+from bettercompute.fields import Integer, Number, Text, rules_of
 from bettercompute.modules.nodes import JoinSettings
 from bettercompute.modules.webhooks import WebhookSettings
 from bettercompute.testing import StaticIamDouble
@@ -553,9 +553,21 @@ def valid_inputs(cls: type, *, tenant: str) -> st.SearchStrategy[Any]:
     """
     hints = typing.get_type_hints(cls)
 
+    def plausible(field: attrs.Attribute[Any]) -> st.SearchStrategy[Any]:
+        # A number with a declared range is drawn in it (``days`` 1 to 31 is never among the usual 60 to 10**6).
+        tp = hints[field.name]
+        kinds = (tp, *typing.get_args(tp))
+        none: st.SearchStrategy[Any] = st.none() if type(None) in kinds else st.nothing()
+        for rule in rules_of(field):
+            if isinstance(rule, Integer) and int in kinds:
+                return none | st.integers(rule.minimum, rule.maximum)
+            if isinstance(rule, Number) and float in kinds:
+                return none | st.floats(rule.minimum, rule.maximum)
+        return _plausible(tp, field.name, tenant)
+
     @st.composite
     def build(draw: st.DrawFn) -> Any:
-        kwargs = {f.name: draw(_plausible(hints[f.name], f.name, tenant)) for f in attrs.fields(cls)}
+        kwargs = {f.name: draw(plausible(f)) for f in attrs.fields(cls)}
         try:
             return cls(**kwargs)
         except (ValueError, TypeError):

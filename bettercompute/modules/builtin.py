@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from bettercompute._runtime.registry import GroupSet
+from bettercompute.modules.capacity._methods import CapacityGroup, QuotasGroup
 from bettercompute.modules.inventory._devices import DevicesGroup
 from bettercompute.modules.nodes._nodes import NodesGroup
 from bettercompute.modules.pools._methods import JoinTokensGroup, PoolsGroup
@@ -25,6 +26,8 @@ class BuiltinGroups(GroupSet[B]):
     system: SystemGroup[B]
     pools: PoolsGroup[B]
     join_tokens: JoinTokensGroup[B]
+    quotas: QuotasGroup[B]
+    capacity: CapacityGroup[B]
     webhooks: WebhooksGroup[B]
     secrets: SecretsGroup[B]
     nodes: NodesGroup[B]

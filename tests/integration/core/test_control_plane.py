@@ -43,7 +43,14 @@ async def test_better_compute_does_no_io_and_initialize_reports_unavailable() ->
 
 async def test_initialize_is_idempotent(plane: Plane) -> None:
     await plane.compute.initialize()
-    assert await plane.compute.migrate() == {"runtime": [], "pools": [], "commands": [], "usage": [], "iam": []}
+    assert await plane.compute.migrate() == {
+        "runtime": [],
+        "pools": [],
+        "commands": [],
+        "usage": [],
+        "capacity": [],
+        "iam": [],
+    }
 
 
 async def test_a_bootstrapped_credential_calls_system_version_over_http(plane: Plane) -> None:

@@ -22,6 +22,7 @@ from bettercompute import ApiBinding, CallContext, GroupSpec, JoinSettings, Loca
 from bettercompute._runtime.codec import encode
 from bettercompute._runtime.declarations import StaticModule
 from bettercompute.errors import ConflictError, NotFoundError
+from bettercompute.modules.capacity import SetQuotaInput
 from bettercompute.modules.nodes import (
     NODES,
     CordonNodeInput,
@@ -239,6 +240,14 @@ async def _credentials_create(w: World) -> tuple[Any, Any]:
     )
 
 
+async def _quotas_set(w: World) -> tuple[Any, Any]:
+    pool = await w.pool()
+    return (
+        SetQuotaInput(pool_id=pool, tenant=w.t.globex, max_gpus=4),
+        SetQuotaInput(pool_id=pool, tenant=w.t.globex, max_gpus=4, max_gpu_hours_per_month=100.0),
+    )
+
+
 async def _credentials_revoke(w: World) -> tuple[Any, Any]:
     return (
         RevokeCredentialInput(tenant=w.t.acme, credential_id=await w.credential()),
@@ -273,6 +282,7 @@ RECIPES: dict[str, Recipe] = {
     "pools.update": _pools_update,
     "join-tokens.create": _tokens_create,
     "join-tokens.revoke": _tokens_revoke,
+    "quotas.set": _quotas_set,
     "webhooks.create": _webhooks_create,
     "webhooks.delete": _webhooks_delete,
     "webhooks.test": _webhooks_test,

@@ -157,6 +157,15 @@ async def _join_tokens(lists: Lists) -> dict[str, Any]:
     return {"pool_id": pool}
 
 
+async def _quotas(lists: Lists) -> dict[str, Any]:
+    pool = await lists.pool(await lists.tenant())
+    # The pool's default and a row per tenant: the default sorts first, then the tenants by id.
+    await lists.ok("quotas/set", {"pool_id": pool, "max_gpus": 8})
+    for _ in range(ROWS - 1):
+        await lists.ok("quotas/set", {"pool_id": pool, "tenant": await lists.tenant(), "max_gpus": 1})
+    return {"pool_id": pool}
+
+
 async def _secrets(lists: Lists) -> dict[str, Any]:
     tenant = await lists.tenant()
     pool = await lists.pool(tenant)
@@ -224,6 +233,7 @@ SEEDS: dict[str, Seed] = {
     "bindings/list": _bindings,
     "pools/list": _pools,
     "join-tokens/list": _join_tokens,
+    "quotas/list": _quotas,
     "secrets/list": _secrets,
     "webhooks/list": _webhooks,
     "webhooks/deliveries": _deliveries,

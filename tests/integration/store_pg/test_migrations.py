@@ -22,7 +22,7 @@ from ..iam.conftest import two_tenants
 pytestmark = pytest.mark.anyio
 
 # Every name a schema migrated with every built-in module on records, besides IAM's.
-STORE_MODULES = ("runtime", "pools", "commands", "usage", *KMS_MODULES)
+STORE_MODULES = ("runtime", "pools", "commands", "usage", "capacity", *KMS_MODULES)
 NODE_KEYS = [
     ("atoms", "atoms_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
     ("commands", "commands_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
@@ -124,6 +124,8 @@ async def test_a_module_finds_its_store_migrations_by_name() -> None:
         first, *later = store.migrations(name)
         assert first.version == 1 and first.adopts == ("core", LEGACY_CORE_MIGRATIONS[-1].version)
         assert [m.version for m in later] == list(range(2, len(later) + 2)) and all(m.adopts is None for m in later)
+    # Modules younger than the legacy core list adopt nothing.
+    assert [(m.version, m.adopts) for m in store.migrations("capacity")] == [(1, None)]
     # The runtime is install()'s, never a module's; names the store ships nothing for get nothing.
     for name in ("runtime", "core", "iam", "metal", "no-such", "../pools", "Pools"):
         assert store.migrations(name) == ()

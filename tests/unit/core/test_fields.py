@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute._runtime.openapi import openapi_document
-from bettercompute.fields import Integer, Rule, Text, rules_of
+from bettercompute.fields import Integer, Number, Rule, Text, rules_of
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
 from tests.strategies import text_rule_candidates
@@ -97,10 +97,11 @@ def test_the_document_carries_patterns_lengths_ranges_and_enums() -> None:
     assert operations["system.version"]["requestBody"]["required"] is False
 
 
+_TYPES = {Integer: "integer", Number: "number"}
+
+
 def _validator(rule: Rule, field: attrs.Attribute[Any]) -> Any:
-    return jsonschema_rs.Draft202012Validator(
-        {"type": "integer" if isinstance(rule, Integer) else "string", **rule.schema()}
-    )
+    return jsonschema_rs.Draft202012Validator({"type": _TYPES.get(type(rule), "string"), **rule.schema()})
 
 
 @pytest.mark.parametrize(
@@ -132,3 +133,31 @@ def test_an_integer_rule_and_its_published_schema_agree(
     except ValueError:
         accepted = False
     assert _validator(rule, field).is_valid(value) == accepted
+
+
+NUMBER_FIELDS = [f for f in FIELDS if isinstance(f[2], Number)]
+
+
+def test_number_rules_are_found() -> None:
+    # The control for the property below: quotas.set's GPU-hours is a Number rule.
+    assert any(cls.__name__ == "SetQuotaInput" for cls, _, _ in NUMBER_FIELDS)
+
+
+@pytest.mark.parametrize(
+    ("cls", "field", "rule"), NUMBER_FIELDS, ids=lambda v: getattr(v, "__name__", getattr(v, "name", ""))
+)
+@given(
+    value=st.floats(allow_nan=False, allow_infinity=False)
+    | st.floats(-2.0, 2.0)
+    | st.integers(-(2**40), 2**40)
+    | st.sampled_from([0, -0.0, 744_000_000, 744_000_000.0001, 5e-324])
+)
+def test_a_number_rule_and_its_published_schema_agree(
+    cls: type, field: attrs.Attribute[Any], rule: Number, value: float
+) -> None:
+    try:
+        rule(None, field, value)
+        accepted = True
+    except ValueError:
+        accepted = False
+    assert _validator(rule, field).is_valid(value) == accepted, (cls.__name__, field.name, value)

@@ -69,8 +69,16 @@ def test_a_module_may_not_take_the_name_its_store_migrates_the_runtime_under() -
 
 def test_a_valid_composition_registers_core_then_modules() -> None:
     compute = make_compute(modules=[EchoModule()])
-    assert [g.name for g in compute.registry.groups()] == ["echo", "join-tokens", "pools", "system"]
+    assert [g.name for g in compute.registry.groups()] == [
+        "capacity",
+        "echo",
+        "join-tokens",
+        "pools",
+        "quotas",
+        "system",
+    ]
     assert compute.registry.owner("pools") == "pools"
+    assert compute.registry.owner("quotas") == compute.registry.owner("capacity") == "capacity"
     assert compute.registry.owner("system") == "core"
     assert compute.registry.owner("echo") == "echo"
     assert compute.registry.method("echo", "say") is EchoGroup.say

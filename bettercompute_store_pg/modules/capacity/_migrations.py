@@ -1,0 +1,23 @@
+"""The ``capacity`` module's tables: quota rows per pool and tenant."""
+
+from __future__ import annotations
+
+from bettercompute.ports import Migration
+
+__all__ = ["MIGRATIONS"]
+
+# One row per pool and tenant; the empty tenant is the pool's default (a primary key cannot hold null, and no
+# tenant id is empty). A null limit is unlimited.
+_V1 = """
+CREATE TABLE {schema}.quotas (
+    pool_id text NOT NULL REFERENCES {schema}.pools (id),
+    tenant text NOT NULL,
+    max_gpus integer CHECK (max_gpus BETWEEN 0 AND 1000000),
+    max_gpu_hours_per_month double precision
+        CHECK (max_gpu_hours_per_month BETWEEN 0 AND 744000000),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pool_id, tenant)
+);
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (Migration(version=1, name="quotas", sql=_V1),)
