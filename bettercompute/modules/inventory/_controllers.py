@@ -138,7 +138,8 @@ class Controllers:
         session = await store.repository(SESSIONS).get(node_id)
         reach = _reach(node, session)
         commands = await _commands(ctx, node)
-        inventoried = bool(await store.repository(NODES).inventory(node_id))
+        records = await store.repository(NODES).inventory(node_id)
+        parsed = parse_sections({r.section: r.content for r in records})
         wake_at: list[dt.datetime] = []
         async with ctx.transaction() as tx:
             locked = await tx.repository(NODES).get_for_update(node_id)
@@ -151,7 +152,7 @@ class Controllers:
             changed = node
             if node.state != "retired":
                 changed = _reachability(changed, reach, now, timeout, policy, events, wake_at)
-            if changed.state == "adopting" and inventoried:
+            if changed.state == "adopting" and records:
                 changed = await self._acceptance(tx, changed, checks, policy, commands, now, events, wake_at)
             if changed != node:
                 saved = await tx.repository(NODES).save_lifecycle(changed)
@@ -159,8 +160,6 @@ class Controllers:
             if events:
                 await tx.publish(events)
             devices = await tx.repository(INVENTORY).devices(node_id)
-            records = await tx.repository(NODES).inventory(node_id)
-            parsed = parse_sections({r.section: r.content for r in records})
             await self._settle(ctx, tx, changed, devices, parsed, reach=reach, policy=policy, now=now)
         if wake_at:
             return Outcome.requeue(max(dt.timedelta(0), min(wake_at) - now) + dt.timedelta(milliseconds=200))
