@@ -16,13 +16,13 @@ The desired state's content (decided with the control plane)::
 
     {"allocations": [{"id": "<allocation id>", "gpus": ["GPU-<uuid>", ...]}]}
 
-(other keys are left to other readers). An allocation that names a GPU this node's inventory does not have (or one
-without a minor number), a malformed one, or one that takes a GPU another allocation has, is left out of the file
-whole and reported; the others are written. The caller acknowledges the generation only when nothing was left out,
-so the control plane sees a node that did not apply its desired state. No allocation: the file is removed (CDI
+(other keys are left to other readers; an allocation of MIG slices only, ``"gpus": []`` with ``"mig": [...]``, is not
+written: this version has no MIG devices in the spec). An allocation that names a GPU this node's inventory does not
+have (or one without a minor number), a malformed one, or one that takes a GPU another allocation has, is left out of
+the file whole and reported; the others are written. The caller acknowledges the generation only when nothing was left
+out, so the control plane sees a node that did not apply its desired state. No allocation: the file is removed (CDI
 holds a spec with no device invalid). The file is written to a temporary file and renamed, mode 0644 (runtimes read
-it; it holds no secret).
-"""
+it; it holds no secret)."""
 
 from __future__ import annotations
 
@@ -80,6 +80,10 @@ def cdi_spec(
     taken: dict[str, str] = {}  # GPU uuid -> the allocation that has it
     written: list[tuple[str, list[str]]] = []
     for index, allocation in enumerate(allocations):
+        if isinstance(allocation, dict) and allocation.get("gpus") == [] and allocation.get("mig"):
+            # MIG slices only: this version names no MIG device in the spec (their device nodes come with MIG
+            # support in the daemon); nothing of the allocation is left to write, so nothing is left out.
+            continue
         problem, allocation_id, uuids = _allocation(allocation, index, minors)
         if problem is None:
             if any(allocation_id == a for a, _ in written) or allocation_id in minors:

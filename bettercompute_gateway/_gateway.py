@@ -63,6 +63,7 @@ from bettercompute.modules.nodes import (
     GatewayServices,
     JoinResult,
     RenewResult,
+    acked_item,
     inventory_item,
     lifecycle_item,
     verify_signature,
@@ -858,7 +859,11 @@ class Gateway:
         acks, self._acks = self._acks, {}
         if acks:
             try:
-                await self._store.repository(NODES).observe(list(acks.items()))
+                # What waits on an acknowledgement (a reservation binding) hears of it in the same transaction.
+                async with self._store.transaction() as tx:
+                    moved = await tx.repository(NODES).observe(list(acks.items()))
+                    if moved:
+                        await tx.enqueue([acked_item(node_id) for node_id in moved])
             except BaseException:
                 for node_id, generation in acks.items():
                     self._acks[node_id] = max(self._acks.get(node_id, 0), generation)

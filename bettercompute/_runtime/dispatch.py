@@ -11,6 +11,12 @@ Order matters and is the same on every path:
 6. the plugin chain, the handler innermost. A mutating call's audit row is written by its ``CallContext``: in the
    handler's ``call.transaction()`` as it commits, or alone after the handler when it wrote through none.
 
+An admitting method (``@method(admit=...)``, a request-as-resource ``create``) follows the spec's admission sequence
+in place of steps 4 and 5: after the tenant pre-check, its ``admit`` runs transaction 1 (the idempotency key, the
+draft, its projection row) and answers a replay at once; then the IAM decision on the draft, and only then the
+plugin chain and the handler (transaction 2, which writes the audit row with the decision's id). A refusal, or a
+failure before transaction 2 commits, takes the draft back.
+
 Anything that escapes as a non-``ComputeError`` becomes ``InternalError`` with an id the log line shares; neither
 the caller nor the log sees the exception's text, which may hold SQL or a secret.
 """
@@ -23,12 +29,15 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import attrs
+
 from bettercompute._runtime import codec as _codec
 from bettercompute._runtime import idempotency
 from bettercompute._runtime.declarations import Next, Plugin
-from bettercompute._runtime.registry import CallContext, MethodDef
+from bettercompute._runtime.registry import Admission, CallContext, Drafted, MethodDef
 from bettercompute.errors import AccessDeniedError, ComputeError, InternalError, InvalidInputError, UnauthenticatedError
-from bettercompute.ports import Iam, Identity
+from bettercompute.ports import Iam, Identity, ResourceRef
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -93,6 +102,8 @@ class Dispatcher:
             if identity is not None:
                 if resource.tenant is not None and resource.tenant != identity.tenant_id and not identity.is_root:
                     raise AccessDeniedError("the caller is outside this tenant", details={"action": method.action})
+                if method.admit is not None:
+                    return await self._admit(method, identity, input, resource, request_id, idempotency_key)
                 decision = await self._iam.require(identity, method.action, resource)
             call = CallContext(
                 method=method,
@@ -124,6 +135,56 @@ class Dispatcher:
             raise
         except Exception as exc:
             raise _internal(method, request_id, exc) from exc
+
+    async def _admit(
+        self,
+        method: MethodDef[Any, Any],
+        identity: Identity,
+        input: Any,
+        resource: ResourceRef,
+        request_id: str,
+        idempotency_key: str | None,
+    ) -> tuple[Any, Any]:
+        """An admitting method's call (see the module docstring). The fingerprint leaves out an ``idempotency_key``
+        field, which names the request rather than being part of it."""
+        assert method.admit is not None
+        wire = _codec.encode(input)
+        shown = {k: v for k, v in wire.items() if k != "idempotency_key"}
+        admission = Admission(key=idempotency_key, fingerprint=idempotency.fingerprint(method.path, input, shown))
+        first = CallContext(
+            method=method,
+            identity=identity,
+            decision=None,
+            context=self._context,
+            request_id=request_id,
+            resource=resource,
+            admission=admission,
+        )
+        drafted: Drafted = await method.admit(first, input)
+        if drafted.replay is not None:
+            return drafted.replay, _codec.encode(drafted.replay)
+        assert drafted.resource is not None, "an admit step returns a replay or the draft's resource"
+        call: CallContext | None = None
+        try:
+            decision = await self._iam.require(identity, method.action, drafted.resource)
+            call = CallContext(
+                method=method,
+                identity=identity,
+                decision=decision,
+                context=self._context,
+                request_id=request_id,
+                resource=drafted.resource,
+                admission=attrs.evolve(admission, drafted=drafted),
+            )
+            return await self._handle(call, input)
+        except BaseException:
+            if drafted.undo is not None and (call is None or not call.audited):
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await drafted.undo()
+                    except Exception as exc:  # a sweeper takes stale drafts back
+                        log.warning("a draft could not be taken back now: %s", type(exc).__name__)
+            raise
 
     async def _handle(self, call: CallContext, input: Any) -> tuple[Any, Any]:
         """The plugin chain and the handler; a mutating call that wrote nothing through ``call.transaction()`` has

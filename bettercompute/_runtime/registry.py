@@ -97,6 +97,32 @@ class _Audit:
 
 
 @attrs.frozen(kw_only=True)
+class Drafted:
+    """What an admitting method's first step (its ``admit``) did in transaction 1: the draft ``resource`` (projected
+    in that transaction) that the IAM then decides on, ``undo`` to take the draft back if the call goes no further,
+    and ``state`` for the handler; or, for an idempotent retry, ``replay``: the answer to give without going on."""
+
+    resource: ResourceRef | None = None
+    undo: Callable[[], Awaitable[None]] | None = None
+    state: Any = None
+    replay: Any = None
+    refusal: Exception | None = None
+    """An answer the first step found without drafting (a bad window, an unknown pool): the handler raises it,
+    but only after the IAM allowed the call on ``resource``, so a caller without the action learns nothing from
+    it."""
+
+
+@attrs.frozen(kw_only=True)
+class Admission:
+    """An admitting call's idempotency key (``None`` without one) and the request's fingerprint; in the handler,
+    also what the first step drafted."""
+
+    key: str | None
+    fingerprint: str
+    drafted: Drafted | None = None
+
+
+@attrs.frozen(kw_only=True)
 class CallContext:
     """What a handler gets besides its input: who called, the decision that allowed it, and the module context.
 
@@ -110,6 +136,7 @@ class CallContext:
     context: ModuleContext
     request_id: str
     resource: ResourceRef = attrs.field(factory=lambda: ResourceRef(type="unknown"))
+    admission: Admission | None = None
     _audit: _Audit = attrs.field(init=False)
 
     @_audit.default
@@ -154,6 +181,12 @@ class CallContext:
     def audited(self) -> bool:
         """Whether the call's audit row (and so its change) committed."""
         return self._audit.written
+
+    def audited_by_store(self, resource_id: str) -> None:
+        """Record that the store wrote this call's audit row itself, in the transaction that made the change (an
+        admission's second transaction): the dispatcher then writes none and does not undo the draft."""
+        self._audit.resource_id = resource_id
+        self._audit.written = True
 
     async def audit_alone(self) -> None:
         """Write the audit row in a transaction of its own, for a mutating handler that made none (the dispatcher
@@ -279,6 +312,12 @@ class MethodDef(Generic[In, Out]):
         replayable: ``False`` when the output holds a one-time secret: an idempotent retry is then told the call
             succeeded before (``CONFLICT``, with the resource's ``id``) instead of getting the secret again, which is
             never stored.
+        admit: For a request-as-resource ``create``, the spec's admission sequence (DESIGN §5): after the tenant
+            pre-check the dispatcher calls ``admit(call, input)`` (transaction 1: the idempotency key, the draft and
+            its projection row; ``call.admission`` holds the key and the request's fingerprint), decides the IAM
+            action on the ``Drafted.resource`` it returns, and only then runs the plugins and the handler
+            (transaction 2, which writes the audit row with the decision's id: ``call.audited_by_store``). A refusal
+            or a failure before that commit calls ``Drafted.undo``; a ``Drafted.replay`` is answered at once.
 
     Declare methods with ``@method`` on the handler rather than with this class directly.
 
@@ -299,6 +338,7 @@ class MethodDef(Generic[In, Out]):
         authenticated: bool = True,
         access: Access | None = None,
         replayable: bool = True,
+        admit: Callable[[CallContext, In], Awaitable[Drafted]] | None = None,
     ) -> None:
         check_supported(input, "the input type")
         check_supported(output, "the output type")
@@ -322,6 +362,12 @@ class MethodDef(Generic[In, Out]):
             )
         self.access: Access = chosen
         self.replayable = replayable
+        self.admit = admit
+        if admit is not None and not mutates:
+            raise InvalidConfigError(
+                "an admitting method creates something: declare it mutates=True",
+                details={"problems": [handler.__qualname__]},
+            )
         self.attr = ""
         self.name = ""
         self.group = ""
@@ -389,6 +435,7 @@ def method(
     action: str | None = None,
     summary: str = "",
     replayable: bool = True,
+    admit: Callable[[CallContext, Any], Awaitable[Drafted]] | None = None,
 ) -> _Declare:
     """Declare a handler ``async (call: CallContext, input: In) -> Out`` as a method; list it in a ``GroupSpec``.
 
@@ -410,6 +457,7 @@ def method(
             action=action,
             summary=summary,
             replayable=replayable,
+            admit=admit,
         )
 
     return declare

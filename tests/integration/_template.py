@@ -7,8 +7,9 @@ recorded in ``schema_migrations``, anything a migration seeds). The store and th
 migration recorded and apply nothing. ``test_template.py`` checks that a copy and a schema migrated from scratch
 cannot be told apart in the catalog.
 
-Objects the copy does not know (functions, views, triggers of our own, types) make it fail loudly rather than
-produce a schema with something missing: a migration that adds one must teach ``_CLONE`` about it.
+Functions are made again from their definitions, naming the copy. Objects the copy does not know (views, triggers
+of our own, types) make it fail loudly rather than produce a schema with something missing: a migration that adds
+one must teach ``_CLONE`` about it.
 """
 
 from __future__ import annotations
@@ -33,12 +34,11 @@ __all__ = [
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 # What the copy cannot reproduce: relations other than tables, indexes and sequences (TOAST tables come with their
-# table), functions, types of our own (a table's row and array types come with it), triggers that are not a foreign
+# table), types of our own (a table's row and array types come with it), triggers that are not a foreign
 # key's.
 _UNKNOWN = """
 SELECT 'relation ' || relname FROM pg_class
     WHERE relnamespace = %(ns)s::oid AND relkind NOT IN ('r', 'i', 'S', 't')
-UNION ALL SELECT 'function ' || proname FROM pg_proc WHERE pronamespace = %(ns)s::oid
 UNION ALL SELECT 'type ' || t.typname FROM pg_type t
     WHERE t.typnamespace = %(ns)s::oid AND t.typrelid = 0
     AND NOT EXISTS (SELECT 1 FROM pg_type e WHERE e.oid = t.typelem AND e.typrelid <> 0)
@@ -78,6 +78,10 @@ WHERE x.relnamespace = %(ns)s::oid AND x.relkind = 'i'
 AND x.oid NOT IN (SELECT conindid FROM pg_constraint WHERE connamespace = %(ns)s::oid AND contype IN ('p', 'u', 'x'))
 ORDER BY x.oid
 """
+
+# Functions, as ``CREATE OR REPLACE`` statements. Their bodies are text naming the schema: a copy's are rewritten to
+# name the copy, and a recycled copy's are made again under its new name (a rename leaves bodies as they were).
+_FUNCTIONS = "SELECT pg_get_functiondef(oid) FROM pg_proc WHERE pronamespace = %(ns)s::oid ORDER BY oid"
 
 _LIKE = (
     "INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED INCLUDING IDENTITY INCLUDING STORAGE"
@@ -130,6 +134,7 @@ def template_of(url: str, template: str) -> Template:
         indexes = [row[0] for row in conn.execute(_INDEXES, args)]
         foreign = conn.execute(_CONSTRAINTS, {**args, "types": ["f"]}).fetchall()
         references = conn.execute(_REFERENCES, args).fetchall()
+        functions = [row[0] for row in conn.execute(_FUNCTIONS, args)]
         seeded = [
             t for t in tables if conn.execute(f"SELECT EXISTS (SELECT FROM {src}.{_ident(t)})").fetchone() == (True,)
         ]
@@ -160,6 +165,8 @@ def template_of(url: str, template: str) -> Template:
         target = d.replace(f" REFERENCES {src}.", f" REFERENCES {dst}.")
         steps.append(f"ALTER TABLE {dst}.{_ident(t)} ADD CONSTRAINT {_ident(k)} {target}")
     steps += positions
+    made = [f.replace(f'"{src}".', f"{dst}.").replace(f"{src}.", f"{dst}.") for f in functions]
+    steps += made
     # A copy handed back with the template's structure: renamed, emptied (referencing tables first), then given the
     # template's rows and sequence positions again. DELETE, not TRUNCATE: a TRUNCATE gives every table and index a
     # new file and catalog row, which is most of what a copy costs.
@@ -168,6 +175,7 @@ def template_of(url: str, template: str) -> Template:
         *(f"DELETE FROM {dst}.{_ident(t)}" for t in _referencing_first(tables, references)),
         *(f"INSERT INTO {dst}.{_ident(t)} SELECT * FROM {src}.{_ident(t)}" for t in seeded),
         *positions,
+        *made,
     ]
     with psycopg.connect(url, autocommit=True) as conn:
         shape = _shape(conn, src)

@@ -21,6 +21,7 @@ class QuotaRecord:
     tenant: str | None
     max_gpus: int | None
     max_gpu_hours_per_month: float | None
+    max_reservation_hours: int | None = None
     updated_at: dt.datetime
 
 
@@ -57,6 +58,7 @@ class Quotas(Protocol):
         tenant: str | None,
         max_gpus: int | None,
         max_gpu_hours_per_month: float | None,
+        max_reservation_hours: int | None = None,
     ) -> QuotaRecord:
         """Insert or replace the row of ``(pool_id, tenant)`` (``tenant`` ``None``: the pool's default)."""
         ...

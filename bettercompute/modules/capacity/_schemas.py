@@ -50,17 +50,21 @@ _MAX_HOURS = Number(
     reason=f"must be between 0 and {MAX_GPU_HOURS_PER_MONTH} GPU-hours (null: unlimited)",
 )
 
+_MAX_LENGTH = Integer(minimum=1, maximum=720, reason="must be between 1 and 720 hours (null: 30 days)")
+
 
 @attrs.frozen(kw_only=True)
 class SetQuotaInput:
     """A pool's quota for a tenant, or with ``tenant`` null the pool's default (for every tenant without a row of its
     own). ``max_gpus`` caps the GPUs the tenant holds at once, ``max_gpu_hours_per_month`` the GPU-hours it books in
-    a calendar month (UTC); null is unlimited. Setting replaces both limits of the row."""
+    a calendar month (UTC); null is unlimited. ``max_reservation_hours`` is the longest one reservation may last (the
+    pool default's row: the pool's maximum; null: 30 days). Setting replaces every limit of the row."""
 
     pool_id: str = attrs.field(validator=_ID)
     tenant: str | None = attrs.field(default=None, validator=_ID)
     max_gpus: int | None = attrs.field(default=None, validator=_MAX_GPUS)
     max_gpu_hours_per_month: float | None = attrs.field(default=None, validator=_MAX_HOURS)
+    max_reservation_hours: int | None = attrs.field(default=None, validator=_MAX_LENGTH)
 
 
 @attrs.frozen(kw_only=True)
@@ -71,6 +75,7 @@ class Quota:
     tenant: str | None
     max_gpus: int | None
     max_gpu_hours_per_month: float | None
+    max_reservation_hours: int | None
     updated_at: dt.datetime
 
 
@@ -91,6 +96,7 @@ class EffectiveQuota:
     tenant: str
     max_gpus: int | None
     max_gpu_hours_per_month: float | None
+    max_reservation_hours: int | None
     source: QuotaSource
 
 

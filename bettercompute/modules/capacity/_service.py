@@ -4,8 +4,7 @@ Every method is decided on its pool (``ResourceRef(type="pool", id=pool_id, pool
 row giving its tenant), as ``join-tokens`` are: the pool owner's admins set and read its quotas, and a caller of
 another tenant gets the answers it would get for any pool it cannot see.
 
-Quotas are stored and answered here but NOT enforced anywhere yet: nothing admits reservations so far. Admission
-(issue 13, reservations) will read ``Quotas.effective`` and lock the row it decides on.
+Admission (``reservations.create``, in the store's admission function) enforces the quota these methods set.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ def _quota(record: QuotaRecord) -> Quota:
         tenant=record.tenant,
         max_gpus=record.max_gpus,
         max_gpu_hours_per_month=record.max_gpu_hours_per_month,
+        max_reservation_hours=record.max_reservation_hours,
         updated_at=record.updated_at,
     )
 
@@ -69,8 +69,6 @@ async def _existing_pool(call: CallContext, pool_id: str) -> PoolRecord:
 async def set_quota(call: CallContext, input: SetQuotaInput) -> Quota:
     """Set a pool's quota for a tenant, or its default (``tenant`` null), replacing both limits of that row.
 
-    Not enforced yet: no reservation is admitted against quotas until admission exists.
-
     Raises:
         NotFoundError: there is no such pool, or no such tenant.
     """
@@ -83,6 +81,7 @@ async def set_quota(call: CallContext, input: SetQuotaInput) -> Quota:
             tenant=input.tenant,
             max_gpus=input.max_gpus,
             max_gpu_hours_per_month=input.max_gpu_hours_per_month,
+            max_reservation_hours=input.max_reservation_hours,
         )
         call.describe(
             resource_type=QUOTA,
@@ -93,6 +92,7 @@ async def set_quota(call: CallContext, input: SetQuotaInput) -> Quota:
                 "tenant": input.tenant,
                 "max_gpus": input.max_gpus,
                 "max_gpu_hours_per_month": input.max_gpu_hours_per_month,
+                "max_reservation_hours": input.max_reservation_hours,
             },
         )
     return _quota(record)
@@ -102,8 +102,6 @@ async def set_quota(call: CallContext, input: SetQuotaInput) -> Quota:
 async def get_quota(call: CallContext, input: GetQuotaInput) -> EffectiveQuota:
     """The quota that applies to a tenant in a pool: its own row, else the pool's default, else unlimited.
 
-    Not enforced yet: this is what admission will apply once it exists.
-
     Raises:
         NotFoundError: there is no such pool.
     """
@@ -111,13 +109,19 @@ async def get_quota(call: CallContext, input: GetQuotaInput) -> EffectiveQuota:
     record = await call.context.store.repository(QUOTAS).effective(input.pool_id, input.tenant)
     if record is None:
         return EffectiveQuota(
-            pool_id=input.pool_id, tenant=input.tenant, max_gpus=None, max_gpu_hours_per_month=None, source="unlimited"
+            pool_id=input.pool_id,
+            tenant=input.tenant,
+            max_gpus=None,
+            max_gpu_hours_per_month=None,
+            max_reservation_hours=None,
+            source="unlimited",
         )
     return EffectiveQuota(
         pool_id=input.pool_id,
         tenant=input.tenant,
         max_gpus=record.max_gpus,
         max_gpu_hours_per_month=record.max_gpu_hours_per_month,
+        max_reservation_hours=record.max_reservation_hours,
         source="tenant" if record.tenant is not None else "pool_default",
     )
 

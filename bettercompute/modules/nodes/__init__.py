@@ -21,11 +21,13 @@ from bettercompute.modules.nodes._desired import (
 )
 from bettercompute.modules.nodes._gateway import GatewayServices
 from bettercompute.modules.nodes._inventory import (
+    ACKED_KIND,
     INVENTORY_KIND,
     INVENTORY_REPORTED,
     INVENTORY_SECTIONS,
     LIFECYCLE_KIND,
     NODE_REPORTED,
+    acked_item,
     inventory_item,
     lifecycle_item,
 )
@@ -80,6 +82,7 @@ from bettercompute.modules.nodes._tokens import (
 )
 
 __all__ = [
+    "ACKED_KIND",
     "CERTIFICATES",
     "CHALLENGE_BYTES",
     "DESIRED_STATE_CHANNEL",
@@ -132,6 +135,7 @@ __all__ = [
     "RevocationResult",
     "RevokeNodeInput",
     "RevokedNode",
+    "acked_item",
     "hardware_key",
     "hash_secret",
     "inventory_item",

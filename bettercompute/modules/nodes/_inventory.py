@@ -9,11 +9,13 @@ from bettercompute._runtime.shards import SHARDS, shard_of
 from bettercompute.ports import WorkItem
 
 __all__ = [
+    "ACKED_KIND",
     "INVENTORY_KIND",
     "INVENTORY_REPORTED",
     "INVENTORY_SECTIONS",
     "LIFECYCLE_KIND",
     "NODE_REPORTED",
+    "acked_item",
     "inventory_item",
     "lifecycle_item",
 ]
@@ -29,11 +31,19 @@ INVENTORY_KIND = "inventory"
 """The inventory controller's work items (key: a node id): sections were reported, derive devices and atoms."""
 LIFECYCLE_KIND = "node-lifecycle"
 """The lifecycle controller's work items (key: a node id): acceptance, quarantine, reachability."""
+ACKED_KIND = "desired-acked"
+"""Work items a gateway enqueues when a daemon acknowledges a newer desired state (key: the node id), for what
+waits on it (reservations binding)."""
 
 
 def inventory_item(node_id: str) -> WorkItem:
     """The inventory controller's work item for ``node_id`` (enqueue it with the sections it should read)."""
     return WorkItem(kind=INVENTORY_KIND, key=node_id, shard=shard_of(node_id) % SHARDS)
+
+
+def acked_item(node_id: str) -> WorkItem:
+    """The work item saying node ``node_id`` acknowledged a newer desired state."""
+    return WorkItem(kind=ACKED_KIND, key=node_id, shard=shard_of(node_id) % SHARDS)
 
 
 def lifecycle_item(node_id: str, *, run_at: dt.datetime | None = None) -> WorkItem:

@@ -190,10 +190,10 @@ class Nodes(Protocol):
         """The node's latest inventory sections, by name."""
         ...
 
-    async def observe(self, acks: Sequence[tuple[str, int]]) -> int:
+    async def observe(self, acks: Sequence[tuple[str, int]]) -> list[str]:
         """Record the generations daemons acknowledged applying (node id, generation), in one statement; a
-        generation is taken only if it is newer than the recorded one and not beyond the desired one. Returns how
-        many nodes moved."""
+        generation is taken only if it is newer than the recorded one and not beyond the desired one. Returns the
+        nodes that moved."""
         ...
 
 

@@ -13,6 +13,7 @@ from bettercompute.modules.pools._port import PoolRecord as PoolRecord
 from bettercompute.modules.pools._port import Pools as Pools
 from bettercompute.modules.pools._port import TokenConsumption as TokenConsumption
 from bettercompute.modules.pools._schemas import DEFAULT_ACCEPTANCE_CHECKS as DEFAULT_ACCEPTANCE_CHECKS
+from bettercompute.modules.pools._schemas import LABELS as LABELS
 from bettercompute.modules.pools._schemas import CreatedJoinToken as CreatedJoinToken
 from bettercompute.modules.pools._schemas import CreateJoinTokenInput as CreateJoinTokenInput
 from bettercompute.modules.pools._schemas import CreatePoolInput as CreatePoolInput
@@ -34,6 +35,7 @@ __all__ = [
     "ACTIONS",
     "DEFAULT_ACCEPTANCE_CHECKS",
     "JOIN_TOKENS",
+    "LABELS",
     "POOLS",
     "CreateJoinTokenInput",
     "CreatePoolInput",

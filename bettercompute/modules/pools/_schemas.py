@@ -18,6 +18,7 @@ from bettercompute.paging import PageInput
 
 __all__ = [
     "DEFAULT_ACCEPTANCE_CHECKS",
+    "LABELS",
     "CreateJoinTokenInput",
     "CreatePoolInput",
     "CreatedJoinToken",
@@ -75,6 +76,8 @@ _LABELS = Entries(
     max_entries=MAX_LABELS,
     reason=f"at most {MAX_LABELS} labels",
 )
+LABELS = _LABELS
+"""The rule on a resource's labels (Kubernetes-style keys and values, at most ``MAX_LABELS``)."""
 _USES = Integer(minimum=1, maximum=MAX_USES, reason=f"must be between 1 and {MAX_USES}")
 _EXPIRY = Integer(
     minimum=MIN_EXPIRY, maximum=MAX_EXPIRY, reason=f"must be between {MIN_EXPIRY} and {MAX_EXPIRY} seconds (30 days)"

@@ -15,16 +15,18 @@ from typing import Any
 from bettercompute.modules.capacity import AtomCount, BookedHours, QuotaRecord
 from bettercompute_store_pg._db import Database, utc
 from bettercompute_store_pg._repository import PgRepository
+from bettercompute_store_pg.modules.capacity._reservations import PgReservations
 
 __all__ = ["REPOSITORIES", "PgCapacityReads", "PgQuotas"]
 
-_COLUMNS = "pool_id, tenant, max_gpus, max_gpu_hours_per_month, updated_at"
+_COLUMNS = "pool_id, tenant, max_gpus, max_gpu_hours_per_month, max_reservation_hours, updated_at"
 
 _PUT = f"""
-INSERT INTO {{s}}.quotas (pool_id, tenant, max_gpus, max_gpu_hours_per_month)
-VALUES (:pool_id, :tenant, :max_gpus, :max_hours)
+INSERT INTO {{s}}.quotas (pool_id, tenant, max_gpus, max_gpu_hours_per_month, max_reservation_hours)
+VALUES (:pool_id, :tenant, :max_gpus, :max_hours, :max_reservation_hours)
 ON CONFLICT (pool_id, tenant) DO UPDATE SET
-    max_gpus = excluded.max_gpus, max_gpu_hours_per_month = excluded.max_gpu_hours_per_month, updated_at = now()
+    max_gpus = excluded.max_gpus, max_gpu_hours_per_month = excluded.max_gpu_hours_per_month,
+    max_reservation_hours = excluded.max_reservation_hours, updated_at = now()
 RETURNING {_COLUMNS}
 """
 
@@ -79,6 +81,7 @@ def _record(row: Any) -> QuotaRecord:
         tenant=row.tenant or None,
         max_gpus=row.max_gpus,
         max_gpu_hours_per_month=row.max_gpu_hours_per_month,
+        max_reservation_hours=row.max_reservation_hours,
         updated_at=utc(row.updated_at),
     )
 
@@ -99,6 +102,7 @@ class PgQuotas(PgRepository):
         tenant: str | None,
         max_gpus: int | None,
         max_gpu_hours_per_month: float | None,
+        max_reservation_hours: int | None = None,
     ) -> QuotaRecord:
         """Insert or replace a row in the caller's transaction."""
         params = {
@@ -106,6 +110,7 @@ class PgQuotas(PgRepository):
             "tenant": tenant or "",
             "max_gpus": max_gpus,
             "max_hours": max_gpu_hours_per_month,
+            "max_reservation_hours": max_reservation_hours,
         }
         rows = await self._fetch_in_transaction("put", self._put, params)
         return _record(rows[0])
@@ -151,5 +156,9 @@ class PgCapacityReads(PgRepository):
         return [BookedHours(day=utc(row.day), model=row.model, gpu_hours=float(row.gpu_hours)) for row in rows]
 
 
-REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"quotas": PgQuotas, "capacity": PgCapacityReads}
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {
+    "quotas": PgQuotas,
+    "capacity": PgCapacityReads,
+    "reservations": PgReservations,
+}
 """The adapters of this module's repositories, by ``Repository.name``."""

@@ -191,10 +191,16 @@ CREATE TABLE {schema}.atoms (
 CREATE INDEX atoms_pool_available ON {schema}.atoms (pool_id, model) WHERE state = 'available';
 """
 
+# The placer walks a pool's available atoms node by node (``bc_place`` in the capacity module's migrations).
+_V6 = """
+CREATE INDEX atoms_pool_place ON {schema}.atoms (pool_id, node_id, ident) WHERE state = 'available';
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
     Migration(version=2, name="gateway certificates", sql=_V2),
     Migration(version=3, name="desired state", sql=_V3),
     Migration(version=4, name="inventory sections", sql=_V4),
     Migration(version=5, name="node lifecycle, devices, conditions and atoms", sql=_V5),
+    Migration(version=6, name="the placer's index on atoms", sql=_V6),
 )

@@ -99,6 +99,7 @@ _OBSERVE = """
 UPDATE {s}.nodes AS n SET observed_generation = a.generation, updated_at = now()
 FROM unnest(CAST(:node_ids AS text[]), CAST(:generations AS bigint[])) AS a (node_id, generation)
 WHERE n.id = a.node_id AND a.generation > n.observed_generation AND a.generation <= n.desired_generation
+RETURNING n.id
 """
 
 _RECORD_INVENTORY = """
@@ -287,12 +288,12 @@ class PgNodes(PgRepository):
             for r in rows
         ]
 
-    async def observe(self, acks: Sequence[tuple[str, int]]) -> int:
+    async def observe(self, acks: Sequence[tuple[str, int]]) -> list[str]:
         """Record acknowledged generations, in one statement."""
         if not acks:
-            return 0
+            return []
         params = {"node_ids": [a[0] for a in acks], "generations": [a[1] for a in acks]}
-        return await self._rowcount(self._observe, params)
+        return [row.id for row in await self._fetch(self._observe, params)]
 
 
 def _key(row: Any) -> JoinKeyRecord:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import psycopg
 import pytest
 
 from bettercompute import JoinSettings, LocalKeyKms
@@ -58,3 +59,55 @@ async def bare_plane(database_url: str, fresh_schema: str) -> AsyncIterator[Plan
     clock = ManualClock(NOW)
     async with two_tenants(database_url, fresh_schema, clock=clock) as t:
         yield Plane(t=t, clock=clock)
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-40GB"
+
+
+def seed_fleet(
+    database_url: str,
+    schema: str,
+    *,
+    tenant: str,
+    pool: str,
+    nodes: int,
+    gpus: int = 8,
+    model: str = H100,
+    memory_mib: int = 81920,
+    prefix: str = "n",
+    nvlink: str = "all",
+    state: str = "adopted",
+) -> list[str]:
+    """Insert ``nodes`` adopted nodes of ``gpus`` available GPU atoms each, as the inventory controller would leave
+    them, in a few statements however many there are; their ids. ``nvlink``: ``all`` (every GPU a peer of every
+    other on its node), ``pairs`` (GPUs 0-1, 2-3, ... are peers) or ``none``."""
+    s = f'"{schema}"'
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO {s}.nodes (id, tenant, pool_id, state, hardware_key)"
+            f" SELECT %(p)s || i, %(t)s, %(pool)s, %(state)s, 'hw-' || %(p)s || i FROM generate_series(0, %(n)s - 1) i",
+            {"p": prefix, "t": tenant, "pool": pool, "state": state, "n": nodes},
+        )
+        peers = {
+            "all": "(SELECT jsonb_agg('GPU-' || %(p)s || i || '-' || k)"
+            " FROM generate_series(0, %(g)s - 1) k WHERE k <> j)",
+            "pairs": "jsonb_build_array('GPU-' || %(p)s || i || '-' || (j # 1))",
+            "none": "'[]'::jsonb",
+        }[nvlink]
+        conn.execute(
+            f"INSERT INTO {s}.devices (id, node_id, tenant, pool_id, kind, ident, state, model, details)"
+            f" SELECT 'dev-' || %(p)s || i || '-' || j, %(p)s || i, %(t)s, %(pool)s, 'gpu',"
+            f" 'GPU-' || %(p)s || i || '-' || j, 'present', %(model)s,"
+            f" jsonb_build_object('memory_mib', %(mem)s, 'nvlink_peers', {peers})"
+            f" FROM generate_series(0, %(n)s - 1) i, generate_series(0, %(g)s - 1) j",
+            {"p": prefix, "t": tenant, "pool": pool, "n": nodes, "g": gpus, "model": model, "mem": memory_mib},
+        )
+        conn.execute(
+            f"INSERT INTO {s}.atoms (id, node_id, device_id, tenant, pool_id, kind, ident, model, memory_mib, state)"
+            f" SELECT 'atom-' || %(p)s || i || '-' || j, %(p)s || i, 'dev-' || %(p)s || i || '-' || j, %(t)s,"
+            f" %(pool)s, 'gpu', 'GPU-' || %(p)s || i || '-' || j, %(model)s, %(mem)s, 'available'"
+            f" FROM generate_series(0, %(n)s - 1) i, generate_series(0, %(g)s - 1) j",
+            {"p": prefix, "t": tenant, "pool": pool, "n": nodes, "g": gpus, "model": model, "mem": memory_mib},
+        )
+    return [f"{prefix}{i}" for i in range(nodes)]

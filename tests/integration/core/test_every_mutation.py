@@ -22,7 +22,13 @@ from bettercompute import ApiBinding, CallContext, GroupSpec, JoinSettings, Loca
 from bettercompute._runtime.codec import encode
 from bettercompute._runtime.declarations import StaticModule
 from bettercompute.errors import ConflictError, NotFoundError
-from bettercompute.modules.capacity import SetQuotaInput
+from bettercompute.modules.capacity import (
+    CancelReservationInput,
+    CreateReservationInput,
+    ExtendReservationInput,
+    ReservationsGroup,
+    SetQuotaInput,
+)
 from bettercompute.modules.nodes import (
     NODES,
     CordonNodeInput,
@@ -53,6 +59,7 @@ from bettercompute_iam import (
     RevokeCredentialInput,
 )
 
+from ..capacity.conftest import seed_fleet
 from ..iam.conftest import TwoTenants, two_tenants
 
 pytestmark = pytest.mark.anyio
@@ -69,6 +76,7 @@ def _name() -> str:
 @attrs.frozen(kw_only=True)
 class World:
     t: TwoTenants
+    url: str = ""
 
     @property
     def iam(self) -> IamGroups[ApiBinding]:
@@ -78,6 +86,20 @@ class World:
         return (
             await self.t.compute.api.pools.create(self.t.root, CreatePoolInput(tenant=self.t.acme, name=_name()))
         ).id
+
+    async def gpu_pool(self) -> str:
+        """A pool of one adopted node with 8 GPUs."""
+        pool = await self.pool()
+        seed_fleet(self.url, self.t.store.schema, tenant=self.t.acme, pool=pool, nodes=1, prefix=f"{pool}-n")
+        return pool
+
+    async def reservation(self) -> str:
+        group: ReservationsGroup[Any] = self.t.compute.api.group(ReservationsGroup)
+        made = await group.create(
+            self.t.root,
+            CreateReservationInput(tenant=self.t.acme, pool_id=await self.gpu_pool(), gpus=2, duration="PT1H"),
+        )
+        return str(made.id)
 
     async def token(self) -> str:
         created = await self.t.compute.api.join_tokens.create(
@@ -240,6 +262,26 @@ async def _credentials_create(w: World) -> tuple[Any, Any]:
     )
 
 
+async def _reservations_create(w: World) -> tuple[Any, Any]:
+    pool = await w.gpu_pool()
+    return (
+        CreateReservationInput(tenant=w.t.acme, pool_id=pool, gpus=1, duration="PT1H"),
+        CreateReservationInput(tenant=w.t.acme, pool_id=pool, gpus=2, duration="PT1H"),
+    )
+
+
+async def _reservations_cancel(w: World) -> tuple[Any, Any]:
+    reservation = await w.reservation()
+    return CancelReservationInput(id=reservation), CancelReservationInput(id=reservation, reason="not needed")
+
+
+async def _reservations_extend(w: World) -> tuple[Any, Any]:
+    reservation = await w.reservation()
+    return ExtendReservationInput(id=reservation, duration="PT1H"), ExtendReservationInput(
+        id=reservation, duration="PT2H"
+    )
+
+
 async def _quotas_set(w: World) -> tuple[Any, Any]:
     pool = await w.pool()
     return (
@@ -283,6 +325,9 @@ RECIPES: dict[str, Recipe] = {
     "join-tokens.create": _tokens_create,
     "join-tokens.revoke": _tokens_revoke,
     "quotas.set": _quotas_set,
+    "reservations.create": _reservations_create,
+    "reservations.cancel": _reservations_cancel,
+    "reservations.extend": _reservations_extend,
     "webhooks.create": _webhooks_create,
     "webhooks.delete": _webhooks_delete,
     "webhooks.test": _webhooks_test,
@@ -309,7 +354,7 @@ RECIPES: dict[str, Recipe] = {
 async def world(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIterator[World]:
     join = JoinSettings(gateway_address="gw.example.com:443", trust_domain="compute.example.test")
     async with two_tenants(database_url, fresh_schema, kms=LocalKeyKms(tmp_path / "kms.key"), join=join) as t:
-        yield World(t=t)
+        yield World(t=t, url=database_url)
 
 
 async def _audit(w: World, action: str) -> list[Any]:

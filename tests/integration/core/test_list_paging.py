@@ -225,6 +225,22 @@ async def _devices(lists: Lists) -> dict[str, Any]:
     return {"tenant": tenant}
 
 
+async def _reservations(lists: Lists) -> dict[str, Any]:
+    tenant = await lists.tenant()
+    pool = await lists.pool(tenant)
+    # Admission is tested with the capacity module; the rows are what the list reads, all made at the same moment
+    # (one statement), so the page boundary falls inside a tie that only the id breaks. A draft is never listed.
+    with psycopg.connect(lists.url, autocommit=True) as conn:
+        conn.execute(
+            f'INSERT INTO "{lists.schema}".reservations'
+            " (id, tenant, pool_id, state, gpus, start_at, end_at, created_by, created_at, updated_at)"
+            " SELECT 'rsv_' || md5(random()::text), %s, %s, CASE WHEN i = 1 THEN 'draft' ELSE 'placed' END, 1,"
+            " now(), now() + interval '1 hour', 'seed', now(), now() FROM generate_series(0, %s) i",
+            (tenant, pool, ROWS),
+        )
+    return {"tenant": tenant}
+
+
 SEEDS: dict[str, Seed] = {
     "tenants/list": _tenants,
     "principals/list": _principals,
@@ -239,6 +255,7 @@ SEEDS: dict[str, Seed] = {
     "webhooks/deliveries": _deliveries,
     "nodes/list": _nodes,
     "devices/list": _devices,
+    "reservations/list": _reservations,
 }
 
 

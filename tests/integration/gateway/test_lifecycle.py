@@ -36,6 +36,7 @@ BCD = str(Path(sys.executable).parent / "bcd")
 GPUS = [
     {
         "index": 0,
+        "minor": 0,
         "uuid": "GPU-{serial}-0",
         "model": "NVIDIA H100 80GB HBM3",
         "memory_mib": 81559,
@@ -43,6 +44,7 @@ GPUS = [
     },
     {
         "index": 1,
+        "minor": 1,
         "uuid": "GPU-{serial}-1",
         "model": "NVIDIA A100-SXM4-80GB",
         "memory_mib": 81920,
@@ -82,6 +84,7 @@ class Daemon:
         self.gw = gw
         self.state = folder / f"bcd-{serial}"
         self.common = ["--state-dir", str(self.state), "--fake-inventory", str(inventory_file(folder, serial, health))]
+        self.cdi = folder / f"cdi-{serial}"  # the CDI spec of what is allocated on it, never the machine's own
         self.process: asyncio.subprocess.Process | None = None
         self.node_id = ""
 
@@ -96,7 +99,13 @@ class Daemon:
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            BCD, *self.common, "node", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+            BCD,
+            *self.common,
+            "node",
+            "--cdi-dir",
+            str(self.cdi),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
         )
 
     async def stop(self) -> None:
@@ -394,3 +403,91 @@ async def test_a_check_the_daemon_never_answers_or_no_one_provides_quarantines_w
     refused = await settle(gw, unknown.node_id, lambda n: n.state == "quarantined")
     assert refused.state_reason == "unknown_check"
     assert refused.state_detail["check"] == "burn.in" and "diag.nvml" in refused.state_detail["known"]
+
+
+# --- reservations bind through the daemon -----------------------------------------------------------------------
+
+
+async def reservation(gw: Wire, reservation_id: str) -> Any:
+    from bettercompute.modules.capacity import GetReservationInput, ReservationsGroup
+
+    group: ReservationsGroup[Any] = gw.fleet.compute.api.group(ReservationsGroup)
+    return await group.get(gw.fleet.alice, GetReservationInput(id=reservation_id))
+
+
+async def settle_reservation(gw: Wire, reservation_id: str, state: str, seconds: float = 30) -> Any:
+    seen = None
+    try:
+        with anyio.fail_after(seconds):
+            while True:
+                gw.fleet.clock.set(max(gw.fleet.clock.now(), dt.datetime.now(dt.UTC)))
+                await gw.fleet.compute.jobs.tick({"controllers"})
+                seen = await reservation(gw, reservation_id)
+                if seen.state == state:
+                    return seen
+                await anyio.sleep(0.1)
+    except TimeoutError:
+        nodes = [await gw.fleet.store.repository(NODES).get(p.node_id) for p in seen.placement] if seen else []
+        shown = [(n.id, n.desired_generation, n.observed_generation) for n in nodes if n is not None]
+        pytest.fail(f"the reservation never got {state}: {seen} on nodes {shown}")
+
+
+async def desired(gw: Wire, node_id: str) -> tuple[int, list[Any]]:
+    [found] = await gw.fleet.store.repository(NODES).desired_newer([(node_id, -1)])
+    return found.generation, list(found.content.get("allocations") or ())
+
+
+async def test_a_reservation_binds_through_the_daemons_ack_runs_and_ends(gw: Wire, daemons: Any) -> None:
+    from bettercompute.modules.capacity import (
+        CancelReservationInput,
+        Constraints,
+        CreateReservationInput,
+        ReservationsGroup,
+    )
+
+    group: ReservationsGroup[Any] = gw.fleet.compute.api.group(ReservationsGroup)
+    daemon = await daemons("SN-RSV")
+    adopted = await settle(gw, daemon.node_id, lambda n: n.state == "adopted" and not n.desired_state_pending)
+    made = await group.create(
+        gw.fleet.alice,
+        CreateReservationInput(
+            tenant=gw.fleet.acme,
+            pool_id=adopted.pool_id,
+            gpus=1,
+            duration="PT1H",
+            constraints=Constraints(model="H100"),
+        ),
+    )
+    assert made.state == "placed"
+    assert [(p.node_id, p.atoms) for p in made.placement] == [(daemon.node_id, ("GPU-SN-RSV-0",))]
+    active = await settle_reservation(gw, made.id, "active")
+    assert [h.state for h in active.history] == ["placed", "bound", "active"]
+    generation, allocations = await desired(gw, daemon.node_id)
+    assert generation == 2
+    assert [(a["id"], a["gpus"]) for a in allocations] == [(made.id, ["GPU-SN-RSV-0"])]
+    assert (await node(gw, daemon.node_id)).observed_generation == 2  # the daemon applied and acknowledged it
+    spec = json.loads((daemon.cdi / "bettercompute.io-gpu.json").read_text())
+    assert {d["name"] for d in spec["devices"]} == {made.id, "GPU-SN-RSV-0"}  # what a container runtime is given
+    # Two MIG slices on the other GPU, then cancelled: released, and the node's desired state follows.
+    mig = await group.create(
+        gw.fleet.alice,
+        CreateReservationInput(
+            tenant=gw.fleet.acme,
+            pool_id=adopted.pool_id,
+            gpus=2,
+            duration="PT30M",
+            constraints=Constraints(mig_profile="3g.40gb"),
+        ),
+    )
+    await settle_reservation(gw, mig.id, "active")
+    await group.cancel(gw.fleet.alice, CancelReservationInput(id=mig.id))
+    # The end of the first: the clock moves past it and the controller ends it.
+    gw.fleet.clock.set(made.end_at + dt.timedelta(seconds=1))
+    ended = await settle_reservation(gw, made.id, "ended")
+    assert ended.history[-1].reason == "end_reached"
+    _, allocations = await desired(gw, daemon.node_id)
+    assert allocations == []
+    states = [p["state"] for _, p in await gw.fleet.events("reservation.bound")]
+    assert states == ["bound", "bound"]
+    assert [k for k, _ in await gw.fleet.events("reservation.ended")] == [made.id]
+    assert [k for k, _ in await gw.fleet.events("reservation.cancelled")] == [mig.id]

@@ -26,6 +26,7 @@ import psycopg
 import pytest
 
 from bettercompute import JoinSettings, LocalKeyKms, MethodDef
+from bettercompute.modules.capacity import CreateReservationInput, ReservationsGroup
 from bettercompute.modules.nodes import NODES
 from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
 from bettercompute.modules.secrets import CreateSecretInput
@@ -33,6 +34,7 @@ from bettercompute.modules.webhooks import CreateWebhookInput
 from bettercompute.ports import ResourceRef
 from bettercompute_iam import IamGroups, ListBindingsInput, ListCredentialsInput
 
+from ..capacity.conftest import seed_fleet
 from ..iam.conftest import TwoTenants, two_tenants
 from ._principals import add_principal
 
@@ -50,6 +52,12 @@ OTHER_FIELDS: dict[str, Any] = {
     "scope_type": "tenant",
     "actions": ["compute:pools:get"],
     "expires_in_seconds": 3600,
+    "gpus": 1,
+}
+# Optional fields some methods need to get past their own checks (a reservation's end).
+EXTRA_FIELDS: dict[str, dict[str, Any]] = {
+    "/reservations/create": {"duration": "PT1H"},
+    "/reservations/extend": {"duration": "PT1H"},
 }
 # Ids that do not decide the resource (``devices.get``'s device id: its node does): any well-formed one.
 UNADDRESSED: dict[str, Any] = {"id": "dev_000000000000000000000000"}
@@ -111,6 +119,10 @@ async def world(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
                 reclaim=False,
             )
             await tx.project(ResourceRef(type="node", id=enrolled.node.id, tenant=t.acme, pool=pool.id))
+        seed_fleet(database_url, fresh_schema, tenant=t.acme, pool=pool.id, nodes=1)
+        reservation = await t.compute.api.group(ReservationsGroup).create(
+            t.alice, CreateReservationInput(tenant=t.acme, pool_id=pool.id, gpus=1, duration="PT1H")
+        )
         hook = await api.webhooks.create(t.alice, CreateWebhookInput(tenant=t.acme, url="https://hooks.example.com/a"))
         await api.secrets.create(
             t.alice, CreateSecretInput(tenant=t.acme, name="db-password", scope=f"pool:{pool.id}", value="s3cret")
@@ -126,6 +138,7 @@ async def world(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
             "principal": binding.principal_id,
             "binding": binding.id,
             "credential": credential.id,
+            "reservation": reservation.id,
         }
         own = (await IamGroups(api).bindings.list(t.root, ListBindingsInput(tenant=t.globex))).bindings[0]
         ours = {
@@ -172,6 +185,7 @@ async def test_a_tenant_that_does_not_exist_is_not_found_and_nothing_is_written(
                     body[name] = OTHER_FIELDS[name]
                 else:  # an id: a real one of tenant A, so that only the tenant is wrong
                     body[name] = world.theirs[_addressed(method)[name]]
+            body |= EXTRA_FIELDS.get(method.path, {})
             before = world.fingerprint()
             status, answer = await world.post(world.t.root, method, body)
             where = (method.path, ghost, answer)
@@ -264,6 +278,7 @@ async def test_ids_of_another_tenant_and_unknown_ids_get_the_same_answer(world: 
                 }
                 if "tenant" in body:
                     body["tenant"] = t.globex
+                body |= EXTRA_FIELDS.get(method.path, {})
                 if field == "scope_id":
                     body["scope_type"] = "pool"
                 answers = []

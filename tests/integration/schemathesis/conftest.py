@@ -58,9 +58,15 @@ expected-statuses = ["2xx", "401", "403", "404", "409", "429"]
 # Rules a document cannot publish, so a request valid by the document may still be refused there: a webhook URL
 # must be one the sender's HTTP client parses (its parser's verdict, not a pattern), a role's action patterns must
 # match actions in the live catalog, and a list's cursor must be one that list returned (the document gives its
-# alphabet and length; what it decodes to is the list's). These operations run in a second pass with every check
-# but that one.
-UNPUBLISHED = ["/api/compute/webhooks/create", "/api/compute/roles/create"]
+# alphabet and length; what it decodes to is the list's). A reservation's window depends on the moment it is asked
+# (a start not in the past) and on the pool's quota (its longest reservation), and takes one of an end and a
+# duration. These operations run in a second pass with every check but that one.
+UNPUBLISHED = [
+    "/api/compute/webhooks/create",
+    "/api/compute/roles/create",
+    "/api/compute/reservations/create",
+    "/api/compute/reservations/extend",
+]
 
 
 def _paged(document: dict[str, Any]) -> list[str]:

@@ -38,7 +38,7 @@ async def test_stop_hands_an_in_flight_item_back(database_url: str, fresh_schema
     )
     await compute.start({"controllers"})
     try:
-        reconciler = compute.jobs.reconcilers[0]
+        reconciler = module.reconcilers[0]
         async with compute.context.store.transaction() as tx:
             await tx.enqueue([reconciler.item("k1")])
         with anyio.fail_after(20):

@@ -54,7 +54,7 @@ async def test_loops_converge_with_the_notifier_off(database_url: str, fresh_sch
         worker = compute.jobs.worker
         assert worker is not None
         await _until(lambda: len(worker.held) == SHARDS, 15)  # the only member owns every shard
-        reconciler = compute.jobs.reconcilers[0]
+        [reconciler] = [r for r in compute.jobs.reconcilers if r.kind == "probe"]
         async with compute.context.store.transaction() as tx:
             await tx.enqueue([reconciler.item(f"k-{i}") for i in range(30)])
         await _until(lambda: len(set(done)) == 30, 20)
@@ -82,7 +82,7 @@ async def test_a_poke_wakes_an_idle_loop_long_before_its_poll(
         assert worker is not None
         await _until(lambda: len(worker.held) == SHARDS, 15)
         await anyio.sleep(1)  # the loop has looked once, found nothing, and sleeps for its two-minute poll
-        reconciler = compute.jobs.reconcilers[0]
+        [reconciler] = [r for r in compute.jobs.reconcilers if r.kind == "probe"]
         async with compute.context.store.transaction() as tx:
             await tx.enqueue([reconciler.item("poked")])
         await _until(lambda: "poked" in done, 30)  # only a poke can have woken it this soon

@@ -128,9 +128,12 @@ async def test_tick_gives_the_same_result_twice_from_the_same_start(database_url
     # No scheduler reconciler, no job of another role; the controllers' singletons found nothing to do.
     assert passes[0] == {
         "reconcile:node": 5,
+        "reconcile:desired-acked": 0,
+        "reconcile:reservation": 0,
         "controllers/command-sweeper": 0,
         "controllers/usage": 0,
         "controllers/idempotency-purge": 0,
+        "controllers/reservation-drafts": 0,
     }
     assert ("pool", "p-1", 1, None) in scenario.log  # the scheduler's reconciler ran in a later, all-roles tick
     # flaky-1 failed twice with a machine-readable reason, then succeeded on its third attempt.

@@ -75,6 +75,7 @@ def test_a_valid_composition_registers_core_then_modules() -> None:
         "join-tokens",
         "pools",
         "quotas",
+        "reservations",
         "system",
     ]
     assert compute.registry.owner("pools") == "pools"

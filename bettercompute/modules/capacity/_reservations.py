@@ -1,0 +1,698 @@
+"""The ``reservations`` group and the reservation controller.
+
+``create`` is the spec's admission sequence (DESIGN §5): the dispatcher authenticates and does the tenant pre-check;
+then transaction 1 (``Reservations.begin``: the idempotency key, the draft, its projection row), the IAM decision on
+the draft, and transaction 2 (``Reservations.admit``: quota, placement, bookings, the audit row with the decision
+id, the ``reservation.placed`` event, the controller's work item). Each transaction is one statement in the
+PostgreSQL store.
+
+Decisions the spec leaves open, made here:
+
+- The pool must belong to the reservation's tenant; a root-tenant caller may also book a tenant into a pool of its
+  own tenant (the operator's shared pools, where per-tenant quotas then apply). Any other pool, like an unknown
+  one, is ``NOT_FOUND`` ("no such pool"), as everywhere else in the API: another tenant's pool cannot be told from
+  none.
+- A request over its quota is ``QUOTA_EXCEEDED`` (with the limit, what is used and what was asked), not
+  ``NO_CAPACITY``; ``NO_CAPACITY`` counts the pool's atoms by the first reason each was left out for (``profile``,
+  ``model``, ``memory``, ``cordoned``, ``unhealthy``, ``booked``; ``free`` ones that still did not fit the shape
+  asked for) and gives the earliest start within 30 days at which the same request would fit.
+- A request that does not fit, or that the IAM refuses, leaves nothing: its draft, projection row and idempotency
+  key go, so a retry with the same key runs again.
+- A replay answers what the first call answered; if that answer was lost (the process stopped after transaction 2),
+  it answers the reservation as it is now.
+
+The controller (kind ``reservation``, keyed by reservation id) carries each live reservation in its nodes' desired
+states (``{"allocations": [{"id", "gpus": [uuid, ...], "mig": [uuid, ...], "start_at", "end_at"}]}``), marks it
+``bound`` once every node acknowledged a generation that carries it (gateways enqueue ``desired-acked`` items, and a
+pass comes back every few seconds anyway), ``active`` from ``start_at``, ``ended`` at ``end_at``, and ``failed``
+when one of its nodes fails or retires for good. Each transition publishes ``reservation.<state>``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+from typing import Any
+
+import anyio
+import attrs
+
+from bettercompute._runtime import codec
+from bettercompute._runtime.reconcile import Outcome, ReconcileContext, Reconciler
+from bettercompute._runtime.registry import CallContext, Drafted, method
+from bettercompute._runtime.shards import SHARDS, shard_of
+from bettercompute._runtime.workers import SINKS_POKE, WORK_CHANNEL
+from bettercompute.errors import (
+    ConflictError,
+    FailedPreconditionError,
+    InvalidInputError,
+    NoCapacityError,
+    NotFoundError,
+    QuotaExceededError,
+    UnavailableError,
+)
+from bettercompute.modules.capacity._reservation_port import (
+    RESERVATIONS,
+    AdmitOutcome,
+    AdmitRequest,
+    Draft,
+    ReservationRecord,
+)
+from bettercompute.modules.capacity._reservation_schemas import (
+    MAX_HORIZON,
+    CancelReservationInput,
+    Constraints,
+    CreateReservationInput,
+    ExplainReservationInput,
+    Explanation,
+    ExtendReservationInput,
+    GetReservationInput,
+    ListReservationsInput,
+    ListReservationsOutput,
+    PlacedNode,
+    Reservation,
+    Transition,
+    parse_duration,
+)
+from bettercompute.modules.nodes import ACKED_KIND, NODES, poke_gateways, set_desired_state
+from bettercompute.paging import Keyset
+from bettercompute.ports import OutboxEvent, ResourceRef, Transaction
+
+__all__ = [
+    "ACKED",
+    "CONTROLLER",
+    "LIVE",
+    "RESERVATION",
+    "RESERVATION_KIND",
+    "cancel_reservation",
+    "create_reservation",
+    "draft_reservation",
+    "explain_reservation",
+    "extend_reservation",
+    "get_reservation",
+    "list_reservations",
+]
+
+log = logging.getLogger("bettercompute.reservations")
+
+RESERVATION = "reservation"
+"""The resource type of reservations (projection rows, audit rows)."""
+RESERVATION_KIND = "reservation"
+"""The controller's work items (key: a reservation id)."""
+LIVE = frozenset({"pending", "placed", "bound", "active"})
+"""States in which a reservation holds (or waits for) atoms."""
+MAX_START_AHEAD = dt.timedelta(days=365)
+"""How far ahead a reservation may start."""
+START_SLACK = dt.timedelta(minutes=1)
+"""How far in the past ``start_at`` may be (clocks differ): it then starts now."""
+RECHECK = dt.timedelta(seconds=5)
+"""How often a reservation waiting on its nodes is looked at again without being woken."""
+_WAIT = 10.0
+_POLL = 0.05
+
+
+def event_type(state: str) -> str:
+    """The event a transition into ``state`` publishes."""
+    return f"reservation.{state}"
+
+
+def _in_tenant(input: Any) -> ResourceRef:
+    return ResourceRef(type=RESERVATION, tenant=input.tenant)
+
+
+def _on_reservation(input: Any) -> ResourceRef:
+    # Projected with its tenant and pool at create (transaction 1): decided on them.
+    return ResourceRef(type=RESERVATION, id=input.id)
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value.astimezone(dt.UTC)
+
+
+def share_of(profile: str | None) -> float:
+    """The share of a GPU one atom is: 1 for a whole GPU, a MIG slice's compute slices out of 7 (as the store
+    counts it)."""
+    if profile is None:
+        return 1.0
+    head = profile.split("g", 1)[0]
+    return round(min(1.0, (int(head) if head.isdigit() else 7) / 7), 6)
+
+
+def _like(model: str) -> str:
+    escaped = model.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def reservation_of(record: ReservationRecord) -> Reservation:
+    """The answer for a stored reservation."""
+    placement = tuple(
+        PlacedNode(node_id=str(n["node_id"]), atoms=tuple(str(a) for a in n.get("atoms") or ()))
+        for n in record.placement.get("nodes") or ()
+    )
+    history = tuple(
+        Transition(state=str(h["state"]), at=_utc(dt.datetime.fromisoformat(str(h["at"]))), reason=h.get("reason"))
+        for h in record.history
+    )
+    state: Any = record.state
+    return Reservation(
+        id=record.id,
+        tenant=record.tenant,
+        pool_id=record.pool_id,
+        state=state,
+        gpus=record.gpus,
+        constraints=Constraints(**{k: v for k, v in record.constraints.items() if v is not None}),
+        start_at=record.start_at,
+        end_at=record.end_at,
+        labels=dict(record.labels),
+        placement=placement,
+        reason=record.reason,
+        history=history,
+        created_by=record.created_by,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+    )
+
+
+def _window(input: CreateReservationInput, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+    """``[start, end)`` of a create, or ``INVALID_INPUT`` naming the field at fault."""
+    start = _utc(input.start_at) if input.start_at is not None else now
+    if start < now - START_SLACK:
+        raise InvalidInputError(
+            "start_at: is in the past", details={"path": "start_at", "reason": "must not be in the past"}
+        )
+    start = max(start, now)
+    if start > now + MAX_START_AHEAD:
+        raise InvalidInputError(
+            "start_at: is more than a year ahead", details={"path": "start_at", "reason": "at most a year ahead"}
+        )
+    if (input.end_at is None) == (input.duration is None):
+        raise InvalidInputError(
+            "give end_at or duration (one of them)", details={"path": "duration", "reason": "one of end_at, duration"}
+        )
+    if input.duration is not None:
+        length = parse_duration(input.duration)
+        path = "duration"
+    else:
+        assert input.end_at is not None
+        length = _utc(input.end_at) - start
+        path = "end_at"
+    if length <= dt.timedelta(0):
+        reason = "must be after start_at" if path == "end_at" else "must be longer than zero"
+        raise InvalidInputError(f"{path}: {reason}", details={"path": path, "reason": reason})
+    if length > MAX_HORIZON:
+        reason = f"a reservation lasts at most {MAX_HORIZON.days} days"
+        raise InvalidInputError(f"{path}: {reason}", details={"path": path, "reason": reason})
+    return start, start + length
+
+
+def _check_constraints(constraints: Constraints) -> None:
+    if constraints.nvlink and constraints.mig_profile is not None:
+        reason = "MIG slices are not NVLink-connected: ask for one or the other"
+        raise InvalidInputError(f"constraints: {reason}", details={"path": "constraints.nvlink", "reason": reason})
+
+
+def _refusal(outcome: AdmitOutcome, gpus: int, path: str) -> Exception:
+    """The error for an admission (or extension) that did not place."""
+    if outcome.state == "quota":
+        detail = dict(outcome.detail)
+        return QuotaExceededError(
+            f"the tenant's quota in this pool does not allow it ({detail.get('limit')})", details=detail
+        )
+    if outcome.state == "too_long":
+        hours = outcome.detail.get("max_reservation_hours")
+        reason = f"this pool allows reservations of at most {hours} hours"
+        return InvalidInputError(f"{path}: {reason}", details={"path": path, "reason": reason, "max_hours": hours})
+    if outcome.state == "no_capacity":
+        details: dict[str, Any] = {"gpus": gpus, "excluded": dict(outcome.excluded)}
+        details["earliest_start"] = outcome.earliest_start.isoformat() if outcome.earliest_start else None
+        return NoCapacityError("no atoms in this pool fit the request for that time", details=details)
+    return UnavailableError(
+        "the reservation's draft is gone (taken back while it waited); retry",
+        details={"reason": "draft_gone", "retryable": True},
+    )
+
+
+# --- create ------------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class _Draft:
+    id: str
+    key: str | None
+
+
+async def draft_reservation(call: CallContext, input: CreateReservationInput) -> Drafted:
+    """Admission's first step: the input's own checks, then transaction 1 (the idempotency key, the draft and its
+    projection row, one statement); a replay's answer, or the draft for the IAM to decide on."""
+    admission = call.admission
+    assert admission is not None and call.identity is not None, "the dispatcher sets both for an admitting method"
+    identity = call.identity
+    key = admission.key
+    if input.idempotency_key is not None:
+        if key is not None and key != input.idempotency_key:
+            reason = "differs from the Idempotency-Key header"
+            raise InvalidInputError(f"idempotency_key: {reason}", details={"path": "idempotency_key", "reason": reason})
+        key = input.idempotency_key
+    context = call.context
+    now = context.clock.now()
+    on_pool = ResourceRef(type=RESERVATION, tenant=input.tenant, pool=input.pool_id)
+    try:
+        start, end = _window(input, now)
+        _check_constraints(input.constraints)
+    except InvalidInputError as exc:
+        return Drafted(resource=on_pool, refusal=exc)
+    repository = context.store.repository(RESERVATIONS)
+    reservation_id = f"rsv_{secrets.token_hex(8)}"
+    owners = (input.tenant, identity.tenant_id) if identity.is_root else (input.tenant,)
+    draft = Draft(
+        id=reservation_id,
+        tenant=input.tenant,
+        pool_id=input.pool_id,
+        pool_tenants=owners,
+        gpus=input.gpus,
+        constraints={k: v for k, v in codec.encode(input.constraints).items() if v not in (None, False)},
+        start_at=start,
+        end_at=end,
+        labels=input.labels,
+        created_by=identity.principal_id,
+        now=now,
+        idempotency_key=key,
+        request_hash=admission.fingerprint,
+    )
+    deadline = anyio.current_time() + _WAIT
+    while True:
+        begun = await repository.begin(draft)
+        if begun.state == "drafted":
+            break
+        if begun.state == "no_pool":
+            return Drafted(resource=on_pool, refusal=NotFoundError("no such pool", details={"id": input.pool_id}))
+        if begun.state == "conflict":
+            raise ConflictError(
+                "this idempotency key was used for another request",
+                details={"reason": "idempotency_key_reused", "path": "Idempotency-Key"},
+            )
+        if begun.state == "replay":
+            return Drafted(replay=await _replayed(call, begun.result or {}))
+        if anyio.current_time() >= deadline:
+            raise UnavailableError(
+                "a request with this idempotency key is still running; retry later",
+                details={"reason": "idempotency_key_in_use", "retryable": True},
+            )
+        await anyio.sleep(_POLL)
+
+    async def undo() -> None:
+        await repository.abandon(reservation_id, identity=identity.principal_id, key=key)
+
+    return Drafted(
+        resource=ResourceRef(type=RESERVATION, id=reservation_id, tenant=input.tenant, pool=input.pool_id),
+        undo=undo,
+        state=_Draft(id=reservation_id, key=key),
+    )
+
+
+@method(mutates=True, resource=_in_tenant, admit=draft_reservation)
+async def create_reservation(call: CallContext, input: CreateReservationInput) -> Reservation:
+    """Reserve GPUs of a pool for a time: placed at once when atoms fit (best fit on the fewest nodes).
+
+    Raises:
+        InvalidInputError: a bad window or constraint, or longer than the pool allows.
+        NotFoundError: no such pool in the tenant.
+        NoCapacityError: nothing fits; ``details`` counts the atoms left out per reason and gives the earliest start
+            within 30 days at which it would fit.
+        QuotaExceededError: the tenant's quota in the pool does not allow it.
+        ConflictError: the idempotency key was used for another request.
+        UnavailableError: a call with the same idempotency key is still running.
+    """
+    admission = call.admission
+    assert admission is not None and admission.drafted is not None and call.identity is not None
+    if admission.drafted.refusal is not None:
+        raise admission.drafted.refusal
+    drafted: _Draft = admission.drafted.state
+    identity = call.identity
+    context = call.context
+    constraints = input.constraints
+    channel = getattr(context.notifier, "channel_name", None)
+    outcome = await context.store.repository(RESERVATIONS).admit(
+        AdmitRequest(
+            id=drafted.id,
+            gpus=input.gpus,
+            share=input.gpus * share_of(constraints.mig_profile),
+            model=_like(constraints.model) if constraints.model is not None else None,
+            min_memory_mib=constraints.min_memory_mib,
+            one_node=constraints.one_node or constraints.nvlink,
+            nvlink=constraints.nvlink,
+            mig_profile=constraints.mig_profile,
+            max_hours=MAX_HORIZON.total_seconds() / 3600,
+            now=context.clock.now(),
+            horizon=MAX_HORIZON,
+            actor=identity.principal_id,
+            action=call.method.action,
+            decision_id=call.decision.id if call.decision is not None else None,
+            event_type=event_type("placed"),
+            work_kind=RESERVATION_KIND,
+            work_shard=shard_of(drafted.id) % SHARDS,
+            idempotency_identity=identity.principal_id if drafted.key is not None else None,
+            idempotency_key=drafted.key,
+            work_channel=channel(WORK_CHANNEL) if callable(channel) else None,
+            sinks_poke=SINKS_POKE,
+        )
+    )
+    if outcome.state != "placed" or outcome.record is None:
+        raise _refusal(outcome, input.gpus, "duration" if input.duration is not None else "end_at")
+    call.audited_by_store(drafted.id)
+    answer = reservation_of(outcome.record)
+    if drafted.key is not None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await context.store.idempotency.finish(
+                    identity=identity.principal_id, key=drafted.key, result={"output": codec.encode(answer)}
+                )
+            except Exception as exc:  # the key points at the reservation already: a replay answers it as it is now
+                log.info("an admission's answer was not stored: %s", type(exc).__name__)
+    return answer
+
+
+async def _replayed(call: CallContext, stored: Any) -> Reservation:
+    output = stored.get("output")
+    if output is not None:
+        replayed: Reservation = codec.decode(Reservation, output)
+        return replayed
+    record = await call.context.store.repository(RESERVATIONS).get(str(stored.get("reservation_id")))
+    if record is None:
+        raise ConflictError(
+            "a request with this idempotency key succeeded before; its reservation is gone",
+            details={"reason": "already_done", "id": stored.get("reservation_id")},
+        )
+    return reservation_of(record)
+
+
+# --- reads -------------------------------------------------------------------------------------------------------
+
+_PAGES: Keyset[Reservation] = Keyset(dt.datetime, str, key=lambda r: (r.created_at, r.id))
+
+
+async def _existing(call: CallContext, reservation_id: str) -> ReservationRecord:
+    record = await call.context.store.repository(RESERVATIONS).get(reservation_id)
+    if record is None:
+        raise NotFoundError("no such reservation", details={"id": reservation_id})
+    return record
+
+
+@method(mutates=False, resource=_on_reservation)
+async def get_reservation(call: CallContext, input: GetReservationInput) -> Reservation:
+    """A reservation by id.
+
+    Raises:
+        NotFoundError: there is no such reservation.
+    """
+    return reservation_of(await _existing(call, input.id))
+
+
+@method(mutates=False, resource=_in_tenant)
+async def list_reservations(call: CallContext, input: ListReservationsInput) -> ListReservationsOutput:
+    """A page of a tenant's reservations, newest first.
+
+    Raises:
+        InvalidInputError: the cursor is not one this list returned.
+    """
+    scope = call.method.action
+    after = _PAGES.after(scope, input.cursor)
+    label = tuple(input.label.split("=", 1)) if input.label is not None else None
+    records = await call.context.store.repository(RESERVATIONS).page(
+        input.tenant,
+        state=input.state,
+        pool_id=input.pool_id,
+        overlaps_start=input.overlaps_start,
+        overlaps_end=input.overlaps_end,
+        label=(label[0], label[1]) if label is not None else None,
+        after=after,
+        limit=input.limit + 1,
+    )
+    reservations, next_cursor = _PAGES.page(scope, [reservation_of(r) for r in records], input.limit)
+    return ListReservationsOutput(reservations=reservations, next_cursor=next_cursor)
+
+
+@method(mutates=False, resource=_on_reservation)
+async def explain_reservation(call: CallContext, input: ExplainReservationInput) -> Explanation:
+    """Why a reservation is where it is: the placer, its rule, the nodes it chose and how many atoms it weighed.
+
+    Raises:
+        NotFoundError: there is no such reservation.
+    """
+    record = await _existing(call, input.id)
+    why = record.placement.get("why") or {}
+    nodes = record.placement.get("nodes") or ()
+    state: Any = record.state
+    return Explanation(
+        id=record.id,
+        state=state,
+        placer=str(why.get("placer") or "none"),
+        rule=str(why.get("rule") or "none"),
+        nodes=reservation_of(record).placement,
+        candidates=int(why.get("candidates") or 0),
+        free_on_chosen={str(n["node_id"]): int(n.get("free") or 0) for n in nodes},
+        reason=record.reason,
+    )
+
+
+# --- changes -----------------------------------------------------------------------------------------------------
+
+
+def _event(record: ReservationRecord, state: str, **extra: Any) -> OutboxEvent:
+    payload: dict[str, Any] = {
+        "reservation_id": record.id,
+        "tenant": record.tenant,
+        "pool_id": record.pool_id,
+        "state": state,
+        "gpus": record.gpus,
+        "node_ids": record.node_ids,
+        "start_at": record.start_at.isoformat(),
+        "end_at": record.end_at.isoformat(),
+    }
+    payload.update(extra)
+    return OutboxEvent(type=event_type(state), key=record.id, payload=payload)
+
+
+def _item(reservation_id: str, run_at: dt.datetime | None = None) -> Any:
+    return CONTROLLER.item(reservation_id, run_at=run_at)
+
+
+@method(mutates=True, resource=_on_reservation)
+async def cancel_reservation(call: CallContext, input: CancelReservationInput) -> Reservation:
+    """Cancel a reservation: its atoms are released now and its nodes' desired state follows. Cancelling a
+    cancelled one changes nothing.
+
+    Raises:
+        NotFoundError: there is no such reservation.
+        FailedPreconditionError: it has ended or failed.
+    """
+    now = call.context.clock.now()
+    async with call.transaction() as tx:
+        repository = tx.repository(RESERVATIONS)
+        record = await repository.get_for_update(input.id)
+        if record is None:
+            raise NotFoundError("no such reservation", details={"id": input.id})
+        call.describe(resource_type=RESERVATION, resource_id=record.id, tenant=record.tenant)
+        if record.state == "cancelled":
+            return reservation_of(record)
+        if record.state not in LIVE:
+            raise FailedPreconditionError(
+                f"the reservation has {record.state}", details={"id": record.id, "state": record.state}
+            )
+        await repository.release(record.id, at=now)
+        reason = input.reason or "cancelled"
+        record = await repository.transition(record, state="cancelled", at=now, reason=reason)
+        await tx.publish([_event(record, "cancelled", reason=reason)])
+        await tx.enqueue([_item(record.id)])
+        call.describe(details={"reason": reason})
+    return reservation_of(record)
+
+
+@method(mutates=True, resource=_on_reservation)
+async def extend_reservation(call: CallContext, input: ExtendReservationInput) -> Reservation:
+    """Move a reservation's end later; only if its atoms stay free in between and the quota allows.
+
+    Raises:
+        NotFoundError: there is no such reservation.
+        InvalidInputError: neither or both of ``end_at`` and ``duration``, an end that is not later, or longer than
+            the pool allows.
+        FailedPreconditionError: it is not live (ended, cancelled or failed).
+        NoCapacityError: one of its atoms is booked in between.
+        QuotaExceededError: the tenant's quota does not allow the added time.
+    """
+    if (input.end_at is None) == (input.duration is None):
+        raise InvalidInputError(
+            "give end_at or duration (one of them)", details={"path": "duration", "reason": "one of end_at, duration"}
+        )
+    now = call.context.clock.now()
+    async with call.transaction() as tx:
+        repository = tx.repository(RESERVATIONS)
+        record = await repository.get_for_update(input.id)
+        if record is None:
+            raise NotFoundError("no such reservation", details={"id": input.id})
+        if record.state not in LIVE:
+            raise FailedPreconditionError(
+                f"the reservation has {record.state}", details={"id": record.id, "state": record.state}
+            )
+        path = "end_at" if input.end_at is not None else "duration"
+        end = _utc(input.end_at) if input.end_at is not None else record.end_at + parse_duration(input.duration or "")
+        if end <= record.end_at:
+            reason = "must be later than the reservation's end"
+            raise InvalidInputError(f"{path}: {reason}", details={"path": path, "reason": reason})
+        if end - record.start_at > MAX_HORIZON:
+            reason = f"a reservation lasts at most {MAX_HORIZON.days} days"
+            raise InvalidInputError(f"{path}: {reason}", details={"path": path, "reason": reason})
+        outcome = await repository.extend(record.id, end_at=end, now=now)
+        if outcome.state == "gone":
+            raise FailedPreconditionError(
+                "the reservation is over or ends before the change", details={"id": record.id, "state": record.state}
+            )
+        if outcome.state != "placed" or outcome.record is None:
+            raise _refusal(outcome, record.gpus, path)
+        extended = outcome.record
+        await tx.publish([_event(extended, "extended", previous_end_at=record.end_at.isoformat())])
+        await tx.enqueue([_item(extended.id)])
+        call.describe(
+            resource_type=RESERVATION,
+            resource_id=extended.id,
+            tenant=extended.tenant,
+            details={"end_at": end.isoformat(), "previous_end_at": record.end_at.isoformat()},
+        )
+    return reservation_of(extended)
+
+
+# --- the controller ----------------------------------------------------------------------------------------------
+
+
+def _allocation(record: ReservationRecord, node_id: str) -> dict[str, Any]:
+    atoms: list[str] = []
+    for node in record.placement.get("nodes") or ():
+        if node.get("node_id") == node_id:
+            atoms = [str(a) for a in node.get("atoms") or ()]
+    mig = bool(record.constraints.get("mig_profile"))
+    return {
+        "id": record.id,
+        "gpus": [] if mig else atoms,
+        "mig": atoms if mig else [],
+        "tenant": record.tenant,
+        "start_at": record.start_at.isoformat(),
+        "end_at": record.end_at.isoformat(),
+    }
+
+
+async def _sync_node(tx: Transaction, node_id: str, now: dt.datetime) -> tuple[str, int | None]:
+    """Make the node's desired state carry exactly its live reservations; ``(node state, generation written)``. A
+    reservation newly carried records the generation (its binding waits for the node's acknowledgement of it)."""
+    node = await tx.repository(NODES).get_for_update(node_id)
+    if node is None:
+        return "retired", None
+    if node.state in ("failed", "retired"):
+        return node.state, None
+    live = await tx.repository(RESERVATIONS).on_node(node_id, at=now)
+    wanted = [_allocation(r, node_id) for r in live]
+    current = await tx.repository(NODES).desired_newer([(node_id, -1)])
+    content = dict(current[0].content) if current else {}
+    if content.get("allocations") == wanted:
+        return node.state, None
+    desired = await set_desired_state(tx, node_id, {**content, "allocations": wanted})
+    for record in live:
+        if node_id not in record.generations:
+            generations = {**record.generations, node_id: desired.generation}
+            await tx.repository(RESERVATIONS).transition(record, state=record.state, at=now, generations=generations)
+    return node.state, desired.generation
+
+
+async def reconcile_reservation(ctx: ReconcileContext, reservation_id: str) -> Outcome:
+    """Carry a reservation in its nodes' desired states and move it along its states."""
+    store = ctx.store
+    now = ctx.clock.now()
+    record = await store.repository(RESERVATIONS).get(reservation_id)
+    if record is None:
+        return Outcome.done()
+    wrote = False
+    lost: list[str] = []
+    for node_id in record.node_ids:
+        async with ctx.transaction() as tx:
+            node_state, generation = await _sync_node(tx, node_id, now)
+        wrote = wrote or generation is not None
+        if node_state in ("failed", "retired"):
+            lost.append(node_id)
+    if wrote:
+        await poke_gateways(ctx.context.notifier)
+    async with ctx.transaction() as tx:
+        repository = tx.repository(RESERVATIONS)
+        record = await repository.get_for_update(reservation_id)
+        if record is None or record.state not in LIVE:
+            return Outcome.done()
+        events: list[OutboxEvent] = []
+        changed = record
+        if lost:
+            await repository.release(record.id, at=now)
+            changed = await repository.transition(changed, state="failed", at=now, reason="node_failed")
+            events.append(_event(changed, "failed", reason="node_failed", nodes=lost))
+        elif record.end_at <= now:
+            changed = await repository.transition(changed, state="ended", at=now, reason="end_reached")
+            events.append(_event(changed, "ended"))
+        else:
+            if changed.state == "placed" and await _acknowledged(tx, changed):
+                changed = await repository.transition(changed, state="bound", at=now)
+                events.append(_event(changed, "bound"))
+            if changed.state == "bound" and changed.start_at <= now:
+                changed = await repository.transition(changed, state="active", at=now)
+                events.append(_event(changed, "active"))
+        if events:
+            await tx.publish(events)
+            if changed.state not in LIVE:
+                await tx.enqueue([_item(changed.id)])  # the next pass takes it out of its nodes' desired states
+    if changed.state not in LIVE:
+        return Outcome.done()
+    wake = changed.end_at
+    if changed.state == "bound":
+        wake = min(wake, changed.start_at)
+    if changed.state == "placed":
+        wake = min(wake, now + RECHECK)
+    return Outcome.requeue(max(dt.timedelta(0), wake - now))
+
+
+async def _acknowledged(tx: Transaction, record: ReservationRecord) -> bool:
+    """Whether every node of the reservation acknowledged a desired state that carries it."""
+    for node_id in record.node_ids:
+        generation = record.generations.get(node_id)
+        if generation is None:
+            return False
+        node = await tx.repository(NODES).get(node_id)
+        if node is None or node.observed_generation < generation:
+            return False
+    return True
+
+
+async def reconcile_acked(ctx: ReconcileContext, node_id: str) -> Outcome:
+    """A node acknowledged a newer desired state: look at the reservations waiting on it now."""
+    records = await ctx.store.repository(RESERVATIONS).on_node(node_id, at=ctx.clock.now())
+    waiting = [r.id for r in records if r.state == "placed"]
+    if waiting:
+        async with ctx.transaction() as tx:
+            await tx.enqueue([_item(r) for r in waiting])
+    return Outcome.done()
+
+
+DRAFT_AGE = dt.timedelta(minutes=5)
+"""How old a draft must be before the sweeper takes it back (admission's two transactions are milliseconds apart:
+one this old was left by a process that stopped between them)."""
+
+
+async def sweep_drafts(context: Any) -> int:
+    """One pass of the drafts sweeper: undo drafts older than ``DRAFT_AGE`` (their idempotency key, if any, stays
+    reserved until it expires, as for any call whose process stopped midway)."""
+    repository = context.store.repository(RESERVATIONS)
+    stale = await repository.drafts_before(context.clock.now() - DRAFT_AGE, limit=500)
+    for reservation_id in stale:
+        await repository.abandon(reservation_id, identity=None, key=None)
+    return len(stale)
+
+
+CONTROLLER = Reconciler(kind=RESERVATION_KIND, reconcile=reconcile_reservation)
+"""The reservation controller (``controllers`` role)."""
+ACKED = Reconciler(kind=ACKED_KIND, reconcile=reconcile_acked)
+"""Wakes the reservations waiting on a node's acknowledgement."""

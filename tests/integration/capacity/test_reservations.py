@@ -1,0 +1,275 @@
+"""``reservations`` on real PostgreSQL: admission (placement, quota, refusals with nothing written, idempotency,
+tenant isolation), cancel, extend and explain, on nodes and atoms inserted as the inventory controller leaves them."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+import pytest
+
+from bettercompute.errors import (
+    AccessDeniedError,
+    ConflictError,
+    InvalidInputError,
+    NoCapacityError,
+    NotFoundError,
+    QuotaExceededError,
+)
+from bettercompute.modules.capacity import (
+    CancelReservationInput,
+    Constraints,
+    CreateReservationInput,
+    ExplainReservationInput,
+    ExtendReservationInput,
+    GetReservationInput,
+    ListReservationsInput,
+    ReservationsGroup,
+    SetQuotaInput,
+)
+
+from .conftest import NOW, Plane, seed_fleet
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+HOUR = dt.timedelta(hours=1)
+
+
+def _group(plane: Plane) -> ReservationsGroup[Any]:
+    group: ReservationsGroup[Any] = plane.t.compute.api.group(ReservationsGroup)
+    return group
+
+
+def _rows(plane: Plane, database_url: str, sql: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(database_url) as conn:
+        return conn.execute(sql.replace("{s}", f'"{plane.t.store.schema}"')).fetchall()
+
+
+def _written(plane: Plane, database_url: str) -> tuple[Any, ...]:
+    """Reservations (drafts too), bookings, reservation projection rows, idempotency keys and audit rows."""
+    return _rows(
+        plane,
+        database_url,
+        "SELECT (SELECT count(*) FROM {s}.reservations), (SELECT count(*) FROM {s}.bookings),"
+        " (SELECT count(*) FROM {s}.authz_resources WHERE resource_type = 'reservation'),"
+        " (SELECT count(*) FROM {s}.idempotency_keys),"
+        " (SELECT count(*) FROM {s}.audit WHERE resource_type = 'reservation')",
+    )[0]
+
+
+async def _fleet(plane: Plane, database_url: str, nodes: int = 2, **kwargs: Any) -> str:
+    pool = await plane.pool()
+    seed_fleet(database_url, plane.t.store.schema, tenant=plane.t.acme, pool=pool, nodes=nodes, **kwargs)
+    return pool
+
+
+async def test_a_reservation_is_placed_by_best_fit_booked_audited_and_announced(
+    plane: Plane, database_url: str
+) -> None:
+    pool = await _fleet(plane, database_url, nodes=2)
+    r = _group(plane)
+    first = await r.create(
+        plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=3, duration="PT8H")
+    )
+    assert first.state == "placed"
+    assert (first.start_at, first.end_at) == (NOW, NOW + 8 * HOUR)
+    assert [p.node_id for p in first.placement] == ["n0"] and len(first.placement[0].atoms) == 3
+    # Best fit: the next 4-GPU request goes on the node with 5 free (n0), not the empty one.
+    second = await r.create(
+        plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=4, duration="PT1H")
+    )
+    assert [p.node_id for p in second.placement] == ["n0"]
+    # 9 GPUs cannot go on one node: the fewest nodes, the largest first.
+    third = await r.create(
+        plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=9, duration="PT1H")
+    )
+    assert sorted(p.node_id for p in third.placement) == ["n0", "n1"]
+    assert sum(len(p.atoms) for p in third.placement) == 9
+    booked = _rows(plane, database_url, "SELECT reservation_id, count(*) FROM {s}.bookings GROUP BY 1")
+    assert dict(booked) == {first.id: 3, second.id: 4, third.id: 9}
+    audit = _rows(
+        plane,
+        database_url,
+        "SELECT action, resource_id, decision_id IS NOT NULL FROM {s}.audit WHERE resource_type = 'reservation'",
+    )
+    assert sorted(audit) == sorted(("compute:reservations:create", x.id, True) for x in (first, second, third))
+    events = _rows(plane, database_url, "SELECT type, key FROM {s}.outbox WHERE type LIKE 'reservation.%%'")
+    assert sorted(events) == sorted(("reservation.placed", x.id) for x in (first, second, third))
+    got = await r.get(plane.t.alice, GetReservationInput(id=first.id))
+    assert got == first
+    why = await r.explain(plane.t.alice, ExplainReservationInput(id=third.id))
+    assert (why.placer, why.rule) == ("inline", "fewest_nodes")
+
+
+async def test_no_capacity_says_why_and_when_and_writes_nothing(plane: Plane, database_url: str) -> None:
+    pool = await _fleet(plane, database_url, nodes=1)
+    r = _group(plane)
+    held = await r.create(
+        plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=6, duration="PT2H")
+    )
+    before = _written(plane, database_url)
+    with pytest.raises(NoCapacityError) as caught:
+        await r.create(
+            plane.t.alice,
+            CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=4, duration="PT1H"),
+            idempotency_key="k-nocap",
+        )
+    details = caught.value.details
+    assert details["excluded"] == {"booked": 6, "free": 2}
+    assert details["earliest_start"] == held.end_at.isoformat()
+    assert _written(plane, database_url) == before
+    with pytest.raises(NoCapacityError) as caught:
+        await r.create(
+            plane.t.alice,
+            CreateReservationInput(
+                tenant=plane.t.acme, pool_id=pool, gpus=1, duration="PT1H", constraints=Constraints(model="A100")
+            ),
+        )
+    assert caught.value.details["excluded"] == {"model": 8}
+    assert caught.value.details["earliest_start"] is None
+    with pytest.raises(NoCapacityError) as caught:
+        await r.create(
+            plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=4096, duration="PT1H")
+        )
+    assert _written(plane, database_url) == before
+
+
+@pytest.mark.parametrize(
+    ("fields", "path"),
+    [
+        ({"duration": "PT0S"}, "duration"),
+        ({"duration": "P31D"}, "duration"),
+        ({"duration": "-PT1H"}, "duration"),
+        ({"duration": "PT\uff11H"}, "duration"),  # a full-width digit one
+        ({"end_at": NOW - HOUR}, "end_at"),
+        ({"end_at": NOW}, "end_at"),
+        ({}, "duration"),
+        ({"duration": "PT1H", "end_at": NOW + HOUR}, "duration"),
+        ({"duration": "PT1H", "start_at": NOW - dt.timedelta(days=1)}, "start_at"),
+        ({"duration": "PT1H", "gpus": 0}, "gpus"),
+        ({"duration": "PT1H", "constraints": {"mig_profile": "1g.10gb", "nvlink": True}}, "constraints.nvlink"),
+        ({"duration": "PT1H", "constraints": {"colour": "red"}}, "constraints.colour"),
+    ],
+)
+async def test_bad_input_is_refused_with_its_path_and_nothing_written(
+    plane: Plane, database_url: str, fields: dict[str, Any], path: str
+) -> None:
+    pool = await _fleet(plane, database_url, nodes=1)
+    body: dict[str, Any] = {"tenant": plane.t.acme, "pool_id": pool, "gpus": 1, **fields}
+    for key in ("start_at", "end_at"):
+        if isinstance(body.get(key), dt.datetime):
+            body[key] = body[key].isoformat()
+    before = _written(plane, database_url)
+    response = await plane.t.http.post(
+        "/api/compute/reservations/create", headers={"authorization": f"Bearer {plane.t.alice}"}, json=body
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "INVALID_INPUT"
+    assert error["details"]["path"] == path
+    assert _written(plane, database_url) == before
+
+
+async def test_a_caller_of_another_tenant_is_refused_before_any_query(plane: Plane, database_url: str) -> None:
+    pool = await _fleet(plane, database_url, nodes=1)
+    r = _group(plane)
+    await r.list(plane.t.mallory, ListReservationsInput(tenant=plane.t.globex))  # authentication is cached now
+    before = plane.t.store.pool_usage.checkouts  # every database access is one checkout
+    with pytest.raises(AccessDeniedError):
+        await r.create(
+            plane.t.mallory, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=1, duration="PT1H")
+        )
+    assert plane.t.store.pool_usage.checkouts == before
+    # Its own tenant but another tenant's pool: no such pool, nothing written.
+    with pytest.raises(NotFoundError):
+        await r.create(
+            plane.t.mallory, CreateReservationInput(tenant=plane.t.globex, pool_id=pool, gpus=1, duration="PT1H")
+        )
+    placed = await r.create(
+        plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=1, duration="PT1H")
+    )
+    # Another tenant's reservation is one it cannot tell from none.
+    with pytest.raises(NotFoundError):
+        await r.get(plane.t.mallory, GetReservationInput(id=placed.id))
+    with pytest.raises(NotFoundError):
+        await r.cancel(plane.t.mallory, CancelReservationInput(id=placed.id))
+    assert (await r.get(plane.t.alice, GetReservationInput(id=placed.id))).state == "placed"
+
+
+async def test_an_idempotent_retry_replays_and_another_request_with_the_key_conflicts(
+    plane: Plane, database_url: str
+) -> None:
+    pool = await _fleet(plane, database_url, nodes=1)
+    r = _group(plane)
+    ask = CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=2, duration="PT1H", idempotency_key="k-1")
+    first = await r.create(plane.t.alice, ask)
+    again = await r.create(plane.t.alice, ask, idempotency_key="k-1")
+    assert again == first
+    with pytest.raises(ConflictError):
+        await r.create(
+            plane.t.alice,
+            CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=3, duration="PT1H", idempotency_key="k-1"),
+        )
+    with pytest.raises(InvalidInputError):
+        await r.create(plane.t.alice, ask, idempotency_key="k-2")
+    assert _rows(plane, database_url, "SELECT count(*) FROM {s}.bookings")[0][0] == 2
+
+
+async def test_quotas_are_enforced_under_their_lock(plane: Plane, database_url: str) -> None:
+    pool = await _fleet(plane, database_url, nodes=2)
+    r = _group(plane)
+    from bettercompute.modules.capacity import QuotasGroup
+
+    quotas: QuotasGroup[Any] = plane.t.compute.api.group(QuotasGroup)
+    await quotas.set(
+        plane.t.alice, SetQuotaInput(pool_id=pool, max_gpus=4, max_gpu_hours_per_month=20, max_reservation_hours=10)
+    )
+    await r.create(plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=3, duration="PT2H"))
+    with pytest.raises(QuotaExceededError) as caught:
+        await r.create(
+            plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=2, duration="PT1H")
+        )
+    assert caught.value.details["limit"] == "max_gpus"
+    # After the first ends, 4 at once fit, but 4 GPUs for 4 h is 16 GPU-hours on top of 6: over 20.
+    with pytest.raises(QuotaExceededError) as caught:
+        await r.create(
+            plane.t.alice,
+            CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=4, start_at=NOW + 2 * HOUR, duration="PT4H"),
+        )
+    assert caught.value.details["limit"] == "max_gpu_hours_per_month"
+    with pytest.raises(InvalidInputError) as bad:
+        await r.create(
+            plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=1, duration="PT11H")
+        )
+    assert bad.value.details["path"] == "duration"
+    fits = await r.create(
+        plane.t.alice,
+        CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=4, start_at=NOW + 2 * HOUR, duration="PT3H"),
+    )
+    assert fits.state == "placed"
+
+
+async def test_cancel_releases_and_extend_needs_the_atoms_free(plane: Plane, database_url: str) -> None:
+    pool = await _fleet(plane, database_url, nodes=1, gpus=2)
+    r = _group(plane)
+    a = await r.create(
+        plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=2, duration="PT1H")
+    )
+    later = await r.create(
+        plane.t.alice,
+        CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=2, start_at=NOW + 2 * HOUR, duration="PT1H"),
+    )
+    longer = await r.extend(plane.t.alice, ExtendReservationInput(id=a.id, duration="PT1H"))
+    assert longer.end_at == NOW + 2 * HOUR
+    with pytest.raises(NoCapacityError):
+        await r.extend(plane.t.alice, ExtendReservationInput(id=a.id, duration="PT1M"))
+    cancelled = await r.cancel(plane.t.alice, CancelReservationInput(id=later.id, reason="plans changed"))
+    assert (cancelled.state, cancelled.reason) == ("cancelled", "plans changed")
+    assert (
+        _rows(plane, database_url, f"SELECT count(*) FROM {{s}}.bookings WHERE reservation_id = '{later.id}'")[0][0]
+        == 0
+    )
+    assert (await r.extend(plane.t.alice, ExtendReservationInput(id=a.id, duration="PT1H"))).end_at == NOW + 3 * HOUR
+    page = await r.list(plane.t.alice, ListReservationsInput(tenant=plane.t.acme, state="placed"))
+    assert [x.id for x in page.reservations] == [a.id]
