@@ -25,10 +25,11 @@ import collections
 import contextlib
 import select
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import psycopg
+from psycopg.abc import PQGen
 from psycopg.pq import TransactionStatus
 
 from bettercompute.errors import InternalError, UnavailableError
@@ -39,6 +40,8 @@ __all__ = ["PIPELINE_SHIELD_SECONDS", "ConnectionPool", "PgConnection", "pipelin
 
 PIPELINE_SHIELD_SECONDS = 60
 """How long a pipeline round trip is finished after its task was cancelled (see ``pipelined``)."""
+
+RV = TypeVar("RV")
 
 
 class PgConnection(psycopg.AsyncConnection[Any]):
@@ -67,6 +70,21 @@ class PgConnection(psycopg.AsyncConnection[Any]):
         self.round_trips += 1
         return await super().execute(query, params, prepare=prepare, binary=binary)
 
+    async def wait(self, gen: PQGen[RV], *args: Any, **kwargs: Any) -> RV:
+        """psycopg's ``wait`` (every round trip goes through it), and a round trip it gives up on is ended at once.
+
+        Interrupted (its task cancelled by asyncio itself, which no anyio shield holds back, as a gateway closing
+        does) with nothing of the transaction in flight, or a second time while it cancels the query, psycopg
+        gives up a round trip as a suspended generator. Left to the garbage collector, a pipeline's one ran later,
+        often after the pool had closed the connection, and failed there: an unraisable exception.
+        """
+        try:
+            return await super().wait(gen, *args, **kwargs)
+        except BaseException:
+            with contextlib.suppress(Exception):  # it finds the connection closed, or wants to wait for the server
+                gen.close()
+            raise
+
     def cursor(self, *args: Any, **kwargs: Any) -> Any:
         """psycopg's ``cursor``; refused while the transaction holds statements back, as a statement run on it
         would otherwise run before BEGIN, outside the transaction (send them first: ``execute``, ``fetch_in``).
@@ -90,10 +108,10 @@ class PgConnection(psycopg.AsyncConnection[Any]):
 
 @contextlib.asynccontextmanager
 async def pipelined(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
-    """A psycopg pipeline that is finished even when its task is cancelled meanwhile (a worker or a gateway stopping):
-    psycopg leaves a pipeline interrupted half-way as a suspended generator, which later trips over the closed
-    connection when the garbage collector finalizes it. Bounded by ``PIPELINE_SHIELD_SECONDS``, so a server that no
-    longer answers cannot hold a stopping task for long; the cancellation takes effect right after.
+    """A psycopg pipeline that is finished even when its task is cancelled meanwhile by anyio (a worker stopping).
+    Bounded by ``PIPELINE_SHIELD_SECONDS``, so a server that no longer answers cannot hold a stopping task for long;
+    the cancellation takes effect right after. asyncio's own cancellation is not held back: a round trip psycopg
+    gives up then is ended by ``PgConnection.wait``.
 
     Raises:
         UnavailableError: the round trip did not end within that bound.

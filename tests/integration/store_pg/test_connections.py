@@ -3,6 +3,8 @@ and the rows statements return."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +17,7 @@ from psycopg.pq import TransactionStatus
 from bettercompute.errors import InternalError, UnavailableError
 from bettercompute_store_pg import PgStore, connection_of, fetch_in
 from bettercompute_store_pg import _db as db
+from bettercompute_store_pg._pool import pipelined
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -144,3 +147,33 @@ async def test_rows_have_their_columns_as_attributes_even_repeated_ones(pg_store
     assert await pg_store.fetch(pg_store.sql("UPDATE {s}.leases SET holder = holder WHERE false"), {}) == []
     async with pg_store.transaction() as tx:
         assert await fetch_in(connection_of(tx), pg_store.sql("UPDATE {s}.leases SET holder = holder"), {}) == []
+
+
+async def test_a_round_trip_interrupted_mid_pipeline_is_finished_before_its_connection_closes(
+    one_connection: PgStore,
+) -> None:
+    # asyncio's own cancellation (a gateway closing cancels a session's task), which no anyio shield holds back,
+    # reaching a pipeline's last round trip just as psycopg lets the event loop run because the process was busy
+    # for a while (a garbage collection, another process on the CPU). With nothing of the transaction still in
+    # flight, psycopg gives the round trip up at once, as a suspended generator. It must be finished then: left
+    # to the garbage collector, it ran after the store had closed the connection and failed there (an unraisable
+    # exception, so an error here).
+    store = one_connection
+
+    async def busy_when_cancelled() -> None:
+        async with store.transaction() as tx:
+            conn = connection_of(tx)
+            await fetch_in(conn, store.sql("INSERT INTO {s}.marks VALUES (1)"), {})
+            async with pipelined(conn):
+                time.sleep(0.05)  # noqa: ASYNC251 -- busy: psycopg lets the loop run before the next round trip
+                this = asyncio.current_task()
+                assert this is not None
+                this.cancel()  # as if by another task meanwhile
+
+    task = asyncio.create_task(busy_when_cancelled())
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    del task  # it holds its cancellation, and through it every frame the cancellation went through
+    assert await marks(store) == []
+    await store.close()
+    gc.collect()
