@@ -112,7 +112,7 @@ class BetterCompute:
             lease_ttl=options.lease_ttl,
             poll_interval=options.poll_interval,
             session_timeout=options.session_timeout,
-            settings=Settings(s for s in (options.webhooks, options.join) if s is not None),
+            settings=Settings(s for s in (options.webhooks, options.join, options.capacity) if s is not None),
         )
         self._dispatcher = Dispatcher(iam=self._iam, context=self.context, plugins=options.plugins)
         self.api = Api(registry, self._dispatcher)

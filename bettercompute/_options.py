@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from bettercompute._runtime.declarations import Module, Plugin
+from bettercompute.modules.capacity._settings import CapacitySettings
 from bettercompute.modules.nodes._tokens import JoinSettings
 from bettercompute.modules.webhooks._signing import WebhookSettings
 from bettercompute.ports import Clock, Iam, Kms, Notifier, Store
@@ -50,6 +51,7 @@ class Options:
             there is no implicit key file, because every process of one deployment must share the key. A module
             that keeps secrets declares ``requires = ("kms",)``; ``better_compute()`` refuses it without one.
         webhooks: How the ``sinks`` role sends webhooks (attempts, backoff, timeout).
+        capacity: How reservations are placed (``placer``: ``inline`` or ``pool-lease``).
         join: The node identity settings (gateway address, SPIFFE trust domain). With ``kms`` it turns on JoinService,
             the node CA and ``compute.gateway_services``; ``join-tokens.create`` renders it into the join command.
         attestors: JoinService's attestor chain after the built-in ``claims`` attestor
@@ -71,5 +73,6 @@ class Options:
     session_timeout: dt.timedelta = dt.timedelta(seconds=45)
     kms: Kms | None = None
     webhooks: WebhookSettings = attrs.field(factory=WebhookSettings)
+    capacity: CapacitySettings = attrs.field(factory=CapacitySettings)
     join: JoinSettings | None = None
     attestors: Sequence[Attestor] = ()

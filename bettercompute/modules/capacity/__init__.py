@@ -36,6 +36,7 @@ from bettercompute.modules.capacity._reservation_schemas import PlacedNode as Pl
 from bettercompute.modules.capacity._reservation_schemas import Reservation as Reservation
 from bettercompute.modules.capacity._reservation_schemas import ReservationState as ReservationState
 from bettercompute.modules.capacity._reservation_schemas import Transition as Transition
+from bettercompute.modules.capacity._reservations import PLACEMENT_KIND as PLACEMENT_KIND
 from bettercompute.modules.capacity._reservations import RESERVATION as RESERVATION
 from bettercompute.modules.capacity._reservations import RESERVATION_KIND as RESERVATION_KIND
 from bettercompute.modules.capacity._reservations import event_type as event_type
@@ -49,12 +50,14 @@ from bettercompute.modules.capacity._schemas import ListQuotasOutput as ListQuot
 from bettercompute.modules.capacity._schemas import ModelCapacity as ModelCapacity
 from bettercompute.modules.capacity._schemas import Quota as Quota
 from bettercompute.modules.capacity._schemas import SetQuotaInput as SetQuotaInput
+from bettercompute.modules.capacity._settings import CapacitySettings as CapacitySettings
 
 __all__ = [
     "ACTIONS",
     "CAPACITY",
     "MAX_GPUS_PER_RESERVATION",
     "MAX_HORIZON",
+    "PLACEMENT_KIND",
     "QUOTAS",
     "RESERVATION",
     "RESERVATIONS",
@@ -70,6 +73,7 @@ __all__ = [
     "CapacityGroup",
     "CapacityModule",
     "CapacityReads",
+    "CapacitySettings",
     "Constraints",
     "CreateReservationInput",
     "Draft",

@@ -13,7 +13,7 @@ from bettercompute._version import __version__
 from bettercompute.modules.capacity._methods import ACTIONS, CapacityGroup, QuotasGroup, ReservationsGroup
 from bettercompute.modules.capacity._port import CAPACITY, QUOTAS
 from bettercompute.modules.capacity._reservation_port import RESERVATIONS
-from bettercompute.modules.capacity._reservations import ACKED, CONTROLLER, sweep_drafts
+from bettercompute.modules.capacity._reservations import ACKED, CONTROLLER, PLACER, sweep_drafts
 from bettercompute.ports import Migration, Repository
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ class CapacityModule:
     jobs: Sequence[Job] = (
         Job(name="reservation-drafts", role="controllers", interval=dt.timedelta(minutes=1), run=sweep_drafts),
     )
-    reconcilers: Sequence[Reconciler] = (CONTROLLER, ACKED)
+    reconcilers: Sequence[Reconciler] = (CONTROLLER, ACKED, PLACER)
 
     async def start(self, context: ModuleContext) -> None:
         return None

@@ -110,8 +110,12 @@ class AdmitRequest:
     work_shard: int
     idempotency_identity: str | None = None
     idempotency_key: str | None = None
+    work_key: str = ""
     work_channel: str | None = None
     sinks_poke: str | None = None
+    defer: bool = False
+    """Leave placement to the pool-lease placer: the reservation is ``pending`` and ``work_kind``/``work_key`` name
+    the pool's placement work item."""
 
 
 @attrs.frozen(kw_only=True)
@@ -120,7 +124,7 @@ class AdmitOutcome:
     when it would fit, within the horizon); ``quota`` (``detail``: which limit, used and asked); ``too_long`` (the
     quota's ``max_reservation_hours`` in ``detail``); ``gone``: the draft is no longer there."""
 
-    state: Literal["placed", "no_capacity", "quota", "too_long", "gone"]
+    state: Literal["placed", "pending", "no_capacity", "quota", "too_long", "gone"]
     record: ReservationRecord | None = None
     excluded: Mapping[str, int] = attrs.field(factory=dict)
     earliest_start: dt.datetime | None = None
@@ -192,6 +196,13 @@ class Reservations(Protocol):
         """Move a live reservation's end (and its bookings') to ``end_at``, with the quota checked under its lock:
         ``placed`` with the record, ``no_capacity`` when one of its atoms is booked in between, ``quota`` or
         ``too_long``; ``gone`` when it is not live (``detail["state"]``) or ``end_at`` is not later."""
+        ...
+
+    async def place_pending(
+        self, pool_id: str, *, now: dt.datetime, horizon: dt.timedelta, limit: int
+    ) -> tuple[list[str], list[str], int]:
+        """The pool-lease placer's pass over a pool, one call: its pending reservations, oldest first, placed or
+        failed (nothing fits); ``(placed ids, failed ids, still pending)``."""
         ...
 
     async def drafts_before(self, before: dt.datetime, *, limit: int) -> list[str]:

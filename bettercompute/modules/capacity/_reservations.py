@@ -41,7 +41,6 @@ import attrs
 from bettercompute._runtime import codec
 from bettercompute._runtime.reconcile import Outcome, ReconcileContext, Reconciler
 from bettercompute._runtime.registry import CallContext, Drafted, method
-from bettercompute._runtime.shards import SHARDS, shard_of
 from bettercompute._runtime.workers import SINKS_POKE, WORK_CHANNEL
 from bettercompute.errors import (
     ConflictError,
@@ -75,6 +74,7 @@ from bettercompute.modules.capacity._reservation_schemas import (
     Transition,
     parse_duration,
 )
+from bettercompute.modules.capacity._settings import CapacitySettings
 from bettercompute.modules.nodes import ACKED_KIND, NODES, poke_gateways, set_desired_state
 from bettercompute.paging import Keyset
 from bettercompute.ports import OutboxEvent, ResourceRef, Transaction
@@ -333,6 +333,9 @@ async def create_reservation(call: CallContext, input: CreateReservationInput) -
     context = call.context
     constraints = input.constraints
     channel = getattr(context.notifier, "channel_name", None)
+    settings = context.settings.get(CapacitySettings) or CapacitySettings()
+    deferred = settings.placer == "pool-lease"
+    work = PLACER.item(input.pool_id) if deferred else CONTROLLER.item(drafted.id)
     outcome = await context.store.repository(RESERVATIONS).admit(
         AdmitRequest(
             id=drafted.id,
@@ -350,15 +353,17 @@ async def create_reservation(call: CallContext, input: CreateReservationInput) -
             action=call.method.action,
             decision_id=call.decision.id if call.decision is not None else None,
             event_type=event_type("placed"),
-            work_kind=RESERVATION_KIND,
-            work_shard=shard_of(drafted.id) % SHARDS,
+            work_kind=work.kind,
+            work_key=work.key,
+            work_shard=work.shard,
+            defer=deferred,
             idempotency_identity=identity.principal_id if drafted.key is not None else None,
             idempotency_key=drafted.key,
             work_channel=channel(WORK_CHANNEL) if callable(channel) else None,
             sinks_poke=SINKS_POKE,
         )
     )
-    if outcome.state != "placed" or outcome.record is None:
+    if outcome.state not in ("placed", "pending") or outcome.record is None:
         raise _refusal(outcome, input.gpus, "duration" if input.duration is not None else "end_at")
     call.audited_by_store(drafted.id)
     answer = reservation_of(outcome.record)
@@ -692,6 +697,26 @@ async def sweep_drafts(context: Any) -> int:
     return len(stale)
 
 
+PLACEMENT_KIND = "placement"
+"""The pool-lease placer's work items (key: a pool id)."""
+PLACER_BATCH = 100
+"""How many pending reservations one pass of the pool-lease placer takes."""
+
+
+async def reconcile_pool(ctx: ReconcileContext, pool_id: str) -> Outcome:
+    """The pool-lease placer: place the pool's pending reservations, oldest first, then have the controller bind
+    those placed."""
+    placed, _, left = await ctx.store.repository(RESERVATIONS).place_pending(
+        pool_id, now=ctx.clock.now(), horizon=MAX_HORIZON, limit=PLACER_BATCH
+    )
+    if placed:
+        async with ctx.transaction() as tx:
+            await tx.enqueue([_item(r) for r in placed])
+    return Outcome.requeue() if left else Outcome.done()
+
+
+PLACER = Reconciler(kind=PLACEMENT_KIND, reconcile=reconcile_pool, role="scheduler")
+"""The pool-lease placer (``scheduler`` role; used when ``Options.capacity.placer`` is ``pool-lease``)."""
 CONTROLLER = Reconciler(kind=RESERVATION_KIND, reconcile=reconcile_reservation)
 """The reservation controller (``controllers`` role)."""
 ACKED = Reconciler(kind=ACKED_KIND, reconcile=reconcile_acked)

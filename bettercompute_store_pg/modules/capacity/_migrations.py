@@ -65,6 +65,7 @@ CREATE TABLE {schema}.reservations (
 CREATE INDEX reservations_tenant_page ON {schema}.reservations (tenant, created_at DESC, id DESC)
     WHERE state <> 'draft';
 CREATE INDEX reservations_drafts ON {schema}.reservations (created_at) WHERE state = 'draft';
+CREATE INDEX reservations_pending ON {schema}.reservations (pool_id, created_at, id) WHERE state = 'pending';
 CREATE INDEX reservations_nodes ON {schema}.reservations USING gin (node_ids)
     WHERE state IN ('placed', 'bound', 'active');
 CREATE INDEX bookings_tenant ON {schema}.bookings USING gist (pool_id, tenant, during);
@@ -369,6 +370,84 @@ BEGIN
 END
 $f$;
 
+-- Book atoms for a reservation (the draft or pending row ``r``, with the constraints in ``p``): place, lock the
+-- picked atoms SKIP LOCKED in a sub-block (a competitor's pick is left to it, and our locks go when the sub-block
+-- is undone), insert the bookings; a booking a competitor committed meanwhile is an exclusion violation, and the
+-- placement runs again on a fresh snapshot. The placement, or NULL when nothing fits.
+CREATE FUNCTION {schema}.bc_book(r {schema}.reservations, p jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $f$
+DECLARE
+    w tstzrange := tstzrange(r.start_at, r.end_at, '[)');
+    placed jsonb;
+    skip text[] := '{}';
+    picked text[];
+    locked text[];
+    attempt integer := 0;
+BEGIN
+    LOOP
+        attempt := attempt + 1;
+        placed := {schema}.bc_place(r.pool_id, r.gpus, p ->> 'model', (p ->> 'min_memory_mib')::bigint,
+            (p ->> 'one_node')::boolean, (p ->> 'nvlink')::boolean, p ->> 'mig_profile', w, skip);
+        IF placed IS NULL THEN
+            RETURN NULL;
+        END IF;
+        picked := ARRAY(SELECT jsonb_array_elements_text(placed -> 'atom_ids'));
+        BEGIN
+            locked := ARRAY(SELECT a.id FROM {schema}.atoms AS a WHERE a.id = ANY (picked) FOR UPDATE SKIP LOCKED);
+            IF cardinality(locked) < cardinality(picked) THEN
+                skip := skip || ARRAY(SELECT unnest(picked) EXCEPT SELECT unnest(locked));
+                RAISE EXCEPTION USING ERRCODE = 'BC001';
+            END IF;
+            INSERT INTO {schema}.bookings (atom_id, reservation_id, tenant, pool_id, gpus, during)
+            SELECT a.id, r.id, r.tenant, r.pool_id, {schema}.bc_share(a.profile), w
+            FROM {schema}.atoms AS a WHERE a.id = ANY (picked);
+            RETURN placed;
+        EXCEPTION
+            WHEN exclusion_violation THEN NULL;  -- a competitor committed a booking: a new snapshot sees it
+            WHEN SQLSTATE 'BC001' THEN NULL;
+        END;
+        IF attempt >= 32 THEN
+            RAISE EXCEPTION 'placement kept colliding' USING ERRCODE = '40001';
+        END IF;
+    END LOOP;
+END
+$f$;
+
+-- Publish an event about reservation ``r`` (numbered per reservation, as the outbox numbers every key's events).
+CREATE FUNCTION {schema}.bc_reservation_event(r {schema}.reservations, p_type text, p_extra jsonb) RETURNS void
+LANGUAGE plpgsql AS $f$
+DECLARE
+    seq bigint;
+BEGIN
+    INSERT INTO {schema}.outbox_keys AS k (key, last_seq) VALUES (r.id, 1)
+    ON CONFLICT (key) DO UPDATE SET last_seq = k.last_seq + 1
+    RETURNING k.last_seq INTO seq;
+    INSERT INTO {schema}.outbox (type, key, seq, payload)
+    VALUES (p_type, r.id, seq, jsonb_build_object(
+        'reservation_id', r.id, 'tenant', r.tenant, 'pool_id', r.pool_id, 'state', r.state, 'gpus', r.gpus,
+        'node_ids', r.node_ids, 'start_at', r.start_at, 'end_at', r.end_at) || coalesce(p_extra, '{}'));
+END
+$f$;
+
+-- Record where a reservation was placed, by which placer.
+CREATE FUNCTION {schema}.bc_mark_placed(r {schema}.reservations, placed jsonb, p_placer text, p_now timestamptz)
+RETURNS {schema}.reservations
+LANGUAGE plpgsql AS $f$
+BEGIN
+    UPDATE {schema}.reservations SET
+        state = 'placed',
+        placement = jsonb_build_object('nodes', placed -> 'nodes', 'why', jsonb_build_object(
+            'placer', p_placer, 'rule', placed -> 'rule', 'candidates', placed -> 'candidates')),
+        node_ids = ARRAY(SELECT jsonb_array_elements(placed -> 'nodes') ->> 'node_id'),
+        history = history || jsonb_build_array(jsonb_build_object('state', 'placed', 'at', p_now)),
+        updated_at = p_now
+    WHERE id = r.id
+    RETURNING * INTO r;
+    PERFORM {schema}.bc_reservation_event(r, 'reservation.placed', NULL);
+    RETURN r;
+END
+$f$;
+
 CREATE FUNCTION {schema}.bc_admit_reservation(p jsonb) RETURNS jsonb
 LANGUAGE plpgsql AS $f$
 DECLARE
@@ -377,14 +456,10 @@ DECLARE
     w tstzrange;
     v_now timestamptz := (p ->> 'now')::timestamptz;
     placed jsonb;
-    skip text[] := '{}';
-    picked text[];
-    locked text[];
-    attempt integer := 0;
     refused jsonb;
     why jsonb;
-    seq bigint;
     share numeric := (p ->> 'share')::numeric;
+    deferred boolean := coalesce((p ->> 'defer')::boolean, false);
 BEGIN
     SELECT * INTO r FROM {schema}.reservations WHERE id = p ->> 'id' AND state = 'draft' FOR UPDATE;
     IF NOT FOUND THEN
@@ -413,63 +488,32 @@ BEGIN
         END IF;
     END IF;
 
-    LOOP
-        attempt := attempt + 1;
-        placed := {schema}.bc_place(r.pool_id, r.gpus, p ->> 'model', (p ->> 'min_memory_mib')::bigint,
-            (p ->> 'one_node')::boolean, (p ->> 'nvlink')::boolean, p ->> 'mig_profile', w, skip);
-        EXIT WHEN placed IS NULL;
-        picked := ARRAY(SELECT jsonb_array_elements_text(placed -> 'atom_ids'));
-        BEGIN
-            locked := ARRAY(SELECT a.id FROM {schema}.atoms AS a WHERE a.id = ANY (picked) FOR UPDATE SKIP LOCKED);
-            IF cardinality(locked) < cardinality(picked) THEN
-                -- a competitor is booking some of them: leave those to it, release ours, place again
-                skip := skip || ARRAY(SELECT unnest(picked) EXCEPT SELECT unnest(locked));
-                RAISE EXCEPTION USING ERRCODE = 'BC001';
-            END IF;
-            INSERT INTO {schema}.bookings (atom_id, reservation_id, tenant, pool_id, gpus, during)
-            SELECT a.id, r.id, r.tenant, r.pool_id, {schema}.bc_share(a.profile), w
-            FROM {schema}.atoms AS a WHERE a.id = ANY (picked);
-            EXIT;
-        EXCEPTION
-            WHEN exclusion_violation THEN NULL;  -- a competitor committed a booking: a new snapshot sees it
-            WHEN SQLSTATE 'BC001' THEN NULL;
-        END;
-        IF attempt >= 32 THEN
-            RAISE EXCEPTION 'placement kept colliding' USING ERRCODE = '40001';
+    IF deferred THEN
+        -- the pool-lease placer places it: pending now, a work item for the pool's placer
+        UPDATE {schema}.reservations SET
+            state = 'pending',
+            history = history || jsonb_build_array(jsonb_build_object('state', 'pending', 'at', v_now)),
+            updated_at = v_now
+        WHERE id = r.id
+        RETURNING * INTO r;
+        PERFORM {schema}.bc_reservation_event(r, 'reservation.pending', NULL);
+    ELSE
+        placed := {schema}.bc_book(r, p);
+        IF placed IS NULL THEN
+            why := {schema}.bc_explain_no_capacity(r.pool_id, p || jsonb_build_object('gpus', r.gpus), w,
+                (p ->> 'horizon')::interval);
+            PERFORM {schema}.bc_undo_draft(r.id, p ->> 'idempotency_identity', p ->> 'idempotency_key');
+            RETURN jsonb_build_object('state', 'no_capacity') || why;
         END IF;
-    END LOOP;
-
-    IF placed IS NULL THEN
-        why := {schema}.bc_explain_no_capacity(r.pool_id, p || jsonb_build_object('gpus', r.gpus), w,
-            (p ->> 'horizon')::interval);
-        PERFORM {schema}.bc_undo_draft(r.id, p ->> 'idempotency_identity', p ->> 'idempotency_key');
-        RETURN jsonb_build_object('state', 'no_capacity') || why;
+        r := {schema}.bc_mark_placed(r, placed, 'inline', v_now);
     END IF;
-
-    UPDATE {schema}.reservations SET
-        state = 'placed',
-        placement = jsonb_build_object('nodes', placed -> 'nodes', 'why', jsonb_build_object(
-            'placer', 'inline', 'rule', placed -> 'rule', 'candidates', placed -> 'candidates')),
-        node_ids = ARRAY(SELECT jsonb_array_elements(placed -> 'nodes') ->> 'node_id'),
-        history = history || jsonb_build_array(jsonb_build_object('state', 'placed', 'at', v_now)),
-        updated_at = v_now
-    WHERE id = r.id
-    RETURNING * INTO r;
 
     INSERT INTO {schema}.audit (action, actor, tenant, resource_type, resource_id, decision_id, outcome, details)
     VALUES (p ->> 'action', p ->> 'actor', r.tenant, 'reservation', r.id, p ->> 'decision_id', 'ok',
-        jsonb_build_object('pool_id', r.pool_id, 'gpus', r.gpus, 'state', 'placed', 'nodes', r.node_ids));
-
-    INSERT INTO {schema}.outbox_keys AS k (key, last_seq) VALUES (r.id, 1)
-    ON CONFLICT (key) DO UPDATE SET last_seq = k.last_seq + 1
-    RETURNING k.last_seq INTO seq;
-    INSERT INTO {schema}.outbox (type, key, seq, payload)
-    VALUES (p ->> 'event_type', r.id, seq, jsonb_build_object(
-        'reservation_id', r.id, 'tenant', r.tenant, 'pool_id', r.pool_id, 'state', 'placed', 'gpus', r.gpus,
-        'node_ids', r.node_ids, 'start_at', r.start_at, 'end_at', r.end_at));
+        jsonb_build_object('pool_id', r.pool_id, 'gpus', r.gpus, 'state', r.state, 'nodes', r.node_ids));
 
     INSERT INTO {schema}.work_queue AS wq (kind, key, shard, payload, run_at)
-    VALUES (p ->> 'work_kind', r.id, (p ->> 'work_shard')::smallint, '{}', now())
+    VALUES (p ->> 'work_kind', p ->> 'work_key', (p ->> 'work_shard')::smallint, '{}', v_now)
     ON CONFLICT (kind, key) DO UPDATE SET
         run_at = CASE WHEN wq.state = 'ready' THEN least(wq.run_at, EXCLUDED.run_at) ELSE wq.run_at END,
         rerun_at = CASE WHEN wq.state = 'claimed' THEN least(wq.rerun_at, EXCLUDED.run_at) END;
@@ -484,7 +528,68 @@ BEGIN
         PERFORM pg_notify(p ->> 'work_channel', p ->> 'sinks_poke');
     END IF;
 
-    RETURN jsonb_build_object('state', 'placed', 'record', to_jsonb(r));
+    RETURN jsonb_build_object('state', r.state, 'record', to_jsonb(r));
+END
+$f$;
+
+-- The pool-lease placer's pass over one pool: its pending reservations, oldest first (at most ``p_limit``), each
+-- placed or, when nothing fits, failed with the reasons. One call; the caller holds the pool's shard lease, so
+-- passes over one pool never overlap. What it decided: ``{"placed": [ids], "failed": [ids], "left": n}``.
+CREATE FUNCTION {schema}.bc_place_pending(p_pool text, p_now timestamptz, p_horizon interval, p_limit integer)
+RETURNS jsonb
+LANGUAGE plpgsql AS $f$
+DECLARE
+    r {schema}.reservations;
+    c jsonb;
+    p jsonb;
+    placed jsonb;
+    why jsonb;
+    done_placed text[] := '{}';
+    done_failed text[] := '{}';
+    left_over integer;
+BEGIN
+    FOR r IN
+        SELECT * FROM {schema}.reservations
+        WHERE pool_id = p_pool AND state = 'pending' ORDER BY created_at, id LIMIT p_limit FOR UPDATE
+    LOOP
+        c := r.constraints;
+        p := jsonb_build_object(
+            'model', CASE WHEN c ->> 'model' IS NULL THEN NULL ELSE '%' || replace(replace(replace(c ->> 'model',
+                '\', '\\'), '%', '\%'), '_', '\_') || '%' END,
+            'min_memory_mib', c -> 'min_memory_mib',
+            'one_node', coalesce((c ->> 'one_node')::boolean, false) OR coalesce((c ->> 'nvlink')::boolean, false),
+            'nvlink', coalesce((c ->> 'nvlink')::boolean, false),
+            'mig_profile', c ->> 'mig_profile',
+            'gpus', r.gpus);
+        IF r.end_at <= p_now THEN
+            placed := NULL;
+        ELSE
+            IF r.start_at < p_now THEN  -- it waited: what is left of its time is booked
+                UPDATE {schema}.reservations SET start_at = p_now WHERE id = r.id RETURNING * INTO r;
+            END IF;
+            placed := {schema}.bc_book(r, p);
+        END IF;
+        IF placed IS NOT NULL THEN
+            r := {schema}.bc_mark_placed(r, placed, 'pool-lease', p_now);
+            done_placed := done_placed || r.id;
+        ELSE
+            why := {schema}.bc_explain_no_capacity(r.pool_id, p, tstzrange(r.start_at, greatest(r.end_at,
+                r.start_at + interval '1 second'), '[)'), p_horizon);
+            UPDATE {schema}.reservations SET
+                state = 'failed', reason = 'no_capacity',
+                placement = jsonb_build_object('why', jsonb_build_object('placer', 'pool-lease') || why),
+                history = history || jsonb_build_array(jsonb_build_object(
+                    'state', 'failed', 'at', p_now, 'reason', 'no_capacity')),
+                updated_at = p_now
+            WHERE id = r.id
+            RETURNING * INTO r;
+            PERFORM {schema}.bc_reservation_event(
+                r, 'reservation.failed', jsonb_build_object('reason', 'no_capacity') || why);
+            done_failed := done_failed || r.id;
+        END IF;
+    END LOOP;
+    SELECT count(*) INTO left_over FROM {schema}.reservations WHERE pool_id = p_pool AND state = 'pending';
+    RETURN jsonb_build_object('placed', to_jsonb(done_placed), 'failed', to_jsonb(done_failed), 'left', left_over);
 END
 $f$;
 -- Move a live reservation's end later: quota (the added time, under the same lock as admission), then its bookings'

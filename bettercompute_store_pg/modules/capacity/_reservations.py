@@ -114,6 +114,8 @@ WITH gone AS (
 SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM cut) AS n
 """
 
+_PLACE_PENDING = "SELECT {s}.bc_place_pending(:pool_id, :now, CAST(:horizon AS interval), :limit) AS out"
+
 _DRAFTS = """
 SELECT id FROM {s}.reservations WHERE state = 'draft' AND created_at < :before ORDER BY created_at LIMIT :limit
 """
@@ -183,6 +185,7 @@ class PgReservations(PgRepository):
         self._transition = db.sql(_TRANSITION)
         self._release = db.sql(_RELEASE)
         self._drafts = db.sql(_DRAFTS)
+        self._place_pending = db.sql(_PLACE_PENDING)
 
     async def begin(self, draft: Draft) -> BeginOutcome:
         """Transaction 1, one statement."""
@@ -238,6 +241,8 @@ class PgReservations(PgRepository):
             "event_type": request.event_type,
             "work_kind": request.work_kind,
             "work_shard": request.work_shard,
+            "work_key": request.work_key or request.id,
+            "defer": request.defer,
             "work_channel": request.work_channel,
             "sinks_poke": request.sinks_poke,
             "idempotency_identity": request.idempotency_identity,
@@ -318,6 +323,14 @@ class PgReservations(PgRepository):
         params = {"id": reservation_id, "end_at": end_at, "now": now}
         rows = await self._fetch_in_transaction("extend", self._extend, params)
         return outcome_of(_json(rows[0].out))
+
+    async def place_pending(
+        self, pool_id: str, *, now: dt.datetime, horizon: dt.timedelta, limit: int
+    ) -> tuple[list[str], list[str], int]:
+        """One function call, in autocommit."""
+        params = {"pool_id": pool_id, "now": now, "horizon": f"{int(horizon.total_seconds())} seconds", "limit": limit}
+        out = _json((await self._fetch(self._place_pending, params))[0].out)
+        return list(out["placed"]), list(out["failed"]), int(out["left"])
 
     async def drafts_before(self, before: dt.datetime, *, limit: int) -> list[str]:
         """One statement."""

@@ -273,3 +273,45 @@ async def test_cancel_releases_and_extend_needs_the_atoms_free(plane: Plane, dat
     assert (await r.extend(plane.t.alice, ExtendReservationInput(id=a.id, duration="PT1H"))).end_at == NOW + 3 * HOUR
     page = await r.list(plane.t.alice, ListReservationsInput(tenant=plane.t.acme, state="placed"))
     assert [x.id for x in page.reservations] == [a.id]
+
+
+async def test_the_pool_lease_placer_answers_pending_and_places_oldest_first(
+    database_url: str, fresh_schema: str, tmp_path: Any
+) -> None:
+    from bettercompute import JoinSettings, LocalKeyKms
+    from bettercompute.modules.capacity import CapacitySettings
+    from bettercompute.testing import ManualClock
+
+    from ..iam.conftest import two_tenants
+
+    clock = ManualClock(NOW)
+    join = JoinSettings(gateway_address="gw.capacity.example:443", trust_domain="capacity.example")
+    async with two_tenants(
+        database_url,
+        fresh_schema,
+        join=join,
+        kms=LocalKeyKms(tmp_path / "kms.key"),
+        clock=clock,
+        capacity=CapacitySettings(placer="pool-lease"),
+    ) as t:
+        plane = Plane(t=t, clock=clock)
+        pool = await _fleet(plane, database_url, nodes=1, gpus=4)
+        r = _group(plane)
+        asks = [3, 2, 1]  # the second cannot fit once the first is placed; the third can
+        made = []
+        for n in asks:
+            clock.set(clock.now() + dt.timedelta(seconds=1))  # first come, first placed
+            made.append(
+                await r.create(t.alice, CreateReservationInput(tenant=t.acme, pool_id=pool, gpus=n, duration="PT1H"))
+            )
+        assert [m.state for m in made] == ["pending"] * 3 and all(m.placement == () for m in made)
+        await t.compute.jobs.tick({"scheduler"})
+        after = [await r.get(t.alice, GetReservationInput(id=m.id)) for m in made]
+        assert [a.state for a in after] == ["placed", "failed", "placed"]
+        assert after[1].reason == "no_capacity"
+        why = await r.explain(t.alice, ExplainReservationInput(id=after[0].id))
+        assert why.placer == "pool-lease"
+        events = _rows(plane, database_url, "SELECT type FROM {s}.outbox WHERE key = '" + made[1].id + "' ORDER BY seq")
+        assert [e for (e,) in events] == ["reservation.pending", "reservation.failed"]
+        booked = _rows(plane, database_url, "SELECT reservation_id, count(*) FROM {s}.bookings GROUP BY 1")
+        assert dict(booked) == {made[0].id: 3, made[2].id: 1}
