@@ -673,9 +673,10 @@ async def _acknowledged(tx: Transaction, record: ReservationRecord) -> bool:
 
 
 async def reconcile_acked(ctx: ReconcileContext, node_id: str) -> Outcome:
-    """A node acknowledged a newer desired state: look at the reservations waiting on it now."""
+    """A node acknowledged a newer desired state, or was retired: its live reservations are looked at now (they
+    bind, or fail with it)."""
     records = await ctx.store.repository(RESERVATIONS).on_node(node_id, at=ctx.clock.now())
-    waiting = [r.id for r in records if r.state == "placed"]
+    waiting = [r.id for r in records]
     if waiting:
         async with ctx.transaction() as tx:
             await tx.enqueue([_item(r) for r in waiting])

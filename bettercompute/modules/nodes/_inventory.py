@@ -32,8 +32,9 @@ INVENTORY_KIND = "inventory"
 LIFECYCLE_KIND = "node-lifecycle"
 """The lifecycle controller's work items (key: a node id): acceptance, quarantine, reachability."""
 ACKED_KIND = "desired-acked"
-"""Work items a gateway enqueues when a daemon acknowledges a newer desired state (key: the node id), for what
-waits on it (reservations binding)."""
+"""Work items saying something that waits on a node should look at it again (key: the node id): a gateway enqueues
+one when the daemon acknowledges a newer desired state (reservations bind), and retiring a node enqueues one (what
+is booked on it fails)."""
 
 
 def inventory_item(node_id: str) -> WorkItem:

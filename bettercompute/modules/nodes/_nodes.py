@@ -20,7 +20,7 @@ from bettercompute._runtime.registry import CallContext, GroupSpec, method
 from bettercompute.errors import ConflictError, FailedPreconditionError, NotFoundError
 from bettercompute.fields import Text
 from bettercompute.modules.nodes._ca import CertificateAuthority
-from bettercompute.modules.nodes._inventory import lifecycle_item
+from bettercompute.modules.nodes._inventory import acked_item, lifecycle_item
 from bettercompute.modules.nodes._inventory_port import INVENTORY, ConditionRecord
 from bettercompute.modules.nodes._port import NODES, NodeRecord
 from bettercompute.modules.nodes._tokens import JoinSettings
@@ -212,7 +212,8 @@ async def retire_node(tx: Transaction, ca: CertificateAuthority, node_id: str, *
     if node is None:
         raise NotFoundError("no such node", details={"id": node_id})
     await ca.revoke_spiffe_id_in(tx, ca.spiffe_id(node_id), reason=reason)
-    await tx.enqueue([lifecycle_item(node_id)])  # its atoms are withdrawn
+    # Its atoms are withdrawn; what is booked on it (reservations) learns it is gone.
+    await tx.enqueue([lifecycle_item(node_id), acked_item(node_id)])
     return node
 
 

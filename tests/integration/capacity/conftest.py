@@ -79,8 +79,8 @@ def seed_fleet(
     nvlink: str = "all",
     state: str = "adopted",
 ) -> list[str]:
-    """Insert ``nodes`` adopted nodes of ``gpus`` available GPU atoms each, as the inventory controller would leave
-    them, in a few statements however many there are; their ids. ``nvlink``: ``all`` (every GPU a peer of every
+    """Insert ``nodes`` adopted nodes (projected, as JoinService projects them) of ``gpus`` available GPU atoms
+    each, as the inventory controller would leave them, in a few statements however many there are; their ids. ``nvlink``: ``all`` (every GPU a peer of every
     other on its node), ``pairs`` (GPUs 0-1, 2-3, ... are peers) or ``none``."""
     s = f'"{schema}"'
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -88,6 +88,11 @@ def seed_fleet(
             f"INSERT INTO {s}.nodes (id, tenant, pool_id, state, hardware_key)"
             f" SELECT %(p)s || i, %(t)s, %(pool)s, %(state)s, 'hw-' || %(p)s || i FROM generate_series(0, %(n)s - 1) i",
             {"p": prefix, "t": tenant, "pool": pool, "state": state, "n": nodes},
+        )
+        conn.execute(
+            f"INSERT INTO {s}.authz_resources (resource_type, resource_id, tenant_id, pool_id)"
+            f" SELECT 'node', %(p)s || i, %(t)s, %(pool)s FROM generate_series(0, %(n)s - 1) i",
+            {"p": prefix, "t": tenant, "pool": pool, "n": nodes},
         )
         peers = {
             "all": "(SELECT jsonb_agg('GPU-' || %(p)s || i || '-' || k)"

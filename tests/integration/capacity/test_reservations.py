@@ -315,3 +315,44 @@ async def test_the_pool_lease_placer_answers_pending_and_places_oldest_first(
         assert [e for (e,) in events] == ["reservation.pending", "reservation.failed"]
         booked = _rows(plane, database_url, "SELECT reservation_id, count(*) FROM {s}.bookings GROUP BY 1")
         assert dict(booked) == {made[0].id: 3, made[2].id: 1}
+
+
+async def test_a_reservation_on_a_node_that_is_retired_fails_with_the_reason(plane: Plane, database_url: str) -> None:
+    from bettercompute.modules.nodes import RetireNodeInput
+
+    pool = await _fleet(plane, database_url, nodes=2, gpus=2)
+    r = _group(plane)
+
+    def catch_up() -> None:
+        # Work enqueued outside admission is dated by the database's clock: the manual clock keeps a little ahead
+        # of it, so that what one pass enqueues is due in the same tick.
+        plane.clock.set(max(plane.clock.now(), dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5)))
+
+    catch_up()
+    made = await r.create(
+        plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=3, duration="PT2H")
+    )
+    assert sorted(p.node_id for p in made.placement) == ["n0", "n1"]
+    await plane.t.compute.jobs.tick({"controllers"})
+    # Its nodes' desired states carry it (no daemon here acknowledges them, so it stays placed).
+    desired = _rows(plane, database_url, "SELECT id, desired_generation, desired_state FROM {s}.nodes ORDER BY id")
+    assert [(i, g, [a["id"] for a in d["allocations"]]) for i, g, d in desired] == [
+        ("n0", 1, [made.id]),
+        ("n1", 1, [made.id]),
+    ]
+    await plane.t.compute.api.nodes.retire(plane.t.alice, RetireNodeInput(id="n1", reason="burnt"))
+    catch_up()
+    await plane.t.compute.jobs.tick({"controllers"})  # the node's wake-up enqueues its reservations' passes
+    await plane.t.compute.jobs.tick({"controllers"})
+    failed = await r.get(plane.t.alice, GetReservationInput(id=made.id))
+    assert (failed.state, failed.reason) == ("failed", "node_failed")
+    ends = _rows(plane, database_url, f"SELECT upper(during) FROM {{s}}.bookings WHERE reservation_id = '{made.id}'")
+    assert ends and all(end <= plane.clock.now() for (end,) in ends)  # released when it failed
+    catch_up()
+    await plane.t.compute.jobs.tick({"controllers"})
+    n0 = _rows(plane, database_url, "SELECT desired_state FROM {s}.nodes WHERE id = 'n0'")[0][0]
+    assert n0["allocations"] == []  # the surviving node no longer carries it
+    events = _rows(
+        plane, database_url, f"SELECT type, payload->>'reason' FROM {{s}}.outbox WHERE key = '{made.id}' ORDER BY seq"
+    )
+    assert events[-1] == ("reservation.failed", "node_failed")
