@@ -79,9 +79,10 @@ def seed_fleet(
     nvlink: str = "all",
     state: str = "adopted",
 ) -> list[str]:
-    """Insert ``nodes`` adopted nodes (projected, as JoinService projects them) of ``gpus`` available GPU atoms
-    each, as the inventory controller would leave them, in a few statements however many there are; their ids. ``nvlink``: ``all`` (every GPU a peer of every
-    other on its node), ``pairs`` (GPUs 0-1, 2-3, ... are peers) or ``none``."""
+    """Insert ``nodes`` adopted nodes (projected, as JoinService projects them) of ``gpus`` available GPU atoms each,
+    as the inventory controller would leave them, in a few statements however many there are; their ids.
+    ``nvlink``: ``all`` (every GPU a peer of every other on its node), ``pairs`` (GPUs 0-1, 2-3, ... are peers)
+    or ``none``."""
     s = f'"{schema}"'
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(
