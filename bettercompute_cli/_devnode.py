@@ -137,6 +137,7 @@ def _curl(api: str, path: str, body: str) -> str:
 def _next_steps(node_id: str, pool_id: str, tenant: str, api: str, folder: Path) -> str:
     nodes = json.dumps({"tenant": tenant}, separators=(",", ":"))
     token = json.dumps({"pool_id": pool_id, "uses": 1, "expires_in_seconds": 3600}, separators=(",", ":"))
+    reserve = json.dumps({"tenant": tenant, "pool_id": pool_id, "gpus": 1, "duration": "PT1H"}, separators=(",", ":"))
     lines = [
         "",
         f"A simulated node with 8 fake GPUs is in session: {node_id}, in pool {DEV_POOL} ({pool_id}).",
@@ -150,7 +151,9 @@ def _next_steps(node_id: str, pool_id: str, tenant: str, api: str, folder: Path)
         "  Make a join token for a real machine (its answer prints the `bcd join ...` command):",
         f"    {_curl(api, 'join-tokens/create', token)}",
         "",
-        "  Reserve its GPUs: once reservations exist (reservations/create), this node is what they book.",
+        "  Reserve one of its GPUs for an hour (placed at once; bound when the node acknowledged the desired state",
+        "  that carries it; active from its start; ended at its end), then follow it with reservations/get:",
+        f"    {_curl(api, 'reservations/create', reserve)}",
         "",
     ]
     return "\n".join(lines)

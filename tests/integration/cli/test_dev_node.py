@@ -39,7 +39,8 @@ def test_dev_joins_a_simulated_node_and_a_second_run_reuses_it(
 
     out = dev.stdout
     node_id = out.split(IN_SESSION, 1)[1].split(",", 1)[0]
-    assert "/api/compute/nodes/list" in out and "/api/compute/join-tokens/create" in out and "reservations" in out
+    for path in ("nodes/list", "join-tokens/create", "reservations/create"):
+        assert f"/api/compute/{path}" in out, out
     root = call("system/whoami", {})["tenant_id"]
     [node] = call("nodes/list", {"tenant": root})["nodes"]
     assert node["id"] == node_id and node["claims"]["gpu_count"] == 8 and node["session_epoch"] == 1
