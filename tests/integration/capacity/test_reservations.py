@@ -356,3 +356,30 @@ async def test_a_reservation_on_a_node_that_is_retired_fails_with_the_reason(pla
         plane, database_url, f"SELECT type, payload->>'reason' FROM {{s}}.outbox WHERE key = '{made.id}' ORDER BY seq"
     )
     assert events[-1] == ("reservation.failed", "node_failed")
+
+
+async def test_concurrent_admissions_never_pass_a_nearly_full_quota_together(plane: Plane, database_url: str) -> None:
+    import anyio
+
+    from bettercompute.modules.capacity import QuotasGroup
+
+    pool = await _fleet(plane, database_url, nodes=4, gpus=4)
+    quotas: QuotasGroup[Any] = plane.t.compute.api.group(QuotasGroup)
+    await quotas.set(plane.t.alice, SetQuotaInput(pool_id=pool, tenant=plane.t.acme, max_gpus=5))
+    r = _group(plane)
+    outcomes: list[str] = []
+
+    async def one() -> None:
+        try:
+            await r.create(
+                plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=1, duration="PT1H")
+            )
+            outcomes.append("placed")
+        except QuotaExceededError:
+            outcomes.append("quota")
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(24):  # more than the store's pool of connections
+            tg.start_soon(one)
+    assert sorted(outcomes) == ["placed"] * 5 + ["quota"] * 19
+    assert _rows(plane, database_url, "SELECT count(*) FROM {s}.bookings")[0][0] == 5
