@@ -383,3 +383,25 @@ async def test_concurrent_admissions_never_pass_a_nearly_full_quota_together(pla
             tg.start_soon(one)
     assert sorted(outcomes) == ["placed"] * 5 + ["quota"] * 19
     assert _rows(plane, database_url, "SELECT count(*) FROM {s}.bookings")[0][0] == 5
+
+
+async def test_cordoned_draining_and_unhealthy_nodes_are_skipped_and_counted(plane: Plane, database_url: str) -> None:
+    from bettercompute.modules.nodes import CordonNodeInput
+
+    pool = await _fleet(plane, database_url, nodes=4, gpus=2)
+    await plane.t.compute.api.nodes.cordon(plane.t.alice, CordonNodeInput(id="n0", reason="rack work"))
+    await plane.t.compute.api.nodes.drain(plane.t.alice, CordonNodeInput(id="n1", reason="retiring soon"))
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        s = f'"{plane.t.store.schema}"'
+        conn.execute(f"UPDATE {s}.nodes SET state = 'unreachable' WHERE id = 'n2'")  # within its grace: atoms stay
+        conn.execute(f"UPDATE {s}.atoms SET state = 'unavailable', reason = 'xid-79' WHERE id = 'atom-n3-0'")
+    r = _group(plane)
+    only = await r.create(
+        plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=1, duration="PT1H")
+    )
+    assert [(p.node_id, p.atoms) for p in only.placement] == [("n3", ("GPU-n3-1",))]
+    with pytest.raises(NoCapacityError) as caught:
+        await r.create(
+            plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=1, duration="PT1H")
+        )
+    assert caught.value.details["excluded"] == {"cordoned": 4, "unhealthy": 3, "booked": 1}
