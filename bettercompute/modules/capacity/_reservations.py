@@ -304,8 +304,11 @@ async def draft_reservation(call: CallContext, input: CreateReservationInput) ->
     async def undo() -> None:
         await repository.abandon(reservation_id, identity=identity.principal_id, key=key)
 
+    # The decision names the draft's tenant and pool, which transaction 1 checked (the pool is the tenant's, or the
+    # root caller's own): a lookup of the projection row by id would only read back what it wrote. The row is there
+    # for every later decision on the reservation by id.
     return Drafted(
-        resource=ResourceRef(type=RESERVATION, id=reservation_id, tenant=input.tenant, pool=input.pool_id),
+        resource=on_pool,
         undo=undo,
         state=_Draft(id=reservation_id, key=key),
     )
