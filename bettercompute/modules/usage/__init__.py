@@ -8,6 +8,11 @@ runs twice or runs again over the same hours never counts anything twice.
 
 A booking counts ``gpus`` times the seconds of it inside the hour (``gpus`` is 1 for a GPU, a fraction for a MIG
 slice, 0 for vCPU and memory units); a booking without an end counts up to the end of the hour.
+
+The bookings-history job (lease ``controllers/bookings-history``) moves bookings that ended before the accounting
+watermark and at least ``HISTORY_MARGIN`` ago out of the live bookings, whose overlap index degrades under churn
+(DESIGN §12), a bounded batch per statement. Readers of ended bookings read history too, so accounting, booked
+GPU-hours and quota sums give the same numbers before and after a move.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BOOKINGS",
+    "BOOKINGS_HISTORY",
+    "HISTORY_BATCH",
+    "HISTORY_BATCHES_PER_PASS",
+    "HISTORY_MARGIN",
     "MAX_PERIODS_PER_PASS",
     "USAGE",
     "USAGE_GRACE",
@@ -36,6 +45,7 @@ __all__ = [
     "UsageModule",
     "UsageRecord",
     "account_usage",
+    "move_ended_bookings",
 ]
 
 USAGE_PERIOD = dt.timedelta(hours=1)
@@ -71,6 +81,37 @@ async def account_usage(context: ModuleContext) -> int:
 USAGE = Job(name="usage", role="controllers", interval=dt.timedelta(minutes=1), run=account_usage)
 """The usage job: a singleton of the ``controllers`` role (lease ``controllers/usage``)."""
 
+HISTORY_MARGIN = dt.timedelta(hours=1)
+"""How long after it ended a booking may leave the live bookings (once accounted, too). A moved booking no longer
+refuses an overlapping one, and no reservation starts more than a minute in the past (clocks differ): an hour leaves
+room for far worse clocks, and for a release recorded late."""
+HISTORY_BATCH = 5_000
+"""Bookings moved per statement (one short transaction each)."""
+HISTORY_BATCHES_PER_PASS = 20
+"""A pass moves at most this many batches; the next pass goes on from there."""
+
+
+async def move_ended_bookings(context: ModuleContext) -> int:
+    """One pass of the bookings-history job; returns how many bookings it moved.
+
+    Each batch is one statement on its own (no lease fence: moving is safe to run twice at once, a booking is moved
+    once), so a pass cancelled between batches keeps what it moved.
+    """
+    bookings = context.store.repository(BOOKINGS)
+    moved = 0
+    for _ in range(HISTORY_BATCHES_PER_PASS):
+        n = await bookings.move_to_history(ended_by=context.clock.now() - HISTORY_MARGIN, limit=HISTORY_BATCH)
+        moved += n
+        if n < HISTORY_BATCH:
+            break
+    return moved
+
+
+BOOKINGS_HISTORY = Job(
+    name="bookings-history", role="controllers", interval=dt.timedelta(minutes=1), run=move_ended_bookings
+)
+"""The bookings-history job: a singleton of the ``controllers`` role (lease ``controllers/bookings-history``)."""
+
 
 def UsageModule() -> StaticModule:
     """The ``usage`` module: GPU-seconds accounted from bookings (no group of methods yet)."""
@@ -78,7 +119,7 @@ def UsageModule() -> StaticModule:
         name="usage",
         version=__version__,
         core_range=f"=={__version__}",
-        jobs=(USAGE,),
+        jobs=(USAGE, BOOKINGS_HISTORY),
         repositories=(
             BOOKINGS,
             USAGE_RECORDS,

@@ -41,8 +41,15 @@ class UsageRecord:
 
 class Bookings(Protocol):
     """Bookings of atoms by reservations. The store refuses two bookings of one atom whose times overlap, whatever
-    the timing (PostgreSQL: an exclusion constraint). ``book`` and ``release`` need a transaction
-    (``tx.repository(BOOKINGS)``)."""
+    the timing (PostgreSQL: an exclusion constraint), among the bookings not yet moved to history. ``book`` and
+    ``release`` need a transaction (``tx.repository(BOOKINGS)``).
+
+    ``move_to_history`` takes bookings that ended long enough ago out of the live bookings, which the overlap check
+    and placement search (PostgreSQL: the exclusion constraint's gist index, which degrades under churn). A moved
+    booking is still a booking to every reader of ended ones (``for_reservation``, usage accounting, booked GPU-hours,
+    quota sums), but no longer refuses an overlapping one: move only bookings that ended before any new booking may
+    start.
+    """
 
     async def book(
         self,
@@ -63,15 +70,22 @@ class Bookings(Protocol):
         ...
 
     async def for_reservation(self, reservation_id: str) -> list[Booking]:
-        """The reservation's bookings."""
+        """The reservation's bookings, live and moved to history, by id."""
+        ...
+
+    async def move_to_history(self, *, ended_by: dt.datetime, limit: int) -> int:
+        """Move at most ``limit`` bookings that ended by ``ended_by`` and by the usage watermark
+        (``Usage.accounted_until``; none before the first accounting pass) to history, as one atomic step; returns
+        how many moved. Safe to run concurrently with itself and with anything else: a booking is moved once, and
+        every reader sees it either live or in history, never both nor neither."""
         ...
 
 
 class Usage(Protocol):
     """Usage records, computed from bookings per closed period. Recomputing a period replaces its records, so an
-    accounting pass may run again over the same periods without counting anything twice. Bookings that end after
-    ``accounted_until`` must be kept until a pass has accounted them. All but ``records`` need a transaction
-    (``tx.repository(USAGE_RECORDS)``), the one an accounting pass runs in."""
+    accounting pass may run again over the same periods without counting anything twice; it counts the bookings moved
+    to history too. All but ``records`` need a transaction (``tx.repository(USAGE_RECORDS)``), the one an accounting
+    pass runs in."""
 
     async def accounted_until(self) -> dt.datetime | None:
         """The end of the last period accounted (locked until the transaction ends), ``None`` before the first

@@ -2,8 +2,9 @@
 
 The capacity reads are two statements whatever the pool's size: one groups the pool's atoms by model, state and
 reason with the bookings that hold them now; the other clips the bookings overlapping the window to each UTC day and
-sums GPU-hours per day and model. They read the inventory's ``atoms`` and the usage module's ``bookings`` tables,
-which exist where node identity is on (the service asks only there).
+sums GPU-hours per day and model, from the live bookings and those moved to history. They read the inventory's
+``atoms`` and the usage module's ``bookings`` and ``bookings_history`` tables, which exist where node identity is on
+(the service asks only there).
 """
 
 from __future__ import annotations
@@ -53,9 +54,16 @@ WHERE a.pool_id = :pool_id
 GROUP BY a.model, a.state, a.reason
 """
 
-# Each UTC day of the window, clipped to it; each booking overlapping the window, clipped to each day it touches.
+# Each UTC day of the window, clipped to it; each booking overlapping the window (live or moved to history: found
+# there by its end), clipped to each day it touches.
 _HOURS = """
-WITH days AS (
+WITH booked AS (
+    SELECT atom_id, gpus, during FROM {s}.bookings
+    WHERE pool_id = :pool_id AND during && tstzrange(:start, :end)
+    UNION ALL
+    SELECT atom_id, gpus, during FROM {s}.bookings_history
+    WHERE pool_id = :pool_id AND upper(during) >= :start AND during && tstzrange(:start, :end)
+), days AS (
     SELECT d AS day, tstzrange(greatest(d, :start), least(d + interval '1 day', :end)) AS span
     FROM generate_series(
         date_trunc('day', CAST(:start AS timestamptz), 'UTC'), CAST(:end AS timestamptz) - interval '1 microsecond',
@@ -65,10 +73,9 @@ WITH days AS (
 SELECT days.day, a.model,
     sum(b.gpus * extract(epoch FROM upper(b.during * days.span) - lower(b.during * days.span)))::float8 / 3600
         AS gpu_hours
-FROM {s}.bookings AS b
+FROM booked AS b
 JOIN days ON b.during && days.span
 LEFT JOIN {s}.atoms AS a ON a.id = b.atom_id
-WHERE b.pool_id = :pool_id AND b.during && tstzrange(:start, :end)
 GROUP BY days.day, a.model
 HAVING sum(b.gpus) > 0
 ORDER BY days.day, a.model
@@ -128,7 +135,7 @@ class PgQuotas(PgRepository):
 
 
 class PgCapacityReads(PgRepository):
-    """``CapacityReads`` over ``atoms`` and ``bookings``; one statement per call."""
+    """``CapacityReads`` over ``atoms``, ``bookings`` and ``bookings_history``; one statement per call."""
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)

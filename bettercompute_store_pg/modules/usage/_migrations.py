@@ -1,4 +1,4 @@
-"""The ``usage`` module's tables: bookings of atoms, usage records and the accounting watermark."""
+"""The ``usage`` module's tables: bookings of atoms, their history, usage records and the accounting watermark."""
 
 from __future__ import annotations
 
@@ -47,6 +47,30 @@ CREATE TABLE {schema}.usage_state (
 );
 """
 
+# Bookings that ended before the accounting watermark, moved out of ``bookings`` by the usage module's history job:
+# the exclusion constraint's gist index degrades under churn (DESIGN §12), and a booking that ended is no longer in
+# the way of any placement. The columns are ``bookings``' in the same order (the job moves rows with ``SELECT *``);
+# no exclusion constraint and no gist index: rows arrive in roughly increasing end order and are only read by ranges
+# of their end, hence btree indexes on it, for the readers that still need ended bookings: usage accounting (all
+# pools), GPU-hours of a pool (capacity), month sums of a tenant's GPU-hours in a pool (quota checks), and a
+# reservation's bookings.
+_V2 = """
+CREATE TABLE {schema}.bookings_history (
+    id bigint PRIMARY KEY,
+    atom_id text NOT NULL,
+    reservation_id text NOT NULL,
+    tenant text NOT NULL,
+    pool_id text NOT NULL,
+    gpus numeric(9, 6) NOT NULL,
+    during tstzrange NOT NULL CHECK (NOT isempty(during) AND NOT lower_inf(during) AND NOT upper_inf(during))
+);
+CREATE INDEX bookings_history_ended ON {schema}.bookings_history (upper(during));
+CREATE INDEX bookings_history_pool ON {schema}.bookings_history (pool_id, upper(during));
+CREATE INDEX bookings_history_tenant ON {schema}.bookings_history (pool_id, tenant, upper(during));
+CREATE INDEX bookings_history_reservation ON {schema}.bookings_history (reservation_id);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="bookings and usage", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
+    Migration(version=2, name="bookings history", sql=_V2),
 )

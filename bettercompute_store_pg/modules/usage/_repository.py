@@ -5,6 +5,12 @@ the ``btree_gist`` extension), so PostgreSQL itself refuses a double booking. ``
 ``[start, end)`` in one statement (``generate_series`` of the periods joined to the bookings overlapping each,
 summing share times overlapping seconds per tenant and pool) and upserts the records, so recomputing a period replaces
 what it wrote before; the watermark moves in the same transaction.
+
+``move_to_history`` moves a batch of ended bookings to ``bookings_history`` in one statement (a ``DELETE ...
+RETURNING`` feeding an ``INSERT``), so a booking is always in exactly one of the two tables for any reader's
+snapshot; the batch's rows are locked ``SKIP LOCKED``, so two moves at once take different rows. Readers of ended
+bookings read both tables: ``bookings`` by its gist index, ``bookings_history`` by btree indexes on the bookings' end
+(``upper(during) >= start`` finds every range overlapping a window from ``start``; the overlap test itself follows).
 """
 
 from __future__ import annotations
@@ -36,11 +42,43 @@ WHERE reservation_id = :reservation_id AND (upper_inf(during) OR upper(during) >
 RETURNING id
 """
 
-_FOR_RESERVATION = f"SELECT {_BOOKING_COLUMNS} FROM {{s}}.bookings WHERE reservation_id = :reservation_id ORDER BY id"
+_FOR_RESERVATION = f"""
+SELECT {_BOOKING_COLUMNS} FROM {{s}}.bookings WHERE reservation_id = :reservation_id
+UNION ALL
+SELECT {_BOOKING_COLUMNS} FROM {{s}}.bookings_history WHERE reservation_id = :reservation_id
+ORDER BY id
+"""
+
+# The cutoff is the earlier of ``ended_by`` and the watermark; no watermark row (no accounting pass yet), no cutoff
+# and nothing moves. ``during << [cutoff, )`` (wholly before the cutoff: ended by it, for the ``[)`` ranges bookings
+# are) is what the gist index on ``during`` answers.
+_MOVE_TO_HISTORY = """
+WITH cutoff AS (
+    SELECT least(st.accounted_until, CAST(:ended_by AS timestamptz)) AS at FROM {s}.usage_state AS st WHERE st.id
+), due AS (
+    SELECT b.id FROM {s}.bookings AS b, cutoff
+    WHERE b.during << tstzrange(cutoff.at, NULL, '[)')
+    LIMIT :limit
+    FOR UPDATE OF b SKIP LOCKED
+), moved AS (
+    DELETE FROM {s}.bookings AS b USING due WHERE b.id = due.id
+    RETURNING b.*
+), kept AS (
+    INSERT INTO {s}.bookings_history SELECT * FROM moved
+    RETURNING 1
+)
+SELECT count(*) AS n FROM kept
+"""
 
 _WATERMARK = "SELECT accounted_until FROM {s}.usage_state WHERE id FOR UPDATE"
 
-_EARLIEST = "SELECT min(lower(during)) AS earliest FROM {s}.bookings"
+# Asked only before the first pass, when nothing was moved yet; history is read anyway, should the watermark be
+# reset by hand.
+_EARLIEST = """
+SELECT least(
+    (SELECT min(lower(during)) FROM {s}.bookings), (SELECT min(lower(during)) FROM {s}.bookings_history)
+) AS earliest
+"""
 
 # Periods with no booking get no record; a period recomputed to nothing loses the records it had.
 _ACCOUNT = """
@@ -49,13 +87,21 @@ WITH periods AS (
     FROM generate_series(CAST(:start AS timestamptz), CAST(:end AS timestamptz) - CAST(:period AS interval),
                          CAST(:period AS interval)) AS p
 ),
+booked AS (
+    SELECT tenant, pool_id, gpus, during FROM {s}.bookings
+    WHERE during && tstzrange(CAST(:start AS timestamptz), CAST(:end AS timestamptz), '[)')
+    UNION ALL
+    SELECT tenant, pool_id, gpus, during FROM {s}.bookings_history
+    WHERE upper(during) >= CAST(:start AS timestamptz)
+      AND during && tstzrange(CAST(:start AS timestamptz), CAST(:end AS timestamptz), '[)')
+),
 used AS (
     SELECT b.tenant, b.pool_id, p.period_start, p.period_end,
         sum(b.gpus * extract(epoch FROM
             least(coalesce(upper(b.during), 'infinity'), p.period_end) - greatest(lower(b.during), p.period_start)
         )) AS gpu_seconds
     FROM periods AS p
-    JOIN {s}.bookings AS b ON b.during && tstzrange(p.period_start, p.period_end, '[)')
+    JOIN booked AS b ON b.during && tstzrange(p.period_start, p.period_end, '[)')
     GROUP BY b.tenant, b.pool_id, p.period_start, p.period_end
 ),
 cleared AS (
@@ -109,6 +155,7 @@ class PgBookings(PgRepository):
         self._book = db.sql(_BOOK)
         self._release = db.sql(_RELEASE)
         self._for_reservation = db.sql(_FOR_RESERVATION)
+        self._move_to_history = db.sql(_MOVE_TO_HISTORY)
 
     async def book(
         self,
@@ -142,8 +189,13 @@ class PgBookings(PgRepository):
         )
 
     async def for_reservation(self, reservation_id: str) -> list[Booking]:
-        """The reservation's bookings."""
+        """The reservation's bookings, from both tables."""
         return [_booking(r) for r in await self._fetch(self._for_reservation, {"reservation_id": reservation_id})]
+
+    async def move_to_history(self, *, ended_by: dt.datetime, limit: int) -> int:
+        """One statement, in the bound transaction or on its own."""
+        rows = await self._fetch(self._move_to_history, {"ended_by": ended_by, "limit": limit})
+        return int(rows[0].n)
 
 
 class PgUsage(PgRepository):

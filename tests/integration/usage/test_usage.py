@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from bettercompute.errors import ConflictError
-from bettercompute.modules.usage import BOOKINGS, USAGE_RECORDS, account_usage
+from bettercompute.modules.usage import BOOKINGS, HISTORY_MARGIN, USAGE_RECORDS, account_usage, move_ended_bookings
 
 from ..joins.conftest import Fleet
 
@@ -115,3 +115,108 @@ async def test_the_usage_job_holds_its_singleton_lease(fleet: Fleet) -> None:
     passes = await fleet.compute.jobs.tick()
     assert passes["controllers/usage"] == 1
     assert await _usage(fleet, "t-a") == [(10, "p-1", 3600.0)]
+
+
+# --- bookings history -------------------------------------------------------------------------------------------
+
+
+async def _where(fleet: Fleet) -> dict[str, list[str]]:
+    """The reservations whose bookings are live, and those moved to history."""
+    rows = await fleet.store.fetch(
+        fleet.store.sql(
+            "SELECT 'live' AS t, reservation_id FROM {s}.bookings"
+            " UNION ALL SELECT 'history', reservation_id FROM {s}.bookings_history ORDER BY 1, 2"
+        ),
+        {},
+    )
+    found: dict[str, list[str]] = {"live": [], "history": []}
+    for row in rows:
+        found[row.t].append(row.reservation_id)
+    return found
+
+
+async def _move(fleet: Fleet, *, limit: int = 1000) -> int:
+    """One move, checked to be one statement on its own: one checkout, one round trip."""
+    usage = fleet.store.pool_usage
+    checkouts, trips = usage.checkouts, usage.round_trips
+    moved = await fleet.store.repository(BOOKINGS).move_to_history(
+        ended_by=fleet.clock.now() - HISTORY_MARGIN, limit=limit
+    )
+    assert (usage.checkouts - checkouts, usage.round_trips - trips) == (1, 1)
+    return moved
+
+
+async def test_only_bookings_that_ended_before_the_watermark_and_the_margin_move_to_history(fleet: Fleet) -> None:
+    await _book(fleet, "gpu-1", "done", at(10), at(11))
+    await _book(fleet, "gpu-2", "edge", at(10, 30), at(12))
+    await _book(fleet, "gpu-3", "late", at(10), at(12, 30))
+    await _book(fleet, "gpu-4", "open", at(10), None)
+    await _book(fleet, "gpu-5", "recent", at(13), at(14, 30))
+    await _book(fleet, "gpu-6", "future", at(15), at(16), gpus=1 / 7)
+
+    # No accounting pass yet, so no watermark: nothing moves, however long ago a booking ended.
+    fleet.clock.set(at(18))
+    assert await _move(fleet) == 0
+
+    # Accounted until 12:00: what ended by then moves ("edge" ends exactly then), "late" waits for the watermark.
+    fleet.clock.set(at(12, 10))
+    await account_usage(fleet.compute.context)
+    fleet.clock.set(at(14))
+    bookings_of = {r: await fleet.store.repository(BOOKINGS).for_reservation(r) for r in ("done", "edge", "late")}
+    assert await _move(fleet) == 2
+    assert await _where(fleet) == {"live": ["future", "late", "open", "recent"], "history": ["done", "edge"]}
+    assert await _move(fleet) == 0
+
+    # Accounted until 15:00 at 15:10: "recent" ended before the watermark but less than the margin ago.
+    fleet.clock.set(at(15, 10))
+    await account_usage(fleet.compute.context)
+    assert await move_ended_bookings(fleet.compute.context) == 1
+    assert await _where(fleet) == {"live": ["future", "open", "recent"], "history": ["done", "edge", "late"]}
+
+    # A reservation's bookings are the same wherever they are.
+    for reservation, before in bookings_of.items():
+        assert await fleet.store.repository(BOOKINGS).for_reservation(reservation) == before
+
+    # The live bookings still refuse an overlapping one.
+    for atom, start, end in (("gpu-4", at(14), at(15)), ("gpu-5", at(14), at(14, 10)), ("gpu-6", at(15, 30), None)):
+        with pytest.raises(ConflictError):
+            await _book(fleet, atom, "overlap", start, end)
+
+
+async def test_usage_recomputed_after_a_move_is_what_it_was(fleet: Fleet) -> None:
+    await _book(fleet, "gpu-1", "r-1", at(10, 30), at(12, 15))
+    await _book(fleet, "mig-1/3", "r-2", at(11), at(13, 40), gpus=1 / 7)
+    await _book(fleet, "gpu-2", "r-3", at(11, 45), at(11, 50), tenant="t-b")
+    await _book(fleet, "gpu-3", "r-4", at(9), None)
+    fleet.clock.set(at(16, 10))
+    await account_usage(fleet.compute.context)
+    before = {tenant: await _usage(fleet, tenant) for tenant in ("t-a", "t-b")}
+    assert before["t-b"] == [(11, "p-1", 300.0)]
+
+    assert await move_ended_bookings(fleet.compute.context) == 3
+    assert await _where(fleet) == {"live": ["r-4"], "history": ["r-1", "r-2", "r-3"]}
+    # Every hour again, from an earlier watermark (as after a crash): the moved bookings are counted as before.
+    await fleet.store.fetch(fleet.store.sql("UPDATE {s}.usage_state SET accounted_until = :at"), {"at": at(8)})
+    await account_usage(fleet.compute.context)
+    assert {tenant: await _usage(fleet, tenant) for tenant in ("t-a", "t-b")} == before
+
+
+async def test_a_move_is_bounded_and_moves_each_booking_once(fleet: Fleet) -> None:
+    for n in range(5):
+        await _book(fleet, f"gpu-{n}", f"r-{n}", at(10), at(10, 10 + n))
+    fleet.clock.set(at(12, 10))
+    await account_usage(fleet.compute.context)
+    assert [await _move(fleet, limit=2) for _ in range(4)] == [2, 2, 1, 0]
+    assert await _where(fleet) == {"live": [], "history": [f"r-{n}" for n in range(5)]}
+    # Each booking kept its id and its range.
+    moved = await fleet.store.repository(BOOKINGS).for_reservation("r-4")
+    assert [(b.atom_id, b.start, b.end) for b in moved] == [("gpu-4", at(10), at(10, 14))]
+
+
+async def test_the_history_job_holds_its_singleton_lease(fleet: Fleet) -> None:
+    await _book(fleet, "gpu-1", "r-1", at(10), at(11))
+    fleet.clock.set(at(12, 10))
+    await account_usage(fleet.compute.context)
+    passes = await fleet.compute.jobs.tick()
+    assert passes["controllers/bookings-history"] == 1
+    assert await _where(fleet) == {"live": [], "history": ["r-1"]}

@@ -132,6 +132,7 @@ async def test_tick_gives_the_same_result_twice_from_the_same_start(database_url
         "reconcile:reservation": 0,
         "controllers/command-sweeper": 0,
         "controllers/usage": 0,
+        "controllers/bookings-history": 0,
         "controllers/idempotency-purge": 0,
         "controllers/reservation-drafts": 0,
     }
