@@ -162,9 +162,10 @@ BEGIN
                   AND (p_model IS NULL OR a.model ILIKE p_model)
                   AND (p_min_memory IS NULL OR a.memory_mib >= p_min_memory)
                   AND NOT (a.id = ANY (p_skip))
-                  AND NOT EXISTS (
-                      SELECT 1 FROM {schema}.bookings AS b WHERE b.atom_id = a.id AND b.during && p_window
-                  )
+                  -- a probe per candidate on the exclusion constraint's index (LIMIT keeps the planner from
+                  -- turning it into an anti-join that scans every booking of the window)
+                  AND (SELECT 1 FROM {schema}.bookings AS b
+                       WHERE b.atom_id = a.id AND b.during && p_window LIMIT 1) IS NULL
                 ORDER BY a.pool_id, a.node_id, a.ident
                 LIMIT lim
             ) AS c
