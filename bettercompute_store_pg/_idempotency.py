@@ -11,13 +11,13 @@ from bettercompute.ports import IdempotencyOutcome
 
 from ._db import Database, dumps
 
-__all__ = ["PgIdempotencyKeys"]
+__all__ = ["KEY_UPSERT", "PgIdempotencyKeys"]
 
 # The conflict branch always updates (to the same values unless the row expired) so RETURNING yields the row even
 # when another transaction inserted it after this statement's snapshot; ``attempt`` tells whether this call won.
-_BEGIN = """
-INSERT INTO {s}.idempotency_keys AS k (identity, key, request_hash, state, attempt, expires_at)
-VALUES (:identity, :key, :request_hash, 'in_progress', :attempt, now() + :ttl)
+# A key's row, taken over only when it expired (shared with admission's transaction 1, which reserves its key in
+# the same statement as its draft).
+KEY_UPSERT = """
 ON CONFLICT (identity, key) DO UPDATE SET
     request_hash = CASE WHEN k.expires_at <= now() THEN EXCLUDED.request_hash ELSE k.request_hash END,
     state = CASE WHEN k.expires_at <= now() THEN 'in_progress' ELSE k.state END,
@@ -27,6 +27,13 @@ ON CONFLICT (identity, key) DO UPDATE SET
     expires_at = CASE WHEN k.expires_at <= now() THEN EXCLUDED.expires_at ELSE k.expires_at END
 RETURNING k.attempt = :attempt AS won, k.request_hash, k.state, k.result
 """
+
+_BEGIN = (
+    """
+INSERT INTO {s}.idempotency_keys AS k (identity, key, request_hash, state, attempt, expires_at)
+VALUES (:identity, :key, :request_hash, 'in_progress', :attempt, now() + :ttl)"""
+    + KEY_UPSERT
+)
 
 _FINISH = """
 UPDATE {s}.idempotency_keys SET state = 'done', result = CAST(:result AS jsonb)

@@ -248,7 +248,8 @@ $f$;
 
 -- Whether the tenant may hold ``p_share`` more GPUs over ``p_window`` in the pool: NULL when it may, else which limit
 -- and the numbers. Concurrent GPUs are the most the tenant holds at any moment of the window (the peak is at the
--- window's start or at a booking's start); GPU-hours are counted per calendar month (UTC) the window touches.
+-- window's start or at a booking's start); GPU-hours are counted per calendar month (UTC) the window touches, over the
+-- live bookings and those moved to history (the usage module's ``bookings_history``; its migrations run first).
 CREATE FUNCTION {schema}.bc_quota_check(
     p_pool text, p_tenant text, p_window tstzrange, p_share numeric, p_max_gpus integer, p_max_hours double precision,
     p_exclude text
@@ -285,9 +286,15 @@ BEGIN
             SELECT coalesce(sum(b.gpus * extract(epoch FROM
                 least(upper(b.during), month_end) - greatest(lower(b.during), month))), 0) / 3600
             INTO used
-            FROM {schema}.bookings AS b
-            WHERE b.pool_id = p_pool AND b.tenant = p_tenant AND b.during && tstzrange(month, month_end, '[)')
-              AND b.reservation_id <> p_exclude;
+            FROM (
+                SELECT l.gpus, l.during FROM {schema}.bookings AS l
+                WHERE l.pool_id = p_pool AND l.tenant = p_tenant AND l.during && tstzrange(month, month_end, '[)')
+                  AND l.reservation_id <> p_exclude
+                UNION ALL
+                SELECT h.gpus, h.during FROM {schema}.bookings_history AS h
+                WHERE h.pool_id = p_pool AND h.tenant = p_tenant AND upper(h.during) >= month
+                  AND h.during && tstzrange(month, month_end, '[)') AND h.reservation_id <> p_exclude
+            ) AS b;
             asked := p_share * extract(epoch FROM
                 least(upper(p_window), month_end) - greatest(lower(p_window), month)) / 3600;
             IF used + asked > p_max_hours THEN
@@ -642,71 +649,8 @@ END
 $f$;
 """
 
-# The quota check's GPU-hours per month count the bookings moved to history too (the usage module's migration 2,
-# which runs before this module's: ``better_compute()`` registers usage first). Concurrent GPUs need only the live
-# bookings: a window checked never starts before now, and only bookings that ended well before now are moved.
-_V3 = r"""
-CREATE OR REPLACE FUNCTION {schema}.bc_quota_check(
-    p_pool text, p_tenant text, p_window tstzrange, p_share numeric, p_max_gpus integer, p_max_hours double precision,
-    p_exclude text
-) RETURNS jsonb
-LANGUAGE plpgsql AS $f$
-DECLARE
-    used numeric;
-    month timestamptz;
-    month_end timestamptz;
-    asked numeric;
-BEGIN
-    IF p_max_gpus IS NOT NULL THEN
-        SELECT coalesce(max((
-            SELECT sum(b2.gpus) FROM {schema}.bookings AS b2
-            WHERE b2.pool_id = p_pool AND b2.tenant = p_tenant AND b2.during @> pt.at
-              AND b2.reservation_id <> p_exclude
-        )), 0)
-        INTO used
-        FROM (
-            SELECT lower(p_window) AS at
-            UNION
-            SELECT lower(b.during) FROM {schema}.bookings AS b
-            WHERE b.pool_id = p_pool AND b.tenant = p_tenant AND b.during && p_window
-              AND lower(b.during) > lower(p_window) AND b.reservation_id <> p_exclude
-        ) AS pt;
-        IF used + p_share > p_max_gpus THEN
-            RETURN jsonb_build_object('limit', 'max_gpus', 'max_gpus', p_max_gpus, 'used', used, 'asked', p_share);
-        END IF;
-    END IF;
-    IF p_max_hours IS NOT NULL THEN
-        month := date_trunc('month', lower(p_window) AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
-        WHILE month < upper(p_window) LOOP
-            month_end := ((month AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC';
-            SELECT coalesce(sum(b.gpus * extract(epoch FROM
-                least(upper(b.during), month_end) - greatest(lower(b.during), month))), 0) / 3600
-            INTO used
-            FROM (
-                SELECT l.gpus, l.during FROM {schema}.bookings AS l
-                WHERE l.pool_id = p_pool AND l.tenant = p_tenant AND l.during && tstzrange(month, month_end, '[)')
-                  AND l.reservation_id <> p_exclude
-                UNION ALL
-                SELECT h.gpus, h.during FROM {schema}.bookings_history AS h
-                WHERE h.pool_id = p_pool AND h.tenant = p_tenant AND upper(h.during) >= month
-                  AND h.during && tstzrange(month, month_end, '[)') AND h.reservation_id <> p_exclude
-            ) AS b;
-            asked := p_share * extract(epoch FROM
-                least(upper(p_window), month_end) - greatest(lower(p_window), month)) / 3600;
-            IF used + asked > p_max_hours THEN
-                RETURN jsonb_build_object('limit', 'max_gpu_hours_per_month', 'max_gpu_hours_per_month', p_max_hours,
-                    'month', month, 'used', round(used, 3), 'asked', round(asked, 3));
-            END IF;
-            month := month_end;
-        END LOOP;
-    END IF;
-    RETURN NULL;
-END
-$f$;
-"""
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="quotas", sql=_V1),
     Migration(version=2, name="reservations and admission", sql=_V2),
-    Migration(version=3, name="quota sums over the bookings history", sql=_V3),
 )

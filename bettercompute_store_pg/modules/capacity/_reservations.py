@@ -21,6 +21,7 @@ from bettercompute.modules.capacity._reservation_port import (
     ReservationRecord,
 )
 from bettercompute_store_pg._db import Database, dumps, utc
+from bettercompute_store_pg._idempotency import KEY_UPSERT
 from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["PgReservations"]
@@ -31,30 +32,23 @@ _COLUMNS = (
 )
 
 # The key's branch is the idempotency table's upsert; with no key (NULL) it inserts nothing and ``k`` is empty.
-_BEGIN = """
+_BEGIN = f"""
 WITH pool AS (
-    SELECT id FROM {s}.pools WHERE id = :pool_id AND tenant = ANY (CAST(:pool_tenants AS text[]))
+    SELECT id FROM {{s}}.pools WHERE id = :pool_id AND tenant = ANY (CAST(:pool_tenants AS text[]))
 ), k AS (
-    INSERT INTO {s}.idempotency_keys AS k (identity, key, request_hash, state, attempt, expires_at)
+    INSERT INTO {{s}}.idempotency_keys AS k (identity, key, request_hash, state, attempt, expires_at)
     SELECT :identity, :key, :request_hash, 'in_progress', :attempt, now() + :ttl
     WHERE CAST(:key AS text) IS NOT NULL AND EXISTS (SELECT 1 FROM pool)
-    ON CONFLICT (identity, key) DO UPDATE SET
-        request_hash = CASE WHEN k.expires_at <= now() THEN EXCLUDED.request_hash ELSE k.request_hash END,
-        state = CASE WHEN k.expires_at <= now() THEN 'in_progress' ELSE k.state END,
-        result = CASE WHEN k.expires_at <= now() THEN NULL ELSE k.result END,
-        attempt = CASE WHEN k.expires_at <= now() THEN EXCLUDED.attempt ELSE k.attempt END,
-        created_at = CASE WHEN k.expires_at <= now() THEN now() ELSE k.created_at END,
-        expires_at = CASE WHEN k.expires_at <= now() THEN EXCLUDED.expires_at ELSE k.expires_at END
-    RETURNING k.attempt = :attempt AS won, k.request_hash, k.state, k.result
+    {KEY_UPSERT.strip()}
 ), d AS (
-    INSERT INTO {s}.reservations
+    INSERT INTO {{s}}.reservations
         (id, tenant, pool_id, state, gpus, constraints, start_at, end_at, labels, created_by, created_at, updated_at)
     SELECT :id, :tenant, :pool_id, 'draft', :gpus, CAST(:constraints AS jsonb), :start_at, :end_at,
         CAST(:labels AS jsonb), :created_by, :now, :now
     FROM pool WHERE coalesce((SELECT won FROM k), true)
     RETURNING id
 ), p AS (
-    INSERT INTO {s}.authz_resources (resource_type, resource_id, tenant_id, pool_id, owner)
+    INSERT INTO {{s}}.authz_resources (resource_type, resource_id, tenant_id, pool_id, owner)
     SELECT 'reservation', id, :tenant, :pool_id, :created_by FROM d
 )
 SELECT EXISTS (SELECT 1 FROM pool) AS pool, EXISTS (SELECT 1 FROM d) AS drafted,
