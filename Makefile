@@ -89,6 +89,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/joins.py
 	$(BIN)/python bench/gateway.py
 	$(BIN)/python bench/fleet.py
+	$(BIN)/python bench/admission.py
 
 clean:
 	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache build dist *.egg-info
