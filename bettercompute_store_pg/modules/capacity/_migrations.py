@@ -162,10 +162,9 @@ BEGIN
                   AND (p_model IS NULL OR a.model ILIKE p_model)
                   AND (p_min_memory IS NULL OR a.memory_mib >= p_min_memory)
                   AND NOT (a.id = ANY (p_skip))
-                  -- a probe per candidate on the exclusion constraint's index (LIMIT keeps the planner from
-                  -- turning it into an anti-join that scans every booking of the window)
-                  AND (SELECT 1 FROM {schema}.bookings AS b
-                       WHERE b.atom_id = a.id AND b.during && p_window LIMIT 1) IS NULL
+                  AND NOT EXISTS (
+                      SELECT 1 FROM {schema}.bookings AS b WHERE b.atom_id = a.id AND b.during && p_window
+                  )
                 ORDER BY a.pool_id, a.node_id, a.ident
                 LIMIT lim
             ) AS c
@@ -521,7 +520,7 @@ BEGIN
         jsonb_build_object('pool_id', r.pool_id, 'gpus', r.gpus, 'state', r.state, 'nodes', r.node_ids));
 
     INSERT INTO {schema}.work_queue AS wq (kind, key, shard, payload, run_at)
-    VALUES (p ->> 'work_kind', p ->> 'work_key', (p ->> 'work_shard')::smallint, '{}', v_now)
+    VALUES (p ->> 'work_kind', coalesce(p ->> 'work_key', r.id), (p ->> 'work_shard')::smallint, '{}', v_now)
     ON CONFLICT (kind, key) DO UPDATE SET
         run_at = CASE WHEN wq.state = 'ready' THEN least(wq.run_at, EXCLUDED.run_at) ELSE wq.run_at END,
         rerun_at = CASE WHEN wq.state = 'claimed' THEN least(wq.rerun_at, EXCLUDED.run_at) END;
