@@ -134,7 +134,17 @@ AIM_P99_MS = 50.0
 AIM_GROWTH = 1.5
 # Tables a run writes to, emptied before each run so that every run books into the same state.
 PAST = "rsv_past_"  # the ended bookings every atom has (seed_history), kept across runs
-RUN_TABLES = ("bookings", "reservations", "outbox", "outbox_keys", "work_queue", "audit", "idempotency_keys")
+RUN_TABLES = (
+    "bookings",
+    "reservations",
+    "outbox",
+    "outbox_keys",
+    "work_queue",
+    "audit",
+    "idempotency_keys",
+    "placement_holds",
+    "placement_nodes",
+)
 
 
 # --- small things -----------------------------------------------------------------------------------------------
@@ -375,7 +385,7 @@ def reset_runs(pool: str) -> None:
         conn.execute(f"DELETE FROM {s}.authz_resources WHERE resource_type = 'reservation'")
         conn.execute(f"DELETE FROM {s}.bookings WHERE pool_id = %s AND reservation_id NOT LIKE %s", (pool, PAST + "%"))
         for table in RUN_TABLES:
-            if table != "bookings":
+            if table not in ("bookings", "placement_holds", "placement_nodes"):  # the hints follow the bookings
                 conn.execute(f"DELETE FROM {s}.{table}")
         for table in (*RUN_TABLES, "authz_resources"):
             conn.execute(f"VACUUM ANALYZE {s}.{table}")
@@ -957,7 +967,8 @@ def book_half(conn: psycopg.Connection[Any], setup: Setup, pool: str, *, layout:
         WHERE a.pool_id = %(pool)s AND {keep}""",
         {"pool": pool, "from": start - dt.timedelta(hours=12), "to": start + dt.timedelta(hours=12)},
     )
-    conn.execute(f"VACUUM ANALYZE {s}.bookings")
+    for table in ("bookings", "placement_holds", "placement_nodes"):
+        conn.execute(f"VACUUM ANALYZE {s}.{table}")
 
 
 def remove_fleet(conn: psycopg.Connection[Any], pool: str) -> None:
@@ -982,7 +993,7 @@ def bench_placement(setup: Setup, args: argparse.Namespace) -> tuple[list[Placem
             say(f"placement: seeding {size} nodes")
             seed_fleet(conn, tenant=setup.tenant, pool=pool, nodes=size, prefix=f"p{size}-")
             seed_history(conn, pool)
-            for table in ("nodes", "devices", "atoms", "bookings"):
+            for table in ("nodes", "devices", "atoms", "bookings", "placement_holds", "placement_nodes"):
                 conn.execute(f'VACUUM ANALYZE "{SCHEMA}".{table}')
             for layout in ("empty", "front", "spread"):
                 say(f"placement: {size} nodes, {layout}")

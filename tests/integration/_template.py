@@ -7,9 +7,9 @@ recorded in ``schema_migrations``, anything a migration seeds). The store and th
 migration recorded and apply nothing. ``test_template.py`` checks that a copy and a schema migrated from scratch
 cannot be told apart in the catalog.
 
-Functions are made again from their definitions, naming the copy. Objects the copy does not know (views, triggers
-of our own, types) make it fail loudly rather than produce a schema with something missing: a migration that adds
-one must teach ``_CLONE`` about it.
+Functions are made again from their definitions, naming the copy, and triggers of our own after them. Objects the
+copy does not know (views, types) make it fail loudly rather than produce a schema with something missing: a
+migration that adds one must teach ``template_of`` about it.
 """
 
 from __future__ import annotations
@@ -34,16 +34,13 @@ __all__ = [
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 # What the copy cannot reproduce: relations other than tables, indexes and sequences (TOAST tables come with their
-# table), types of our own (a table's row and array types come with it), triggers that are not a foreign
-# key's.
+# table), types of our own (a table's row and array types come with it).
 _UNKNOWN = """
 SELECT 'relation ' || relname FROM pg_class
     WHERE relnamespace = %(ns)s::oid AND relkind NOT IN ('r', 'i', 'S', 't')
 UNION ALL SELECT 'type ' || t.typname FROM pg_type t
     WHERE t.typnamespace = %(ns)s::oid AND t.typrelid = 0
     AND NOT EXISTS (SELECT 1 FROM pg_type e WHERE e.oid = t.typelem AND e.typrelid <> 0)
-UNION ALL SELECT 'trigger ' || g.tgname FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
-    WHERE c.relnamespace = %(ns)s::oid AND NOT g.tgisinternal
 """
 _SEQUENCES = """
 SELECT s.relname AS name, format_type(q.seqtypid, NULL) AS type, q.seqincrement, q.seqmin, q.seqmax, q.seqstart,
@@ -82,6 +79,12 @@ ORDER BY x.oid
 # Functions, as ``CREATE OR REPLACE`` statements. Their bodies are text naming the schema: a copy's are rewritten to
 # name the copy, and a recycled copy's are made again under its new name (a rename leaves bodies as they were).
 _FUNCTIONS = "SELECT pg_get_functiondef(oid) FROM pg_proc WHERE pronamespace = %(ns)s::oid ORDER BY oid"
+
+# Triggers of our own (not a foreign key's), made after the functions they call.
+_TRIGGERS = """
+SELECT pg_get_triggerdef(g.oid) FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
+WHERE c.relnamespace = %(ns)s::oid AND NOT g.tgisinternal ORDER BY g.oid
+"""
 
 _LIKE = (
     "INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED INCLUDING IDENTITY INCLUDING STORAGE"
@@ -135,6 +138,7 @@ def template_of(url: str, template: str) -> Template:
         foreign = conn.execute(_CONSTRAINTS, {**args, "types": ["f"]}).fetchall()
         references = conn.execute(_REFERENCES, args).fetchall()
         functions = [row[0] for row in conn.execute(_FUNCTIONS, args)]
+        triggers = [row[0] for row in conn.execute(_TRIGGERS, args)]
         seeded = [
             t for t in tables if conn.execute(f"SELECT EXISTS (SELECT FROM {src}.{_ident(t)})").fetchone() == (True,)
         ]
@@ -167,15 +171,17 @@ def template_of(url: str, template: str) -> Template:
     steps += positions
     made = [f.replace(f'"{src}".', f"{dst}.").replace(f"{src}.", f"{dst}.") for f in functions]
     steps += made
+    steps += [t.replace(f" ON {src}.", f" ON {dst}.").replace(f"FUNCTION {src}.", f"FUNCTION {dst}.") for t in triggers]
     # A copy handed back with the template's structure: renamed, emptied (referencing tables first), then given the
     # template's rows and sequence positions again. DELETE, not TRUNCATE: a TRUNCATE gives every table and index a
     # new file and catalog row, which is most of what a copy costs.
+    # The functions first: a trigger fired by the emptying runs one, whose body must name the copy by its new name.
     reset = [
         "ALTER SCHEMA {old} RENAME TO {dst}",
+        *made,
         *(f"DELETE FROM {dst}.{_ident(t)}" for t in _referencing_first(tables, references)),
         *(f"INSERT INTO {dst}.{_ident(t)} SELECT * FROM {src}.{_ident(t)}" for t in seeded),
         *positions,
-        *made,
     ]
     with psycopg.connect(url, autocommit=True) as conn:
         shape = _shape(conn, src)

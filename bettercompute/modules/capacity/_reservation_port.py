@@ -189,7 +189,8 @@ class Reservations(Protocol):
         ...
 
     async def release(self, reservation_id: str, *, at: dt.datetime) -> int:
-        """End its bookings at ``at``: those not started yet go, the others are cut at ``at``; how many changed."""
+        """End its bookings at ``at``: those not started yet go, the others are cut at ``at``; how many changed. Its
+        atoms are no longer held by it (the placer looks at them first again). Releasing twice changes nothing."""
         ...
 
     async def extend(self, reservation_id: str, *, end_at: dt.datetime, now: dt.datetime) -> AdmitOutcome:

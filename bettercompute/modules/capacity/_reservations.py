@@ -640,6 +640,7 @@ async def reconcile_reservation(ctx: ReconcileContext, reservation_id: str) -> O
             changed = await repository.transition(changed, state="failed", at=now, reason="node_failed")
             events.append(_event(changed, "failed", reason="node_failed", nodes=lost))
         elif record.end_at <= now:
+            await repository.release(record.id, at=now)  # its bookings ended: only its holds go
             changed = await repository.transition(changed, state="ended", at=now, reason="end_reached")
             events.append(_event(changed, "ended"))
         else:

@@ -96,17 +96,9 @@ WHERE id = :id
 RETURNING {_COLUMNS}
 """
 
-# A booking not started by ``at`` goes (an empty range is not a booking); one running is cut at ``at``.
-_RELEASE = """
-WITH gone AS (
-    DELETE FROM {s}.bookings WHERE reservation_id = :id AND lower(during) >= :at RETURNING 1
-), cut AS (
-    UPDATE {s}.bookings SET during = tstzrange(lower(during), CAST(:at AS timestamptz), '[)')
-    WHERE reservation_id = :id AND lower(during) < :at AND (upper_inf(during) OR upper(during) > :at)
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM cut) AS n
-"""
+# A booking not started by ``at`` goes (an empty range is not a booking), one running is cut at ``at``, and the
+# reservation's holds on its atoms go (the placer's hints count them free again): ``bc_release`` (capacity v3).
+_RELEASE = "SELECT {s}.bc_release(:id, :at) AS n"
 
 _PLACE_PENDING = "SELECT {s}.bc_place_pending(:pool_id, :now, CAST(:horizon AS interval), :limit) AS out"
 

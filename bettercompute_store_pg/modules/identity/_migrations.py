@@ -196,6 +196,16 @@ _V6 = """
 CREATE INDEX atoms_pool_place ON {schema}.atoms (pool_id, node_id, ident) WHERE state = 'available';
 """
 
+# The placer's hints follow the atoms: the capacity module's ``bc_placement_attach`` makes the triggers on ``atoms``
+# that keep its hints, where its migrations ran first (they do wherever it is assembled; it is always on).
+_V7 = """
+DO $$ BEGIN
+    IF to_regprocedure('{schema}.bc_placement_attach()') IS NOT NULL THEN
+        PERFORM {schema}.bc_placement_attach();
+    END IF;
+END $$;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
     Migration(version=2, name="gateway certificates", sql=_V2),
@@ -203,4 +213,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=4, name="inventory sections", sql=_V4),
     Migration(version=5, name="node lifecycle, devices, conditions and atoms", sql=_V5),
     Migration(version=6, name="the placer's index on atoms", sql=_V6),
+    Migration(version=7, name="the placer's hints follow the atoms", sql=_V7),
 )
