@@ -952,8 +952,8 @@ def time_placement(
 
 
 def book_half(conn: psycopg.Connection[Any], setup: Setup, pool: str, *, layout: str, start: dt.datetime) -> None:
-    """Book half of the pool's atoms over a day around ``start``: the first half of the nodes in the placer's
-    order (``front``), or every other node (``spread``)."""
+    """Book and hold half of the pool's atoms over a day around ``start``: the first half of the nodes in the
+    placer's order (``front``), or every other node (``spread``)."""
     s = f'"{SCHEMA}"'
     conn.execute(f"DELETE FROM {s}.bookings WHERE pool_id = %s AND reservation_id NOT LIKE %s", (pool, PAST + "%"))
     keep = "o <= total / 2" if layout == "front" else "o %% 2 = 1"
@@ -966,6 +966,15 @@ def book_half(conn: psycopg.Connection[Any], setup: Setup, pool: str, *, layout:
         ) AS n ON n.id = a.node_id
         WHERE a.pool_id = %(pool)s AND {keep}""",
         {"pool": pool, "from": start - dt.timedelta(hours=12), "to": start + dt.timedelta(hours=12)},
+    )
+    # ... held, as the placer leaves the atoms it books (its hints count them busy)
+    conn.execute(
+        f"""INSERT INTO {s}.placement_holds (atom_id, reservation_id)
+        SELECT atom_id, reservation_id FROM {s}.bookings WHERE pool_id = %s AND reservation_id LIKE 'rsv_fill_%%'""",
+        (pool,),
+    )
+    conn.execute(
+        f"SELECT {s}.bc_placement_refresh(ARRAY(SELECT id FROM {s}.nodes WHERE pool_id = %s ORDER BY 1))", (pool,)
     )
     for table in ("bookings", "placement_holds", "placement_nodes"):
         conn.execute(f"VACUUM ANALYZE {s}.{table}")

@@ -650,15 +650,15 @@ $f$;
 
 # Placement hints (issue 13's benchmark: placing on a pool half booked from the front walked every booked atom).
 #
-# ``placement_holds`` names the atoms a reservation holds: a row per booking that had not ended when it was written
-# (a trigger on ``bookings``), gone when the reservation is released (``bc_release``) or its booking leaves the live
-# table. ``placement_nodes`` counts, per node and class of atom (kind, MIG profile, model, memory), the available
-# atoms no reservation holds; triggers on ``atoms`` (made by ``bc_placement_attach``) and the functions that change
-# holds keep it. The placer reads it in (pool, class, idle, node) order, so the best fit is the first row that
-# suffices and the largest the last, whatever the pool's size; each node it looks at is then checked atom by atom on
-# the bookings (the exclusion constraint's index), so a wrong hint costs a look, never a wrong placement. When the
-# hints find nothing within a budget of nodes (a calendar window in a gap between holds, bookings written around
-# them), version 2's walk over the pool's atoms decides, renamed ``bc_place_walk``.
+# ``placement_holds`` names the atoms a reservation holds: a row per booking the placer writes (``bc_book``), gone
+# when the reservation is released (``bc_release``) or its booking leaves the live table (a trigger on ``bookings``).
+# ``placement_nodes`` counts, per node and class of atom (kind, MIG profile, model, memory), the available atoms no
+# reservation holds; triggers on ``atoms`` (made by ``bc_placement_attach``) and the functions that change holds keep
+# it. The placer reads it in (pool, class, idle, node) order, so the best fit is the first row that suffices and the
+# largest the last, whatever the pool's size; each node it looks at is then checked atom by atom on the bookings (the
+# exclusion constraint's index), so a wrong hint costs a look, never a wrong placement. When the hints find nothing
+# within a budget of nodes (a calendar window in a gap between holds, bookings written around the placer), version
+# 2's walk over the pool's atoms decides, renamed ``bc_place_walk``.
 #
 # The hint rows of the nodes looked at are locked ``FOR UPDATE SKIP LOCKED``: a concurrent admission takes the next
 # node rather than the same atoms, instead of colliding and placing again.
@@ -750,40 +750,25 @@ BEGIN
 END
 $f$;
 
--- Bookings written: one that has not ended holds its atom; one leaving the live table (taken back, or moved to
--- history) holds it no more.
-CREATE FUNCTION {schema}.bc_bookings_changed() RETURNS trigger
+-- Bookings leaving the live table (taken back, or moved to history) hold their atoms no more.
+CREATE FUNCTION {schema}.bc_bookings_gone() RETURNS trigger
 LANGUAGE plpgsql AS $f$
 DECLARE
     nodes text[];
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        WITH held AS (
-            INSERT INTO {schema}.placement_holds (atom_id, reservation_id)
-            SELECT DISTINCT b.atom_id, b.reservation_id FROM bookings_new AS b
-            WHERE upper_inf(b.during) OR upper(b.during) > now()
-            ON CONFLICT DO NOTHING
-            RETURNING atom_id
-        )
-        SELECT array_agg(DISTINCT a.node_id ORDER BY a.node_id) INTO nodes
-        FROM held JOIN {schema}.atoms AS a ON a.id = held.atom_id;
-    ELSE
-        WITH gone AS (
-            DELETE FROM {schema}.placement_holds AS h USING bookings_old AS b
-            WHERE h.atom_id = b.atom_id AND h.reservation_id = b.reservation_id
-            RETURNING h.atom_id
-        )
-        SELECT array_agg(DISTINCT a.node_id ORDER BY a.node_id) INTO nodes
-        FROM gone JOIN {schema}.atoms AS a ON a.id = gone.atom_id;
-    END IF;
+    WITH gone AS (
+        DELETE FROM {schema}.placement_holds AS h USING bookings_old AS b
+        WHERE h.atom_id = b.atom_id AND h.reservation_id = b.reservation_id
+        RETURNING h.atom_id
+    )
+    SELECT array_agg(DISTINCT a.node_id ORDER BY a.node_id) INTO nodes
+    FROM gone JOIN {schema}.atoms AS a ON a.id = gone.atom_id;
     PERFORM {schema}.bc_placement_refresh(coalesce(nodes, '{}'));
     RETURN NULL;
 END
 $f$;
-CREATE TRIGGER placement_bookings_inserted AFTER INSERT ON {schema}.bookings
-    REFERENCING NEW TABLE AS bookings_new FOR EACH STATEMENT EXECUTE FUNCTION {schema}.bc_bookings_changed();
 CREATE TRIGGER placement_bookings_deleted AFTER DELETE ON {schema}.bookings
-    REFERENCING OLD TABLE AS bookings_old FOR EACH STATEMENT EXECUTE FUNCTION {schema}.bc_bookings_changed();
+    REFERENCING OLD TABLE AS bookings_old FOR EACH STATEMENT EXECUTE FUNCTION {schema}.bc_bookings_gone();
 
 -- Release a reservation's atoms at ``p_at``: a booking not started by then goes (an empty range is not a booking),
 -- one running is cut there, and its holds go. The number of bookings changed.
@@ -968,9 +953,29 @@ BEGIN
 END
 $f$;
 
--- What holds atoms now, and the hints counted from it.
+-- Book atoms for a reservation: version 2's ``bc_book`` (renamed ``bc_book_atoms``), then the reservation holds the
+-- atoms booked.
+ALTER FUNCTION {schema}.bc_book({schema}.reservations, jsonb) RENAME TO bc_book_atoms;
+CREATE FUNCTION {schema}.bc_book(r {schema}.reservations, p jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $f$
+DECLARE
+    placed jsonb := {schema}.bc_book_atoms(r, p);
+BEGIN
+    IF placed IS NOT NULL THEN
+        INSERT INTO {schema}.placement_holds (atom_id, reservation_id)
+        SELECT jsonb_array_elements_text(placed -> 'atom_ids'), r.id ON CONFLICT DO NOTHING;
+        PERFORM {schema}.bc_placement_refresh(ARRAY(
+            SELECT DISTINCT n ->> 'node_id' FROM jsonb_array_elements(placed -> 'nodes') AS t(n) ORDER BY 1));
+    END IF;
+    RETURN placed;
+END
+$f$;
+
+-- What holds atoms now (the live reservations' bookings), and the hints counted from it.
 INSERT INTO {schema}.placement_holds (atom_id, reservation_id)
-SELECT DISTINCT atom_id, reservation_id FROM {schema}.bookings WHERE upper_inf(during) OR upper(during) > now()
+SELECT DISTINCT b.atom_id, b.reservation_id
+FROM {schema}.bookings AS b JOIN {schema}.reservations AS r ON r.id = b.reservation_id
+WHERE r.state IN ('placed', 'bound', 'active')
 ON CONFLICT DO NOTHING;
 SELECT {schema}.bc_placement_attach();
 """

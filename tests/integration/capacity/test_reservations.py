@@ -405,3 +405,28 @@ async def test_cordoned_draining_and_unhealthy_nodes_are_skipped_and_counted(pla
             plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=1, duration="PT1H")
         )
     assert caught.value.details["excluded"] == {"cordoned": 4, "unhealthy": 3, "booked": 1}
+
+
+async def test_released_gpus_are_packed_again_so_a_whole_node_stays_free(plane: Plane, database_url: str) -> None:
+    # Two nodes of 8. A cancelled (and an ended) reservation's GPUs count as free again at once for the best fit:
+    # the next requests fill the node they were on, and a whole-node request still finds the other node whole.
+    pool = await _fleet(plane, database_url, nodes=2)
+    r = _group(plane)
+
+    async def create(gpus: int, **kwargs: Any) -> Any:
+        return await r.create(
+            plane.t.alice,
+            CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=gpus, duration="PT1H", **kwargs),
+        )
+
+    four = await create(4)
+    two = await create(2)
+    assert [p.node_id for p in four.placement] == [p.node_id for p in two.placement] == ["n0"]
+    plane.clock.advance(dt.timedelta(minutes=10))  # it ran for a while: its booking is cut, not taken back
+    await r.cancel(plane.t.alice, CancelReservationInput(id=four.id))
+    six = await create(6)
+    assert [p.node_id for p in six.placement] == ["n0"]  # n0 has 6 free again; n1 stays whole
+    whole = await create(8, constraints=Constraints(one_node=True))
+    assert [p.node_id for p in whole.placement] == ["n1"]
+    why = await r.explain(plane.t.alice, ExplainReservationInput(id=six.id))
+    assert why.rule == "best_fit_one_node"
