@@ -430,3 +430,26 @@ async def test_released_gpus_are_packed_again_so_a_whole_node_stays_free(plane: 
     assert [p.node_id for p in whole.placement] == ["n1"]
     why = await r.explain(plane.t.alice, ExplainReservationInput(id=six.id))
     assert why.rule == "best_fit_one_node"
+
+
+async def test_an_ended_reservations_gpus_are_packed_again(plane: Plane, database_url: str) -> None:
+    pool = await _fleet(plane, database_url, nodes=2)
+    r = _group(plane)
+    # Work the controllers enqueue is dated by the database's clock: keep the manual clock a little ahead of it.
+    plane.clock.set(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5))
+
+    async def create(gpus: int, duration: str) -> Any:
+        made = await r.create(
+            plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=gpus, duration=duration)
+        )
+        return [p.node_id for p in made.placement], made
+
+    assert (await create(4, "PT1H"))[0] == ["n0"]
+    assert (await create(4, "PT3H"))[0] == ["n0"]
+    assert (await create(3, "PT3H"))[0] == ["n1"]
+    plane.clock.advance(HOUR + dt.timedelta(minutes=1))
+    await plane.t.compute.jobs.tick({"controllers"})
+    states = _rows(plane, database_url, "SELECT state, count(*) FROM {s}.reservations GROUP BY 1")
+    assert dict(states) == {"ended": 1, "placed": 2}
+    # n0 has 4 free again, n1 has 5: the best fit for 4 is n0, which keeps n1's 5 for a larger request.
+    assert (await create(4, "PT1H"))[0] == ["n0"]
