@@ -933,7 +933,40 @@ $f$;
 ALTER FUNCTION {schema}.bc_place(text, integer, text, bigint, boolean, boolean, text, tstzrange, text[])
     RENAME TO bc_place_walk;
 
--- Place: from the hints, else by the walk. The answer's ``atom_ids`` lists every atom picked.
+-- How many atoms of the request's kind could serve ``p_window``: the pool's usable ones less those booked over it,
+-- counted from the bookings of the window (an index scan, a key lookup each) rather than probed atom by atom.
+CREATE FUNCTION {schema}.bc_free_count(
+    p_pool text, p_model text, p_min_memory bigint, p_profile text, p_window tstzrange
+) RETURNS integer
+LANGUAGE plpgsql STABLE AS $f$
+DECLARE
+    usable integer;
+    booked integer;
+BEGIN
+    SELECT count(*) INTO usable
+    FROM {schema}.atoms AS a JOIN {schema}.nodes AS n ON n.id = a.node_id
+    WHERE a.pool_id = p_pool AND a.state = 'available'
+      AND n.state = 'adopted' AND NOT n.cordoned AND NOT n.draining
+      AND CASE WHEN p_profile IS NULL THEN a.kind = 'gpu' ELSE a.kind = 'mig' AND a.profile = p_profile END
+      AND (p_model IS NULL OR a.model ILIKE p_model)
+      AND (p_min_memory IS NULL OR a.memory_mib >= p_min_memory);
+    SELECT count(DISTINCT a.id) INTO booked
+    FROM {schema}.bookings AS b
+    JOIN {schema}.atoms AS a ON a.id = b.atom_id
+    JOIN {schema}.nodes AS n ON n.id = a.node_id
+    WHERE b.pool_id = p_pool AND b.during && p_window
+      AND a.pool_id = p_pool AND a.state = 'available'
+      AND n.state = 'adopted' AND NOT n.cordoned AND NOT n.draining
+      AND CASE WHEN p_profile IS NULL THEN a.kind = 'gpu' ELSE a.kind = 'mig' AND a.profile = p_profile END
+      AND (p_model IS NULL OR a.model ILIKE p_model)
+      AND (p_min_memory IS NULL OR a.memory_mib >= p_min_memory);
+    RETURN usable - booked;
+END
+$f$;
+
+-- Place: from the hints, else by the walk, which runs only when enough atoms are free over the window to be worth
+-- it (on a full pool a refusal then costs a count, not a probe of every atom). The answer's ``atom_ids`` lists every
+-- atom picked.
 CREATE FUNCTION {schema}.bc_place(
     p_pool text, p_gpus integer, p_model text, p_min_memory bigint, p_one_node boolean, p_nvlink boolean,
     p_profile text, p_window tstzrange, p_skip text[]
@@ -945,11 +978,80 @@ BEGIN
     placed := {schema}.bc_place_hinted(p_pool, p_gpus, p_model, p_min_memory, p_one_node, p_nvlink, p_profile,
         p_window, p_skip, 8);
     IF placed IS NULL THEN
+        IF {schema}.bc_free_count(p_pool, p_model, p_min_memory, p_profile, p_window) - cardinality(p_skip)
+           < p_gpus THEN
+            RETURN NULL;
+        END IF;
         RETURN {schema}.bc_place_walk(p_pool, p_gpus, p_model, p_min_memory, p_one_node, p_nvlink, p_profile,
             p_window, p_skip);
     END IF;
     RETURN placed || jsonb_build_object('hinted', true, 'atom_ids', (SELECT jsonb_agg(e)
         FROM jsonb_array_elements(placed -> 'nodes') AS c(n), jsonb_array_elements(c.n -> 'atom_ids') AS t(e)));
+END
+$f$;
+
+-- Why nothing fits (version 2's answer): the atoms booked over the window are one set read from the bookings (an
+-- index scan), not a probe per atom; the search for the earliest start stops after ``bc_search_budget`` (a time
+-- budget: on a very large full pool it answers without ``earliest_start`` rather than keep the caller waiting).
+CREATE FUNCTION {schema}.bc_search_budget() RETURNS interval
+LANGUAGE sql IMMUTABLE AS $f$ SELECT interval '250 milliseconds' $f$;
+
+CREATE OR REPLACE FUNCTION {schema}.bc_explain_no_capacity(
+    p_pool text, p jsonb, p_window tstzrange, p_horizon interval
+) RETURNS jsonb
+LANGUAGE plpgsql AS $f$
+DECLARE
+    excluded jsonb;
+    t_at timestamptz;
+    span interval := upper(p_window) - lower(p_window);
+    earliest timestamptz;
+    stop_at timestamptz := clock_timestamp() + {schema}.bc_search_budget();
+BEGIN
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'profile', nullif(count(*) FILTER (WHERE r = 'profile'), 0),
+        'model', nullif(count(*) FILTER (WHERE r = 'model'), 0),
+        'memory', nullif(count(*) FILTER (WHERE r = 'memory'), 0),
+        'cordoned', nullif(count(*) FILTER (WHERE r = 'cordoned'), 0),
+        'unhealthy', nullif(count(*) FILTER (WHERE r = 'unhealthy'), 0),
+        'booked', nullif(count(*) FILTER (WHERE r = 'booked'), 0),
+        'free', nullif(count(*) FILTER (WHERE r = 'free'), 0)))
+    INTO excluded
+    FROM (
+        SELECT CASE
+            WHEN CASE WHEN p ->> 'mig_profile' IS NULL THEN a.kind <> 'gpu'
+                 ELSE a.kind <> 'mig' OR a.profile IS DISTINCT FROM p ->> 'mig_profile' END THEN 'profile'
+            WHEN p ->> 'model' IS NOT NULL AND NOT coalesce(a.model ILIKE p ->> 'model', false) THEN 'model'
+            WHEN p ->> 'min_memory_mib' IS NOT NULL
+                 AND NOT coalesce(a.memory_mib >= (p ->> 'min_memory_mib')::bigint, false) THEN 'memory'
+            WHEN n.cordoned OR n.draining THEN 'cordoned'
+            WHEN a.state <> 'available' OR n.state <> 'adopted' THEN 'unhealthy'
+            WHEN bk.atom_id IS NOT NULL THEN 'booked'
+            ELSE 'free' END AS r
+        FROM {schema}.atoms AS a
+        JOIN {schema}.nodes AS n ON n.id = a.node_id
+        LEFT JOIN (
+            SELECT DISTINCT b.atom_id FROM {schema}.bookings AS b WHERE b.pool_id = p_pool AND b.during && p_window
+        ) AS bk ON bk.atom_id = a.id
+        WHERE a.pool_id = p_pool AND n.state <> 'retired'
+    ) AS why;
+
+    IF coalesce((excluded ->> 'booked')::integer, 0) > 0 THEN
+        FOR t_at IN
+            SELECT DISTINCT upper(b.during) FROM {schema}.bookings AS b
+            WHERE b.pool_id = p_pool AND b.during && tstzrange(lower(p_window), lower(p_window) + p_horizon, '[)')
+              AND upper(b.during) > lower(p_window) AND upper(b.during) <= lower(p_window) + p_horizon
+            ORDER BY 1 LIMIT 64
+        LOOP
+            EXIT WHEN clock_timestamp() > stop_at;
+            IF {schema}.bc_place(p_pool, (p ->> 'gpus')::integer, p ->> 'model', (p ->> 'min_memory_mib')::bigint,
+                    (p ->> 'one_node')::boolean, (p ->> 'nvlink')::boolean, p ->> 'mig_profile',
+                    tstzrange(t_at, t_at + span, '[)'), '{}') IS NOT NULL THEN
+                earliest := t_at;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+    RETURN jsonb_build_object('excluded', coalesce(excluded, '{}'), 'earliest_start', earliest);
 END
 $f$;
 
