@@ -508,6 +508,11 @@ async def cancel_reservation(call: CallContext, input: CancelReservationInput) -
             raise FailedPreconditionError(
                 f"the reservation has {record.state}", details={"id": record.id, "state": record.state}
             )
+        if record.end_at <= now:  # ended; its controller has not said so yet
+            raise FailedPreconditionError(
+                "the reservation has ended",
+                details={"id": record.id, "state": "ended", "end_at": record.end_at.isoformat()},
+            )
         await repository.release(record.id, at=now)
         reason = input.reason or "cancelled"
         record = await repository.transition(record, state="cancelled", at=now, reason=reason)
@@ -635,14 +640,16 @@ async def reconcile_reservation(ctx: ReconcileContext, reservation_id: str) -> O
             return Outcome.done()
         events: list[OutboxEvent] = []
         changed = record
-        if lost:
-            await repository.release(record.id, at=now)
-            changed = await repository.transition(changed, state="failed", at=now, reason="node_failed")
-            events.append(_event(changed, "failed", reason="node_failed", nodes=lost))
-        elif record.end_at <= now:
+        if record.end_at <= now:
+            # Its time is up: it ended, even when a node of it is gone by now (a node lost while it ran wakes this
+            # pass at once, so one found lost after the end was most likely lost after it).
             await repository.release(record.id, at=now)  # its bookings ended: only its holds go
             changed = await repository.transition(changed, state="ended", at=now, reason="end_reached")
             events.append(_event(changed, "ended"))
+        elif lost:
+            await repository.release(record.id, at=now)
+            changed = await repository.transition(changed, state="failed", at=now, reason="node_failed")
+            events.append(_event(changed, "failed", reason="node_failed", nodes=lost))
         else:
             if changed.state == "placed" and await _acknowledged(tx, changed):
                 changed = await repository.transition(changed, state="bound", at=now)

@@ -453,3 +453,30 @@ async def test_an_ended_reservations_gpus_are_packed_again(plane: Plane, databas
     assert dict(states) == {"ended": 1, "placed": 2}
     # n0 has 4 free again, n1 has 5: the best fit for 4 is n0, which keeps n1's 5 for a larger request.
     assert (await create(4, "PT1H"))[0] == ["n0"]
+
+
+async def test_a_reservation_past_its_end_ends_whatever_befell_its_node_after(plane: Plane, database_url: str) -> None:
+    from bettercompute.errors import FailedPreconditionError
+    from bettercompute.modules.nodes import RetireNodeInput
+
+    pool = await _fleet(plane, database_url, nodes=1, gpus=2)
+    r = _group(plane)
+    # Work the controllers enqueue is dated by the database's clock: keep the manual clock a little ahead of it.
+    plane.clock.set(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5))
+    made = await r.create(
+        plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=2, duration="PT1H")
+    )
+    plane.clock.advance(HOUR + dt.timedelta(minutes=5))
+    # Its end passed before any pass of its controller: cancelling it now is refused as for an ended one ...
+    with pytest.raises(FailedPreconditionError) as refused:
+        await r.cancel(plane.t.alice, CancelReservationInput(id=made.id))
+    assert refused.value.details["state"] == "ended"
+    # ... and a node retired after its end does not make it failed: it ran its whole time and ends as planned.
+    await plane.t.compute.api.nodes.retire(plane.t.alice, RetireNodeInput(id="n0", reason="decommissioned"))
+    await plane.t.compute.jobs.tick({"controllers"})
+    await plane.t.compute.jobs.tick({"controllers"})
+    ended = await r.get(plane.t.alice, GetReservationInput(id=made.id))
+    assert (ended.state, ended.reason) == ("ended", "end_reached")
+    sql = f"SELECT lower(during), upper(during) FROM {{s}}.bookings WHERE reservation_id = '{made.id}'"
+    booked = _rows(plane, database_url, sql)
+    assert booked == [(made.start_at, made.end_at)] * 2  # charged for the whole of it
