@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from bettercompute import JoinSettings, LocalKeyKms
-from bettercompute.modules.capacity import CapacityGroup, QuotasGroup
+from bettercompute.modules.capacity import CapacityGroup, QuotasGroup, ReservationsGroup
 from bettercompute.modules.pools import CreatePoolInput, Pool, PoolsGroup
 from bettercompute.testing import ManualClock
 
@@ -41,6 +41,18 @@ class Plane:
         pools: PoolsGroup[Any] = self.t.compute.api.group(PoolsGroup)
         pool: Pool = await pools.create(self.t.alice, CreatePoolInput(tenant=self.t.acme, name=name))
         return pool.id
+
+
+def reservations(plane: Plane) -> ReservationsGroup[Any]:
+    """The plane's ``reservations`` group, typed."""
+    group: ReservationsGroup[Any] = plane.t.compute.api.group(ReservationsGroup)
+    return group
+
+
+def rows(plane: Plane, database_url: str, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` run on the plane's schema (``{s}`` names it), over a connection of its own."""
+    with psycopg.connect(database_url) as conn:
+        return conn.execute(sql.replace("{s}", f'"{plane.t.store.schema}"')).fetchall()
 
 
 @pytest.fixture

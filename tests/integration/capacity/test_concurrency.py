@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from typing import Any
 
 import anyio
-import psycopg
 import pytest
 
 from bettercompute.errors import NoCapacityError
-from bettercompute.modules.capacity import CreateReservationInput, Reservation, ReservationsGroup
+from bettercompute.modules.capacity import CreateReservationInput, Reservation
 
 from .conftest import NOW, Plane, seed_fleet
+from .conftest import reservations as _group
+from .conftest import rows as _rows
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -28,16 +28,6 @@ NODES = 25
 GPUS_PER_NODE = 4
 ATOMS = NODES * GPUS_PER_NODE
 CALLS = 2 * ATOMS
-
-
-def _group(plane: Plane) -> ReservationsGroup[Any]:
-    group: ReservationsGroup[Any] = plane.t.compute.api.group(ReservationsGroup)
-    return group
-
-
-def _rows(plane: Plane, database_url: str, sql: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(database_url) as conn:
-        return conn.execute(sql.replace("{s}", f'"{plane.t.store.schema}"')).fetchall()
 
 
 async def _fleet(plane: Plane, database_url: str) -> str:

@@ -25,25 +25,16 @@ from bettercompute.modules.capacity import (
     ExtendReservationInput,
     GetReservationInput,
     ListReservationsInput,
-    ReservationsGroup,
     SetQuotaInput,
 )
 
 from .conftest import NOW, Plane, seed_fleet
+from .conftest import reservations as _group
+from .conftest import rows as _rows
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
 HOUR = dt.timedelta(hours=1)
-
-
-def _group(plane: Plane) -> ReservationsGroup[Any]:
-    group: ReservationsGroup[Any] = plane.t.compute.api.group(ReservationsGroup)
-    return group
-
-
-def _rows(plane: Plane, database_url: str, sql: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(database_url) as conn:
-        return conn.execute(sql.replace("{s}", f'"{plane.t.store.schema}"')).fetchall()
 
 
 def _written(plane: Plane, database_url: str) -> tuple[Any, ...]:
