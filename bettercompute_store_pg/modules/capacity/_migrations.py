@@ -750,20 +750,31 @@ BEGIN
 END
 $f$;
 
+-- The hints of the nodes of these atoms, counted again (where node identity is off there are no atoms, and so no
+-- holds: the atoms are looked up only when some were held).
+CREATE FUNCTION {schema}.bc_placement_refresh_atoms(p_atoms text[]) RETURNS void
+LANGUAGE plpgsql AS $f$
+BEGIN
+    IF cardinality(p_atoms) > 0 THEN
+        PERFORM {schema}.bc_placement_refresh(ARRAY(
+            SELECT DISTINCT a.node_id FROM {schema}.atoms AS a WHERE a.id = ANY (p_atoms) ORDER BY 1));
+    END IF;
+END
+$f$;
+
 -- Bookings leaving the live table (taken back, or moved to history) hold their atoms no more.
 CREATE FUNCTION {schema}.bc_bookings_gone() RETURNS trigger
 LANGUAGE plpgsql AS $f$
 DECLARE
-    nodes text[];
+    held text[];
 BEGIN
     WITH gone AS (
         DELETE FROM {schema}.placement_holds AS h USING bookings_old AS b
         WHERE h.atom_id = b.atom_id AND h.reservation_id = b.reservation_id
         RETURNING h.atom_id
     )
-    SELECT array_agg(DISTINCT a.node_id ORDER BY a.node_id) INTO nodes
-    FROM gone JOIN {schema}.atoms AS a ON a.id = gone.atom_id;
-    PERFORM {schema}.bc_placement_refresh(coalesce(nodes, '{}'));
+    SELECT array_agg(DISTINCT atom_id) INTO held FROM gone;
+    PERFORM {schema}.bc_placement_refresh_atoms(coalesce(held, '{}'));
     RETURN NULL;
 END
 $f$;
@@ -777,7 +788,7 @@ LANGUAGE plpgsql AS $f$
 DECLARE
     n_gone integer;
     n_cut integer;
-    nodes text[];
+    held text[];
 BEGIN
     DELETE FROM {schema}.bookings WHERE reservation_id = p_id AND lower(during) >= p_at;
     GET DIAGNOSTICS n_gone = ROW_COUNT;
@@ -787,9 +798,8 @@ BEGIN
     WITH gone AS (
         DELETE FROM {schema}.placement_holds WHERE reservation_id = p_id RETURNING atom_id
     )
-    SELECT array_agg(DISTINCT a.node_id ORDER BY a.node_id) INTO nodes
-    FROM gone JOIN {schema}.atoms AS a ON a.id = gone.atom_id;
-    PERFORM {schema}.bc_placement_refresh(coalesce(nodes, '{}'));
+    SELECT array_agg(DISTINCT atom_id) INTO held FROM gone;
+    PERFORM {schema}.bc_placement_refresh_atoms(coalesce(held, '{}'));
     RETURN n_gone + n_cut;
 END
 $f$;
