@@ -27,10 +27,15 @@ from bettercompute.modules.webhooks._signing import DEFAULT_TOLERANCE as DEFAULT
 from bettercompute.modules.webhooks._signing import EVENT_ID_HEADER as EVENT_ID_HEADER
 from bettercompute.modules.webhooks._signing import EVENT_TYPE_HEADER as EVENT_TYPE_HEADER
 from bettercompute.modules.webhooks._signing import SIGNATURE_HEADER as SIGNATURE_HEADER
+from bettercompute.modules.webhooks._signing import STANDARD_ID_HEADER as STANDARD_ID_HEADER
+from bettercompute.modules.webhooks._signing import STANDARD_SIGNATURE_HEADER as STANDARD_SIGNATURE_HEADER
+from bettercompute.modules.webhooks._signing import STANDARD_TIMESTAMP_HEADER as STANDARD_TIMESTAMP_HEADER
 from bettercompute.modules.webhooks._signing import WebhookSettings as WebhookSettings
 from bettercompute.modules.webhooks._signing import WebhookVerificationError as WebhookVerificationError
 from bettercompute.modules.webhooks._signing import sign as sign
 from bettercompute.modules.webhooks._signing import signature_header as signature_header
+from bettercompute.modules.webhooks._signing import standard_headers as standard_headers
+from bettercompute.modules.webhooks._signing import standard_signature as standard_signature
 from bettercompute.modules.webhooks._signing import verify as verify
 
 __all__ = [
@@ -41,6 +46,9 @@ __all__ = [
     "RETENTION",
     "SENDER",
     "SIGNATURE_HEADER",
+    "STANDARD_ID_HEADER",
+    "STANDARD_SIGNATURE_HEADER",
+    "STANDARD_TIMESTAMP_HEADER",
     "WEBHOOKS",
     "CreateWebhookInput",
     "CreatedWebhook",
@@ -65,5 +73,7 @@ __all__ = [
     "WebhooksModule",
     "sign",
     "signature_header",
+    "standard_headers",
+    "standard_signature",
     "verify",
 ]

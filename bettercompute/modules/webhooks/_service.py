@@ -15,6 +15,7 @@ system event) goes to no webhook. Publish tenant-scoped events with ``Events.eve
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import logging
@@ -59,6 +60,7 @@ from bettercompute.modules.webhooks._signing import (
     SIGNATURE_HEADER,
     WebhookSettings,
     signature_header,
+    standard_headers,
 )
 from bettercompute.paging import Keyset
 from bettercompute.ports import Kms, ResourceRef, StoredEvent
@@ -164,7 +166,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
             raise _url_refused(problem)
     url = str(destination)
     subscription_id = f"wh_{secrets.token_hex(8)}"
-    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    secret = SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()  # the standard form
     sealed = await _kms(context.kms).encrypt(secret.encode(), context=secret_context(input.tenant, subscription_id))
     event_types = tuple(dict.fromkeys(input.event_types))
     async with call.transaction() as tx:
@@ -326,6 +328,8 @@ async def _attempt(
     headers = {
         "content-type": "application/json",
         "user-agent": f"bettercompute-webhooks/{__version__}",
+        **standard_headers([secret.decode()], delivery.event_id, timestamp, body),
+        # the headers of earlier versions, for receivers written against them
         SIGNATURE_HEADER: signature_header(secret.decode(), timestamp, body),
         EVENT_ID_HEADER: delivery.event_id,
         EVENT_TYPE_HEADER: delivery.event_type,

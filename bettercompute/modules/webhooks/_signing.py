@@ -1,26 +1,40 @@
 """Signed webhooks: how Better Compute signs a delivery, and ``verify`` for the receiving side.
 
-Every delivery is a ``POST`` of a JSON body with these headers:
+Deliveries follow the Standard Webhooks specification (https://www.standardwebhooks.com), so a receiver in any
+language can check them with that project's libraries (``standardwebhooks`` for Python, Svix's for others). Every
+delivery is a ``POST`` of a JSON body (``id``, ``type`` -- the event's type, ``webhook.test`` for ``webhooks.test``
+--, ``key``, ``seq``, ``tenant``, ``created_at`` and the payload under ``data``) with these headers:
 
-- ``Bettercompute-Event-Id``: the event's id, the same on every retry of it; use it to drop duplicates (delivery is
-  at least once).
-- ``Bettercompute-Event-Type``: the event's type (``webhook.test`` for ``webhooks.test``).
-- ``Bettercompute-Signature``: ``t=<unix seconds>,v1=<hex>``, where ``<hex>`` is HMAC-SHA256, keyed by the
-  subscription's secret (``whsec_...``, the whole string), of ``<t>.<body>`` (the raw body bytes). A new ``t`` and
-  signature are made for every attempt, so a receiver may refuse old timestamps (the replay window).
+- ``webhook-id``: the event's id, the same on every retry of it; use it to drop duplicates (delivery is at least
+  once).
+- ``webhook-timestamp``: the attempt's time in unix seconds; a new one on every attempt, so a receiver may refuse
+  old ones (the replay window).
+- ``webhook-signature``: ``v1,<base64 of HMAC-SHA256 of "<webhook-id>.<webhook-timestamp>.<body>">``, keyed by the
+  subscription's secret ``whsec_<base64>`` decoded; several, separated by spaces, when more than one secret signs.
+
+The headers of earlier versions are sent too, for receivers written against them: ``Bettercompute-Event-Id``,
+``Bettercompute-Event-Type`` and ``Bettercompute-Signature`` (``t=<unix seconds>,v1=<hex>``, HMAC-SHA256 of
+``<t>.<body>`` keyed by the whole secret string). ``verify`` checks the standard headers when they are there and
+those otherwise. Secrets made by earlier versions (``whsec_`` and URL-safe base64) sign the standard headers too,
+keyed as the reference library decodes them; a receiver in another language should replace such a secret (delete the
+subscription and create it again) to get one in standard base64.
 
 A receiver reads the raw body (before any JSON parsing) and calls::
 
-    from bettercompute.modules.webhooks._signing import verify
+    from bettercompute.modules.webhooks import verify
     verify(secret, request.headers, body)  # raises WebhookVerificationError
+
+or, with the Standard Webhooks library, ``standardwebhooks.Webhook(secret).verify(body, request.headers)``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 import httpx
@@ -31,16 +45,25 @@ __all__ = [
     "EVENT_ID_HEADER",
     "EVENT_TYPE_HEADER",
     "SIGNATURE_HEADER",
+    "STANDARD_ID_HEADER",
+    "STANDARD_SIGNATURE_HEADER",
+    "STANDARD_TIMESTAMP_HEADER",
     "WebhookSettings",
     "WebhookVerificationError",
     "sign",
     "signature_header",
+    "standard_headers",
+    "standard_signature",
     "verify",
 ]
 
 SIGNATURE_HEADER = "Bettercompute-Signature"
 EVENT_ID_HEADER = "Bettercompute-Event-Id"
 EVENT_TYPE_HEADER = "Bettercompute-Event-Type"
+STANDARD_ID_HEADER = "webhook-id"
+STANDARD_TIMESTAMP_HEADER = "webhook-timestamp"
+STANDARD_SIGNATURE_HEADER = "webhook-signature"
+_SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
 DEFAULT_TOLERANCE = dt.timedelta(minutes=5)
 _MAX_RETENTION = dt.timedelta(days=36525)  # beyond, the database's timestamps would overflow
 
@@ -132,6 +155,32 @@ def signature_header(secret: str, timestamp: int, body: bytes) -> str:
     return f"t={timestamp},v1={sign(secret, timestamp, body)}"
 
 
+def _standard_key(secret: str) -> bytes:
+    """The HMAC key of a ``whsec_<base64>`` secret, decoded as the specification's reference library decodes it
+    (padding added, characters outside the alphabet skipped), so that every secret this project ever made verifies
+    with it."""
+    encoded = secret[len(_SECRET_PREFIX) :] if secret.startswith(_SECRET_PREFIX) else secret
+    try:
+        return base64.b64decode(encoded + "==")
+    except (binascii.Error, ValueError):
+        return secret.encode()
+
+
+def standard_signature(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
+    """One entry of ``webhook-signature``: ``v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">``."""
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(_standard_key(secret), signed, hashlib.sha256).digest()).decode()
+
+
+def standard_headers(secrets: Sequence[str], message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The Standard Webhooks headers of a delivery, signed by each of ``secrets``."""
+    return {
+        STANDARD_ID_HEADER: message_id,
+        STANDARD_TIMESTAMP_HEADER: str(timestamp),
+        STANDARD_SIGNATURE_HEADER: " ".join(standard_signature(s, message_id, timestamp, body) for s in secrets),
+    }
+
+
 def _header(headers: Mapping[str, str], name: str) -> str | None:
     wanted = name.lower()
     for key, value in headers.items():
@@ -162,10 +211,63 @@ def verify(
             in constant time), or the timestamp is outside the window.
     """
     raw = body.encode() if isinstance(body, str) else body
+    standard = _header(headers, STANDARD_SIGNATURE_HEADER)
+    if standard is not None:
+        timestamp, candidates, expected = _standard_parts(secret, headers, standard, raw)
+    else:
+        timestamp, candidates, expected = _legacy_parts(secret, headers, raw)
+    # Every candidate is compared, so the time taken does not depend on which one matched.
+    matched = False
+    for candidate in candidates:
+        matched |= hmac.compare_digest(expected.encode(), candidate.encode())
+    if not matched:
+        raise WebhookVerificationError("the webhook signature does not match", details={"reason": "mismatch"})
+    current = (now or dt.datetime.now(dt.UTC)).timestamp()
+    if abs(current - timestamp) > tolerance.total_seconds():
+        raise WebhookVerificationError(
+            "the webhook signature's timestamp is outside the replay window",
+            details={"reason": "expired", "tolerance_seconds": tolerance.total_seconds()},
+        )
+
+
+def _unix(value: str | None, header: str) -> int:
+    if value is None:
+        raise WebhookVerificationError(
+            f"the {header} header is missing", details={"reason": "missing", "header": header}
+        )
+    if not (value.isascii() and value.isdigit() and len(value) <= 12):
+        raise WebhookVerificationError(
+            f"the {header} header is not unix seconds", details={"reason": "malformed", "header": header}
+        )
+    return int(value)
+
+
+def _standard_parts(
+    secret: str, headers: Mapping[str, str], signatures: str, body: bytes
+) -> tuple[int, list[str], str]:
+    """The timestamp, the ``v1`` signatures offered and the one expected, from the Standard Webhooks headers."""
+    message_id = _header(headers, STANDARD_ID_HEADER)
+    if not message_id:
+        raise WebhookVerificationError(
+            f"the {STANDARD_ID_HEADER} header is missing", details={"reason": "missing", "header": STANDARD_ID_HEADER}
+        )
+    timestamp = _unix(_header(headers, STANDARD_TIMESTAMP_HEADER), STANDARD_TIMESTAMP_HEADER)
+    candidates = [token for token in signatures.split(" ") if token.startswith("v1,") and len(token) > 3]
+    if not candidates:
+        raise WebhookVerificationError(
+            f"the {STANDARD_SIGNATURE_HEADER} header holds no 'v1,<base64>' signature",
+            details={"reason": "malformed", "header": STANDARD_SIGNATURE_HEADER},
+        )
+    return timestamp, candidates, standard_signature(secret, message_id, timestamp, body)
+
+
+def _legacy_parts(secret: str, headers: Mapping[str, str], body: bytes) -> tuple[int, list[str], str]:
+    """The same from the headers of earlier versions (``Bettercompute-Signature: t=<unix>,v1=<hex>``)."""
     value = _header(headers, SIGNATURE_HEADER)
     if value is None:
         raise WebhookVerificationError(
-            f"the {SIGNATURE_HEADER} header is missing", details={"reason": "missing", "header": SIGNATURE_HEADER}
+            f"the {STANDARD_SIGNATURE_HEADER} header is missing",
+            details={"reason": "missing", "header": STANDARD_SIGNATURE_HEADER},
         )
     timestamp: int | None = None
     candidates: list[str] = []
@@ -182,16 +284,4 @@ def verify(
             f"the {SIGNATURE_HEADER} header is not 't=<unix>,v1=<hex>'",
             details={"reason": "malformed", "header": SIGNATURE_HEADER},
         )
-    expected = sign(secret, timestamp, raw)
-    # Every candidate is compared, so the time taken does not depend on which one matched.
-    matched = False
-    for candidate in candidates:
-        matched |= hmac.compare_digest(expected.encode(), candidate.encode())
-    if not matched:
-        raise WebhookVerificationError("the webhook signature does not match", details={"reason": "mismatch"})
-    current = (now or dt.datetime.now(dt.UTC)).timestamp()
-    if abs(current - timestamp) > tolerance.total_seconds():
-        raise WebhookVerificationError(
-            "the webhook signature's timestamp is outside the replay window",
-            details={"reason": "expired", "tolerance_seconds": tolerance.total_seconds()},
-        )
+    return timestamp, candidates, sign(secret, timestamp, body)

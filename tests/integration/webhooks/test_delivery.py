@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections import defaultdict
@@ -9,6 +10,7 @@ from collections import defaultdict
 import anyio
 import psycopg
 import pytest
+import standardwebhooks
 
 from bettercompute import BetterCompute
 from bettercompute.modules.webhooks import (
@@ -202,3 +204,23 @@ async def test_a_sender_without_the_key_spends_no_attempt_and_never_dead_letters
     verify(secret, item.headers, item.body)
     done = await _only_delivery(hooks, webhook_id)
     assert done.status == "delivered" and done.attempts == 2 and done.last_error is None
+
+
+async def test_a_standard_webhooks_receiver_verifies_real_deliveries(hooks: Hooks, receiver: Receiver) -> None:
+    _, secret = await hooks.subscribe(receiver.url)
+    # The secret is in the specification's form: whsec_ and the standard base64 of 32 random bytes.
+    assert secret.startswith("whsec_") and len(base64.b64decode(secret[6:], validate=True)) == 32
+    await hooks.publish("reservation.placed", "rsv_1", n=1)
+    await hooks.pump(lambda: len(receiver.received) >= 1)
+    item = receiver.received[0]
+    receiving = standardwebhooks.Webhook(secret)
+    event = receiving.verify(item.body, item.headers)
+    assert event["type"] == "reservation.placed" and event["data"]["n"] == 1
+    assert item.headers["webhook-id"] == event["id"] == item.headers[EVENT_ID_HEADER.lower()]
+    verify(secret, item.headers, item.body)  # the earlier headers are there too, for receivers written against them
+    verify(secret, {k: v for k, v in item.headers.items() if not k.startswith("webhook-")}, item.body)
+    with pytest.raises(standardwebhooks.WebhookVerificationError):
+        receiving.verify(item.body.replace(b'"n":1', b'"n":2'), item.headers)
+    stale = {**item.headers, "webhook-timestamp": str(int(item.headers["webhook-timestamp"]) - 3600)}
+    with pytest.raises(standardwebhooks.WebhookVerificationError):
+        receiving.verify(item.body, stale)
