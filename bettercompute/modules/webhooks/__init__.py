@@ -20,6 +20,7 @@ from bettercompute.modules.webhooks._schemas import ListDeliveriesInput as ListD
 from bettercompute.modules.webhooks._schemas import ListDeliveriesOutput as ListDeliveriesOutput
 from bettercompute.modules.webhooks._schemas import ListWebhooksInput as ListWebhooksInput
 from bettercompute.modules.webhooks._schemas import ListWebhooksOutput as ListWebhooksOutput
+from bettercompute.modules.webhooks._schemas import RotateWebhookSecretInput as RotateWebhookSecretInput
 from bettercompute.modules.webhooks._schemas import Webhook as Webhook
 from bettercompute.modules.webhooks._schemas import WebhookTestInput as WebhookTestInput
 from bettercompute.modules.webhooks._schemas import WebhookTestOutput as WebhookTestOutput
@@ -61,6 +62,7 @@ __all__ = [
     "ListDeliveriesOutput",
     "ListWebhooksInput",
     "ListWebhooksOutput",
+    "RotateWebhookSecretInput",
     "Webhook",
     "WebhookDelivery",
     "WebhookSettings",

@@ -16,6 +16,7 @@ class WebhooksGroup(GroupSpec[B]):
     name = "webhooks"
     create = _service.create
     list = _service.list_webhooks
+    rotate_secret = _service.rotate_secret
     delete = _service.delete
     test = _service.test
     deliveries = _service.deliveries

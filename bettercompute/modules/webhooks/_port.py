@@ -46,7 +46,8 @@ class WebhookDelivery:
 class DueDelivery:
     """A delivery claimed for one attempt until ``claimed_until``; ``token`` proves the claim is still its own.
 
-    ``sealed_secret`` is the subscription's KMS blob (context ``webhook:<tenant>:<subscription_id>``); ``body`` the
+    ``sealed_secret`` is the subscription's KMS blob (context ``webhook:<tenant>:<subscription_id>``), and
+    ``previous_sealed_secret`` the one it replaced while that still signs too (a rotation's overlap); ``body`` the
     exact bytes to sign and send; ``attempts`` counts the attempts made before this one.
     """
 
@@ -60,6 +61,7 @@ class DueDelivery:
     event_type: str
     body: str
     attempts: int
+    previous_sealed_secret: bytes | None = None
 
     def __repr__(self) -> str:
         return f"DueDelivery(id={self.id}, subscription_id={self.subscription_id!r}, event_id={self.event_id!r})"
@@ -86,9 +88,9 @@ class Webhooks(Protocol):
 
     Deliveries of one subscription and one event key are handed out one at a time in the order they were added: a
     delivery is not claimed while an earlier one of its key is still pending (delivered and dead ones no longer
-    hold it back). A subscription's deletion deletes its deliveries. ``create``, ``delete`` and ``add_delivery`` need
-    a transaction (``tx.repository(WEBHOOKS)``); the deliveries' own writes (``fan_out``, ``claim``, ``record``,
-    ``purge``) commit on their own.
+    hold it back). A subscription's deletion deletes its deliveries. ``create``, ``rotate``, ``delete`` and
+    ``add_delivery`` need a transaction (``tx.repository(WEBHOOKS)``); the deliveries' own writes (``fan_out``,
+    ``claim``, ``record``, ``purge``) commit on their own.
     """
 
     async def create(
@@ -110,6 +112,13 @@ class Webhooks(Protocol):
 
     async def delete(self, *, tenant: str, id: str) -> WebhookSubscription | None:
         """Delete a subscription of ``tenant`` and its deliveries; ``None`` when the tenant has no such one."""
+        ...
+
+    async def rotate(
+        self, *, tenant: str, id: str, sealed_secret: bytes, previous_until: dt.datetime | None
+    ) -> WebhookSubscription | None:
+        """Give a subscription of ``tenant`` a new sealed secret; the one it replaces keeps signing next to it until
+        ``previous_until`` (not at all when ``None``). ``None`` when the tenant has no such subscription."""
         ...
 
     async def add_delivery(

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import attrs
 
-from bettercompute.fields import Items, Text
+from bettercompute.fields import Integer, Items, Text
 from bettercompute.paging import PageInput
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "ListDeliveriesOutput",
     "ListWebhooksInput",
     "ListWebhooksOutput",
+    "RotateWebhookSecretInput",
     "Webhook",
     "WebhookTestInput",
     "WebhookTestOutput",
@@ -126,6 +127,23 @@ class DeleteWebhookInput:
 
     tenant: str = attrs.field(validator=_ID)
     id: str = attrs.field(validator=_ID)
+
+
+MAX_OVERLAP = 7 * 24 * 3600
+"""The longest a replaced signing secret keeps signing next to the new one (seconds)."""
+
+
+@attrs.frozen(kw_only=True)
+class RotateWebhookSecretInput:
+    """A subscription whose signing secret to replace. The replaced secret keeps signing next to the new one for
+    ``overlap_seconds`` (a day by default; 0 ends it at once), while receivers move to the new one."""
+
+    tenant: str = attrs.field(validator=_ID)
+    id: str = attrs.field(validator=_ID)
+    overlap_seconds: int = attrs.field(
+        default=24 * 3600,
+        validator=Integer(minimum=0, maximum=MAX_OVERLAP, reason=f"must be between 0 and {MAX_OVERLAP} seconds"),
+    )
 
 
 @attrs.frozen(kw_only=True)

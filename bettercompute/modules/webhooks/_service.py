@@ -50,6 +50,7 @@ from bettercompute.modules.webhooks._schemas import (
     ListDeliveriesOutput,
     ListWebhooksInput,
     ListWebhooksOutput,
+    RotateWebhookSecretInput,
     Webhook,
     WebhookTestInput,
     WebhookTestOutput,
@@ -142,6 +143,14 @@ def _url_refused(problem: str) -> InvalidInputError:
     return InvalidInputError(f"url: {problem}", details={"path": "url", "reason": problem})
 
 
+async def _new_secret(context: Any, tenant: str, subscription_id: str) -> tuple[str, bytes]:
+    """A signing secret in the Standard Webhooks form (``whsec_`` and the base64 of 32 random bytes), and its KMS
+    blob sealed under the subscription's context."""
+    secret = SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
+    sealed = await _kms(context.kms).encrypt(secret.encode(), context=secret_context(tenant, subscription_id))
+    return secret, sealed
+
+
 @method(mutates=True, resource=_tenant, replayable=False)
 async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook:
     """Subscribe a URL to the tenant's events; the signing secret is in this answer only.
@@ -166,8 +175,7 @@ async def create(call: CallContext, input: CreateWebhookInput) -> CreatedWebhook
             raise _url_refused(problem)
     url = str(destination)
     subscription_id = f"wh_{secrets.token_hex(8)}"
-    secret = SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()  # the standard form
-    sealed = await _kms(context.kms).encrypt(secret.encode(), context=secret_context(input.tenant, subscription_id))
+    secret, sealed = await _new_secret(context, input.tenant, subscription_id)
     event_types = tuple(dict.fromkeys(input.event_types))
     async with call.transaction() as tx:
         await require_tenant(tx, input.tenant)
@@ -206,6 +214,33 @@ async def list_webhooks(call: CallContext, input: ListWebhooksInput) -> ListWebh
     )
     webhooks, next_cursor = _WEBHOOK_PAGES.page(scope, [_webhook(s) for s in subscriptions], input.limit)
     return ListWebhooksOutput(webhooks=webhooks, next_cursor=next_cursor)
+
+
+@method(mutates=True, resource=_tenant, replayable=False)
+async def rotate_secret(call: CallContext, input: RotateWebhookSecretInput) -> CreatedWebhook:
+    """Replace a subscription's signing secret; the new one is in this answer only. Deliveries are signed with both
+    secrets (two ``v1`` signatures in ``webhook-signature``) for ``overlap_seconds``, so receivers can move to the
+    new one without refusing a delivery; rotating again within the overlap ends the older secret's at once.
+
+    Raises:
+        NotFoundError: the tenant has no such subscription.
+    """
+    context = call.context
+    secret, sealed = await _new_secret(context, input.tenant, input.id)
+    until = context.clock.now() + dt.timedelta(seconds=input.overlap_seconds) if input.overlap_seconds else None
+    async with call.transaction() as tx:
+        rotated = await tx.repository(WEBHOOKS).rotate(
+            tenant=input.tenant, id=input.id, sealed_secret=sealed, previous_until=until
+        )
+        if rotated is None:
+            raise NotFoundError("no such webhook in this tenant", details={"id": input.id})
+        call.describe(
+            resource_type="webhook",
+            resource_id=input.id,
+            tenant=input.tenant,
+            details={"overlap_seconds": input.overlap_seconds},
+        )
+    return CreatedWebhook(webhook=_webhook(rotated), secret=secret)
 
 
 @method(mutates=True, resource=_tenant)
@@ -323,12 +358,21 @@ async def _attempt(
             retry_in=backoff(settings, delivery.attempts + 1),
             attempted=False,
         )
+    signing = [secret.decode()]
+    if delivery.previous_sealed_secret is not None:  # a rotation's overlap: the replaced secret signs too
+        try:
+            previous = await _kms(context.kms).decrypt(
+                delivery.previous_sealed_secret, context=secret_context(delivery.tenant, delivery.subscription_id)
+            )
+            signing.append(previous.decode())
+        except ComputeError as exc:
+            log.error("cannot open the previous secret of webhook %s: %s", delivery.subscription_id, type(exc).__name__)
     body = delivery.body.encode()
     timestamp = int(context.clock.now().timestamp())
     headers = {
         "content-type": "application/json",
         "user-agent": f"bettercompute-webhooks/{__version__}",
-        **standard_headers([secret.decode()], delivery.event_id, timestamp, body),
+        **standard_headers(signing, delivery.event_id, timestamp, body),
         # the headers of earlier versions, for receivers written against them
         SIGNATURE_HEADER: signature_header(secret.decode(), timestamp, body),
         EVENT_ID_HEADER: delivery.event_id,

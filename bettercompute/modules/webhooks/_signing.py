@@ -16,8 +16,8 @@ The headers of earlier versions are sent too, for receivers written against them
 ``Bettercompute-Event-Type`` and ``Bettercompute-Signature`` (``t=<unix seconds>,v1=<hex>``, HMAC-SHA256 of
 ``<t>.<body>`` keyed by the whole secret string). ``verify`` checks the standard headers when they are there and
 those otherwise. Secrets made by earlier versions (``whsec_`` and URL-safe base64) sign the standard headers too,
-keyed as the reference library decodes them; a receiver in another language should replace such a secret (delete the
-subscription and create it again) to get one in standard base64.
+keyed as the reference library decodes them; a receiver in another language should replace such a secret
+(``webhooks.rotate_secret``) to get one in standard base64.
 
 A receiver reads the raw body (before any JSON parsing) and calls::
 

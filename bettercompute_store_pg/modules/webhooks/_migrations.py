@@ -48,6 +48,15 @@ CREATE INDEX webhook_deliveries_heads ON {schema}.webhook_deliveries (subscripti
     WHERE status = 'pending';
 """
 
+# Signing-secret rotation: the secret being replaced keeps signing, next to the new one, until ``previous_until``.
+_V2 = """
+ALTER TABLE {schema}.webhook_subscriptions
+    ADD COLUMN previous_sealed_secret bytea,
+    ADD COLUMN previous_until timestamptz,
+    ADD CHECK ((previous_sealed_secret IS NULL) = (previous_until IS NULL));
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="subscriptions and deliveries", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
+    Migration(version=2, name="signing-secret rotation", sql=_V2),
 )

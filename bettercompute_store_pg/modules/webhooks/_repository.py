@@ -34,6 +34,15 @@ ORDER BY created_at, id LIMIT :limit
 
 _DELETE = f"DELETE FROM {{s}}.webhook_subscriptions WHERE id = :id AND tenant = :tenant RETURNING {_COLUMNS}"
 
+_ROTATE = f"""
+UPDATE {{s}}.webhook_subscriptions SET
+    previous_sealed_secret = CASE WHEN CAST(:previous_until AS timestamptz) IS NULL THEN NULL ELSE sealed_secret END,
+    previous_until = :previous_until,
+    sealed_secret = :sealed_secret
+WHERE id = :id AND tenant = :tenant
+RETURNING {_COLUMNS}
+"""
+
 _ADD = """
 INSERT INTO {s}.webhook_deliveries (subscription_id, event_id, event_type, event_key, body)
 SELECT id, :event_id, :event_type, :event_key, :body FROM {s}.webhook_subscriptions
@@ -95,7 +104,8 @@ UPDATE {s}.webhook_deliveries AS d SET claim_token = gen_random_uuid()::text, cl
 FROM picked, {s}.webhook_subscriptions AS w
 WHERE d.id = picked.id AND w.id = d.subscription_id
 RETURNING d.id, d.claim_token, d.subscription_id, w.tenant, w.url, w.sealed_secret, d.event_id, d.event_type, d.body,
-    d.attempts, d.next_attempt_at, picked.turn
+    d.attempts, d.next_attempt_at, picked.turn,
+    CASE WHEN w.previous_until > now() THEN w.previous_sealed_secret END AS previous_sealed_secret
 """
 
 _RECORD = """
@@ -171,6 +181,7 @@ def _due(row: Any) -> DueDelivery:
         tenant=row.tenant,
         url=row.url,
         sealed_secret=bytes(row.sealed_secret),
+        previous_sealed_secret=bytes(row.previous_sealed_secret) if row.previous_sealed_secret is not None else None,
         event_id=row.event_id,
         event_type=row.event_type,
         body=row.body,
@@ -203,6 +214,7 @@ class PgWebhooks(PgRepository):
         self._create = db.sql(_CREATE)
         self._list = db.sql(_LIST)
         self._delete = db.sql(_DELETE)
+        self._rotate = db.sql(_ROTATE)
         self._add = db.sql(_ADD)
         self._fan_out = db.sql(_FAN_OUT)
         self._claim = db.sql(_CLAIM)
@@ -242,6 +254,15 @@ class PgWebhooks(PgRepository):
     async def delete(self, *, tenant: str, id: str) -> WebhookSubscription | None:
         """Delete a subscription of ``tenant`` (its deliveries go with it)."""
         rows = await self._fetch_in_transaction("delete", self._delete, {"id": id, "tenant": tenant})
+        return _subscription(rows[0]) if rows else None
+
+    async def rotate(
+        self, *, tenant: str, id: str, sealed_secret: bytes, previous_until: dt.datetime | None
+    ) -> WebhookSubscription | None:
+        """Replace the subscription's secret in the caller's transaction; the one replaced keeps signing until
+        ``previous_until`` (not at all when ``None``)."""
+        params = {"id": id, "tenant": tenant, "sealed_secret": sealed_secret, "previous_until": previous_until}
+        rows = await self._fetch_in_transaction("rotate", self._rotate, params)
         return _subscription(rows[0]) if rows else None
 
     async def add_delivery(

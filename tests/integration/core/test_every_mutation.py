@@ -45,7 +45,12 @@ from bettercompute.modules.pools import (
     UpdatePoolInput,
 )
 from bettercompute.modules.secrets import CreateSecretInput, DeleteSecretInput
-from bettercompute.modules.webhooks import CreateWebhookInput, DeleteWebhookInput, WebhookTestInput
+from bettercompute.modules.webhooks import (
+    CreateWebhookInput,
+    DeleteWebhookInput,
+    RotateWebhookSecretInput,
+    WebhookTestInput,
+)
 from bettercompute.ports import ResourceRef
 from bettercompute_iam import (
     CreateBindingInput,
@@ -198,6 +203,13 @@ async def _webhooks_delete(w: World) -> tuple[Any, Any]:
     )
 
 
+async def _webhooks_rotate(w: World) -> tuple[Any, Any]:
+    return (
+        RotateWebhookSecretInput(tenant=w.t.acme, id=await w.webhook()),
+        RotateWebhookSecretInput(tenant=w.t.acme, id=await w.webhook(), overlap_seconds=0),
+    )
+
+
 async def _webhooks_test(w: World) -> tuple[Any, Any]:
     return (
         WebhookTestInput(tenant=w.t.acme, id=await w.webhook()),
@@ -330,6 +342,7 @@ RECIPES: dict[str, Recipe] = {
     "reservations.extend": _reservations_extend,
     "webhooks.create": _webhooks_create,
     "webhooks.delete": _webhooks_delete,
+    "webhooks.rotate-secret": _webhooks_rotate,
     "webhooks.test": _webhooks_test,
     "secrets.create": _secrets_create,
     "secrets.delete": _secrets_delete,

@@ -22,7 +22,7 @@ from bettercompute.modules.webhooks import (
     verify,
 )
 
-from .conftest import FAST, Hooks, Receiver
+from .conftest import FAST, Hooks, Received, Receiver
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -224,3 +224,61 @@ async def test_a_standard_webhooks_receiver_verifies_real_deliveries(hooks: Hook
     stale = {**item.headers, "webhook-timestamp": str(int(item.headers["webhook-timestamp"]) - 3600)}
     with pytest.raises(standardwebhooks.WebhookVerificationError):
         receiving.verify(item.body, stale)
+
+
+async def test_a_rotated_secret_signs_next_to_the_new_one_for_the_overlap_only(
+    hooks: Hooks, receiver: Receiver, database_url: str
+) -> None:
+    from bettercompute.errors import NotFoundError
+    from bettercompute.modules.webhooks import RotateWebhookSecretInput
+
+    webhook_id, old = await hooks.subscribe(receiver.url)
+    rotated = await hooks.api.rotate_secret(hooks.alice, RotateWebhookSecretInput(tenant=hooks.acme, id=webhook_id))
+    new = rotated.secret
+    assert new != old and rotated.webhook.id == webhook_id
+
+    async def deliver(n: int) -> Received:
+        await hooks.publish("reservation.placed", "rsv_1", n=n)
+        await hooks.pump(lambda: any(json.loads(r.body)["data"].get("n") == n for r in receiver.received))
+        return next(r for r in receiver.received if json.loads(r.body)["data"].get("n") == n)
+
+    # During the overlap both secrets sign: a receiver still on the old one and one already on the new one accept.
+    during = await deliver(1)
+    assert len(during.headers["webhook-signature"].split(" ")) == 2
+    for secret in (old, new):
+        standardwebhooks.Webhook(secret).verify(during.body, during.headers)
+        verify(secret, during.headers, during.body)
+    # Once the overlap is over (moved into the past here), only the new one signs.
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            f"UPDATE \"{hooks.store.schema}\".webhook_subscriptions SET previous_until = now() - interval '1 second'"
+            " WHERE id = %s",
+            (webhook_id,),
+        )
+    after = await deliver(2)
+    assert len(after.headers["webhook-signature"].split(" ")) == 1
+    standardwebhooks.Webhook(new).verify(after.body, after.headers)
+    with pytest.raises(standardwebhooks.WebhookVerificationError):
+        standardwebhooks.Webhook(old).verify(after.body, after.headers)
+    # Without an overlap the replaced secret stops signing at once.
+    newest = await hooks.api.rotate_secret(
+        hooks.alice, RotateWebhookSecretInput(tenant=hooks.acme, id=webhook_id, overlap_seconds=0)
+    )
+    last = await deliver(3)
+    standardwebhooks.Webhook(newest.secret).verify(last.body, last.headers)
+    with pytest.raises(standardwebhooks.WebhookVerificationError):
+        standardwebhooks.Webhook(new).verify(last.body, last.headers)
+    with pytest.raises(NotFoundError):
+        await hooks.api.rotate_secret(hooks.alice, RotateWebhookSecretInput(tenant=hooks.acme, id="wh_nope"))
+    # Bad overlaps are refused at their path, and the secret is left as it was.
+    for bad in (-1, 7 * 24 * 3600 + 1, 1.5, True, "60", "\uff16\uff10", None):
+        answer = await hooks.http.post(
+            "/api/compute/webhooks/rotate-secret",
+            headers={"authorization": f"Bearer {hooks.alice}"},
+            json={"tenant": hooks.acme, "id": webhook_id, "overlap_seconds": bad},
+        )
+        assert answer.status_code == 400, (bad, answer.text)
+        error = answer.json()["error"]
+        assert error["code"] == "INVALID_INPUT" and error["details"]["path"] == "overlap_seconds", (bad, error)
+    unchanged = await deliver(4)
+    standardwebhooks.Webhook(newest.secret).verify(unchanged.body, unchanged.headers)
