@@ -92,3 +92,11 @@ def test_any_body_and_id_sign_as_the_reference_library_signs(body: bytes, messag
     expected = standardwebhooks.Webhook(secret).sign(message_id, dt.datetime.fromtimestamp(timestamp, dt.UTC), body)
     assert headers[STANDARD_SIGNATURE_HEADER] == expected
     verify(secret, headers, body)
+
+
+def test_the_receivers_module_names_the_same_verify() -> None:
+    import bettercompute.webhooks
+    from bettercompute.modules import webhooks
+
+    assert bettercompute.webhooks.verify is webhooks.verify
+    assert bettercompute.webhooks.WebhookVerificationError is webhooks.WebhookVerificationError
