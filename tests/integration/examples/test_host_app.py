@@ -3,26 +3,17 @@ control plane, whose lifespan it runs, and a route of its own calling the contro
 
 from __future__ import annotations
 
-import asyncio
-import socket
-
-import anyio
 import httpx
 import pytest
-import uvicorn
 
 from bettercompute import Options, better_compute
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
 from examples.host_app import make_app
 
+from ._serve import serving
+
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_the_host_app_serves_its_routes_and_the_mounted_control_plane(
@@ -30,17 +21,11 @@ async def test_the_host_app_serves_its_routes_and_the_mounted_control_plane(
 ) -> None:
     iam = EmbeddedIam()
     compute = better_compute(Options(store=PgStore(database_url, schema=fresh_schema, pool_size=4), iam=iam))
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(make_app(compute), host="127.0.0.1", port=port, log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    try:
-        with anyio.fail_after(30):
-            while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
-                await anyio.sleep(0.01)
+    async with serving(make_app(compute)) as base:
         root = (await iam.bootstrap()).credential  # the host's lifespan initialized the control plane
         assert root is not None
         bearer = {"authorization": f"Bearer {root}"}
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        async with httpx.AsyncClient(base_url=base) as client:
             assert (await client.get("/")).json()["compute_api"] == "/compute/api/compute/"
             assert (await client.get("/compute/healthz")).json() == {"status": "ok"}
             made = await client.post(
@@ -56,6 +41,3 @@ async def test_the_host_app_serves_its_routes_and_the_mounted_control_plane(
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "INVALID_INPUT"
             missing = await client.post("/compute/api/compute/pools/nope", headers=bearer, json={})
             assert missing.status_code == 404 and missing.json()["error"]["code"] == "NOT_FOUND"
-    finally:
-        server.should_exit = True
-        await serving

@@ -3,47 +3,32 @@ control plane's deliveries: it accepts them once each and refuses what is not si
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
 import time
 from pathlib import Path
 
-import anyio
 import httpx
 import pytest
-import uvicorn
 
 from bettercompute.modules.webhooks import standard_headers
 from examples.webhook_receiver import Inbox, make_app
 
+from ..cli.conftest import free_port
 from ..webhooks.conftest import open_hooks
+from ._serve import serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_the_example_receiver_accepts_real_deliveries_once_and_refuses_forgeries(
     database_url: str, fresh_schema: str, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/hooks/bettercompute"
     async with open_hooks(database_url, fresh_schema, tmp_path / "kms.key") as hooks:
         _, secret = await hooks.subscribe(url, "reservation.*")
         inbox = Inbox()
-        server = uvicorn.Server(
-            uvicorn.Config(make_app(secret, inbox), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-        )
-        serving = asyncio.create_task(server.serve())
-        try:
-            with anyio.fail_after(10):
-                while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
-                    await anyio.sleep(0.01)
+        async with serving(make_app(secret, inbox), port):
             for n in range(3):
                 await hooks.publish("reservation.placed", f"rsv_{n}", n=n)
             await hooks.publish("node.adopted", "node_1")  # not subscribed: never sent
@@ -64,6 +49,3 @@ async def test_the_example_receiver_accepts_real_deliveries_once_and_refuses_for
                 unsigned = await client.post(url, content=body)
                 assert unsigned.status_code == 400 and unsigned.json() == {"error": "missing"}
             assert (len(inbox.events), inbox.refused) == (4, 2)
-        finally:
-            server.should_exit = True
-            await serving
