@@ -60,7 +60,7 @@ from bettercompute.modules.webhooks._signing import (
     EVENT_TYPE_HEADER,
     SIGNATURE_HEADER,
     WebhookSettings,
-    signature_header,
+    sign,
     standard_headers,
 )
 from bettercompute.paging import Keyset
@@ -374,7 +374,7 @@ async def _attempt(
         "user-agent": f"bettercompute-webhooks/{__version__}",
         **standard_headers(signing, delivery.event_id, timestamp, body),
         # the headers of earlier versions, for receivers written against them
-        SIGNATURE_HEADER: signature_header(secret.decode(), timestamp, body),
+        SIGNATURE_HEADER: ",".join([f"t={timestamp}", *(f"v1={sign(s, timestamp, body)}" for s in signing)]),
         EVENT_ID_HEADER: delivery.event_id,
         EVENT_TYPE_HEADER: delivery.event_type,
     }
