@@ -11,6 +11,7 @@ import contextlib
 import enum
 import logging
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from bettercompute.errors import ComputeError
 from bettercompute_iam import Bootstrap, RemoteIam
 from bettercompute_store_pg import EmbeddedPostgres
 
+from ._client import client_groups, group_names, run_client
 from ._config import DATABASE_URL_ENV, IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
 from ._devnode import run_dev_node
 from ._gateway import GatewayPlan, loop_options
@@ -65,9 +67,16 @@ DEV_GATEWAY_PORT = 7443
 
 _ROLES_HELP = f"Comma-separated: api, {', '.join(WORKER_ROLES)}, or all (the API and every worker role)."
 
+_OWN_COMMANDS = {"migrate", "serve", "dev", "iam", "version"}
+
 app = typer.Typer(
     name="better-compute",
     help="Better Compute: a control plane for GPU fleets.",
+    epilog=(
+        "API commands, one per method (better-compute <group> --help): "
+        + ", ".join(name for name in group_names() if name not in _OWN_COMMANDS)
+        + ". They call the server at BETTERCOMPUTE_URL with the credential in BETTERCOMPUTE_TOKEN (or TOKEN)."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -521,5 +530,11 @@ def version() -> None:
 
 
 def main() -> None:
-    """The ``better-compute`` entry point."""
+    """The ``better-compute`` entry point: the commands above, or a client command when the first argument names an
+    API group (``better-compute pools create ...``)."""
+    argv = sys.argv[1:]
+    if argv and argv[0] not in _OWN_COMMANDS:
+        groups = {group.name: group for group in client_groups(_OWN_COMMANDS)}
+        if argv[0] in groups:
+            raise SystemExit(run_client(groups[argv[0]], argv[1:]))
     app(prog_name="better-compute")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import uvicorn
@@ -14,10 +14,14 @@ from ..cli.conftest import free_port
 
 
 @contextlib.asynccontextmanager
-async def serving(app: Any, port: int | None = None) -> AsyncIterator[str]:
-    """Serve ``app`` on ``127.0.0.1:port`` (a free one by default); yields its base URL."""
+async def serving(
+    app: Any, port: int | None = None, *, lifespan: Literal["auto", "on", "off"] = "auto"
+) -> AsyncIterator[str]:
+    """Serve ``app`` on ``127.0.0.1:port`` (a free one by default); yields its base URL. ``lifespan="off"`` for an
+    app whose owner runs its start and stop."""
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan, interface="asgi3")
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
         with anyio.fail_after(30):
