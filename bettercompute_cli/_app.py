@@ -29,7 +29,7 @@ from bettercompute.errors import ComputeError
 from bettercompute_iam import Bootstrap, RemoteIam
 from bettercompute_store_pg import EmbeddedPostgres
 
-from ._client import client_groups, group_names, run_client
+from ._client import DEFAULT_SERVER, client_groups, group_names, run_client
 from ._config import DATABASE_URL_ENV, IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
 from ._devnode import run_dev_node
 from ._gateway import GatewayPlan, loop_options
@@ -284,6 +284,12 @@ def _curl(host: str, port: int) -> str:
     )
 
 
+def _cli_try(host: str, port: int) -> str:
+    url = f"http://{display_host(host)}:{port}"
+    prefix = "" if url == DEFAULT_SERVER else f"BETTERCOMPUTE_URL={url} "
+    return f"{prefix}better-compute system version"
+
+
 def _dev_banner(config: Config, result: Bootstrap, embedded_url: str | None) -> str:
     lines = [
         "",
@@ -306,7 +312,8 @@ def _dev_banner(config: Config, result: Bootstrap, embedded_url: str | None) -> 
                 "To mint a new one and revoke the old: better-compute dev --rotate",
                 f"(or, while this runs: {DATABASE_URL_ENV}={embedded_url} better-compute iam bootstrap --rotate)",
             ]
-    lines += ["", "Try it:", "", f"    {_curl(config.host, config.port)}", ""]
+    lines += ["", "Try it:", "", f"    {_curl(config.host, config.port)}", "", "or with this command:", ""]
+    lines += [f"    {_cli_try(config.host, config.port)}", ""]
     if config.gateway_address is not None:
         lines += [
             f"Node daemons join through the gateway at {config.gateway_address}: pools/create, then",

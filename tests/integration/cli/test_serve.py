@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -110,6 +113,20 @@ def test_dev_prints_a_credential_and_serves(cli_env: dict[str, str], database_ur
     response = _post_version(base_url, match.group(1))
     assert response.status_code == 200
     assert response.json()["data"]["version"] == bettercompute.__version__
+    # The command it prints next works as printed, with the exported TOKEN.
+    printed = f"BETTERCOMPUTE_URL={base_url} better-compute system version"
+    assert f"    {printed}\n" in out
+    shell = {k: v for k, v in cli_env.items() if not k.startswith("BETTERCOMPUTE_")}
+    shell["PATH"] = f"{Path(sys.executable).parent}:{shell.get('PATH', '')}"
+    ran = subprocess.run(
+        ["bash", "-c", f"export TOKEN={match.group(1)}; {printed}"],
+        env=shell,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0 and f"version: {bettercompute.__version__}" in ran.stdout, ran.stderr
 
     # Its worker roles listen for notifier pokes on the schema's work channel, over a connection of their own.
     with psycopg.connect(database_url, autocommit=True) as conn:
