@@ -263,10 +263,11 @@ class Agent:
         return Channel(host, port, ssl=_context(self._state.gateway_trust(), certificate=files))
 
     def drop(self) -> bool:
-        """Cut the live session's connection, as a network fault would (the node reconnects with backoff); whether
-        there was one."""
+        """Cut the open session's connection, as a network fault would (the node reconnects with backoff); whether
+        there was one. A session still opening (no welcome yet) is left alone: cutting those would only measure the
+        backoff, which grows with every session that never opened."""
         session = self._session
-        if session is None or session.closed is not None:
+        if session is None or session.closed is not None or session.epoch == 0:
             return False
         session.closed = "dropped"
         session.channel.close()
