@@ -141,7 +141,7 @@ class BetterCompute:
     @property
     def asgi(self) -> Any:
         """The ASGI application; its lifespan runs ``initialize()`` at startup and ``close()`` at shutdown."""
-        return self._http.asgi
+        return self._http.app
 
     @property
     def gateway_services(self) -> GatewayServices:

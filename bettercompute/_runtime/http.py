@@ -154,6 +154,19 @@ async def _send(send: Send, response: Response) -> None:
     await send({"type": "http.response.body", "body": response.body})
 
 
+class AsgiApp:
+    """The ASGI 3 application, as an object whose ``__call__`` is a coroutine function: servers that guess the
+    interface (uvicorn's default) take a bound method for ASGI 2, so ``compute.asgi`` is one of these instead."""
+
+    __slots__ = ("_transport",)
+
+    def __init__(self, transport: HttpTransport) -> None:
+        self._transport = transport
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._transport.asgi(scope, receive, send)
+
+
 class HttpTransport:
     """Routes requests to the dispatcher; the body limit and the in-flight cap live here."""
 
@@ -165,6 +178,7 @@ class HttpTransport:
         # Capping requests in flight keeps latency low under load: more piled up only wait on the database.
         self._limiter = anyio.CapacityLimiter(compute.max_in_flight)
         self._openapi: bytes | None = None
+        self.app = AsgiApp(self)
 
     async def handle(self, request: Request) -> Response:
         """Answer one request; never raises."""

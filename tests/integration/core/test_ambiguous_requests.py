@@ -40,9 +40,7 @@ async def client(request: pytest.FixtureRequest, plane: Plane) -> AsyncIterator[
     # Listening before uvicorn starts: connections wait in the backlog, so there is no start-up to wait for.
     listener.listen()
     port = listener.getsockname()[1]
-    config = uvicorn.Config(
-        plane.compute.asgi, lifespan="off", log_level="warning", http="h11", ws="none", interface="asgi3"
-    )
+    config = uvicorn.Config(plane.compute.asgi, lifespan="off", log_level="warning", http="h11", ws="none")
     server = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [listener])

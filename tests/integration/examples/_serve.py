@@ -20,7 +20,7 @@ async def serving(
     """Serve ``app`` on ``127.0.0.1:port`` (a free one by default); yields its base URL. ``lifespan="off"`` for an
     app whose owner runs its start and stop."""
     port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan, interface="asgi3")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:

@@ -250,9 +250,7 @@ async def test_remote_iam_over_a_real_http_server(central: Central) -> None:
     # Listening before uvicorn starts: connections wait in the backlog, so there is no start-up to wait for.
     listener.listen()
     port = listener.getsockname()[1]
-    config = uvicorn.Config(
-        central.compute.asgi, lifespan="off", log_level="warning", http="h11", ws="none", interface="asgi3"
-    )
+    config = uvicorn.Config(central.compute.asgi, lifespan="off", log_level="warning", http="h11", ws="none")
     server = uvicorn.Server(config)
     people = central.people
     async with anyio.create_task_group() as tg:

@@ -116,7 +116,7 @@ def served(database_url: str, fresh_schema: str, tmp_path: Path) -> Iterator[tup
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
-    config = uvicorn.Config(compute.asgi, lifespan="on", log_level="warning", http="h11", ws="none", interface="asgi3")
+    config = uvicorn.Config(compute.asgi, lifespan="on", log_level="warning", http="h11", ws="none")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
