@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -20,7 +22,9 @@ from typing import Annotated, Any
 import anyio
 import attrs
 import click
+import psycopg
 import typer
+from psycopg import sql
 
 import bettercompute
 import bettercompute_iam
@@ -29,7 +33,7 @@ from bettercompute.errors import ComputeError
 from bettercompute_iam import Bootstrap, RemoteIam
 from bettercompute_store_pg import EmbeddedPostgres
 
-from ._client import DEFAULT_SERVER, client_groups, group_names, run_client
+from ._client import COMPLETE_VAR, DEFAULT_SERVER, client_root, group_names, run_client
 from ._config import DATABASE_URL_ENV, IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
 from ._devnode import run_dev_node
 from ._gateway import GatewayPlan, loop_options
@@ -75,7 +79,8 @@ app = typer.Typer(
     epilog=(
         "API commands, one per method (better-compute <group> --help): "
         + ", ".join(name for name in group_names() if name not in _OWN_COMMANDS)
-        + ". They call the server at BETTERCOMPUTE_URL with the credential in BETTERCOMPUTE_TOKEN (or TOKEN)."
+        + ". They call the server and use the credential saved by `better-compute login` (--profile picks one of "
+        "several), or BETTERCOMPUTE_URL and BETTERCOMPUTE_TOKEN (or TOKEN). Also: login, logout, completion."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -398,7 +403,8 @@ def dev(
         bool,
         typer.Option(
             "--ephemeral",
-            help=f"Keep the embedded PostgreSQL's data and the KMS key in temporary folders, not {DEV_DATA.parent}.",
+            help=f"Keep the embedded PostgreSQL's data and the KMS key in temporary folders, not {DEV_DATA.parent} "
+            "(with a database URL: the tables in a throw-away schema, unless a schema is configured).",
         ),
     ] = False,
     rotate: Annotated[
@@ -421,6 +427,7 @@ def dev(
         if config.iam_url is not None:
             log.info("dev runs its own embedded IAM; iam_url is not used")
         server: EmbeddedPostgres | None = None
+        dropped_schema: str | None = None
         key_folder: str | None = None
         node_folder: str | None = None
         try:
@@ -440,6 +447,12 @@ def dev(
             log.info("nodes join the trust domain %s through %s", config.trust_domain, config.gateway_address)
             _log_notifier(config)
             url = config.database_url
+            if ephemeral and url is not None and config.schema == attrs.fields(Config).schema.default:
+                # The KMS key is a throw-away one: so are the tables whose secrets it seals, or the next run would
+                # meet secrets it cannot open. (A schema named in the configuration is used as it is.)
+                dropped_schema = f"dev_ephemeral_{secrets.token_hex(4)}"
+                config = attrs.evolve(config, schema=dropped_schema)
+                log.info("--ephemeral: tables in the throw-away schema %s, dropped at the end", dropped_schema)
             if url is None:
                 directory = None if ephemeral else DEV_DATA
                 where = "a temporary folder" if ephemeral else f"./{DEV_DATA}"
@@ -465,8 +478,26 @@ def dev(
             if server is not None:
                 log.info("stopping the embedded PostgreSQL")
                 server.stop()
+            if dropped_schema is not None and config.database_url is not None:
+                _drop_schema(config.database_url, dropped_schema)
             if key_folder is not None:
                 shutil.rmtree(key_folder, ignore_errors=True)
+
+
+def _drop_schema(url: str, schema: str) -> None:
+    """Drop dev's throw-away schema (``--ephemeral`` with a database URL); a failure is logged, not raised."""
+    try:
+        with psycopg.connect(_libpq(url), autocommit=True, connect_timeout=10) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        log.info("dropped the throw-away schema %s", schema)
+    except psycopg.Error as exc:
+        log.warning("could not drop the throw-away schema %s (%s)", schema, type(exc).__name__)
+
+
+def _libpq(url: str) -> str:
+    """The URL as libpq takes it (without SQLAlchemy's ``+driver``)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.split('+', 1)[0]}{sep}{rest}"
 
 
 # --- iam ------------------------------------------------------------------------------------------------------------
@@ -540,8 +571,21 @@ def main() -> None:
     """The ``better-compute`` entry point: the commands above, or a client command when the first argument names an
     API group (``better-compute pools create ...``)."""
     argv = sys.argv[1:]
+    if os.environ.get(COMPLETE_VAR):  # the shell asks for completions (see `better-compute completion`)
+        _root().main(prog_name="better-compute", complete_var=COMPLETE_VAR)
     if argv and argv[0] not in _OWN_COMMANDS:
-        groups = {group.name: group for group in client_groups(_OWN_COMMANDS)}
-        if argv[0] in groups:
-            raise SystemExit(run_client(groups[argv[0]], argv[1:]))
+        commands = _root().commands
+        if argv[0] in commands:
+            raise SystemExit(run_client(commands[argv[0]], argv[1:]))
     app(prog_name="better-compute")
+
+
+def _root() -> click.Group:
+    own: dict[str, str] = {}
+    for command in app.registered_commands:
+        name = command.name or (command.callback.__name__ if command.callback else "")
+        own[name] = (command.help or (command.callback.__doc__ if command.callback else "") or "").strip()
+    for group in app.registered_groups:
+        own[group.name or ""] = str(group.typer_instance.info.help if group.typer_instance else "")
+    own = {name: doc.split("\n")[0] for name, doc in own.items()}
+    return client_root({name: own.get(name, "") for name in sorted(_OWN_COMMANDS)})

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sys
+import time
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -26,6 +28,7 @@ from typing import Any
 import attrs
 import click
 import httpx
+from click import shell_completion
 from rich.console import Console
 from rich.table import Table
 
@@ -34,7 +37,33 @@ from bettercompute.modules.builtin import BuiltinGroups
 from bettercompute.modules.capacity import ReservationsGroup
 from bettercompute_iam import IamGroups
 
-__all__ = ["EXIT_CODES", "client_groups", "group_names", "run_client"]
+from ._profiles import (
+    DEFAULT_PROFILE,
+    DEFAULT_SERVER,
+    PROFILE_ENV,
+    TOKEN_ENVS,
+    URL_ENV,
+    Connection,
+    ProfileError,
+    Profiles,
+    check_server,
+    check_token,
+    default_path,
+    resolve,
+)
+from ._views import capacity_calendar, watch_nodes
+
+__all__ = [
+    "COMPLETE_VAR",
+    "DEFAULT_SERVER",
+    "EXIT_CODES",
+    "WAIT_ENDED",
+    "WAIT_TIMEOUT",
+    "client_groups",
+    "client_root",
+    "group_names",
+    "run_client",
+]
 
 EXIT_CODES: Mapping[str, int] = {
     "INVALID_INPUT": 3,
@@ -49,7 +78,11 @@ EXIT_CODES: Mapping[str, int] = {
 }
 """The exit status of a command answered with an error of that code (any other code: 1)."""
 
-DEFAULT_SERVER = "http://127.0.0.1:3000"
+WAIT_ENDED = 12
+"""``reservations create --wait``: the reservation failed, was cancelled or ended before it was bound."""
+WAIT_TIMEOUT = 13
+"""``reservations create --wait``: it was not bound within ``--timeout`` (it stays as it is)."""
+
 _ENDPOINT = "/api/compute"
 _TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 
@@ -139,21 +172,50 @@ def _value(kind: str, raw: Any, name: str) -> Any:
 class _Failed(click.ClickException):
     """An error answer or an unreachable server: one line on stderr, and its exit status."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.status = EXIT_CODES.get(code, 1)
+    def __init__(
+        self, code: str, message: str, details: dict[str, Any] | None = None, *, status: int | None = None
+    ) -> None:
+        super().__init__(f"{code}: {message}" if code else message)
+        self.code = code
+        self.details = details or {}
+        self.status = EXIT_CODES.get(code, 1) if status is None else status
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.message}", err=True)
+        for line in _explain(self.code, self.details):
+            click.echo(f"  {line}", err=True)
 
 
-def _call(server: str, token: str | None, method: MethodDef[Any, Any], body: dict[str, Any], key: str | None) -> Any:
+def _explain(code: str, details: Mapping[str, Any]) -> list[str]:
+    """The lines that say why a placement or a quota refused (the rest of an error is in its message)."""
+    lines = []
+    if code == "NO_CAPACITY":
+        excluded = details.get("excluded")
+        if isinstance(excluded, dict) and excluded:
+            labels = {"free": "free but too few for the shape asked"}
+            counts = ", ".join(f"{labels.get(r, r)} {n}" for r, n in sorted(excluded.items()))
+            lines.append(f"atoms left out, by reason: {counts}")
+        if "earliest_start" in details:
+            earliest = details["earliest_start"]
+            lines.append(f"earliest start that fits: {earliest}" if earliest else "nothing fits within 30 days")
+    elif code == "QUOTA_EXCEEDED":
+        lines += [f"{key}: {_cell(value)}" for key, value in details.items()]
+    return lines
+
+
+def _call(connection: Connection, method: MethodDef[Any, Any], body: dict[str, Any], key: str | None = None) -> Any:
+    return call_path(connection, f"{method.group}/{method.name}", body, key)
+
+
+def call_path(connection: Connection, path: str, body: dict[str, Any], key: str | None = None) -> Any:
+    """``POST {server}/api/compute/{path}``: the answer's ``data``, or ``_Failed`` with the error's code."""
     headers = {"content-type": "application/json", "accept": "application/json"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
+    if connection.token:
+        headers["authorization"] = f"Bearer {connection.token}"
     if key:
         headers["idempotency-key"] = key
-    url = f"{server.rstrip('/')}{_ENDPOINT}/{method.group}/{method.name}"
+    server = connection.server
+    url = f"{server.rstrip('/')}{_ENDPOINT}/{path}"
     try:
         response = httpx.post(url, json=body, headers=headers, timeout=_TIMEOUT)
     except httpx.HTTPError as exc:
@@ -166,7 +228,12 @@ def _call(server: str, token: str | None, method: MethodDef[Any, Any], body: dic
         return payload["data"]
     if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
         error = payload["error"]
-        raise _Failed(str(error.get("code", "INTERNAL")), str(error.get("message", "")))
+        details = error.get("details")
+        raise _Failed(
+            str(error.get("code", "INTERNAL")),
+            str(error.get("message", "")),
+            details if isinstance(details, dict) else None,
+        )
     raise _Failed("UNAVAILABLE", f"the server answered HTTP {response.status_code} without an error envelope")
 
 
@@ -223,17 +290,22 @@ def _command(method: MethodDef[Any, Any]) -> click.Command:
     params += [
         click.Option(["--json", "whole"], default=None, help="The whole input as JSON; options replace its fields."),
         click.Option(["--input", "input_file"], type=click.Path(dir_okay=False, path_type=Path), default=None),
-        click.Option(["--server"], envvar="BETTERCOMPUTE_URL", default=DEFAULT_SERVER, show_default=True),
-        click.Option(["--token"], envvar=["BETTERCOMPUTE_TOKEN", "TOKEN"], default=None, help="The credential."),
+        *_connection_options(),
         click.Option(["--output"], type=click.Choice(["table", "json"]), default="table", show_default=True),
     ]
+    extra = _EXTRAS.get((method.group, method.name))
+    if extra is not None:
+        params += extra.params
     if method.mutates and "idempotency_key" not in fields:  # where the input has the field, it is sent as such
         params.append(click.Option(["--idempotency-key"], default=None, help="Retries with it do it once."))
-    clash = {"whole", "input_file", "server", "token", "output"} & set(fields)
+    clash = {"whole", "input_file", "server", "token", "profile", "output"} & set(fields)
+    clash |= {p.name for p in (extra.params if extra else ())} & set(fields)
     if clash:  # a declaration error, found when the commands are made rather than when one is used
         raise TypeError(f"{method.group}.{method.name}: input fields {sorted(clash)} clash with the client's options")
 
     def run(**given: Any) -> None:
+        connection = _connect(given)
+        extras = {p.name: given.pop(p.name) for p in (extra.params if extra else ()) if p.name}
         body: dict[str, Any] = {}
         input_file, whole = given.pop("input_file"), given.pop("whole")
         if input_file is not None:
@@ -249,8 +321,11 @@ def _command(method: MethodDef[Any, Any]) -> click.Command:
                 continue
             body[name] = _value(kind, raw, name)
         key = None if "idempotency_key" in fields else given.get("idempotency_key")
-        data = _call(given["server"], given["token"], method, body, key)
-        _print(data, given["output"])
+        data = _call(connection, method, body, key)
+        if extra is not None:
+            extra.finish(connection, data, given["output"], extras)
+        else:
+            _print(data, given["output"])
 
     return click.Command(
         method.name, params=params, callback=run, help=method.summary, short_help=method.summary, no_args_is_help=False
@@ -267,6 +342,335 @@ def _load(text: str, source: str) -> dict[str, Any]:
     return loaded
 
 
+# --- where calls go ------------------------------------------------------------------------------------------------
+
+
+def _connection_options() -> list[click.Option]:
+    return [
+        click.Option(["--server"], default=None, help=f"The control plane's URL [default: {DEFAULT_SERVER}]."),
+        click.Option(["--token"], default=None, help="The credential."),
+        click.Option(["--profile"], default=None, help="A profile saved by `better-compute login`."),
+    ]
+
+
+def _connect(given: dict[str, Any]) -> Connection:
+    """The connection for a command's ``--server``/``--token``/``--profile`` (popped), the environment and the
+    saved profiles."""
+    server, token, profile = given.pop("server"), given.pop("token"), given.pop("profile")
+    try:
+        return resolve(server=server, token=token, profile=profile, env=os.environ)
+    except ProfileError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+# --- commands that do more than one call ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Extra:
+    """What a method's command adds: its own options, and what it does with the answer instead of printing it."""
+
+    params: tuple[click.Option, ...]
+    finish: typing.Callable[[Connection, Any, str, dict[str, Any]], None]
+
+
+def _join_token_created(connection: Connection, data: Any, output: str, extras: dict[str, Any]) -> None:
+    if extras["script"]:
+        script = data.get("install_script") if isinstance(data, dict) else None
+        if not script:
+            raise _Failed(
+                "FAILED_PRECONDITION",
+                "the server gave no install script: its deployment has no node CA and join service "
+                f"(the token {data.get('id') if isinstance(data, dict) else ''} was made all the same)",
+            )
+        click.echo(script, nl=not script.endswith("\n"))
+        return
+    if output == "json" or not isinstance(data, dict):
+        _print(data, output)
+        return
+    uses = data.get("uses_left")
+    click.echo(
+        f"Join token {data.get('id')} for pool {data.get('pool_id')}: {uses} use{'s' if uses != 1 else ''}, "
+        f"until {data.get('expires_at')}."
+    )
+    click.echo("It is shown once, and the commands below hold it: keep them as secret as the token.")
+    click.echo("")
+    command = data.get("short_join_command") or data.get("join_command")
+    click.echo("On the machine, as root, with bcd installed:")
+    click.echo("")
+    click.echo(f"    {command}")
+    click.echo("")
+    if data.get("install_script"):
+        click.echo("To install bcd and its service, join and start in one go, make a token with --script and run")
+        click.echo("what it prints on the machine as root (for example: ... --script | ssh root@host sh).")
+
+
+def _wait_for_binding(connection: Connection, data: Any, output: str, extras: dict[str, Any]) -> None:
+    if not extras["wait"] or not isinstance(data, dict):
+        _print(data, output)
+        return
+    reservation_id = str(data.get("id"))
+    timeout = float(extras["timeout"])
+    deadline = time.monotonic() + timeout
+    shown = 0
+    interval = 0.5
+    while True:
+        history = data.get("history") or []
+        for step in history[shown:]:  # every transition, even one that came and went between two looks
+            reason = f" ({step['reason']})" if step.get("reason") else ""
+            click.echo(f"{step.get('at')}  {reservation_id}: {step.get('state')}{reason}", err=True)
+        shown = max(shown, len(history))
+        state = data.get("state")
+        if state in ("bound", "active"):
+            _print(data, output)
+            return
+        if state in ("failed", "cancelled", "ended"):
+            _print(data, output)
+            raise _Failed(
+                "",
+                f"{reservation_id} is {state} and was never bound"
+                + (f": {data['reason']}" if data.get("reason") else ""),
+                status=WAIT_ENDED,
+            )
+        if time.monotonic() >= deadline:
+            _print(data, output)
+            raise _Failed(
+                "",
+                f"{reservation_id} is still {state} after {timeout:g} s (it stays; see: better-compute reservations "
+                f"get --id {reservation_id})",
+                status=WAIT_TIMEOUT,
+            )
+        time.sleep(min(interval, max(deadline - time.monotonic(), 0.0)))
+        interval = min(interval * 1.5, 3.0)
+        data = call_path(connection, "reservations/get", {"id": reservation_id})
+
+
+_EXTRAS: dict[tuple[str, str], _Extra] = {
+    ("join-tokens", "create"): _Extra(
+        params=(
+            click.Option(
+                ["--script"],
+                is_flag=True,
+                default=False,
+                help="Print only the install script (run it on the machine as root: it installs bcd, joins, starts).",
+            ),
+        ),
+        finish=_join_token_created,
+    ),
+    ("reservations", "create"): _Extra(
+        params=(
+            click.Option(
+                ["--wait"],
+                is_flag=True,
+                default=False,
+                help=f"Show its progress until it is bound (exit {WAIT_ENDED} if it fails or ends first, "
+                f"{WAIT_TIMEOUT} after --timeout).",
+            ),
+            click.Option(
+                ["--timeout"],
+                type=click.FloatRange(min=0.0, max=86400.0),
+                default=600.0,
+                show_default=True,
+                help="Seconds --wait waits.",
+            ),
+        ),
+        finish=_wait_for_binding,
+    ),
+}
+
+
+def _all_pages(connection: Connection, path: str, body: dict[str, Any], key: str, *, pages: int = 50) -> list[Any]:
+    """Every item of a paged list (at most ``pages`` pages)."""
+    items: list[Any] = []
+    cursor = None
+    for _ in range(pages):
+        page = call_path(connection, path, {**body, **({"cursor": cursor} if cursor else {})})
+        items += page.get(key, [])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            break
+    return items
+
+
+def _watch_command() -> click.Command:
+    def watch(tenant: str, pool_id: str | None, interval: float, count: int, output: str, **given: Any) -> None:
+        connection = _connect(given)
+        body = {"tenant": tenant, **({"pool_id": pool_id} if pool_id else {})}
+
+        def fetch() -> list[dict[str, Any]] | None:
+            try:
+                return _all_pages(connection, "nodes/list", body, "nodes")
+            except _Failed as exc:
+                if exc.code == "UNAVAILABLE":  # a live view outlasts a restart of the server
+                    return None
+                raise
+
+        watch_nodes(fetch, interval=interval, count=count, output=output)
+
+    return click.Command(
+        "watch",
+        params=[
+            click.Option(["--tenant"], required=True, help="The tenant whose nodes to show."),
+            click.Option(["--pool-id", "pool_id"], default=None, help="Only this pool's nodes."),
+            click.Option(["--interval"], type=click.FloatRange(min=0.2), default=2.0, show_default=True),
+            click.Option(
+                ["--count"], type=click.IntRange(min=0), default=0, help="Stop after this many looks (0: never)."
+            ),
+            *_connection_options(),
+            click.Option(["--output"], type=click.Choice(["table", "json"]), default="table", show_default=True),
+        ],
+        callback=watch,
+        help="A live table of nodes: their state, session, last contact and desired-state generations. Piped (or "
+        "with --output json), one line per node each time it changes.",
+        short_help="A live table of nodes.",
+    )
+
+
+def _calendar_command() -> click.Command:
+    def show(pool_id: str, days: int, start: str | None, output: str, **given: Any) -> None:
+        connection = _connect(given)
+        data = call_path(
+            connection, "capacity/get", {"pool_id": pool_id, "days": days, **({"start": start} if start else {})}
+        )
+        if output == "json":
+            _print(data, output)
+            return
+        Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120).print(capacity_calendar(data))
+
+    return click.Command(
+        "show",
+        params=[
+            click.Option(["--pool-id", "pool_id"], required=True),
+            click.Option(["--days"], type=click.IntRange(min=1, max=31), default=7, show_default=True),
+            click.Option(["--start"], default=None, help="The first day (ISO 8601; default now)."),
+            *_connection_options(),
+            click.Option(["--output"], type=click.Choice(["table", "json"]), default="table", show_default=True),
+        ],
+        callback=show,
+        help="A pool's calendar: its GPUs now, and per day how much of them is booked.",
+        short_help="A pool's calendar.",
+    )
+
+
+_OWN: dict[str, typing.Callable[[], click.Command]] = {"nodes": _watch_command, "capacity": _calendar_command}
+"""Commands of a group that are not one method's: ``nodes watch``, ``capacity show``."""
+
+
+# --- login, logout, completion -------------------------------------------------------------------------------------
+
+
+def _login_command() -> click.Command:
+    def login(server: str | None, token: str | None, profile: str | None) -> None:
+        env = os.environ
+        name = profile or env.get(PROFILE_ENV) or DEFAULT_PROFILE
+        server = server or env.get(URL_ENV) or DEFAULT_SERVER
+        if token == "-":  # noqa: S105 - "read it from stdin", not a credential
+            token = sys.stdin.readline().strip()
+        elif token is None:
+            token = next((env[k] for k in TOKEN_ENVS if env.get(k)), None)
+        if token is None:
+            if not sys.stdin.isatty():
+                raise click.UsageError("give the credential with --token (or --token - to read it from stdin)")
+            token = str(click.prompt("Credential", hide_input=True)).strip()
+        path = default_path(env)
+        try:
+            profiles = Profiles.load(path)
+            connection = Connection(check_server(server), check_token(token))
+        except ProfileError as exc:
+            raise click.UsageError(str(exc)) from None
+        who = call_path(connection, "system/whoami", {})  # an error here saves nothing
+        try:
+            profiles.put(name, connection.server, token)
+        except ProfileError as exc:
+            raise click.UsageError(str(exc)) from None
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {path} ({type(exc).__name__})") from None
+        click.echo(
+            f"Logged in to {connection.server} as {who.get('principal_name')} ({who.get('principal_id')}, "
+            f"tenant {who.get('tenant_id')})."
+        )
+        click.echo(f"Saved as profile {name!r} in {path} (only you can read it).")
+        if name != DEFAULT_PROFILE:
+            click.echo(f"Use it with --profile {name} or BETTERCOMPUTE_PROFILE={name}.")
+
+    return click.Command(
+        "login",
+        params=[
+            click.Option(["--server"], default=None, help=f"The control plane's URL [default: {DEFAULT_SERVER}]."),
+            click.Option(
+                ["--token"],
+                default=None,
+                help="The credential (- reads it from stdin; without it: BETTERCOMPUTE_TOKEN or TOKEN, else a prompt).",
+            ),
+            click.Option(["--profile"], default=None, help=f"The profile's name [default: {DEFAULT_PROFILE}]."),
+        ],
+        callback=login,
+        help="Check a credential against a server and save both as a profile that every command then uses.",
+        short_help="Save a server and credential.",
+    )
+
+
+def _logout_command() -> click.Command:
+    def logout(profile: str | None) -> None:
+        name = profile or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+        path = default_path(os.environ)
+        try:
+            removed = Profiles.load(path).remove(name)
+        except ProfileError as exc:
+            raise click.UsageError(str(exc)) from None
+        if not removed:
+            click.echo(f"No profile {name!r} in {path}; nothing to remove.")
+            return
+        click.echo(f"Removed profile {name!r} from {path}.")
+        click.echo("The credential itself still works until it is revoked (better-compute credentials revoke).")
+
+    return click.Command(
+        "logout",
+        params=[click.Option(["--profile"], default=None, help=f"The profile [default: {DEFAULT_PROFILE}].")],
+        callback=logout,
+        help="Forget a saved profile (the credential stays valid on the server).",
+        short_help="Forget a saved profile.",
+    )
+
+
+COMPLETE_VAR = "_BETTER_COMPUTE_COMPLETE"
+
+
+def _completion_command(root: typing.Callable[[], click.Group]) -> click.Command:
+    def completion(shell: str) -> None:
+        kind = shell_completion.get_completion_class(shell)
+        assert kind is not None  # the choice allows only those click knows
+        click.echo(kind(root(), {}, "better-compute", COMPLETE_VAR).source())
+
+    return click.Command(
+        "completion",
+        params=[click.Argument(["shell"], type=click.Choice(["bash", "zsh", "fish"]))],
+        callback=completion,
+        help='Print the shell\'s completion script; for bash: eval "$(better-compute completion bash)" in ~/.bashrc.',
+        short_help="Print a shell completion script.",
+    )
+
+
+def client_root(own: Mapping[str, str]) -> click.Group:
+    """Every client command under one ``better-compute`` group (``own``: the server commands' names and help, there
+    for completion: they run elsewhere)."""
+    root = click.Group("better-compute", help="Better Compute: a control plane for GPU fleets.")
+    for group in client_groups(set(own)):
+        root.add_command(group)
+    for command in (_login_command(), _logout_command(), _completion_command(lambda: root)):
+        root.add_command(command)
+    for name, summary in own.items():
+        root.add_command(
+            click.Command(
+                name,
+                help=summary,
+                params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
+                context_settings={"ignore_unknown_options": True},
+            )
+        )
+    return root
+
+
 def client_groups(taken: set[str]) -> list[click.Group]:
     """A click group per API group (its name not in ``taken``), a command per method."""
     groups = []
@@ -276,6 +680,8 @@ def client_groups(taken: set[str]) -> list[click.Group]:
         group = click.Group(spec.name, help=(spec.__doc__ or "").strip().split("\n")[0], no_args_is_help=True)
         for method in spec.methods.values():
             group.add_command(_command(method))
+        if spec.name in _OWN:
+            group.add_command(_OWN[spec.name]())
         groups.append(group)
     return groups
 
@@ -285,10 +691,10 @@ def group_names() -> list[str]:
     return [spec.name for spec in _specs()]
 
 
-def run_client(group: click.Group, args: Sequence[str]) -> int:
+def run_client(command: click.Command, args: Sequence[str]) -> int:
     """Run one client command; its exit status (``EXIT_CODES`` for an error answer, 2 for a usage error)."""
     try:
-        group.main(args=list(args), prog_name=f"better-compute {group.name}", standalone_mode=False)
+        command.main(args=list(args), prog_name=f"better-compute {command.name}", standalone_mode=False)
     except _Failed as exc:
         exc.show()
         return exc.status

@@ -30,6 +30,8 @@ from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput, L
 from bettercompute_daemon import DaemonError, SimOptions, Simulator, parse_join_command
 from bettercompute_iam import Bootstrap
 
+from ._profiles import DEFAULT_SERVER
+
 __all__ = ["DEV_POOL", "run_dev_node"]
 
 log = logging.getLogger("bettercompute.cli")
@@ -135,8 +137,7 @@ def _curl(api: str, path: str, body: str) -> str:
 
 
 def _next_steps(node_id: str, pool_id: str, tenant: str, api: str, folder: Path) -> str:
-    nodes = json.dumps({"tenant": tenant}, separators=(",", ":"))
-    token = json.dumps({"pool_id": pool_id, "uses": 1, "expires_in_seconds": 3600}, separators=(",", ":"))
+    cli = "better-compute" if api == DEFAULT_SERVER else f"BETTERCOMPUTE_URL={api} better-compute"
     reserve = json.dumps({"tenant": tenant, "pool_id": pool_id, "gpus": 1, "duration": "PT1H"}, separators=(",", ":"))
     lines = [
         "",
@@ -145,14 +146,24 @@ def _next_steps(node_id: str, pool_id: str, tenant: str, api: str, folder: Path)
         "",
         "Next, with $TOKEN set:",
         "",
-        "  List the nodes:",
-        f"    {_curl(api, 'nodes/list', nodes)}",
+        "  Save the server and credential, so that later commands need neither (a profile, readable by you only):",
+        f"    {cli} login",
         "",
-        "  Make a join token for a real machine (its answer prints the `bcd join ...` command):",
-        f"    {_curl(api, 'join-tokens/create', token)}",
+        "  Watch the nodes (Ctrl-C ends it):",
+        f"    {cli} nodes watch --tenant {tenant}",
         "",
-        "  Reserve one of its GPUs for an hour (placed at once; bound when the node acknowledged the desired state",
-        "  that carries it; active from its start; ended at its end), then follow it with reservations/get:",
+        "  Reserve one of its GPUs for an hour, and wait until the node has it (placed at once; bound when the node",
+        "  acknowledged the desired state that carries it; active from its start; ended at its end):",
+        f"    {cli} reservations create --tenant {tenant} --pool-id {pool_id} --gpus 1 --duration PT1H --wait",
+        "",
+        "  The pool's calendar, and its reservations:",
+        f"    {cli} capacity show --pool-id {pool_id}",
+        f"    {cli} reservations list --tenant {tenant} --pool-id {pool_id}",
+        "",
+        "  Make a join token for a real machine (it prints the `bcd join ...` command to run there):",
+        f"    {cli} join-tokens create --pool-id {pool_id} --uses 1 --expires-in-seconds 3600",
+        "",
+        "  Every command is one API method: POST /api/compute/<group>/<method>. The reservation, over HTTP:",
         f"    {_curl(api, 'reservations/create', reserve)}",
         "",
     ]

@@ -28,14 +28,16 @@ def command() -> list[str]:
 
 
 @pytest.fixture
-def cli_env(database_url: str, empty_schema: str) -> dict[str, str]:
+def cli_env(database_url: str, empty_schema: str, tmp_path: Path) -> dict[str, str]:
     """The environment of a command on this test's schema (empty: ``migrate`` runs as a user runs it first).
 
-    No other BETTERCOMPUTE_* variable leaks in.
+    No other BETTERCOMPUTE_* variable leaks in, nor the profiles of whoever runs the tests (``login``'s file is the
+    test's own).
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTERCOMPUTE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTERCOMPUTE_") and k != "TOKEN"}
     env["BETTERCOMPUTE_DATABASE_URL"] = database_url
     env["BETTERCOMPUTE_SCHEMA"] = empty_schema
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
     return env
 
 

@@ -39,8 +39,9 @@ def test_dev_joins_a_simulated_node_and_a_second_run_reuses_it(
 
     out = dev.stdout
     node_id = out.split(IN_SESSION, 1)[1].split(",", 1)[0]
-    for path in ("nodes/list", "join-tokens/create", "reservations/create"):
-        assert f"/api/compute/{path}" in out, out
+    for command in ("login", "nodes watch", "reservations create", "join-tokens create"):  # test_dev_commands runs them
+        assert f" better-compute {command} " in out or f" better-compute {command}\n" in out, out
+    assert "/api/compute/reservations/create" in out, out
     root = call("system/whoami", {})["tenant_id"]
     [node] = call("nodes/list", {"tenant": root})["nodes"]
     assert node["id"] == node_id and node["claims"]["gpu_count"] == 8 and node["session_epoch"] == 1
