@@ -51,6 +51,7 @@ _HANDS_THE_URL_ON = (
     "tests/unit/cli/",
     "tests/integration/worker/test_processes.py",
     "tests/integration/workflows/test_processes.py",
+    "tests/integration/examples/test_custom_deployment.py",
 )
 
 
@@ -83,6 +84,7 @@ _START_FIRST = (
     "tests/integration/store_pg/test_conformance.py",
     "tests/integration/core/test_database_blip.py",
     "tests/integration/cli/",
+    "tests/integration/examples/test_custom_deployment.py",
     "tests/integration/iam_matrix/",
     "tests/integration/schemathesis/",
     "tests/unit/core/test_fields.py",
