@@ -125,13 +125,11 @@ async def _serve_http(parts: Parts, host: str, port: int, roles: Collection[str]
         async with anyio.create_task_group() as tg:
             if roles:
                 await tg.start(compute.run, roles)
-            # The process initializes and closes the control plane itself, so uvicorn runs no lifespan. The interface
-            # is named: uvicorn's guess takes ``compute.asgi`` (a bound method) for an ASGI 2 application.
+            # The process initializes and closes the control plane itself, so uvicorn runs no lifespan.
             config = uvicorn.Config(
                 compute.asgi,
                 host=host,
                 port=port,
-                interface="asgi3",
                 lifespan="off",
                 log_config=None,  # uvicorn's records go through this process's logging
                 access_log=False,
