@@ -52,6 +52,7 @@ from bettercompute.errors import (
     UnavailableError,
 )
 
+from ._runtime import _no_signal_reraise
 from ._version import __version__
 
 __all__ = [
@@ -439,4 +440,5 @@ async def serve_http(plane: ControlPlane, *, host: str, port: int, path: str = "
     config = uvicorn.Config(
         streamable_http_app(plane, path=path, host=host), host=host, port=port, log_level="warning", lifespan="on"
     )
-    await uvicorn.Server(config).serve()
+    with _no_signal_reraise():  # SIGTERM stops it gracefully and the process exits 0, as serve does
+        await uvicorn.Server(config).serve()

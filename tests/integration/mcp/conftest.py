@@ -17,6 +17,7 @@ from bettercompute import JoinSettings, LocalKeyKms
 from bettercompute.modules.pools import CreatePoolInput, Pool, PoolsGroup
 
 from ..capacity.conftest import seed_fleet
+from ..cli.conftest import start_cli as start_cli  # the fixture, for the tests of the --http command
 from ..iam.conftest import TwoTenants, make_user, two_tenants
 
 
