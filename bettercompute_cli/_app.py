@@ -563,6 +563,8 @@ def mcp_command(
     """
     from ._mcp import Remote, serve_http, serve_stdio  # mcp and pydantic load only for this command
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per tool call
+
     if http:
         if token:
             log.info("the credential given is not used over HTTP: each request brings its own")
@@ -573,6 +575,9 @@ def mcp_command(
         return
     if not token:
         _err("error: a credential is needed: --token, BETTERCOMPUTE_TOKEN or TOKEN")
+        raise typer.Exit(2)
+    if not all("!" <= c <= "~" for c in token):  # it goes into an Authorization header as it is
+        _err("error: the credential must be printable ASCII without spaces")
         raise typer.Exit(2)
     plane = Remote(server)
     with _errors():

@@ -4,7 +4,8 @@ The tools are made from the control plane's OpenAPI document (itself generated f
 declared once is a tool too, a module's groups included: one tool per method, named ``<group>_<method>`` (group and
 method names never hold ``_``, so the name splits back one way: ``reservations_create``, ``join-tokens_create``),
 described by the method's summary, its input schema the method's input as JSON Schema with every definition it uses
-under ``$defs``. A mutating tool also takes ``idempotency_key`` (unless its input has a field of that name), sent as
+under ``$defs``, its output schema HTTP's ``{"data": <output>}`` (which ``mcp.Client`` checks answers against). A
+mutating tool also takes ``idempotency_key`` (unless its input has a field of that name), sent as
 the ``Idempotency-Key`` header: a retry with the same key and arguments replays the first answer. MCP has no hint
 for "idempotent when given a key", so ``idempotentHint`` is left false and the description says it instead.
 
@@ -211,6 +212,8 @@ def tools_from_openapi(document: Mapping[str, Any], endpoint: str = ENDPOINT) ->
             continue
         body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
         schema = _self_contained(body, components)
+        ok = operation.get("responses", {}).get("200", {}).get("content", {}).get("application/json", {})
+        output = _self_contained(ok["schema"], components) if isinstance(ok.get("schema"), dict) else None
         mutates = bool(operation.get("x-mutates", True))  # unknown: treat as a change, the cautious reading
         properties = schema.setdefault("properties", {})
         key_argument = mutates and _KEY not in properties
@@ -227,6 +230,7 @@ def tools_from_openapi(document: Mapping[str, Any], endpoint: str = ENDPOINT) ->
             title=f"{group} {method}",
             description=summary,
             input_schema=schema,
+            output_schema=output,
             annotations=ToolAnnotations(
                 title=f"{group} {method}",
                 read_only_hint=not mutates,

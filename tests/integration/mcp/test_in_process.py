@@ -33,6 +33,9 @@ async def test_every_method_is_a_tool_with_a_valid_schema_and_its_read_only_mark
         text = str(schema)
         assert "#/components/" not in text
         assert ("idempotency_key" in schema["properties"]) is method.mutates, name
+        # The answer's schema is HTTP's {"data": <output>}; mcp.Client checks every answer below against it.
+        assert tool.output_schema is not None and tool.output_schema["required"] == ["data"], name
+        jsonschema.Draft202012Validator.check_schema(tool.output_schema)
     assert tools["reservations_cancel"].annotations.destructive_hint is True  # type: ignore[union-attr]
     assert tools["reservations_create"].annotations.destructive_hint is False  # type: ignore[union-attr]
     # The schema is the method's input: what the server would refuse, the schema refuses too.

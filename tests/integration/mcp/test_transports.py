@@ -15,6 +15,7 @@ import mcp
 import pytest
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from bettercompute_cli._mcp import InProcess, streamable_http_app
 
@@ -64,6 +65,10 @@ async def test_over_stdio_a_subprocess_lists_calls_and_is_refused(fleet: Fleet, 
 async def test_stdio_without_a_credential_or_a_server_says_so(served: str) -> None:
     done = await anyio.run_process([*command(), "mcp"], env=_env(BETTERCOMPUTE_URL=served), check=False)
     assert done.returncode == 2 and b"credential" in done.stderr and b"Traceback" not in done.stderr
+    done = await anyio.run_process(
+        [*command(), "mcp", "--token", "bcak_a\nb"], env=_env(BETTERCOMPUTE_URL=served), check=False
+    )
+    assert done.returncode == 2 and b"printable ASCII" in done.stderr
     nowhere = f"http://127.0.0.1:{free_port()}"
     async with mcp.Client(
         StdioServerParameters(
@@ -72,6 +77,8 @@ async def test_stdio_without_a_credential_or_a_server_says_so(served: str) -> No
     ) as client:
         answer = envelope(await client.call_tool("pools_list", {"tenant": "tn_x"}))
         assert answer["error"]["code"] == "UNAVAILABLE"
+        with pytest.raises(MCPError, match="UNAVAILABLE"):  # no document, no tools: a protocol error
+            await client.list_tools()
 
 
 @contextlib.asynccontextmanager
