@@ -17,10 +17,14 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from bettercompute.modules.pools import CreatePoolInput, Pool, PoolsGroup
+from bettercompute_cli._client import group_names
 from bettercompute_cli._mcp import InProcess, streamable_http_app
+from examples.maintenance import MaintenanceModule
 
 from ..cli.conftest import StartCli, command, free_port
 from ..examples._serve import serving
+from ..iam.conftest import two_tenants
 from .conftest import Fleet, envelope
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
@@ -79,6 +83,32 @@ async def test_stdio_without_a_credential_or_a_server_says_so(served: str) -> No
         assert answer["error"]["code"] == "UNAVAILABLE"
         with pytest.raises(MCPError, match="UNAVAILABLE"):  # no document, no tools: a protocol error
             await client.list_tools()
+
+
+async def test_over_stdio_the_tools_are_the_servers_a_third_party_modules_included(
+    database_url: str, fresh_schema: str
+) -> None:
+    assert "maintenance" not in group_names()  # the command itself knows nothing of the module
+    async with (
+        two_tenants(database_url, fresh_schema, modules=[MaintenanceModule()]) as t,
+        serving(t.compute.asgi, lifespan="off") as base,
+        _stdio(base, t.alice) as alice,
+    ):
+        tools = {tool.name: tool for tool in (await alice.list_tools()).tools}
+        assert {"maintenance_create", "maintenance_list"} <= set(tools)
+        assert tools["maintenance_list"].annotations.read_only_hint is True  # type: ignore[union-attr]
+        pools: PoolsGroup[Any] = t.compute.api.group(PoolsGroup)
+        pool: Pool = await pools.create(t.alice, CreatePoolInput(tenant=t.acme, name="gpus"))
+        window = {
+            "tenant": t.acme,
+            "pool_id": pool.id,
+            "starts_at": "2030-01-01T00:00:00Z",
+            "ends_at": "2030-01-01T02:00:00Z",
+            "reason": "firmware",
+        }
+        made = envelope(await alice.call_tool("maintenance_create", window))["data"]
+        listed = envelope(await alice.call_tool("maintenance_list", {"tenant": t.acme}))["data"]
+        assert [w["id"] for w in listed["windows"]] == [made["id"]]
 
 
 @contextlib.asynccontextmanager
