@@ -66,6 +66,7 @@ __all__ = [
     "serve_http",
     "serve_stdio",
     "streamable_http_app",
+    "tool_name",
     "tools_from_openapi",
 ]
 
