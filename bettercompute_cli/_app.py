@@ -15,9 +15,9 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 import attrs
@@ -53,6 +53,9 @@ from ._runtime import (
 )
 from ._version import __version__
 
+if TYPE_CHECKING:
+    from ._mcp import Remote
+
 __all__ = ["DEV_DATA", "DEV_KMS_KEY", "app", "main"]
 
 log = logging.getLogger("bettercompute.cli")
@@ -71,7 +74,7 @@ DEV_GATEWAY_PORT = 7443
 
 _ROLES_HELP = f"Comma-separated: api, {', '.join(WORKER_ROLES)}, or all (the API and every worker role)."
 
-_OWN_COMMANDS = {"migrate", "serve", "dev", "iam", "version"}
+_OWN_COMMANDS = {"migrate", "serve", "dev", "iam", "mcp", "version"}
 
 app = typer.Typer(
     name="better-compute",
@@ -553,6 +556,71 @@ def iam_bootstrap(
     typer.echo("It is shown once; keep it now:")
     typer.echo("")
     typer.echo(f"    {result.credential}")
+
+
+# --- mcp ------------------------------------------------------------------------------------------------------------
+
+
+@app.command("mcp")
+def mcp_command(
+    server: Annotated[
+        str,
+        typer.Option(
+            "--server", envvar="BETTERCOMPUTE_URL", help="The control plane the tools call.", show_default=True
+        ),
+    ] = DEFAULT_SERVER,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar=["BETTERCOMPUTE_TOKEN", "TOKEN"],
+            help="The credential of every call on stdio (not with --http, where each request brings its own).",
+            show_default=False,
+        ),
+    ] = None,
+    http: Annotated[
+        bool, typer.Option("--http", help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio.")
+    ] = False,
+    host: Annotated[str, typer.Option("--host", help="Where --http listens.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Where --http listens.")] = 3001,
+) -> None:
+    """Serve the control plane's methods as MCP tools, on stdio (for an agent that starts this command) or over
+    streamable HTTP (--http).
+
+    Every tool call is a call of the server's HTTP API, so its IAM, audit and idempotency apply. The tools come from
+    the server's OpenAPI document: every method it serves, its modules' included. On stdio every call carries the
+    credential given here; over HTTP, the bearer token of the request that carries it (a request without one is
+    refused with 401).
+    """
+    from ._mcp import Remote, serve_http, serve_stdio  # mcp and pydantic load only for this command
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per tool call
+
+    if http:
+        if token:
+            log.info("the credential given is not used over HTTP: each request brings its own")
+        _err(f"MCP over streamable HTTP on http://{display_host(host)}:{port}/mcp, calling {server}")
+        plane = Remote(server)
+        with _errors():
+            anyio.run(lambda: _closing(plane, serve_http(plane, host=host, port=port)))
+        return
+    if not token:
+        _err("error: a credential is needed: --token, BETTERCOMPUTE_TOKEN or TOKEN")
+        raise typer.Exit(2)
+    if not all("!" <= c <= "~" for c in token):  # it goes into an Authorization header as it is
+        _err("error: the credential must be printable ASCII without spaces")
+        raise typer.Exit(2)
+    plane = Remote(server)
+    with _errors():
+        anyio.run(lambda: _closing(plane, serve_stdio(plane, token)))
+
+
+async def _closing(plane: Remote, serving: Awaitable[None]) -> None:
+    try:
+        await serving
+    finally:
+        with anyio.CancelScope(shield=True):
+            await plane.aclose()
 
 
 # --- version --------------------------------------------------------------------------------------------------------
