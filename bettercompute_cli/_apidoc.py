@@ -43,7 +43,7 @@ from bettercompute._runtime.openapi import openapi_document
 from bettercompute._runtime.registry import MethodDef
 from bettercompute_iam._policy import builtin_roles, matches
 
-from ._client import group_names
+from ._client import EXIT_CODES, group_names
 from ._config import Config
 from ._runtime import build
 
@@ -154,6 +154,13 @@ def _declared_errors(method: MethodDef[Any, Any]) -> list[tuple[str, str]]:
 def _prose(text: str) -> str:
     """A docstring's text as one Markdown paragraph (reStructuredText's double backticks made single)."""
     return " ".join(text.split()).replace("``", "`")
+
+
+def _description(method: MethodDef[Any, Any]) -> str:
+    """The first paragraph of the handler's docstring (``summary`` is only its first line, cut mid-sentence when
+    the paragraph goes on)."""
+    doc = inspect.getdoc(inspect.unwrap(method.handler)) or method.summary
+    return _prose(doc.split("\n\n", 1)[0])
 
 
 def _first_sentence(text: str) -> str:
@@ -372,8 +379,9 @@ def _method_section(
     yield ""
     yield f"### `{method.group}.{method.name}`"
     yield ""
-    if method.summary:
-        yield _prose(method.summary)
+    description = _description(method)
+    if description:
+        yield description
         yield ""
     yield f"- **Path:** `POST {ENDPOINT}{method.path}`"
     if method.access == "open":
@@ -503,27 +511,33 @@ def render() -> str:
         f"Every method of a control plane composed as `better-compute dev` composes it ({len(methods)} methods: "
         "the core, the PostgreSQL store's modules, the embedded IAM, the webhooks and secrets groups, which need a "
         "KMS key, and node identity, which needs a trust domain and a gateway address). A control plane composed "
-        "with fewer options has fewer groups: without a KMS key there is no `webhooks`, `secrets` or `nodes` group; "
-        "behind a central IAM (`iam_url`) the IAM groups answer `NOT_FOUND`.",
+        "with fewer options has fewer groups: without a KMS key there is no `webhooks` or `secrets` group, without "
+        "node identity (a KMS key, a trust domain and a gateway address) no `nodes` or `devices` group; behind a "
+        "central IAM (`iam_url`) the IAM groups answer `NOT_FOUND`.",
         "",
         f"Every method is `POST {ENDPOINT}/<group>/<method>` with a JSON object as the body (an empty body reads as "
         '`{}`) and `Authorization: Bearer <credential>`. The answer is `{"data": <output>}` with status 200, or '
         '`{"error": {"code", "message", "details", "retryable"}}` with the status of its code. The same document as '
         f"OpenAPI 3.1 is served at `GET {ENDPOINT}/openapi.json`. The client command `better-compute <group> "
         "<method>` takes one option per input field (`--pool-id` for `pool_id`; `--json '{...}'` for the whole "
-        "input) and exits with a status per error code (see [the quickstart](quickstart.md)). The IAM `authz` group "
+        "input) and exits with a status per error code (below; 2 for a usage error). The IAM `authz` group "
         "has no client command: it is what a process behind a central IAM calls.",
         "",
-        "**Errors.** Under each method, the codes with a reason follow from its declaration and hold for every such "
+        "## Errors",
+        "",
+        "Under each method, the codes with a reason follow from its declaration and hold for every such "
         "method. The line *raised by the handler* is found by reading the handler's source and the functions of the "
         "project it calls by name; an error raised further down (inside the store, say) can be missing from it.",
         "",
-        "| code | HTTP status |",
-        "|---|---|",
-        *(f"| `{code}` | {status} |" for code, status in sorted(_statuses().items())),
+        "| code | HTTP status | exit status of `better-compute <group> <method>` |",
+        "|---|---|---|",
+        *(f"| `{code}` | {status} | {EXIT_CODES.get(code, 1)} |" for code, status in sorted(_statuses().items())),
         "",
-        "**Examples** fill each required field with a placeholder (`<pool_id>`: put a real id there; `root` is the "
-        "root tenant's id) and leave optional fields out.",
+        "## Examples",
+        "",
+        "Each method's example sends its required fields, and a few others where the input needs them, with "
+        "placeholders of the right shape (`pool_...`: put a real id there; `root` is the root tenant's id). Every "
+        "example is an input the method accepts: the generator decodes each one.",
         "",
         "## Methods",
         "",
