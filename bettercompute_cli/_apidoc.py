@@ -385,7 +385,7 @@ def _method_section(
         yield ""
     yield f"- **Path:** `POST {ENDPOINT}{method.path}`"
     if method.access == "open":
-        yield f"- **Action:** `{method.action}`, not decided by IAM: every authenticated caller may call it"
+        yield f"- **Action:** `{method.action}` (access `open`: IAM allows it to every authenticated caller)"
     else:
         held = ", ".join(f"`{r}`" for r in _roles_holding(roles, method.action)) or "none"
         yield f"- **Action:** `{method.action}` (access `{method.access}`; built-in roles that hold it: {held})"
