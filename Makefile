@@ -6,6 +6,7 @@
 #   make bench   measure the performance claims       make clean   remove caches and build output (distclean: + .venv)
 #   make test-embedded   pytest on the embedded PostgreSQL (URL unset), the subset CI runs there
 #   make protos  regenerate the wire code from protos/ (make test checks it did not drift)
+#   make docs    regenerate docs/api.md from the method registry (make test checks it is not stale)
 
 PYTHON ?= python3
 VENV := .venv
@@ -22,7 +23,7 @@ define step
 	echo "<== $(1): $$(( ($$(date +%s%N) - started) / 1000000 )) ms, exit $$rc"; exit $$rc
 endef
 
-.PHONY: dev install test test-embedded lint check-ruff check-format check-types check-imports check-protos protos pytest fmt bench clean distclean
+.PHONY: dev install test test-embedded lint check-ruff check-format check-types check-imports check-protos protos check-docs docs pytest fmt bench clean distclean
 
 $(BIN)/python:
 	@# Debian's python3 has no ensurepip without python3-venv; a half-made .venv would fool the next run.
@@ -41,7 +42,7 @@ dev: $(STAMP)
 
 test: lint pytest
 
-lint: check-ruff check-format check-types check-imports check-protos
+lint: check-ruff check-format check-types check-imports check-protos check-docs
 
 check-ruff: $(STAMP)
 	$(call step,ruff check,$(BIN)/ruff check .)
@@ -61,6 +62,13 @@ check-protos: $(STAMP)
 
 protos: $(STAMP)
 	$(BIN)/python -m bettercompute_proto._regenerate
+
+# The API reference is generated from the method registry; a method added or changed without `make docs` fails here.
+check-docs: $(STAMP)
+	$(call step,api docs,$(BIN)/python -m bettercompute_cli._apidoc --check)
+
+docs: $(STAMP)
+	$(BIN)/python -m bettercompute_cli._apidoc
 
 # `make test` runs the test files side by side (pytest-xdist), a file's tests on one worker so that what a module
 # starts once (PgBouncer, a served control plane) starts once; tests/conftest.py starts the slowest files first.

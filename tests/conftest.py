@@ -42,6 +42,7 @@ def database_url() -> Iterator[str]:
 # the embedded phase: there a URL that loses its password or host fails only against the embedded server.
 _HANDS_THE_URL_ON = (
     "tests/integration/cli/",
+    "tests/integration/docs/",
     "tests/integration/core/test_database_outage.py",
     "tests/integration/core/test_database_blip.py",
     "tests/integration/core/test_control_plane.py",
@@ -85,6 +86,7 @@ _START_FIRST = (
     "tests/integration/core/test_database_blip.py",
     "tests/integration/cli/",
     "tests/integration/examples/test_custom_deployment.py",
+    "tests/integration/docs/",
     "tests/integration/iam_matrix/",
     "tests/integration/schemathesis/",
     "tests/unit/core/test_fields.py",
