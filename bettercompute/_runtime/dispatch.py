@@ -6,7 +6,9 @@ Order matters and is the same on every path:
 2. decode and validate the input (``INVALID_INPUT``);
 3. tenant pre-check: a caller outside the input's tenant, and not in the root tenant, is refused before any
    database access (``ACCESS_DENIED``);
-4. one IAM decision on the method's action and resource (``ACCESS_DENIED``);
+4. one IAM decision on the method's action and resource (``ACCESS_DENIED``). A mutation IAM refuses leaves an
+   audit row with outcome ``denied`` (in a transaction of its own, after the decision; refused reads leave none, as
+   reads are not audited). A step-3 refusal stays free of database access and is logged instead;
 5. with an idempotency key (mutating methods only): replay, conflict or reserve (see ``_runtime.idempotency``);
 6. the plugin chain, the handler innermost. A mutating call's audit row is written by its ``CallContext``: in the
    handler's ``call.transaction()`` as it commits, or alone after the handler when it wrote through none.
@@ -37,7 +39,7 @@ from bettercompute._runtime import idempotency
 from bettercompute._runtime.declarations import Next, Plugin
 from bettercompute._runtime.registry import Admission, CallContext, Drafted, MethodDef
 from bettercompute.errors import AccessDeniedError, ComputeError, InternalError, InvalidInputError, UnauthenticatedError
-from bettercompute.ports import Iam, Identity, ResourceRef
+from bettercompute.ports import AuditRecord, Decision, Iam, Identity, ResourceRef
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -101,10 +103,18 @@ class Dispatcher:
             resource = method.resource(input)
             if identity is not None:
                 if resource.tenant is not None and resource.tenant != identity.tenant_id and not identity.is_root:
+                    # Decided and answered without any database access (the spec's order), so a flood of these costs
+                    # the database nothing: the refusal's trace is a log line, not an audit row.
+                    log.info(
+                        "refused %s to %s: outside tenant %s",
+                        method.action,
+                        identity.principal_id,
+                        resource.tenant,
+                    )
                     raise AccessDeniedError("the caller is outside this tenant", details={"action": method.action})
                 if method.admit is not None:
                     return await self._admit(method, identity, input, resource, request_id, idempotency_key)
-                decision = await self._iam.require(identity, method.action, resource)
+                decision = await self._require(method, identity, resource)
             call = CallContext(
                 method=method,
                 identity=identity,
@@ -166,7 +176,7 @@ class Dispatcher:
         assert drafted.resource is not None, "an admit step returns a replay or the draft's resource"
         call: CallContext | None = None
         try:
-            decision = await self._iam.require(identity, method.action, drafted.resource)
+            decision = await self._require(method, identity, drafted.resource)
             call = CallContext(
                 method=method,
                 identity=identity,
@@ -185,6 +195,38 @@ class Dispatcher:
                     except Exception as exc:  # a sweeper takes stale drafts back
                         log.warning("a draft could not be taken back now: %s", type(exc).__name__)
             raise
+
+    async def _require(self, method: MethodDef[Any, Any], identity: Identity, resource: ResourceRef) -> Decision:
+        """IAM's decision; a refused mutation leaves an audit row (outcome ``denied``) before its error is raised."""
+        try:
+            return await self._iam.require(identity, method.action, resource)
+        except AccessDeniedError as refused:
+            await self._audit_refusal(method, identity, resource, refused)
+            raise
+
+    async def _audit_refusal(
+        self, method: MethodDef[Any, Any], identity: Identity, resource: ResourceRef, refused: AccessDeniedError
+    ) -> None:
+        """One audit row for a mutation the caller was refused, in a transaction of its own (reads are not audited,
+        refused or not). Its failure is logged and the caller still gets the refusal."""
+        if not method.mutates:
+            return
+        record = AuditRecord(
+            action=method.action,
+            actor=identity.principal_id,
+            tenant=resource.tenant,
+            resource_type=resource.type,
+            resource_id=resource.id,
+            decision_id=None,
+            outcome="denied",
+            details={"reason": refused.message},
+        )
+        with anyio.CancelScope(shield=True):
+            try:
+                async with self._context.store.transaction() as tx:
+                    await tx.audit(record)
+            except Exception as exc:
+                log.warning("the audit row of a refused %s was not written: %s", method.action, type(exc).__name__)
 
     async def _handle(self, call: CallContext, input: Any) -> tuple[Any, Any]:
         """The plugin chain and the handler; a mutating call that wrote nothing through ``call.transaction()`` has

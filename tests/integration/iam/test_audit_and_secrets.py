@@ -75,6 +75,58 @@ async def test_each_mutation_writes_one_audit_row_with_its_decision(
     assert {actor for *_, actor in rows} == {whoami["principal_id"]}
 
 
+def denied_rows(database_url: str, schema: str) -> list[tuple[str, str, str | None, str | None, str]]:
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            f'SELECT action, actor, tenant, decision_id, details::text FROM "{schema}".audit'
+            " WHERE outcome = 'denied' ORDER BY id"
+        ).fetchall()
+    return [tuple(r) for r in rows]
+
+
+async def test_a_refused_mutation_leaves_a_denied_audit_row_and_a_refused_read_none(
+    plane: Plane, database_url: str, fresh_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bettercompute.dispatch")
+    root = plane.root
+    acme = data(await post(plane, root, "tenants/create", {"name": "acme"}))["id"]
+    other = data(await post(plane, root, "tenants/create", {"name": "other"}))["id"]
+    bob = data(await post(plane, root, "principals/create", {"tenant": acme, "name": "bob", "kind": "user"}))
+    body = {"tenant": acme, "principal_id": bob["id"], "expires_in_seconds": None}
+    key = data(await post(plane, root, "credentials/create", body))["credential"]
+    assert denied_rows(database_url, fresh_schema) == []
+
+    # IAM refuses bob (no bindings) a mutation in his own tenant; the tenant pre-check one in another tenant.
+    error(
+        await post(plane, key, "roles/create", {"tenant": acme, "name": "r", "actions": ["iam:*:list"]}),
+        403,
+        "ACCESS_DENIED",
+    )
+    error(
+        await post(plane, key, "principals/create", {"tenant": other, "name": "x", "kind": "user"}),
+        403,
+        "ACCESS_DENIED",
+    )
+    # Refused reads are not audited, as reads are not.
+    error(await post(plane, key, "principals/list", {"tenant": acme}), 403, "ACCESS_DENIED")
+    error(await post(plane, key, "principals/list", {"tenant": other}), 403, "ACCESS_DENIED")
+
+    rows = denied_rows(database_url, fresh_schema)
+    assert [(action, actor, tenant, decision) for action, actor, tenant, decision, _ in rows] == [
+        ("iam:roles:create", bob["id"], acme, None),
+    ]
+    assert "not allowed" in rows[0][4]
+    # The tenant pre-check refuses without touching the database (so a flood of them costs it nothing): a log line.
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused ")]
+    assert refusals == [
+        f"refused iam:principals:create to {bob['id']}: outside tenant {other}",
+        f"refused iam:principals:list to {bob['id']}: outside tenant {other}",
+    ]
+    # Nothing of what was refused exists.
+    roles = data(await post(plane, root, "roles/list", {"tenant": acme}))["roles"]
+    assert [r["name"] for r in roles if r["name"] == "r"] == []
+
+
 async def test_no_secret_is_stored_or_listed(plane: Plane, database_url: str, fresh_schema: str) -> None:
     tenant = data(await post(plane, plane.root, "tenants/create", {"name": "acme"}))["id"]
     bob = data(await post(plane, plane.root, "principals/create", {"tenant": tenant, "name": "bob", "kind": "user"}))

@@ -73,11 +73,14 @@ async def test_an_agent_reserves_a_gpu_and_a_viewer_is_refused_without_a_trace(f
         assert answer["error"]["details"]["action"] == "compute:reservations:create"
         assert "Traceback" not in str(answer)
 
-    # The allowed reservation left one audit row with its decision; the refused one left no reservation and no row.
+    # The allowed reservation left its audit row with its decision; the refused one left no reservation, and an audit
+    # row of its own: outcome denied, no decision, the refused caller as the actor.
     audit = fleet.rows(
         database_url,
-        "SELECT resource_id, decision_id, outcome FROM {s}.audit WHERE action = %s",
+        "SELECT resource_id, decision_id, outcome, actor FROM {s}.audit WHERE action = %s ORDER BY id",
         "compute:reservations:create",
     )
-    assert [(rid, outcome) for rid, _, outcome in audit] == [(made["id"], "ok")] and audit[0][1]
+    assert [(outcome, bool(decision)) for _, decision, outcome, _ in audit] == [("ok", True), ("denied", False)]
+    assert audit[0][0] == made["id"] and audit[1][0] != made["id"]
+    assert audit[1][3] != audit[0][3]  # the viewer, not alice
     assert fleet.rows(database_url, "SELECT count(*) FROM {s}.reservations") == [(1,)]
