@@ -37,6 +37,7 @@ from ._client import COMPLETE_VAR, DEFAULT_SERVER, client_root, group_names, run
 from ._config import DATABASE_URL_ENV, IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
 from ._devnode import run_dev_node
 from ._gateway import GatewayPlan, loop_options
+from ._profiles import ProfileError, resolve
 from ._runtime import (
     Plan,
     build,
@@ -564,19 +565,22 @@ def iam_bootstrap(
 @app.command("mcp")
 def mcp_command(
     server: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--server", envvar="BETTERCOMPUTE_URL", help="The control plane the tools call.", show_default=True
+            "--server", help=f"The control plane the tools call [default: the profile's, else {DEFAULT_SERVER}]."
         ),
-    ] = DEFAULT_SERVER,
+    ] = None,
     token: Annotated[
         str | None,
         typer.Option(
             "--token",
-            envvar=["BETTERCOMPUTE_TOKEN", "TOKEN"],
             help="The credential of every call on stdio (not with --http, where each request brings its own).",
             show_default=False,
         ),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option("--profile", help="A profile saved by `better-compute login` (server and credential)."),
     ] = None,
     http: Annotated[
         bool, typer.Option("--http", help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio.")
@@ -590,11 +594,19 @@ def mcp_command(
     Every tool call is a call of the server's HTTP API, so its IAM, audit and idempotency apply. The tools come from
     the server's OpenAPI document: every method it serves, its modules' included. On stdio every call carries the
     credential given here; over HTTP, the bearer token of the request that carries it (a request without one is
-    refused with 401).
+    refused with 401). The server and credential are found as for the client commands: --server and --token, the
+    profile named by --profile (or BETTERCOMPUTE_PROFILE), BETTERCOMPUTE_URL and BETTERCOMPUTE_TOKEN (or TOKEN), then
+    the default profile saved by `better-compute login`.
     """
     from ._mcp import Remote, serve_http, serve_stdio  # mcp and pydantic load only for this command
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per tool call
+    try:
+        connection = resolve(server=server, token=token, profile=profile, env=os.environ)
+    except ProfileError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(2) from None
+    server, token = connection.server, connection.token
 
     if http:
         if token:
@@ -605,7 +617,7 @@ def mcp_command(
             anyio.run(lambda: _closing(plane, serve_http(plane, host=host, port=port)))
         return
     if not token:
-        _err("error: a credential is needed: --token, BETTERCOMPUTE_TOKEN or TOKEN")
+        _err("error: a credential is needed: --token, a profile (better-compute login), BETTERCOMPUTE_TOKEN or TOKEN")
         raise typer.Exit(2)
     if not all("!" <= c <= "~" for c in token):  # it goes into an Authorization header as it is
         _err("error: the credential must be printable ASCII without spaces")

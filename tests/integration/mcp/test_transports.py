@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,6 +22,7 @@ from mcp.shared.exceptions import MCPError
 from bettercompute.modules.pools import CreatePoolInput, Pool, PoolsGroup
 from bettercompute_cli._client import group_names
 from bettercompute_cli._mcp import InProcess, streamable_http_app
+from bettercompute_cli._profiles import Profiles
 from examples.maintenance import MaintenanceModule
 
 from ..cli.conftest import StartCli, command, free_port
@@ -38,7 +41,9 @@ async def served(fleet: Fleet) -> AsyncIterator[str]:
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BETTERCOMPUTE_") and k != "TOKEN"}
-    return {**env, **extra}
+    # No profile of whoever runs the tests (a test that wants one names its own file).
+    nowhere = Path(tempfile.gettempdir()) / f"bettercompute-no-profiles-{os.getpid()}" / "none.toml"
+    return {**env, "BETTERCOMPUTE_PROFILES": str(nowhere), **extra}
 
 
 def _stdio(base: str, token: str) -> mcp.Client:
@@ -64,6 +69,18 @@ async def test_over_stdio_a_subprocess_lists_calls_and_is_refused(fleet: Fleet, 
     async with _stdio(served, t.alice) as alice:
         still = envelope(await alice.call_tool("reservations_get", {"id": made["id"]}))["data"]
         assert still["state"] != "cancelled"
+
+
+async def test_over_stdio_the_profile_saved_by_login_is_used(fleet: Fleet, served: str, tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles.toml"
+    Profiles.load(profiles).put("lab", served, fleet.t.alice)
+    (program, *args) = command()
+    env = _env(BETTERCOMPUTE_PROFILES=str(profiles), BETTERCOMPUTE_PROFILE="lab")
+    async with mcp.Client(StdioServerParameters(command=program, args=[*args, "mcp"], env=env)) as alice:
+        who = envelope(await alice.call_tool("system_whoami", {}))["data"]
+        assert who["tenant_id"] == fleet.t.acme
+    done = await anyio.run_process([*command(), "mcp", "--profile", "nope"], env=env, check=False)
+    assert done.returncode == 2 and b"no profile 'nope'" in done.stderr and b"Traceback" not in done.stderr
 
 
 async def test_stdio_without_a_credential_or_a_server_says_so(served: str) -> None:
