@@ -314,7 +314,7 @@ async def draft_reservation(call: CallContext, input: CreateReservationInput) ->
     )
 
 
-@method(mutates=True, resource=_in_tenant, admit=draft_reservation)
+@method(mutates=True, access="use", resource=_in_tenant, admit=draft_reservation)
 async def create_reservation(call: CallContext, input: CreateReservationInput) -> Reservation:
     """Reserve GPUs of a pool for a time: placed at once when atoms fit (best fit on the fewest nodes).
 
@@ -486,7 +486,7 @@ def _item(reservation_id: str, run_at: dt.datetime | None = None) -> Any:
     return CONTROLLER.item(reservation_id, run_at=run_at)
 
 
-@method(mutates=True, resource=_on_reservation)
+@method(mutates=True, access="use", resource=_on_reservation)
 async def cancel_reservation(call: CallContext, input: CancelReservationInput) -> Reservation:
     """Cancel a reservation: its atoms are released now and its nodes' desired state follows. Cancelling a
     cancelled one changes nothing.
@@ -522,7 +522,7 @@ async def cancel_reservation(call: CallContext, input: CancelReservationInput) -
     return reservation_of(record)
 
 
-@method(mutates=True, resource=_on_reservation)
+@method(mutates=True, access="use", resource=_on_reservation)
 async def extend_reservation(call: CallContext, input: ExtendReservationInput) -> Reservation:
     """Move a reservation's end later; only if its atoms stay free in between and the quota allows.
 

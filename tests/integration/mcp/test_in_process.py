@@ -3,12 +3,16 @@ methods, an agent reserves a GPU with them, and a credential without the permiss
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import jsonschema
 import mcp
 import pytest
 
 from bettercompute_cli._mcp import ComputeMcp, InProcess
 
+from ..iam.conftest import make_user
 from .conftest import Fleet, envelope
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
@@ -84,3 +88,19 @@ async def test_an_agent_reserves_a_gpu_and_a_viewer_is_refused_without_a_trace(f
     assert audit[0][0] == made["id"] and audit[1][0] != made["id"]
     assert audit[1][3] != audit[0][3]  # the viewer, not alice
     assert fleet.rows(database_url, "SELECT count(*) FROM {s}.reservations") == [(1,)]
+
+
+async def test_a_member_reserves_extends_and_cancels_but_does_not_manage_pools(fleet: Fleet) -> None:
+    t = fleet.t
+    holder: Any = attrs.make_class("P", ["compute", "root"])(t.compute, t.root)
+    _, member, _ = await make_user(holder, t.acme, "mia", "compute.member")
+    async with mcp.Client(ComputeMcp(InProcess(t.compute), credential=member)) as mia:
+        body = {"tenant": t.acme, "pool_id": fleet.pool, "gpus": 1, "duration": "PT1H"}
+        made = envelope(await mia.call_tool("reservations_create", body))["data"]
+        assert made["state"] == "placed"
+        longer = envelope(await mia.call_tool("reservations_extend", {"id": made["id"], "duration": "PT2H"}))["data"]
+        assert longer["end_at"] > made["end_at"]
+        gone = envelope(await mia.call_tool("reservations_cancel", {"id": made["id"]}))["data"]
+        assert gone["state"] == "cancelled"
+        refused = envelope(await mia.call_tool("pools_create", {"tenant": t.acme, "name": "mine"}))
+        assert refused["error"]["code"] == "ACCESS_DENIED"
