@@ -352,7 +352,7 @@ class MethodDef(Generic[In, Out]):
         self.mutates = mutates
         self._action = action
         self._resource = resource
-        self.summary = summary or (handler.__doc__ or "").strip().split("\n")[0]
+        self.summary = summary or _first_paragraph(handler.__doc__ or "")
         self.authenticated = authenticated
         chosen = access if access is not None else ("manage" if mutates else "read")
         if chosen not in ACCESS_LEVELS or (mutates and chosen in ("open", "read")):
@@ -421,6 +421,12 @@ class MethodDef(Generic[In, Out]):
 
     def __repr__(self) -> str:
         return f"<method {self.group}.{self.name}>"
+
+
+def _first_paragraph(doc: str) -> str:
+    """A docstring's first paragraph on one line (a first line alone may stop mid-sentence)."""
+    paragraph = doc.strip().split("\n\n", 1)[0]
+    return " ".join(line.strip() for line in paragraph.splitlines() if line.strip())
 
 
 class _Declare(Protocol):
