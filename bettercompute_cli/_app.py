@@ -73,7 +73,10 @@ DEV_GATEWAY_PORT = 7443
 """The gateway port ``dev``'s join commands pin unless ``gateway_address`` is set."""
 """The key file sealing ``dev``'s webhook signing secrets unless ``kms_key_file`` is set (0600, made on first use)."""
 
-_ROLES_HELP = f"Comma-separated: api, {', '.join(WORKER_ROLES)}, or all (the API and every worker role)."
+_ROLES_HELP = (
+    f"Comma-separated: api, {', '.join(WORKER_ROLES)}, gateway, or all (the API, every worker role, and the gateway "
+    "when node identity is configured)."
+)
 
 _OWN_COMMANDS = {"migrate", "serve", "dev", "iam", "mcp", "version"}
 

@@ -44,7 +44,6 @@ KMS_KEY_FILE_ENV = ENV_PREFIX + "KMS_KEY_FILE"
 API_ROLE = "api"
 GATEWAY_ROLE = "gateway"
 WORKER_ROLES = ("controllers", "scheduler", "sinks", "iam")
-# ``gateway`` is a known name so that asking for it gets "arrives in a later release" rather than "unknown".
 _ROLE_NAMES = ("all", API_ROLE, *WORKER_ROLES, GATEWAY_ROLE)
 
 KEYS = (
@@ -156,7 +155,7 @@ def parse_roles(value: str | list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
         raise ValueError("no role given")
     unknown = [r for r in roles if r not in _ROLE_NAMES]
     if unknown:
-        raise ValueError(f"unknown role(s) {', '.join(unknown)}; choose from {', '.join(_ROLE_NAMES[:-1])}")
+        raise ValueError(f"unknown role(s) {', '.join(unknown)}; choose from {', '.join(_ROLE_NAMES)}")
     return tuple(roles)
 
 
