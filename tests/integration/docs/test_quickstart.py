@@ -35,6 +35,7 @@ _SKIPPABLE = {"make dev"}
 """What a marked block may hold: only the command that starts dev, which the test replaces by starting it."""
 
 EXPECTED: dict[str, str] = {
+    "better-compute login": r"(?m)^Logged in to http://127\.0\.0\.1:\d+ as root-admin",
     "better-compute system version": r"(?m)^version: \d",
     "better-compute system whoami": r"(?m)^tenant_id: root$",
     "curl ": r'"tenant_id":"root"',
@@ -43,7 +44,12 @@ EXPECTED: dict[str, str] = {
     "better-compute nodes list": r'"state": "adopted"',
     "better-compute devices list": r"GPU-",
     "better-compute capacity get": r"(?m)^free: 8$",
-    'better-compute reservations create --tenant root --pool-id "$POOL" --gpus 1': r"(?m)^state: placed$",
+    "better-compute nodes watch": r"(?m)^\S+ +node_\w+ +pool_\w+ +adopted ",
+    'better-compute reservations create --tenant root --pool-id "$POOL" --gpus 1 --duration PT1H --idempotency-key '
+    "quickstart-1 --wait": r"(?m)^state: (bound|active)$",
+    "better-compute capacity show": r"8 atoms: 8 available, 7 free, 1 booked now",
+    # the first ask (placed), and the same again with --wait (above), which answers once the node has it
+    'better-compute reservations create --tenant root --pool-id "$POOL" --gpus 1': r"(?m)^state: (placed|bound|act)",
     'echo "$RSV"': r"^rsv_\w+\n$",
     "better-compute reservations get": r"(?m)^state: (placed|bound|active)$",
     'better-compute reservations create --tenant root --pool-id "$POOL" --gpus 9': r"(?m)^exit status 9$",
@@ -116,6 +122,7 @@ def test_the_quickstart_runs_as_written(cli_env: dict[str, str], start_cli: Star
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("BETTERCOMPUTE_") and k != "TOKEN"}
     env |= {"TOKEN": token, "BETTERCOMPUTE_URL": url, "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")  # login's profile is the test's own
     path = tmp_path / "quickstart.sh"
     path.write_text(script(steps, url))
     done = subprocess.run(
