@@ -302,6 +302,18 @@ def _cli_try(host: str, port: int) -> str:
     return f"{prefix}better-compute system version"
 
 
+def path_hint(found: str | None, running: Path, prefix: Path, base_prefix: Path) -> str | None:
+    """What to do first so that the printed ``better-compute ...`` commands run in another terminal: nothing when
+    the command found on PATH is this one; else how to put this one there (``make dev`` runs it from ``.venv``)."""
+    here = running.resolve() if running.name == "better-compute" else prefix / "bin" / "better-compute"
+    if found is not None and Path(found).resolve() == here.resolve():
+        return None
+    if prefix != base_prefix:  # a virtual environment
+        activate = prefix / "bin" / "activate"
+        return f"(The better-compute command is in {prefix / 'bin'}: in another terminal, first run: source {activate})"
+    return f"(The better-compute command is in {here.parent}, which is not on PATH: add it first.)"
+
+
 def _dev_banner(config: Config, result: Bootstrap, embedded_url: str | None) -> str:
     lines = [
         "",
@@ -326,6 +338,9 @@ def _dev_banner(config: Config, result: Bootstrap, embedded_url: str | None) -> 
             ]
     lines += ["", "Try it:", "", f"    {_curl(config.host, config.port)}", "", "or with this command:", ""]
     lines += [f"    {_cli_try(config.host, config.port)}", ""]
+    hint = path_hint(shutil.which("better-compute"), Path(sys.argv[0]), Path(sys.prefix), Path(sys.base_prefix))
+    if hint is not None:
+        lines += [hint, ""]
     if config.gateway_address is not None:
         lines += [
             f"Node daemons join through the gateway at {config.gateway_address}: pools/create, then",

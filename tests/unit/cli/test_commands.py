@@ -10,6 +10,7 @@ from typer.testing import CliRunner, Result
 
 import bettercompute
 from bettercompute_cli import __version__, app
+from bettercompute_cli._app import path_hint
 
 
 def _invoke(*args: str, **env: str) -> Result:
@@ -155,3 +156,18 @@ def test_a_lease_ttl_out_of_range_is_a_usage_error() -> None:
         result.stderr
         == "error: BETTERCOMPUTE_LEASE_TTL_SECONDS must be a number of seconds from 1 to 3600, not '0.5'\n"
     )
+
+
+def test_dev_says_how_to_reach_the_command_when_it_is_not_on_path(tmp_path: Path) -> None:
+    venv = tmp_path / ".venv"
+    command = venv / "bin" / "better-compute"
+    command.parent.mkdir(parents=True)
+    command.write_text("")
+    base = tmp_path / "python"
+    assert path_hint(str(command), command, venv, base) is None  # on PATH: the commands run as printed
+    hint = path_hint(None, command, venv, base)  # `make dev`: PATH has no .venv/bin
+    assert hint is not None and f"source {venv / 'bin' / 'activate'}" in hint
+    other = tmp_path / "elsewhere" / "better-compute"
+    hint = path_hint(str(other), command, venv, base)  # another install first on PATH
+    assert hint is not None and "source" in hint
+    assert "not on PATH" in str(path_hint(None, command, base, base))  # no virtual environment
