@@ -11,6 +11,7 @@ import contextlib
 import enum
 import logging
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -33,7 +34,7 @@ from bettercompute.errors import ComputeError
 from bettercompute_iam import Bootstrap, RemoteIam
 from bettercompute_store_pg import EmbeddedPostgres
 
-from ._client import COMPLETE_VAR, DEFAULT_SERVER, client_root, group_names, run_client
+from ._client import COMPLETE_VAR, DEFAULT_SERVER, client_root, group_names, run_client, served_group
 from ._config import DATABASE_URL_ENV, IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
 from ._devnode import run_dev_node
 from ._gateway import GatewayPlan, loop_options
@@ -87,7 +88,8 @@ app = typer.Typer(
         "API commands, one per method (better-compute <group> --help): "
         + ", ".join(name for name in group_names() if name not in _OWN_COMMANDS)
         + ". They call the server and use the credential saved by `better-compute login` (--profile picks one of "
-        "several), or BETTERCOMPUTE_URL and BETTERCOMPUTE_TOKEN (or TOKEN). Also: login, logout, completion."
+        "several), or BETTERCOMPUTE_URL and BETTERCOMPUTE_TOKEN (or TOKEN). The groups of a server's own modules are "
+        "commands too, made from its OpenAPI document. Also: login, logout, completion."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -675,6 +677,10 @@ def main() -> None:
         commands = _root().commands
         if argv[0] in commands:
             raise SystemExit(run_client(commands[argv[0]], argv[1:]))
+        if re.fullmatch(r"[a-z][a-z0-9-]{0,63}", argv[0]):  # a group of the server's own modules, perhaps
+            served = served_group(argv[0], argv[1:])
+            if served is not None:
+                raise SystemExit(run_client(served, argv[1:]))
     app(prog_name="better-compute")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import sys
 import time
 import types
@@ -203,10 +204,6 @@ def _explain(code: str, details: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _call(connection: Connection, method: MethodDef[Any, Any], body: dict[str, Any], key: str | None = None) -> Any:
-    return call_path(connection, f"{method.group}/{method.name}", body, key)
-
-
 def call_path(connection: Connection, path: str, body: dict[str, Any], key: str | None = None) -> Any:
     """``POST {server}/api/compute/{path}``: the answer's ``data``, or ``_Failed`` with the error's code."""
     headers = {"content-type": "application/json", "accept": "application/json"}
@@ -285,23 +282,31 @@ def _print(data: Any, output: str) -> None:
 
 def _command(method: MethodDef[Any, Any]) -> click.Command:
     hints = typing.get_type_hints(method.input)
-    fields = {f.name: (f, _kind(hints[f.name])) for f in attrs.fields(method.input)}
-    params: list[click.Parameter] = [_option(f, hints[f.name]) for f, _ in fields.values()]
+    fields = {f.name: (_kind(hints[f.name]), _option(f, hints[f.name])) for f in attrs.fields(method.input)}
+    return _made(method.group, method.name, method.summary, method.mutates, fields)
+
+
+def _made(
+    group: str, name: str, summary: str, mutates: bool, fields: Mapping[str, tuple[str, click.Option]]
+) -> click.Command:
+    """The command of one method: an option per input field (its kind says how its value is sent), and the client's
+    own options."""
+    params: list[click.Parameter] = [option for _, option in fields.values()]
     params += [
         click.Option(["--json", "whole"], default=None, help="The whole input as JSON; options replace its fields."),
         click.Option(["--input", "input_file"], type=click.Path(dir_okay=False, path_type=Path), default=None),
         *_connection_options(),
         click.Option(["--output"], type=click.Choice(["table", "json"]), default="table", show_default=True),
     ]
-    extra = _EXTRAS.get((method.group, method.name))
+    extra = _EXTRAS.get((group, name))
     if extra is not None:
         params += extra.params
-    if method.mutates and "idempotency_key" not in fields:  # where the input has the field, it is sent as such
+    if mutates and "idempotency_key" not in fields:  # where the input has the field, it is sent as such
         params.append(click.Option(["--idempotency-key"], default=None, help="Retries with it do it once."))
     clash = {"whole", "input_file", "server", "token", "profile", "output"} & set(fields)
     clash |= {p.name for p in (extra.params if extra else ())} & set(fields)
     if clash:  # a declaration error, found when the commands are made rather than when one is used
-        raise TypeError(f"{method.group}.{method.name}: input fields {sorted(clash)} clash with the client's options")
+        raise TypeError(f"{group}.{name}: input fields {sorted(clash)} clash with the client's options")
 
     def run(**given: Any) -> None:
         connection = _connect(given)
@@ -315,21 +320,134 @@ def _command(method: MethodDef[Any, Any]) -> click.Command:
                 raise click.UsageError(f"--input: cannot read {input_file} ({type(exc).__name__})") from None
         if whole is not None:
             body.update(_load(whole, "--json"))
-        for name, (_, kind) in fields.items():
-            raw = given.get(name)
+        for field, (kind, _) in fields.items():
+            raw = given.get(field)
             if raw is None or (kind in ("list", "map") and not raw):
                 continue
-            body[name] = _value(kind, raw, name)
+            body[field] = _value(kind, raw, field)
         key = None if "idempotency_key" in fields else given.get("idempotency_key")
-        data = _call(connection, method, body, key)
+        data = call_path(connection, f"{group}/{name}", body, key)
         if extra is not None:
             extra.finish(connection, data, given["output"], extras)
         else:
             _print(data, given["output"])
 
-    return click.Command(
-        method.name, params=params, callback=run, help=method.summary, short_help=method.summary, no_args_is_help=False
-    )
+    return click.Command(name, params=params, callback=run, help=summary, short_help=summary, no_args_is_help=False)
+
+
+# --- groups the server serves and this command does not know: from its OpenAPI document -----------------------------
+
+
+def _resolved(schema: Any, document: Mapping[str, Any]) -> dict[str, Any]:
+    """A schema with a ``$ref`` (to ``#/components/schemas/...``) followed, and ``X | null`` as ``X``."""
+    for _ in range(8):
+        if not isinstance(schema, dict):
+            return {}
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+            schema = document.get("components", {}).get("schemas", {}).get(ref.rsplit("/", 1)[1], {})
+            continue
+        options = schema.get("anyOf") or schema.get("oneOf")
+        if isinstance(options, list):
+            rest = [o for o in options if not (isinstance(o, dict) and o.get("type") == "null")]
+            if len(rest) == 1:
+                schema = rest[0]
+                continue
+        return schema
+    return {}
+
+
+def _schema_option(field: str, schema: dict[str, Any]) -> tuple[str, click.Option]:
+    flag, help = field.replace("_", "-"), str(schema.get("description") or "")[:200] or None
+    kind = schema.get("type")
+    if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
+        return "choice", click.Option([f"--{flag}", field], type=click.Choice(schema["enum"]), default=None, help=help)
+    if kind == "boolean":
+        return "flag", click.Option([f"--{flag}/--no-{flag}", field], default=None, help=help)
+    if kind == "array":
+        return "list", click.Option([f"--{flag}", field], multiple=True, default=None, help="repeat for each item")
+    values = schema.get("additionalProperties")
+    if (
+        kind == "object"
+        and isinstance(values, dict)
+        and values.get("type") == "string"
+        and not schema.get("properties")
+    ):
+        return "map", click.Option([f"--{flag}", field], multiple=True, default=None, help="key=value, repeatable")
+    if kind in ("string", "integer", "number"):
+        types: dict[str, click.ParamType[Any]] = {"integer": click.INT, "number": click.FLOAT}
+        return "scalar", click.Option([f"--{flag}", field], type=types.get(kind, click.STRING), default=None, help=help)
+    return "json", click.Option([f"--{flag}", field], default=None, help="a JSON value")
+
+
+def served_groups(document: Mapping[str, Any], endpoint: str = _ENDPOINT) -> list[click.Group]:
+    """A click group per API group of a server's OpenAPI document, a command per operation (for groups this command
+    does not know: a host application's own modules)."""
+    groups: dict[str, click.Group] = {}
+    descriptions = {t.get("name"): t.get("description") for t in document.get("tags", []) if isinstance(t, dict)}
+    for path, item in (document.get("paths") or {}).items():
+        operation = item.get("post") if isinstance(item, dict) else None
+        if not isinstance(operation, dict) or not str(path).startswith(endpoint + "/"):
+            continue
+        group, _, name = str(path)[len(endpoint) + 1 :].partition("/")
+        if not group or not name or "/" in name:
+            continue
+        body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+        schema = _resolved(body, document)
+        found = schema.get("properties")
+        properties: dict[str, Any] = found if isinstance(found, dict) else {}
+        reserved = {"json", "input", "server", "token", "profile", "output"}
+        fields = {
+            field: _schema_option(field, _resolved(sub, document))
+            for field, sub in properties.items()
+            if re.fullmatch(r"[a-z][a-z0-9_]{0,63}", field) and field.replace("_", "-") not in reserved
+        }
+        summary = str(operation.get("summary") or "")
+        if group not in groups:
+            description = str(descriptions.get(group) or "").strip().split("\n")[0]
+            groups[group] = click.Group(group, help=description, no_args_is_help=True)
+        groups[group].add_command(_made(group, name, summary, bool(operation.get("x-mutates")), fields))
+    return [groups[name] for name in sorted(groups)]
+
+
+def _argv_connection(args: Sequence[str]) -> Connection | None:
+    """The connection a command line names (``--server``, ``--token``, ``--profile``, as ``--x v`` or ``--x=v``),
+    with the environment and saved profiles; ``None`` when they do not make one."""
+    given: dict[str, str | None] = {"server": None, "token": None, "profile": None}
+    for index, arg in enumerate(args):
+        for name in given:
+            if arg == f"--{name}" and index + 1 < len(args):
+                given[name] = args[index + 1]
+            elif arg.startswith(f"--{name}="):
+                given[name] = arg.split("=", 1)[1]
+    try:
+        return resolve(server=given["server"], token=given["token"], profile=given["profile"], env=os.environ)
+    except ProfileError:
+        return None
+
+
+def served_group(name: str, args: Sequence[str]) -> click.Group | None:
+    """The group ``name`` as the server the command line points at serves it (from its OpenAPI document), or
+    ``None`` when that server cannot be asked or has no such group."""
+    connection = _argv_connection(args)
+    if connection is None:
+        return None
+    try:
+        response = httpx.get(
+            f"{connection.server.rstrip('/')}{_ENDPOINT}/openapi.json",
+            headers={"accept": "application/json"},
+            timeout=httpx.Timeout(10.0, connect=3.0),
+        )
+        document = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    try:
+        groups = served_groups(document)
+    except (TypeError, AttributeError, ValueError):  # a document of another shape: no commands from it
+        return None
+    return next((group for group in groups if group.name == name), None)
 
 
 def _load(text: str, source: str) -> dict[str, Any]:
