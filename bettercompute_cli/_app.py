@@ -11,7 +11,6 @@ import contextlib
 import enum
 import logging
 import os
-import re
 import secrets
 import shutil
 import sys
@@ -34,10 +33,11 @@ from bettercompute.errors import ComputeError
 from bettercompute_iam import Bootstrap, RemoteIam
 from bettercompute_store_pg import EmbeddedPostgres
 
-from ._client import COMPLETE_VAR, DEFAULT_SERVER, client_root, group_names, run_client, served_group
+from ._client import DEFAULT_SERVER, group_names
 from ._config import DATABASE_URL_ENV, IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
 from ._devnode import run_dev_node
 from ._gateway import GatewayPlan, loop_options
+from ._main import OWN_COMMANDS
 from ._profiles import ProfileError, resolve
 from ._runtime import (
     Plan,
@@ -58,7 +58,7 @@ from ._version import __version__
 if TYPE_CHECKING:
     from ._mcp import Remote
 
-__all__ = ["DEV_DATA", "DEV_KMS_KEY", "app", "main"]
+__all__ = ["DEV_DATA", "DEV_KMS_KEY", "app", "path_hint"]
 
 log = logging.getLogger("bettercompute.cli")
 
@@ -79,7 +79,7 @@ _ROLES_HELP = (
     "when node identity is configured)."
 )
 
-_OWN_COMMANDS = {"migrate", "serve", "dev", "iam", "mcp", "version"}
+_OWN_COMMANDS = set(OWN_COMMANDS)
 
 app = typer.Typer(
     name="better-compute",
@@ -665,31 +665,3 @@ def version() -> None:
     typer.echo(f"bettercompute {bettercompute.__version__}")
     typer.echo(f"bettercompute_store_pg {bettercompute_store_pg.__version__}")
     typer.echo(f"bettercompute_iam {bettercompute_iam.__version__}")
-
-
-def main() -> None:
-    """The ``better-compute`` entry point: the commands above, or a client command when the first argument names an
-    API group (``better-compute pools create ...``)."""
-    argv = sys.argv[1:]
-    if os.environ.get(COMPLETE_VAR):  # the shell asks for completions (see `better-compute completion`)
-        _root().main(prog_name="better-compute", complete_var=COMPLETE_VAR)
-    if argv and argv[0] not in _OWN_COMMANDS:
-        commands = _root().commands
-        if argv[0] in commands:
-            raise SystemExit(run_client(commands[argv[0]], argv[1:]))
-        if re.fullmatch(r"[a-z][a-z0-9-]{0,63}", argv[0]):  # a group of the server's own modules, perhaps
-            served = served_group(argv[0], argv[1:])
-            if served is not None:
-                raise SystemExit(run_client(served, argv[1:]))
-    app(prog_name="better-compute")
-
-
-def _root() -> click.Group:
-    own: dict[str, str] = {}
-    for command in app.registered_commands:
-        name = command.name or (command.callback.__name__ if command.callback else "")
-        own[name] = (command.help or (command.callback.__doc__ if command.callback else "") or "").strip()
-    for group in app.registered_groups:
-        own[group.name or ""] = str(group.typer_instance.info.help if group.typer_instance else "")
-    own = {name: doc.split("\n")[0] for name, doc in own.items()}
-    return client_root({name: own.get(name, "") for name in sorted(_OWN_COMMANDS)})

@@ -38,6 +38,7 @@ from bettercompute.modules.builtin import BuiltinGroups
 from bettercompute.modules.capacity import ReservationsGroup
 from bettercompute_iam import IamGroups
 
+from ._main import COMPLETE_VAR
 from ._profiles import (
     DEFAULT_PROFILE,
     DEFAULT_SERVER,
@@ -749,9 +750,6 @@ def _logout_command() -> click.Command:
         help="Forget a saved profile (the credential stays valid on the server).",
         short_help="Forget a saved profile.",
     )
-
-
-COMPLETE_VAR = "_BETTER_COMPUTE_COMPLETE"
 
 
 def _completion_command(root: typing.Callable[[], click.Group]) -> click.Command:

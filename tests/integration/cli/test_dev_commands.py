@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .conftest import StartCli, dev_with_gateway
 
 IN_SESSION = "A simulated node with 8 fake GPUs is in session: "
@@ -100,6 +102,7 @@ def _watch_until(shell: Shell, command: str, token: str, seen: str) -> tuple[int
         process.communicate()
 
 
+@pytest.mark.timeout(600)  # dev's start, then some forty commands of a second or two each, on a loaded CI machine
 def test_every_command_dev_prints_works_as_printed_and_every_group_answers(
     cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ from typer.testing import CliRunner, Result
 import bettercompute
 from bettercompute_cli import __version__, app
 from bettercompute_cli._app import path_hint
+from bettercompute_cli._main import OWN_COMMANDS
 
 
 def _invoke(*args: str, **env: str) -> Result:
@@ -171,3 +172,9 @@ def test_dev_says_how_to_reach_the_command_when_it_is_not_on_path(tmp_path: Path
     hint = path_hint(str(other), command, venv, base)  # another install first on PATH
     assert hint is not None and "source" in hint
     assert "not on PATH" in str(path_hint(None, command, base, base))  # no virtual environment
+
+
+def test_the_entry_point_knows_every_server_command() -> None:
+    typer_names = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
+    typer_names |= {g.name or "" for g in app.registered_groups}
+    assert set(OWN_COMMANDS) == typer_names

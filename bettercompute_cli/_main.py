@@ -1,0 +1,50 @@
+"""The ``better-compute`` entry point, kept light: a client command (``better-compute pools list ...``) loads only
+what client commands need, and the server commands (``dev``, ``serve``, ...) load the rest.
+
+The first argument decides: one of ``OWN_COMMANDS`` (or an option, or nothing) goes to the server commands' typer
+application; an API group, ``login``, ``logout`` or ``completion`` to the client commands; any other name is looked
+up in the server's OpenAPI document (a group of its own modules) and, failing that, is typer's unknown command.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+__all__ = ["COMPLETE_VAR", "OWN_COMMANDS", "main"]
+
+COMPLETE_VAR = "_BETTER_COMPUTE_COMPLETE"
+"""Set by the shell's completion script (``better-compute completion bash``) when it asks for completions."""
+
+OWN_COMMANDS: dict[str, str] = {
+    "dev": "Run the whole control plane on this machine, for development.",
+    "iam": "Administer the embedded Better IAM.",
+    "mcp": "Serve the control plane's methods as MCP tools, on stdio or over streamable HTTP.",
+    "migrate": "Apply every pending migration, and print what was applied.",
+    "serve": "Run one process mode of the control plane until stopped.",
+    "version": "Print the versions of the command and the packages it composes.",
+}
+"""The server commands (``_app``), with a line each for shell completion (a unit test keeps the names in step)."""
+
+
+def main() -> None:
+    """Run ``better-compute`` with ``sys.argv``."""
+    argv = sys.argv[1:]
+    if os.environ.get(COMPLETE_VAR):
+        from ._client import client_root
+
+        client_root(OWN_COMMANDS).main(prog_name="better-compute", complete_var=COMPLETE_VAR)
+    if argv and argv[0] not in OWN_COMMANDS and not argv[0].startswith("-"):
+        from ._client import client_root, run_client, served_group
+
+        commands = client_root(OWN_COMMANDS).commands
+        if argv[0] in commands:
+            raise SystemExit(run_client(commands[argv[0]], argv[1:]))
+        if re.fullmatch(r"[a-z][a-z0-9-]{0,63}", argv[0]):  # a group of the server's own modules, perhaps
+            served = served_group(argv[0], argv[1:])
+            if served is not None:
+                raise SystemExit(run_client(served, argv[1:]))
+    from ._app import app
+
+    app(prog_name="better-compute")
