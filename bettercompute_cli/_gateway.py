@@ -11,14 +11,10 @@ import signal
 from typing import Any
 
 import attrs
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from bettercompute import BetterCompute
 from bettercompute.errors import InvalidConfigError
-from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway
+from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway, issue_tls
 
 __all__ = ["CLOSE_DRAIN_SECONDS", "DRAIN_SIGNAL", "GatewayPlan", "HostedGateway", "loop_options"]
 
@@ -80,25 +76,7 @@ class HostedGateway:
 
     async def _certificate(self) -> tuple[GatewayTls, float]:
         """A fresh server certificate (and when to renew it, in seconds: at two thirds of its life)."""
-        services = self._compute.gateway_services
-        key = ec.generate_private_key(ec.SECP256R1())
-        csr = (
-            x509.CertificateSigningRequestBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, self._plan.name)]))
-            .sign(key, hashes.SHA256())
-        )
-        issued = await services.joins.ca.issue_server(
-            csr.public_bytes(serialization.Encoding.PEM).decode(), name=self._plan.name, hosts=self._plan.hosts
-        )
-        tls = GatewayTls(
-            certificate_pem=issued.certificate_pem + issued.chain_pem,
-            private_key_pem=key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            ).decode(),
-            trust_bundle_pem=await services.trust_bundle_pem(),
-        )
-        life = (issued.not_after - issued.not_before).total_seconds()
-        return tls, max(60.0, life * 2 / 3)
+        return await issue_tls(self._compute.gateway_services, name=self._plan.name, hosts=self._plan.hosts)
 
     async def start(self) -> None:
         store = self._compute.options.store

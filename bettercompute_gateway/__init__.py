@@ -12,6 +12,7 @@ from bettercompute_gateway._gateway import Gateway as Gateway
 from bettercompute_gateway._gateway import GatewayOptions as GatewayOptions
 from bettercompute_gateway._gateway import create_gateway as create_gateway
 from bettercompute_gateway._tls import GatewayTls as GatewayTls
+from bettercompute_gateway._tls import issue_tls as issue_tls
 from bettercompute_gateway._tls import server_context as server_context
 
 __version__ = "0.0.0"
@@ -25,5 +26,6 @@ __all__ = [
     "GatewayTls",
     "__version__",
     "create_gateway",
+    "issue_tls",
     "server_context",
 ]

@@ -5,10 +5,19 @@ from __future__ import annotations
 import os
 import ssl
 import tempfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import attrs
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
-__all__ = ["GatewayTls", "server_context"]
+if TYPE_CHECKING:
+    from bettercompute.modules.nodes import GatewayServices
+
+__all__ = ["GatewayTls", "issue_tls", "server_context"]
 
 
 @attrs.frozen(kw_only=True)
@@ -25,6 +34,36 @@ class GatewayTls:
     certificate_pem: str
     private_key_pem: str = attrs.field(repr=False)
     trust_bundle_pem: str
+
+
+async def issue_tls(services: GatewayServices, *, name: str, hosts: Sequence[str]) -> tuple[GatewayTls, float]:
+    """A new key and a server certificate for it from the control plane's CA (which every daemon trusts since its
+    join), with the trust bundle; and how many seconds to use it before asking for the next (two thirds of its
+    life, at least a minute). The key never leaves this process.
+
+    Args:
+        services: ``compute.gateway_services`` (node identity configured, ``initialize()`` done).
+        name: The gateway's name, the certificate's common name.
+        hosts: The names and addresses daemons dial it by (the certificate's subject alternative names).
+    """
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .sign(key, hashes.SHA256())
+    )
+    issued = await services.joins.ca.issue_server(
+        csr.public_bytes(serialization.Encoding.PEM).decode(), name=name, hosts=hosts
+    )
+    tls = GatewayTls(
+        certificate_pem=issued.certificate_pem + issued.chain_pem,
+        private_key_pem=key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ).decode(),
+        trust_bundle_pem=await services.trust_bundle_pem(),
+    )
+    life = (issued.not_after - issued.not_before).total_seconds()
+    return tls, max(60.0, life * 2 / 3)
 
 
 def server_context(tls: GatewayTls) -> ssl.SSLContext:

@@ -15,13 +15,9 @@ from collections.abc import Collection, Iterator, Sequence
 import anyio
 import attrs
 import uvicorn
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from bettercompute import BetterCompute
-from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway
+from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway, issue_tls
 from bettercompute_iam import (
     CreateBindingInput,
     CreateCredentialInput,
@@ -183,25 +179,7 @@ async def run_worker(deployment: Deployment, *, roles: Collection[str] = WORKER_
 async def _server_tls(compute: BetterCompute, name: str, hosts: Sequence[str]) -> tuple[GatewayTls, float]:
     """A new server certificate for the gateway from the control plane's CA, which every daemon trusts since its
     join, and how many seconds to use it before asking for the next (two thirds of its life)."""
-    services = compute.gateway_services
-    key = ec.generate_private_key(ec.SECP256R1())
-    csr = (
-        x509.CertificateSigningRequestBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .sign(key, hashes.SHA256())
-    )
-    issued = await services.joins.ca.issue_server(
-        csr.public_bytes(serialization.Encoding.PEM).decode(), name=name, hosts=hosts
-    )
-    tls = GatewayTls(
-        certificate_pem=issued.certificate_pem + issued.chain_pem,
-        private_key_pem=key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ).decode(),
-        trust_bundle_pem=await services.trust_bundle_pem(),
-    )
-    life = (issued.not_after - issued.not_before).total_seconds()
-    return tls, max(60.0, life * 2 / 3)
+    return await issue_tls(compute.gateway_services, name=name, hosts=hosts)
 
 
 async def _renew(compute: BetterCompute, gateway: Gateway, name: str, hosts: Sequence[str], delay: float) -> None:
