@@ -1,12 +1,13 @@
 """The worker runtime: reconcile throughput next to pgbench on the same SQL, and event -> webhook latency.
 
 (1) Reconcile throughput. A no-op ``Reconciler`` is run by real worker processes (``compute.start({"controllers"})``
-    in a child process each, as ``serve --roles controllers`` would, 1 and then 2 of them) draining a queue filled
-    beforehand. Items/s is counted from the rows the measured window removed, after a warm-up and, with 2 processes,
-    after the 256 shards are split between them. pgbench then runs the statements those workers run (``claim_sql``
-    with the shard filter, batches of ``CONCURRENCY``; fenced ``complete_sql`` for each item, against a shard lease
-    held for the run), with bound parameters, prepared, one client per worker process, each on its own half of the
-    shards, on a queue filled the same way. Two differences remain, both in the worker's favour or neutral: a worker
+    in a child process each, as ``serve --roles controllers`` would, 1, 2 and then 3 of them) draining a queue filled
+    beforehand. Items/s is counted from the rows the measured window removed, after a warm-up and, with several
+    processes, after the 256 shards are split between them. pgbench then runs the statements those workers run
+    (``claim_sql`` with the shard filter, batches of ``CONCURRENCY``; fenced ``complete_sql`` for each item, against
+    a shard lease held for the run), with bound parameters, prepared, one client per worker process, each on its own
+    share of the shards and holding their leases under its own name (as the workers do: the claim's plan depends on
+    it), on a queue filled the same way. Two differences remain, both in the worker's favour or neutral: a worker
     runs a batch's completes concurrently (up to ``CONCURRENCY`` connections) where a pgbench client runs them one
     after the other; and pgbench cannot bind a NULL, so ``:now`` and ``:again_after`` are bound as ``'null'``
     through ``NULLIF(..., 'null')`` (the worker binds NULL).
@@ -21,7 +22,7 @@
 
     python bench/worker.py            # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
 
-Takes about 45 seconds. Uses (and drops) the schema ``bc_bench_worker``.
+Takes about a minute. Uses (and drops) the schema ``bc_bench_worker``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from bettercompute_store_pg._queue import claim_sql, complete_sql
 URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bc_bench_worker"
 KIND = "bench.noop"
-PROCESSES = (1, 2)
+PROCESSES = (1, 2, 3)
 ITEMS = 20_000  # more than either side drains in its warm-up and window, so the queue never runs dry
 WARMUP_SECONDS = 2
 SECONDS = 3  # the measured window of each side (pgbench takes whole seconds)
@@ -251,28 +252,28 @@ def pgbench_script(processes: int) -> str:
     lines = []
     for client in range(processes):
         lines.append(("\\if" if client == 0 else "\\elif") + f" :client_id = {client}")
-        claim_line = one_line(claim, {":shards": f":shards{client}"})
+        claim_line = one_line(claim, {":shards": f":shards{client}", ":holder": f":holder{client}"})
         lines.append(f"WITH c AS ({claim_line}) SELECT {columns} FROM c \\gset")
+        for n in range(1, CONCURRENCY + 1):
+            renames = {":id": f":id{n}", ":token": f":token{n}", ":lease_name": f":lease{n}"}
+            lines.append(one_line(complete, {**renames, ":lease_holder": f":holder{client}"}) + ";")
     lines.append("\\endif")
-    for n in range(1, CONCURRENCY + 1):
-        lines.append(one_line(complete, {":id": f":id{n}", ":token": f":token{n}", ":lease_name": f":lease{n}"}) + ";")
     return "\n".join(lines) + "\n"
 
 
 def pgbench(binary: str, script: Path, processes: int, seconds: int) -> None:
     variables = {
-        "holder": PGBENCH_HOLDER,
         "kinds": f"{{{KIND}}}",
         "limit": str(CONCURRENCY),
         "claim_for": str(NOOP.deadline + LEASE_TTL),
         "now": "null",
         "again_after": "null",
-        "lease_holder": PGBENCH_HOLDER,
         "lease_token": "1",
         "owner_prefix": "controllers/shard:",
     }
-    for client in range(processes):  # client n claims on the shards s with s % processes == n
+    for client in range(processes):  # client n claims on the shards s with s % processes == n, as pgbench<n>
         variables[f"shards{client}"] = "{" + ",".join(str(s) for s in range(client, 256, processes)) + "}"
+        variables[f"holder{client}"] = f"{PGBENCH_HOLDER}{client}"
     defines = [arg for name, value in variables.items() for arg in ("-D", f"{name}={value}")]
     command = [binary, "-n", "-M", "prepared", *defines, "-f", str(script), "-c", str(processes), "-j", "1"]
     result = subprocess.run([*command, "-T", str(seconds), URL], capture_output=True, text=True, check=False)
@@ -287,9 +288,10 @@ def bench_pgbench(processes: int) -> float | None:
     with psycopg.connect(URL, autocommit=True) as conn:  # the shard leases the fenced completes check
         conn.execute(
             f"""INSERT INTO "{SCHEMA}".leases (name, holder, token, expires_at)
-            SELECT 'controllers/shard:' || n, %s, 1, now() + interval '1 hour' FROM generate_series(0, 255) AS n
+            SELECT 'controllers/shard:' || n, %s || (n %% %s), 1, now() + interval '1 hour'
+            FROM generate_series(0, 255) AS n
             ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, token = 1, expires_at = EXCLUDED.expires_at""",
-            (PGBENCH_HOLDER,),
+            (PGBENCH_HOLDER, processes),
         )
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -303,7 +305,7 @@ def bench_pgbench(processes: int) -> float | None:
             after = remaining()
     finally:
         with psycopg.connect(URL, autocommit=True) as conn:
-            conn.execute(f'DELETE FROM "{SCHEMA}".leases WHERE holder = %s', (PGBENCH_HOLDER,))
+            conn.execute(f'DELETE FROM "{SCHEMA}".leases WHERE holder LIKE %s', (f"{PGBENCH_HOLDER}%",))
     if after == 0:
         raise SystemExit("the queue ran dry during pgbench's run: raise ITEMS")
     return (before - after) / elapsed
@@ -417,7 +419,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 async def install() -> None:
     """Every migration of what the worker processes compose (the store's, IAM's), run once here."""
-    compute = better_compute(Options(store=PgStore(URL, schema=SCHEMA, pool_size=1), iam=EmbeddedIam()))
+    compute = better_compute(Options(store=PgStore(URL, schema=SCHEMA, pool_size=2), iam=EmbeddedIam()))
     await compute.initialize()
     await compute.close()
 

@@ -59,11 +59,20 @@ def claim_sql(*, shards: bool, fence: bool, clock: bool = False, owned: bool = F
     """
     now = _NOW if clock else "now()"
     extra = ""
-    if shards:
+    # With ``owned``: only shards whose lease this holder still has, so a worker that paused past its TTL and lost
+    # its shards claims nothing there, even before it has noticed.
+    if shards and owned:
+        # The leases are read once per statement into an array (an InitPlan). As a per-row EXISTS, once the leases
+        # had more than one holder PostgreSQL joined every ready row to them and sorted the lot (a seq scan, 7-10 ms
+        # a claim with 20,000 rows queued) instead of reading the ready index in order.
+        extra += (
+            " AND shard = ANY(ARRAY(SELECT u.n FROM unnest(CAST(:shards AS smallint[])) AS u(n) WHERE EXISTS ("
+            "SELECT 1 FROM {s}.leases AS o WHERE o.name = :owner_prefix || u.n::text"
+            " AND o.holder = :holder AND o.expires_at > now())))"
+        )
+    elif shards:
         extra += " AND shard = ANY(CAST(:shards AS smallint[]))"
-    if owned:
-        # Only shards whose lease this holder still has: a worker that paused past its TTL and lost its shards
-        # claims nothing there, even before it has noticed.
+    elif owned:
         extra += (
             " AND EXISTS (SELECT 1 FROM {s}.leases AS o WHERE o.name = :owner_prefix || shard::text"
             " AND o.holder = :holder AND o.expires_at > now())"
