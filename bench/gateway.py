@@ -135,8 +135,6 @@ import h2.events
 import h2.exceptions
 import psycopg
 import uvloop
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
 import bettercompute_proto as wire
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
@@ -145,7 +143,7 @@ from bettercompute.modules.nodes import CERTIFICATES, JOIN_KEYS, NODES
 from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, Pool
 from bettercompute.ports import Repository
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
-from bettercompute_gateway import GatewayOptions, GatewayTls, create_gateway
+from bettercompute_gateway import GatewayOptions, create_gateway, issue_tls
 from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
 from bettercompute_store_pg import PgStore
 
@@ -369,17 +367,7 @@ async def run_gateway(config: Mapping[str, Any]) -> None:
         store = compute.options.store
         assert store is not None
         services = compute.gateway_services
-        key = ec.generate_private_key(ec.SECP256R1())
-        issued = await services.joins.ca.issue_server(
-            NodeKey(key).csr_pem(), name=GATEWAY_NAME, hosts=["127.0.0.1", SERVER_NAME]
-        )
-        tls = GatewayTls(
-            certificate_pem=issued.certificate_pem + issued.chain_pem,
-            private_key_pem=key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            ).decode(),
-            trust_bundle_pem=await services.trust_bundle_pem(),
-        )
+        tls, _ = await issue_tls(services, name=GATEWAY_NAME, hosts=["127.0.0.1", SERVER_NAME])
         options = GatewayOptions(name=GATEWAY_NAME, heartbeat_interval=float(config["heartbeat"]))
         if config["gc_young"] is not None:
             options = attrs.evolve(options, gc_young_threshold=config["gc_young"] or None)
