@@ -67,10 +67,13 @@ class EmbeddedPostgres:
     Args:
         directory: Where the cluster lives and is kept between runs. None makes a fresh temporary folder that
             `stop` removes.
+        port: The port to listen on, so that a server stopped and started again (a restart, with ``directory``)
+            is found where it was; None picks a free one on every start.
     """
 
-    def __init__(self, directory: Path | None = None) -> None:
+    def __init__(self, directory: Path | None = None, *, port: int | None = None) -> None:
         self._directory = directory
+        self._port = port
         self._root: Path | None = None
         self._owns_root = False
         self._process: subprocess.Popen[bytes] | None = None
@@ -136,8 +139,8 @@ class EmbeddedPostgres:
         if not (data / "PG_VERSION").exists():
             assert password is not None
             _initdb(install, data, runner, cwd=root, password=password)
-        for _attempt in range(_PORT_ATTEMPTS):
-            port = _free_port()
+        for _attempt in range(_PORT_ATTEMPTS if self._port is None else 1):
+            port = _free_port() if self._port is None else self._port
             self._process = _spawn_postgres(install, data, port, root / "postgres.log", runner, cwd=root)
             if _wait_ready(self._process, port, root / "postgres.log", password):
                 _ensure_database(port, password)
@@ -145,6 +148,11 @@ class EmbeddedPostgres:
             # Another process took the port between our probe and the server's bind: pick another one.
             self._process.wait()
             self._process = None
+        if self._port is not None:
+            raise UnavailableError(
+                f"the embedded PostgreSQL server could not listen on port {self._port}: it is taken.\n"
+                + _log_tail(root / "postgres.log")
+            )
         raise UnavailableError(
             f"the embedded PostgreSQL server found no free port after {_PORT_ATTEMPTS} attempts; {_HINT}.\n"
             + _log_tail(root / "postgres.log")
