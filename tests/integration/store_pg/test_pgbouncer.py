@@ -6,116 +6,24 @@ tests are skipped, except in CI (``CI`` set), where a missing binary is a failur
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import anyio
-import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from bettercompute.ports import Store, WorkItem
 from bettercompute.testing import StoreConformance
 from bettercompute_store_pg import PgStore
 
-_CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
-
-
-def _binary() -> str | None:
-    found = shutil.which("pgbouncer")
-    return found or next((path for path in _CANDIDATES if os.access(path, os.X_OK)), None)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _runner() -> str | None:
-    """PgBouncer refuses to run as root: as root, run it as ``postgres`` (else ``nobody``)."""
-    if os.geteuid() != 0:
-        return None
-    for name in ("postgres", "nobody"):
-        try:
-            return pwd.getpwnam(name).pw_name
-        except KeyError:
-            continue
-    pytest.fail("running as root, and neither a postgres nor a nobody user exists to run pgbouncer")
+from .._pgbouncer import running_pgbouncer
 
 
 @pytest.fixture(scope="module")
 def pgbouncer_url(database_url: str) -> Iterator[str]:
-    """A ``postgresql://`` URL through a PgBouncer in transaction mode in front of the test database."""
-    binary = _binary()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("pgbouncer is not installed (apt-get install pgbouncer); CI must run this test")
-        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
-    target = conninfo_to_dict(database_url)
-    user = str(target.get("user") or "postgres")
-    dbname = str(target.get("dbname") or user)
-    # The embedded server listens with a password; PgBouncer must pass it on (clients still log in by trust).
-    password = f" password={target['password']}" if target.get("password") else ""
-    port = _free_port()
-    # Not pytest's tmp_path: that lives under a 0700 folder the unprivileged runner cannot enter.
-    folder = Path(tempfile.mkdtemp(prefix="bc-pgbouncer-"))
-    folder.chmod(0o755)
-    (folder / "users.txt").write_text(f'"{user}" ""\n')
-    (folder / "pgbouncer.ini").write_text(
-        "[databases]\n"
-        f"{dbname} = host={target.get('host') or '127.0.0.1'} port={target.get('port') or 5432} "
-        f"dbname={dbname} user={user}{password}\n"
-        "[pgbouncer]\n"
-        "listen_addr = 127.0.0.1\n"
-        f"listen_port = {port}\n"
-        "unix_socket_dir =\n"
-        "auth_type = trust\n"
-        f"auth_file = {folder / 'users.txt'}\n"
-        "pool_mode = transaction\n"
-        # Fewer server connections than the store has clients, so clients keep switching server connections.
-        "default_pool_size = 2\n"
-        "max_client_conn = 200\n"
-        "ignore_startup_parameters = extra_float_digits,options\n"
-    )
-    for path in folder.iterdir():
-        path.chmod(0o644)
-    process = subprocess.Popen(
-        [binary, str(folder / "pgbouncer.ini")],
-        user=_runner(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"postgresql://{user}@127.0.0.1:{port}/{dbname}"
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with psycopg.connect(url, connect_timeout=2, prepare_threshold=None) as conn:
-                    conn.execute("SELECT 1")
-                break
-            except psycopg.OperationalError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    process.kill()
-                    output = process.communicate()[0].decode(errors="replace")
-                    pytest.fail(f"pgbouncer did not start:\n{output[-2000:]}")
-                time.sleep(0.1)
+    """A ``postgresql://`` URL through a PgBouncer in transaction mode in front of the test database, with fewer
+    server connections than the store has clients, so clients keep switching server connections."""
+    with running_pgbouncer(database_url, pool_size=2) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 class TestPgStoreThroughPgBouncer(StoreConformance):
