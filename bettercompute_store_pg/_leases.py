@@ -18,12 +18,17 @@ _COLUMNS = "name, holder, token, expires_at"
 # The token grows whenever the lease was not live in this holder's hands (taken over, expired, or released), so an
 # old Lease object never becomes valid again.
 # Fenced transactions hold their lease row FOR KEY SHARE: renewals (plain UPDATEs of expires_at) pass it, while a
-# takeover first locks the row FOR UPDATE and so waits until the fenced transaction ends. The ``locked`` CTE is
-# referenced (count) because PostgreSQL skips a read-only CTE nobody reads.
+# takeover locks the row FOR UPDATE, which that share lock refuses. A takeover SKIPS such a row (SKIP LOCKED) rather
+# than wait for it: the holder's fenced transaction ends first (committing before the takeover, or rolled back), and
+# the lease is taken on a later try. Waiting would hand the holder's stall to the taker: a holder stopped inside a
+# fenced transaction (SIGSTOP, a long GC pause, a partition) would stop every worker's shard cycle behind it, and
+# their own leases would then run out too (found by tests/reliability).
+# Only rows locked here, or names without a row yet, are written, so the upsert never waits on a skipped row.
 _ACQUIRE = """
-WITH locked AS (SELECT name FROM {s}.leases WHERE name = :name FOR UPDATE)
+WITH locked AS (SELECT name FROM {s}.leases WHERE name = :name FOR UPDATE SKIP LOCKED)
 INSERT INTO {s}.leases AS l (name, holder, token, expires_at)
-SELECT :name, :holder, 1, now() + :ttl FROM (SELECT count(*) FROM locked) AS _
+SELECT :name, :holder, 1, now() + :ttl
+WHERE EXISTS (SELECT 1 FROM locked) OR NOT EXISTS (SELECT 1 FROM {s}.leases WHERE name = :name)
 ON CONFLICT (name) DO UPDATE SET
     holder = EXCLUDED.holder,
     token = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > now() THEN l.token ELSE l.token + 1 END,
@@ -47,11 +52,11 @@ WHERE name = :name AND holder = :holder AND token = :token AND expires_at > now(
 # The batch forms lock rows in name order, so two workers trading shards never wait for each other in a cycle.
 _ACQUIRE_MANY = """
 WITH locked AS (
-    SELECT name FROM {s}.leases WHERE name = ANY(CAST(:names AS text[])) ORDER BY name FOR UPDATE
+    SELECT name FROM {s}.leases WHERE name = ANY(CAST(:names AS text[])) ORDER BY name FOR UPDATE SKIP LOCKED
 )
 INSERT INTO {s}.leases AS l (name, holder, token, expires_at)
 SELECT n.name, :holder, 1, now() + :ttl FROM unnest(CAST(:names AS text[])) WITH ORDINALITY AS n(name, ord)
-CROSS JOIN (SELECT count(*) FROM locked) AS _
+WHERE n.name IN (SELECT name FROM locked) OR NOT EXISTS (SELECT 1 FROM {s}.leases AS e WHERE e.name = n.name)
 ORDER BY n.ord
 ON CONFLICT (name) DO UPDATE SET
     holder = EXCLUDED.holder,
@@ -83,8 +88,11 @@ UPDATE {{s}}.leases AS l SET expires_at = now() FROM held WHERE l.name = held.na
 
 _GET = "SELECT name, holder, token, expires_at FROM {s}.leases WHERE name = :name AND expires_at > now()"
 
-# FOR KEY SHARE: a takeover (acquire locks FOR UPDATE first) waits until the fenced transaction ends; a renewal
-# by the holder does not.
+# FOR KEY SHARE: a takeover (acquire locks FOR UPDATE) cannot take the lease while the fenced transaction runs; a
+# renewal by the holder is not held up. A holder stopped inside its fenced transaction therefore keeps its lease row
+# until the transaction ends: when it resumes, or when its connection is cut (PgBouncer's
+# ``idle_transaction_timeout``, PostgreSQL's ``idle_in_transaction_session_timeout`` or ``transaction_timeout``:
+# README, "Deploying behind PgBouncer"), which rolls its writes back. Meanwhile takers skip that row (``_ACQUIRE``).
 _FENCE = """
 SELECT 1 FROM {s}.leases
 WHERE name = :name AND holder = :holder AND token = :token AND expires_at > now()
