@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 __all__ = ["CONTENT_TYPE", "Metrics", "http_method_label"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-"""The text exposition format's content type (version 0.0.4)."""
+"""The text exposition format's content type, as prometheus-client names it (``text/plain; version=...``)."""
 
 # Seconds. HTTP calls are mostly a few milliseconds; a claim's wait ranges from nothing to the poll interval and, when
 # workers lag, to minutes; a webhook goes out within a second or so, and its retries back off for hours.
