@@ -54,6 +54,8 @@ async def test_leases_held_taken_and_lost_are_counted(database_url: str, fresh_s
         assert _value(compute, "bettercompute_leases_acquired_total", "singleton") == singletons
         assert _value(compute, "bettercompute_leases_lost_total", "shard") == 0
         assert _value(compute, "bettercompute_leases_lost_total", "singleton") == 0
+        # The worker samples the queue's depth of its kinds as it starts (nothing due here).
+        assert compute.metrics.registry.get_sample_value("bettercompute_queue_depth", {"kind": "probe"}) == 0
 
         # Another holder takes every lease over, with a later expiry than this worker would renew to.
         with psycopg.connect(database_url, autocommit=True) as conn:
