@@ -18,6 +18,7 @@ from bettercompute._runtime.http import Request as Request
 from bettercompute._runtime.http import Response as Response
 from bettercompute._runtime.jobs import Job as Job
 from bettercompute._runtime.kms import LocalKeyKms as LocalKeyKms
+from bettercompute._runtime.metrics import Metrics as Metrics
 from bettercompute._runtime.reconcile import Outcome as Outcome
 from bettercompute._runtime.reconcile import ReconcileContext as ReconcileContext
 from bettercompute._runtime.reconcile import Reconciler as Reconciler
@@ -63,6 +64,7 @@ __all__ = [
     "JoinSettings",
     "LocalKeyKms",
     "MethodDef",
+    "Metrics",
     "Module",
     "ModuleContext",
     "Options",

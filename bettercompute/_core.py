@@ -20,6 +20,7 @@ from bettercompute._runtime.events import Events
 from bettercompute._runtime.health import HealthCheck, HealthOutput
 from bettercompute._runtime.http import HttpTransport, Request, Response
 from bettercompute._runtime.jobs import Jobs
+from bettercompute._runtime.metrics import Metrics
 from bettercompute._runtime.registry import ApiBinding, ApiCall, GroupSpec, MethodDef, Registry
 from bettercompute._runtime.workflows import Workflows
 from bettercompute.errors import ComputeError, FailedPreconditionError, InvalidConfigError, NotFoundError
@@ -97,6 +98,12 @@ class BetterCompute:
         self.events = Events()
         self.caches = Caches()
         self.authz = Authz(self._iam)
+        self.metrics = Metrics()
+        """This control plane's Prometheus metrics, in a registry of their own (``metrics.registry``); the HTTP
+        handler serves them at ``GET /metrics``, ``metrics.render()`` gives the exposition text."""
+        pool_stats = getattr(self._store, "pool_stats", None)
+        if callable(pool_stats):
+            self.metrics.watch_pool(pool_stats)
         self.context = ModuleContext(
             store=self._store,
             iam=self._iam,
@@ -113,6 +120,7 @@ class BetterCompute:
             poll_interval=options.poll_interval,
             session_timeout=options.session_timeout,
             settings=Settings(s for s in (options.webhooks, options.join, options.capacity) if s is not None),
+            metrics=self.metrics,
         )
         self._dispatcher = Dispatcher(iam=self._iam, context=self.context, plugins=options.plugins)
         self.api = Api(registry, self._dispatcher)

@@ -46,6 +46,7 @@ from ._runtime import (
     close,
     display_host,
     gateway_plan,
+    metrics_address,
     notifier_note,
     plan_roles,
     require_database_url,
@@ -225,7 +226,15 @@ async def _serve(
 ) -> None:
     """``run``, then close the central IAM's connections when there is one."""
     try:
-        await run(compute, plan, host=config.host, port=config.port, migrate=migrate, access_log=access_log)
+        await run(
+            compute,
+            plan,
+            host=config.host,
+            port=config.port,
+            migrate=migrate,
+            access_log=access_log,
+            metrics=metrics_address(config),
+        )
     finally:
         if remote is not None:
             with anyio.CancelScope(shield=True):
@@ -245,6 +254,19 @@ def serve(
     gateway_port: Annotated[
         int | None,
         typer.Option("--gateway-port", help="The gateway's port.", show_default="the port of gateway_address"),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Serve GET /metrics on a listener of its own at this port (on --metrics-host, else --host); the "
+            "API's port then no longer serves it.",
+            show_default="none: /metrics on the API's port only",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str | None,
+        typer.Option("--metrics-host", help="Where the metrics listener listens.", show_default="the --host address"),
     ] = None,
     iam_url: Annotated[
         str | None,
@@ -272,6 +294,8 @@ def serve(
             iam_url=iam_url,
             gateway_host=gateway_host,
             gateway_port=gateway_port,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
         plan = plan_roles(config.roles, config)
         compute, remote = build_serving(config, require_database_url(config))
@@ -408,6 +432,7 @@ async def _dev(config: Config, url: str, embedded: bool, rotate: bool, access_lo
                     access_log=access_log,
                     on_ready=on_ready,
                     before_close=stop_node,
+                    metrics=metrics_address(config),
                 )
             finally:
                 tg.cancel_scope.cancel()

@@ -61,6 +61,8 @@ KEYS = (
     "gateway_address",
     "gateway_host",
     "gateway_port",
+    "metrics_host",
+    "metrics_port",
     "lease_ttl_seconds",
     "notify_url",
     "webhooks_allow_private",
@@ -109,6 +111,11 @@ class Config:
         gateway_host: Where the gateway listens (``host`` by default); behind a load balancer, the address the
             balancer forwards to, while ``gateway_address`` stays what daemons dial.
         gateway_port: The port the gateway listens on (the port of ``gateway_address`` by default).
+        metrics_host: Where the metrics listener listens (``host`` by default); used only with ``metrics_port``.
+        metrics_port: A listener of its own for Prometheus (``GET /metrics``, and ``GET /healthz``), in every process
+            mode; the processes without the HTTP API have no other. On a process that serves the API, ``/metrics``
+            then moves there: the API's port answers it ``NOT_FOUND``. ``None`` (the default): no listener, and the
+            API's port serves ``/metrics``.
         lease_ttl_seconds: How long a worker's leases and membership rows live unrenewed (``Options.lease_ttl``):
             a dead worker's shards move on after about this long; leases are renewed every third of it.
         notify_url: A PostgreSQL URL straight to the server (not through a pooler) for the notifier's LISTEN and
@@ -136,6 +143,8 @@ class Config:
     gateway_address: str | None = None
     gateway_host: str | None = None
     gateway_port: int | None = None
+    metrics_host: str | None = None
+    metrics_port: int | None = None
     lease_ttl_seconds: float = 15.0
     notify_url: str | None = attrs.field(default=None, repr=False)
     webhooks_allow_private: bool = False
@@ -197,7 +206,7 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
         if key == "gateway_address" and not _ADDRESS.fullmatch(text):
             return None, f"{where} {text!r} must be host:port"
         return text, None
-    if key in ("host", "gateway_host", "instance", "schema"):
+    if key in ("host", "gateway_host", "metrics_host", "instance", "schema"):
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty string"
         text = value.strip()
@@ -207,7 +216,7 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
                 " not starting with pg_"
             )
         return text, None
-    if key in ("port", "gateway_port"):
+    if key in ("port", "gateway_port", "metrics_port"):
         port: Any = value
         if from_env:  # ASCII digits only: int() would also read full-width or Arabic-Indic ones
             text = value.strip()

@@ -89,6 +89,7 @@ class HostedGateway:
             tls,
             GatewayOptions(name=self._plan.name),
             notifier=self._compute.options.notifier,
+            metrics=self._compute.metrics,
         )
         await gateway.start(self._plan.listen_host, self._plan.port)
         self.gateway = gateway

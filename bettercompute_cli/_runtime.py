@@ -17,12 +17,14 @@ direct URL to the server; without one there is no notifier and the loops poll. T
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Generator, Iterator, MutableMapping
 from types import FrameType
 from typing import Any
 
@@ -56,6 +58,7 @@ __all__ = [
     "build_serving",
     "close",
     "gateway_plan",
+    "metrics_address",
     "notifier_note",
     "plan_roles",
     "require_embedded_iam",
@@ -116,6 +119,14 @@ def plan_roles(roles: tuple[str, ...], config: Config | None = None) -> Plan:
         workers=frozenset(r for r in roles if r in WORKER_ROLES),
         gateway=gateway if GATEWAY_ROLE in roles else None,
     )
+
+
+def metrics_address(config: Config) -> tuple[str, int] | None:
+    """Where the metrics listener listens: ``(metrics_host or host, metrics_port)``; ``None`` without a
+    ``metrics_port``."""
+    if config.metrics_port is None:
+        return None
+    return (config.metrics_host or config.host, config.metrics_port)
 
 
 def require_database_url(config: Config) -> str:
@@ -308,16 +319,35 @@ def _listen(host: str, port: int) -> socket.socket:
 
 Scope = MutableMapping[str, Any]
 
+METRICS_PATH = "/metrics"
+
+
+async def _not_found(scope: Scope, send: Any) -> None:
+    """A ``NOT_FOUND`` envelope, as the API answers a path it does not route."""
+    path = str(scope.get("path", ""))[:256]
+    body = json.dumps(
+        {"error": {"code": "NOT_FOUND", "message": "no route for this path", "details": {"path": path}}},
+        separators=(",", ":"),
+    ).encode()
+    headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
+    await send({"type": "http.response.start", "status": 404, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
 
 class _HostedApp:
-    """``compute.asgi`` with the lifespan answered here (see the module docstring for why)."""
+    """``compute.asgi`` with the lifespan answered here (see the module docstring for why). With ``metrics_apart``
+    (``metrics_port`` is set), ``/metrics`` is served by the metrics listener only: here it is ``NOT_FOUND``."""
 
-    def __init__(self, compute: BetterCompute, *, migrate: bool) -> None:
+    def __init__(self, compute: BetterCompute, *, migrate: bool, metrics_apart: bool = False) -> None:
         self._compute = compute
         self._migrate = migrate
+        self._metrics_apart = metrics_apart
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "lifespan":
+            if self._metrics_apart and scope["type"] == "http" and scope.get("path") == METRICS_PATH:
+                await _not_found(scope, send)
+                return
             await self._compute.asgi(scope, receive, send)
             return
         while True:
@@ -333,6 +363,78 @@ class _HostedApp:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+class _MetricsApp:
+    """What the metrics listener serves: ``GET /metrics`` and ``GET /healthz`` through ``compute.asgi`` (so they
+    answer exactly as on the API's port, and never with a traceback); anything else is ``NOT_FOUND``."""
+
+    def __init__(self, compute: BetterCompute) -> None:
+        self._compute = compute
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return  # uvicorn runs it with lifespan off; websockets are not served
+        if scope.get("path") in (METRICS_PATH, "/healthz"):
+            await self._compute.asgi(scope, receive, send)
+        else:
+            await _not_found(scope, send)
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn's server, leaving the signals alone: the process's own handling (the API's server, or the signal
+    receiver of a process without one) decides when to stop, and then stops this one too. ``settled`` is set once
+    its startup is over, whether it listens or not."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.settled = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.settled.set()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class MetricsListener:
+    """The metrics listener (``metrics_port``): a small uvicorn server in a task of its own, for as long as the
+    process runs, in every process mode."""
+
+    def __init__(self, compute: BetterCompute, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._sock = _listen(host, port)
+        config = uvicorn.Config(app=_MetricsApp(compute), lifespan="off", log_config=None, access_log=False)
+        self._server = _QuietServer(config)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Listen; returns once the server has started (or failed to).
+
+        Raises:
+            UnavailableError: it did not start.
+        """
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]), name="metrics-listener")
+        self._task.add_done_callback(lambda _: self._server.settled.set())
+        await self._server.settled.wait()
+        if not self._server.started:
+            await self.close()
+            raise UnavailableError(f"the metrics listener did not start on {self.host}:{self.port}")
+        log.info("serving /metrics on http://%s:%d/metrics", display_host(self.host), self.port)
+
+    async def close(self) -> None:
+        """Stop listening. Idempotent."""
+        self._server.should_exit = True
+        task, self._task = self._task, None
+        if task is not None:
+            with contextlib.suppress(Exception, SystemExit):
+                await asyncio.wait_for(task, _GRACEFUL_SHUTDOWN_SECONDS + 1)
+        self._sock.close()
 
 
 async def _host_workers(
@@ -390,11 +492,13 @@ async def serve_http(
     migrate: bool,
     access_log: bool,
     on_ready: Callable[[], None] | None = None,
+    metrics_apart: bool = False,
 ) -> None:
-    """Serve the HTTP API (and the plan's worker roles) until SIGINT or SIGTERM. ``initialize()`` must have run."""
+    """Serve the HTTP API (and the plan's worker roles) until SIGINT or SIGTERM. ``initialize()`` must have run.
+    With ``metrics_apart``, ``/metrics`` is left to the metrics listener (the API's port answers it ``NOT_FOUND``)."""
     sock = _listen(host, port)
     config = uvicorn.Config(
-        app=_HostedApp(compute, migrate=migrate),
+        app=_HostedApp(compute, migrate=migrate, metrics_apart=metrics_apart),
         lifespan="on",
         log_config=None,  # the root logger configured by the command formats uvicorn's records too
         access_log=access_log,
@@ -457,18 +561,30 @@ async def run(
     access_log: bool,
     on_ready: Callable[[], None] | None = None,
     before_close: Callable[[], Awaitable[None]] | None = None,
+    metrics: tuple[str, int] | None = None,
 ) -> None:
     """Initialize the control plane, run the plan until a stop signal, then close it (after ``before_close``, which
-    runs while the gateway and the store are still up)."""
+    runs while the gateway and the store are still up). With ``metrics`` (``(metrics_host, metrics_port)``), the
+    metrics listener runs meanwhile; it is bound first, so a taken port fails before anything starts."""
     hosted: HostedGateway | None = None
+    listener = MetricsListener(compute, *metrics) if metrics is not None else None
     try:
+        if listener is not None:
+            await listener.start()
         await compute.initialize(migrate=migrate)
         if plan.gateway is not None:
             hosted = HostedGateway(compute, plan.gateway)
             await hosted.start()
         if plan.api:
             await serve_http(
-                compute, plan, host=host, port=port, migrate=migrate, access_log=access_log, on_ready=on_ready
+                compute,
+                plan,
+                host=host,
+                port=port,
+                migrate=migrate,
+                access_log=access_log,
+                on_ready=on_ready,
+                metrics_apart=listener is not None,
             )
         else:
             await serve_workers(compute, plan, on_ready=on_ready)
@@ -478,4 +594,6 @@ async def run(
                 await before_close()
             if hosted is not None:
                 await hosted.close()
+            if listener is not None:
+                await listener.close()
             await close(compute)

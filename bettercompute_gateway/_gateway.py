@@ -49,6 +49,7 @@ from grpclib.server import Server, Stream
 from h2.settings import SettingCodes
 
 import bettercompute_proto as wire
+from bettercompute import Metrics
 from bettercompute._runtime.codec import storable_json
 from bettercompute.errors import ComputeError, InvalidInputError, UnauthenticatedError, UnavailableError
 from bettercompute.modules.commands import COMMANDS, SESSION_CLOSED, SESSION_OPENED, SESSIONS
@@ -165,8 +166,11 @@ class Gateway:
         tls: GatewayTls,
         options: GatewayOptions,
         notifier: Notifier | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._services = services
+        # Without the control plane's, a registry of the gateway's own that nothing serves: recording stays uniform.
+        self._metrics = metrics or Metrics()
         self._store = store
         self._tls = tls
         self.options = options
@@ -209,6 +213,8 @@ class Gateway:
         self._context = server_context(self._tls)
         await server.start(host, port, ssl=self._context, backlog=self.options.backlog)
         self._server = server
+        sessions = self._sessions
+        self._metrics.gateway_sessions.set_function(lambda: len(sessions))  # read at scrape time
         # grpclib does not say which port it bound. Its listening server is asyncio's, or uvloop's (which is no
         # ``asyncio.Server``): either has ``sockets``.
         sockets = getattr(server._server, "sockets", None) or ()
@@ -461,8 +467,10 @@ class Gateway:
                 raise UnavailableError("this gateway is draining; reconnect to another", details={"reason": "draining"})
             node_id, epoch, certificate = await self._admit(stream)
         except ComputeError as exc:
+            self._metrics.gateway_handshakes.labels(exc.code.lower()).inc()
             await self._refuse(stream, exc)
             raise grpc_error(exc) from None
+        self._metrics.gateway_handshakes.labels("ok").inc()
         task = asyncio.current_task()
         session = _Session(
             node_id=node_id,
@@ -837,6 +845,7 @@ class Gateway:
         for serial in await self._store.repository(CERTIFICATES).revoked_among(list(sessions)):
             session = sessions[serial]
             log.info("node %s: certificate %s revoked, closing its session", session.node_id, serial)
+            self._metrics.gateway_revocations_applied.inc()
             await self._close(session, "revoked", "the node's certificate was revoked")
 
     async def _flush(self) -> None:
@@ -931,12 +940,14 @@ def create_gateway(
     options: GatewayOptions | None = None,
     *,
     notifier: Notifier | None = None,
+    metrics: Metrics | None = None,
 ) -> Gateway:
     """A gateway for the control plane's ``services`` (``compute.gateway_services``) and ``store``: ``await
     gateway.start(host, port)`` to listen. It holds no CA and no JoinService key: ``Join``, ``Renew`` and
     ``Secret`` are decided by ``services``. With a ``notifier`` (the control plane's), desired states are pushed as
-    soon as they change rather than at the next liveness flush."""
-    return Gateway(services, store, tls, options or GatewayOptions(), notifier)
+    soon as they change rather than at the next liveness flush. With ``metrics`` (``compute.metrics``), its sessions,
+    handshakes and applied revocations are counted there (``bettercompute_gateway_*``)."""
+    return Gateway(services, store, tls, options or GatewayOptions(), notifier, metrics)
 
 
 def _client_certificate(stream: Stream[Any, Any]) -> str:

@@ -164,6 +164,11 @@ class ConnectionPool:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.closed = False
 
+    @property
+    def idle(self) -> int:
+        """Connections open and free now."""
+        return len(self._idle)
+
     async def get(self) -> PgConnection:
         """A connection of the pool, for the caller alone until ``put`` (or ``drop``).
 

@@ -160,6 +160,15 @@ RETURNING claimed_until
 
 _PENDING_ALL = "SELECT count(*) AS n FROM {s}.work_queue"
 _PENDING_KINDS = "SELECT count(*) AS n FROM {s}.work_queue WHERE kind = ANY(CAST(:kinds AS text[]))"
+# Per kind, through the two partial indexes the claim reads (ready by run_at, claimed by claimed_until).
+_DEPTH = """
+SELECT kind, count(*) AS n FROM (
+    SELECT kind FROM {s}.work_queue WHERE state = 'ready' AND kind = ANY(CAST(:kinds AS text[])) AND run_at <= now()
+    UNION ALL
+    SELECT kind FROM {s}.work_queue
+    WHERE state = 'claimed' AND kind = ANY(CAST(:kinds AS text[])) AND claimed_until <= now()
+) AS d GROUP BY kind
+"""
 
 
 def _items(items: Sequence[WorkItem]) -> str:
@@ -195,6 +204,7 @@ def _claim(row: Any) -> Claim:
         token=row.claim_token,
         claimed_until=utc(row.claimed_until),
         last_error=row.last_error,
+        due_at=utc(row.due_at),
     )
 
 
@@ -216,6 +226,7 @@ class PgWorkQueue:
         self._extend = db.sql(_EXTEND)
         self._pending_all = db.sql(_PENDING_ALL)
         self._pending_kinds = db.sql(_PENDING_KINDS)
+        self._depth = db.sql(_DEPTH)
 
     async def enqueue(self, items: Sequence[WorkItem]) -> None:
         """Add work in its own transaction; a key already waiting keeps one item, due at the earlier time."""
@@ -300,3 +311,10 @@ class PgWorkQueue:
         else:
             rows = await self._db.fetch(self._pending_kinds, {"kinds": list(kinds)})
         return int(rows[0].n)
+
+    async def depth(self, kinds: Sequence[str]) -> dict[str, int]:
+        """Per kind, the items due and not running (ready and due, or claimed and run out)."""
+        if not kinds:
+            return {}
+        rows = await self._db.fetch(self._depth, {"kinds": list(kinds)})
+        return {str(row.kind): int(row.n) for row in rows}

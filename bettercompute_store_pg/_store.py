@@ -149,6 +149,12 @@ class PgStore:
         the store, by any path, checks one connection out."""
         return self._db.usage
 
+    def pool_stats(self) -> dict[str, int]:
+        """The pool now, from counters kept in memory (no statement; the core's metrics read it at each scrape):
+        ``in_use`` connections handed out, ``idle`` ones open and free, ``max`` the pool's size."""
+        pool = self._db.pool
+        return {"in_use": self._db.usage.in_use, "idle": pool.idle if pool is not None else 0, "max": self._pool_size}
+
     @property
     def pool_capacity(self) -> int:
         """The most pooled connections handed out at once (``pool_size``; the pool never overflows it)."""

@@ -10,6 +10,7 @@ import attrs
 
 from bettercompute._runtime.events import Events
 from bettercompute._runtime.health import HealthOutput
+from bettercompute._runtime.metrics import Metrics
 from bettercompute.errors import FailedPreconditionError
 from bettercompute.ports import Clock, Decision, Iam, Identity, Kms, Notifier, ResourceRef, Store
 
@@ -119,6 +120,8 @@ class ModuleContext:
     poll_interval: dt.timedelta = dt.timedelta(seconds=1)
     session_timeout: dt.timedelta = dt.timedelta(seconds=45)
     settings: Settings = attrs.field(factory=lambda: Settings(()))
+    metrics: Metrics = attrs.field(factory=Metrics)
+    """This control plane's metrics (``compute.metrics``): record on them, never on a global registry."""
 
 
 class Authz:

@@ -6,7 +6,8 @@ Routes, below the endpoint (``/api/compute`` by default):
 - ``GET /openapi.json``: the OpenAPI 3.1 document generated from the registry;
 
 and, for load balancers, unauthenticated ``GET /healthz`` (the process answers) and ``GET /readyz`` (it can serve:
-the database answers).
+the database answers); for Prometheus, unauthenticated ``GET /metrics`` (aggregate counters with bounded labels only,
+see ``_runtime.metrics``). Every response that goes out through the ASGI app is counted there, by method and code.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,12 +23,14 @@ import anyio
 import attrs
 
 from bettercompute._runtime.codec import quote
+from bettercompute._runtime.metrics import CONTENT_TYPE, http_method_label
 from bettercompute._runtime.openapi import openapi_document
 from bettercompute.errors import ComputeError, InternalError, InvalidInputError, NotFoundError, UnauthenticatedError
 
 if TYPE_CHECKING:
     from bettercompute._runtime.dispatch import Dispatcher
     from bettercompute._runtime.health import HealthOutput
+    from bettercompute._runtime.metrics import Metrics
     from bettercompute._runtime.registry import Registry
 
 __all__ = ["HttpTransport", "Request", "Response"]
@@ -45,6 +49,8 @@ class Served(Protocol):
     def max_in_flight(self) -> int: ...
     @property
     def max_body_bytes(self) -> int: ...
+    @property
+    def metrics(self) -> Metrics: ...
 
     async def self_check(self) -> HealthOutput: ...
     async def initialize(self) -> None: ...
@@ -97,6 +103,21 @@ def error_response(
     if isinstance(error, UnauthenticatedError):
         extra.setdefault("www-authenticate", 'Bearer realm="better-compute"')
     return _json_response(status or error.http_status, error.to_envelope(), extra)
+
+
+def response_code(response: Response) -> str:
+    """The ``code`` label of a response: ``OK`` below 400, else the error code of its envelope; a response without
+    one (``/readyz`` answering 503) reads ``UNAVAILABLE`` for 503, ``HTTP_<status>`` otherwise."""
+    if response.status < 400:
+        return "OK"
+    try:
+        code = json.loads(response.body)["error"]["code"]
+    except Exception:
+        code = None
+    # Codes come from the server's own errors, but a plugin's error class could carry anything: keep it bounded.
+    if isinstance(code, str) and 0 < len(code) <= 48 and code.replace("_", "").isalnum() and code.isupper():
+        return code
+    return "UNAVAILABLE" if response.status == 503 else f"HTTP_{response.status}"
 
 
 def _credential(headers: Mapping[str, str]) -> str | None:
@@ -201,6 +222,8 @@ class HttpTransport:
         path = request.path
         if path == "/healthz":
             return _json_response(200, {"status": "ok"})
+        if path == "/metrics":
+            return self._metrics(request)
         if path == "/readyz":
             report = await self._compute.self_check()
             checks = {c.name: c.ok for c in report.checks}
@@ -240,6 +263,26 @@ class HttpTransport:
             data = await self._dispatcher.call_json(method, credential, request.body, idempotency_key=key)
         return _json_response(200, {"data": data})
 
+    def _metrics(self, request: Request) -> Response:
+        """The exposition text; a failure to render is an ``INTERNAL`` envelope (from ``handle``), never a trace."""
+        if request.method not in ("GET", "HEAD"):
+            return error_response(InvalidInputError("use GET for /metrics"), status=405, headers={"allow": "GET"})
+        body = self._compute.metrics.render()
+        return Response(status=200, headers={"content-type": CONTENT_TYPE, "cache-control": "no-store"}, body=body)
+
+    def _record(self, path: str, started: float, response: Response) -> None:
+        """Count one answered request (an in-memory increment: no statement, no I/O)."""
+        try:
+            registry = self._compute.registry
+            method = http_method_label(
+                path, self._compute.endpoint, lambda group, name: registry.method(group, name) is not None
+            )
+            metrics = self._compute.metrics
+            metrics.http_requests.labels(method, response_code(response)).inc()
+            metrics.http_duration.labels(method).observe(time.perf_counter() - started)
+        except Exception as exc:  # counting must never cost the response
+            log.warning("could not record a request's metrics: %s", type(exc).__name__)
+
     def _too_large(self) -> Response:
         return error_response(
             InvalidInputError(f"the body exceeds {self._max_body} bytes", details={"limit": self._max_body}),
@@ -274,6 +317,7 @@ class HttpTransport:
                     await _send(send, error_response(InternalError("an internal error occurred")))
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
         headers, repeated = _headers(scope.get("headers", []))
         body = await self._read_body(headers, receive)
         if body is _DISCONNECTED:
@@ -288,6 +332,7 @@ class HttpTransport:
         else:
             request = Request(method=scope["method"], path=_route_path(scope), headers=headers, body=body)
             response = await self.handle(request)
+        self._record(_route_path(scope), started, response)
         await _send(send, response)
 
     async def _read_body(self, headers: Mapping[str, str], receive: Receive) -> bytes | None:

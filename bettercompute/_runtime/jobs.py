@@ -293,6 +293,7 @@ class Jobs:
             self._worker = None
             self._wakes = {}
             held, self._held = self._held, {}
+            self._count_leases()
             with anyio.CancelScope(shield=True):
                 for lease in held.values():
                     with contextlib.suppress(ComputeError):  # if the release fails, the lease expires by itself
@@ -329,6 +330,15 @@ class Jobs:
         with contextlib.suppress(asyncio.CancelledError):
             await runner
 
+    def _count_leases(self, *, acquired: int = 0, lost: int = 0) -> None:
+        """The singleton leases' metrics: how many are held now, and those just taken or lost."""
+        metrics = self._context.metrics
+        if acquired:
+            metrics.leases_acquired.labels("singleton").inc(acquired)
+        if lost:
+            metrics.leases_lost.labels("singleton").inc(lost)
+        metrics.leases_held.labels("singleton").set(len(self._held))
+
     async def _pass(self, job: Job, lease: Lease) -> int:
         """One pass of ``job`` while a companion task renews its lease; losing the lease cancels the pass.
 
@@ -346,6 +356,7 @@ class Jobs:
                     if renewed is None:
                         log.warning("job %s lost its lease during a pass; the pass stops", job.lease_name)
                         self._held.pop(job.lease_name, None)
+                        self._count_leases(lost=1)
                         tg.cancel_scope.cancel()
                         return
                     current = self._held[job.lease_name] = renewed
@@ -387,8 +398,10 @@ class Jobs:
                 )
                 if lease is None:
                     self._held.pop(job.lease_name, None)
+                    self._count_leases(lost=int(held is not None))
                 else:
                     self._held[job.lease_name] = lease
+                    self._count_leases(acquired=int(held is None))
                 if not started:
                     task_status.started()
                     started = True

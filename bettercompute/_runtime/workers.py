@@ -46,6 +46,9 @@ SINKS_POKE = "@sinks"
 """Events were committed to the outbox, or handed to subscribers that may have queued work (webhook deliveries)."""
 CONCURRENCY = 8
 """Items one reconcile loop runs at once (each may hold a pooled connection)."""
+DEPTH_SAMPLE_SECONDS = 5.0
+"""How often a worker process reads the queue's depth for ``bettercompute_queue_depth`` (one grouped count)."""
+DEPTH_TIMEOUT_SECONDS = 2.0
 
 
 async def notify_work(context: ModuleContext, payload: str) -> None:
@@ -191,6 +194,8 @@ class ShardedWorker:
                 for role in self._shard_roles:
                     if self._kinds[role]:
                         tg.start_soon(self._reconcile_loop, role)
+                if self._reconcilers:
+                    tg.start_soon(self._depth_loop)
                 task_status.started()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -199,6 +204,7 @@ class ShardedWorker:
     async def _leave(self) -> None:
         store = self._context.store
         held, self._held = list(self._held.values()), {}
+        self._context.metrics.leases_held.labels("shard").set(0)
         try:
             await store.leases.release_many(held)
             await store.membership.leave(roles=self._roles, id=self.id)
@@ -275,8 +281,10 @@ class ShardedWorker:
         joined, self._joined = not self._joined, True
         renewed = await store.leases.renew_many(list(self._held.values()), ttl)
         lost = set(self._held) - {lease.name for lease in renewed}
+        metrics = self._context.metrics
         if lost:
             log.warning("lost %d shard lease(s) (expired and taken over)", len(lost))
+            metrics.leases_lost.labels("shard").inc(len(lost))
         self._held = {lease.name: lease for lease in renewed}
         wanted_names: set[str] = set()
         for role in self._shard_roles:
@@ -294,8 +302,11 @@ class ShardedWorker:
             await store.leases.release_many(unwanted)
         missing = sorted(wanted_names - set(self._held))
         if missing:
-            for lease in await store.leases.acquire_many(missing, self.id, ttl):
+            acquired = await store.leases.acquire_many(missing, self.id, ttl)
+            for lease in acquired:
                 self._held[lease.name] = lease
+            metrics.leases_acquired.labels("shard").inc(len(acquired))
+        metrics.leases_held.labels("shard").set(len(self._held))
         return joined
 
     def _owned(self, role: str) -> list[int]:
@@ -321,6 +332,7 @@ class ShardedWorker:
                     owner_prefix=shard_lease_prefix(role),
                 )
                 if claims:
+                    self._count_claims(claims, claim_for)
                     async with anyio.create_task_group() as tg:
                         for claim in claims:
                             tg.start_soon(self._run_claim, role, claim)
@@ -332,6 +344,34 @@ class ShardedWorker:
             if not busy:
                 wait = poll if not failures else min(30.0, poll * math.pow(2, min(failures, 5)))
                 await wake.sleep(wait * random.uniform(0.8, 1.2))  # noqa: S311 - jitter, not security
+
+    def _count_claims(self, claims: Sequence[Claim], claim_for: dt.timedelta) -> None:
+        """Count claimed items per kind, and how long each had been due (both times are the database's)."""
+        metrics = self._context.metrics
+        for claim in claims:
+            metrics.queue_claimed.labels(claim.kind).inc()
+            if claim.due_at is not None:
+                waited = (claim.claimed_until - claim_for - claim.due_at).total_seconds()
+                metrics.queue_claim_duration.labels(claim.kind).observe(max(0.0, waited))
+
+    async def _depth_loop(self) -> None:
+        """Sample the queue's depth per kind of this process's reconcilers into ``bettercompute_queue_depth``.
+
+        Here, not at scrape time: a collector runs synchronously on the event loop while a scrape renders, so it
+        could not await the database without blocking every request; and one grouped count every few seconds per
+        worker process costs the database little. A failed sample leaves the last values (logged at debug).
+        """
+        kinds = sorted(self._reconcilers)
+        gauge = self._context.metrics.queue_depth
+        while True:
+            try:
+                with anyio.fail_after(DEPTH_TIMEOUT_SECONDS):
+                    depth = await self._context.store.queue.depth(kinds)
+                for kind in kinds:
+                    gauge.labels(kind).set(depth.get(kind, 0))
+            except (ComputeError, TimeoutError) as exc:
+                log.debug("sampling the queue's depth failed (%s)", type(exc).__name__)
+            await anyio.sleep(DEPTH_SAMPLE_SECONDS * random.uniform(0.9, 1.1))  # noqa: S311 - jitter, not security
 
     async def _run_claim(self, role: str, claim: Claim) -> None:
         name = shard_lease_name(role, claim.shard)

@@ -37,6 +37,10 @@ class Claim:
     token: str
     claimed_until: dt.datetime
     last_error: str | None = None
+    due_at: dt.datetime | None = None
+    """When the item became due (its ``run_at``, or when an earlier claim ran out), on the clock that decided it was
+    due; ``None`` from a store that does not say. The metrics' claim latency is ``claimed_until - claim_for - due_at``.
+    """
 
 
 class WorkQueue(Protocol):
@@ -106,4 +110,10 @@ class WorkQueue(Protocol):
 
     async def pending(self, kinds: Sequence[str] | None = None) -> int:
         """How many items wait or run (for health checks and tests)."""
+        ...
+
+    async def depth(self, kinds: Sequence[str]) -> dict[str, int]:
+        """Per kind of ``kinds``, how many items are due and not running now: ready and due, or claimed with the
+        claim run out (one statement; the worker samples it for the ``bettercompute_queue_depth`` gauge). Kinds with
+        none may be left out."""
         ...

@@ -276,6 +276,40 @@ class StoreConformance(WorkflowStoreConformance):
         assert await self._claim(store) == []
         assert await store.queue.pending() == 1
 
+    async def test_depth_counts_due_items_not_running_per_kind(self, store: Store) -> None:
+        now = await store.now()
+        later = now + dt.timedelta(hours=1)
+        await store.queue.enqueue(
+            [
+                WorkItem(kind="k", key="due-1"),
+                WorkItem(kind="k", key="due-2"),
+                WorkItem(kind="k", key="later", run_at=later),
+                WorkItem(kind="other", key="due"),
+                WorkItem(kind="unasked", key="due"),
+            ]
+        )
+        assert await store.queue.depth(["k", "other"]) == {"k": 2, "other": 1}
+        assert await store.queue.depth([]) == {}
+        # A running item is not waiting; one whose claim ran out is due again.
+        [running] = await self._claim(store, limit=1)
+        [lapsed] = await self._claim(store, kinds=["other"], claim_for=SHORT)
+        assert (await store.queue.depth(["k", "other"])).get("other", 0) == 0
+        assert (await store.queue.depth(["k"]))["k"] == 1
+        await anyio.sleep(PAST_SHORT)
+        assert await store.queue.depth(["k", "other"]) == {"k": 1, "other": 1}
+        assert running.key.startswith("due-") and lapsed.key == "due"
+
+    async def test_a_claim_says_when_its_item_became_due(self, store: Store) -> None:
+        now = await store.now()
+        earlier = now - dt.timedelta(minutes=3)
+        await store.queue.enqueue([WorkItem(kind="k", key="x", run_at=earlier)])
+        [claim] = await self._claim(store, claim_for=SHORT)
+        assert claim.due_at == earlier
+        # Taken over after its claim ran out: due since that claim's end.
+        await anyio.sleep(PAST_SHORT)
+        [again] = await self._claim(store, holder="worker-b")
+        assert again.due_at == claim.claimed_until
+
     async def test_claim_takes_the_oldest_first_up_to_the_limit(self, store: Store) -> None:
         now = await store.now()
         await store.queue.enqueue(

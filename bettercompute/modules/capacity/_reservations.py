@@ -33,12 +33,14 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import attrs
 
 from bettercompute._runtime import codec
+from bettercompute._runtime.context import ModuleContext
 from bettercompute._runtime.reconcile import Outcome, ReconcileContext, Reconciler
 from bettercompute._runtime.registry import CallContext, Drafted, method
 from bettercompute._runtime.workers import SINKS_POKE, WORK_CHANNEL
@@ -212,6 +214,39 @@ def _check_constraints(constraints: Constraints) -> None:
         raise InvalidInputError(f"constraints: {reason}", details={"path": "constraints.nvlink", "reason": reason})
 
 
+NO_CAPACITY_REASONS = ("booked", "free", "cordoned", "unhealthy", "profile", "model", "memory")
+"""The reasons a ``NO_CAPACITY`` outcome counts atoms under (``details["excluded"]``), in the order that breaks ties
+for the metrics' ``reason`` label."""
+
+
+def no_capacity_reason(excluded: Mapping[str, int]) -> str:
+    """The ``reason`` label of a ``NO_CAPACITY`` admission: the reason that left out the most atoms (ties go to the
+    earlier one in ``NO_CAPACITY_REASONS``), or ``no_atoms`` when the pool had none to leave out. Only those values,
+    whatever the store reported, so the label stays bounded."""
+    best, most = "no_atoms", 0
+    for reason in NO_CAPACITY_REASONS:
+        count = excluded.get(reason) or 0
+        if isinstance(count, int) and count > most:
+            best, most = reason, count
+    return best
+
+
+def _count_admission(context: ModuleContext, resource: str, outcome: AdmitOutcome) -> None:
+    """``bettercompute_admissions_total``: placed (or pending, with the pool-lease placer), no_capacity with its
+    reason, quota_exceeded. Other outcomes (a window too long, a draft gone) are input errors, not admissions."""
+    reason = ""
+    label: str
+    if outcome.state in ("placed", "pending"):
+        label = outcome.state
+    elif outcome.state == "no_capacity":
+        label, reason = "no_capacity", no_capacity_reason(outcome.excluded)
+    elif outcome.state == "quota":
+        label = "quota_exceeded"
+    else:
+        return
+    context.metrics.admissions.labels(resource, label, reason).inc()
+
+
 def _refusal(outcome: AdmitOutcome, gpus: int, path: str) -> Exception:
     """The error for an admission (or extension) that did not place."""
     if outcome.state == "quota":
@@ -366,6 +401,7 @@ async def create_reservation(call: CallContext, input: CreateReservationInput) -
             sinks_poke=SINKS_POKE,
         )
     )
+    _count_admission(context, "reservation", outcome)
     if outcome.state not in ("placed", "pending") or outcome.record is None:
         raise _refusal(outcome, input.gpus, "duration" if input.duration is not None else "end_at")
     call.audited_by_store(drafted.id)
@@ -561,6 +597,7 @@ async def extend_reservation(call: CallContext, input: ExtendReservationInput) -
             raise FailedPreconditionError(
                 "the reservation is over or ends before the change", details={"id": record.id, "state": record.state}
             )
+        _count_admission(call.context, "reservation_extension", outcome)
         if outcome.state != "placed" or outcome.record is None:
             raise _refusal(outcome, record.gpus, path)
         extended = outcome.record

@@ -427,6 +427,28 @@ def _failed(
     )
 
 
+def committed_at(body: str) -> dt.datetime | None:
+    """The event's commit time, read back from a delivery's body (``created_at``, the outbox's database time), or
+    ``None`` when the body does not carry a readable one."""
+    try:
+        value = json.loads(body).get("created_at")
+        at = dt.datetime.fromisoformat(value) if isinstance(value, str) else None
+    except (ValueError, AttributeError):
+        return None
+    return at if at is not None and at.tzinfo is not None else None
+
+
+def _count(context: ModuleContext, outcome: DeliveryOutcome) -> None:
+    """The sender's metrics: the lag of a delivered event (commit to now), a delivery given up."""
+    if outcome.status == "delivered":
+        at = committed_at(outcome.delivery.body)
+        if at is not None:
+            lag = (context.clock.now() - at).total_seconds()
+            context.metrics.webhook_delivery_lag.observe(max(0.0, lag))
+    elif outcome.status == "dead":
+        context.metrics.webhook_dead_letters.inc()
+
+
 class _Borrowed(httpx.AsyncBaseTransport):
     """``WebhookSettings.transport`` lent to one pass's client: closing the client must not close it, since the
     next pass uses it again (its owner closes it)."""
@@ -468,6 +490,7 @@ async def send_due(context: ModuleContext) -> int:
                 log.error("webhook %s: the attempt failed with %s", delivery.subscription_id, type(exc).__name__)
                 outcome = _failed(settings, delivery, f"request failed: {type(exc).__name__}")
             outcomes.append(outcome)
+            _count(context, outcome)
 
     # A request pinned to a checked address must not reuse a connection made for another host name on that address.
     keepalive = 20 if settings.allow_private_destinations else 0

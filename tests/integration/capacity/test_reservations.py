@@ -55,6 +55,19 @@ async def _fleet(plane: Plane, database_url: str, nodes: int = 2, **kwargs: Any)
     return pool
 
 
+def _admissions(plane: Plane, resource: str = "reservation", **labels: str) -> float:
+    """``bettercompute_admissions_total`` summed over the samples with these labels."""
+    total = 0.0
+    for family in plane.t.compute.metrics.registry.collect():
+        for sample in family.samples:
+            wanted = {"resource": resource, **labels}
+            if sample.name == "bettercompute_admissions_total" and all(
+                sample.labels[k] == v for k, v in wanted.items()
+            ):
+                total += sample.value
+    return total
+
+
 async def test_a_reservation_is_placed_by_best_fit_booked_audited_and_announced(
     plane: Plane, database_url: str
 ) -> None:
@@ -124,6 +137,11 @@ async def test_no_capacity_says_why_and_when_and_writes_nothing(plane: Plane, da
             plane.t.alice, CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=4096, duration="PT1H")
         )
     assert _written(plane, database_url) == before
+    # Counted for the metrics, by the reason that left out the most atoms.
+    assert _admissions(plane, outcome="placed", reason="") == 1
+    assert _admissions(plane, outcome="no_capacity") == 3
+    assert _admissions(plane, outcome="no_capacity", reason="model") == 1
+    assert _admissions(plane, outcome="no_capacity", reason="booked") == 2
 
 
 @pytest.mark.parametrize(
@@ -239,6 +257,9 @@ async def test_quotas_are_enforced_under_their_lock(plane: Plane, database_url: 
         CreateReservationInput(tenant=plane.t.acme, pool_id=pool, gpus=4, start_at=NOW + 2 * HOUR, duration="PT3H"),
     )
     assert fits.state == "placed"
+    assert _admissions(plane, outcome="quota_exceeded", reason="") == 2
+    assert _admissions(plane, outcome="placed") == 2
+    assert _admissions(plane, outcome="no_capacity") == 0  # a window too long is an input error, not an admission
 
 
 async def test_cancel_releases_and_extend_needs_the_atoms_free(plane: Plane, database_url: str) -> None:
@@ -264,6 +285,8 @@ async def test_cancel_releases_and_extend_needs_the_atoms_free(plane: Plane, dat
     assert (await r.extend(plane.t.alice, ExtendReservationInput(id=a.id, duration="PT1H"))).end_at == NOW + 3 * HOUR
     page = await r.list(plane.t.alice, ListReservationsInput(tenant=plane.t.acme, state="placed"))
     assert [x.id for x in page.reservations] == [a.id]
+    assert _admissions(plane, "reservation_extension", outcome="placed") == 2
+    assert _admissions(plane, "reservation_extension", outcome="no_capacity", reason="booked") == 1
 
 
 async def test_the_pool_lease_placer_answers_pending_and_places_oldest_first(

@@ -142,7 +142,14 @@ OPTIONS = GatewayOptions(name="gw-test", heartbeat_interval=1.0, liveness_flush_
 @pytest.fixture
 async def gw(fleet: Fleet, tmp_path: Path) -> AsyncIterator[Wire]:
     tls = await gateway_tls(fleet)
-    gateway = create_gateway(fleet.services, fleet.store, tls, OPTIONS, notifier=fleet.compute.options.notifier)
+    gateway = create_gateway(
+        fleet.services,
+        fleet.store,
+        tls,
+        OPTIONS,
+        notifier=fleet.compute.options.notifier,
+        metrics=fleet.compute.metrics,
+    )
     port = await gateway.start("127.0.0.1", 0)
     folder = tmp_path / "clients"
     folder.mkdir()

@@ -152,6 +152,9 @@ async def test_a_revoked_certificate_opens_no_session(gw: Wire) -> None:
     joined = await gw.join()
     await gw.fleet.services.joins.ca.revoke(joined.serial, reason="compromised")
     assert await refused_session(gw.channel(joined), joined.node_id) == ("certificate_revoked", Status.UNAUTHENTICATED)
+    registry = gw.fleet.compute.metrics.registry
+    assert registry.get_sample_value("bettercompute_gateway_handshakes_total", {"outcome": "unauthenticated"}) == 1
+    assert registry.get_sample_value("bettercompute_gateway_handshakes_total", {"outcome": "ok"}) is None
 
 
 async def test_a_certificate_of_another_ca_fails_the_handshake(gw: Wire, tmp_path: object) -> None:
@@ -329,9 +332,13 @@ async def test_revoking_a_node_closes_its_live_session_within_two_seconds(gw: Wi
                 frame = await stream.recv_message()
             assert frame is not None and frame.close is not None and frame.close.reason == "revoked"
             assert time.monotonic() - revoked_at < 2
+            registry = gw.fleet.compute.metrics.registry
+            assert registry.get_sample_value("bettercompute_gateway_revocations_applied_total") == 1
+            assert registry.get_sample_value("bettercompute_gateway_handshakes_total", {"outcome": "ok"}) == 1
             await stream.end()
             assert await stream.recv_message() is None
         assert gw.gateway.sessions == {}
+        assert gw.fleet.compute.metrics.registry.get_sample_value("bettercompute_gateway_sessions") == 0
     finally:
         channel.close()
 

@@ -77,6 +77,10 @@ async def test_a_receiver_down_for_a_while_gets_its_backlog(hooks: Hooks, receiv
     log = await hooks.api.deliveries(hooks.alice, ListDeliveriesInput(tenant=hooks.acme, id=webhook_id))
     assert [d.status for d in log.deliveries] == ["delivered"] * 3
     assert log.deliveries[-1].last_status == 200
+    # Each delivery's lag, from its event's commit, for the metrics: the first waited out the receiver's outage.
+    registry = hooks.compute.metrics.registry
+    assert registry.get_sample_value("bettercompute_webhook_delivery_lag_seconds_count") == 3
+    assert registry.get_sample_value("bettercompute_webhook_dead_letters_total") == 0
 
 
 async def test_a_receiver_that_always_fails_ends_dead_and_shows_in_the_log(hooks: Hooks, receiver: Receiver) -> None:
@@ -106,6 +110,7 @@ async def test_a_receiver_that_always_fails_ends_dead_and_shows_in_the_log(hooks
         assert delivery.last_error == "the receiver answered HTTP 500"
         assert delivery.finished_at is not None and delivery.next_attempt_at is None
     assert receiver.received == []
+    assert hooks.compute.metrics.registry.get_sample_value("bettercompute_webhook_dead_letters_total") == 2
     text = json.dumps([str(d) for d in log.deliveries])
     assert "whsec_" not in text
 
