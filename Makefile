@@ -23,7 +23,7 @@ define step
 	echo "<== $(1): $$(( ($$(date +%s%N) - started) / 1000000 )) ms, exit $$rc"; exit $$rc
 endef
 
-.PHONY: dev install test test-embedded lint check-ruff check-format check-types check-imports check-protos protos check-docs docs pytest fmt bench clean distclean
+.PHONY: dev install test test-embedded test-reliability lint check-ruff check-format check-types check-imports check-protos protos check-docs docs pytest fmt bench clean distclean
 
 $(BIN)/python:
 	@# Debian's python3 has no ensurepip without python3-venv; a half-made .venv would fool the next run.
@@ -87,6 +87,11 @@ pytest: $(STAMP)
 # The embedded PostgreSQL path: the URL unset, every test that hands it on, and one use of every fixture.
 test-embedded: $(STAMP)
 	$(call step,pytest (embedded PostgreSQL),env -u BETTERCOMPUTE_DATABASE_URL $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --fixture-cover $(PYTEST_ARGS))
+
+# The deployed control plane under load and faults (tests/reliability): its own PostgreSQL, PgBouncer, 2 api,
+# 2 gateway and 3 worker processes, bcd sim fleets, Prometheus; about five minutes. CI runs it as a phase of its own.
+test-reliability: $(STAMP)
+	$(call step,pytest (reliability),$(BIN)/pytest -m reliability -s tests/reliability $(PYTEST_ARGS))
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .

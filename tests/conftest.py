@@ -112,7 +112,16 @@ def _start_rank(item: pytest.Item, tests_in_file: dict[str, int]) -> tuple[int, 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long files first; with ``--fixture-cover``, keep a subset that still sets up every fixture at least once."""
+    """Long files first; with ``--fixture-cover``, keep a subset that still sets up every fixture at least once.
+
+    The reliability run (``tests/reliability``, marker ``reliability``) is a phase of its own: it restarts its own
+    PostgreSQL server and takes both cores for minutes, so it runs only when ``-m`` names it
+    (``make test-reliability``)."""
+    if "reliability" not in (config.getoption("markexpr") or ""):
+        slow = [item for item in items if item.get_closest_marker("reliability") is not None]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item.get_closest_marker("reliability") is None]
     tests_in_file: dict[str, int] = {}
     for item in items:
         path = item.nodeid.partition("::")[0]

@@ -1,0 +1,540 @@
+"""The control plane as deployed, under load, through faults: what clients were told must be what the database
+holds, and every part must come back on its own.
+
+Topology (every part a real process on this machine): a PostgreSQL server of the run's own (so restarting it
+disturbs no other test), PgBouncer in transaction mode in front of it, two ``api``, two ``gateway`` and three worker
+processes (``better-compute serve``), the second gateway reaching the pooler through a TCP proxy the test controls,
+``bcd sim`` fleets holding sessions on both gateways, and (when Debian's ``prometheus`` is installed, as CI installs
+it) a Prometheus server scraping every process's ``/metrics``.
+
+Load, all the way through: reservations over HTTP against both api processes (each with an idempotency key,
+retried on the other api after an answer-less failure), a webhook subscription delivering to a receiver here, the
+fleets' sessions, and a new node joining after each fault.
+
+Faults, one after the other: ``kill -9`` of an api, of a worker and of a gateway (each then started again, as a
+supervisor would); a PostgreSQL restart; a partition between the second gateway and the database; a worker stopped
+with SIGSTOP past its lease, then resumed. Run with ``make test-reliability`` (CI runs it as a phase of its own);
+``pytest -m reliability -s`` prints the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import datetime as dt
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
+from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
+from bettercompute.modules.secrets import CreateSecretInput
+from bettercompute.modules.webhooks import CreateWebhookInput, WebhookSettings
+from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
+from bettercompute_store_pg import EmbeddedPostgres, PgStore
+from tests.integration._pgbouncer import running_pgbouncer
+
+from ._leaks import dump_database, scan
+from ._load import Load
+from ._topology import BIN, PartitionProxy, Proc, free_port, prometheus_binary, start_prometheus, wait_until
+
+pytestmark = [pytest.mark.reliability, pytest.mark.timeout(1500)]
+
+TRUST_DOMAIN = "reliability.test"
+LEASE_TTL = 8  # seconds; short, so the run is short, and every figure below is measured against it
+IDLE_LIMIT = LEASE_TTL // 2  # how long a transaction may idle before the server (and PgBouncer) end it
+SHARD_ROLES = ("controllers", "scheduler")
+SHARDS = 256
+NODES_PER_SIM = 6
+PG_OUTAGE = 10  # seconds PostgreSQL stays down
+START_WITHIN = 90.0
+SECRET_VALUE = "reliability-plaintext-3f9a1c"  # a secret's plaintext the leak scan looks for
+
+
+@contextlib.contextmanager
+def run_folder() -> Iterator[Path]:
+    """A folder the run's unprivileged servers can enter; kept (and named) when the run fails."""
+    folder = Path(tempfile.mkdtemp(prefix="bc-reliability-"))
+    folder.chmod(0o755)
+    failed = True
+    try:
+        yield folder
+        failed = False
+    finally:
+        if failed or os.environ.get("BETTERCOMPUTE_KEEP_RELIABILITY"):
+            print(f"\nthe run's logs and state: {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+class Plane:
+    """The deployment under test and the SQL the assertions read."""
+
+    def __init__(self, folder: Path, pg: EmbeddedPostgres, pooled: str, proxied: str) -> None:
+        self.folder = folder
+        self.pg = pg
+        self.direct = pg.url
+        self.pooled = pooled
+        self.proxied = proxied
+        self.procs: dict[str, Proc] = {}
+        self.api_urls: list[str] = []
+        self.metrics: dict[str, str] = {}  # process name -> host:port of its /metrics
+        self.secrets: list[str] = []  # every secret handed out, for the leak scan
+
+    def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.direct, autocommit=True, connect_timeout=5) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description is not None else []
+
+    def one(self, query: str, *params: Any) -> Any:
+        return self.sql(query, *params)[0][0]
+
+    def activity(self) -> str:
+        """What every server session of the run is doing, for a failure's message."""
+        rows = self.sql(
+            "SELECT pid, state, wait_event_type, wait_event, pg_blocking_pids(pid), left(query, 90) "
+            "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() ORDER BY state"
+        )
+        return "\n".join(repr(row) for row in rows)
+
+    def worker_id(self, instance: str) -> str:
+        return str(self.one("SELECT id FROM bettercompute.workers WHERE instance = %s LIMIT 1", instance))
+
+    def shards_owned_without(self, holder: str) -> bool:
+        """Every shard lease of both roles is held, unexpired, by someone other than ``holder``."""
+        held = self.one(
+            "SELECT count(*) FROM bettercompute.leases WHERE name LIKE ANY(%s) AND holder <> %s AND expires_at > now()",
+            [f"{role}/shard:%" for role in SHARD_ROLES],
+            holder,
+        )
+        return int(held) == SHARDS * len(SHARD_ROLES)
+
+    def lease_holders(self) -> list[tuple[Any, ...]]:
+        return self.sql(
+            "SELECT holder, count(*), min(expires_at) > now(), max(expires_at) > now() FROM bettercompute.leases "
+            "WHERE name LIKE '%%/shard:%%' GROUP BY 1"
+        )
+
+    def last_lease_expiry(self, holder: str) -> dt.datetime:
+        return self.one("SELECT max(expires_at) FROM bettercompute.leases WHERE holder = %s", holder)  # type: ignore[no-any-return]
+
+
+def stop_process(popen: subprocess.Popen[bytes]) -> None:
+    popen.terminate()
+    try:
+        popen.wait(10)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()
+
+
+def stop_all(plane: Plane) -> None:
+    for proc in reversed(list(plane.procs.values())):
+        proc.stop()
+
+
+def write_config(folder: Path, pooled: str, gateway_port: int) -> Path:
+    path = folder / "bettercompute.toml"
+    values = {
+        "database_url": pooled,
+        "pgbouncer": True,
+        "kms_key_file": str(folder / "kms.key"),
+        "trust_domain": TRUST_DOMAIN,
+        "gateway_address": f"127.0.0.1:{gateway_port}",
+        "lease_ttl_seconds": LEASE_TTL,
+        "webhooks_allow_private": True,
+    }
+    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+    return path
+
+
+async def prepare(plane: Plane, gateway_port: int, receiver_url: str) -> dict[str, str]:
+    """Through the public API in this process: the root admin, a tenant, a pool, a join token, the webhook
+    subscription and a secret."""
+    options = Options(
+        store=PgStore(plane.direct, pool_size=2),
+        iam=EmbeddedIam(),
+        instance="reliability-conductor",
+        kms=LocalKeyKms(plane.folder / "kms.key"),
+        join=JoinSettings(gateway_address=f"127.0.0.1:{gateway_port}", trust_domain=TRUST_DOMAIN),
+        webhooks=WebhookSettings(allow_private_destinations=True),  # the receiver is on loopback
+    )
+    compute = better_compute(options)
+    await compute.initialize(migrate=False)
+    try:
+        assert isinstance(options.iam, EmbeddedIam)
+        boot = await options.iam.bootstrap()
+        assert boot.credential is not None
+        root = boot.credential
+        tenant = (await IamGroups(compute.api).tenants.create(root, CreateTenantInput(name="reliability"))).id
+        pool = await compute.api.pools.create(root, CreatePoolInput(tenant=tenant, name="reliability"))
+        token = await compute.api.join_tokens.create(
+            root, CreateJoinTokenInput(pool_id=pool.id, uses=100, expires_in_seconds=3600)
+        )
+        hook = await compute.api.webhooks.create(
+            root, CreateWebhookInput(tenant=tenant, url=receiver_url, event_types=("reservation.placed",))
+        )
+        await compute.api.secrets.create(
+            root, CreateSecretInput(tenant=tenant, name="reliability", scope=f"pool:{pool.id}", value=SECRET_VALUE)
+        )
+        plane.secrets += [root, hook.secret, SECRET_VALUE, token.token]
+        return {"root": root, "tenant": tenant, "pool": pool.id, "join": token.join_command}
+    finally:
+        await compute.close()
+
+
+def serve(plane: Plane, config: Path, name: str, roles: str, *extra: str, database: str | None = None) -> Proc:
+    env = {**os.environ, "BETTERCOMPUTE_INSTANCE": name, "BETTERCOMPUTE_DATABASE_URL": database or plane.pooled}
+    argv = [str(BIN / "better-compute"), "--config", str(config), "serve", "--no-migrate", "--roles", roles, *extra]
+    proc = Proc.make(name, argv, plane.folder, env)
+    plane.procs[name] = proc
+    proc.start()
+    return proc
+
+
+def metrics_flag(plane: Plane, name: str) -> list[str]:
+    """``--metrics-port P`` for a process without the HTTP API, noted for Prometheus to scrape."""
+    port = free_port()
+    plane.metrics[name] = f"127.0.0.1:{port}"
+    return ["--metrics-port", str(port)]
+
+
+def sim(plane: Plane, name: str, join: str, gateway_port: int, nodes: int, seed: int) -> Proc:
+    words = shlex.split(join)[2:]
+    words[words.index("--gateway") + 1] = f"127.0.0.1:{gateway_port}"
+    argv = [str(BIN / "bcd"), "sim", "--nodes", str(nodes), "--seed", str(seed)]
+    argv += ["--state-dir", str(plane.folder / name), *words]
+    proc = Proc.make(name, argv, plane.folder, dict(os.environ))
+    plane.procs[name] = proc
+    proc.start()
+    return proc
+
+
+def adopted(plane: Plane) -> int:
+    return int(plane.one("SELECT count(*) FROM bettercompute.nodes WHERE state = 'adopted'"))
+
+
+def prometheus_query(base: str, query: str) -> list[dict[str, Any]]:
+    url = f"{base}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    with urllib.request.urlopen(url, timeout=5) as answer:  # noqa: S310 - our own loopback server
+        body = json.loads(answer.read())
+    assert body["status"] == "success", body
+    return list(body["data"]["result"])
+
+
+def test_faults_under_load() -> None:
+    figures: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        folder = stack.enter_context(run_folder())
+        pg = EmbeddedPostgres(folder / "pg", port=free_port())
+        pg.start()
+        stack.callback(pg.stop)
+        # Set as docs/operations.md asks: a transaction idle for half a lease is cut (a worker stopped inside one must
+        # not keep its shard); a query waits at most 5 s for a server connection (during an outage the api answers
+        # UNAVAILABLE rather than holding requests); a lost server is dialled again every second.
+        bouncer = running_pgbouncer(
+            pg.url,
+            pool_size=40,
+            max_clients=500,
+            log=folder / "pgbouncer.log",
+            settings={
+                "idle_transaction_timeout": str(IDLE_LIMIT),
+                "query_wait_timeout": "5",
+                "server_login_retry": "1",
+            },
+        )
+        pooled = stack.enter_context(bouncer)
+        bouncer_port = urllib.parse.urlsplit(pooled).port
+        assert bouncer_port is not None
+        proxy = PartitionProxy(bouncer_port)
+        proxy.start()
+        stack.callback(proxy.close)
+        proxied = pooled.replace(f":{bouncer_port}/", f":{proxy.port}/")
+        plane = Plane(folder, pg, pooled, proxied)
+        # Also as docs/operations.md asks, on the server: a session idle inside a transaction longer than a lease
+        # is ended (PgBouncer's own limit does not see a client stopped halfway through a pipeline).
+        plane.sql(f"ALTER DATABASE bettercompute SET idle_in_transaction_session_timeout = '{IDLE_LIMIT}s'")
+        stack.callback(lambda: stop_all(plane))
+
+        gw_ports = [free_port(), free_port()]
+        api_ports = [free_port(), free_port()]
+        config = write_config(folder, pooled, gw_ports[0])
+        migrate = subprocess.run(
+            [str(BIN / "better-compute"), "--config", str(config), "migrate"],
+            capture_output=True,
+            check=False,
+            env={**os.environ, "BETTERCOMPUTE_DATABASE_URL": pooled},
+        )
+        assert migrate.returncode == 0, migrate.stderr.decode(errors="replace")[-3000:]
+
+        load = Load()
+        receiver_url = load.start_receiver()
+        stack.callback(load.close)
+        setup = asyncio.run(prepare(plane, gw_ports[0], receiver_url))
+
+        # --- the control plane ------------------------------------------------------------------------------
+        workers = [
+            serve(plane, config, f"worker-{i}", "controllers,scheduler,sinks,iam", *metrics_flag(plane, f"worker-{i}"))
+            for i in (1, 2, 3)
+        ]
+        gateways = [
+            serve(
+                plane,
+                config,
+                "gateway-1",
+                "gateway",
+                "--gateway-port",
+                str(gw_ports[0]),
+                *metrics_flag(plane, "gateway-1"),
+            ),
+            serve(
+                plane,
+                config,
+                "gateway-2",
+                "gateway",
+                "--gateway-port",
+                str(gw_ports[1]),
+                *metrics_flag(plane, "gateway-2"),
+                database=proxied,
+            ),
+        ]
+        apis = [serve(plane, config, f"api-{i + 1}", "api", "--port", str(port)) for i, port in enumerate(api_ports)]
+        plane.metrics.update({f"api-{i + 1}": f"127.0.0.1:{port}" for i, port in enumerate(api_ports)})
+        plane.api_urls = [f"http://127.0.0.1:{port}" for port in api_ports]
+        for proc in workers + gateways:
+            proc.wait_for_log("running ", START_WITHIN)
+        for proc in apis:
+            proc.wait_for_log("serving ", START_WITHIN)
+
+        sims = [
+            sim(plane, "sim-1", setup["join"], gw_ports[0], NODES_PER_SIM, 1),
+            sim(plane, "sim-2", setup["join"], gw_ports[1], NODES_PER_SIM, 2),
+        ]
+        expected_nodes = 2 * NODES_PER_SIM
+        figures["adoption_s"] = round(
+            wait_until(lambda: adopted(plane) >= expected_nodes, 240, "every node adopted", every=1), 1
+        )
+
+        prometheus: str | None = None
+        if prometheus_binary() is not None:
+            popen, prometheus = start_prometheus(folder, plane.metrics)
+            stack.callback(stop_process, popen)
+        elif os.environ.get("CI"):
+            pytest.fail("prometheus is not installed (apt-get install prometheus); CI must run it")
+
+        # --- the load -----------------------------------------------------------------------------------------
+        load.start(plane.api_urls, setup["root"], setup["tenant"], setup["pool"], callers=3, pause=0.2)
+        joined = 0
+
+        def join_one() -> None:
+            nonlocal joined, expected_nodes
+            joined += 1
+            sim(plane, f"joiner-{joined}", setup["join"], gw_ports[joined % 2], 1, 100 + joined)
+            expected_nodes += 1
+
+        time.sleep(10)
+        pids_before: dict[str, int] = {}
+
+        # 1. kill -9 an api process; clients go on through the other one; a supervisor starts it again.
+        killed_at = time.monotonic()
+        apis[0].kill9()
+        time.sleep(2)
+        apis[0].start()
+        apis[0].wait_for_log("serving ", START_WITHIN, occurrence=2)
+        figures["api_kill_back_s"] = round(time.monotonic() - killed_at, 1)
+        join_one()
+
+        # 2. kill -9 a worker: its shards must be owned again once its leases ran out.
+        dead = plane.worker_id("worker-1")
+        killed_at = time.monotonic()
+        workers[0].kill9()
+        expiry = plane.last_lease_expiry(dead)
+        owned = wait_until(lambda: plane.shards_owned_without(dead), 3 * LEASE_TTL, "shards owned again", 0.1)
+        figures["worker_kill_shards_owned_s"] = round(owned, 1)
+        after_expiry = (dt.datetime.now(dt.UTC) - expiry).total_seconds()
+        figures["worker_kill_after_lease_expiry_s"] = round(after_expiry, 1)
+        assert after_expiry <= LEASE_TTL, f"shards owned {after_expiry:.1f} s after the dead worker's leases expired"
+        workers[0].start()
+        workers[0].wait_for_log("running ", START_WITHIN, occurrence=2)
+        join_one()
+
+        # 3. kill -9 a gateway while its nodes hold sessions; it is started again and the sessions come back.
+        killed_at = time.monotonic()
+        gateways[0].kill9()
+        cut = dt.datetime.now(dt.UTC)
+        time.sleep(2)
+        gateways[0].start()
+        gateways[0].wait_for_log("running ", START_WITHIN, occurrence=2)
+
+        def sessions_back() -> bool:
+            fresh = plane.one(
+                "SELECT count(*) FROM bettercompute.sessions WHERE closed_at IS NULL AND opened_at > %s "
+                "AND gateway = (SELECT gateway FROM bettercompute.sessions WHERE opened_at > %s LIMIT 1)",
+                cut,
+                cut,
+            )
+            return int(fresh) >= NODES_PER_SIM
+
+        wait_until(sessions_back, 120, "the killed gateway's sessions back", 0.5)
+        figures["gateway_kill_sessions_back_s"] = round(time.monotonic() - killed_at, 1)
+        join_one()
+
+        # 4. PostgreSQL restarts under the load: the api answers UNAVAILABLE meanwhile, then serves again with no
+        #    process restarted.
+        pids_before = {name: proc.pid for name, proc in plane.procs.items() if proc.alive()}
+        down_at = time.monotonic()
+        pg.stop()
+        time.sleep(PG_OUTAGE)
+        pg.start()
+        figures["pg_outage_s"] = round(time.monotonic() - down_at, 1)
+        up_at = time.monotonic()
+        wait_until(
+            lambda: any(t > up_at for t in load.successes),
+            120,
+            f"a reservation after the restart (answers since: {load.failures[-10:]})",
+            0.2,
+        )
+        figures["pg_restart_first_success_after_up_s"] = round(
+            max(0.0, min(t for t in load.successes if t > up_at) - up_at), 1
+        )
+        during = [code for t, code in load.failures if down_at <= t <= up_at + 1]
+        figures["pg_restart_failures_during"] = dict(sorted(collections.Counter(during).items()))
+        assert "UNAVAILABLE" in during, f"no UNAVAILABLE during the outage: {during[:20]}"
+        pids_after = {name: proc.pid for name, proc in plane.procs.items() if name in pids_before}
+        assert pids_after == pids_before
+        assert all(plane.procs[name].alive() for name in pids_before), "a process died in the outage"
+        join_one()
+
+        # 5. A partition between the second gateway and the database, shorter than the session timeout: no node
+        #    may be marked unreachable or failed for it, and the gateway writes again once it heals.
+        proxy.partition()
+        time.sleep(15)
+        healed_at = dt.datetime.now(dt.UTC)
+        proxy.heal()
+        healed = time.monotonic()
+
+        def gateway_two_writes() -> bool:
+            seen = plane.one(
+                "SELECT count(*) FROM bettercompute.sessions WHERE closed_at IS NULL AND last_seen_at > %s", healed_at
+            )
+            return int(seen) >= expected_nodes - 1  # the newest joiner may still be opening its session
+
+        wait_until(gateway_two_writes, 60, "liveness written again after the partition", 0.5)
+        figures["partition_liveness_back_s"] = round(time.monotonic() - healed, 1)
+        join_one()
+
+        # 6. SIGSTOP a worker past its lease: its shards move; resumed, its stale writes are refused by the fence.
+        stopped = plane.worker_id("worker-2")
+        workers[1].signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        expiry = plane.last_lease_expiry(stopped)
+        try:
+            owned = wait_until(lambda: plane.shards_owned_without(stopped), 3 * LEASE_TTL, "shards moved off", 0.1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; leases: {plane.lease_holders()}\n{plane.activity()}") from None
+        figures["worker_stop_shards_owned_s"] = round(owned, 1)
+        after_expiry = (dt.datetime.now(dt.UTC) - expiry).total_seconds()
+        figures["worker_stop_after_lease_expiry_s"] = round(after_expiry, 1)
+        assert after_expiry <= LEASE_TTL, f"shards owned {after_expiry:.1f} s after the stopped worker's leases expired"
+        time.sleep(max(0.0, LEASE_TTL - (time.monotonic() - stopped_at)) + 2)
+        workers[1].signal(signal.SIGCONT)
+        # Resumed, it finds its leases gone at its next renewal; what it had open was cut by the server meanwhile.
+        workers[1].wait_for_log("lost ", 30)
+        figures["worker_stop_transactions_cut"] = (
+            (folder / "pg" / "postgres.log").read_text().count("idle-in-transaction timeout")
+        )
+        join_one()
+
+        # --- the end of the load, and the accounts --------------------------------------------------------------
+        time.sleep(5)
+        load.stop()
+        figures["requests"] = load.requests
+        figures["answers_by_code"] = dict(sorted(load.codes.items()))
+
+        told = load.told
+        gave_up = [t for t in told.values() if t.code is not None and t.code.startswith("gave up")]
+        assert not gave_up, gave_up[:5]
+        assert load.codes["http"] == 0, "an answer that was not the JSON envelope"
+        acknowledged = {t.key: t.reservation for t in told.values() if t.reservation is not None}
+        assert len(acknowledged) > 100, figures
+        rows = plane.sql(
+            "SELECT labels ->> 'rk', array_agg(id), min(state) FROM bettercompute.reservations "
+            "WHERE labels ? 'rk' GROUP BY 1"
+        )
+        in_db = {key: ids for key, ids, _ in rows}
+        duplicated = {key: ids for key, ids in in_db.items() if len(ids) > 1}
+        assert not duplicated, duplicated
+        lost = {key: rid for key, rid in acknowledged.items() if in_db.get(key) != [rid]}
+        assert not lost, f"acknowledged but not in the database as told: {list(lost.items())[:5]}"
+        refused = {t.key for t in told.values() if t.reservation is None}
+        phantom = set(in_db) & refused
+        assert not phantom, f"refused but recorded: {sorted(phantom)[:5]}"
+        figures["reservations_acknowledged"] = len(acknowledged)
+
+        double = plane.one(
+            "SELECT count(*) FROM bettercompute.bookings a JOIN bettercompute.bookings b "
+            "ON a.atom_id = b.atom_id AND a.id < b.id AND a.during && b.during"
+        )
+        assert double == 0
+
+        placed = {
+            rid
+            for (rid,) in plane.sql(
+                "SELECT id FROM bettercompute.reservations WHERE labels ? 'rk' "
+                'AND history @> \'[{"state": "placed"}]\''
+            )
+        }
+        wait_until(lambda: placed <= load.webhook_reservations("reservation.placed"), 120, "every event delivered", 1)
+        figures["webhook_events_delivered"] = len(placed)
+
+        # Every node joined is adopted and stayed so: none quarantined, unreachable or failed by the faults.
+        wait_until(lambda: adopted(plane) >= expected_nodes, 120, "the joiners adopted", 1)
+        states = dict(plane.sql("SELECT state, count(*) FROM bettercompute.nodes GROUP BY 1"))
+        assert states == {"adopted": expected_nodes}, states
+        figures["nodes"] = expected_nodes
+
+        if prometheus is not None:
+            # What the faults should show to someone watching: the restart's burst of UNAVAILABLE answers, and the
+            # killed worker gone from the scrape while the other two took its shards.
+            unavailable = 'sum(increase(bettercompute_http_requests_total{code="UNAVAILABLE"}[30m]))'
+            burst = prometheus_query(prometheus, unavailable)
+            assert burst and float(burst[0]["value"][1]) > 0, burst
+            figures["prometheus_unavailable_answers"] = round(float(burst[0]["value"][1]))
+            down = prometheus_query(prometheus, 'min_over_time(up{job="worker-1"}[30m])')
+            assert down and float(down[0]["value"][1]) == 0, down
+            peak = prometheus_query(
+                prometheus, 'max_over_time(bettercompute_leases_held{job=~"worker-[23]",kind="shard"}[30m])'
+            )
+            peaks = {row["metric"]["job"]: float(row["value"][1]) for row in peak}
+            # Three workers hold about a third of the 512 shard leases each; two, about half.
+            assert len(peaks) == 2 and all(v >= 0.45 * SHARDS * len(SHARD_ROLES) for v in peaks.values()), peaks
+            figures["prometheus_shard_leases_peak"] = peaks
+
+        for proc in sims:
+            assert proc.alive(), f"{proc.name} ended"
+
+        # The leak scan: the database's dump and every process's log (the servers' too) hold no secret.
+        dump = dump_database(plane.direct, folder / "database.sql")
+        logs = [*sorted(folder.glob("*.log")), folder / "pg" / "postgres.log"]
+        state_dirs = [folder / name for name in plane.procs if name.startswith(("sim-", "joiner-"))]
+        leaks = scan([dump, *logs], plane.secrets, folder / "kms.key", state_dirs)
+        assert not leaks, leaks
+        figures["leak_scan_files"] = 1 + len(logs)
+        print("\nreliability figures:\n" + json.dumps(figures, indent=2))
+        (Path(os.environ.get("BETTERCOMPUTE_RELIABILITY_REPORT", folder / "figures.json"))).write_text(
+            json.dumps(figures, indent=2)
+        )
