@@ -1171,8 +1171,9 @@ def figures(results: Results, args: argparse.Namespace) -> dict[str, float | int
     """The results as flat named figures (``--json``): rates per second, times in ms, CPU and busy in %."""
     out: dict[str, float | int | str | None] = {"in_flight_cap": results.cap, "http_seconds": args.seconds}
     for pair in results.http:
-        for run in pair:
-            prefix = "http_" + key_of(run.label)
+        tag = "with_key" if pair[0].label.endswith("with key") else "no_key"
+        for kind, run in zip(("saturation", "half_load"), pair, strict=True):
+            prefix = f"http_{kind}_{tag}"
             out[f"{prefix}_per_s"] = round(run.rate, 1)
             out[f"{prefix}_p50_ms"] = round(run.ms(0.5), 2)
             out[f"{prefix}_p99_ms"] = round(run.ms(0.99), 2)
