@@ -92,7 +92,7 @@ fmt: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# Every benchmark, one table of each figure beside its baseline (bench/run.py; about 15 minutes on two cores).
+# Every benchmark, one table of each figure beside its baseline (bench/run.py; about 10 minutes on two cores).
 # BENCH_ARGS passes options on: make bench BENCH_ARGS="--only worker,claims", "--quick", "--write".
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
