@@ -3,7 +3,7 @@
 #   make dev     run the control plane locally (embedded PostgreSQL unless BETTERCOMPUTE_DATABASE_URL is set)
 #   make test    lint, type-check, check import contracts, run the tests
 #   make lint    the checks without the tests        make fmt     format and apply safe lint fixes
-#   make bench   measure the performance claims       make clean   remove caches and build output (distclean: + .venv)
+#   make bench   every benchmark, one table           make clean   remove caches and build output (distclean: + .venv)
 #   make test-embedded   pytest on the embedded PostgreSQL (URL unset), the subset CI runs there
 #   make protos  regenerate the wire code from protos/ (make test checks it did not drift)
 #   make docs    regenerate docs/api.md from the method registry (make test checks it is not stale)
@@ -97,12 +97,10 @@ fmt: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# Every benchmark, one table of each figure beside its baseline (bench/run.py; about 10 minutes on two cores).
+# BENCH_ARGS passes options on: make bench BENCH_ARGS="--only worker,claims", "--quick", "--write".
 bench: $(STAMP)
-	$(BIN)/python bench/claims.py
-	$(BIN)/python bench/joins.py
-	$(BIN)/python bench/gateway.py
-	$(BIN)/python bench/fleet.py
-	$(BIN)/python bench/admission.py
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache build dist *.egg-info

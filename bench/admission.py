@@ -54,6 +54,7 @@ half load, placement growing <= 1.5 x from 100 to 10,000 nodes.
 
     python bench/admission.py            # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
     python bench/admission.py --with-key --profile --seconds 10
+    python bench/admission.py --json      # the figures as one JSON object on stdout (bench/run.py reads it)
 
 ``--profile`` also runs a saturation run against an api process under cProfile (slower, so not the figures above)
 and prints where its wall time went. Takes about 5 minutes with the defaults, most of it placing on 10,000 nodes
@@ -1161,6 +1162,53 @@ def report_placement(results: Results, args: argparse.Namespace) -> None:
         )
 
 
+def key_of(label: str) -> str:
+    """A run's label as a JSON key: ``"tx 1 + IAM read + tx 2"`` -> ``"tx_1_iam_read_tx_2"``."""
+    return "_".join(re.findall(r"[a-z0-9]+", label.lower()))
+
+
+def figures(results: Results, args: argparse.Namespace) -> dict[str, float | int | str | None]:
+    """The results as flat named figures (``--json``): rates per second, times in ms, CPU and busy in %."""
+    out: dict[str, float | int | str | None] = {"in_flight_cap": results.cap, "http_seconds": args.seconds}
+    for pair in results.http:
+        tag = "with_key" if pair[0].label.endswith("with key") else "no_key"
+        for kind, run in zip(("saturation", "half_load"), pair, strict=True):
+            prefix = f"http_{kind}_{tag}"
+            out[f"{prefix}_per_s"] = round(run.rate, 1)
+            out[f"{prefix}_p50_ms"] = round(run.ms(0.5), 2)
+            out[f"{prefix}_p99_ms"] = round(run.ms(0.99), 2)
+            out[f"{prefix}_api_cpu_percent"] = round(100 * run.api_cpu, 1)
+            out[f"{prefix}_machine_busy_percent"] = round(100 * run.busy, 1)
+            out[f"{prefix}_errors"] = sum(run.failed.values())
+    if results.http:
+        saturated, paced = results.http[0]
+        out["http_saturation_per_s"] = round(saturated.rate, 1)
+        out["http_saturation_p99_ms"] = round(saturated.ms(0.99), 2)
+        out["http_half_load_p99_ms"] = round(paced.ms(0.99), 2)
+        out["http_half_load_per_s"] = round(paced.rate, 1)
+    for pg in results.pgbench or ():
+        prefix = f"pgbench_{key_of(pg.label)}_{pg.clients}c"
+        out[f"{prefix}_per_s"] = round(pg.tps, 1)
+        out[f"{prefix}_latency_ms"] = round(pg.latency_ms, 2)
+        if results.http and pg.clients == results.cap and not pg.label.startswith("with key"):
+            out[f"{prefix}_ratio_http"] = round(results.http[0][0].rate / pg.tps, 3)
+    if results.placement:
+        out["placement_round_trip_ms"] = round(results.round_trip_ms, 3)
+    for placement in results.placement:
+        prefix = f"placement_{placement.nodes}_{placement.layout}"
+        out[f"{prefix}_place_ms"] = round(placement.place_ms, 3)
+        out[f"{prefix}_admit_ms"] = round(placement.admit_ms, 3)
+        out[f"{prefix}_calls"] = placement.calls
+    sizes = sorted({p.nodes for p in results.placement})
+    if len(sizes) >= 2:
+        by = {(p.nodes, p.layout): p for p in results.placement}
+        for layout in ("empty", "front", "spread"):
+            low, high = by[(sizes[0], layout)], by[(sizes[-1], layout)]
+            out[f"placement_growth_{layout}_place"] = round(high.place_ms / low.place_ms, 3)
+            out[f"placement_growth_{layout}_admit"] = round(high.admit_ms / low.admit_ms, 3)
+    return out
+
+
 def report(results: Results, args: argparse.Namespace) -> None:
     if results.http:
         report_http(results, args)
@@ -1218,6 +1266,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also profile the api process (cProfile)")
     parser.add_argument("--skip-http", action="store_true", help="placement only")
     parser.add_argument("--skip-placement", action="store_true", help="HTTP and pgbench only")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument("--role", choices=["client"], help=argparse.SUPPRESS)
     parser.add_argument("--client-config", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1247,7 +1296,10 @@ def main() -> None:
     finally:
         with contextlib.suppress(Exception):
             drop_schema()
-    report(results, args)
+    if args.json:
+        print(json.dumps(figures(results, args)))
+    else:
+        report(results, args)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,17 @@ completes. Both sides run a warm-up first, then count the rows the measured run 
 the cost of Python, the store and psycopg (with its pool) on top of PostgreSQL.
 
     python bench/claims.py            # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
+    python bench/claims.py --json     # the same figures as one JSON object on stdout (bench/run.py reads it)
 
 Takes about a minute. Uses (and drops) the schema ``bc_bench``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime as dt
+import json
 import os
 import re
 import shutil
@@ -135,7 +138,8 @@ def bench_pgbench(batch: int) -> float | None:
         return (before - remaining()) / elapsed
 
 
-async def main() -> None:
+async def measure() -> dict[int, tuple[float, float | None]]:
+    """Batch size -> (PgStore items/s, pgbench items/s or None without pgbench)."""
     results: dict[int, tuple[float, float | None]] = {}
     drop_schema()
     try:
@@ -148,6 +152,20 @@ async def main() -> None:
                 results[batch] = (store_rate, bench_pgbench(batch))
     finally:
         drop_schema()
+    return results
+
+
+def figures(results: dict[int, tuple[float, float | None]]) -> dict[str, float | int | None]:
+    """The results as flat named figures (``--json``)."""
+    out: dict[str, float | int | None] = {"claimers": WORKERS, "seconds": SECONDS}
+    for batch, (store_rate, pgbench_rate) in results.items():
+        out[f"batch{batch}_store_items_per_s"] = round(store_rate, 1)
+        out[f"batch{batch}_pgbench_items_per_s"] = None if pgbench_rate is None else round(pgbench_rate, 1)
+        out[f"batch{batch}_ratio"] = None if pgbench_rate is None else round(store_rate / pgbench_rate, 3)
+    return out
+
+
+def report(results: dict[int, tuple[float, float | None]]) -> None:
     for batch, (store_rate, pgbench_rate) in results.items():
         print(f"claim batch {batch:2d}, {WORKERS} concurrent claimers, items/s (claim + complete each):")
         print(f"  PgStore  {store_rate:8.0f}")
@@ -158,5 +176,16 @@ async def main() -> None:
         print(f"  ratio    {store_rate / pgbench_rate:8.2f}")
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args()
+    results = asyncio.run(measure())
+    if args.json:
+        print(json.dumps(figures(results)))
+    else:
+        report(results)
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -85,10 +85,20 @@ Measured, per fleet size:
   in the bench's schema (``n_tup_ins + n_tup_upd + n_tup_del`` of ``pg_stat_user_tables``, which PostgreSQL counts
   per table, so other engineers' tests in other schemas of the same database do not count; the busiest tables are
   listed); the machine's busy share (``/proc/stat``) and load average, since the two cores are shared; and the nodes
-  still in session at the end of the window whose liveness was written during it (``sessions.last_seen_at``).
+  still in session at the end of the window whose liveness was written during it (``sessions.last_seen_at``);
+- with ``--reservations N``, after the window: placed -> bound. The conductor makes N reservations one after another
+  (one GPU each, for an hour from now) with ``reservations.create`` in process, on a control plane with the
+  LISTEN/NOTIFY notifier as the api role has, so its commit wakes the worker as a request would. Each is timed from
+  ``create`` returning it ``placed`` until its row reads ``bound`` (or ``active``, which one starting now reaches in
+  the same controller pass), read every 5 ms: the worker's controller writes the node's desired state and pokes the
+  gateways, the gateway sends it down the node's session, the ``bcd sim`` daemon applies and acknowledges it, the
+  gateway records the acknowledgement (in its once-a-second flush), and the controller binds. On this machine that
+  took about a second each time (p50 and max within a few percent of each other); this bench does not break the
+  second down. There is no pgbench baseline for it: it is mostly waiting on those steps, not SQL.
 
     python bench/fleet.py                        # 1,000 nodes; BETTERCOMPUTE_DATABASE_URL, else
                                                  # postgresql://postgres@127.0.0.1:5432/test
+    python bench/fleet.py --nodes 100 --settle 5 --window 10 --reservations 30 --json   # as bench/run.py runs it
     python bench/fleet.py --nodes 10000 --settle 40 --window 60 --adopt-timeout 1800 --json
 
 Takes about 2 minutes with the defaults on a quiet machine, about 5 for 5,000 nodes and 12 for 10,000 (the sims'
@@ -118,9 +128,10 @@ import attrs
 import psycopg
 
 from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
+from bettercompute.modules.capacity import CreateReservationInput, ReservationsGroup
 from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
 from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
-from bettercompute_store_pg import PgStore
+from bettercompute_store_pg import PgNotifier, PgStore
 
 URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bc_bench_fleet"
@@ -135,6 +146,8 @@ STOP_TIMEOUT = 30.0
 GATEWAYS = 2
 BIN = Path(sys.executable).parent
 SPARE_FILES = 1024
+BIND_POLL = 0.005  # seconds between two reads of a reservation's state
+BIND_TIMEOUT = 30.0  # seconds a reservation may take to bind before it counts as not bound
 
 
 # --- small things -----------------------------------------------------------------------------------------------
@@ -264,15 +277,32 @@ def write_config(folder: Path, gateway_port: int) -> Path:
     return path
 
 
-async def make_token(folder: Path, uses: int, gateway_port: int) -> str:
-    """The root admin, a tenant, a pool and a join token with ``uses`` uses; its ``bcd join`` command."""
-    options = Options(
+@attrs.frozen(kw_only=True)
+class Made:
+    """What the conductor made: the root admin's credential, the tenant, its pool, and the join token's command."""
+
+    root: str
+    tenant: str
+    pool: str
+    join_command: str
+
+
+def conductor_options(folder: Path, gateway_port: int, *, notifier: bool = False) -> Options:
+    """The conductor's in-process control plane over the bench's schema (with ``notifier``, the LISTEN/NOTIFY one
+    the api role runs, so that what it commits wakes the worker as a request to ``serve`` would)."""
+    return Options(
         store=PgStore(URL, schema=SCHEMA, pool_size=2),
         iam=EmbeddedIam(),
         instance="bench-conductor",
         kms=LocalKeyKms(folder / "kms.key"),
         join=JoinSettings(gateway_address=f"127.0.0.1:{gateway_port}", trust_domain=TRUST_DOMAIN),
+        notifier=PgNotifier(URL, schema=SCHEMA) if notifier else None,
     )
+
+
+async def make_token(folder: Path, uses: int, gateway_port: int) -> Made:
+    """The root admin, a tenant, a pool and a join token with ``uses`` uses."""
+    options = conductor_options(folder, gateway_port)
     compute = better_compute(options)
     await compute.initialize(migrate=False)
     try:
@@ -286,7 +316,7 @@ async def make_token(folder: Path, uses: int, gateway_port: int) -> str:
         created = await compute.api.join_tokens.create(
             root, CreateJoinTokenInput(pool_id=pool.id, uses=uses, expires_in_seconds=6 * 3600)
         )
-        return created.join_command
+        return Made(root=root, tenant=tenant, pool=pool.id, join_command=created.join_command)
     finally:
         await compute.close()
 
@@ -350,7 +380,7 @@ def run_size(args: argparse.Namespace, nodes: int, folder: Path) -> dict[str, An
     )
     if migrate.returncode != 0:
         raise SystemExit(f"better-compute migrate failed: {migrate.stderr.decode(errors='replace')[-2000:]}")
-    join_command = asyncio.run(make_token(folder, nodes, ports[0]))
+    made = asyncio.run(make_token(folder, nodes, ports[0]))
     serve = [str(BIN / "better-compute"), "--config", str(config), "serve", "--no-migrate"]
     procs: list[Proc] = []
     try:
@@ -391,7 +421,7 @@ def run_size(args: argparse.Namespace, nodes: int, folder: Path) -> dict[str, An
                     str(folder / f"sim-{i + 1}"),
                     "--join-concurrency",
                     str(args.join_concurrency),
-                    *sim_flags(join_command, port),
+                    *sim_flags(made.join_command, port),
                 ],
                 folder,
             )
@@ -414,6 +444,11 @@ def run_size(args: argparse.Namespace, nodes: int, folder: Path) -> dict[str, An
             if count
         }
 
+        binding = None
+        if args.reservations:
+            say(f"{nodes} nodes: {args.reservations} reservations, placed -> bound")
+            binding = asyncio.run(measure_binding(folder, ports[0], made, args.reservations))
+
         summaries = []
         for sim in sims:
             out = sim.stop()
@@ -426,6 +461,7 @@ def run_size(args: argparse.Namespace, nodes: int, folder: Path) -> dict[str, An
             "adoption": adoption,
             "adoption_cpu_seconds": {k: round(v, 1) for k, v in cpu_adopt.items()},
             "steady": steady,
+            "placed_to_bound": binding,
             "sims": summaries,
         }
     finally:
@@ -521,6 +557,69 @@ def measure_window(
     }
 
 
+# --- placed -> bound ----------------------------------------------------------------------------------------------
+
+
+async def measure_binding(folder: Path, gateway_port: int, made: Made, count: int) -> dict[str, Any]:
+    """``count`` reservations made one after another, each of one GPU for an hour from now: from
+    ``reservations.create`` returning it ``placed`` until the database shows it ``bound`` (or already ``active``,
+    which a reservation starting now reaches in the same pass), polled every ``BIND_POLL`` seconds."""
+    options = conductor_options(folder, gateway_port, notifier=True)
+    compute = better_compute(options)
+    await compute.initialize(migrate=False)
+    created_ms: list[float] = []
+    bound_ms: list[float] = []
+    states: dict[str, int] = {}
+    busy_start, total_start = machine_ticks()
+    try:
+        group: ReservationsGroup[Any] = compute.api.group(ReservationsGroup)
+        async with await psycopg.AsyncConnection.connect(URL, autocommit=True) as conn:
+            for _ in range(count):
+                asked = time.perf_counter()
+                made_one = await group.create(
+                    made.root, CreateReservationInput(tenant=made.tenant, pool_id=made.pool, gpus=1, duration="PT1H")
+                )
+                placed = time.perf_counter()
+                created_ms.append(1000 * (placed - asked))
+                if made_one.state != "placed":
+                    states[made_one.state] = states.get(made_one.state, 0) + 1
+                    continue
+                deadline = placed + BIND_TIMEOUT
+                state = made_one.state
+                while time.perf_counter() < deadline:
+                    row = await (
+                        await conn.execute(f"SELECT state FROM {SCHEMA}.reservations WHERE id = %s", (made_one.id,))
+                    ).fetchone()
+                    state = str(row[0]) if row else "missing"
+                    if state != "placed":
+                        break
+                    await asyncio.sleep(BIND_POLL)
+                seen = time.perf_counter()
+                states[state] = states.get(state, 0) + 1
+                if state in ("bound", "active"):
+                    bound_ms.append(1000 * (seen - placed))
+    finally:
+        await compute.close()
+    busy_end, total_end = machine_ticks()
+    ordered = sorted(bound_ms)
+
+    def at(q: float) -> float | None:
+        return round(ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))], 1) if ordered else None
+
+    return {
+        "reservations": count,
+        "bound": len(bound_ms),
+        "states": states,
+        "create_p50_ms": round(sorted(created_ms)[len(created_ms) // 2], 1) if created_ms else None,
+        "min_ms": round(ordered[0], 1) if ordered else None,
+        "p50_ms": at(0.5),
+        "p99_ms": at(0.99),
+        "max_ms": at(1.0),
+        "poll_ms": 1000 * BIND_POLL,
+        "machine_busy_percent": round(100 * (busy_end - busy_start) / max(1, total_end - total_start), 1),
+    }
+
+
 # --- the report -------------------------------------------------------------------------------------------------
 
 
@@ -557,6 +656,13 @@ def report(results: Sequence[Mapping[str, Any]]) -> None:
             f"        CPU seconds while adopting: {r['adoption_cpu_seconds']}, machine busy"
             f" {a.get('machine_busy_percent')} %"
         )
+        bound = r.get("placed_to_bound")
+        if bound:
+            print(
+                f"        placed -> bound: {bound['bound']}/{bound['reservations']} bound, p50 {bound['p50_ms']} ms, "
+                f"p99 {bound['p99_ms']} ms, max {bound['max_ms']} ms (create itself p50 {bound['create_p50_ms']} ms; "
+                f"states {bound['states']})"
+            )
 
 
 def main() -> None:
@@ -575,6 +681,12 @@ def main() -> None:
         type=int,
         default=JOIN_CONCURRENCY_DEFAULT,
         help=f"joins under way at once in each sim (default {JOIN_CONCURRENCY_DEFAULT}, as bcd sim's)",
+    )
+    parser.add_argument(
+        "--reservations",
+        type=int,
+        default=0,
+        help="after the window, make this many reservations one by one and time placed -> bound (default 0: none)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the processes' logs and the sims' state (folder)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")

@@ -12,14 +12,17 @@ in), so the ratios show what Python, the store and psycopg cost on top of Postgr
 and ROLLBACK, what the read would cost in a transaction of its own (three round trips, not one).
 
     python bench/iam.py            # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
+    python bench/iam.py --json     # the same figures as one JSON object on stdout (bench/run.py reads it)
 
 Takes about 20 seconds. Uses (and drops) the schema ``bc_bench_iam``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime as dt
+import json
 import os
 import re
 import shutil
@@ -105,7 +108,7 @@ def pgbench(sql: str) -> float | None:
     return float(match.group(1))
 
 
-async def main() -> None:
+async def main(as_json: bool) -> None:
     drop_schema()
     cached_iam = EmbeddedIam()
     uncached_iam = EmbeddedIam(cache_ttl=dt.timedelta(0))
@@ -164,6 +167,25 @@ async def main() -> None:
     finally:
         drop_schema()
 
+    if as_json:
+        out: dict[str, float | int | None] = {"callers": CLIENTS}
+        for name, value, _ in rows:
+            out[name_of(name) + "_per_s"] = round(value, 1)
+        pg = {
+            "credential_lookup": pg_credential,
+            "grants_query": pg_grants,
+            "credential_lookup_in_tx": pg_credential_tx,
+        }
+        for name, tps in pg.items():
+            out[f"pgbench_{name}_per_s"] = None if tps is None else round(tps, 1)
+        out["ratio_authenticate_uncached_credential_lookup"] = (
+            None if pg_credential is None else round(authenticate_uncached / pg_credential, 3)
+        )
+        out["ratio_require_uncached_grants_query"] = (
+            None if pg_grants is None else round(require_uncached / pg_grants, 3)
+        )
+        print(json.dumps(out))
+        return
     print("IAM decisions/s, and the time one call takes (callers / rate)")
     for name, value, clients in rows:
         print(f"  {name:<40} {value:>10,.0f}/s  {clients} caller(s)  {1e6 * clients / value:>8.1f} µs")
@@ -180,5 +202,12 @@ async def main() -> None:
     print(f"  (d) require uncached / pgbench grants query:            {require_uncached / pg_grants:.2f}")
 
 
+def name_of(label: str) -> str:
+    """``"(b) authenticate, uncached (1 SELECT)"`` -> ``"b_authenticate_uncached_1_select"``, a JSON key."""
+    return "_".join(re.findall(r"[a-z0-9]+", label.lower()))
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    asyncio.run(main(parser.parse_args().json))

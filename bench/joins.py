@@ -47,6 +47,7 @@ figure is the ceiling for joins on a single token, however fast the Python side 
 
     python bench/joins.py                 # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
     python bench/joins.py --joins 1000 --callers 16 --seconds 5
+    python bench/joins.py --json          # the same figures as one JSON object on stdout (bench/run.py reads it)
 
 Takes about 20 seconds with the defaults. Uses (and drops) the schema ``bc_bench_joins``.
 """
@@ -582,6 +583,28 @@ async def run(args: argparse.Namespace) -> Results:
     )
 
 
+def figures(results: Results, args: argparse.Namespace) -> dict[str, float | int | None]:
+    """The results as flat named figures (``--json``); latencies in ms, CPU in µs per join."""
+    out: dict[str, float | int | None] = {"callers": args.callers, "joins_per_run": args.joins}
+    runs = {"own_token": results.per_caller, "shared_token": results.shared, "solo": results.solo}
+    for name, joined in runs.items():
+        ms = [1000 * s for s in joined.latencies]
+        out[f"{name}_joins_per_s"] = round(joined.rate, 1)
+        out[f"{name}_p50_ms"] = round(statistics.median(ms), 1)
+        out[f"{name}_p99_ms"] = round(percentile(ms, 0.99), 1)
+        out[f"{name}_cpu_us_per_join"] = round(1e6 * joined.cpu_per_join)
+    base, one = results.baseline, results.baseline_solo
+    for name, token_shared in (("own_token", False), ("shared_token", True)):
+        joined = results.shared if token_shared else results.per_caller
+        for whole, label in ((False, "transaction"), (True, "whole_join")):
+            run = None if base is None else base[(token_shared, whole)]
+            out[f"{name}_pgbench_{label}_tps"] = None if run is None else round(run.tps, 1)
+            out[f"{name}_ratio_{label}"] = None if run is None else round(joined.rate / run.tps, 3)
+    out["solo_pgbench_whole_join_tps"] = None if one is None else round(one.tps, 1)
+    out["solo_ratio_whole_join"] = None if one is None else round(results.solo.rate / one.tps, 3)
+    return out
+
+
 def report(results: Results, args: argparse.Namespace) -> None:
     rows = [("one token per caller", results.per_caller, False), ("one token for all callers", results.shared, True)]
     print(
@@ -646,6 +669,7 @@ def main() -> None:
     parser.add_argument(
         "--seconds", type=int, default=PGBENCH_SECONDS, help=f"each pgbench run (default {PGBENCH_SECONDS})"
     )
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args()
     if args.callers < 1 or args.joins < args.callers or args.seconds < 1:
         parser.error("need --callers >= 1, --joins >= --callers and --seconds >= 1")
@@ -656,7 +680,10 @@ def main() -> None:
         results = asyncio.run(run(args))
     finally:
         drop_schema()
-    report(results, args)
+    if args.json:
+        print(json.dumps(figures(results, args)))
+    else:
+        report(results, args)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,14 @@
     then with a ``PgNotifier`` whose pokes wake them after each commit.
 
     python bench/worker.py            # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
+    python bench/worker.py --json     # the same figures as one JSON object on stdout (bench/run.py reads it)
 
 Takes about a minute. Uses (and drops) the schema ``bc_bench_worker``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime as dt
 import json
@@ -424,8 +426,16 @@ async def install() -> None:
     await compute.close()
 
 
-def main() -> None:
+@attrs.frozen(kw_only=True)
+class Results:
+    # processes -> (workers' items/s, holder -> shards held, pgbench's items/s or None without pgbench)
+    throughput: dict[int, tuple[float, dict[str, int], float | None]]
+    latencies: dict[bool, Latency]  # poked -> event -> webhook latencies
+
+
+def measure() -> Results:
     results: dict[int, tuple[float, dict[str, int], float | None]] = {}
+    latencies: dict[bool, Latency] = {}
     drop_schema()
     try:
         asyncio.run(install())
@@ -434,16 +444,42 @@ def main() -> None:
             rate, split = bench_workers(processes)
             asyncio.run(fill())
             results[processes] = (rate, split, bench_pgbench(processes))
-        latencies: dict[bool, Latency] = {}
         for poked in (False, True):
             drop_schema()
             asyncio.run(install())
             latencies[poked] = asyncio.run(bench_webhooks(poked=poked))
     finally:
         drop_schema()
+    return Results(throughput=results, latencies=latencies)
 
+
+def figures(results: Results) -> dict[str, float | int | str | None]:
+    """The results as flat named figures (``--json``); latencies in ms."""
+    out: dict[str, float | int | str | None] = {"items_queued": ITEMS, "window_seconds": SECONDS}
+    one = results.throughput.get(1)
+    for processes, (rate, split, pg_rate) in results.throughput.items():
+        prefix = f"workers{processes}"
+        out[f"{prefix}_items_per_s"] = round(rate, 1)
+        out[f"{prefix}_shards"] = "/".join(str(n) for n in sorted(split.values(), reverse=True))
+        out[f"{prefix}_pgbench_items_per_s"] = None if pg_rate is None else round(pg_rate, 1)
+        out[f"{prefix}_ratio_pgbench"] = None if pg_rate is None else round(rate / pg_rate, 3)
+        out[f"{prefix}_ratio_one_worker"] = None if one is None else round(rate / one[0], 3)
+    for poked, latency in results.latencies.items():
+        prefix = "webhook_poked" if poked else "webhook_polled"
+        values = latency.seconds
+        out[f"{prefix}_received"] = len(values)
+        out[f"{prefix}_published"] = latency.published
+        out[f"{prefix}_bad_signatures"] = latency.bad_signatures
+        out[f"{prefix}_p50_ms"] = round(1000 * statistics.median(values), 1) if values else None
+        out[f"{prefix}_p99_ms"] = round(1000 * percentile(values, 0.99), 1) if values else None
+        out[f"{prefix}_max_ms"] = round(1000 * max(values), 1) if values else None
+    out["webhook_poll_interval_s"] = Options().poll_interval.total_seconds()
+    return out
+
+
+def report(results: Results) -> None:
     print(f"reconcile throughput, no-op reconciler, {ITEMS} items queued, {SECONDS:.0f} s window, items/s")
-    for processes, (rate, split, pg_rate) in results.items():
+    for processes, (rate, split, pg_rate) in results.throughput.items():
         shares = "/".join(str(n) for n in sorted(split.values(), reverse=True))
         print(f"  {processes} worker process(es), shards {shares}:")
         print(f"    workers  {rate:8.0f}  claim {CONCURRENCY} + {CONCURRENCY} fenced completes, run concurrently")
@@ -454,7 +490,7 @@ def main() -> None:
         print(f"    ratio    {rate / pg_rate:8.2f}")
     poll = Options().poll_interval.total_seconds()
     print("event -> webhook latency, commit to receipt (sinks/events, then sinks/webhooks)")
-    for poked, latency in latencies.items():
+    for poked, latency in results.latencies.items():
         values = latency.seconds
         how = "PgNotifier pokes after each commit" if poked else f"no notifier: polled every {poll:.0f} s"
         print(f"  {how}: {len(values)}/{latency.published} events received, {latency.bad_signatures} bad signatures")
@@ -463,6 +499,17 @@ def main() -> None:
                 f"    p50 {1000 * statistics.median(values):7.1f} ms   p99 {1000 * percentile(values, 0.99):7.1f} ms"
                 f"   min {1000 * min(values):7.1f} ms   max {1000 * max(values):7.1f} ms"
             )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args()
+    results = measure()
+    if args.json:
+        print(json.dumps(figures(results)))
+    else:
+        report(results)
 
 
 if __name__ == "__main__":
