@@ -36,9 +36,13 @@ def translate(exc: BaseException) -> ComputeError | None:
     if isinstance(exc, psycopg.Error) and exc.sqlstate == "23P01":
         # An exclusion constraint: a booking overlapping one a concurrent transaction committed first.
         return ConflictError(OVERLAP)
-    if isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith("40"):
-        # Class 40 (serialization failure, deadlock) is worth retrying, unlike the other driver errors.
+    if isinstance(exc, psycopg.Error) and ((exc.sqlstate or "").startswith("40") or exc.sqlstate == "55P03"):
+        # Class 40 (serialization failure, deadlock) and a lock wait past ``lock_timeout`` are worth retrying,
+        # unlike the other driver errors.
         return UnavailableError(RETRY)
+    if isinstance(exc, psycopg.Error) and exc.sqlstate in ("25P03", "25P04"):
+        # The server ended a transaction that sat idle, or ran, too long (its connection is gone with it).
+        return UnavailableError(UNREACHABLE)
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return UnavailableError(UNREACHABLE)
     if isinstance(exc, psycopg.Error):

@@ -90,14 +90,22 @@ _GET = "SELECT name, holder, token, expires_at FROM {s}.leases WHERE name = :nam
 
 # FOR KEY SHARE: a takeover (acquire locks FOR UPDATE) cannot take the lease while the fenced transaction runs; a
 # renewal by the holder is not held up. A holder stopped inside its fenced transaction therefore keeps its lease row
-# until the transaction ends: when it resumes, or when its connection is cut (PgBouncer's
-# ``idle_transaction_timeout``, PostgreSQL's ``idle_in_transaction_session_timeout`` or ``transaction_timeout``:
-# README, "Deploying behind PgBouncer"), which rolls its writes back. Meanwhile takers skip that row (``_ACQUIRE``).
+# until the transaction ends: when it resumes, or when the server ends it (``idle_in_transaction_session_timeout``,
+# or ``transaction_timeout``: docs/operations.md), which rolls its writes back. Meanwhile takers skip that row
+# (``_ACQUIRE``). The statement also bounds how long the transaction's later statements wait for a row lock
+# (``lock_timeout``, for this transaction only): a fenced pass that waits longer fails and is retried, instead of
+# queueing behind a stalled holder. That matters twice: the stalled holder's own queued passes (waiting on each
+# other's rows) would otherwise be cut one idle limit after another, keeping their shards for as many limits; and
+# every other worker's passes would pile up behind it.
 _FENCE = """
-SELECT 1 FROM {s}.leases
+SELECT set_config('lock_timeout', :lock_timeout, true) FROM {s}.leases
 WHERE name = :name AND holder = :holder AND token = :token AND expires_at > now()
 FOR KEY SHARE
 """
+
+FENCED_LOCK_TIMEOUT = dt.timedelta(seconds=2)
+"""How long a statement of a fenced transaction waits for a row lock before it fails (``UNAVAILABLE``, retried)."""
+_LOCK_TIMEOUT_MS = str(int(FENCED_LOCK_TIMEOUT.total_seconds() * 1000))
 
 
 def _lease(row: Any) -> Lease:
@@ -171,5 +179,5 @@ class PgLeases:
         Raises:
             FailedPreconditionError: The lease expired, was released, or moved to another holder or token.
         """
-        if not await fetch_in(conn, self._fence, _key(lease)):
+        if not await fetch_in(conn, self._fence, {**_key(lease), "lock_timeout": _LOCK_TIMEOUT_MS}):
             raise FailedPreconditionError("the lease is no longer held", details={"lease": lease.name})

@@ -34,7 +34,7 @@ class CapacityModule:
     migrations: Mapping[str, Sequence[Migration]] = {}
     repositories: Sequence[Repository[Any]] = (QUOTAS, CAPACITY, RESERVATIONS)
     jobs: Sequence[Job] = (
-        Job(name="reservation-drafts", role="controllers", interval=dt.timedelta(minutes=1), run=sweep_drafts),
+        Job(name="reservation-drafts", role="controllers", interval=dt.timedelta(seconds=20), run=sweep_drafts),
     )
     reconcilers: Sequence[Reconciler] = (CONTROLLER, ACKED, PLACER)
 

@@ -731,14 +731,15 @@ async def reconcile_acked(ctx: ReconcileContext, node_id: str) -> Outcome:
     return Outcome.done()
 
 
-DRAFT_AGE = dt.timedelta(minutes=5)
-"""How old a draft must be before the sweeper takes it back (admission's two transactions are milliseconds apart:
-one this old was left by a process that stopped between them)."""
+DRAFT_AGE = dt.timedelta(minutes=1)
+"""How old a draft must be before the sweeper takes it back. Admission's two transactions are milliseconds apart: a
+draft this old was left by a process that stopped, or lost the database, between them. Taking back a draft whose
+transaction 2 is still coming is safe (that transaction finds no draft, and admits nothing)."""
 
 
 async def sweep_drafts(context: Any) -> int:
-    """One pass of the drafts sweeper: undo drafts older than ``DRAFT_AGE`` (their idempotency key, if any, stays
-    reserved until it expires, as for any call whose process stopped midway)."""
+    """One pass of the drafts sweeper: undo drafts older than ``DRAFT_AGE``, giving their idempotency key back (the
+    change never committed), so the caller's retry with that key is admitted instead of refused until it expires."""
     repository = context.store.repository(RESERVATIONS)
     stale = await repository.drafts_before(context.clock.now() - DRAFT_AGE, limit=500)
     for reservation_id in stale:

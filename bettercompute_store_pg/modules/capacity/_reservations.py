@@ -41,10 +41,13 @@ WITH pool AS (
     WHERE CAST(:key AS text) IS NOT NULL AND EXISTS (SELECT 1 FROM pool)
     {KEY_UPSERT.strip()}
 ), d AS (
-    INSERT INTO {{s}}.reservations
-        (id, tenant, pool_id, state, gpus, constraints, start_at, end_at, labels, created_by, created_at, updated_at)
+    INSERT INTO {{s}}.reservations (
+        id, tenant, pool_id, state, gpus, constraints, start_at, end_at, labels, created_by, created_at, updated_at,
+        draft_key
+    )
     SELECT :id, :tenant, :pool_id, 'draft', :gpus, CAST(:constraints AS jsonb), :start_at, :end_at,
-        CAST(:labels AS jsonb), :created_by, :now, :now
+        CAST(:labels AS jsonb), :created_by, :now, :now,
+        CASE WHEN CAST(:key AS text) IS NOT NULL THEN jsonb_build_object('identity', :identity, 'key', :key) END
     FROM pool WHERE coalesce((SELECT won FROM k), true)
     RETURNING id
 ), p AS (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 
@@ -27,6 +28,8 @@ from bettercompute.modules.capacity import (
     ListReservationsInput,
     SetQuotaInput,
 )
+from bettercompute.modules.capacity._reservation_port import RESERVATIONS, Draft
+from bettercompute.modules.capacity._reservations import sweep_drafts
 
 from .conftest import NOW, Plane, seed_fleet
 from .conftest import reservations as _group
@@ -494,3 +497,40 @@ async def test_a_reservation_past_its_end_ends_whatever_befell_its_node_after(pl
     sql = f"SELECT lower(during), upper(during) FROM {{s}}.bookings WHERE reservation_id = '{made.id}'"
     booked = _rows(plane, database_url, sql)
     assert booked == [(made.start_at, made.end_at)] * 2  # charged for the whole of it
+
+
+async def test_a_draft_left_between_the_two_transactions_gives_its_key_back_when_swept(
+    plane: Plane, database_url: str
+) -> None:
+    # A process that stops (or loses the database) after transaction 1 leaves a draft holding the caller's key.
+    # The drafts sweeper takes the draft back and the key with it, so the caller's retry is admitted; before, every
+    # retry with that key was refused UNAVAILABLE for the key's whole 24 hours.
+    pool = await _fleet(plane, database_url, nodes=1)
+    repository = plane.t.store.repository(RESERVATIONS)
+    draft = Draft(
+        id="rsv_00000000000000aa",
+        tenant=plane.t.acme,
+        pool_id=pool,
+        pool_tenants=(plane.t.acme,),
+        gpus=1,
+        constraints={},
+        start_at=NOW + HOUR,
+        end_at=NOW + 2 * HOUR,
+        labels={},
+        created_by="pr_left",
+        now=NOW,
+        idempotency_key="k-left",
+        request_hash="h-left",
+    )
+    assert (await repository.begin(draft)).state == "drafted"
+    retry = attrs.evolve(draft, id="rsv_00000000000000bb")
+    assert (await repository.begin(retry)).state == "in_progress"  # the first one may still be coming
+    await sweep_drafts(plane.t.compute.context)
+    assert _rows(plane, database_url, "SELECT count(*) FROM {s}.reservations")[0][0] == 1  # too young to take
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE \"{plane.t.store.schema}\".reservations SET created_at = created_at - interval '2 minutes'"
+        )
+    assert await sweep_drafts(plane.t.compute.context) == 1
+    assert _rows(plane, database_url, "SELECT count(*) FROM {s}.reservations")[0][0] == 0
+    assert (await repository.begin(retry)).state == "drafted"

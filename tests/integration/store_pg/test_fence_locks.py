@@ -9,7 +9,9 @@ import datetime as dt
 import anyio
 import pytest
 
+from bettercompute.errors import UnavailableError
 from bettercompute_store_pg import PgStore
+from bettercompute_store_pg._leases import FENCED_LOCK_TIMEOUT
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -35,3 +37,17 @@ async def test_an_open_fenced_transaction_lets_renewals_through_and_turns_takeov
     assert taken is not None
     assert taken.holder == "b"
     assert taken.token > lease.token
+
+
+async def test_a_fenced_transaction_waits_for_a_row_lock_only_so_long(pg_store: PgStore) -> None:
+    # A pass fenced by its shard lease that meets a row another transaction keeps locked (a stalled holder's) fails
+    # and is retried, instead of queueing behind it for as long as the stall lasts.
+    lease = await pg_store.leases.acquire("shard:3", "a", dt.timedelta(seconds=30))
+    blocker = await pg_store.leases.acquire("other", "b", dt.timedelta(seconds=30))
+    assert lease is not None and blocker is not None
+    table = f'"{pg_store.schema}".leases'
+    async with pg_store.transaction() as stalled:
+        await stalled.connection.execute(f"SELECT 1 FROM {table} WHERE name = 'other' FOR UPDATE")
+        with anyio.fail_after(FENCED_LOCK_TIMEOUT.total_seconds() + 3), pytest.raises(UnavailableError):
+            async with pg_store.transaction(fence=lease) as tx:
+                await tx.connection.execute(f"SELECT 1 FROM {table} WHERE name = 'other' FOR UPDATE")
