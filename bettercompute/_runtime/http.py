@@ -7,6 +7,10 @@ Routes, below the endpoint (``/api/compute`` by default):
 
 and, for load balancers, unauthenticated ``GET /healthz`` (the process answers) and ``GET /readyz`` (it can serve:
 the database answers).
+
+Method calls go through ``Admission`` (``admission.py``): ``max_in_flight`` run, ``max_queued`` wait, the rest are
+answered at once with ``503 UNAVAILABLE`` and ``Retry-After``. Nothing else is ever shed: the health endpoints, the
+OpenAPI document and answers that need no call (404, 405, 413, 415) do not take a slot.
 """
 
 from __future__ import annotations
@@ -14,15 +18,24 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import attrs
 
+from bettercompute._runtime.admission import OVERLOADED, PRESENCE, RETRY_AFTER_SECONDS, Admission, Presence
 from bettercompute._runtime.codec import quote
 from bettercompute._runtime.openapi import openapi_document
-from bettercompute.errors import ComputeError, InternalError, InvalidInputError, NotFoundError, UnauthenticatedError
+from bettercompute.errors import (
+    ComputeError,
+    InternalError,
+    InvalidInputError,
+    NotFoundError,
+    UnauthenticatedError,
+    UnavailableError,
+)
 
 if TYPE_CHECKING:
     from bettercompute._runtime.dispatch import Dispatcher
@@ -43,6 +56,8 @@ class Served(Protocol):
     def registry(self) -> Registry: ...
     @property
     def max_in_flight(self) -> int: ...
+    @property
+    def max_queued(self) -> int: ...
     @property
     def max_body_bytes(self) -> int: ...
 
@@ -82,6 +97,7 @@ class Response:
 
 _JSON = {"content-type": "application/json", "cache-control": "no-store"}
 _DISCONNECTED = b"\x00disconnected"  # a sentinel no real body is compared with by identity
+_SHED_LOG_SECONDS = 10.0  # under overload, one log line this often rather than one per shed call
 
 
 def _json_response(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> Response:
@@ -154,6 +170,13 @@ async def _send(send: Send, response: Response) -> None:
     await send({"type": "http.response.body", "body": response.body})
 
 
+async def _watch(receive: Receive, presence: Presence) -> None:
+    """Wait for the client to disconnect. The body has been read, so the next message is ``http.disconnect``; a
+    server that sends something else gets no more watching."""
+    if (await receive())["type"] == "http.disconnect":
+        presence.leave()
+
+
 class AsgiApp:
     """The ASGI 3 application, as an object whose ``__call__`` is a coroutine function: servers that guess the
     interface (uvicorn's default) take a bound method for ASGI 2, so ``compute.asgi`` is one of these instead."""
@@ -168,15 +191,25 @@ class AsgiApp:
 
 
 class HttpTransport:
-    """Routes requests to the dispatcher; the body limit and the in-flight cap live here."""
+    """Routes requests to the dispatcher; the body limit and the admission of calls (``admission``) live here."""
 
     def __init__(self, compute: Served, dispatcher: Dispatcher) -> None:
         self._compute = compute
         self._dispatcher = dispatcher
         self._prefix = compute.endpoint + "/"
         self._max_body = compute.max_body_bytes
-        # Capping requests in flight keeps latency low under load: more piled up only wait on the database.
-        self._limiter = anyio.CapacityLimiter(compute.max_in_flight)
+        # Capping requests in flight keeps latency low under load: more piled up only wait on the database. Bounding
+        # the queue in front keeps it low under overload: the calls past it are shed (admission.py says why).
+        self.admission = Admission(compute.max_in_flight, compute.max_queued)
+        # One answer for every shed call, made once: shedding must cost less than the calls it protects.
+        self._shed = error_response(
+            UnavailableError(
+                f"the server is at capacity and did not run the call; retry after {RETRY_AFTER_SECONDS} s",
+                details={"reason": OVERLOADED, "retry_after": RETRY_AFTER_SECONDS},
+            ),
+            headers={"retry-after": str(RETRY_AFTER_SECONDS)},
+        )
+        self._shed_logged_at = -_SHED_LOG_SECONDS
         self._openapi: bytes | None = None
         self.app = AsgiApp(self)
 
@@ -236,9 +269,27 @@ class HttpTransport:
             return self._too_large()
         credential = _credential(request.headers)
         key = request.headers.get("idempotency-key")
-        async with self._limiter:
+        if not await self.admission.acquire():
+            return self._overloaded()
+        try:
             data = await self._dispatcher.call_json(method, credential, request.body, idempotency_key=key)
+        finally:
+            self.admission.release()
         return _json_response(200, {"data": data})
+
+    def _overloaded(self) -> Response:
+        """The shed answer; a warning now and then, not one line per call, when the log is the last thing to flood."""
+        now = time.monotonic()
+        if now - self._shed_logged_at >= _SHED_LOG_SECONDS:
+            self._shed_logged_at = now
+            a = self.admission
+            log.warning(
+                "shedding load: %d calls running (max_in_flight) and %d waiting (max_queued); %d shed since start",
+                a.in_flight,
+                a.waiting,
+                a.shed,
+            )
+        return self._shed
 
     def _too_large(self) -> Response:
         return error_response(
@@ -275,9 +326,16 @@ class HttpTransport:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers, repeated = _headers(scope.get("headers", []))
+        if self.admission.full:
+            # A call arriving now is shed, and nothing else needs the body (health, OpenAPI, 404 and 405 are the
+            # same without it): answer before reading it. There is no await between here and the admission.
+            request = Request(method=scope["method"], path=_route_path(scope), headers=headers)
+            await _send(send, await self.handle(request))
+            return
         body = await self._read_body(headers, receive)
         if body is _DISCONNECTED:
             return  # the client left before its body arrived: nothing to run, nobody to answer
+        response: Response | None
         if body is None:
             response = self._too_large()
         elif repeated:
@@ -287,8 +345,26 @@ class HttpTransport:
             )
         else:
             request = Request(method=scope["method"], path=_route_path(scope), headers=headers, body=body)
-            response = await self.handle(request)
-        await _send(send, response)
+            if self.admission.busy:
+                response = await self._handle_watched(request, receive)
+            else:
+                response = await self.handle(request)
+        if response is not None:  # None: the client left while its call waited, nobody to answer
+            await _send(send, response)
+
+    async def _handle_watched(self, request: Request, receive: Receive) -> Response | None:
+        """``handle``, for a call that may wait for a slot, watching for its client to leave meanwhile (a waiting
+        call then gives its place up); ``None`` when the client left."""
+        presence = Presence()
+        token = PRESENCE.set(presence)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_watch, receive, presence)
+                response = await self.handle(request)
+                tg.cancel_scope.cancel()
+        finally:
+            PRESENCE.reset(token)
+        return None if presence.left else response
 
     async def _read_body(self, headers: Mapping[str, str], receive: Receive) -> bytes | None:
         """The whole body; ``None`` as soon as it is known to exceed the limit; ``_DISCONNECTED`` (that very object)
