@@ -326,7 +326,7 @@ class HttpTransport:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers, repeated = _headers(scope.get("headers", []))
-        if self.admission.full:
+        if self.admission.full and not repeated:
             # A call arriving now is shed, and nothing else needs the body (health, OpenAPI, 404 and 405 are the
             # same without it): answer before reading it. There is no await between here and the admission.
             request = Request(method=scope["method"], path=_route_path(scope), headers=headers)
