@@ -465,14 +465,16 @@ class Api:
 
 @attrs.frozen(kw_only=True)
 class HttpRun:
-    """One run of the client: answers by status, latencies (seconds) of the ``200`` ones, the window, and the CPU
-    of the api process, of the client and the machine's busy share over the window."""
+    """One run of the client: answers by status, latencies (seconds) of the ``200`` ones and of the ``503`` ones
+    (``shed``, for bench/shedding.py; sorted, at most 1,000 evenly spaced ranks), the window, and the CPU of the api
+    process, of the client and the machine's busy share over the window."""
 
     label: str
     ok: int
     failed: dict[str, int]
     seconds: float
     latencies: list[float]
+    shed: list[float]
     api_cpu: float
     client_cpu: float
     busy: float
@@ -536,6 +538,7 @@ def run_client(api: Api, config: Mapping[str, Any], label: str) -> HttpRun:
         failed=dict(result["failed"]),
         seconds=seconds,
         latencies=[float(x) for x in result["latencies"]],
+        shed=[float(x) for x in result["shed"]],
         api_cpu=(end[0] - start[0]) / seconds,
         client_cpu=(end[1] - start[1]) / seconds,
         busy=(end[2] - start[2]) / max(1, end[3] - start[3]),
@@ -592,6 +595,7 @@ async def client_main(config: Mapping[str, Any]) -> dict[str, Any]:
     ok = 0
     failed: dict[str, int] = {}
     latencies: list[float] = []
+    shed: list[float] = []
     loop = asyncio.get_running_loop()
     started = loop.time()
     window_start = started + warmup
@@ -608,6 +612,8 @@ async def client_main(config: Mapping[str, Any]) -> dict[str, Any]:
                 ok += 1
                 latencies.append(done - sent)
             else:
+                if status == 503:
+                    shed.append(done - sent)
                 failed[str(status)] = failed.get(str(status), 0) + 1
 
     async def marker() -> None:
@@ -647,7 +653,10 @@ async def client_main(config: Mapping[str, Any]) -> dict[str, Any]:
     await tasks[0]
     for _, writer in pairs:
         writer.close()
-    return {"ok": ok, "failed": failed, "seconds": seconds, "latencies": latencies, "marked": marked}
+    # Tens of thousands of 503s would make a line too long for the pipe: their distribution, in 1,000 ranks, is enough.
+    shed.sort()
+    thinned = [shed[len(shed) * i // 1000] for i in range(1000)] if len(shed) > 1000 else shed
+    return {"ok": ok, "failed": failed, "seconds": seconds, "latencies": latencies, "shed": thinned, "marked": marked}
 
 
 def run_client_role(path: str) -> None:

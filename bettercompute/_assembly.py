@@ -33,7 +33,7 @@ from bettercompute.modules.usage import UsageModule
 from bettercompute.modules.webhooks import WebhooksModule
 from bettercompute.modules.webhooks._signing import WebhookSettings
 
-__all__ = ["assemble", "effective_max_in_flight"]
+__all__ = ["assemble", "effective_max_in_flight", "effective_max_queued"]
 
 _ENDPOINT = re.compile(r"^(/[a-z0-9][a-z0-9._-]*)+$")
 _STORE_MEMBERS = (
@@ -241,6 +241,7 @@ def registry_of(modules: Sequence[Module], problems: list[str]) -> Registry:
 
 _MAX_BODY_LIMIT = 1024**3
 _MAX_IN_FLIGHT_LIMIT = 10_000
+_MAX_QUEUED_LIMIT = 100_000
 _INSTANCE_LENGTH = 200
 
 
@@ -258,6 +259,9 @@ def _scalar_problems(options: Options) -> list[str]:
     in_flight: Any = options.max_in_flight
     if in_flight is not None and (not is_int(in_flight) or not 1 <= in_flight <= _MAX_IN_FLIGHT_LIMIT):
         problems.append(f"max_in_flight: must be a positive integer (at most {_MAX_IN_FLIGHT_LIMIT}) or None")
+    queued: Any = options.max_queued
+    if queued is not None and (not is_int(queued) or not 0 <= queued <= _MAX_QUEUED_LIMIT):
+        problems.append(f"max_queued: must be an integer from 0 to {_MAX_QUEUED_LIMIT:,}, or None (as max_in_flight)")
     instance: Any = options.instance
     # It names this process in lease and worker rows: text PostgreSQL can store and a person can read in a log.
     if instance is not None and (
@@ -330,6 +334,14 @@ def effective_max_in_flight(options: Options) -> int:
     if is_int(capacity) and capacity >= 1:
         return max(1, min(_DEFAULT_IN_FLIGHT, capacity - _WORKER_RESERVE))
     return _DEFAULT_IN_FLIGHT
+
+
+def effective_max_queued(options: Options) -> int:
+    """``Options.max_queued``, or by default as many as ``effective_max_in_flight``: a full queue then waits about one
+    service time (see ``bettercompute._runtime.admission``)."""
+    if options.max_queued is not None:
+        return options.max_queued
+    return effective_max_in_flight(options)
 
 
 def _sequence(name: str, value: Any, problems: list[str]) -> Sequence[Any]:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.abc
 
-from bettercompute._assembly import assemble, effective_max_in_flight
+from bettercompute._assembly import assemble, effective_max_in_flight, effective_max_queued
 from bettercompute._options import Options
 from bettercompute._runtime.context import Authz, Caches, DatabaseClock, ModuleContext, Settings
 from bettercompute._runtime.declarations import Module
@@ -90,6 +90,8 @@ class BetterCompute:
         """Request bodies above it are refused with 413 (``Options.max_body_bytes``)."""
         self.max_in_flight = effective_max_in_flight(options)
         """Requests the HTTP handler serves at once: ``Options.max_in_flight``, or its default for the store's pool."""
+        self.max_queued = effective_max_queued(options)
+        """Requests that may wait for a slot; more are shed with 503 (``Options.max_queued``, or ``max_in_flight``)."""
         self._modules = list(modules)
         assert options.store is not None and options.iam is not None, "checked by better_compute()"
         self._store: Store = options.store

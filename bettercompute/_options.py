@@ -37,6 +37,11 @@ class Options:
             at most one pooled connection, and one connection stays for the worker roles, so it may not exceed the
             store's pool (``PgStore(pool_size=...)``) less one; ``None`` (the default) means 16, or the pool's size
             less one when that is smaller.
+        max_queued: Requests that may wait for one of the ``max_in_flight`` slots; one more is answered at once with
+            503 ``UNAVAILABLE`` and ``Retry-After`` (load shedding) instead of queueing without bound. ``None`` (the
+            default) means as many as ``max_in_flight``: a full queue then drains in about one service time, so an
+            admitted request takes at most about twice what it takes at full load. ``0`` sheds as soon as every slot
+            is busy; at most 100,000.
         instance: This process's name in leases and worker rows (host and pid by default).
         lease_ttl: How long a worker's leases and membership rows live unrenewed; renewed every third of it.
             Between one second and one day, like ``session_timeout``; ``poll_interval`` between a millisecond and
@@ -67,6 +72,7 @@ class Options:
     clock: Clock | None = None
     max_body_bytes: int = 1024 * 1024
     max_in_flight: int | None = None
+    max_queued: int | None = None
     instance: str | None = None
     lease_ttl: dt.timedelta = dt.timedelta(seconds=15)
     poll_interval: dt.timedelta = dt.timedelta(seconds=1)

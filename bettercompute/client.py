@@ -3,17 +3,26 @@
 ``await client.system.version()`` returns a ``VersionOutput``; an error envelope is raised as the class registered
 for its code (``AccessDeniedError``, ...), exactly as the in-process ``api`` raises it. Transport failures (refused
 connection, time-out) are ``UnavailableError``.
+
+A call the server shed under load (503 ``UNAVAILABLE``, reason ``overloaded``, ``Retry-After``) did not run, so the
+clients send it again, whatever the method, after the ``Retry-After`` seconds plus up to half as much again (so the
+shed callers do not all come back at once): ``shed_retries`` times (2), and only when the server asks for at most
+``_MAX_RETRY_AFTER`` seconds. Any other error, a 503 of another kind included, is raised at once.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import time
 from types import TracebackType
 from typing import Any, Self
 
+import anyio
 import httpx
 
 from bettercompute._runtime import codec as _codec
+from bettercompute._runtime.admission import retry_delay
 from bettercompute._runtime.registry import (
     AsyncClientBinding,
     AsyncClientCall,
@@ -27,6 +36,9 @@ from bettercompute.modules.builtin import BuiltinGroups
 __all__ = ["AsyncClient", "Client"]
 
 _DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+_SHED_RETRIES = 2
+_MAX_RETRY_AFTER = 30.0
+"""A shed call is sent again only when the server asks to wait at most this many seconds; longer, it is raised."""
 
 
 def _input_of(method: MethodDef[Any, Any], input: Any) -> Any:
@@ -57,6 +69,20 @@ def _result(method: MethodDef[Any, Any], response: httpx.Response) -> Any:
     raise InternalError(f"unexpected response {response.status_code}", details={"status": response.status_code})
 
 
+def _shed_delay(response: httpx.Response) -> float | None:
+    """The seconds to wait before sending a shed call again, jitter included; ``None`` when it must not be resent."""
+    if response.status_code != 503:
+        return None
+    try:
+        payload = response.json()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    delay = retry_delay(response.status_code, response.headers, payload)
+    if delay is None or delay > _MAX_RETRY_AFTER:
+        return None
+    return delay * (1 + random.random() / 2)  # noqa: S311 - jitter, not a secret
+
+
 def _body(method: MethodDef[Any, Any], input: Any) -> bytes:
     input = _input_of(method, input)
     if not isinstance(input, method.input):
@@ -82,6 +108,8 @@ class AsyncClient(BuiltinGroups[AsyncClientBinding]):
         credential: A Better IAM credential (``bcak_<id>.<secret>``).
         endpoint: The method path prefix, ``/api/compute`` unless the server mounts it elsewhere.
         transport: An httpx transport, e.g. ``httpx.ASGITransport(compute.asgi)`` to call in-process over HTTP.
+        shed_retries: How many times a call the server shed under load is sent again (after its ``Retry-After``);
+            0 raises the ``UnavailableError`` at once.
     """
 
     def __init__(
@@ -92,10 +120,12 @@ class AsyncClient(BuiltinGroups[AsyncClientBinding]):
         endpoint: str = "/api/compute",
         timeout: httpx.Timeout | float = _DEFAULT_TIMEOUT,
         transport: httpx.AsyncBaseTransport | None = None,
+        shed_retries: int = _SHED_RETRIES,
     ) -> None:
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
         self._endpoint = endpoint
         self._credential = credential
+        self._shed_retries = max(0, shed_retries)
         super().__init__(self)
 
     def binding(self) -> type[AsyncClientBinding]:
@@ -107,14 +137,19 @@ class AsyncClient(BuiltinGroups[AsyncClientBinding]):
         return self, AsyncClientCall
 
     async def call(self, method: MethodDef[Any, Any], input: Any, *, idempotency_key: str | None = None) -> Any:
-        """Call a method by its declaration (with an ``Idempotency-Key`` header when a key is given)."""
+        """Call a method by its declaration (with an ``Idempotency-Key`` header when a key is given); a call the
+        server shed is sent again (``shed_retries``)."""
         body = _body(method, input)
-        try:
-            response = await self._http.post(
-                self._endpoint + method.path, content=body, headers=_headers(self._credential, idempotency_key)
-            )
-        except httpx.TransportError as exc:
-            raise UnavailableError("the control plane cannot be reached", details={"method": method.path}) from exc
+        headers = _headers(self._credential, idempotency_key)
+        for attempt in range(self._shed_retries + 1):
+            try:
+                response = await self._http.post(self._endpoint + method.path, content=body, headers=headers)
+            except httpx.TransportError as exc:
+                raise UnavailableError("the control plane cannot be reached", details={"method": method.path}) from exc
+            delay = _shed_delay(response) if attempt < self._shed_retries else None
+            if delay is None:
+                break
+            await anyio.sleep(delay)
         return _result(method, response)
 
     async def aclose(self) -> None:
@@ -141,10 +176,12 @@ class Client(BuiltinGroups[ClientBinding]):
         endpoint: str = "/api/compute",
         timeout: httpx.Timeout | float = _DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
+        shed_retries: int = _SHED_RETRIES,
     ) -> None:
         self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
         self._endpoint = endpoint
         self._credential = credential
+        self._shed_retries = max(0, shed_retries)
         super().__init__(self)
 
     def binding(self) -> type[ClientBinding]:
@@ -156,14 +193,19 @@ class Client(BuiltinGroups[ClientBinding]):
         return self, ClientCall
 
     def call(self, method: MethodDef[Any, Any], input: Any, *, idempotency_key: str | None = None) -> Any:
-        """Call a method by its declaration (with an ``Idempotency-Key`` header when a key is given)."""
+        """Call a method by its declaration (with an ``Idempotency-Key`` header when a key is given); a call the
+        server shed is sent again (``shed_retries``)."""
         body = _body(method, input)
-        try:
-            response = self._http.post(
-                self._endpoint + method.path, content=body, headers=_headers(self._credential, idempotency_key)
-            )
-        except httpx.TransportError as exc:
-            raise UnavailableError("the control plane cannot be reached", details={"method": method.path}) from exc
+        headers = _headers(self._credential, idempotency_key)
+        for attempt in range(self._shed_retries + 1):
+            try:
+                response = self._http.post(self._endpoint + method.path, content=body, headers=headers)
+            except httpx.TransportError as exc:
+                raise UnavailableError("the control plane cannot be reached", details={"method": method.path}) from exc
+            delay = _shed_delay(response) if attempt < self._shed_retries else None
+            if delay is None:
+                break
+            time.sleep(delay)
         return _result(method, response)
 
     def close(self) -> None:

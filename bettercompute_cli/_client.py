@@ -10,6 +10,8 @@ The server and the credential come from ``--server`` and ``--token``, else ``BET
 ``BETTERCOMPUTE_TOKEN`` (or ``TOKEN``, as ``better-compute dev`` prints it). The answer is a table (or ``key: value``
 lines) by default, or the answer's ``data`` as JSON with ``--output json``. An error is one line on stderr,
 ``error: CODE: message``, and the exit status says which code (``EXIT_CODES``; 1 for any other, 2 for a usage error).
+A call the server shed under load (503, ``Retry-After``) did not run: it is sent again after the server's delay, with
+jitter, ``SHED_RETRIES`` times, as the typed client does, and then reported with how many times it was tried.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import random
 import re
 import sys
 import time
@@ -33,6 +36,7 @@ from click import shell_completion
 from rich.console import Console
 from rich.table import Table
 
+from bettercompute._runtime.admission import retry_delay
 from bettercompute._runtime.registry import GroupSpec, MethodDef
 from bettercompute.modules.builtin import BuiltinGroups
 from bettercompute.modules.capacity import ReservationsGroup
@@ -59,6 +63,7 @@ __all__ = [
     "COMPLETE_VAR",
     "DEFAULT_SERVER",
     "EXIT_CODES",
+    "SHED_RETRIES",
     "WAIT_ENDED",
     "WAIT_TIMEOUT",
     "client_groups",
@@ -87,6 +92,9 @@ WAIT_TIMEOUT = 13
 
 _ENDPOINT = "/api/compute"
 _TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+SHED_RETRIES = 2
+"""How many times a call the server shed under load is sent again (after its ``Retry-After``)."""
+_MAX_RETRY_AFTER = 30.0  # longer than this, a shed call is reported rather than waited for
 
 
 def _specs() -> list[type[GroupSpec[Any]]]:
@@ -202,6 +210,8 @@ def _explain(code: str, details: Mapping[str, Any]) -> list[str]:
             lines.append(f"earliest start that fits: {earliest}" if earliest else "nothing fits within 30 days")
     elif code == "QUOTA_EXCEEDED":
         lines += [f"{key}: {_cell(value)}" for key, value in details.items()]
+    elif code == "UNAVAILABLE" and details.get("reason") == "overloaded":
+        lines.append(f"the server is overloaded and did not run the call (tried {details.get('attempts', 1)} times)")
     return lines
 
 
@@ -214,24 +224,28 @@ def call_path(connection: Connection, path: str, body: dict[str, Any], key: str 
         headers["idempotency-key"] = key
     server = connection.server
     url = f"{server.rstrip('/')}{_ENDPOINT}/{path}"
-    try:
-        response = httpx.post(url, json=body, headers=headers, timeout=_TIMEOUT)
-    except httpx.HTTPError as exc:
-        raise _Failed("UNAVAILABLE", f"cannot reach {server} ({type(exc).__name__})") from None
-    try:
-        payload = response.json()
-    except ValueError:
-        payload = None
+    for attempt in range(1, SHED_RETRIES + 2):
+        try:
+            response = httpx.post(url, json=body, headers=headers, timeout=_TIMEOUT)
+        except httpx.HTTPError as exc:
+            raise _Failed("UNAVAILABLE", f"cannot reach {server} ({type(exc).__name__})") from None
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = None
+        delay = retry_delay(response.status_code, response.headers, payload)
+        if delay is None or delay > _MAX_RETRY_AFTER or attempt > SHED_RETRIES:
+            break
+        time.sleep(delay * (1 + random.random() / 2))  # noqa: S311 - jitter, not a secret
     if isinstance(payload, dict) and response.status_code == 200 and "data" in payload:
         return payload["data"]
     if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
         error = payload["error"]
         details = error.get("details")
-        raise _Failed(
-            str(error.get("code", "INTERNAL")),
-            str(error.get("message", "")),
-            details if isinstance(details, dict) else None,
-        )
+        details = dict(details) if isinstance(details, dict) else None
+        if details is not None and details.get("reason") == "overloaded":
+            details["attempts"] = attempt
+        raise _Failed(str(error.get("code", "INTERNAL")), str(error.get("message", "")), details)
     raise _Failed("UNAVAILABLE", f"the server answered HTTP {response.status_code} without an error envelope")
 
 

@@ -66,6 +66,7 @@ KEYS = (
     "lease_ttl_seconds",
     "notify_url",
     "webhooks_allow_private",
+    "max_queued",
 )
 """The keys of the file; each is also ``BETTERCOMPUTE_<KEY>`` in the environment."""
 
@@ -76,6 +77,8 @@ _URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://")
 _LEASE_TTL_SECONDS_RANGE = (1, 3600)
 """Allowed lease TTLs: ``Options`` refuses less than a second, and past an hour a dead worker's shards would stall
 for longer than anyone would choose."""
+_MAX_QUEUED = 100_000
+"""The most requests ``max_queued`` lets wait (``Options`` refuses more)."""
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -127,6 +130,8 @@ class Config:
             ``webhooks.create`` and before every attempt; ``dev`` allows loopback alone. On, any tenant that may
             create a webhook can make this process POST into the operator's network (SSRF): set it only where
             every such tenant is trusted that far.
+        max_queued: API requests that may wait for a free slot (``Options.max_queued``); one more is shed with 503
+            and ``Retry-After``. ``None``: as many as run at once (``max_in_flight``).
     """
 
     database_url: str | None = attrs.field(default=None, repr=False)
@@ -148,6 +153,7 @@ class Config:
     lease_ttl_seconds: float = 15.0
     notify_url: str | None = attrs.field(default=None, repr=False)
     webhooks_allow_private: bool = False
+    max_queued: int | None = None
 
 
 def parse_roles(value: str | list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -224,6 +230,14 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             return None, f"{where} must be a port number from 1 to 65535, not {value!r}"
         return port, None
+    if key == "max_queued":
+        count: Any = value
+        if from_env:  # ASCII digits only, as for a port
+            text = value.strip()
+            count = int(text) if text.isascii() and text.isdigit() and len(text) <= 7 else None
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= _MAX_QUEUED:
+            return None, f"{where} must be a whole number of requests from 0 to {_MAX_QUEUED}, not {value!r}"
+        return count, None
     if key in ("pgbouncer", "webhooks_allow_private"):
         if from_env:
             lowered = value.strip().lower()

@@ -208,6 +208,7 @@ def _compose(config: Config, url: str, iam: Iam, *, notify: bool, loopback_webho
         join=join,
         notifier=build_notifier(config, url) if notify else None,  # connects on first use only
         lease_ttl=dt.timedelta(seconds=config.lease_ttl_seconds),
+        max_queued=config.max_queued,
         webhooks=WebhookSettings(
             allow_private_destinations=config.webhooks_allow_private,
             allow_loopback_destinations=loopback_webhooks,

@@ -304,6 +304,7 @@ _VALID: dict[str, st.SearchStrategy[Any]] = {
     "clock": st.none(),
     "max_body_bytes": st.integers(1024, 1024**3),
     "max_in_flight": st.one_of(st.none(), st.integers(1, 16)),
+    "max_queued": st.one_of(st.none(), st.integers(0, 100_000)),
     "instance": st.one_of(st.none(), st.text("abcdefghij0123456789:-./", min_size=1, max_size=200)),
     "lease_ttl": _durations(_SECOND, _DAY),
     "poll_interval": _durations(dt.timedelta(milliseconds=1), _DAY),
@@ -335,6 +336,9 @@ _INVALID: dict[str, st.SearchStrategy[Any]] = {
     ),
     "max_in_flight": st.one_of(
         st.integers(max_value=0), st.integers(min_value=10_001), st.booleans(), st.text(), st.floats()
+    ),
+    "max_queued": st.one_of(
+        st.integers(max_value=-1), st.integers(min_value=100_001), st.booleans(), st.text(), st.floats()
     ),
     "instance": st.one_of(
         st.just(""),

@@ -8,6 +8,10 @@ Routes, below the endpoint (``/api/compute`` by default):
 and, for load balancers, unauthenticated ``GET /healthz`` (the process answers) and ``GET /readyz`` (it can serve:
 the database answers); for Prometheus, unauthenticated ``GET /metrics`` (aggregate counters with bounded labels only,
 see ``_runtime.metrics``). Every response that goes out through the ASGI app is counted there, by method and code.
+
+Method calls go through ``Admission`` (``admission.py``): ``max_in_flight`` run, ``max_queued`` wait, the rest are
+answered at once with ``503 UNAVAILABLE`` and ``Retry-After``. Nothing else is ever shed: the health endpoints, the
+OpenAPI document and answers that need no call (404, 405, 413, 415) do not take a slot.
 """
 
 from __future__ import annotations
@@ -22,10 +26,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import attrs
 
+from bettercompute._runtime.admission import OVERLOADED, PRESENCE, RETRY_AFTER_SECONDS, Admission, Presence
 from bettercompute._runtime.codec import quote
 from bettercompute._runtime.metrics import CONTENT_TYPE, http_method_label
 from bettercompute._runtime.openapi import openapi_document
-from bettercompute.errors import ComputeError, InternalError, InvalidInputError, NotFoundError, UnauthenticatedError
+from bettercompute.errors import (
+    ComputeError,
+    InternalError,
+    InvalidInputError,
+    NotFoundError,
+    UnauthenticatedError,
+    UnavailableError,
+)
 
 if TYPE_CHECKING:
     from bettercompute._runtime.dispatch import Dispatcher
@@ -47,6 +59,8 @@ class Served(Protocol):
     def registry(self) -> Registry: ...
     @property
     def max_in_flight(self) -> int: ...
+    @property
+    def max_queued(self) -> int: ...
     @property
     def max_body_bytes(self) -> int: ...
     @property
@@ -88,6 +102,7 @@ class Response:
 
 _JSON = {"content-type": "application/json", "cache-control": "no-store"}
 _DISCONNECTED = b"\x00disconnected"  # a sentinel no real body is compared with by identity
+_SHED_LOG_SECONDS = 10.0  # under overload, one log line this often rather than one per shed call
 
 
 def _json_response(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> Response:
@@ -175,6 +190,13 @@ async def _send(send: Send, response: Response) -> None:
     await send({"type": "http.response.body", "body": response.body})
 
 
+async def _watch(receive: Receive, presence: Presence) -> None:
+    """Wait for the client to disconnect. The body has been read, so the next message is ``http.disconnect``; a
+    server that sends something else gets no more watching."""
+    if (await receive())["type"] == "http.disconnect":
+        presence.leave()
+
+
 class AsgiApp:
     """The ASGI 3 application, as an object whose ``__call__`` is a coroutine function: servers that guess the
     interface (uvicorn's default) take a bound method for ASGI 2, so ``compute.asgi`` is one of these instead."""
@@ -189,15 +211,25 @@ class AsgiApp:
 
 
 class HttpTransport:
-    """Routes requests to the dispatcher; the body limit and the in-flight cap live here."""
+    """Routes requests to the dispatcher; the body limit and the admission of calls (``admission``) live here."""
 
     def __init__(self, compute: Served, dispatcher: Dispatcher) -> None:
         self._compute = compute
         self._dispatcher = dispatcher
         self._prefix = compute.endpoint + "/"
         self._max_body = compute.max_body_bytes
-        # Capping requests in flight keeps latency low under load: more piled up only wait on the database.
-        self._limiter = anyio.CapacityLimiter(compute.max_in_flight)
+        # Capping requests in flight keeps latency low under load: more piled up only wait on the database. Bounding
+        # the queue in front keeps it low under overload: the calls past it are shed (admission.py says why).
+        self.admission = Admission(compute.max_in_flight, compute.max_queued)
+        # One answer for every shed call, made once: shedding must cost less than the calls it protects.
+        self._shed = error_response(
+            UnavailableError(
+                f"the server is at capacity and did not run the call; retry after {RETRY_AFTER_SECONDS} s",
+                details={"reason": OVERLOADED, "retry_after": RETRY_AFTER_SECONDS},
+            ),
+            headers={"retry-after": str(RETRY_AFTER_SECONDS)},
+        )
+        self._shed_logged_at = -_SHED_LOG_SECONDS
         self._openapi: bytes | None = None
         self.app = AsgiApp(self)
 
@@ -259,8 +291,12 @@ class HttpTransport:
             return self._too_large()
         credential = _credential(request.headers)
         key = request.headers.get("idempotency-key")
-        async with self._limiter:
+        if not await self.admission.acquire():
+            return self._overloaded()
+        try:
             data = await self._dispatcher.call_json(method, credential, request.body, idempotency_key=key)
+        finally:
+            self.admission.release()
         return _json_response(200, {"data": data})
 
     def _metrics(self, request: Request) -> Response:
@@ -282,6 +318,20 @@ class HttpTransport:
             metrics.http_duration.labels(method).observe(time.perf_counter() - started)
         except Exception as exc:  # counting must never cost the response
             log.warning("could not record a request's metrics: %s", type(exc).__name__)
+
+    def _overloaded(self) -> Response:
+        """The shed answer; a warning now and then, not one line per call, when the log is the last thing to flood."""
+        now = time.monotonic()
+        if now - self._shed_logged_at >= _SHED_LOG_SECONDS:
+            self._shed_logged_at = now
+            a = self.admission
+            log.warning(
+                "shedding load: %d calls running (max_in_flight) and %d waiting (max_queued); %d shed since start",
+                a.in_flight,
+                a.waiting,
+                a.shed,
+            )
+        return self._shed
 
     def _too_large(self) -> Response:
         return error_response(
@@ -319,9 +369,18 @@ class HttpTransport:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         headers, repeated = _headers(scope.get("headers", []))
+        if self.admission.full and not repeated:
+            # A call arriving now is shed, and nothing else needs the body (health, OpenAPI, 404 and 405 are the
+            # same without it): answer before reading it. There is no await between here and the admission.
+            request = Request(method=scope["method"], path=_route_path(scope), headers=headers)
+            shed = await self.handle(request)
+            self._record(request.path, started, shed)
+            await _send(send, shed)
+            return
         body = await self._read_body(headers, receive)
         if body is _DISCONNECTED:
             return  # the client left before its body arrived: nothing to run, nobody to answer
+        response: Response | None
         if body is None:
             response = self._too_large()
         elif repeated:
@@ -331,9 +390,27 @@ class HttpTransport:
             )
         else:
             request = Request(method=scope["method"], path=_route_path(scope), headers=headers, body=body)
-            response = await self.handle(request)
-        self._record(_route_path(scope), started, response)
-        await _send(send, response)
+            if self.admission.busy:
+                response = await self._handle_watched(request, receive)
+            else:
+                response = await self.handle(request)
+        if response is not None:  # None: the client left while its call waited, nobody to answer
+            self._record(_route_path(scope), started, response)
+            await _send(send, response)
+
+    async def _handle_watched(self, request: Request, receive: Receive) -> Response | None:
+        """``handle``, for a call that may wait for a slot, watching for its client to leave meanwhile (a waiting
+        call then gives its place up); ``None`` when the client left."""
+        presence = Presence()
+        token = PRESENCE.set(presence)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_watch, receive, presence)
+                response = await self.handle(request)
+                tg.cancel_scope.cancel()
+        finally:
+            PRESENCE.reset(token)
+        return None if presence.left else response
 
     async def _read_body(self, headers: Mapping[str, str], receive: Receive) -> bytes | None:
         """The whole body; ``None`` as soon as it is known to exceed the limit; ``_DISCONNECTED`` (that very object)

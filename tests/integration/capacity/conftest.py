@@ -59,8 +59,9 @@ def rows(plane: Plane, database_url: str, sql: str) -> list[tuple[Any, ...]]:
 async def plane(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIterator[Plane]:
     clock = ManualClock(NOW)
     join = JoinSettings(gateway_address="gw.capacity.example:443", trust_domain="capacity.example")
+    # The bursts here are about placement, not load shedding: a queue that holds any of them waits rather than sheds.
     async with two_tenants(
-        database_url, fresh_schema, join=join, kms=LocalKeyKms(tmp_path / "kms.key"), clock=clock
+        database_url, fresh_schema, join=join, kms=LocalKeyKms(tmp_path / "kms.key"), clock=clock, max_queued=1024
     ) as t:
         yield Plane(t=t, clock=clock)
 

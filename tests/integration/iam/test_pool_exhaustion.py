@@ -54,8 +54,9 @@ def metered(store: PgStore) -> Iterator[PoolUsage]:
 
 @pytest.fixture
 async def plane(database_url: str, fresh_schema: str) -> Any:
-    # The smallest pool the cap allows: in-process bursts of requests that each need two connections starve it.
-    async with two_tenants(database_url, fresh_schema, max_in_flight=IN_FLIGHT) as t:
+    # The smallest pool the cap allows: in-process bursts of requests that each need two connections starve it. The
+    # queue holds a whole burst, so that HTTP waits rather than sheds (tests/integration/core/test_load_shedding.py).
+    async with two_tenants(database_url, fresh_schema, max_in_flight=IN_FLIGHT, max_queued=BURST) as t:
         assert t.store._pool_size == IN_FLIGHT + 1  # the premise of these tests
         yield t
 

@@ -464,3 +464,31 @@ def test_a_port_from_the_environment_takes_ascii_digits_in_range_only(value: str
     for name in ("BETTERCOMPUTE_PORT", "BETTERCOMPUTE_GATEWAY_PORT"):
         problems = _problems(environ={name: value})
         assert len(problems) == 1 and name in problems[0], problems
+
+
+def test_max_queued_from_the_file_the_environment_and_a_flag(tmp_path: Path) -> None:
+    assert load_config(None, {}).max_queued is None  # Options then queues as many as max_in_flight
+    path = _write(tmp_path, "max_queued = 32\n")
+    assert load_config(path, {}).max_queued == 32
+    assert load_config(path, {"BETTERCOMPUTE_MAX_QUEUED": "0"}).max_queued == 0
+    assert load_config(path, {"BETTERCOMPUTE_MAX_QUEUED": "0"}, {"max_queued": 7}).max_queued == 7
+
+
+@pytest.mark.parametrize(
+    "text", ["max_queued = -1\n", "max_queued = 100001\n", 'max_queued = "8"\n', "max_queued = 1.5\n"]
+)
+def test_a_bad_max_queued_in_the_file_names_the_key(tmp_path: Path, text: str) -> None:
+    [problem] = _problems(_write(tmp_path, text))
+    assert "max_queued must be a whole number of requests from 0 to 100000" in problem
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "1e3", "\u0661\u0662", "100001", "true"])
+def test_a_bad_max_queued_in_the_environment_names_the_variable(value: str) -> None:
+    [problem] = _problems(None, {"BETTERCOMPUTE_MAX_QUEUED": value})
+    assert problem.startswith("BETTERCOMPUTE_MAX_QUEUED must be a whole number of requests from 0 to 100000")
+
+
+def test_serve_queues_as_max_queued_says() -> None:
+    assert build(load_config(None, {}), LOCAL_URL)[0].max_queued == 9  # the default pool's cap: 10 less one
+    config = load_config(None, {"BETTERCOMPUTE_MAX_QUEUED": "40"})
+    assert build(config, LOCAL_URL)[0].max_queued == 40 and build_serving(config, LOCAL_URL)[0].max_queued == 40

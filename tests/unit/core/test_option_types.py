@@ -52,6 +52,11 @@ def _problems(**options: Any) -> list[str]:
         ("session_timeout", 45, "session_timeout: must be a datetime.timedelta, not int"),
         ("max_in_flight", "16", "max_in_flight: must be a positive integer (at most 10000) or None"),
         ("max_in_flight", True, "max_in_flight: must be a positive integer (at most 10000) or None"),
+        ("max_queued", -1, "max_queued: must be an integer from 0 to 100,000, or None (as max_in_flight)"),
+        ("max_queued", 100_001, "max_queued: must be an integer from 0 to 100,000, or None (as max_in_flight)"),
+        ("max_queued", True, "max_queued: must be an integer from 0 to 100,000, or None (as max_in_flight)"),
+        ("max_queued", "16", "max_queued: must be an integer from 0 to 100,000, or None (as max_in_flight)"),
+        ("max_queued", 2.0, "max_queued: must be an integer from 0 to 100,000, or None (as max_in_flight)"),
         ("max_body_bytes", True, "max_body_bytes: must be an integer between 1024 and 1 GiB"),
         ("max_body_bytes", "1048576", "max_body_bytes: must be an integer between 1024 and 1 GiB"),
         ("max_body_bytes", 2**40, "max_body_bytes: must be an integer between 1024 and 1 GiB"),
@@ -102,12 +107,31 @@ def test_a_duration_beyond_a_day_is_refused(field: str) -> None:
     assert _problems(**{field: dt.timedelta(days=2)}) == [f"{field}: must be at most one day"]
 
 
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, (16, 16)),  # a pool large enough: the default cap, and a queue as long
+        ({"store": PgStore(UNREACHABLE, pool_size=4)}, (3, 3)),  # the queue follows the cap the pool allows
+        ({"max_in_flight": 5}, (5, 5)),
+        ({"max_in_flight": 5, "max_queued": 0}, (5, 0)),  # shed as soon as every slot is busy
+        ({"max_queued": 100_000}, (16, 100_000)),
+    ],
+)
+def test_the_queue_bound_defaults_to_the_in_flight_cap(options: dict[str, Any], expected: tuple[int, int]) -> None:
+    base: dict[str, Any] = {"store": PgStore(UNREACHABLE, pool_size=64), "iam": make_iam()}
+    compute = better_compute(Options(**{**base, **options}))
+    assert (compute.max_in_flight, compute.max_queued) == expected
+
+
 def test_every_wrong_option_is_listed_at_once() -> None:
-    problems = _problems(lease_ttl=5, poll_interval=dt.timedelta(0), max_in_flight=False, webhooks=7, instance="")
+    problems = _problems(
+        lease_ttl=5, poll_interval=dt.timedelta(0), max_in_flight=False, max_queued=-1, webhooks=7, instance=""
+    )
     assert sorted(p.split(":")[0] for p in problems) == [
         "instance",
         "lease_ttl",
         "max_in_flight",
+        "max_queued",
         "poll_interval",
         "webhooks",
     ]

@@ -86,7 +86,8 @@ class _Gauge:
 @pytest.mark.anyio
 async def test_a_burst_over_http_waits_its_turn_within_the_pool() -> None:
     gauge = _Gauge()
-    compute = better_compute(_options(4, plugins=[gauge]))
+    # A queue as long as the burst: none of it is shed (tests/integration/core/test_load_shedding.py sheds).
+    compute = better_compute(_options(4, plugins=[gauge], max_queued=64))
     transport = httpx.ASGITransport(app=compute.asgi)
     statuses: list[int] = []
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
