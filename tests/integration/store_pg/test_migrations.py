@@ -125,7 +125,7 @@ async def test_a_module_finds_its_store_migrations_by_name() -> None:
         assert first.version == 1 and first.adopts == ("core", LEGACY_CORE_MIGRATIONS[-1].version)
         assert [m.version for m in later] == list(range(2, len(later) + 2)) and all(m.adopts is None for m in later)
     # Modules younger than the legacy core list adopt nothing.
-    assert [(m.version, m.adopts) for m in store.migrations("capacity")] == [(1, None), (2, None), (3, None)]
+    assert [(m.version, m.adopts) for m in store.migrations("capacity")] == [(1, None), (2, None), (3, None), (4, None)]
     # The runtime is install()'s, never a module's; names the store ships nothing for get nothing.
     for name in ("runtime", "core", "iam", "metal", "no-such", "../pools", "Pools"):
         assert store.migrations(name) == ()
