@@ -48,6 +48,7 @@ class Load:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="load", daemon=True)
         self._stop: asyncio.Event | None = None
+        self._client: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Future[Any]] = []
         self.receiver = Receiver()
         self.receiver_url = ""
@@ -74,8 +75,8 @@ class Load:
 
         async def begin() -> None:
             self._stop = asyncio.Event()
-            client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0))
-            self._tasks = [asyncio.ensure_future(self._caller(client, i)) for i in range(callers)]
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0))
+            self._tasks = [asyncio.ensure_future(self._caller(self._client, i)) for i in range(callers)]
 
         self._run(begin())
 
@@ -85,13 +86,26 @@ class Load:
         async def end() -> None:
             assert self._stop is not None
             self._stop.set()
-            await asyncio.wait_for(asyncio.gather(*self._tasks), within)
+            try:
+                await asyncio.wait_for(asyncio.gather(*self._tasks), within)
+            finally:
+                if self._client is not None:
+                    await self._client.aclose()
 
         self._run(end(), within + 5)
 
     def close(self) -> None:
+        async def shut() -> None:
+            await self.receiver.stop()
+            if self._client is not None:
+                await self._client.aclose()
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
         if self._thread.is_alive():
-            self._run(self.receiver.stop())
+            self._run(shut())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
         if not self._thread.is_alive():

@@ -143,9 +143,10 @@ class PartitionProxy:
         async def shut() -> None:
             if self._server is not None:
                 self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # their finally blocks close every transport
 
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(shut(), self._loop).result(10)
@@ -161,13 +162,17 @@ class PartitionProxy:
         self._loop.run_forever()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._open.wait()
+        up_writer: asyncio.StreamWriter | None = None
         try:
+            await self._open.wait()
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._upstream)
-        except OSError:
-            writer.close()
-            return
-        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True)
+            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            for end in (writer, up_writer):
+                if end is not None:
+                    end.close()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -521,7 +521,9 @@ def test_faults_under_load() -> None:
                 prometheus,
                 'max_over_time(sum(bettercompute_leases_held{job=~"worker-[23]",kind="shard"})[30m:1s])',
             )
-            assert together and float(together[0]["value"][1]) == SHARDS * len(SHARD_ROLES), together
+            # (At least: a process reports what it believes it holds, and one resumed from SIGSTOP believes in its
+            # lost leases until its next cycle, so the sum can briefly count a lease twice.)
+            assert together and float(together[0]["value"][1]) >= SHARDS * len(SHARD_ROLES), together
             figures["prometheus_shard_leases_two_workers_peak"] = round(float(together[0]["value"][1]))
 
         for proc in sims:
