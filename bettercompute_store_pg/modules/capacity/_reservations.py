@@ -47,7 +47,8 @@ WITH pool AS (
     )
     SELECT :id, :tenant, :pool_id, 'draft', :gpus, CAST(:constraints AS jsonb), :start_at, :end_at,
         CAST(:labels AS jsonb), :created_by, :now, :now,
-        CASE WHEN CAST(:key AS text) IS NOT NULL THEN jsonb_build_object('identity', :identity, 'key', :key) END
+        CASE WHEN CAST(:key AS text) IS NOT NULL
+            THEN jsonb_build_object('identity', CAST(:identity AS text), 'key', CAST(:key AS text)) END
     FROM pool WHERE coalesce((SELECT won FROM k), true)
     RETURNING id
 ), p AS (
