@@ -67,7 +67,7 @@ URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://
 SCHEMA = "bc_bench_worker"
 KIND = "bench.noop"
 PROCESSES = (1, 2, 3)
-ITEMS = 20_000  # more than either side drains in its warm-up and window, so the queue never runs dry
+ITEMS = 40_000  # more than either side drains in its warm-up and window, so the queue never runs dry
 WARMUP_SECONDS = 2
 SECONDS = 3  # the measured window of each side (pgbench takes whole seconds)
 LEASE_TTL = dt.timedelta(seconds=3)  # shard cycles every second, so a second process gets its half quickly
@@ -242,13 +242,16 @@ def nullable(statement: str) -> str:
 
 def pgbench_script(processes: int) -> str:
     """Per client: the worker's claim on its own shards (``CONCURRENCY`` rows, handed out as columns to ``\\gset``),
-    then the worker's fenced complete for each, under the lease of the item's shard."""
+    then the worker's fenced complete for each, under the lease of the item's shard. A claim that found fewer rows
+    (the client's shards ran dry) hands out id 0 for the rest, whose completes then match nothing: pgbench cannot
+    bind an empty value as a number."""
     claim = nullable(claim_sql(shards=True, fence=False, clock=True, owned=True))
     complete = nullable(complete_sql(fence=True, timed=True))
     order = "ORDER BY c.due_at, c.id"
     columns = ", ".join(
-        f"(array_agg(c.id {order}))[{n}] AS id{n}, (array_agg(c.claim_token {order}))[{n}] AS token{n}, "
-        f"'controllers/shard:' || (array_agg(c.shard {order}))[{n}] AS lease{n}"
+        f"coalesce((array_agg(c.id {order}))[{n}], 0) AS id{n}, "
+        f"coalesce((array_agg(c.claim_token {order}))[{n}], '') AS token{n}, "
+        f"'controllers/shard:' || coalesce((array_agg(c.shard {order}))[{n}], 0) AS lease{n}"
         for n in range(1, CONCURRENCY + 1)
     )
     lines = []
