@@ -87,6 +87,8 @@ _EVENTS_PER_MINUTE = 60
 _EVENT_TYPE = re.compile(r"[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*")
 _MAX_QUEUED = 32
 """How many frames from the flush loop may wait for one slow daemon before its session is closed as ``slow``."""
+ACK_GATHER_SECONDS = 0.02
+"""How long the acknowledgement writer gathers acks after the first before writing them (``_ack_loop``)."""
 _DESIRED_LOOKBACK = 30.0
 """How far back (seconds) each poll of changed desired states reaches: a change whose transaction committed up to
 this long after it was dated is still seen; the full comparison every ``desired_sweep_interval`` catches the rest."""
@@ -178,6 +180,7 @@ class Gateway:
         self._sessions: dict[str, _Session] = {}
         self._heard: set[str] = set()  # node ids heard from since the last flush
         self._acks: dict[str, int] = {}  # desired-state generations acknowledged since the last flush
+        self._ack_wake = asyncio.Event()  # set when an acknowledgement arrives
         self._server: _Server | None = None
         self._context: ssl.SSLContext | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -219,7 +222,10 @@ class Gateway:
         # ``asyncio.Server``): either has ``sockets``.
         sockets = getattr(server._server, "sockets", None) or ()
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
-        self._tasks = [asyncio.create_task(self._flush_loop(), name="gateway-liveness")]
+        self._tasks = [
+            asyncio.create_task(self._flush_loop(), name="gateway-liveness"),
+            asyncio.create_task(self._ack_loop(), name="gateway-acks"),
+        ]
         if self._notifier is not None:
             self._tasks.append(asyncio.create_task(self._listen_desired(), name="gateway-desired-pokes"))
         log.info("gateway %s listening on %s:%s", self.options.name, host, self.port)
@@ -607,6 +613,7 @@ class Gateway:
                 sent = session.sent_generation or 0
                 if 0 < content.observed_generation <= sent:  # only what was sent on this session
                     self._acks[session.node_id] = max(self._acks.get(session.node_id, 0), content.observed_generation)
+                    self._ack_wake.set()
 
     async def _take_inventory(self, session: _Session, section: wire.InventorySection) -> None:
         """Keep a reported inventory section and publish ``node.inventory_reported``; an unknown section, or content
@@ -758,6 +765,20 @@ class Gateway:
                 log.warning("liveness or revocations not handled: %s", type(exc).__name__)
             self._health_may_have_changed(before)
 
+    async def _ack_loop(self) -> None:
+        """Write acknowledgements as they arrive rather than with the next liveness flush, so what waits on one (a
+        reservation binding) hears of it in milliseconds instead of up to ``liveness_flush_interval``. The acks of
+        one change (a desired state sent to many nodes) arrive together: they are gathered for
+        ``ACK_GATHER_SECONDS`` and written in one statement. A write that fails leaves them to the flush loop."""
+        while True:
+            await self._ack_wake.wait()
+            self._ack_wake.clear()
+            await asyncio.sleep(ACK_GATHER_SECONDS)
+            try:
+                await self._write_acks()
+            except Exception as exc:
+                log.debug("acknowledgements not written now (%s); the flush loop tries again", type(exc).__name__)
+
     async def _listen_desired(self) -> None:
         """Push desired states as soon as a poke says one changed; reconnect with backoff (polling covers the
         gaps, so nothing is lost while this is down)."""
@@ -850,7 +871,7 @@ class Gateway:
 
     async def _flush(self) -> None:
         """Write that the sessions heard from since the last flush are alive: one statement for all of them; and
-        the desired-state generations daemons acknowledged, one statement when there are any."""
+        the desired-state generations daemons acknowledged that ``_ack_loop`` has not written yet."""
         heard, self._heard = self._heard, set()
         alive = [(node_id, s.epoch) for node_id in heard if (s := self._sessions.get(node_id)) is not None]
         if alive:
@@ -865,6 +886,10 @@ class Gateway:
                 session = self._sessions.get(node_id)
                 if node_id not in current and session is not None and session.epoch == epoch:
                     self._spawn(self._close(session, "stale", "the control plane no longer counts this session"))
+        await self._write_acks()
+
+    async def _write_acks(self) -> None:
+        """The desired-state generations acknowledged since the last write, in one transaction (none: nothing)."""
         acks, self._acks = self._acks, {}
         if acks:
             try:

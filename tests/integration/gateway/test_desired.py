@@ -138,6 +138,33 @@ async def test_a_poke_pushes_at_once_when_polling_is_slow(gw: Wire, database_url
         await notifier.close()
 
 
+async def test_an_ack_is_recorded_at_once_when_the_liveness_flush_is_slow(gw: Wire, database_url: str) -> None:
+    """With liveness flushed a minute apart, only the acknowledgement writer records the ack within the wait (a
+    reservation binds on it: it used to wait for the next flush, a second by default). The desired state itself
+    comes through the notifier's poke, as in the test above."""
+    notifier = PgNotifier(database_url, schema=gw.fleet.store.schema)
+    options = GatewayOptions(name="gw-acks", heartbeat_interval=30.0, liveness_flush_interval=60.0)
+    tls = await gateway_tls(gw.fleet, "gw-acks")
+    slow = create_gateway(gw.fleet.services, gw.fleet.store, tls, options, notifier=notifier)
+    port = await slow.start("127.0.0.1", 0)
+    joined = await gw.join()
+    channel = Channel("127.0.0.1", port, ssl=gw.context(joined))
+    try:
+        async with session_request(channel) as stream:
+            await _open(stream, joined)
+            await anyio.sleep(1.0)  # the gateway's listener is up
+            await _desire(gw, joined.node_id, ALLOCATION)
+            await poke_gateways(notifier)
+            assert (await _next(stream, "desired_state", seconds=15)).generation == 1
+            await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=1)))
+            await _observed(gw, joined.node_id, 1)
+            await stream.end()
+    finally:
+        channel.close()
+        await slow.close()
+        await notifier.close()
+
+
 async def test_a_daemon_that_stops_reading_is_closed_as_slow_and_others_are_not_held_up(
     gw: Wire, database_url: str
 ) -> None:
