@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -115,11 +116,13 @@ async def test_bad_desired_states_are_refused_with_nothing_written(gw: Wire) -> 
     assert node is not None and node.desired_generation == 0
 
 
-async def test_a_poke_pushes_at_once_when_polling_is_slow(gw: Wire, database_url: str) -> None:
-    """With a flush a minute apart, only the notifier poke can bring the change within the wait."""
+@contextlib.asynccontextmanager
+async def _poked_over_a_slow_flush(gw: Wire, database_url: str, name: str) -> AsyncIterator[tuple[Any, Joined]]:
+    """A gateway of its own whose liveness flush (and desired-state polling) is a minute apart, with a notifier; a
+    node's session on it, sent one desired state (generation 1) through the notifier's poke."""
     notifier = PgNotifier(database_url, schema=gw.fleet.store.schema)
-    options = GatewayOptions(name="gw-slow", heartbeat_interval=30.0, liveness_flush_interval=60.0)
-    tls = await gateway_tls(gw.fleet, "gw-slow")
+    options = GatewayOptions(name=name, heartbeat_interval=30.0, liveness_flush_interval=60.0)
+    tls = await gateway_tls(gw.fleet, name)
     slow = create_gateway(gw.fleet.services, gw.fleet.store, tls, options, notifier=notifier)
     port = await slow.start("127.0.0.1", 0)
     joined = await gw.join()
@@ -131,38 +134,26 @@ async def test_a_poke_pushes_at_once_when_polling_is_slow(gw: Wire, database_url
             await _desire(gw, joined.node_id, ALLOCATION)
             await poke_gateways(notifier)
             assert (await _next(stream, "desired_state", seconds=15)).generation == 1
+            yield stream, joined
             await stream.end()
     finally:
         channel.close()
         await slow.close()
         await notifier.close()
+
+
+async def test_a_poke_pushes_at_once_when_polling_is_slow(gw: Wire, database_url: str) -> None:
+    """With a flush a minute apart, only the notifier poke can bring the change within the wait."""
+    async with _poked_over_a_slow_flush(gw, database_url, "gw-slow"):
+        pass  # the change arrived within the wait (checked on the way in)
 
 
 async def test_an_ack_is_recorded_at_once_when_the_liveness_flush_is_slow(gw: Wire, database_url: str) -> None:
     """With liveness flushed a minute apart, only the acknowledgement writer records the ack within the wait (a
-    reservation binds on it: it used to wait for the next flush, a second by default). The desired state itself
-    comes through the notifier's poke, as in the test above."""
-    notifier = PgNotifier(database_url, schema=gw.fleet.store.schema)
-    options = GatewayOptions(name="gw-acks", heartbeat_interval=30.0, liveness_flush_interval=60.0)
-    tls = await gateway_tls(gw.fleet, "gw-acks")
-    slow = create_gateway(gw.fleet.services, gw.fleet.store, tls, options, notifier=notifier)
-    port = await slow.start("127.0.0.1", 0)
-    joined = await gw.join()
-    channel = Channel("127.0.0.1", port, ssl=gw.context(joined))
-    try:
-        async with session_request(channel) as stream:
-            await _open(stream, joined)
-            await anyio.sleep(1.0)  # the gateway's listener is up
-            await _desire(gw, joined.node_id, ALLOCATION)
-            await poke_gateways(notifier)
-            assert (await _next(stream, "desired_state", seconds=15)).generation == 1
-            await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=1)))
-            await _observed(gw, joined.node_id, 1)
-            await stream.end()
-    finally:
-        channel.close()
-        await slow.close()
-        await notifier.close()
+    reservation binds on it: it used to wait for the next flush, a second by default)."""
+    async with _poked_over_a_slow_flush(gw, database_url, "gw-acks") as (stream, joined):
+        await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=1)))
+        await _observed(gw, joined.node_id, 1)
 
 
 async def test_a_daemon_that_stops_reading_is_closed_as_slow_and_others_are_not_held_up(
