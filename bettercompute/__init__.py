@@ -14,6 +14,10 @@ from bettercompute._runtime.context import ModuleContext as ModuleContext
 from bettercompute._runtime.declarations import Module as Module
 from bettercompute._runtime.declarations import Plugin as Plugin
 from bettercompute._runtime.events import Events as Events
+from bettercompute._runtime.gateway_methods import CertificateIssuer as CertificateIssuer
+from bettercompute._runtime.gateway_methods import GatewayCall as GatewayCall
+from bettercompute._runtime.gateway_methods import GatewayCaller as GatewayCaller
+from bettercompute._runtime.gateway_methods import GatewayMethod as GatewayMethod
 from bettercompute._runtime.http import Request as Request
 from bettercompute._runtime.http import Response as Response
 from bettercompute._runtime.jobs import Job as Job
@@ -41,6 +45,8 @@ from bettercompute._runtime.workflows import StepContext as StepContext
 from bettercompute._runtime.workflows import StepOutcome as StepOutcome
 from bettercompute._runtime.workflows import Workflow as Workflow
 from bettercompute._runtime.workflows import Workflows as Workflows
+from bettercompute._runtime.workflows import signal_in as signal_workflow_in
+from bettercompute._runtime.workflows import start_in as start_workflow_in
 from bettercompute._version import __version__ as __version__
 from bettercompute.modules.nodes._tokens import JoinSettings as JoinSettings
 
@@ -54,10 +60,14 @@ __all__ = [
     "BetterCompute",
     "Caches",
     "CallContext",
+    "CertificateIssuer",
     "ClientBinding",
     "ClientCall",
     "DatabaseClock",
     "Events",
+    "GatewayCall",
+    "GatewayCaller",
+    "GatewayMethod",
     "GroupSet",
     "GroupSpec",
     "Job",
@@ -85,4 +95,6 @@ __all__ = [
     "better_compute",
     "method",
     "shard_of",
+    "signal_workflow_in",
+    "start_workflow_in",
 ]

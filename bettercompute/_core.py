@@ -17,6 +17,7 @@ from bettercompute._runtime.context import Authz, Caches, DatabaseClock, ModuleC
 from bettercompute._runtime.declarations import Module
 from bettercompute._runtime.dispatch import Dispatcher
 from bettercompute._runtime.events import Events
+from bettercompute._runtime.gateway_methods import GatewayMethod
 from bettercompute._runtime.health import HealthCheck, HealthOutput
 from bettercompute._runtime.http import HttpTransport, Request, Response
 from bettercompute._runtime.jobs import Jobs
@@ -128,6 +129,7 @@ class BetterCompute:
         self.api = Api(registry, self._dispatcher)
         self.workflows = Workflows(self.context, [w for m in self._modules for w in getattr(m, "workflows", ())])
         """Start, inspect, signal and cancel workflows (the types modules declare in ``workflows``)."""
+        _gateway_methods(self._modules)
         reconcilers = [r for m in self._modules for r in getattr(m, "reconcilers", ())]
         if self.workflows.types:
             reconcilers.append(self.workflows.reconciler)
@@ -290,3 +292,29 @@ def better_compute(options: Options) -> BetterCompute:
             f"the options have {len(problems)} problem(s): " + "; ".join(problems), details={"problems": problems}
         )
     return BetterCompute(options, modules, registry)
+
+
+def _gateway_methods(modules: Sequence[Any]) -> None:
+    """Hand every module's gateway methods (``gateway_methods``) to the identity module, which answers them.
+
+    Raises:
+        InvalidConfigError: a method is declared twice or is not a ``GatewayMethod``, or there are methods but no
+            identity module (``Options.join`` and ``Options.kms``).
+    """
+    problems: list[str] = []
+    methods: dict[str, GatewayMethod] = {}
+    for module in modules:
+        for declared in getattr(module, "gateway_methods", ()) if not isinstance(module, IdentityModule) else ():
+            if not isinstance(declared, GatewayMethod):
+                problems.append(f"{module.name}: {type(declared).__name__} is not a bettercompute.GatewayMethod")
+            elif declared.name in methods:
+                problems.append(f"gateway method {declared.name!r} is declared twice")
+            else:
+                methods[declared.name] = declared
+    identity = next((m for m in modules if isinstance(m, IdentityModule)), None)
+    if methods and identity is None:
+        problems.append("gateway methods need the identity module: set Options.join and Options.kms")
+    if problems:
+        raise InvalidConfigError("the gateway methods are misdeclared", details={"problems": problems})
+    if identity is not None:
+        identity.gateway_methods = tuple(methods.values())

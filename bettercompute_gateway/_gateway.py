@@ -34,7 +34,7 @@ import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import attrs
 import betterproto2
@@ -311,6 +311,7 @@ class Gateway:
             path + "Secret": unary(self._secret, wire.SecretRequest, wire.SecretResponse),
             path + "Session": Handler(self._session, Cardinality.STREAM_STREAM, wire.NodeFrame, wire.ControlFrame),
             path + "Tunnel": Handler(self._tunnel, Cardinality.STREAM_STREAM, wire.TunnelFrame, wire.TunnelFrame),
+            path + "Call": unary(self._call, wire.CallRequest, wire.CallResponse),
             f"/{health.SERVICE}/Check": unary(
                 self._health_check, health.HealthCheckRequest, health.HealthCheckResponse
             ),
@@ -432,6 +433,18 @@ class Gateway:
             return wire.SecretResponse(jwe=jwe)
 
         await self._unary(stream, wire.SecretRequest, answer)
+
+    async def _call(self, stream: Stream[Any, Any]) -> None:
+        # A module's gateway method: the control plane checks the certificate (when there is one) and its role.
+        async def answer(request: wire.CallRequest) -> wire.CallResponse:
+            output = await self._services.call(
+                request.method,
+                certificate_pem=_client_certificate(stream, required=False),
+                input=_json_object(request.input_json, "input_json"),
+            )
+            return wire.CallResponse(output_json=json.dumps(output, separators=(",", ":")))
+
+        await self._unary(stream, wire.CallRequest, answer)
 
     # --- health ---------------------------------------------------------------------------------------------------
 
@@ -975,16 +988,22 @@ def create_gateway(
     return Gateway(services, store, tls, options or GatewayOptions(), notifier, metrics)
 
 
-def _client_certificate(stream: Stream[Any, Any]) -> str:
+@overload
+def _client_certificate(stream: Stream[Any, Any]) -> str: ...
+@overload
+def _client_certificate(stream: Stream[Any, Any], *, required: bool) -> str | None: ...
+def _client_certificate(stream: Stream[Any, Any], *, required: bool = True) -> str | None:
     """The PEM of the connection's client certificate (verified against the trust bundle by the handshake).
 
     Raises:
-        UnauthenticatedError: the connection presented none.
+        UnauthenticatedError: the connection presented none and ``required``.
     """
     transport = stream.peer._transport
     ssl_object = transport.get_extra_info("ssl_object")
     der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
     if not der:
+        if not required:
+            return None
         raise UnauthenticatedError(
             "this call needs the node's client certificate", details={"reason": "no_certificate"}
         )

@@ -7,6 +7,8 @@ full name, and each method's path is ``/<SERVICE>/<Method>``.
 
 from __future__ import annotations
 
+from bettercompute_proto._generated.bcnode.v1 import CallRequest as CallRequest
+from bettercompute_proto._generated.bcnode.v1 import CallResponse as CallResponse
 from bettercompute_proto._generated.bcnode.v1 import Certificate as Certificate
 from bettercompute_proto._generated.bcnode.v1 import Close as Close
 from bettercompute_proto._generated.bcnode.v1 import Command as Command
@@ -43,6 +45,8 @@ __version__ = "0.0.0"
 
 __all__ = [
     "SERVICE",
+    "CallRequest",
+    "CallResponse",
     "Certificate",
     "Close",
     "Command",

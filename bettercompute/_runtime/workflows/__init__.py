@@ -30,5 +30,17 @@ from bettercompute._runtime.workflows.definitions import WORKFLOW_KIND as WORKFL
 from bettercompute._runtime.workflows.definitions import Step as Step
 from bettercompute._runtime.workflows.definitions import Workflow as Workflow
 from bettercompute._runtime.workflows.engine import Workflows as Workflows
+from bettercompute._runtime.workflows.engine import signal_in as signal_in
+from bettercompute._runtime.workflows.engine import start_in as start_in
 
-__all__ = ["PASS_MARGIN", "WORKFLOW_KIND", "Step", "StepContext", "StepOutcome", "Workflow", "Workflows"]
+__all__ = [
+    "PASS_MARGIN",
+    "WORKFLOW_KIND",
+    "Step",
+    "StepContext",
+    "StepOutcome",
+    "Workflow",
+    "Workflows",
+    "signal_in",
+    "start_in",
+]

@@ -7,15 +7,16 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
 
 from bettercompute._runtime.reconcile import Outcome, ReconcileContext, Reconciler, RetryPolicy, reason_of
+from bettercompute._runtime.shards import SHARDS, shard_of
 from bettercompute.errors import ComputeError, ConflictError, InvalidConfigError, InvalidInputError, NotFoundError
-from bettercompute.ports import WORKFLOWS, Transaction, WorkflowLogEntry, WorkflowRecord, WorkflowStore
+from bettercompute.ports import WORKFLOWS, Transaction, WorkflowLogEntry, WorkflowRecord, WorkflowStore, WorkItem
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -45,6 +46,71 @@ def _has_workflows(store: object) -> bool:
         repository(WORKFLOWS)
     except ComputeError:
         return False
+    return True
+
+
+def _item(id: str) -> WorkItem:
+    # What the engine's reconciler (kind ``workflow``, the default shard function) would enqueue for ``id``.
+    return WorkItem(kind=WORKFLOW_KIND, key=id, shard=shard_of(id) % SHARDS, payload={})
+
+
+def start_in(
+    tx: Transaction,
+    workflow: Workflow,
+    *,
+    tenant: str,
+    subject: str = "",
+    data: Mapping[str, Any] | None = None,
+    id: str | None = None,
+) -> Awaitable[str]:
+    """Start ``workflow`` in the caller's transaction (a module's handler starting its own workflow type, which
+    ``better_compute()`` registered from the module's ``workflows``); returns its id. ``compute.workflows.start_in``
+    does the same by type name.
+
+    Raises:
+        InvalidInputError: no tenant, or ``data`` is not a JSON object.
+    """
+    return _insert(tx, workflow, tenant=tenant, subject=subject, data=data, id=id)
+
+
+async def _insert(
+    tx: Transaction,
+    workflow: Workflow,
+    *,
+    tenant: str,
+    subject: str,
+    data: Mapping[str, Any] | None,
+    id: str | None,
+) -> str:
+    if not tenant:
+        raise InvalidInputError("a workflow needs a tenant")
+    id = id or f"wf-{uuid.uuid4().hex}"
+    record = WorkflowRecord(
+        id=id,
+        type=workflow.name,
+        tenant=tenant,
+        subject=subject,
+        state="running",
+        step_index=0,
+        step=workflow.steps[0].name,
+        attempt=1,
+        data=dict(data or {}),
+    )
+    await tx.repository(WORKFLOWS).insert(record)
+    await tx.enqueue([_item(id)])
+    return id
+
+
+async def signal_in(tx: Transaction, id: str, event: str, payload: Mapping[str, Any] | None = None) -> bool:
+    """``Workflows.signal`` in the caller's transaction: ``False`` when the workflow has ended or is being cancelled
+    (or does not exist)."""
+    if not event:
+        raise InvalidInputError("a signal needs an event name")
+    record = await tx.repository(WORKFLOWS).lock(id)
+    if record is None or record.state not in ("running", "waiting"):
+        return False
+    await tx.repository(WORKFLOWS).update(attrs.evolve(record, inbox={**record.inbox, event: dict(payload or {})}))
+    await tx.enqueue([_item(id)])
     return True
 
 
@@ -118,23 +184,7 @@ class Workflows:
         workflow = self._types.get(type)
         if workflow is None:
             raise NotFoundError(f"no workflow type {type!r}", details={"type": type, "types": self.types})
-        if not tenant:
-            raise InvalidInputError("a workflow needs a tenant")
-        id = f"wf-{uuid.uuid4().hex}"
-        record = WorkflowRecord(
-            id=id,
-            type=type,
-            tenant=tenant,
-            subject=subject,
-            state="running",
-            step_index=0,
-            step=workflow.steps[0].name,
-            attempt=1,
-            data=dict(data or {}),
-        )
-        await tx.repository(WORKFLOWS).insert(record)
-        await tx.enqueue([self.reconciler.item(id)])
-        return id
+        return await _insert(tx, workflow, tenant=tenant, subject=subject, data=data, id=None)
 
     async def get(self, id: str) -> WorkflowRecord:
         """The workflow: state, current step, attempts, reason, data.

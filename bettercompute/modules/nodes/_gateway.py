@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
 from joserfc.errors import JoseError
 from joserfc.jwk import JWKRegistry
 
+from bettercompute._runtime.gateway_methods import GatewayCall, GatewayCaller, GatewayMethod
 from bettercompute.errors import (
     AccessDeniedError,
     ComputeError,
     FailedPreconditionError,
     InvalidInputError,
+    NotFoundError,
     UnauthenticatedError,
 )
 from bettercompute.modules.nodes._join import JoinService
@@ -29,6 +31,9 @@ from bettercompute.modules.nodes._renew import CLOCK_SKEW
 from bettercompute.modules.secrets import NodeIdentity, SecretBroker
 from bettercompute.modules.secrets._broker import RELEASE_ACTION
 from bettercompute.ports import AuditRecord, Clock, ReplayGuard, Store
+
+if TYPE_CHECKING:
+    from bettercompute._runtime.context import ModuleContext
 
 __all__ = ["GatewayServices"]
 
@@ -46,9 +51,19 @@ class GatewayServices:
     """
 
     def __init__(
-        self, joins: JoinService, broker: SecretBroker, *, store: Store, replay_guard: ReplayGuard, clock: Clock
+        self,
+        joins: JoinService,
+        broker: SecretBroker,
+        *,
+        store: Store,
+        replay_guard: ReplayGuard,
+        clock: Clock,
+        context: ModuleContext | None = None,
+        methods: Sequence[GatewayMethod] = (),
     ) -> None:
         self.joins = joins
+        self._context = context
+        self._methods = {m.name: m for m in methods}
         # JoinService's own methods, as they are (their docstrings tell the refusals).
         self.join = joins.join
         self.renew_challenge = joins.renew_challenge
@@ -163,6 +178,39 @@ class GatewayServices:
                 )
             )
         log.info("secret %r refused to node %s: %s", name, record.node_id, error.details.get("reason", error.code))
+
+    async def call(self, method: str, *, certificate_pem: str | None, input: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Run a module's gateway method (the ``Call`` RPC) for the holder of ``certificate_pem``.
+
+        Raises:
+            NotFoundError: no module declares ``method``.
+            UnauthenticatedError: no certificate on a method that is not open, or one that is not valid here.
+            AccessDeniedError: the certificate's role may not call ``method`` (``role``).
+            ComputeError: whatever the method refuses with.
+        """
+        declared = self._methods.get(method) if isinstance(method, str) else None
+        if declared is None or self._context is None:
+            raise NotFoundError("no such gateway method", details={"method": str(method)[:64]})
+        caller: GatewayCaller | None = None
+        if certificate_pem is not None:
+            record, certificate = await self.joins.renewals.verified(certificate_pem)
+            if record.role not in declared.roles:
+                raise AccessDeniedError(
+                    f"a {record.role} certificate may not call {method}",
+                    details={"reason": "role", "role": record.role},
+                )
+            caller = GatewayCaller(
+                role=record.role,
+                id=record.node_id,
+                spiffe_id=record.spiffe_id,
+                serial=record.serial,
+                not_after=certificate.not_valid_after_utc,
+                certificate=certificate,
+            )
+        elif not declared.open:
+            raise UnauthenticatedError(f"{method} needs a client certificate", details={"reason": "no_certificate"})
+        call = GatewayCall(method=method, caller=caller, input=input, context=self._context, issuer=self.joins.ca)
+        return await declared.handler(call)
 
     async def trust_bundle_pem(self) -> str:
         """The CA certificates a gateway trusts for client certificates (PEM)."""

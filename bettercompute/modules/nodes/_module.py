@@ -8,6 +8,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from bettercompute._runtime.gateway_methods import GatewayMethod
 from bettercompute._runtime.jobs import Job
 from bettercompute._version import __version__
 from bettercompute.errors import FailedPreconditionError, InvalidConfigError
@@ -92,6 +93,8 @@ class IdentityModule:
         self._kms = kms
         self._attestors = tuple(attestors)
         self._services: GatewayServices | None = None
+        self.gateway_methods: tuple[GatewayMethod, ...] = ()
+        """Other modules' gateway methods (``better_compute()`` collects them before ``initialize()``)."""
 
     @property
     def services(self) -> GatewayServices:
@@ -125,7 +128,15 @@ class IdentityModule:
             certificate_ttl=self._settings.certificate_ttl,
         )
         broker = SecretBroker(store, self._kms)
-        self._services = GatewayServices(joins, broker, store=store, replay_guard=store.nonces, clock=context.clock)
+        self._services = GatewayServices(
+            joins,
+            broker,
+            store=store,
+            replay_guard=store.nonces,
+            clock=context.clock,
+            context=context,
+            methods=self.gateway_methods,
+        )
 
     async def stop(self) -> None:
         """Nothing to stop (the services stay usable until ``close()``)."""

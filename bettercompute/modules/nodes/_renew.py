@@ -177,7 +177,15 @@ class Renewals:
         """The live node a presented certificate belongs to (checked as for renewal)."""
         return (await self.presented(certificate_pem)).node
 
-    async def presented(self, certificate_pem: str) -> Presented:
+    async def verified(self, certificate_pem: str) -> tuple[IssuedCertificate, x509.Certificate]:
+        """A presented certificate of any role, checked: it parses, has not expired, chains to the trust bundle, was
+        issued by this CA and is not revoked.
+
+        Raises:
+            InvalidInputError: it is not a PEM certificate.
+            UnauthenticatedError: it has expired (``certificate_expired``), is not this CA's (``untrusted``) or was
+                revoked (``certificate_revoked``).
+        """
         if not isinstance(certificate_pem, str) or len(certificate_pem) > _MAX_CERT_BYTES:
             raise InvalidInputError("certificate: expected a PEM certificate", details={"path": "certificate"})
         try:
@@ -209,6 +217,16 @@ class Renewals:
             )
         if await self._store.repository(CERTIFICATES).is_revoked(serial):
             raise UnauthenticatedError("the certificate was revoked", details={"reason": "certificate_revoked"})
+        return record, certificate
+
+    async def presented(self, certificate_pem: str) -> Presented:
+        """A presented node certificate, checked as ``verified`` does, whose node is live.
+
+        Raises:
+            FailedPreconditionError: it is a ``site`` or ``ramdisk`` certificate (``role``).
+            AccessDeniedError: its node is retired.
+        """
+        record, certificate = await self.verified(certificate_pem)
         if record.role != "node":
             raise FailedPreconditionError(
                 f"{record.role} certificates are not renewed here", details={"reason": "role", "role": record.role}

@@ -4,6 +4,8 @@
 # This file has been @generated
 
 __all__ = (
+    "CallRequest",
+    "CallResponse",
     "Certificate",
     "Close",
     "Command",
@@ -50,6 +52,27 @@ if TYPE_CHECKING:
 
 _COMPILER_VERSION = "0.10.1"
 betterproto2.check_compiler_version(_COMPILER_VERSION)
+
+
+@dataclass(eq=False, repr=False)
+class CallRequest(betterproto2.Message):
+    method: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    `<module area>.<name>`, for example `site.sync`.
+    """
+
+    input_json: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("bcnode.v1", "CallRequest", CallRequest)
+
+
+@dataclass(eq=False, repr=False)
+class CallResponse(betterproto2.Message):
+    output_json: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("bcnode.v1", "CallResponse", CallResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -628,6 +651,29 @@ class NodeStub(betterproto2_grpclib.ServiceStub):
         ):
             yield response
 
+    async def call(
+        self,
+        message: "CallRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "CallResponse":
+        """
+        A gateway method of a module (a site's boot sync, a ramdisk's join and tasks): its name and its input as a JSON
+        object. The module says which certificate roles may call it; only the methods it declares open (the joins that
+        hand out a certificate) take a call without a client certificate.
+        """
+
+        return await self._unary_unary(
+            "/bcnode.v1.Node/Call",
+            message,
+            CallResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class NodeBase(betterproto2_grpclib.ServiceBase):
     async def join(self, message: "JoinRequest") -> "JoinResponse":
@@ -682,6 +728,15 @@ class NodeBase(betterproto2_grpclib.ServiceBase):
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield TunnelFrame()
 
+    async def call(self, message: "CallRequest") -> "CallResponse":
+        """
+        A gateway method of a module (a site's boot sync, a ramdisk's join and tasks): its name and its input as a JSON
+        object. The module says which certificate roles may call it; only the methods it declares open (the joins that
+        hand out a certificate) take a call without a client certificate.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_join(self, stream: "grpclib.server.Stream[JoinRequest, JoinResponse]") -> None:
         request = await stream.recv_message()
         assert request is not None
@@ -732,6 +787,12 @@ class NodeBase(betterproto2_grpclib.ServiceBase):
             request,
         )
 
+    async def __rpc_call(self, stream: "grpclib.server.Stream[CallRequest, CallResponse]") -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.call(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/bcnode.v1.Node/Join": grpclib.const.Handler(
@@ -775,5 +836,11 @@ class NodeBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.STREAM_STREAM,
                 TunnelFrame,
                 TunnelFrame,
+            ),
+            "/bcnode.v1.Node/Call": grpclib.const.Handler(
+                self.__rpc_call,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                CallRequest,
+                CallResponse,
             ),
         }
