@@ -1,5 +1,100 @@
-"""Reserved for a later release: only the package name and its import rules exist so far."""
+"""Bare metal (v0.2): sites and their boot servers, machines enrolled by their BMC, inspected over Redfish and
+commissioned through PXE into ``bcd ramdisk``.
 
-__version__ = "0.0.0"
+Register with ``Options(modules=[MetalModule()], join=..., kms=...)``: the module needs the node identity module
+(its agents get certificates from the control plane's CA) and a KMS (BMC credentials are sealed by it).
+"""
 
-__all__ = ["__version__"]
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from bettercompute import GatewayMethod, GroupSet, GroupSpec, Job, ModuleContext, Workflow
+from bettercompute.modules.pools import POOLS
+from bettercompute.ports import Migration, Repository
+from bettercompute_metal import _service
+from bettercompute_metal._gateway import GATEWAY_METHODS, report_message
+from bettercompute_metal._pg import MIGRATIONS
+from bettercompute_metal._port import METAL
+from bettercompute_metal._workflows import WORKFLOWS
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "ImagesGroup",
+    "MetalGroup",
+    "MetalGroups",
+    "MetalModule",
+    "SiteTokensGroup",
+    "SitesGroup",
+    "report_message",
+]
+
+B = TypeVar("B")
+
+
+class SitesGroup(GroupSpec[B]):
+    """Sites: network segments with a boot server (``bcd site``) whose machines join one pool."""
+
+    name = "sites"
+    create = _service.create_site
+    list = _service.list_sites
+    get = _service.get_site
+
+
+class SiteTokensGroup(GroupSpec[B]):
+    """Tokens a site agent enrolls with (``bcd site join``)."""
+
+    name = "site-tokens"
+    create = _service.create_site_token
+
+
+class ImagesGroup(GroupSpec[B]):
+    """Images the sites serve: ramdisk kernels and initrds, disk images; fetched by URL, checked by SHA-256."""
+
+    name = "images"
+    register = _service.register_image
+    list = _service.list_images
+
+
+class MetalGroup(GroupSpec[B]):
+    """Bare-metal machines: enrolled by their BMC, inspected over Redfish, commissioned through the ramdisk."""
+
+    name = "metal"
+    enroll = _service.enroll
+    get = _service.get_machine
+    list = _service.list_machines
+    commission = _service.commission
+    retry = _service.retry
+    power = _service.power
+
+
+class MetalGroups(GroupSet[B]):
+    """The module's groups, typed: ``MetalGroups(compute.api).metal`` or ``MetalGroups(client)``."""
+
+    sites: SitesGroup[B]
+    site_tokens: SiteTokensGroup[B]
+    images: ImagesGroup[B]
+    metal: MetalGroup[B]
+
+
+class MetalModule:
+    """The bare-metal module (``Options.modules``); ``initialize()`` runs its migrations."""
+
+    name = "metal"
+    version = __version__
+    core_range = ">=0.1,<0.3"
+    groups: Sequence[type[GroupSpec[Any]]] = (SitesGroup, SiteTokensGroup, ImagesGroup, MetalGroup)
+    actions: Sequence[str] = ("compute:sites:join", "compute:metal:ramdisk-join")
+    migrations: Mapping[str, Sequence[Migration]] = {"postgresql": MIGRATIONS}
+    jobs: Sequence[Job] = ()
+    repositories: Sequence[Repository[Any]] = (METAL, POOLS)
+    workflows: Sequence[Workflow] = WORKFLOWS
+    gateway_methods: Sequence[GatewayMethod] = GATEWAY_METHODS
+
+    async def start(self, context: ModuleContext) -> None:
+        """Nothing to start."""
+
+    async def stop(self) -> None:
+        """Nothing to stop."""

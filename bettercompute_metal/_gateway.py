@@ -1,0 +1,406 @@
+"""The site's and the ramdisk's gateway methods (``docs/metal-wire.md`` is their contract).
+
+- ``site.join`` (open): a site token for a ``site`` certificate.
+- ``site.sync`` (role ``site``): renew or take the site's boot lease, hand in boot records, get the boot plan.
+- ``ramdisk.join`` (open): a machine's ramdisk token, with the machine's own UUID and serial, for a ``ramdisk``
+  certificate of at most 2 hours.
+- ``ramdisk.task`` (role ``ramdisk``): a signed report of the last task in, the next task out.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import hashlib
+import hmac
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bettercompute import GatewayCall, GatewayMethod, JoinSettings, signal_workflow_in
+from bettercompute.errors import (
+    AccessDeniedError,
+    FailedPreconditionError,
+    InvalidInputError,
+    UnauthenticatedError,
+)
+from bettercompute.ports import AuditRecord
+from bettercompute_metal._port import METAL, MachineRecord
+from bettercompute_metal._service import RAMDISK_TOKEN_PREFIX, SITE_TOKEN_PREFIX, parse_token, token_context
+
+__all__ = ["GATEWAY_METHODS", "report_message"]
+
+log = logging.getLogger("bettercompute.metal")
+
+BOOT_LEASE_TTL = dt.timedelta(seconds=15)
+SYNC_EVERY = dt.timedelta(seconds=3)
+MAX_RECORDS = 500
+RAMDISK_TTL = dt.timedelta(hours=2)
+REPORT_MAX_AGE = dt.timedelta(minutes=10)
+POLL_MS = 2000
+_REPORT = b"bettercompute/ramdisk-report/v1\n"
+_KINDS = frozenset({"dhcp", "tftp", "script", "file"})
+
+
+def _text(input: Mapping[str, Any], key: str, *, limit: int = 256, required: bool = True) -> str | None:
+    value = input.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= limit or not value.isprintable():
+        raise InvalidInputError(f"{key}: expected text of 1 to {limit} printable characters", details={"path": key})
+    return value
+
+
+def _csr(input: Mapping[str, Any]) -> str:
+    value = input.get("csr_pem")
+    if not isinstance(value, str) or not 0 < len(value) <= 16384:
+        raise InvalidInputError("csr_pem: expected a PEM certificate signing request", details={"path": "csr_pem"})
+    return value
+
+
+def _pin(bundle_pem: str) -> str:
+    certificates = x509.load_pem_x509_certificates(bundle_pem.encode())
+    ders = sorted(c.public_bytes(serialization.Encoding.DER) for c in certificates)
+    return "sha256:" + hashlib.sha256(b"".join(ders)).hexdigest()
+
+
+def _certificate_answer(issued: Any, bundle_pem: str) -> dict[str, Any]:
+    return {
+        "certificate_pem": issued.certificate_pem,
+        "chain_pem": issued.chain_pem,
+        "trust_bundle_pem": bundle_pem,
+        "not_after_ms": int(issued.not_after.timestamp() * 1000),
+    }
+
+
+# --- site -------------------------------------------------------------------------------------------------------
+
+
+async def site_join(call: GatewayCall) -> Mapping[str, Any]:
+    """A ``site`` certificate for the holder of a site token (one use spent).
+
+    Raises:
+        UnauthenticatedError: the token is malformed, unknown, expired or used up (the answer does not say which).
+    """
+    parsed = parse_token(call.input.get("token"), SITE_TOKEN_PREFIX)
+    csr_pem = _csr(call.input)
+    if parsed is None:
+        raise UnauthenticatedError("the site token is not valid", details={"reason": "invalid_token"})
+    token_id, secret_hash = parsed
+    context = call.context
+    await call.issuer.prepare()
+    async with context.store.transaction() as tx:
+        use = await tx.repository(METAL).use_site_token(token_id, secret_hash, now=context.clock.now())
+        if use.site is None:
+            log.info("a site join was refused: %s", use.refusal)
+            raise UnauthenticatedError("the site token is not valid", details={"reason": "invalid_token"})
+        site = use.site
+        issued = await call.issuer.issue_in(tx, csr_pem, node_id=site.id, role="site")
+        await tx.audit(
+            AuditRecord(
+                action="compute:sites:join",
+                actor=f"site:{site.id}",
+                tenant=site.tenant,
+                resource_type="site",
+                resource_id=site.id,
+                decision_id=None,
+                outcome="ok",
+                details={"token_id": token_id, "serial": issued.serial},
+            )
+        )
+    bundle = await call.issuer.trust_bundle_pem()
+    log.info("site %s joined", site.id)
+    return {"site_id": site.id, "tenant": site.tenant, **_certificate_answer(issued, bundle)}
+
+
+def _records(value: Any, site_machines: Mapping[str, MachineRecord]) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_RECORDS:
+        raise InvalidInputError(f"records: expected at most {MAX_RECORDS} records", details={"path": "records"})
+    kept = []
+    for index, record in enumerate(value):
+        path = f"records[{index}]"
+        if not isinstance(record, dict) or record.get("kind") not in _KINDS:
+            raise InvalidInputError(f"{path}: not a boot record", details={"path": path})
+        machine_id = record.get("machine_id")
+        at_ms = record.get("at_ms")
+        if isinstance(at_ms, bool) or not isinstance(at_ms, int) or not 0 <= at_ms < 2**45:
+            raise InvalidInputError(f"{path}.at_ms: expected milliseconds", details={"path": f"{path}.at_ms"})
+        kept.append(
+            {
+                # Only a machine of this site: a site cannot write records on another's machines.
+                "machine_id": machine_id if machine_id in site_machines else None,
+                "kind": record["kind"],
+                "mac": _text(record, "mac", limit=64, required=False),
+                "system_uuid": _text(record, "system_uuid", limit=64, required=False),
+                "detail": (_text(record, "detail", limit=512, required=False) or ""),
+                "at": dt.datetime.fromtimestamp(at_ms / 1000, dt.UTC).isoformat(),
+            }
+        )
+    return kept
+
+
+async def _plan(call: GatewayCall, machines: Sequence[MachineRecord], kernel: Any, initrd: Any) -> dict[str, Any]:
+    context = call.context
+    settings = context.settings.get(JoinSettings)
+    pin = _pin(await call.issuer.trust_bundle_pem())
+    entries = []
+    for machine in machines:
+        if not machine.macs and machine.system_uuid is None:
+            continue
+        entry: dict[str, Any] = {
+            "machine_id": machine.id,
+            "macs": list(machine.macs),
+            "system_uuid": machine.system_uuid,
+            "action": "local",
+            "kernel": None,
+            "initrd": None,
+            "cmdline": "",
+        }
+        sealed = machine.boot.get("token")
+        if machine.boot.get("action") == "ramdisk" and sealed and kernel is not None and context.kms is not None:
+            token = (await context.kms.decrypt(base64.b64decode(sealed), context=token_context(machine.id))).decode()
+            gateway = settings.gateway_address if settings is not None else ""
+            entry.update(
+                action="ramdisk",
+                kernel={"sha256": kernel.sha256, "url": kernel.url, "size": kernel.size},
+                initrd={"sha256": initrd.sha256, "url": initrd.url, "size": initrd.size} if initrd else None,
+                cmdline=f"bc.machine={machine.id} bc.gateway={gateway} bc.ca_pin={pin} bc.token={token}",
+            )
+        entries.append(entry)
+    generation = int(hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()[:12], 16)
+    return {"generation": generation, "entries": entries}
+
+
+async def site_sync(call: GatewayCall) -> Mapping[str, Any]:
+    """Renew or take the site's boot lease for the calling agent, keep its boot records, answer the boot plan."""
+    assert call.caller is not None
+    agent = _text(call.input, "agent", limit=128)
+    assert agent is not None
+    _text(call.input, "http_base", limit=256, required=False)
+    context = call.context
+    store = context.store
+    repository = store.repository(METAL)
+    site = await repository.get_site(call.caller.id)
+    if site is None:
+        raise AccessDeniedError("the site no longer exists", details={"reason": "site_gone"})
+    active, holder, _ = await repository.sync_boot_lease(site.id, agent, ttl=BOOT_LEASE_TTL, now=context.clock.now())
+    answer: dict[str, Any] = {
+        "active": active,
+        "holder": holder,
+        "lease_ttl_ms": int(BOOT_LEASE_TTL.total_seconds() * 1000),
+        "sync_after_ms": int(SYNC_EVERY.total_seconds() * 1000),
+        "plan": {"generation": 0, "entries": []},
+    }
+    if not active:
+        return answer
+    machines = await repository.machines_at_site(site.id)
+    records = _records(call.input.get("records"), {m.id: m for m in machines})
+    if records:
+        async with store.transaction() as tx:
+            await tx.repository(METAL).add_boot_records(site.id, records)
+    kernel = await repository.get_image(site.ramdisk_kernel) if site.ramdisk_kernel else None
+    initrd = await repository.get_image(site.ramdisk_initrd) if site.ramdisk_initrd else None
+    answer["plan"] = await _plan(call, machines, kernel, initrd)
+    return answer
+
+
+# --- ramdisk ----------------------------------------------------------------------------------------------------
+
+
+async def ramdisk_join(call: GatewayCall) -> Mapping[str, Any]:
+    """A ``ramdisk`` certificate (at most 2 hours) for the machine whose ramdisk token this is, when the claims name
+    the machine's own UUID and serial as Redfish inspection read them. The token is spent.
+
+    Raises:
+        UnauthenticatedError: the token is malformed, unknown, spent or expired.
+        AccessDeniedError: the claims are not the machine's (``hardware_mismatch``).
+    """
+    parsed = parse_token(call.input.get("token"), RAMDISK_TOKEN_PREFIX)
+    csr_pem = _csr(call.input)
+    claims = call.input.get("claims")
+    if not isinstance(claims, dict):
+        raise InvalidInputError("claims: expected an object", details={"path": "claims"})
+    if parsed is None:
+        raise UnauthenticatedError("the ramdisk token is not valid", details={"reason": "invalid_token"})
+    token_id, secret_hash = parsed
+    machine_id = _text(call.input, "machine_id", limit=128, required=False)
+    context = call.context
+    now = context.clock.now()
+    await call.issuer.prepare()
+    async with context.store.transaction() as tx:
+        repository = tx.repository(METAL)
+        machine = await repository.lock_machine(machine_id) if machine_id else None
+        token = machine.ramdisk_token if machine is not None else None
+        if (
+            machine is None
+            or token is None
+            or token.get("id") != token_id
+            or not hmac.compare_digest(bytes.fromhex(str(token.get("hash", ""))), secret_hash)
+            or token.get("used")
+            or dt.datetime.fromisoformat(str(token["expires_at"])) <= now
+        ):
+            raise UnauthenticatedError("the ramdisk token is not valid", details={"reason": "invalid_token"})
+        uuid = str(claims.get("system_uuid") or "").lower()
+        serial = claims.get("serial")
+        if uuid != (machine.system_uuid or "") or serial != machine.serial:
+            raise AccessDeniedError(
+                "the ramdisk runs on other hardware than the machine's", details={"reason": "hardware_mismatch"}
+            )
+        issued = await call.issuer.issue_in(tx, csr_pem, node_id=machine.id, role="ramdisk", ttl=RAMDISK_TTL)
+        await repository.update_machine(machine.id, ramdisk_token={**token, "used": True}, message="ramdisk joined")
+        await tx.audit(
+            AuditRecord(
+                action="compute:metal:ramdisk-join",
+                actor=f"ramdisk:{machine.id}",
+                tenant=machine.tenant,
+                resource_type="machine",
+                resource_id=machine.id,
+                decision_id=None,
+                outcome="ok",
+                details={"serial": issued.serial},
+            )
+        )
+    bundle = await call.issuer.trust_bundle_pem()
+    log.info("the ramdisk of machine %s joined", machine.id)
+    return {"machine_id": machine.id, **_certificate_answer(issued, bundle)}
+
+
+def report_message(
+    *, machine_id: str, task_id: str, kind: str, ok: bool, result: Any, error: Any, signed_at_ms: int
+) -> bytes:
+    """What a ramdisk signs for a report (``docs/metal-wire.md``)."""
+    body = {
+        "machine_id": machine_id,
+        "task_id": task_id,
+        "kind": kind,
+        "ok": ok,
+        "result": result,
+        "error": error,
+        "signed_at_ms": signed_at_ms,
+    }
+    return _REPORT + json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _verify_report(call: GatewayCall, machine_id: str, report: Mapping[str, Any]) -> None:
+    assert call.caller is not None
+    signed_at_ms = report.get("signed_at_ms")
+    if isinstance(signed_at_ms, bool) or not isinstance(signed_at_ms, int) or not 0 < signed_at_ms < 2**45:
+        raise InvalidInputError("report.signed_at_ms: expected milliseconds", details={"path": "report.signed_at_ms"})
+    signed_at = dt.datetime.fromtimestamp(signed_at_ms / 1000, dt.UTC)
+    now = call.context.clock.now()
+    if not now - REPORT_MAX_AGE <= signed_at <= now + dt.timedelta(minutes=1):
+        raise UnauthenticatedError("the report is too old or from the future", details={"reason": "stale_report"})
+    try:
+        signature = base64.b64decode(str(report.get("signature", "")), validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInputError("report.signature: expected base64", details={"path": "report.signature"}) from None
+    message = report_message(
+        machine_id=machine_id,
+        task_id=str(report.get("task_id")),
+        kind=str(report.get("kind")),
+        ok=bool(report.get("ok")),
+        result=report.get("result"),
+        error=report.get("error"),
+        signed_at_ms=signed_at_ms,
+    )
+    key = call.caller.certificate.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise UnauthenticatedError("the ramdisk's key cannot sign reports", details={"reason": "bad_signature"})
+    try:
+        key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        raise UnauthenticatedError(
+            "the report is not signed by the ramdisk's key", details={"reason": "bad_signature"}
+        ) from None
+
+
+def _check_result(kind: str, result: Any) -> str | None:
+    """Why a task that says it succeeded did not (a disk whose SMART check failed, a wipe that missed a disk)."""
+    if not isinstance(result, dict):
+        return "the result is not an object"
+    if kind == "diagnose":
+        disks = result.get("disks")
+        if not isinstance(disks, list):
+            return "the diagnosis names no disks"
+        for disk in disks:
+            smart = disk.get("smart") if isinstance(disk, dict) else None
+            if isinstance(smart, dict) and smart.get("passed") is False:
+                return f"disk {disk.get('name')} failed its SMART check"
+    if kind == "wipe":
+        disks = result.get("disks")
+        if not isinstance(disks, list) or not all(isinstance(d, dict) and d.get("ok") is True for d in disks):
+            return "a disk was not wiped"
+    return None
+
+
+def _next_task(machine: MachineRecord, index: int, results: Mapping[str, Any]) -> dict[str, Any] | None:
+    if index >= len(machine.tasks):
+        return None
+    kind = machine.tasks[index]
+    params: dict[str, Any] = {}
+    if kind == "wipe":
+        disks = results.get("diagnose", {}).get("disks", [])
+        params = {"disks": [d.get("name") for d in disks if isinstance(d, dict)]}
+    return {"task_id": f"{machine.workflow_id}/{index}", "kind": kind, "params": params, "index": index}
+
+
+async def ramdisk_task(call: GatewayCall) -> Mapping[str, Any]:
+    """Take the ramdisk's report of its current task (signed by its key) and hand out the next one."""
+    assert call.caller is not None
+    machine_id = call.caller.id
+    report = call.input.get("report")
+    if report is not None and not isinstance(report, dict):
+        raise InvalidInputError("report: expected an object", details={"path": "report"})
+    if report is not None:
+        _verify_report(call, machine_id, report)
+    context = call.context
+    async with context.store.transaction() as tx:
+        repository = tx.repository(METAL)
+        machine = await repository.lock_machine(machine_id)
+        if machine is None or machine.state not in ("commissioning", "deploying", "releasing"):
+            return {"task": None, "done": True, "poll_after_ms": POLL_MS}
+        task = dict(machine.task) if machine.task else None
+        if task is None and machine.tasks and machine.results.get("ramdisk_done_for") != machine.workflow_id:
+            task = _next_task(machine, 0, machine.results)
+            await repository.update_machine(machine.id, task=task, message=f"ramdisk: {task['kind'] if task else ''}")
+        elif task is not None and report is not None:
+            if report.get("task_id") != task["task_id"] or report.get("kind") != task["kind"]:
+                raise FailedPreconditionError(
+                    "the report is not of the machine's current task", details={"reason": "not_current_task"}
+                )
+            ok = report.get("ok") is True
+            why = _check_result(task["kind"], report.get("result")) if ok else str(report.get("error") or "failed")
+            results = dict(machine.results)
+            results[task["kind"]] = report.get("result") if isinstance(report.get("result"), dict) else {}
+            following = _next_task(machine, int(task["index"]) + 1, results) if why is None else None
+            if following is None:
+                results["ramdisk_done_for"] = machine.workflow_id
+            await repository.update_machine(
+                machine.id,
+                results=results,
+                task=following,
+                message=f"ramdisk: {following['kind']}" if following else "ramdisk: done",
+            )
+            if following is None and machine.workflow_id is not None:
+                payload = {"ok": why is None, "kind": task["kind"], "error": why}
+                await signal_workflow_in(tx, machine.workflow_id, "ramdisk.done", payload)
+            task = following
+        answer_task = {k: v for k, v in task.items() if k != "index"} if task else None
+    return {"task": answer_task, "done": answer_task is None, "poll_after_ms": POLL_MS}
+
+
+GATEWAY_METHODS = (
+    GatewayMethod(name="site.join", roles={"site"}, handler=site_join, open=True),
+    GatewayMethod(name="site.sync", roles={"site"}, handler=site_sync),
+    GatewayMethod(name="ramdisk.join", roles={"ramdisk"}, handler=ramdisk_join, open=True),
+    GatewayMethod(name="ramdisk.task", roles={"ramdisk"}, handler=ramdisk_task),
+)

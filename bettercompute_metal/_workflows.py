@@ -1,0 +1,254 @@
+"""The machine workflows: inspection over Redfish, and commissioning (PXE into the ramdisk, diagnose, wipe, ready).
+
+Every step keeps the machine's ``step``, ``reason`` and ``message`` current, so ``metal.get`` shows where a machine
+is and why it waits or failed. BMC calls happen between write blocks, never inside one. A BMC that is unreachable or
+answers 5xx is retried with backoff (the reason stays visible meanwhile); bad credentials, a TLS mismatch or the
+last attempt fail the machine with the step and the reason, and ``metal.retry`` starts the workflow again.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bettercompute import ModuleContext, RetryPolicy, Step, StepContext, StepOutcome, Workflow, start_workflow_in
+from bettercompute.errors import ComputeError, FailedPreconditionError, UnavailableError
+from bettercompute.ports import Transaction
+from bettercompute_metal._port import METAL, MachineRecord
+from bettercompute_metal._redfish import BmcCredentials, BmcTls, RedfishClient, RedfishError
+from bettercompute_metal._service import RAMDISK_TOKEN_PREFIX, credentials_context, new_token, token_context
+
+__all__ = ["COMMISSION", "INSPECT", "WORKFLOWS", "bmc_client", "bmc_error", "by_name", "start"]
+
+log = logging.getLogger("bettercompute.metal")
+
+BMC_ATTEMPTS = 6
+"""How many times a step tries a BMC that is unreachable or failing before the machine fails."""
+RAMDISK_WAIT = dt.timedelta(minutes=30)
+"""How long commissioning waits for the ramdisk to boot, join and finish its tasks."""
+RAMDISK_TOKEN_TTL = dt.timedelta(minutes=45)
+COMMISSION_TASKS = ("diagnose", "wipe")
+
+
+async def bmc_client(context: ModuleContext, machine: MachineRecord) -> RedfishClient:
+    """A Redfish client for the machine's BMC, its credentials unsealed for this call only."""
+    if context.kms is None:
+        raise FailedPreconditionError("bare metal needs a KMS (Options.kms)")
+    opened = json.loads(await context.kms.decrypt(machine.bmc_secret, context=credentials_context(machine.id)))
+    tls = BmcTls(ca_pem=machine.bmc_tls.get("ca_pem"), pin_sha256=machine.bmc_tls.get("pin_sha256"))
+    return RedfishClient(machine.bmc_url, BmcCredentials(username=opened["username"], password=opened["password"]), tls)
+
+
+def bmc_error(exc: RedfishError) -> ComputeError:
+    """A BMC failure as a caller sees it: unavailable (retry later) or a failed precondition (fix the BMC)."""
+    details = {"reason": exc.reason}
+    if exc.retryable:
+        return UnavailableError(f"the BMC: {exc}", details=details)
+    return FailedPreconditionError(f"the BMC: {exc}", details=details)
+
+
+async def _note(ctx: StepContext, machine_id: str, **fields: Any) -> MachineRecord | None:
+    async with ctx.writes() as tx:
+        return await tx.repository(METAL).update_machine(machine_id, **fields)
+
+
+async def _fail(ctx: StepContext, machine_id: str, reason: str, message: str) -> StepOutcome:
+    outcome = StepOutcome.fail(reason, message)
+    async with ctx.writes(outcome=outcome) as tx:
+        machine = await tx.repository(METAL).lock_machine(machine_id)
+        results = dict(machine.results) if machine is not None else {}
+        results["workflow"] = ctx.type
+        await tx.repository(METAL).update_machine(
+            machine_id,
+            state="failed",
+            step=ctx.step,
+            reason=reason,
+            message=message,
+            results=results,
+            boot={"action": "local"},
+            task=None,
+            tasks=(),
+            ramdisk_token=None,
+        )
+    log.info("machine %s failed at %s: %s", machine_id, ctx.step, reason)
+    return outcome
+
+
+StepBody = Callable[[StepContext, MachineRecord], Awaitable[StepOutcome]]
+
+
+def machine_step(name: str, body: StepBody, *, deadline: dt.timedelta = dt.timedelta(seconds=120)) -> Step:
+    """A step on the workflow's machine (its ``subject``) that fails the machine, not only the workflow.
+
+    A ``RedfishError`` that may pass is retried (``BMC_ATTEMPTS`` in all), any other failure fails the machine with
+    its reason at once; an unexpected exception fails it on the last attempt the engine would make.
+    """
+
+    async def run(ctx: StepContext) -> StepOutcome:
+        machine = await ctx.store.repository(METAL).get_machine(ctx.subject)
+        if machine is None:
+            return StepOutcome.fail("MACHINE_GONE", "the machine no longer exists")
+        try:
+            return await body(ctx, machine)
+        except RedfishError as exc:
+            if exc.retryable and ctx.attempt < BMC_ATTEMPTS:
+                await _note(ctx, machine.id, step=name, reason=exc.reason, message=str(exc))
+                return StepOutcome.retry(dt.timedelta(seconds=min(30, 2**ctx.attempt)), reason=exc.reason)
+            return await _fail(ctx, machine.id, exc.reason, str(exc))
+        except ComputeError as exc:
+            if ctx.attempt < BMC_ATTEMPTS and exc.code == "UNAVAILABLE":
+                return StepOutcome.retry(dt.timedelta(seconds=2), reason=exc.code)
+            return await _fail(ctx, machine.id, exc.code, exc.message)
+        except Exception as exc:
+            if ctx.attempt < BMC_ATTEMPTS:
+                raise
+            return await _fail(ctx, machine.id, f"EXCEPTION:{type(exc).__name__}", "the step failed unexpectedly")
+
+    return Step(
+        name=name,
+        run=run,
+        deadline=deadline,
+        retry=RetryPolicy(base=dt.timedelta(seconds=2), max_delay=dt.timedelta(seconds=30), max_attempts=BMC_ATTEMPTS),
+    )
+
+
+# --- inspection -------------------------------------------------------------------------------------------------
+
+
+async def _inspect(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    async with await bmc_client(ctx.context, machine) as client:
+        inventory = await client.inspect()
+    macs = tuple(sorted({n.mac.lower() for n in inventory.nics if n.mac}))
+    outcome = StepOutcome.next()
+    async with ctx.writes(outcome=outcome) as tx:
+        await tx.repository(METAL).update_machine(
+            machine.id,
+            state="inspected",
+            step=None,
+            reason=None,
+            message=None,
+            system_uuid=inventory.uuid.lower() if inventory.uuid else None,
+            serial=inventory.serial_number,
+            macs=macs,
+            power_state=inventory.power_state,
+            hardware=inventory.to_json(),
+        )
+    log.info("machine %s inspected: %d NICs, %d disks", machine.id, len(macs), len(inventory.disks))
+    return outcome
+
+
+INSPECT = Workflow(name="metal-inspect", steps=[machine_step("inspect", _inspect)])
+
+
+# --- commissioning ----------------------------------------------------------------------------------------------
+
+
+async def _prepare_ramdisk(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    """Mint the machine's ramdisk token (its secret sealed for the site's boot plan) and queue the ramdisk's tasks."""
+    kms = ctx.context.kms
+    if kms is None:
+        raise FailedPreconditionError("bare metal needs a KMS (Options.kms)")
+    token_id, token, secret_hash = new_token(RAMDISK_TOKEN_PREFIX, "rt_")
+    sealed = await kms.encrypt(token.encode(), context=token_context(machine.id))
+    expires_at = ctx.clock.now() + RAMDISK_TOKEN_TTL
+    tasks = COMMISSION_TASKS if ctx.type == COMMISSION.name else tuple(ctx.data.get("tasks", ()))
+    outcome = StepOutcome.next()
+    async with ctx.writes(outcome=outcome) as tx:
+        await tx.repository(METAL).update_machine(
+            machine.id,
+            step="boot",
+            reason=None,
+            message=None,
+            boot={"action": "ramdisk", "token": base64.b64encode(sealed).decode()},
+            ramdisk_token={"id": token_id, "hash": secret_hash.hex(), "expires_at": expires_at.isoformat()},
+            tasks=tasks,
+            task=None,
+        )
+    return outcome
+
+
+async def _pxe_boot(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    """One-time PXE boot over Redfish, then power on (or reset a machine that is on)."""
+    async with await bmc_client(ctx.context, machine) as client:
+        await client.set_boot_once("Pxe")
+        state = await client.power_state()
+        await client.power("reset" if state == "On" else "on")
+        state = await client.power_state()
+    outcome = StepOutcome.next()
+    async with ctx.writes(outcome=outcome) as tx:
+        await tx.repository(METAL).update_machine(machine.id, step="ramdisk", power_state=state)
+    return outcome
+
+
+async def _await_ramdisk(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    return StepOutcome.wait("ramdisk.done", timeout=RAMDISK_WAIT)
+
+
+async def _finish_commission(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    done = dict(ctx.data.get("ramdisk.done", {}))
+    if not done.get("ok"):
+        kind = str(done.get("kind") or "ramdisk")
+        return await _fail(
+            ctx, machine.id, f"{kind.upper()}_FAILED", str(done.get("error") or f"the ramdisk's {kind} failed")[:500]
+        )
+    async with await bmc_client(ctx.context, machine) as client:
+        await client.power("off")
+        state = await client.power_state()
+    outcome = StepOutcome.next()
+    async with ctx.writes(outcome=outcome) as tx:
+        await tx.repository(METAL).update_machine(
+            machine.id,
+            state="ready",
+            step=None,
+            reason=None,
+            message=None,
+            power_state=state,
+            boot={"action": "local"},
+            ramdisk_token=None,
+            task=None,
+            tasks=(),
+        )
+    log.info("machine %s is ready", machine.id)
+    return outcome
+
+
+COMMISSION = Workflow(
+    name="metal-commission",
+    steps=[
+        machine_step("prepare", _prepare_ramdisk),
+        machine_step("boot", _pxe_boot),
+        machine_step("ramdisk", _await_ramdisk),
+        machine_step("finish", _finish_commission),
+    ],
+)
+
+WORKFLOWS = (INSPECT, COMMISSION)
+
+
+def by_name(name: str) -> Workflow:
+    """The machine workflow of that name (inspection when unknown)."""
+    return next((w for w in WORKFLOWS if w.name == name), INSPECT)
+
+
+async def start(tx: Transaction, workflow: Workflow, machine: MachineRecord, **data: Any) -> MachineRecord:
+    """Start ``workflow`` on ``machine`` in ``tx`` and show it on the machine (state, first step)."""
+    workflow_id = await start_workflow_in(tx, workflow, tenant=machine.tenant, subject=machine.id, data=data)
+    state = {"metal-inspect": "enrolled", "metal-commission": "commissioning"}.get(workflow.name, machine.state)
+    results = {k: v for k, v in machine.results.items() if k not in ("workflow", "workflow_data")}
+    results["workflow"] = workflow.name
+    results["workflow_data"] = data
+    updated = await tx.repository(METAL).update_machine(
+        machine.id,
+        state=state,
+        step=workflow.steps[0].name,
+        reason=None,
+        message=None,
+        workflow_id=workflow_id,
+        results=results,
+    )
+    assert updated is not None
+    return updated

@@ -1,0 +1,301 @@
+"""Enroll -> inspect -> commission -> ready against a real Redfish emulator, with the site's and the ramdisk's gateway
+methods called as their agents call them (``compute.gateway_services.call``, what the gateway's ``Call`` relays).
+
+The agents' keys, CSRs and signatures are the daemon's own (``bettercompute_daemon.identity``); the boot itself (DHCP,
+TFTP, HTTP, QEMU) is proven in ``tests/integration/site``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import shlex
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bettercompute import BetterCompute, JoinSettings, LocalKeyKms
+from bettercompute.errors import AccessDeniedError, ComputeError, UnauthenticatedError
+from bettercompute.modules.pools import CreatePoolInput
+from bettercompute_daemon.identity import NodeKey
+from bettercompute_metal import MetalGroups, MetalModule, report_message
+from bettercompute_metal._redfish import BmcCredentials, BmcTls, RedfishClient
+from bettercompute_metal._schemas import (
+    BmcInput,
+    CreateSiteInput,
+    CreateSiteTokenInput,
+    EnrollInput,
+    MachineInput,
+    RegisterImageInput,
+)
+from bettercompute_store_pg import PgStore
+
+from ..iam.conftest import two_tenants
+from ._bmc import Bmc
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+TRUST_DOMAIN = "metal.example.test"
+SHA = "a" * 64
+
+
+@attrs.frozen(kw_only=True)
+class Plane:
+    compute: BetterCompute
+    store: PgStore
+    alice: str
+    mallory: str
+    acme: str
+    pool: str
+
+    @property
+    def metal(self) -> Any:
+        return MetalGroups(self.compute.api)
+
+    async def call(self, method: str, certificate_pem: str | None, input: dict[str, Any]) -> Any:
+        return await self.compute.gateway_services.call(method, certificate_pem=certificate_pem, input=input)
+
+    async def until(self, machine_id: str, states: set[str], within: float = 90.0) -> Any:
+        """Run the workers' passes until the machine reaches one of ``states``."""
+        deadline = time.monotonic() + within
+        while True:
+            await self.compute.jobs.tick()
+            machine = await self.metal.metal.get(self.alice, MachineInput(id=machine_id))
+            if machine.state in states:
+                return machine
+            assert time.monotonic() < deadline, f"machine stuck in {machine.state} at {machine.step}: {machine.reason}"
+            await _sleep(0.5)
+
+
+async def _sleep(seconds: float) -> None:
+    await anyio.sleep(seconds)
+
+
+@pytest.fixture
+async def plane(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIterator[Plane]:
+    join = JoinSettings(gateway_address="gw.metal.test:7443", trust_domain=TRUST_DOMAIN)
+    kms = LocalKeyKms(tmp_path / "kms.key")
+    async with two_tenants(database_url, fresh_schema, kms=kms, join=join, modules=[MetalModule()]) as t:
+        pool = await t.compute.api.pools.create(t.alice, CreatePoolInput(tenant=t.acme, name="metal"))
+        yield Plane(compute=t.compute, store=t.store, alice=t.alice, mallory=t.mallory, acme=t.acme, pool=pool.id)
+
+
+async def _site(plane: Plane) -> tuple[str, str, NodeKey]:
+    """A site with ramdisk images, joined: (site id, its certificate, its key)."""
+    metal = plane.metal
+    kernel = await metal.images.register(
+        plane.alice,
+        RegisterImageInput(tenant=plane.acme, name="rd-kernel", kind="kernel", url="http://10.0.0.1/k", sha256=SHA),
+    )
+    initrd = await metal.images.register(
+        plane.alice,
+        RegisterImageInput(tenant=plane.acme, name="rd-initrd", kind="initrd", url="http://10.0.0.1/i", sha256=SHA),
+    )
+    site = await metal.sites.create(
+        plane.alice,
+        CreateSiteInput(
+            tenant=plane.acme, pool_id=plane.pool, name="rack-1", ramdisk_kernel=kernel.id, ramdisk_initrd=initrd.id
+        ),
+    )
+    token = await metal.site_tokens.create(plane.alice, CreateSiteTokenInput(site_id=site.id))
+    key = NodeKey()
+    joined = await plane.call("site.join", None, {"token": token.token, "csr_pem": key.csr_pem()})
+    assert joined["site_id"] == site.id
+    # Single use: the same token again is refused, without saying why.
+    with pytest.raises(UnauthenticatedError):
+        await plane.call("site.join", None, {"token": token.token, "csr_pem": NodeKey().csr_pem()})
+    return site.id, joined["certificate_pem"], key
+
+
+def _signed(key: NodeKey, machine_id: str, task: dict[str, Any], ok: bool, result: dict[str, Any]) -> dict[str, Any]:
+    signed_at_ms = int(time.time() * 1000)
+    message = report_message(
+        machine_id=machine_id,
+        task_id=task["task_id"],
+        kind=task["kind"],
+        ok=ok,
+        result=result,
+        error=None,
+        signed_at_ms=signed_at_ms,
+    )
+    signature = key.private_key.sign(message, ec.ECDSA(hashes.SHA256()))
+    return {
+        "task_id": task["task_id"],
+        "kind": task["kind"],
+        "ok": ok,
+        "result": result,
+        "error": None,
+        "signed_at_ms": signed_at_ms,
+        "signature": base64.b64encode(signature).decode(),
+    }
+
+
+async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> None:
+    site_id, site_cert, _ = await _site(plane)
+    metal = plane.metal
+    machine = await metal.metal.enroll(
+        plane.alice,
+        EnrollInput(
+            site_id=site_id,
+            bmc=BmcInput(url=bmc.url, username=bmc.username, password=bmc.password, pin_sha256=bmc.pin_sha256),
+        ),
+    )
+    assert machine.state == "enrolled" and machine.step == "inspect"
+    machine = await plane.until(machine.id, {"inspected", "failed"})
+    assert machine.state == "inspected", machine
+    assert machine.system_uuid == bmc.system_uuid.lower()
+    assert set(machine.macs) == {m.lower() for m in bmc.macs}
+    assert machine.bmc.credentials_ref == f"bmc/{machine.id}"
+    assert bmc.password not in json.dumps(attrs.asdict(machine), default=str)
+
+    machine = await metal.metal.commission(plane.alice, MachineInput(id=machine.id))
+    assert machine.state == "commissioning"
+    # The workflow sets PXE once and powers the machine on; then it waits for the ramdisk.
+    deadline = time.monotonic() + 90
+    while machine.step != "ramdisk":
+        await plane.compute.jobs.tick()
+        machine = await metal.metal.get(plane.alice, MachineInput(id=machine.id))
+        assert machine.state == "commissioning", machine
+        assert time.monotonic() < deadline, machine
+        await _sleep(0.5)
+    # What the BMC was told: boot from the network once (the power-on lands seconds later, asked for already).
+    async with RedfishClient(
+        bmc.url, BmcCredentials(bmc.username, bmc.password), BmcTls(pin_sha256=bmc.pin_sha256)
+    ) as c:
+        boot = (await c.inspect()).boot
+    assert boot.override_target == "Pxe"  # (the emulator's fake driver keeps no "Once": it reports Continuous)
+
+    # The active site agent's plan boots this machine into the ramdisk; a second agent stands by.
+    sync = await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
+    assert sync["active"] is True
+    standby = await plane.call("site.sync", site_cert, {"agent": "a-2", "http_base": "http://10.0.0.3:8080"})
+    assert standby["active"] is False and standby["holder"] == "a-1" and standby["plan"]["entries"] == []
+    (entry,) = sync["plan"]["entries"]
+    assert entry["machine_id"] == machine.id and entry["action"] == "ramdisk"
+    assert set(entry["macs"]) == set(machine.macs)
+    arguments = dict(part.split("=", 1) for part in shlex.split(entry["cmdline"]))
+    token = arguments["bc.token"]
+    assert arguments["bc.machine"] == machine.id and arguments["bc.gateway"] == "gw.metal.test:7443"
+
+    # The ramdisk joins with the token and the machine's own UUID (no serial: the emulator reports none).
+    ramdisk = NodeKey()
+    wrong = {"token": token, "machine_id": machine.id, "csr_pem": ramdisk.csr_pem()}
+    with pytest.raises(AccessDeniedError):
+        await plane.call(
+            "ramdisk.join", None, {**wrong, "claims": {"system_uuid": "0" * 8 + "-0000-0000-0000-" + "0" * 12}}
+        )
+    joined = await plane.call(
+        "ramdisk.join", None, {**wrong, "claims": {"system_uuid": machine.system_uuid, "serial": machine.serial}}
+    )
+    not_after = dt.datetime.fromtimestamp(joined["not_after_ms"] / 1000, dt.UTC)
+    assert not_after <= dt.datetime.now(dt.UTC) + dt.timedelta(hours=2, minutes=1)
+    with pytest.raises(UnauthenticatedError):  # spent
+        await plane.call(
+            "ramdisk.join", None, {**wrong, "claims": {"system_uuid": machine.system_uuid, "serial": machine.serial}}
+        )
+    cert = joined["certificate_pem"]
+    # A ramdisk certificate is not a site's.
+    with pytest.raises(AccessDeniedError):
+        await plane.call("site.sync", cert, {"agent": "x", "http_base": "http://x"})
+
+    answer = await plane.call("ramdisk.task", cert, {"report": None})
+    task = answer["task"]
+    assert task["kind"] == "diagnose"
+    disks = [{"name": "sda", "size_bytes": 1 << 30, "smart": {"supported": False, "passed": None}}]
+    forged = _signed(NodeKey(), machine.id, task, True, {"disks": disks})
+    with pytest.raises(UnauthenticatedError):
+        await plane.call("ramdisk.task", cert, {"report": forged})
+    answer = await plane.call(
+        "ramdisk.task", cert, {"report": _signed(ramdisk, machine.id, task, True, {"disks": disks})}
+    )
+    task = answer["task"]
+    assert task["kind"] == "wipe" and task["params"] == {"disks": ["sda"]}
+    wiped = {"disks": [{"name": "sda", "method": "zero", "ok": True}]}
+    answer = await plane.call("ramdisk.task", cert, {"report": _signed(ramdisk, machine.id, task, True, wiped)})
+    assert answer["task"] is None and answer["done"] is True
+
+    machine = await plane.until(machine.id, {"ready", "failed"})
+    assert machine.state == "ready", machine
+    assert machine.results["diagnose"]["disks"][0]["name"] == "sda"
+    sync = await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
+    assert sync["plan"]["entries"][0]["action"] == "local"
+
+
+async def test_bad_credentials_fail_with_the_step_and_retry(plane: Plane, bmc: Bmc) -> None:
+    site_id, _, _ = await _site(plane)
+    metal = plane.metal
+    machine = await metal.metal.enroll(
+        plane.alice,
+        EnrollInput(
+            site_id=site_id,
+            bmc=BmcInput(url=bmc.url, username=bmc.username, password="wrong-password", pin_sha256=bmc.pin_sha256),
+        ),
+    )
+    machine = await plane.until(machine.id, {"inspected", "failed"})
+    assert machine.state == "failed"
+    assert machine.step == "inspect" and machine.reason == "BMC_AUTH_FAILED"
+    again = await metal.metal.retry(plane.alice, MachineInput(id=machine.id))
+    assert again.state == "enrolled" and again.step == "inspect"
+
+
+async def test_unreachable_bmc_is_retried_visibly(plane: Plane, bmc: Bmc) -> None:
+    site_id, _, _ = await _site(plane)
+    machine = await plane.metal.metal.enroll(
+        plane.alice,
+        EnrollInput(
+            site_id=site_id,
+            bmc=BmcInput(url="https://127.0.0.1:9", username="admin", password="pw", pin_sha256=bmc.pin_sha256),
+        ),
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        await plane.compute.jobs.tick()
+        machine = await plane.metal.metal.get(plane.alice, MachineInput(id=machine.id))
+        if machine.reason == "BMC_UNREACHABLE":
+            break
+        assert time.monotonic() < deadline, machine
+        await _sleep(0.2)
+    assert machine.state == "enrolled" and machine.step == "inspect"
+
+
+async def test_other_tenants_see_nothing(plane: Plane, bmc: Bmc) -> None:
+    site_id, _, _ = await _site(plane)
+    with pytest.raises(ComputeError) as refused:
+        await plane.metal.metal.enroll(
+            plane.mallory,
+            EnrollInput(
+                site_id=site_id,
+                bmc=BmcInput(url=bmc.url, username=bmc.username, password=bmc.password, pin_sha256=bmc.pin_sha256),
+            ),
+        )
+    assert refused.value.code in ("ACCESS_DENIED", "NOT_FOUND")
+
+
+async def test_no_bmc_password_in_the_database(plane: Plane, bmc: Bmc) -> None:
+    site_id, _, _ = await _site(plane)
+    password = "S3cret-Passw0rd-for-leak-scan"
+    await plane.metal.metal.enroll(
+        plane.alice,
+        EnrollInput(
+            site_id=site_id,
+            bmc=BmcInput(url=bmc.url, username=bmc.username, password=password, pin_sha256=bmc.pin_sha256),
+        ),
+    )
+    schema = plane.store.schema
+    tables = await plane.store.fetch(
+        plane.store.sql("SELECT table_name FROM information_schema.tables WHERE table_schema = :s"), {"s": schema}
+    )
+    for table in tables:
+        rows = await plane.store.fetch(
+            plane.store.sql(f'SELECT t::text AS row FROM {{s}}."{table.table_name}" AS t'), {}
+        )
+        for row in rows:
+            assert password not in row.row, table.table_name
