@@ -159,7 +159,10 @@ def parse_bmc_url(url: object, *, allow_plain_http: bool = False, field: str = "
         raise _invalid(field, "The BMC URL may not have a query or a fragment.")
     if "\\" in url:
         raise _invalid(field, "The BMC URL may not contain a backslash.")
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # an unclosed or misused bracket, which urlsplit itself refuses
+        raise _invalid(field, "The BMC URL is not a valid URL.") from None
     scheme = parts.scheme.lower()
     if scheme == "http" and not allow_plain_http:
         raise _invalid(field, "The BMC URL must use https: credentials are never sent in the clear.")
