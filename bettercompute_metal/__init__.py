@@ -1,5 +1,5 @@
 """Bare metal (v0.2): sites and their boot servers, machines enrolled by their BMC, inspected over Redfish and
-commissioned through PXE into ``bcd ramdisk``.
+commissioned through PXE into ``bcd ramdisk``, deployed from a disk image to join a pool as nodes, and released.
 
 Register with ``Options(modules=[MetalModule()], join=..., kms=...)``: the module needs the node identity module
 (its agents get certificates from the control plane's CA) and a KMS (BMC credentials are sealed by it).
@@ -11,13 +11,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from bettercompute import GatewayMethod, GroupSet, GroupSpec, Job, ModuleContext, Workflow
-from bettercompute.modules.pools import POOLS
+from bettercompute.modules.nodes import NODES
+from bettercompute.modules.pools import JOIN_TOKENS, POOLS
 from bettercompute.ports import Migration, Repository
 from bettercompute_metal import _service
 from bettercompute_metal._gateway import GATEWAY_METHODS, report_message
 from bettercompute_metal._pg import MIGRATIONS
 from bettercompute_metal._port import METAL
-from bettercompute_metal._workflows import WORKFLOWS
+from bettercompute_metal._workflows import NODE_WATCH, WORKFLOWS
 
 __version__ = "0.2.0"
 
@@ -66,6 +67,8 @@ class MetalGroup(GroupSpec[B]):
     get = _service.get_machine
     list = _service.list_machines
     commission = _service.commission
+    deploy = _service.deploy
+    release = _service.release
     retry = _service.retry
     power = _service.power
 
@@ -88,8 +91,8 @@ class MetalModule:
     groups: Sequence[type[GroupSpec[Any]]] = (SitesGroup, SiteTokensGroup, ImagesGroup, MetalGroup)
     actions: Sequence[str] = ("compute:sites:join", "compute:metal:ramdisk-join")
     migrations: Mapping[str, Sequence[Migration]] = {"postgresql": MIGRATIONS}
-    jobs: Sequence[Job] = ()
-    repositories: Sequence[Repository[Any]] = (METAL, POOLS)
+    jobs: Sequence[Job] = (NODE_WATCH,)
+    repositories: Sequence[Repository[Any]] = (METAL, POOLS, JOIN_TOKENS, NODES)
     workflows: Sequence[Workflow] = WORKFLOWS
     gateway_methods: Sequence[GatewayMethod] = GATEWAY_METHODS
 

@@ -31,9 +31,16 @@ from bettercompute.errors import (
     InvalidInputError,
     UnauthenticatedError,
 )
+from bettercompute.modules.nodes import JOIN_KEYS, hardware_key_of
 from bettercompute.ports import AuditRecord
 from bettercompute_metal._port import METAL, MachineRecord
-from bettercompute_metal._service import RAMDISK_TOKEN_PREFIX, SITE_TOKEN_PREFIX, parse_token, token_context
+from bettercompute_metal._service import (
+    RAMDISK_TOKEN_PREFIX,
+    SITE_TOKEN_PREFIX,
+    join_token_context,
+    parse_token,
+    token_context,
+)
 
 __all__ = ["GATEWAY_METHODS", "report_message"]
 
@@ -323,6 +330,20 @@ def _verify_report(call: GatewayCall, machine_id: str, report: Mapping[str, Any]
         ) from None
 
 
+def _hardware_key(diagnosis: Mapping[str, Any], machine: MachineRecord) -> tuple[str | None, str | None]:
+    """The hardware key of the claims the ramdisk read (what ``bcd join`` will send from the installed system),
+    and why it cannot be taken: malformed claims, or a UUID that is not the one Redfish reported."""
+    claims = diagnosis.get("claims")
+    if not isinstance(claims, dict):
+        return None, "the diagnosis has no hardware claims"
+    if str(claims.get("system_uuid") or "").lower() != (machine.system_uuid or ""):
+        return None, "the ramdisk read another system UUID than the BMC reports"
+    try:
+        return hardware_key_of(claims), None
+    except InvalidInputError:
+        return None, "the diagnosis's hardware claims are malformed"
+
+
 def _check_result(kind: str, result: Any) -> str | None:
     """Why a task that says it succeeded did not (a disk whose SMART check failed, a wipe that missed a disk)."""
     if not isinstance(result, dict):
@@ -342,7 +363,46 @@ def _check_result(kind: str, result: Any) -> str | None:
     return None
 
 
-def _next_task(machine: MachineRecord, index: int, results: Mapping[str, Any]) -> dict[str, Any] | None:
+async def _deploy_params(call: GatewayCall, machine: MachineRecord) -> dict[str, Any]:
+    """The image to write, the disk, and cloud-init whose first boot runs ``bcd join`` with the deploy's token."""
+    context = call.context
+    store = context.store
+    image = await store.repository(METAL).get_image(machine.image_id) if machine.image_id else None
+    sealed = machine.boot.get("join_token")
+    settings = context.settings.get(JoinSettings)
+    join_key = await store.repository(JOIN_KEYS).active()
+    if image is None or not sealed or settings is None or join_key is None or context.kms is None:
+        raise FailedPreconditionError("the deploy is not prepared", details={"reason": "not_prepared"})
+    token = (await context.kms.decrypt(base64.b64decode(sealed), context=join_token_context(machine.id))).decode()
+    command = [
+        "bcd",
+        "join",
+        "--token",
+        token,
+        "--pool",
+        machine.pool_id,
+        "--gateway",
+        settings.gateway_address,
+        "--trust-domain",
+        settings.trust_domain,
+        "--ca-pin",
+        _pin(await call.issuer.trust_bundle_pem()),
+        f"--join-key={join_key.public_key}",
+    ]
+    user_data = "#cloud-config\n" + json.dumps(
+        {"runcmd": [command, ["systemctl", "enable", "--now", "bcd"]]}, separators=(",", ":")
+    )
+    meta_data = json.dumps({"instance-id": machine.id, "local-hostname": machine.name or machine.id})
+    return {
+        "image": {"sha256": image.sha256, "url": image.url, "size": image.size},
+        "disk": machine.disk,
+        "cloud_init": {"user_data": user_data + "\n", "meta_data": meta_data},
+    }
+
+
+async def _next_task(
+    call: GatewayCall, machine: MachineRecord, index: int, results: Mapping[str, Any]
+) -> dict[str, Any] | None:
     if index >= len(machine.tasks):
         return None
     kind = machine.tasks[index]
@@ -350,6 +410,8 @@ def _next_task(machine: MachineRecord, index: int, results: Mapping[str, Any]) -
     if kind == "wipe":
         disks = results.get("diagnose", {}).get("disks", [])
         params = {"disks": [d.get("name") for d in disks if isinstance(d, dict)]}
+    elif kind == "deploy":
+        params = await _deploy_params(call, machine)
     return {"task_id": f"{machine.workflow_id}/{index}", "kind": kind, "params": params, "index": index}
 
 
@@ -370,7 +432,7 @@ async def ramdisk_task(call: GatewayCall) -> Mapping[str, Any]:
             return {"task": None, "done": True, "poll_after_ms": POLL_MS}
         task = dict(machine.task) if machine.task else None
         if task is None and machine.tasks and machine.results.get("ramdisk_done_for") != machine.workflow_id:
-            task = _next_task(machine, 0, machine.results)
+            task = await _next_task(call, machine, 0, machine.results)
             await repository.update_machine(machine.id, task=task, message=f"ramdisk: {task['kind'] if task else ''}")
         elif task is not None and report is not None:
             if report.get("task_id") != task["task_id"] or report.get("kind") != task["kind"]:
@@ -381,12 +443,16 @@ async def ramdisk_task(call: GatewayCall) -> Mapping[str, Any]:
             why = _check_result(task["kind"], report.get("result")) if ok else str(report.get("error") or "failed")
             results = dict(machine.results)
             results[task["kind"]] = report.get("result") if isinstance(report.get("result"), dict) else {}
-            following = _next_task(machine, int(task["index"]) + 1, results) if why is None else None
+            hardware_key = machine.hardware_key
+            if why is None and task["kind"] == "diagnose":
+                hardware_key, why = _hardware_key(results["diagnose"], machine)
+            following = await _next_task(call, machine, int(task["index"]) + 1, results) if why is None else None
             if following is None:
                 results["ramdisk_done_for"] = machine.workflow_id
             await repository.update_machine(
                 machine.id,
                 results=results,
+                hardware_key=hardware_key,
                 task=following,
                 message=f"ramdisk: {following['kind']}" if following else "ramdisk: done",
             )
@@ -395,7 +461,9 @@ async def ramdisk_task(call: GatewayCall) -> Mapping[str, Any]:
                 await signal_workflow_in(tx, machine.workflow_id, "ramdisk.done", payload)
             task = following
         answer_task = {k: v for k, v in task.items() if k != "index"} if task else None
-    return {"task": answer_task, "done": answer_task is None, "poll_after_ms": POLL_MS}
+        # After a deploy the ramdisk reboots into the installed system; otherwise the workflow powers it off.
+        reboot = answer_task is None and "deploy" in machine.tasks
+    return {"task": answer_task, "done": answer_task is None, "reboot": reboot, "poll_after_ms": POLL_MS}
 
 
 GATEWAY_METHODS = (

@@ -97,6 +97,7 @@ CREATE TABLE {schema}.metal_machines (
 );
 CREATE INDEX metal_machines_page ON {schema}.metal_machines (tenant, created_at, id);
 CREATE INDEX metal_machines_site ON {schema}.metal_machines (site_id);
+CREATE INDEX metal_machines_state ON {schema}.metal_machines (state) WHERE state = 'deploying';
 
 -- What sites' boot servers saw (DHCP, TFTP, script and file requests): kept for metal.get, trimmed by age.
 CREATE TABLE {schema}.metal_boot_records (
@@ -254,6 +255,9 @@ ON CONFLICT DO NOTHING RETURNING {_MACHINE}""")
             f" AND (CAST(:site_id AS text) IS NULL OR site_id = :site_id) AND {_PAGED} ORDER BY created_at, id"
             " LIMIT :limit"
         )
+        self._deploying = db.sql(
+            f"SELECT {_MACHINE} FROM {{s}}.metal_machines WHERE state = 'deploying' ORDER BY updated_at LIMIT 1000"
+        )
         self._at_site = db.sql(f"SELECT {_MACHINE} FROM {{s}}.metal_machines WHERE site_id = :site_id ORDER BY id")
         self._add_records = db.sql("""
 INSERT INTO {s}.metal_boot_records (site_id, machine_id, kind, mac, system_uuid, detail, at)
@@ -367,6 +371,10 @@ ORDER BY id DESC LIMIT :limit""")
     ) -> list[MachineRecord]:
         params = {"tenant": tenant, "site_id": site_id, "limit": limit, **_page(after)}
         rows = await self._fetch(self._list_machines, params)
+        return [_machine(r) for r in rows]
+
+    async def deploying(self) -> list[MachineRecord]:
+        rows = await self._fetch(self._deploying, {})
         return [_machine(r) for r in rows]
 
     async def machines_at_site(self, site_id: str) -> list[MachineRecord]:

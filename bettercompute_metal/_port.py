@@ -169,6 +169,10 @@ class Metal(Protocol):
         self, tenant: str, *, site_id: str | None, after: Sequence[Any] | None, limit: int
     ) -> list[MachineRecord]: ...
 
+    async def deploying(self) -> list[MachineRecord]:
+        """The machines being deployed (their workflows wait for their nodes)."""
+        ...
+
     async def machines_at_site(self, site_id: str) -> list[MachineRecord]:
         """Every machine of a site (its boot plan)."""
         ...

@@ -29,6 +29,7 @@ from bettercompute_metal._schemas import (
     CreatedSiteToken,
     CreateSiteInput,
     CreateSiteTokenInput,
+    DeployInput,
     EnrollInput,
     GetSiteInput,
     Image,
@@ -73,6 +74,18 @@ def parse_token(token: Any, prefix: str) -> tuple[str, bytes] | None:
     if not all(c.isalnum() or c in "_-" for c in token_id + secret):
         return None
     return token_id, hashlib.sha256(secret.encode()).digest()
+
+
+def new_join_token() -> tuple[str, str, bytes]:
+    """A join token as ``join-tokens.create`` makes them (``bcjt_<id>.<secret>``): ``(id, token, secret hash)``."""
+    from bettercompute.modules.nodes._tokens import new_token as new_node_token
+
+    return new_node_token()
+
+
+def join_token_context(machine_id: str) -> str:
+    """The KMS context of the join token a deploy writes into the installed system's cloud-init."""
+    return f"metal-join-token:{machine_id}"
 
 
 def require_kms(kms: Kms | None) -> Kms:
@@ -434,6 +447,45 @@ async def commission(call: CallContext, input: MachineInput) -> Machine:
     from bettercompute_metal._workflows import COMMISSION
 
     return await _start_from(call, input.id, COMMISSION, frozenset({"inspected", "ready"}))
+
+
+@method(mutates=True, resource=_on_machine)
+async def deploy(call: CallContext, input: DeployInput) -> Machine:
+    """Deploy a registered disk image to a ready machine's disk; the installed system then joins the pool as the
+    machine's node id and goes through the pool's acceptance checks (``deployed`` once its node is adopted).
+
+    Raises:
+        NotFoundError: there is no such machine, or no such image in its tenant.
+        InvalidInputError: the image is not a disk image, or the disk is not one the ramdisk reported.
+        FailedPreconditionError: the machine is not ``ready``.
+    """
+    from bettercompute_metal._workflows import DEPLOY
+
+    machine = await existing_machine(call, input.id)
+    image = await call.context.store.repository(METAL).get_image(input.image_id)
+    if image is None or image.tenant != machine.tenant:
+        raise NotFoundError("no such image in this tenant", details={"path": "image_id"})
+    if image.kind != "disk":
+        raise InvalidInputError(f"image_id: the image is a {image.kind}, not a disk", details={"path": "image_id"})
+    reported = machine.results.get("diagnose", {}).get("disks", [])
+    disks = [d.get("name") for d in reported if isinstance(d, dict)]
+    disk = input.disk or (disks[0] if disks else None)
+    if disk is None or disk not in disks:
+        raise InvalidInputError("disk: not a disk the ramdisk reported", details={"path": "disk", "disks": disks})
+    return await _start_from(call, input.id, DEPLOY, frozenset({"ready"}), image_id=image.id, disk=disk)
+
+
+@method(mutates=True, resource=_on_machine)
+async def release(call: CallContext, input: MachineInput) -> Machine:
+    """Release a deployed machine: PXE into the ramdisk, wipe its disks, and return it to ``ready``.
+
+    Raises:
+        NotFoundError: there is no such machine.
+        FailedPreconditionError: the machine is not ``deployed``.
+    """
+    from bettercompute_metal._workflows import RELEASE
+
+    return await _start_from(call, input.id, RELEASE, frozenset({"deployed"}))
 
 
 @method(mutates=True, resource=_on_machine)

@@ -15,14 +15,44 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bettercompute import ModuleContext, RetryPolicy, Step, StepContext, StepOutcome, Workflow, start_workflow_in
+from bettercompute import (
+    Job,
+    ModuleContext,
+    RetryPolicy,
+    Step,
+    StepContext,
+    StepOutcome,
+    Workflow,
+    signal_workflow_in,
+    start_workflow_in,
+)
 from bettercompute.errors import ComputeError, FailedPreconditionError, UnavailableError
+from bettercompute.modules.nodes import NODES
+from bettercompute.modules.pools import JOIN_TOKENS
 from bettercompute.ports import Transaction
 from bettercompute_metal._port import METAL, MachineRecord
 from bettercompute_metal._redfish import BmcCredentials, BmcTls, RedfishClient, RedfishError
-from bettercompute_metal._service import RAMDISK_TOKEN_PREFIX, credentials_context, new_token, token_context
+from bettercompute_metal._service import (
+    RAMDISK_TOKEN_PREFIX,
+    credentials_context,
+    join_token_context,
+    new_join_token,
+    new_token,
+    token_context,
+)
 
-__all__ = ["COMMISSION", "INSPECT", "WORKFLOWS", "bmc_client", "bmc_error", "by_name", "start"]
+__all__ = [
+    "COMMISSION",
+    "DEPLOY",
+    "INSPECT",
+    "NODE_WATCH",
+    "RELEASE",
+    "WORKFLOWS",
+    "bmc_client",
+    "bmc_error",
+    "by_name",
+    "start",
+]
 
 log = logging.getLogger("bettercompute.metal")
 
@@ -31,7 +61,10 @@ BMC_ATTEMPTS = 6
 RAMDISK_WAIT = dt.timedelta(minutes=30)
 """How long commissioning waits for the ramdisk to boot, join and finish its tasks."""
 RAMDISK_TOKEN_TTL = dt.timedelta(minutes=45)
-COMMISSION_TASKS = ("diagnose", "wipe")
+DEPLOY_JOIN_TTL = dt.timedelta(hours=1)
+"""How long the installed system's join token lives."""
+NODE_WAIT = dt.timedelta(hours=1)
+"""How long a deploy waits for the installed system to join, and then to be adopted."""
 
 
 async def bmc_client(context: ModuleContext, machine: MachineRecord) -> RedfishClient:
@@ -147,25 +180,56 @@ INSPECT = Workflow(name="metal-inspect", steps=[machine_step("inspect", _inspect
 # --- commissioning ----------------------------------------------------------------------------------------------
 
 
+TASKS = {"metal-commission": ("diagnose", "wipe"), "metal-deploy": ("deploy",), "metal-release": ("wipe",)}
+
+
 async def _prepare_ramdisk(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
-    """Mint the machine's ramdisk token (its secret sealed for the site's boot plan) and queue the ramdisk's tasks."""
+    """Mint the machine's ramdisk token (its secret sealed for the site's boot plan) and queue the ramdisk's tasks;
+    for a deploy, mint the installed system's join token too (single use, an hour, bound to this machine's hardware
+    key and node id), sealed until the ramdisk writes it into cloud-init."""
     kms = ctx.context.kms
     if kms is None:
         raise FailedPreconditionError("bare metal needs a KMS (Options.kms)")
     token_id, token, secret_hash = new_token(RAMDISK_TOKEN_PREFIX, "rt_")
     sealed = await kms.encrypt(token.encode(), context=token_context(machine.id))
-    expires_at = ctx.clock.now() + RAMDISK_TOKEN_TTL
-    tasks = COMMISSION_TASKS if ctx.type == COMMISSION.name else tuple(ctx.data.get("tasks", ()))
+    now = ctx.clock.now()
+    boot: dict[str, Any] = {"action": "ramdisk", "token": base64.b64encode(sealed).decode()}
+    join: tuple[str, bytes] | None = None
+    if ctx.type == DEPLOY.name:
+        if machine.hardware_key is None:
+            raise FailedPreconditionError("the machine has no hardware key: commission it first")
+        join_id, join_token, join_hash = new_join_token()
+        join = (join_id, join_hash)
+        boot["join_token"] = base64.b64encode(
+            await kms.encrypt(join_token.encode(), context=join_token_context(machine.id))
+        ).decode()
+        boot["join_token_id"] = join_id
     outcome = StepOutcome.next()
     async with ctx.writes(outcome=outcome) as tx:
+        if join is not None:
+            await tx.repository(JOIN_TOKENS).create(
+                id=join[0],
+                pool_id=machine.pool_id,
+                tenant=machine.tenant,
+                secret_hash=join[1],
+                uses=1,
+                expires_at=now + DEPLOY_JOIN_TTL,
+                expect={"hardware_key": machine.hardware_key, "node_id": machine.node_id},
+                reclaim="same-hardware",
+                created_by=f"machine:{machine.id}",
+            )
         await tx.repository(METAL).update_machine(
             machine.id,
             step="boot",
             reason=None,
             message=None,
-            boot={"action": "ramdisk", "token": base64.b64encode(sealed).decode()},
-            ramdisk_token={"id": token_id, "hash": secret_hash.hex(), "expires_at": expires_at.isoformat()},
-            tasks=tasks,
+            boot=boot,
+            ramdisk_token={
+                "id": token_id,
+                "hash": secret_hash.hex(),
+                "expires_at": (now + RAMDISK_TOKEN_TTL).isoformat(),
+            },
+            tasks=TASKS[ctx.type],
             task=None,
         )
     return outcome
@@ -188,13 +252,20 @@ async def _await_ramdisk(ctx: StepContext, machine: MachineRecord) -> StepOutcom
     return StepOutcome.wait("ramdisk.done", timeout=RAMDISK_WAIT)
 
 
-async def _finish_commission(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+async def _ramdisk_failed(ctx: StepContext, machine: MachineRecord) -> StepOutcome | None:
     done = dict(ctx.data.get("ramdisk.done", {}))
-    if not done.get("ok"):
-        kind = str(done.get("kind") or "ramdisk")
-        return await _fail(
-            ctx, machine.id, f"{kind.upper()}_FAILED", str(done.get("error") or f"the ramdisk's {kind} failed")[:500]
-        )
+    if done.get("ok"):
+        return None
+    kind = str(done.get("kind") or "ramdisk")
+    return await _fail(
+        ctx, machine.id, f"{kind.upper()}_FAILED", str(done.get("error") or f"the ramdisk's {kind} failed")[:500]
+    )
+
+
+async def _finish_commission(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    failed = await _ramdisk_failed(ctx, machine)
+    if failed is not None:
+        return failed
     async with await bmc_client(ctx.context, machine) as client:
         await client.power("off")
         state = await client.power_state()
@@ -226,7 +297,115 @@ COMMISSION = Workflow(
     ],
 )
 
-WORKFLOWS = (INSPECT, COMMISSION)
+# --- deploy and release -----------------------------------------------------------------------------------------
+
+
+async def _installed(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    """The image is on the disk: from now on the site boots the machine from it (the ramdisk reboots it)."""
+    failed = await _ramdisk_failed(ctx, machine)
+    if failed is not None:
+        return failed
+    outcome = StepOutcome.wait("node.joined", timeout=NODE_WAIT)
+    async with ctx.writes(outcome=outcome) as tx:
+        boot = {"action": "local", "join_token_id": machine.boot.get("join_token_id")}
+        await tx.repository(METAL).update_machine(
+            machine.id, step="join", message="waiting for the installed system to join", boot=boot, ramdisk_token=None
+        )
+    return outcome
+
+
+async def _joined(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    outcome = StepOutcome.wait("node.adopted", timeout=NODE_WAIT)
+    async with ctx.writes(outcome=outcome) as tx:
+        await tx.repository(METAL).update_machine(
+            machine.id, step="adopt", message=f"node {machine.node_id} joined; its acceptance checks run"
+        )
+    return outcome
+
+
+async def _deployed(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    outcome = StepOutcome.next()
+    async with ctx.writes(outcome=outcome) as tx:
+        await tx.repository(METAL).update_machine(
+            machine.id, state="deployed", step=None, reason=None, message=None, task=None, tasks=()
+        )
+    log.info("machine %s is deployed as node %s", machine.id, machine.node_id)
+    return outcome
+
+
+async def _released(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    failed = await _ramdisk_failed(ctx, machine)
+    if failed is not None:
+        return failed
+    async with await bmc_client(ctx.context, machine) as client:
+        await client.power("off")
+        state = await client.power_state()
+    outcome = StepOutcome.next()
+    async with ctx.writes(outcome=outcome) as tx:
+        await tx.repository(METAL).update_machine(
+            machine.id,
+            state="ready",
+            step=None,
+            reason=None,
+            message=None,
+            power_state=state,
+            boot={"action": "local"},
+            ramdisk_token=None,
+            task=None,
+            tasks=(),
+            image_id=None,
+            disk=None,
+        )
+    log.info("machine %s is released and ready", machine.id)
+    return outcome
+
+
+DEPLOY = Workflow(
+    name="metal-deploy",
+    steps=[
+        machine_step("prepare", _prepare_ramdisk),
+        machine_step("boot", _pxe_boot),
+        machine_step("ramdisk", _await_ramdisk),
+        machine_step("installed", _installed),
+        machine_step("joined", _joined),
+        machine_step("finish", _deployed),
+    ],
+)
+
+RELEASE = Workflow(
+    name="metal-release",
+    steps=[
+        machine_step("prepare", _prepare_ramdisk),
+        machine_step("boot", _pxe_boot),
+        machine_step("ramdisk", _await_ramdisk),
+        machine_step("finish", _released),
+    ],
+)
+
+WORKFLOWS = (INSPECT, COMMISSION, DEPLOY, RELEASE)
+
+
+async def watch_nodes(context: ModuleContext) -> int:
+    """Tell deploy workflows that their node joined, then that it was adopted (read from the nodes table: converges
+    by polling, with no notifier)."""
+    machines = await context.store.repository(METAL).deploying()
+    signalled = 0
+    for machine in machines:
+        node = await context.store.repository(NODES).get(machine.node_id)
+        if node is None or machine.workflow_id is None:
+            continue
+        event = None
+        if machine.step == "join" and node.join_token_id == machine.boot.get("join_token_id"):
+            event = "node.joined"
+        elif machine.step == "adopt" and node.state == "adopted":
+            event = "node.adopted"
+        if event is not None:
+            async with context.store.transaction() as tx:
+                signalled += await signal_workflow_in(tx, machine.workflow_id, event, {"node_state": node.state})
+    return signalled
+
+
+NODE_WATCH = Job(name="metal-node-watch", role="controllers", interval=dt.timedelta(seconds=2), run=watch_nodes)
 
 
 def by_name(name: str) -> Workflow:
@@ -237,7 +416,12 @@ def by_name(name: str) -> Workflow:
 async def start(tx: Transaction, workflow: Workflow, machine: MachineRecord, **data: Any) -> MachineRecord:
     """Start ``workflow`` on ``machine`` in ``tx`` and show it on the machine (state, first step)."""
     workflow_id = await start_workflow_in(tx, workflow, tenant=machine.tenant, subject=machine.id, data=data)
-    state = {"metal-inspect": "enrolled", "metal-commission": "commissioning"}.get(workflow.name, machine.state)
+    state = {
+        "metal-inspect": "enrolled",
+        "metal-commission": "commissioning",
+        "metal-deploy": "deploying",
+        "metal-release": "releasing",
+    }[workflow.name]
     results = {k: v for k, v in machine.results.items() if k not in ("workflow", "workflow_data")}
     results["workflow"] = workflow.name
     results["workflow_data"] = data
@@ -249,6 +433,7 @@ async def start(tx: Transaction, workflow: Workflow, machine: MachineRecord, **d
         message=None,
         workflow_id=workflow_id,
         results=results,
+        **({"image_id": data["image_id"], "disk": data["disk"]} if workflow.name == "metal-deploy" else {}),
     )
     assert updated is not None
     return updated

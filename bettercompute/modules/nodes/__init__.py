@@ -31,7 +31,7 @@ from bettercompute.modules.nodes._inventory import (
     inventory_item,
     lifecycle_item,
 )
-from bettercompute.modules.nodes._join import JoinResult, JoinService
+from bettercompute.modules.nodes._join import JoinResult, JoinService, hardware_key_of
 from bettercompute.modules.nodes._module import IdentityModule
 from bettercompute.modules.nodes._nodes import (
     NODE_CORDONED,
@@ -137,6 +137,7 @@ __all__ = [
     "RevokedNode",
     "acked_item",
     "hardware_key",
+    "hardware_key_of",
     "hash_secret",
     "inventory_item",
     "lifecycle_item",

@@ -230,14 +230,22 @@ class JoinService:
         )
         attestation = await self._attest(request)
         hw_key = hardware_key(hardware)
+        # A token minted for one machine (a bare-metal deploy) names its hardware key and the node id it joins as.
+        bound_key = token.expect.get("hardware_key")
+        if bound_key is not None and bound_key != hw_key:
+            raise AccessDeniedError(
+                "the machine's claims do not match what the join token expects: hardware_key",
+                details={"reason": "expect_mismatch", "fields": ["hardware_key"]},
+            )
+        bound_id = token.expect.get("node_id")
         # Everything that may call out happens before the transaction: the CA key is loaded from the KMS, the
         # trust bundle read. The transaction itself only reads and writes the database.
         await self.ca.prepare()
         bundle_pem = await self.ca.trust_bundle_pem()
-        vouched = "serial" in token.expect or bool(attestation)
+        vouched = "serial" in token.expect or bound_key is not None or bool(attestation)
         async with self._store.transaction() as tx:
             enrollment = await tx.repository(NODES).enroll(
-                new_id=f"node_{secrets.token_hex(8)}",
+                new_id=bound_id if isinstance(bound_id, str) else f"node_{secrets.token_hex(8)}",
                 pool_id=pool.id,
                 tenant=pool.tenant,
                 hardware_key=hw_key,
@@ -374,6 +382,15 @@ def _refuse_spent(revoked: bool, expired: bool, exhausted: bool) -> None:
         raise UnauthenticatedError("the join token has expired", details={"reason": "token_expired"})
     if exhausted:
         raise UnauthenticatedError("the join token has no uses left", details={"reason": "token_exhausted"})
+
+
+def hardware_key_of(claims: Mapping[str, Any]) -> str:
+    """The hardware key JoinService computes for these claims (as ``bcd`` sends them).
+
+    Raises:
+        InvalidInputError: the claims are malformed.
+    """
+    return hardware_key(_claims(claims))
 
 
 def _claims(claims: Mapping[str, Any]) -> HardwareClaims:

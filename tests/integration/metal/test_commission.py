@@ -24,14 +24,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms
 from bettercompute.errors import AccessDeniedError, ComputeError, UnauthenticatedError
+from bettercompute.modules.nodes import JOIN_KEYS
 from bettercompute.modules.pools import CreatePoolInput
-from bettercompute_daemon.identity import NodeKey
+from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_metal import MetalGroups, MetalModule, report_message
 from bettercompute_metal._redfish import BmcCredentials, BmcTls, RedfishClient
 from bettercompute_metal._schemas import (
     BmcInput,
     CreateSiteInput,
     CreateSiteTokenInput,
+    DeployInput,
     EnrollInput,
     MachineInput,
     RegisterImageInput,
@@ -210,12 +212,11 @@ async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> Non
     task = answer["task"]
     assert task["kind"] == "diagnose"
     disks = [{"name": "sda", "size_bytes": 1 << 30, "smart": {"supported": False, "passed": None}}]
-    forged = _signed(NodeKey(), machine.id, task, True, {"disks": disks})
+    diagnosis = {"disks": disks, "claims": hardware(machine.system_uuid)}
+    forged = _signed(NodeKey(), machine.id, task, True, diagnosis)
     with pytest.raises(UnauthenticatedError):
         await plane.call("ramdisk.task", cert, {"report": forged})
-    answer = await plane.call(
-        "ramdisk.task", cert, {"report": _signed(ramdisk, machine.id, task, True, {"disks": disks})}
-    )
+    answer = await plane.call("ramdisk.task", cert, {"report": _signed(ramdisk, machine.id, task, True, diagnosis)})
     task = answer["task"]
     assert task["kind"] == "wipe" and task["params"] == {"disks": ["sda"]}
     wiped = {"disks": [{"name": "sda", "method": "zero", "ok": True}]}
@@ -227,6 +228,95 @@ async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> Non
     assert machine.results["diagnose"]["disks"][0]["name"] == "sda"
     sync = await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
     assert sync["plan"]["entries"][0]["action"] == "local"
+
+    await _deploy_and_rejoin(plane, machine.id, site_cert)
+
+
+def hardware(system_uuid: str | None, serial: str = "EMU-0001") -> dict[str, Any]:
+    """Hardware claims as the ramdisk and ``bcd join`` read them on the same machine."""
+    return {"hostname": "metal-1", "serial": serial, "product": "Sushy Emulator", "system_uuid": system_uuid}
+
+
+async def _ramdisk_session(plane: Plane, machine_id: str, site_cert: str) -> tuple[str, NodeKey, dict[str, Any]]:
+    """The ramdisk of the machine's current boot, joined: (its certificate, its key, its first task)."""
+    sync = await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
+    (entry,) = [e for e in sync["plan"]["entries"] if e["machine_id"] == machine_id]
+    assert entry["action"] == "ramdisk"
+    arguments = dict(part.split("=", 1) for part in shlex.split(entry["cmdline"]))
+    machine = await plane.metal.metal.get(plane.alice, MachineInput(id=machine_id))
+    key = NodeKey()
+    joined = await plane.call(
+        "ramdisk.join",
+        None,
+        {
+            "token": arguments["bc.token"],
+            "machine_id": machine_id,
+            "csr_pem": key.csr_pem(),
+            "claims": {"system_uuid": machine.system_uuid, "serial": machine.serial},
+        },
+    )
+    answer = await plane.call("ramdisk.task", joined["certificate_pem"], {"report": None})
+    return joined["certificate_pem"], key, answer["task"]
+
+
+async def _until_step(plane: Plane, machine_id: str, step: str) -> Any:
+    deadline = time.monotonic() + 90
+    while True:
+        await plane.compute.jobs.tick()
+        machine = await plane.metal.metal.get(plane.alice, MachineInput(id=machine_id))
+        if machine.step == step:
+            return machine
+        assert machine.state != "failed" and time.monotonic() < deadline, machine
+        await _sleep(0.3)
+
+
+async def _deploy_and_rejoin(plane: Plane, machine_id: str, site_cert: str) -> None:
+    metal = plane.metal
+    image = await metal.images.register(
+        plane.alice,
+        RegisterImageInput(tenant=plane.acme, name="ubuntu", kind="disk", url="http://10.0.0.1/u.img", sha256=SHA),
+    )
+    with pytest.raises(ComputeError) as refused:
+        await metal.metal.deploy(plane.alice, DeployInput(id=machine_id, image_id=image.id, disk="sdz"))
+    assert refused.value.code == "INVALID_INPUT"
+    machine = await metal.metal.deploy(plane.alice, DeployInput(id=machine_id, image_id=image.id))
+    assert machine.state == "deploying" and machine.disk == "sda"
+    await _until_step(plane, machine_id, "ramdisk")
+    cert, key, task = await _ramdisk_session(plane, machine_id, site_cert)
+    assert task["kind"] == "deploy" and task["params"]["disk"] == "sda"
+    assert task["params"]["image"]["sha256"] == SHA
+    user_data = task["params"]["cloud_init"]["user_data"]
+    assert user_data.startswith("#cloud-config\n")
+    command = json.loads(user_data.split("\n", 1)[1])["runcmd"][0]
+    token = command[command.index("--token") + 1]
+    assert token.startswith("bcjt_")
+    answer = await plane.call(
+        "ramdisk.task", cert, {"report": _signed(key, machine_id, task, True, {"disk": "sda", "written_bytes": 1})}
+    )
+    assert answer == {"task": None, "done": True, "reboot": True, "poll_after_ms": answer["poll_after_ms"]}
+    machine = await _until_step(plane, machine_id, "join")
+
+    # The installed system joins with the token from cloud-init: as the machine's node id, and only from its
+    # own hardware, and only once.
+    services = plane.compute.gateway_services
+    join_key = await plane.store.repository(JOIN_KEYS).active()
+    assert join_key is not None
+
+    async def join(claims: dict[str, Any]) -> Any:
+        node_key = NodeKey()
+        csr_pem = node_key.csr_pem()
+        sealed = seal_token(join_key.public_key, token, binding=join_binding(csr_pem, claims, None, None))
+        return await services.join(sealed_token=sealed, csr_pem=csr_pem, claims=claims, evidence=None, pool_id=None)
+
+    with pytest.raises(AccessDeniedError) as other:
+        await join(hardware(machine.system_uuid, serial="OTHER-SERIAL"))
+    assert other.value.details["reason"] == "expect_mismatch"
+    result = await join(hardware(machine.system_uuid))
+    assert result.node_id == machine.node_id
+    with pytest.raises(UnauthenticatedError):
+        await join(hardware(machine.system_uuid))
+    machine = await _until_step(plane, machine_id, "adopt")
+    assert machine.state == "deploying"
 
 
 async def test_bad_credentials_fail_with_the_step_and_retry(plane: Plane, bmc: Bmc) -> None:
