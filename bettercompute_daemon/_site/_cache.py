@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import secrets
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -90,6 +91,8 @@ class FileCache:
             temporary.unlink(missing_ok=True)
             raise
         except (OSError, ValueError) as exc:  # urllib's errors are OSErrors; a malformed URL is a ValueError
+            if isinstance(exc, urllib.error.HTTPError):
+                exc.close()  # it holds the response's connection
             temporary.unlink(missing_ok=True)
             raise CacheError(f"{file.sha256}: download failed: {type(exc).__name__}: {exc}") from exc
         log.info("cached %s (%d bytes)", file.sha256, size)

@@ -111,6 +111,8 @@ class DhcpPacket:
         i = 0
         while i < len(value):
             length = value[i]
+            if i + 1 + length > len(value):
+                return False  # a malformed list
             if value[i + 1 : i + 1 + length] == b"iPXE":
                 return True
             i += 1 + length
