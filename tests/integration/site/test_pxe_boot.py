@@ -270,6 +270,11 @@ def test_a_vm_pxe_boots_its_kernel_and_initrd_through_the_site(lan: Lan) -> None
     order = [r["kind"] for r in records if r["kind"] != "dhcp" or r is dhcp[0]]
     assert order.index("tftp") < order.index("script") < order.index("file")
     # ipxe.lkrn really started: iPXE's banner a third time on the serial console (the ROM's, undionly's, the kernel's).
+    # The VM's own view of the chain, from its serial console.
+    text = console.read_text(errors="replace")
+    assert f"tftp://{SERVER}/undionly.kpxe... ok" in text
+    assert f"http://{SERVER}:{HTTP_PORT}/boot.ipxe... ok" in text
+    assert f"http://{SERVER}:{HTTP_PORT}/script... ok" in text
     # ipxe.lkrn runs its command line as iPXE commands (without initrd=...): the command line arrived with it.
     _wait(lambda: console.read_text(errors="replace").count(BANNER) >= 3, "the kernel's iPXE banner", lan)
     _wait(
