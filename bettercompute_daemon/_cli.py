@@ -1,15 +1,18 @@
 """The ``bcd`` command: ``bcd join ...`` (exactly what ``join-tokens.create`` prints, or ``--config`` with a pinned
 configuration file), ``bcd node``, ``bcd unit`` (the systemd unit for this ``bcd``, as the install script writes
-it), and ``bcd sim`` (a simulated fleet, ``_sim``)."""
+it), ``bcd sim`` (a simulated fleet, ``_sim``) and ``bcd site serve-local`` (the site's boot server with a plan from a
+file, ``_site``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import importlib.resources
+import json
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -22,6 +25,7 @@ from ._inventory import Inventory
 from ._pin import fetch_pinned_bundle
 from ._renewal import REENROLL_TOKEN
 from ._sim import SimOptions, Simulator, run_sim
+from ._site import DEFAULT_BOOT_FILES, BootPlan, BootRecord, BootServer
 from ._state import DEFAULT_STATE_DIR, NodeConfig, StateDir
 
 __all__ = ["main"]
@@ -66,7 +70,67 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands.add_parser("unit", help="print the systemd unit that runs this bcd's `bcd node`")
     _sim_parser(commands.add_parser)
+    _site_parser(commands.add_parser)
     return parser
+
+
+def _site_parser(add: Any) -> None:
+    site = add("site", help="the boot server of a bare-metal site LAN")
+    actions = site.add_subparsers(dest="site_command", required=True)
+    local = actions.add_parser(
+        "serve-local",
+        help="serve a boot plan from a JSON file (for tests and debugging)",
+        description="Run the site's proxy DHCP, TFTP and HTTP boot server on one interface with the plan in a JSON file"
+        ' ({"generation": N, "entries": [...]}); print one JSON line per boot record on stdout. Needs root (ports 67,'
+        " 69, 4011 and SO_BINDTODEVICE).",
+    )
+    local.add_argument("--interface", required=True, help="the LAN's interface (DHCP is bound to it)")
+    local.add_argument("--address", required=True, help="this host's IPv4 address on that interface")
+    local.add_argument("--plan", type=Path, required=True, help="the boot plan (JSON)")
+    local.add_argument("--cache", type=Path, required=True, help="the directory of the content-addressed file cache")
+    local.add_argument(
+        "--boot-files",
+        type=Path,
+        default=DEFAULT_BOOT_FILES,
+        help=f"where undionly.kpxe and ipxe.efi are (default {DEFAULT_BOOT_FILES})",
+    )
+    local.add_argument("--http-port", type=_count(1, 65535), default=8080, help="the HTTP port (default 8080)")
+    local.add_argument("--debug", action="store_true", help="log every dropped packet and refused request")
+
+
+def _site(args: argparse.Namespace) -> int:
+    if args.debug:
+        logging.getLogger("bcd").setLevel(logging.DEBUG)
+    try:
+        plan = BootPlan.from_json(json.loads(args.plan.read_text()))
+    except (KeyError, TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise ConfigError([f"--plan {args.plan}: {type(exc).__name__}: {exc}"]) from None
+
+    def emit(record: BootRecord) -> None:
+        print(json.dumps(record.to_json(), sort_keys=True), flush=True)
+
+    async def main() -> int:
+        server = BootServer(
+            interface=args.interface,
+            address=args.address,
+            boot_files_dir=args.boot_files,
+            cache_dir=args.cache,
+            http_port=args.http_port,
+            on_record=emit,
+            plan=plan,
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, task.cancel)
+        try:
+            await server.run()
+        except asyncio.CancelledError:
+            return 0
+        return 0
+
+    return asyncio.run(main())
 
 
 def _join_options(parser: argparse.ArgumentParser) -> None:
@@ -217,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sim":
             return _sim(args)
+        if args.command == "site":
+            return _site(args)
         if args.command == "unit":
             print(unit(args.state_dir, args.fake_inventory), end="")
             return 0
