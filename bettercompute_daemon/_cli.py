@@ -1,6 +1,7 @@
 """The ``bcd`` command: ``bcd join ...`` (exactly what ``join-tokens.create`` prints, or ``--config`` with a pinned
 configuration file), ``bcd node``, ``bcd unit`` (the systemd unit for this ``bcd``, as the install script writes
-it), and ``bcd sim`` (a simulated fleet, ``_sim``)."""
+it), ``bcd sim`` (a simulated fleet, ``_sim``), ``bcd ramdisk`` (the agent of a bare-metal machine's network-booted
+ramdisk, ``_ramdisk``) and ``bcd site join`` (a site's boot server joins, ``_site_client``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import importlib.resources
 import logging
 import os
 import re
+import shlex
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -17,11 +19,13 @@ from typing import Any
 
 from ._agent import VERSION, DaemonError, join, run_node
 from ._cdi import DEFAULT_CDI_DIR
-from ._config import FIELDS, ConfigError, read_config_file, resolve
+from ._config import FIELDS, ConfigError, _check, read_config_file, resolve
 from ._inventory import Inventory
 from ._pin import fetch_pinned_bundle
+from ._ramdisk import CMDLINE, DEFAULT_REBOOT_COMMAND, build_machine, parse_cmdline, resolve_settings, run_ramdisk
 from ._renewal import REENROLL_TOKEN
 from ._sim import SimOptions, Simulator, run_sim
+from ._site_client import check_site_token, site_join
 from ._state import DEFAULT_STATE_DIR, NodeConfig, StateDir
 
 __all__ = ["main"]
@@ -66,7 +70,80 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands.add_parser("unit", help="print the systemd unit that runs this bcd's `bcd node`")
     _sim_parser(commands.add_parser)
+    _ramdisk_parser(commands.add_parser)
+    _site_parser(commands.add_parser)
     return parser
+
+
+def _ramdisk_parser(add: Any) -> None:
+    ramdisk = add(
+        "ramdisk",
+        help="the agent of a bare-metal machine's network-booted ramdisk",
+        description="Join with the ramdisk token, then run the control plane's tasks (diagnose, wipe, deploy) until "
+        "it needs nothing more; after a deploy, reboot. The token, gateway and CA pin come from the flags, else from "
+        "the kernel command line (bc.token=, bc.gateway=, bc.ca_pin=). Nothing is written but the disks and the "
+        "cloud-init seed.",
+    )
+    ramdisk.add_argument("--token", help="the ramdisk token (bcrt_<id>.<secret>)")
+    ramdisk.add_argument("--gateway", help="the gateway to dial, host:port")
+    ramdisk.add_argument("--ca-pin", help="sha256:<hex> of the CA certificates the gateway's bundle must match")
+    ramdisk.add_argument("--ca-bundle", help="instead of a pin: the CA bundle to trust, base64 of its PEM")
+    ramdisk.add_argument(
+        "--cmdline-file",
+        type=Path,
+        default=None,
+        help=f"the kernel command line to read bc.* parameters from (default {CMDLINE}, when readable)",
+    )
+    ramdisk.add_argument(
+        "--disk",
+        dest="disks",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a disk this ramdisk reports and may wipe or write: a block device or a regular file (repeatable; "
+        "default: the whole disks of /sys/block)",
+    )
+    ramdisk.add_argument(
+        "--cloud-init-dir",
+        type=Path,
+        default=None,
+        help="where a deploy writes the cloud-init NoCloud seed (user-data, meta-data); default: a cidata folder "
+        "beside a disk that is a file, /run/bcd-ramdisk/cidata for a block device",
+    )
+    ramdisk.add_argument(
+        "--reboot-command",
+        default=DEFAULT_REBOOT_COMMAND,
+        help=f"run once a deploy succeeded and nothing more is asked (default: {DEFAULT_REBOOT_COMMAND})",
+    )
+    ramdisk.add_argument(
+        "--fake-inventory",
+        dest="ramdisk_fake_inventory",
+        type=Path,
+        default=None,
+        help="declare the machine's hardware from a JSON file, as for bcd join",
+    )
+
+
+def _site_parser(add: Any) -> None:
+    site = add("site", help="a site's boot server")
+    commands = site.add_subparsers(dest="site_command", required=True)
+    joining = commands.add_parser(
+        "join",
+        help="join a site with a one-time site token",
+        description="Join a site: the key, certificate and trust are kept in the site folder of the state directory.",
+    )
+    joining.add_argument("--token", required=True, help="the site token (bcst_<id>.<secret>)")
+    joining.add_argument("--gateway", required=True, help="the gateway to dial, host:port")
+    trust = joining.add_mutually_exclusive_group(required=True)
+    trust.add_argument("--ca-pin", help="sha256:<hex> of the CA certificates the gateway's bundle must match")
+    trust.add_argument("--ca-bundle", help="the CA bundle to trust, base64 of its PEM")
+    joining.add_argument(
+        "--state-dir",
+        dest="site_state_dir",
+        type=Path,
+        default=None,
+        help="the state directory (its site folder is written; default: bcd's --state-dir)",
+    )
 
 
 def _join_options(parser: argparse.ArgumentParser) -> None:
@@ -199,6 +276,44 @@ def _sim(args: argparse.Namespace) -> int:
     return _run(main())
 
 
+def _ramdisk(args: argparse.Namespace) -> int:
+    path = args.cmdline_file
+    if path is None:
+        cmdline = CMDLINE.read_text(errors="replace") if CMDLINE.exists() else ""
+    else:
+        cmdline = path.read_text(errors="replace")
+    flags = {name: getattr(args, name) for name in ("token", "gateway", "ca_pin", "ca_bundle")}
+    settings = resolve_settings(flags, parse_cmdline(cmdline))
+    reboot = shlex.split(args.reboot_command)
+    if not reboot:
+        raise ConfigError(["--reboot-command: empty"])
+    inventory = Inventory.load(args.ramdisk_fake_inventory or args.fake_inventory)
+    machine = build_machine(inventory, disks=args.disks, cloud_init_dir=args.cloud_init_dir)
+    return asyncio.run(run_ramdisk(settings, machine, reboot_command=reboot))
+
+
+def _site_join(args: argparse.Namespace) -> int:
+    check_site_token(args.token)
+    problems = []
+    checked: dict[str, Any] = {}
+    for name in ("gateway", "ca_pin", "ca_bundle"):
+        if getattr(args, name) is not None:
+            problem, checked[name] = _check(name, getattr(args, name))
+            if problem is not None:
+                problems.append(f"--{name.replace('_', '-')}: {problem}")
+    if problems:
+        raise ConfigError(problems)
+    state_dir = args.site_state_dir or args.state_dir
+
+    async def main() -> int:
+        bundle = checked.get("ca_bundle") or await fetch_pinned_bundle(checked["gateway"], checked["ca_pin"])
+        identity = await site_join(state_dir=state_dir, token=args.token, gateway=checked["gateway"], bundle_pem=bundle)
+        print(f"joined as site {identity.site_id} (tenant {identity.tenant}); kept in {state_dir / 'site'}")
+        return 0
+
+    return asyncio.run(main())
+
+
 def _run(main: Coroutine[Any, Any, int]) -> int:
     """Run ``main`` on uvloop when it is installed (as the gateway does), else on asyncio's own loop."""
     try:
@@ -220,6 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "unit":
             print(unit(args.state_dir, args.fake_inventory), end="")
             return 0
+        if args.command == "ramdisk":
+            return _ramdisk(args)
+        if args.command == "site":
+            return _site_join(args)
         if args.command == "join":
             flags = {name: getattr(args, name) for name in FIELDS}
             file = read_config_file(args.config) if args.config is not None else None
