@@ -57,7 +57,7 @@ _CODES: dict[str, type[errors.ComputeError]] = {
     cls.__name__: cls for cls in errors.ComputeError.__subclasses__() if cls is not errors.InvalidConfigError
 }
 _NO_NUL = "^[^\\u0000]*$"  # the codec's rule for every string (see codec.json_schema): not worth a line per field
-_PROJECT = ("bettercompute", "bettercompute_store_pg", "bettercompute_iam")
+_PROJECT = ("bettercompute", "bettercompute_store_pg", "bettercompute_iam", "bettercompute_metal")
 
 
 def assemble() -> BetterCompute:
@@ -257,7 +257,14 @@ def _fields_table(cls: type, schema: dict[str, Any], *, input: bool) -> list[str
 
 
 # Ids are shown in their real shape with ``...`` for the random part (a valid id: dots are allowed).
-_ID_OF_FIELD = {"pool_id": "pool_...", "node_id": "node_...", "principal_id": "pr_...", "binding_id": "bd_..."}
+_ID_OF_FIELD = {
+    "pool_id": "pool_...",
+    "node_id": "node_...",
+    "principal_id": "pr_...",
+    "binding_id": "bd_...",
+    "site_id": "site_...",
+    "image_id": "img_...",
+}
 _ID_OF_GROUP = {
     "pools": "pool_...",
     "nodes": "node_...",
@@ -265,6 +272,8 @@ _ID_OF_GROUP = {
     "join-tokens": "jt_...",
     "webhooks": "wh_...",
     "devices": "dev_...",
+    "sites": "site_...",
+    "metal": "mch_...",
 }
 # The fields a valid example needs beyond what the placeholders give: a name of the right shape, one of two fields a
 # rule asks for, a nested object. ``render()`` decodes every example, so one that the input would refuse fails it.
@@ -295,6 +304,21 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
     "secrets.create": {"name": "registry-password", "scope": "pool:pool_...", "value": "s3cret"},
     "secrets.delete": {"name": "registry-password"},
     "tenants.create": {"name": "acme"},
+    "sites.create": {"name": "rack-1"},
+    "images.register": {
+        "name": "ubuntu-24-04",
+        "kind": "disk",
+        "url": "https://images.example.com/ubuntu-24.04.img",
+        "sha256": "0" * 64,
+    },
+    "metal.enroll": {
+        "bmc": {
+            "url": "https://10.0.0.21",
+            "username": "admin",
+            "password": "bmc-password",
+            "pin_sha256": "0" * 64,
+        }
+    },
     "webhooks.create": {"url": "https://hooks.example.com/bettercompute", "event_types": ["reservation.*"]},
 }
 

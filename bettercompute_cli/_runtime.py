@@ -37,6 +37,7 @@ from bettercompute.errors import ComputeError, InvalidConfigError, UnavailableEr
 from bettercompute.modules.webhooks import WebhookSettings
 from bettercompute.ports import Iam
 from bettercompute_iam import EmbeddedIam, RemoteIam
+from bettercompute_metal import MetalModule
 from bettercompute_store_pg import PgNotifier, PgStore
 
 from ._config import (
@@ -200,12 +201,16 @@ def _compose(config: Config, url: str, iam: Iam, *, notify: bool, loopback_webho
     join = None
     if config.trust_domain is not None and config.gateway_address is not None:
         join = JoinSettings(gateway_address=config.gateway_address, trust_domain=config.trust_domain)
+    # Bare metal (sites, machines, the site's and the ramdisk's gateway methods) needs both: its agents get
+    # certificates from the node CA, and BMC credentials are sealed by the KMS.
+    modules = [MetalModule()] if join is not None and kms is not None else []
     options = Options(
         store=store,
         iam=iam,
         instance=config.instance,
         kms=kms,
         join=join,
+        modules=modules,
         notifier=build_notifier(config, url) if notify else None,  # connects on first use only
         lease_ttl=dt.timedelta(seconds=config.lease_ttl_seconds),
         max_queued=config.max_queued,

@@ -1,18 +1,17 @@
 """The ``bcd`` command: ``bcd join ...`` (exactly what ``join-tokens.create`` prints, or ``--config`` with a pinned
 configuration file), ``bcd node``, ``bcd unit`` (the systemd unit for this ``bcd``, as the install script writes
-it), ``bcd sim`` (a simulated fleet, ``_sim``) and ``bcd site serve-local`` (the site's boot server with a plan from a
-file, ``_site``)."""
+it), ``bcd sim`` (a simulated fleet, ``_sim``), ``bcd ramdisk`` (the agent of a bare-metal machine's network-booted
+ramdisk, ``_ramdisk``) and ``bcd site`` (a site's boot server: ``join``, ``run``, ``serve-local``; ``_site_cli``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import importlib.resources
-import json
 import logging
 import os
 import re
-import signal
+import shlex
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -23,9 +22,10 @@ from ._cdi import DEFAULT_CDI_DIR
 from ._config import FIELDS, ConfigError, read_config_file, resolve
 from ._inventory import Inventory
 from ._pin import fetch_pinned_bundle
+from ._ramdisk import CMDLINE, DEFAULT_REBOOT_COMMAND, build_machine, parse_cmdline, resolve_settings, run_ramdisk
 from ._renewal import REENROLL_TOKEN
 from ._sim import SimOptions, Simulator, run_sim
-from ._site import DEFAULT_BOOT_FILES, BootPlan, BootRecord, BootServer
+from ._site_cli import add_site_parser, site_main
 from ._state import DEFAULT_STATE_DIR, NodeConfig, StateDir
 
 __all__ = ["main"]
@@ -70,67 +70,58 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands.add_parser("unit", help="print the systemd unit that runs this bcd's `bcd node`")
     _sim_parser(commands.add_parser)
-    _site_parser(commands.add_parser)
+    _ramdisk_parser(commands.add_parser)
+    add_site_parser(commands.add_parser)
     return parser
 
 
-def _site_parser(add: Any) -> None:
-    site = add("site", help="the boot server of a bare-metal site LAN")
-    actions = site.add_subparsers(dest="site_command", required=True)
-    local = actions.add_parser(
-        "serve-local",
-        help="serve a boot plan from a JSON file (for tests and debugging)",
-        description="Run the site's proxy DHCP, TFTP and HTTP boot server on one interface with the plan in a JSON file"
-        ' ({"generation": N, "entries": [...]}); print one JSON line per boot record on stdout. Needs root (ports 67,'
-        " 69, 4011 and SO_BINDTODEVICE).",
+def _ramdisk_parser(add: Any) -> None:
+    ramdisk = add(
+        "ramdisk",
+        help="the agent of a bare-metal machine's network-booted ramdisk",
+        description="Join with the ramdisk token, then run the control plane's tasks (diagnose, wipe, deploy) until "
+        "it needs nothing more; after a deploy, reboot. The token, gateway and CA pin come from the flags, else from "
+        "the kernel command line (bc.token=, bc.gateway=, bc.ca_pin=). Nothing is written but the disks and the "
+        "cloud-init seed.",
     )
-    local.add_argument("--interface", required=True, help="the LAN's interface (DHCP is bound to it)")
-    local.add_argument("--address", required=True, help="this host's IPv4 address on that interface")
-    local.add_argument("--plan", type=Path, required=True, help="the boot plan (JSON)")
-    local.add_argument("--cache", type=Path, required=True, help="the directory of the content-addressed file cache")
-    local.add_argument(
-        "--boot-files",
+    ramdisk.add_argument("--token", help="the ramdisk token (bcrt_<id>.<secret>)")
+    ramdisk.add_argument("--gateway", help="the gateway to dial, host:port")
+    ramdisk.add_argument("--ca-pin", help="sha256:<hex> of the CA certificates the gateway's bundle must match")
+    ramdisk.add_argument("--ca-bundle", help="instead of a pin: the CA bundle to trust, base64 of its PEM")
+    ramdisk.add_argument(
+        "--cmdline-file",
         type=Path,
-        default=DEFAULT_BOOT_FILES,
-        help=f"where undionly.kpxe and ipxe.efi are (default {DEFAULT_BOOT_FILES})",
+        default=None,
+        help=f"the kernel command line to read bc.* parameters from (default {CMDLINE}, when readable)",
     )
-    local.add_argument("--http-port", type=_count(1, 65535), default=8080, help="the HTTP port (default 8080)")
-    local.add_argument("--debug", action="store_true", help="log every dropped packet and refused request")
-
-
-def _site(args: argparse.Namespace) -> int:
-    if args.debug:
-        logging.getLogger("bcd").setLevel(logging.DEBUG)
-    try:
-        plan = BootPlan.from_json(json.loads(args.plan.read_text()))
-    except (KeyError, TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
-        raise ConfigError([f"--plan {args.plan}: {type(exc).__name__}: {exc}"]) from None
-
-    def emit(record: BootRecord) -> None:
-        print(json.dumps(record.to_json(), sort_keys=True), flush=True)
-
-    async def main() -> int:
-        server = BootServer(
-            interface=args.interface,
-            address=args.address,
-            boot_files_dir=args.boot_files,
-            cache_dir=args.cache,
-            http_port=args.http_port,
-            on_record=emit,
-            plan=plan,
-        )
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, task.cancel)
-        try:
-            await server.run()
-        except asyncio.CancelledError:
-            return 0
-        return 0
-
-    return asyncio.run(main())
+    ramdisk.add_argument(
+        "--disk",
+        dest="disks",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a disk this ramdisk reports and may wipe or write: a block device or a regular file (repeatable; "
+        "default: the whole disks of /sys/block)",
+    )
+    ramdisk.add_argument(
+        "--cloud-init-dir",
+        type=Path,
+        default=None,
+        help="where a deploy writes the cloud-init NoCloud seed (user-data, meta-data); default: a cidata folder "
+        "beside a disk that is a file, /run/bcd-ramdisk/cidata for a block device",
+    )
+    ramdisk.add_argument(
+        "--reboot-command",
+        default=DEFAULT_REBOOT_COMMAND,
+        help=f"run once a deploy succeeded and nothing more is asked (default: {DEFAULT_REBOOT_COMMAND})",
+    )
+    ramdisk.add_argument(
+        "--fake-inventory",
+        dest="ramdisk_fake_inventory",
+        type=Path,
+        default=None,
+        help="declare the machine's hardware from a JSON file, as for bcd join",
+    )
 
 
 def _join_options(parser: argparse.ArgumentParser) -> None:
@@ -263,6 +254,22 @@ def _sim(args: argparse.Namespace) -> int:
     return _run(main())
 
 
+def _ramdisk(args: argparse.Namespace) -> int:
+    path = args.cmdline_file
+    if path is None:
+        cmdline = CMDLINE.read_text(errors="replace") if CMDLINE.exists() else ""
+    else:
+        cmdline = path.read_text(errors="replace")
+    flags = {name: getattr(args, name) for name in ("token", "gateway", "ca_pin", "ca_bundle")}
+    settings = resolve_settings(flags, parse_cmdline(cmdline))
+    reboot = shlex.split(args.reboot_command)
+    if not reboot:
+        raise ConfigError(["--reboot-command: empty"])
+    inventory = Inventory.load(args.ramdisk_fake_inventory or args.fake_inventory)
+    machine = build_machine(inventory, disks=args.disks, cloud_init_dir=args.cloud_init_dir)
+    return asyncio.run(run_ramdisk(settings, machine, reboot_command=reboot))
+
+
 def _run(main: Coroutine[Any, Any, int]) -> int:
     """Run ``main`` on uvloop when it is installed (as the gateway does), else on asyncio's own loop."""
     try:
@@ -281,11 +288,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sim":
             return _sim(args)
-        if args.command == "site":
-            return _site(args)
         if args.command == "unit":
             print(unit(args.state_dir, args.fake_inventory), end="")
             return 0
+        if args.command == "ramdisk":
+            return _ramdisk(args)
+        if args.command == "site":
+            return site_main(args)
         if args.command == "join":
             flags = {name: getattr(args, name) for name in FIELDS}
             file = read_config_file(args.config) if args.config is not None else None

@@ -28,7 +28,7 @@ import attrs
 
 from ._nvml import XidWatcher, read_nvml
 
-__all__ = ["Inventory"]
+__all__ = ["NOT_DISKS", "Inventory"]
 
 _DMI = Path("/sys/class/dmi/id")
 
@@ -160,7 +160,7 @@ def memory_section(proc: Path = Path("/proc")) -> dict[str, Any]:
 
 
 # Block devices that are not disks: loop, RAM and compressed-RAM devices, device-mapper and software RAID views.
-_NOT_DISKS = ("loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd")
+NOT_DISKS = ("loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd")
 
 
 def disks_section(sysfs: Path = Path("/sys")) -> list[dict[str, Any]]:
@@ -169,7 +169,7 @@ def disks_section(sysfs: Path = Path("/sys")) -> list[dict[str, Any]]:
     block = sysfs / "block"
     names = sorted(p.name for p in block.iterdir()) if block.is_dir() else []
     for name in names:
-        if name.startswith(_NOT_DISKS):
+        if name.startswith(NOT_DISKS):
             continue
         device = block / name
         sectors = _read(device / "size")

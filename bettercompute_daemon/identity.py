@@ -10,6 +10,8 @@ sides against each other (``tests/integration/joins``). The formats:
 - Renewal proof: the signature over ``b"bettercompute/renew/v1\\n"`` | challenge | SHA-256 of the new CSR (DER).
 - Secret request: the signature over ``b"bettercompute/secret/v1\\n"`` | signed_at (8, ms) | nonce (16) | name |
   ``b"\\n"`` | RFC 7638 thumbprint of the ephemeral public JWK.
+- Ramdisk report (``docs/metal-wire.md``): the signature over ``b"bettercompute/ramdisk-report/v1\\n"`` | the
+  canonical JSON of ``{"machine_id", "task_id", "kind", "ok", "result", "error", "signed_at_ms"}``.
 
 Signatures are ECDSA P-256 with SHA-256 (the key ``NodeKey`` makes).
 """
@@ -31,13 +33,14 @@ from cryptography.x509.oid import NameOID
 from joserfc import jwe
 from joserfc.jwk import ECKey
 
-__all__ = ["EphemeralKey", "NodeKey", "SecretRequestProof", "join_binding", "seal_token"]
+__all__ = ["EphemeralKey", "NodeKey", "SecretRequestProof", "join_binding", "ramdisk_report_message", "seal_token"]
 
 _INFO = b"bettercompute/join/v1"
 _SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
 _RENEW = b"bettercompute/renew/v1\n"
 _SECRET = b"bettercompute/secret/v1\n"
 _BINDING = b"bettercompute/join-binding/v1\n"
+_RAMDISK_REPORT = b"bettercompute/ramdisk-report/v1\n"
 
 
 def _ms(at: dt.datetime) -> int:
@@ -55,6 +58,41 @@ def join_binding(csr_pem: str, claims: Any, evidence: Any = None, pool_id: str |
         allow_nan=False,
     )
     return hashlib.sha256(_BINDING + hashlib.sha256(csr_der).digest() + canonical.encode()).digest()
+
+
+def ramdisk_report_message(
+    *,
+    machine_id: str,
+    task_id: str,
+    kind: str,
+    ok: bool,
+    result: Any,
+    error: str | None,
+    signed_at_ms: int,
+) -> bytes:
+    """The bytes a ramdisk signs for one task's report (see the module docstring). The control plane keeps a copy of
+    this function; a test holds the two against each other.
+
+    Raises:
+        ValueError: ``result`` holds a float that is not finite (JSON has no NaN or infinity).
+        TypeError: ``result`` holds something JSON cannot say.
+    """
+    canonical = json.dumps(
+        {
+            "machine_id": machine_id,
+            "task_id": task_id,
+            "kind": kind,
+            "ok": ok,
+            "result": result,
+            "error": error,
+            "signed_at_ms": signed_at_ms,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+        allow_nan=False,
+    )
+    return _RAMDISK_REPORT + canonical.encode()
 
 
 def seal_token(join_key: str, token: str, *, binding: bytes, now: dt.datetime | None = None) -> bytes:

@@ -15,10 +15,12 @@ from bettercompute.modules.nodes import NODES
 from bettercompute.modules.pools import JOIN_TOKENS, POOLS
 from bettercompute.ports import Migration, Repository
 from bettercompute_metal import _service
-from bettercompute_metal._gateway import GATEWAY_METHODS, report_message
-from bettercompute_metal._pg import MIGRATIONS
+from bettercompute_metal._gateway import GATEWAY_METHODS as _GATEWAY_METHODS
+from bettercompute_metal._gateway import report_message
+from bettercompute_metal._pg import MIGRATIONS as _MIGRATIONS
 from bettercompute_metal._port import METAL
-from bettercompute_metal._workflows import NODE_WATCH, WORKFLOWS
+from bettercompute_metal._workflows import NODE_WATCH as _NODE_WATCH
+from bettercompute_metal._workflows import WORKFLOWS as _WORKFLOWS
 
 __version__ = "0.2.0"
 
@@ -32,10 +34,10 @@ __all__ = [
     "report_message",
 ]
 
-B = TypeVar("B")
+_B = TypeVar("_B")
 
 
-class SitesGroup(GroupSpec[B]):
+class SitesGroup(GroupSpec[_B]):
     """Sites: network segments with a boot server (``bcd site``) whose machines join one pool."""
 
     name = "sites"
@@ -44,14 +46,14 @@ class SitesGroup(GroupSpec[B]):
     get = _service.get_site
 
 
-class SiteTokensGroup(GroupSpec[B]):
+class SiteTokensGroup(GroupSpec[_B]):
     """Tokens a site agent enrolls with (``bcd site join``)."""
 
     name = "site-tokens"
     create = _service.create_site_token
 
 
-class ImagesGroup(GroupSpec[B]):
+class ImagesGroup(GroupSpec[_B]):
     """Images the sites serve: ramdisk kernels and initrds, disk images; fetched by URL, checked by SHA-256."""
 
     name = "images"
@@ -59,7 +61,7 @@ class ImagesGroup(GroupSpec[B]):
     list = _service.list_images
 
 
-class MetalGroup(GroupSpec[B]):
+class MetalGroup(GroupSpec[_B]):
     """Bare-metal machines: enrolled by their BMC, inspected over Redfish, commissioned through the ramdisk."""
 
     name = "metal"
@@ -73,13 +75,13 @@ class MetalGroup(GroupSpec[B]):
     power = _service.power
 
 
-class MetalGroups(GroupSet[B]):
+class MetalGroups(GroupSet[_B]):
     """The module's groups, typed: ``MetalGroups(compute.api).metal`` or ``MetalGroups(client)``."""
 
-    sites: SitesGroup[B]
-    site_tokens: SiteTokensGroup[B]
-    images: ImagesGroup[B]
-    metal: MetalGroup[B]
+    sites: SitesGroup[_B]
+    site_tokens: SiteTokensGroup[_B]
+    images: ImagesGroup[_B]
+    metal: MetalGroup[_B]
 
 
 class MetalModule:
@@ -90,11 +92,11 @@ class MetalModule:
     core_range = ">=0.1,<0.3"
     groups: Sequence[type[GroupSpec[Any]]] = (SitesGroup, SiteTokensGroup, ImagesGroup, MetalGroup)
     actions: Sequence[str] = ("compute:sites:join", "compute:metal:ramdisk-join")
-    migrations: Mapping[str, Sequence[Migration]] = {"postgresql": MIGRATIONS}
-    jobs: Sequence[Job] = (NODE_WATCH,)
+    migrations: Mapping[str, Sequence[Migration]] = {"postgresql": _MIGRATIONS}
+    jobs: Sequence[Job] = (_NODE_WATCH,)
     repositories: Sequence[Repository[Any]] = (METAL, POOLS, JOIN_TOKENS, NODES)
-    workflows: Sequence[Workflow] = WORKFLOWS
-    gateway_methods: Sequence[GatewayMethod] = GATEWAY_METHODS
+    workflows: Sequence[Workflow] = _WORKFLOWS
+    gateway_methods: Sequence[GatewayMethod] = _GATEWAY_METHODS
 
     async def start(self, context: ModuleContext) -> None:
         """Nothing to start."""
