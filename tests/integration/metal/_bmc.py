@@ -194,8 +194,17 @@ def _random_mac() -> str:
     return ":".join(f"{octet:02x}" for octet in octets)
 
 
-def start_bmc(folder: Path, *, username: str = "admin", power_state: str = "Off") -> Bmc:
+def start_bmc(
+    folder: Path,
+    *,
+    username: str = "admin",
+    power_state: str = "Off",
+    system_uuid: str | None = None,
+    macs: tuple[str, ...] | None = None,
+) -> Bmc:
     """Start a sushy-tools emulator whose files live in ``folder``; it is answering when this returns.
+
+    ``system_uuid`` and ``macs`` are random unless given (a test that boots a VM gives the VM's).
 
     Raises:
         RuntimeError: The emulator's console script is missing (sushy-tools is a dev dependency) or it did not
@@ -208,9 +217,9 @@ def start_bmc(folder: Path, *, username: str = "admin", power_state: str = "Off"
     password = secrets.token_urlsafe(18)
     auth_file = folder / "htpasswd"
     auth_file.write_text(f"{username}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}\n")
-    system_uuid = str(uuid.uuid4())
+    system_uuid = system_uuid or str(uuid.uuid4())
     system_name = f"node-{system_uuid[:8]}"
-    macs = (_random_mac(), _random_mac())
+    macs = macs or (_random_mac(), _random_mac())
     disk_bytes = (random.randrange(100, 4000) * 10**9,)
     drive_id = secrets.token_hex(8).upper()
     port = free_port()
