@@ -88,6 +88,7 @@ def _ramdisk_parser(add: Any) -> None:
     ramdisk.add_argument("--gateway", help="the gateway to dial, host:port")
     ramdisk.add_argument("--ca-pin", help="sha256:<hex> of the CA certificates the gateway's bundle must match")
     ramdisk.add_argument("--ca-bundle", help="instead of a pin: the CA bundle to trust, base64 of its PEM")
+    ramdisk.add_argument("--machine", help="the machine the token is for (default: bc.machine= of the command line)")
     ramdisk.add_argument(
         "--cmdline-file",
         type=Path,
@@ -260,7 +261,7 @@ def _ramdisk(args: argparse.Namespace) -> int:
         cmdline = CMDLINE.read_text(errors="replace") if CMDLINE.exists() else ""
     else:
         cmdline = path.read_text(errors="replace")
-    flags = {name: getattr(args, name) for name in ("token", "gateway", "ca_pin", "ca_bundle")}
+    flags = {name: getattr(args, name) for name in ("token", "gateway", "ca_pin", "ca_bundle", "machine")}
     settings = resolve_settings(flags, parse_cmdline(cmdline))
     reboot = shlex.split(args.reboot_command)
     if not reboot:

@@ -83,6 +83,7 @@ BLOCK_CLOUD_INIT_DIR = Path("/run/bcd-ramdisk/cidata")
 own boot hook has to carry it further; see ``Machine``)."""
 
 _SEPARATORS = frozenset(" \t\n\r\v\f")
+_MACHINE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _TOKEN = re.compile(r"bcrt_[\x21-\x7e]{1,500}")
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _POLL_FLOOR_MS = 100
@@ -131,6 +132,8 @@ class RamdiskSettings:
     gateway: str
     ca_pin: str | None
     ca_bundle_pem: str | None = attrs.field(repr=False)
+    machine: str | None = None
+    """The machine the token was minted for (``bc.machine``), which ``ramdisk.join`` names."""
 
 
 def resolve_settings(flags: Mapping[str, str | None], cmdline: Mapping[str, str]) -> RamdiskSettings:
@@ -172,11 +175,15 @@ def resolve_settings(flags: Mapping[str, str | None], cmdline: Mapping[str, str]
     if problems:
         raise ConfigError(problems)
     bundle = values.get("ca_bundle")
+    machine = flags.get("machine") or cmdline.get("bc.machine")
+    if machine is not None and not _MACHINE.fullmatch(machine):
+        raise ConfigError(["machine: not a machine id (1 to 128 of A-Z, a-z, 0-9, '.', '_', '-')"])
     return RamdiskSettings(
         token=values["token"],
         gateway=values["gateway"],
         ca_pin=None if bundle is not None else values.get("ca_pin"),
         ca_bundle_pem=bundle,
+        machine=machine,
     )
 
 
@@ -438,6 +445,8 @@ class Ramdisk:
         claims = self._machine.claims
         csr_pem = key.csr_pem(str(claims.get("hostname") or "ramdisk"))
         request = {"token": self._settings.token, "csr_pem": csr_pem, "claims": claims}
+        if self._settings.machine is not None:
+            request["machine_id"] = self._settings.machine
         opening = Channel(host, port, ssl=client_context(bundle))
         try:
             answer = await self._persist(

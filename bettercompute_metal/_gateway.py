@@ -42,7 +42,7 @@ from bettercompute_metal._service import (
     token_context,
 )
 
-__all__ = ["GATEWAY_METHODS", "report_message"]
+__all__ = ["GATEWAY_METHODS", "bundle_pin", "report_message"]
 
 log = logging.getLogger("bettercompute.metal")
 
@@ -72,7 +72,8 @@ def _csr(input: Mapping[str, Any]) -> str:
     return value
 
 
-def _pin(bundle_pem: str) -> str:
+def bundle_pin(bundle_pem: str) -> str:
+    """The CA pin of a PEM bundle: ``sha256:`` and the SHA-256 of its certificates' DER, sorted and joined."""
     certificates = x509.load_pem_x509_certificates(bundle_pem.encode())
     ders = sorted(c.public_bytes(serialization.Encoding.DER) for c in certificates)
     return "sha256:" + hashlib.sha256(b"".join(ders)).hexdigest()
@@ -158,7 +159,7 @@ def _records(value: Any, site_machines: Mapping[str, MachineRecord]) -> list[dic
 async def _plan(call: GatewayCall, machines: Sequence[MachineRecord], kernel: Any, initrd: Any) -> dict[str, Any]:
     context = call.context
     settings = context.settings.get(JoinSettings)
-    pin = _pin(await call.issuer.trust_bundle_pem())
+    pin = bundle_pin(await call.issuer.trust_bundle_pem())
     entries = []
     for machine in machines:
         if not machine.macs and machine.system_uuid is None:
@@ -386,7 +387,7 @@ async def _deploy_params(call: GatewayCall, machine: MachineRecord) -> dict[str,
         "--trust-domain",
         settings.trust_domain,
         "--ca-pin",
-        _pin(await call.issuer.trust_bundle_pem()),
+        bundle_pin(await call.issuer.trust_bundle_pem()),
         f"--join-key={join_key.public_key}",
     ]
     user_data = "#cloud-config\n" + json.dumps(

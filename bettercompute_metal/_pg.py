@@ -32,6 +32,7 @@ CREATE TABLE {schema}.metal_sites (
     ramdisk_initrd text,
     boot_holder text,
     boot_expires_at timestamptz,
+    boot_synced_at timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
     UNIQUE (tenant, name)
 );
@@ -116,7 +117,10 @@ CREATE INDEX metal_boot_records_machine ON {schema}.metal_boot_records (machine_
     ),
 )
 
-_SITE = "id, tenant, pool_id, name, ramdisk_kernel, ramdisk_initrd, boot_holder, boot_expires_at, created_at"
+_SITE = (
+    "id, tenant, pool_id, name, ramdisk_kernel, ramdisk_initrd, boot_holder, boot_expires_at, boot_synced_at,"
+    " created_at"
+)
 _IMAGE = "id, tenant, name, kind, url, sha256, size, created_at"
 _MACHINE = (
     "id, tenant, pool_id, site_id, name, node_id, state, step, reason, message, workflow_id, bmc_url, bmc_username,"
@@ -141,6 +145,7 @@ def _site(row: Any) -> SiteRecord:
         ramdisk_initrd=row.ramdisk_initrd,
         boot_holder=row.boot_holder,
         boot_expires_at=_utc(row.boot_expires_at),
+        boot_synced_at=_utc(row.boot_synced_at),
         created_at=row.created_at.astimezone(dt.UTC),
     )
 
@@ -231,7 +236,8 @@ SELECT t.secret_hash, t.uses_left, t.expires_at, u.site_id AS spent,
        s.{_SITE.replace(", ", ", s.")}
 FROM t LEFT JOIN u ON true LEFT JOIN {{s}}.metal_sites AS s ON s.id = t.site_id""")
         self._lease = db.sql("""
-UPDATE {s}.metal_sites SET boot_holder = :agent, boot_expires_at = CAST(:now AS timestamptz) + :ttl
+UPDATE {s}.metal_sites SET boot_holder = :agent, boot_expires_at = CAST(:now AS timestamptz) + :ttl,
+    boot_synced_at = :now
 WHERE id = :id AND (boot_holder IS NULL OR boot_holder = :agent OR boot_expires_at <= :now)
 RETURNING boot_holder, boot_expires_at""")
         self._create_image = db.sql(f"""

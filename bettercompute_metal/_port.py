@@ -23,6 +23,8 @@ class SiteRecord:
     ramdisk_initrd: str | None
     boot_holder: str | None
     boot_expires_at: dt.datetime | None
+    boot_synced_at: dt.datetime | None
+    """When the boot lease's holder last fetched the site's plan."""
     created_at: dt.datetime
 
 

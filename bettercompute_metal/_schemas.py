@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import attrs
 
-from bettercompute.fields import Integer, Items, Text
+from bettercompute.fields import Integer, Text
 from bettercompute.paging import PageInput
 
 ImageKind = Literal["kernel", "initrd", "disk"]
@@ -228,6 +228,9 @@ class Machine:
     results: dict[str, Any]
     image_id: str | None
     disk: str | None
+    boot_records: tuple[dict[str, Any], ...]
+    """What the site's boot server last saw of the machine (DHCP, TFTP, script and file requests), newest first;
+    in ``metal.get`` only (lists leave it empty)."""
     created_at: dt.datetime
     updated_at: dt.datetime
 
@@ -280,6 +283,3 @@ class PowerOutput:
     id: str
     action: PowerAction
     power_state: str | None
-
-
-_ = Items  # the list rules above use Text and Integer only

@@ -47,6 +47,7 @@ from bettercompute_metal._schemas import (
     Site,
 )
 
+BOOT_RECORDS_SHOWN = 20
 SITE = "site"
 MACHINE = "machine"
 IMAGE = "image"
@@ -135,7 +136,7 @@ def image_view(record: ImageRecord) -> Image:
     )
 
 
-def machine_view(record: MachineRecord) -> Machine:
+def machine_view(record: MachineRecord, boot_records: tuple[dict[str, Any], ...] = ()) -> Machine:
     state: Any = record.state
     tls: Any = "ca" if record.bmc_tls.get("ca_pem") else "pin"
     return Machine(
@@ -159,6 +160,7 @@ def machine_view(record: MachineRecord) -> Machine:
         results=dict(record.results),
         image_id=record.image_id,
         disk=record.disk,
+        boot_records=boot_records,
         created_at=record.created_at,
         updated_at=record.updated_at,
     )
@@ -260,11 +262,27 @@ async def get_site(call: CallContext, input: GetSiteInput) -> Site:
     return site_view(await existing_site(call, input.id))
 
 
-def site_join_command(token: str, settings: JoinSettings | None) -> str:
+def site_join_command(token: str, settings: JoinSettings | None, ca_pin: str | None) -> str:
+    """The ``bcd site join`` command line for ``token``: the gateway and the CA pin as far as they are known."""
     parts = ["bcd", "site", "join", "--token", token]
     if settings is not None:
         parts += ["--gateway", settings.gateway_address]
+    if ca_pin is not None:
+        parts += ["--ca-pin", ca_pin]
     return shlex.join(parts)
+
+
+async def _ca_pin(call: CallContext) -> str | None:
+    """The pin of the live CA bundle (what ``--ca-pin`` checks the gateway's bundle against)."""
+    from bettercompute.modules.nodes import CERTIFICATES
+    from bettercompute_metal._gateway import bundle_pin
+
+    settings = call.context.settings.get(JoinSettings)
+    if settings is None:
+        return None
+    keys = await call.context.store.repository(CERTIFICATES).keys(settings.trust_domain)
+    bundle = "".join(k.certificate_pem for k in keys if k.state != "retired")
+    return bundle_pin(bundle) if bundle else None
 
 
 @method(mutates=True, resource=_on_site, replayable=False)
@@ -293,7 +311,7 @@ async def create_site_token(call: CallContext, input: CreateSiteTokenInput) -> C
         token=token,
         uses=input.uses,
         expires_at=expires_at,
-        command=site_join_command(token, call.context.settings.get(JoinSettings)),
+        command=site_join_command(token, call.context.settings.get(JoinSettings), await _ca_pin(call)),
     )
 
 
@@ -396,8 +414,11 @@ async def enroll(call: CallContext, input: EnrollInput) -> Machine:
 
 @method(mutates=False, resource=_on_machine)
 async def get_machine(call: CallContext, input: MachineInput) -> Machine:
-    """A machine: its state, its workflow's current step and reason, what inspection and the ramdisk found."""
-    return machine_view(await existing_machine(call, input.id))
+    """A machine: its state, its workflow's current step and reason, what inspection and the ramdisk found, and what
+    its site's boot server last saw of it."""
+    machine = await existing_machine(call, input.id)
+    seen = await call.context.store.repository(METAL).boot_records(machine.id, limit=BOOT_RECORDS_SHOWN)
+    return machine_view(machine, tuple(seen))
 
 
 @method(mutates=False, resource=_in_tenant)

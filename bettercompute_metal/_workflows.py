@@ -12,8 +12,11 @@ import base64
 import datetime as dt
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import anyio
 
 from bettercompute import (
     Job,
@@ -63,6 +66,8 @@ RAMDISK_WAIT = dt.timedelta(minutes=30)
 RAMDISK_TOKEN_TTL = dt.timedelta(minutes=45)
 DEPLOY_JOIN_TTL = dt.timedelta(hours=1)
 """How long the installed system's join token lives."""
+SITE_PICKUP = dt.timedelta(seconds=20)
+"""How long a boot waits, per attempt, for the site's boot server to fetch the plan before powering on."""
 NODE_WAIT = dt.timedelta(hours=1)
 """How long a deploy waits for the installed system to join, and then to be adopted."""
 
@@ -180,7 +185,12 @@ INSPECT = Workflow(name="metal-inspect", steps=[machine_step("inspect", _inspect
 # --- commissioning ----------------------------------------------------------------------------------------------
 
 
-TASKS = {"metal-commission": ("diagnose", "wipe"), "metal-deploy": ("deploy",), "metal-release": ("wipe",)}
+# Every boot diagnoses first: the ramdisk touches only disks it found itself, and the hardware is checked again.
+TASKS = {
+    "metal-commission": ("diagnose", "wipe"),
+    "metal-deploy": ("diagnose", "deploy"),
+    "metal-release": ("diagnose", "wipe"),
+}
 
 
 async def _prepare_ramdisk(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
@@ -193,7 +203,11 @@ async def _prepare_ramdisk(ctx: StepContext, machine: MachineRecord) -> StepOutc
     token_id, token, secret_hash = new_token(RAMDISK_TOKEN_PREFIX, "rt_")
     sealed = await kms.encrypt(token.encode(), context=token_context(machine.id))
     now = ctx.clock.now()
-    boot: dict[str, Any] = {"action": "ramdisk", "token": base64.b64encode(sealed).decode()}
+    boot: dict[str, Any] = {
+        "action": "ramdisk",
+        "token": base64.b64encode(sealed).decode(),
+        "prepared_at": now.isoformat(),
+    }
     join: tuple[str, bytes] | None = None
     if ctx.type == DEPLOY.name:
         if machine.hardware_key is None:
@@ -235,8 +249,33 @@ async def _prepare_ramdisk(ctx: StepContext, machine: MachineRecord) -> StepOutc
     return outcome
 
 
+async def _site_serving(ctx: StepContext, machine: MachineRecord) -> bool:
+    """Whether the site's active boot server has fetched the plan since this boot was prepared (else a machine that
+    boots at once could be served the last boot's spent token)."""
+    prepared = machine.boot.get("prepared_at")
+    if not isinstance(prepared, str):
+        return True
+    prepared_at = dt.datetime.fromisoformat(prepared)
+    deadline = time.monotonic() + SITE_PICKUP.total_seconds()
+    while True:
+        site = await ctx.store.repository(METAL).get_site(machine.site_id)
+        synced = site.boot_synced_at if site is not None else None
+        if synced is not None and synced > prepared_at:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await anyio.sleep(0.5)
+
+
 async def _pxe_boot(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
-    """One-time PXE boot over Redfish, then power on (or reset a machine that is on)."""
+    """Once the site serves this boot: one-time PXE boot over Redfish, then power on (or reset a machine that is
+    on)."""
+    if not await _site_serving(ctx, machine):
+        message = "the site's boot server has not fetched the boot plan: is `bcd site run` running there?"
+        if ctx.attempt < BMC_ATTEMPTS:
+            await _note(ctx, machine.id, step="boot", reason="SITE_NOT_SERVING", message=message)
+            return StepOutcome.retry(dt.timedelta(seconds=5), reason="SITE_NOT_SERVING")
+        return await _fail(ctx, machine.id, "SITE_NOT_SERVING", message)
     async with await bmc_client(ctx.context, machine) as client:
         await client.set_boot_once("Pxe")
         state = await client.power_state()

@@ -163,6 +163,8 @@ async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> Non
     # The workflow sets PXE once and powers the machine on; then it waits for the ramdisk.
     deadline = time.monotonic() + 90
     while machine.step != "ramdisk":
+        # The boot waits for the site's boot server to fetch the plan (with the new token) before powering on.
+        await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
         await plane.compute.jobs.tick()
         machine = await metal.metal.get(plane.alice, MachineInput(id=machine.id))
         assert machine.state == "commissioning", machine
@@ -259,9 +261,11 @@ async def _ramdisk_session(plane: Plane, machine_id: str, site_cert: str) -> tup
     return joined["certificate_pem"], key, answer["task"]
 
 
-async def _until_step(plane: Plane, machine_id: str, step: str) -> Any:
+async def _until_step(plane: Plane, machine_id: str, step: str, site_cert: str | None = None) -> Any:
     deadline = time.monotonic() + 90
     while True:
+        if site_cert is not None:
+            await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
         await plane.compute.jobs.tick()
         machine = await plane.metal.metal.get(plane.alice, MachineInput(id=machine_id))
         if machine.step == step:
@@ -281,8 +285,13 @@ async def _deploy_and_rejoin(plane: Plane, machine_id: str, site_cert: str) -> N
     assert refused.value.code == "INVALID_INPUT"
     machine = await metal.metal.deploy(plane.alice, DeployInput(id=machine_id, image_id=image.id))
     assert machine.state == "deploying" and machine.disk == "sda"
-    await _until_step(plane, machine_id, "ramdisk")
+    await _until_step(plane, machine_id, "ramdisk", site_cert)
     cert, key, task = await _ramdisk_session(plane, machine_id, site_cert)
+    assert task["kind"] == "diagnose"  # every boot diagnoses first
+    disks = [{"name": "sda", "size_bytes": 1 << 30, "smart": {"supported": False, "passed": None}}]
+    diagnosis = {"disks": disks, "claims": hardware(machine.system_uuid)}
+    answer = await plane.call("ramdisk.task", cert, {"report": _signed(key, machine_id, task, True, diagnosis)})
+    task = answer["task"]
     assert task["kind"] == "deploy" and task["params"]["disk"] == "sda"
     assert task["params"]["image"]["sha256"] == SHA
     user_data = task["params"]["cloud_init"]["user_data"]

@@ -117,6 +117,7 @@ def make_lan(tmp_path: Path, *, uplink: bool = False) -> Iterator[Lan]:
     ``lan.uplink_address`` there), so that a boot server in the LAN reaches a control plane listening on this host.
     """
     tag = uuid.uuid4().hex[:8]
+    tmp_path.mkdir(parents=True, exist_ok=True)
     lan = Lan(ns=f"bcpxe-{tag}", dhcp_ns=f"bcdhcp-{tag}", workdir=tmp_path)
     try:
         _run("ip", "netns", "add", lan.ns)
