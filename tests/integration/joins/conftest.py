@@ -141,6 +141,12 @@ def attestors() -> Sequence[Attestor]:
 
 
 @pytest.fixture
+def modules() -> Sequence[Any]:
+    """The host's modules (none by default; a test module may override this fixture)."""
+    return ()
+
+
+@pytest.fixture
 def certificate_ttl() -> dt.timedelta:
     """The lifetime of node certificates (24 hours; a test module may override this fixture)."""
     return dt.timedelta(hours=24)
@@ -154,12 +160,15 @@ async def fleet(
     clock: ManualClock,
     attestors: Sequence[Attestor],
     certificate_ttl: dt.timedelta,
+    modules: Sequence[Any],
 ) -> AsyncIterator[Fleet]:
     kms = GuardedKms(LocalKeyKms(tmp_path / "kms.key"))  # fails a KMS call made inside a transaction
     join = JoinSettings(
         gateway_address="gw.eu-1.example.com:443", trust_domain=TRUST_DOMAIN, certificate_ttl=certificate_ttl
     )
-    async with two_tenants(database_url, fresh_schema, kms=kms, join=join, clock=clock, attestors=attestors) as t:
+    async with two_tenants(
+        database_url, fresh_schema, kms=kms, join=join, clock=clock, attestors=attestors, modules=list(modules)
+    ) as t:
         pool: Pool = await t.compute.api.pools.create(t.alice, CreatePoolInput(tenant=t.acme, name="gpus"))
         yield Fleet(
             compute=t.compute,

@@ -233,7 +233,7 @@ def test_bare_metal_from_enroll_to_an_adopted_node(
                 )
                 assert joined.returncode == 0, joined.stderr
                 serve = ["--interface=br0", f"--address={SERVER}"]
-                lan.start(
+                site_a = lan.start(
                     "site",
                     BCD,
                     "--state-dir",
@@ -371,6 +371,25 @@ def test_bare_metal_from_enroll_to_an_adopted_node(
                 )
                 assert deployed["state"] == "deployed", deployed
                 assert call("nodes/get", {"id": node_id})["state"] == "adopted"
+
+                # Release: the ramdisk wipes the disk again, and the machine is ready for the next deploy.
+                call("metal/release", {"id": machine_id})
+                _until(lambda: machine()["step"] == "ramdisk", "the release's PXE boot", logs=lan)
+                ran = _ramdisk(tmp_path, _script_cmdline(lan, mac), inventory, disk, "release")
+                assert ran.returncode == 0, ran.stderr
+                released = _until(lambda: (m := machine())["state"] in ("ready", "failed") and m, "released", logs=lan)
+                assert released["state"] == "ready", released
+                assert disk.read_bytes()[: 1 << 20] == bytes(1 << 20)
+
+                # The active boot server stops: the standby takes the boot lease once it has expired.
+                site_a.terminate()
+                _until(
+                    lambda: "holding the boot lease" in (lan.workdir / "standby.err").read_text(),
+                    "site-b taking over",
+                    within=60,
+                    logs=lan,
+                )
+                assert call("sites/get", {"id": site["id"]})["boot_holder"] == "site-b"
 
                 # Nothing plaintext: the BMC password is in no log.
                 for log in [dev.stdout_path, dev.stderr_path, *lan.workdir.glob("*.err"), *lan.workdir.glob("*.out")]:
