@@ -287,6 +287,9 @@ class Machine:
             result={
                 "claims": self.claims,
                 "inventory": dict(self.inventory.sections),
+                # What diag.nvml reads (NVML again, or the declared health): the control plane judges it by the pool's
+                # node policy, as it judges a joining node's acceptance check.
+                "health": self.inventory.current_health(),
                 "disks": [
                     {"name": d.name, "size_bytes": d.size_bytes(), "smart": smart_health(d, self._smartctl)}
                     for d in disks

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import itertools
 import json
 import logging
 import signal
@@ -32,6 +34,8 @@ __all__ = ["add_site_parser", "run_site", "site_main"]
 log = logging.getLogger("bcd.site")
 
 RETRY_SECONDS = 2.0
+MAX_PENDING = 10_000
+"""The most boot records kept while the control plane cannot be reached."""
 
 
 def _port(text: str) -> int:
@@ -215,7 +219,8 @@ async def run_site(
 ) -> int:
     """Hold the site's boot lease and serve its plan until cancelled; 1 when the control plane refuses the site
     (its certificate revoked or expired, the site deleted)."""
-    pending: list[dict[str, Any]] = []
+    # Bounded: a flood of PXE requests while the control plane is away drops the oldest records, never memory.
+    pending: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PENDING)
     server = BootServer(
         interface=interface,
         address=address,
@@ -231,7 +236,7 @@ async def run_site(
         log.info("site agent %s starting", sync.agent)
         try:
             while True:
-                batch = pending[:MAX_RECORDS]
+                batch = list(itertools.islice(pending, MAX_RECORDS))
                 try:
                     answer = await sync.sync(http_base, batch)
                 except CallError as exc:
@@ -250,10 +255,15 @@ async def run_site(
                         serving = False
                     await asyncio.sleep(RETRY_SECONDS)
                     continue
-                del pending[: len(batch)]
+                for _ in batch:
+                    pending.popleft()
                 if answer.active:
                     serve_until = time.monotonic() + answer.lease_ttl_ms / 1000
-                    server.set_plan(BootPlan.from_json(answer.plan()))
+                    try:
+                        server.set_plan(BootPlan.from_json(answer.plan()))
+                    except (KeyError, TypeError, ValueError) as exc:
+                        # One bad entry must not stop every machine's boot: the last good plan stays in place.
+                        log.error("the control plane's boot plan is malformed (kept the last one): %s", exc)
                     if not serving:
                         await server.start()
                         serving = True

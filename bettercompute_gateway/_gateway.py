@@ -29,6 +29,7 @@ import datetime as dt
 import gc
 import json
 import logging
+import math
 import re
 import ssl
 import struct
@@ -1030,13 +1031,24 @@ def _json_value(text: str, path: str) -> Any:
         InvalidInputError: either.
     """
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except (ValueError, RecursionError):
         raise InvalidInputError(f"{path}: not JSON", details={"path": path}) from None
     if not storable_json(value):
         raise InvalidInputError(
             f"{path}: holds a NUL character or an unpaired surrogate", details={"path": path, "reason": "unstorable"}
         )
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("a number too large")
     return value
 
 
@@ -1048,8 +1060,9 @@ def _json_object(text: str, path: str) -> dict[str, Any]:
         InvalidInputError: either.
     """
     try:
-        value = json.loads(text)
-    except ValueError:
+        # NaN, Infinity and numbers too large for a float (1e999) are refused: PostgreSQL's jsonb cannot hold them.
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except (ValueError, RecursionError):
         value = None
     if not isinstance(value, dict):
         raise InvalidInputError(f"{path}: expected a JSON object", details={"path": path})

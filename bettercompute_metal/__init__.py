@@ -19,6 +19,7 @@ from bettercompute_metal._gateway import GATEWAY_METHODS as _GATEWAY_METHODS
 from bettercompute_metal._gateway import report_message
 from bettercompute_metal._pg import MIGRATIONS as _MIGRATIONS
 from bettercompute_metal._port import METAL
+from bettercompute_metal._workflows import BOOT_RECORDS_TRIM as _BOOT_RECORDS_TRIM
 from bettercompute_metal._workflows import NODE_WATCH as _NODE_WATCH
 from bettercompute_metal._workflows import WORKFLOWS as _WORKFLOWS
 
@@ -93,7 +94,7 @@ class MetalModule:
     groups: Sequence[type[GroupSpec[Any]]] = (SitesGroup, SiteTokensGroup, ImagesGroup, MetalGroup)
     actions: Sequence[str] = ("compute:sites:join", "compute:metal:ramdisk-join")
     migrations: Mapping[str, Sequence[Migration]] = {"postgresql": _MIGRATIONS}
-    jobs: Sequence[Job] = (_NODE_WATCH,)
+    jobs: Sequence[Job] = (_NODE_WATCH, _BOOT_RECORDS_TRIM)
     repositories: Sequence[Repository[Any]] = (METAL, POOLS, JOIN_TOKENS, NODES)
     workflows: Sequence[Workflow] = _WORKFLOWS
     gateway_methods: Sequence[GatewayMethod] = _GATEWAY_METHODS

@@ -16,9 +16,11 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
@@ -27,11 +29,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from bettercompute import GatewayCall, GatewayMethod, JoinSettings, signal_workflow_in
 from bettercompute.errors import (
     AccessDeniedError,
+    ComputeError,
     FailedPreconditionError,
     InvalidInputError,
     UnauthenticatedError,
+    UnavailableError,
 )
+from bettercompute.modules.inventory import judge_nvml
 from bettercompute.modules.nodes import JOIN_KEYS, hardware_key_of
+from bettercompute.modules.pools import POOLS, NodePolicy
 from bettercompute.ports import AuditRecord
 from bettercompute_metal._port import METAL, MachineRecord
 from bettercompute_metal._service import (
@@ -51,9 +57,11 @@ SYNC_EVERY = dt.timedelta(seconds=3)
 MAX_RECORDS = 500
 RAMDISK_TTL = dt.timedelta(hours=2)
 REPORT_MAX_AGE = dt.timedelta(minutes=10)
+MAX_RESULT_BYTES = 256 * 1024
 POLL_MS = 2000
 _REPORT = b"bettercompute/ramdisk-report/v1\n"
 _KINDS = frozenset({"dhcp", "tftp", "script", "file"})
+_HTTP_BASE = re.compile(r"http://[A-Za-z0-9.:\[\]-]{1,200}:[0-9]{1,5}")
 
 
 def _text(input: Mapping[str, Any], key: str, *, limit: int = 256, required: bool = True) -> str | None:
@@ -136,9 +144,11 @@ def _records(value: Any, site_machines: Mapping[str, MachineRecord]) -> list[dic
     kept = []
     for index, record in enumerate(value):
         path = f"records[{index}]"
-        if not isinstance(record, dict) or record.get("kind") not in _KINDS:
+        kind = record.get("kind") if isinstance(record, dict) else None
+        if not isinstance(kind, str) or kind not in _KINDS:
             raise InvalidInputError(f"{path}: not a boot record", details={"path": path})
         machine_id = record.get("machine_id")
+        machine_id = machine_id if isinstance(machine_id, str) else None
         at_ms = record.get("at_ms")
         if isinstance(at_ms, bool) or not isinstance(at_ms, int) or not 0 <= at_ms < 2**45:
             raise InvalidInputError(f"{path}.at_ms: expected milliseconds", details={"path": f"{path}.at_ms"})
@@ -156,14 +166,34 @@ def _records(value: Any, site_machines: Mapping[str, MachineRecord]) -> list[dic
     return kept
 
 
+def _http_base(value: Any) -> str | None:
+    """The site's ``http://<address>:<port>`` (where a ramdisk fetches a deploy's image from the site's cache)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _HTTP_BASE.fullmatch(value):
+        raise InvalidInputError("http_base: expected http://<address>:<port>", details={"path": "http_base"})
+    return value
+
+
+def _file(image: Any) -> dict[str, Any]:
+    return {"sha256": image.sha256, "url": image.url, "size": image.size}
+
+
 async def _plan(call: GatewayCall, machines: Sequence[MachineRecord], kernel: Any, initrd: Any) -> dict[str, Any]:
     context = call.context
     settings = context.settings.get(JoinSettings)
     pin = bundle_pin(await call.issuer.trust_bundle_pem())
     entries = []
+    seen: set[str] = set()
     for machine in machines:
         if not machine.macs and machine.system_uuid is None:
             continue
+        names = {*machine.macs, *([machine.system_uuid] if machine.system_uuid else [])}
+        if names & seen:
+            # Inspection refuses a second machine with the same MAC or UUID; one that got through boots nothing.
+            log.warning("machine %s shares a MAC or UUID with another of its site: left out of the plan", machine.id)
+            continue
+        seen |= names
         entry: dict[str, Any] = {
             "machine_id": machine.id,
             "macs": list(machine.macs),
@@ -175,12 +205,23 @@ async def _plan(call: GatewayCall, machines: Sequence[MachineRecord], kernel: An
         }
         sealed = machine.boot.get("token")
         if machine.boot.get("action") == "ramdisk" and sealed and kernel is not None and context.kms is not None:
-            token = (await context.kms.decrypt(base64.b64decode(sealed), context=token_context(machine.id))).decode()
+            try:
+                opened = await context.kms.decrypt(base64.b64decode(sealed), context=token_context(machine.id))
+            except Exception as exc:  # one machine's token not opening never takes the site's plan down
+                log.error("the ramdisk token of machine %s did not open: %s", machine.id, type(exc).__name__)
+                entries.append(entry)
+                continue
+            token = opened.decode()
             gateway = settings.gateway_address if settings is not None else ""
+            # A deploy's image is cached and served by the site too: the machine may reach nothing else.
+            image = None
+            if machine.state == "deploying" and machine.image_id is not None:
+                image = await context.store.repository(METAL).get_image(machine.image_id)
+            entry["image"] = _file(image) if image is not None else None
             entry.update(
                 action="ramdisk",
-                kernel={"sha256": kernel.sha256, "url": kernel.url, "size": kernel.size},
-                initrd={"sha256": initrd.sha256, "url": initrd.url, "size": initrd.size} if initrd else None,
+                kernel=_file(kernel),
+                initrd=_file(initrd) if initrd else None,
                 cmdline=f"bc.machine={machine.id} bc.gateway={gateway} bc.ca_pin={pin} bc.token={token}",
             )
         entries.append(entry)
@@ -193,14 +234,16 @@ async def site_sync(call: GatewayCall) -> Mapping[str, Any]:
     assert call.caller is not None
     agent = _text(call.input, "agent", limit=128)
     assert agent is not None
-    _text(call.input, "http_base", limit=256, required=False)
+    http_base = _http_base(call.input.get("http_base"))
     context = call.context
     store = context.store
     repository = store.repository(METAL)
     site = await repository.get_site(call.caller.id)
     if site is None:
         raise AccessDeniedError("the site no longer exists", details={"reason": "site_gone"})
-    active, holder, _ = await repository.sync_boot_lease(site.id, agent, ttl=BOOT_LEASE_TTL, now=context.clock.now())
+    active, holder, _ = await repository.sync_boot_lease(
+        site.id, agent, ttl=BOOT_LEASE_TTL, now=context.clock.now(), http_base=http_base
+    )
     answer: dict[str, Any] = {
         "active": active,
         "holder": holder,
@@ -264,7 +307,13 @@ async def ramdisk_join(call: GatewayCall) -> Mapping[str, Any]:
                 "the ramdisk runs on other hardware than the machine's", details={"reason": "hardware_mismatch"}
             )
         issued = await call.issuer.issue_in(tx, csr_pem, node_id=machine.id, role="ramdisk", ttl=RAMDISK_TTL)
-        await repository.update_machine(machine.id, ramdisk_token={**token, "used": True}, message="ramdisk joined")
+        # Only this certificate acts for the machine in this workflow (``ramdisk.task`` compares the serial); the next
+        # workflow's token replaces the record, and with it the certificate's standing.
+        await repository.update_machine(
+            machine.id,
+            ramdisk_token={**token, "used": True, "serial": issued.serial},
+            message="ramdisk joined",
+        )
         await tx.audit(
             AuditRecord(
                 action="compute:metal:ramdisk-join",
@@ -345,11 +394,25 @@ def _hardware_key(diagnosis: Mapping[str, Any], machine: MachineRecord) -> tuple
         return None, "the diagnosis's hardware claims are malformed"
 
 
-def _check_result(kind: str, result: Any) -> str | None:
-    """Why a task that says it succeeded did not (a disk whose SMART check failed, a wipe that missed a disk)."""
+async def _check_result(call: GatewayCall, machine: MachineRecord, task: Mapping[str, Any], result: Any) -> str | None:
+    """Why a task that says it succeeded did not: GPUs the pool's node policy refuses (the acceptance check
+    ``diag.nvml`` judges them alike), a disk whose SMART check failed, a wipe that missed a disk."""
+    kind = task["kind"]
     if not isinstance(result, dict):
         return "the result is not an object"
+    if len(json.dumps(result)) > MAX_RESULT_BYTES:
+        return f"the result is larger than {MAX_RESULT_BYTES} bytes"
+    if kind == "deploy":
+        image = task["params"].get("image", {})
+        if result.get("sha256") != image.get("sha256") or result.get("disk") != machine.disk:
+            return "the disk does not hold the image: its checksum or disk differs"
     if kind == "diagnose":
+        pool = await call.context.store.repository(POOLS).get(machine.pool_id)
+        policy = NodePolicy.from_stored(pool.node_policy) if pool is not None else NodePolicy()
+        findings = judge_nvml({"health": result.get("health")}, policy)
+        if findings:
+            reasons = sorted({str(f.get("reason")) for f in findings})
+            return f"the GPUs fail the pool's policy: {', '.join(reasons)}"
         disks = result.get("disks")
         if not isinstance(disks, list):
             return "the diagnosis names no disks"
@@ -359,8 +422,11 @@ def _check_result(kind: str, result: Any) -> str | None:
                 return f"disk {disk.get('name')} failed its SMART check"
     if kind == "wipe":
         disks = result.get("disks")
+        wanted = set(task["params"].get("disks", []))
         if not isinstance(disks, list) or not all(isinstance(d, dict) and d.get("ok") is True for d in disks):
             return "a disk was not wiped"
+        if {d.get("name") for d in disks} != wanted:
+            return "the wipe did not cover every disk it was given"
     return None
 
 
@@ -394,8 +460,12 @@ async def _deploy_params(call: GatewayCall, machine: MachineRecord) -> dict[str,
         {"runcmd": [command, ["systemctl", "enable", "--now", "bcd"]]}, separators=(",", ":")
     )
     meta_data = json.dumps({"instance-id": machine.id, "local-hostname": machine.name or machine.id})
+    site = await store.repository(METAL).get_site(machine.site_id)
+    served = _file(image)
+    if site is not None and site.boot_http_base:
+        served["url"] = f"{site.boot_http_base}/files/{image.sha256}"
     return {
-        "image": {"sha256": image.sha256, "url": image.url, "size": image.size},
+        "image": served,
         "disk": machine.disk,
         "cloud_init": {"user_data": user_data + "\n", "meta_data": meta_data},
     }
@@ -416,8 +486,110 @@ async def _next_task(
     return {"task_id": f"{machine.workflow_id}/{index}", "kind": kind, "params": params, "index": index}
 
 
+_RAMDISK_STATES = frozenset({"commissioning", "deploying", "releasing"})
+
+
+@attrs.frozen(kw_only=True)
+class _Change:
+    """What a report (or a first ask) changes on the machine, worked out before the transaction that writes it."""
+
+    task: dict[str, Any] | None
+    results: dict[str, Any]
+    hardware_key: str | None
+    message: str
+    done: Mapping[str, Any] | None
+    """The ``ramdisk.done`` payload when the ramdisk has nothing left to do."""
+
+
+def _already_taken(task_id: Any, machine: MachineRecord) -> bool:
+    """Whether ``task_id`` is a task of this workflow that was reported already (a report repeated after a lost
+    answer)."""
+    if not isinstance(task_id, str):
+        return False
+    workflow, _, index = task_id.rpartition("/")
+    if workflow != machine.workflow_id or not index.isdigit():
+        return False
+    return machine.task is None or int(index) < int(machine.task["index"])
+
+
+async def _progress(call: GatewayCall, machine: MachineRecord, report: Mapping[str, Any] | None) -> _Change | None:
+    """The change ``report`` makes (``None``: none, answer the current task). KMS and store reads happen here,
+    outside the transaction that writes the change."""
+    task = dict(machine.task) if machine.task else None
+    if task is None:
+        if not machine.tasks or machine.results.get("ramdisk_done_for") == machine.workflow_id:
+            return None
+        try:
+            first = await _next_task(call, machine, 0, machine.results)
+        except ComputeError as exc:
+            problem = f"the first task could not be prepared: {exc.message}"
+            results = {**machine.results, "ramdisk_done_for": machine.workflow_id}
+            return _Change(
+                task=None,
+                results=results,
+                hardware_key=machine.hardware_key,
+                message="ramdisk: done",
+                done={"ok": False, "kind": "ramdisk", "error": problem},
+            )
+        kind = first["kind"] if first else ""
+        return _Change(
+            task=first,
+            results=dict(machine.results),
+            hardware_key=machine.hardware_key,
+            message=f"ramdisk: {kind}",
+            done=None,
+        )
+    if report is None:
+        return None
+    if report.get("task_id") != task["task_id"] or report.get("kind") != task["kind"]:
+        if _already_taken(report.get("task_id"), machine):
+            return None
+        raise FailedPreconditionError(
+            "the report is not of the machine's current task", details={"reason": "not_current_task"}
+        )
+    why: str | None
+    if report.get("ok") is True:
+        why = await _check_result(call, machine, task, report.get("result"))
+    else:
+        why = str(report.get("error") or "failed")[:200]
+    results = dict(machine.results)
+    results[task["kind"]] = report.get("result") if isinstance(report.get("result"), dict) else {}
+    hardware_key = machine.hardware_key
+    if why is None and task["kind"] == "diagnose":
+        hardware_key, why = _hardware_key(results["diagnose"], machine)
+        if why is None and "deploy" in machine.tasks and hardware_key != machine.hardware_key:
+            # The deploy's join token is bound to the hardware commissioning saw.
+            why = "the hardware changed since commissioning: commission the machine again"
+    following = None
+    if why is None:
+        try:
+            following = await _next_task(call, machine, int(task["index"]) + 1, results)
+        except ComputeError as exc:
+            why = f"the next task could not be prepared: {exc.message}"
+    done = None
+    if following is None:
+        results["ramdisk_done_for"] = machine.workflow_id
+        done = {"ok": why is None, "kind": task["kind"], "error": why}
+    return _Change(
+        task=following,
+        results=results,
+        hardware_key=hardware_key,
+        message=f"ramdisk: {following['kind']}" if following else "ramdisk: done",
+        done=done,
+    )
+
+
 async def ramdisk_task(call: GatewayCall) -> Mapping[str, Any]:
-    """Take the ramdisk's report of its current task (signed by its key) and hand out the next one."""
+    """Take the ramdisk's report of its current task (signed by its key) and hand out the next one.
+
+    Asking again without a report answers the current task again; a report repeated after its answer was lost
+    answers as the first did.
+
+    Raises:
+        UnauthenticatedError: the report is not signed by the ramdisk's key, or is stale.
+        FailedPreconditionError: the report is of another task than the machine's current one.
+        UnavailableError: the machine changed while the report was taken (``changed``): report again.
+    """
     assert call.caller is not None
     machine_id = call.caller.id
     report = call.input.get("report")
@@ -425,45 +597,37 @@ async def ramdisk_task(call: GatewayCall) -> Mapping[str, Any]:
         raise InvalidInputError("report: expected an object", details={"path": "report"})
     if report is not None:
         _verify_report(call, machine_id, report)
-    context = call.context
-    async with context.store.transaction() as tx:
-        repository = tx.repository(METAL)
-        machine = await repository.lock_machine(machine_id)
-        if machine is None or machine.state not in ("commissioning", "deploying", "releasing"):
-            return {"task": None, "done": True, "poll_after_ms": POLL_MS}
-        task = dict(machine.task) if machine.task else None
-        if task is None and machine.tasks and machine.results.get("ramdisk_done_for") != machine.workflow_id:
-            task = await _next_task(call, machine, 0, machine.results)
-            await repository.update_machine(machine.id, task=task, message=f"ramdisk: {task['kind'] if task else ''}")
-        elif task is not None and report is not None:
-            if report.get("task_id") != task["task_id"] or report.get("kind") != task["kind"]:
-                raise FailedPreconditionError(
-                    "the report is not of the machine's current task", details={"reason": "not_current_task"}
+    store = call.context.store
+    snapshot = await store.repository(METAL).get_machine(machine_id)
+    if snapshot is None or snapshot.state not in _RAMDISK_STATES:
+        return {"task": None, "done": True, "reboot": False, "poll_after_ms": POLL_MS}
+    if (snapshot.ramdisk_token or {}).get("serial") != call.caller.serial:
+        raise AccessDeniedError(
+            "this ramdisk certificate is not the one of the machine's current boot",
+            details={"reason": "not_current_ramdisk"},
+        )
+    change = await _progress(call, snapshot, report)
+    if change is not None:
+        async with store.transaction() as tx:
+            machine = await tx.repository(METAL).lock_machine(machine_id)
+            if machine is None or machine.updated_at != snapshot.updated_at:
+                raise UnavailableError(
+                    "the machine changed while the report was taken: report again", details={"reason": "changed"}
                 )
-            ok = report.get("ok") is True
-            why = _check_result(task["kind"], report.get("result")) if ok else str(report.get("error") or "failed")
-            results = dict(machine.results)
-            results[task["kind"]] = report.get("result") if isinstance(report.get("result"), dict) else {}
-            hardware_key = machine.hardware_key
-            if why is None and task["kind"] == "diagnose":
-                hardware_key, why = _hardware_key(results["diagnose"], machine)
-            following = await _next_task(call, machine, int(task["index"]) + 1, results) if why is None else None
-            if following is None:
-                results["ramdisk_done_for"] = machine.workflow_id
-            await repository.update_machine(
-                machine.id,
-                results=results,
-                hardware_key=hardware_key,
-                task=following,
-                message=f"ramdisk: {following['kind']}" if following else "ramdisk: done",
+            await tx.repository(METAL).update_machine(
+                machine_id,
+                results=change.results,
+                hardware_key=change.hardware_key,
+                task=change.task,
+                message=change.message,
             )
-            if following is None and machine.workflow_id is not None:
-                payload = {"ok": why is None, "kind": task["kind"], "error": why}
-                await signal_workflow_in(tx, machine.workflow_id, "ramdisk.done", payload)
-            task = following
-        answer_task = {k: v for k, v in task.items() if k != "index"} if task else None
-        # After a deploy the ramdisk reboots into the installed system; otherwise the workflow powers it off.
-        reboot = answer_task is None and "deploy" in machine.tasks
+            if change.done is not None and machine.workflow_id is not None:
+                await signal_workflow_in(tx, machine.workflow_id, "ramdisk.done", change.done)
+    task = change.task if change is not None else (dict(snapshot.task) if snapshot.task else None)
+    answer_task = {k: v for k, v in task.items() if k != "index"} if task else None
+    # After a deploy the ramdisk reboots into the installed system; otherwise the workflow powers it off.
+    deployed = change.done if change is not None and change.done is not None else None
+    reboot = answer_task is None and "deploy" in snapshot.tasks and (deployed is None or deployed.get("ok") is True)
     return {"task": answer_task, "done": answer_task is None, "reboot": reboot, "poll_after_ms": POLL_MS}
 
 

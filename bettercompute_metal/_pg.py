@@ -33,6 +33,7 @@ CREATE TABLE {schema}.metal_sites (
     boot_holder text,
     boot_expires_at timestamptz,
     boot_synced_at timestamptz,
+    boot_http_base text,
     created_at timestamptz NOT NULL DEFAULT now(),
     UNIQUE (tenant, name)
 );
@@ -100,7 +101,7 @@ CREATE INDEX metal_machines_page ON {schema}.metal_machines (tenant, created_at,
 CREATE INDEX metal_machines_site ON {schema}.metal_machines (site_id);
 CREATE INDEX metal_machines_state ON {schema}.metal_machines (state) WHERE state = 'deploying';
 
--- What sites' boot servers saw (DHCP, TFTP, script and file requests): kept for metal.get, trimmed by age.
+-- What sites' boot servers saw (DHCP, TFTP, script and file requests): kept for metal.get, a week (metal-boot-records).
 CREATE TABLE {schema}.metal_boot_records (
     id bigserial PRIMARY KEY,
     site_id text NOT NULL REFERENCES {schema}.metal_sites (id),
@@ -113,13 +114,14 @@ CREATE TABLE {schema}.metal_boot_records (
     received_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX metal_boot_records_machine ON {schema}.metal_boot_records (machine_id, id);
+CREATE INDEX metal_boot_records_age ON {schema}.metal_boot_records (received_at);
 """,
     ),
 )
 
 _SITE = (
     "id, tenant, pool_id, name, ramdisk_kernel, ramdisk_initrd, boot_holder, boot_expires_at, boot_synced_at,"
-    " created_at"
+    " boot_http_base, created_at"
 )
 _IMAGE = "id, tenant, name, kind, url, sha256, size, created_at"
 _MACHINE = (
@@ -146,6 +148,7 @@ def _site(row: Any) -> SiteRecord:
         boot_holder=row.boot_holder,
         boot_expires_at=_utc(row.boot_expires_at),
         boot_synced_at=_utc(row.boot_synced_at),
+        boot_http_base=row.boot_http_base,
         created_at=row.created_at.astimezone(dt.UTC),
     )
 
@@ -237,7 +240,7 @@ SELECT t.secret_hash, t.uses_left, t.expires_at, u.site_id AS spent,
 FROM t LEFT JOIN u ON true LEFT JOIN {{s}}.metal_sites AS s ON s.id = t.site_id""")
         self._lease = db.sql("""
 UPDATE {s}.metal_sites SET boot_holder = :agent, boot_expires_at = CAST(:now AS timestamptz) + :ttl,
-    boot_synced_at = :now
+    boot_synced_at = :now, boot_http_base = coalesce(CAST(:http_base AS text), boot_http_base)
 WHERE id = :id AND (boot_holder IS NULL OR boot_holder = :agent OR boot_expires_at <= :now)
 RETURNING boot_holder, boot_expires_at""")
         self._create_image = db.sql(f"""
@@ -270,6 +273,7 @@ INSERT INTO {s}.metal_boot_records (site_id, machine_id, kind, mac, system_uuid,
 SELECT :site_id, r.machine_id, r.kind, r.mac, r.system_uuid, r.detail, r.at
 FROM jsonb_to_recordset(CAST(:records AS jsonb))
     AS r(machine_id text, kind text, mac text, system_uuid text, detail text, at timestamptz)""")
+        self._trim = db.sql("DELETE FROM {s}.metal_boot_records WHERE received_at < :before")
         self._records = db.sql("""
 SELECT kind, mac, system_uuid, detail, at FROM {s}.metal_boot_records WHERE machine_id = :machine_id
 ORDER BY id DESC LIMIT :limit""")
@@ -312,9 +316,10 @@ ORDER BY id DESC LIMIT :limit""")
         return SiteTokenUse(site=None, refusal="token_used")
 
     async def sync_boot_lease(
-        self, site_id: str, agent: str, *, ttl: dt.timedelta, now: dt.datetime
+        self, site_id: str, agent: str, *, ttl: dt.timedelta, now: dt.datetime, http_base: str | None = None
     ) -> tuple[bool, str | None, dt.datetime | None]:
-        rows = await self._fetch(self._lease, {"id": site_id, "agent": agent, "ttl": ttl, "now": now})
+        params = {"id": site_id, "agent": agent, "ttl": ttl, "now": now, "http_base": http_base}
+        rows = await self._fetch(self._lease, params)
         if rows:
             return True, rows[0].boot_holder, _utc(rows[0].boot_expires_at)
         site = await self.get_site(site_id)
@@ -428,6 +433,9 @@ ORDER BY id DESC LIMIT :limit""")
             "add_boot_records", self._add_records, {"site_id": site_id, "records": payload}
         )
         return len(records)
+
+    async def trim_boot_records(self, *, before: dt.datetime) -> int:
+        return await self._rowcount(self._trim, {"before": before})
 
     async def boot_records(self, machine_id: str, *, limit: int) -> list[dict[str, Any]]:
         rows = await self._fetch(self._records, {"machine_id": machine_id, "limit": limit})

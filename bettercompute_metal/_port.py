@@ -25,6 +25,8 @@ class SiteRecord:
     boot_expires_at: dt.datetime | None
     boot_synced_at: dt.datetime | None
     """When the boot lease's holder last fetched the site's plan."""
+    boot_http_base: str | None
+    """Where the holder serves its files (``http://<address>:<port>``), as it said at its last sync."""
     created_at: dt.datetime
 
 
@@ -68,6 +70,7 @@ MACHINE_FIELDS = frozenset(
         "image_id",
         "disk",
         "hardware_key",
+        "node_id",
     }
 )
 """The columns ``Metal.update_machine`` may set."""
@@ -131,9 +134,10 @@ class Metal(Protocol):
         ...
 
     async def sync_boot_lease(
-        self, site_id: str, agent: str, *, ttl: dt.timedelta, now: dt.datetime
+        self, site_id: str, agent: str, *, ttl: dt.timedelta, now: dt.datetime, http_base: str | None = None
     ) -> tuple[bool, str | None, dt.datetime | None]:
-        """Renew or take the site's boot lease for ``agent``: (whether it holds it, the holder, until when)."""
+        """Renew or take the site's boot lease for ``agent`` (noting where it serves its files): (whether it holds
+        it, the holder, until when)."""
         ...
 
     async def create_image(
@@ -185,6 +189,10 @@ class Metal(Protocol):
 
     async def add_boot_records(self, site_id: str, records: Sequence[Mapping[str, Any]]) -> int:
         """Keep what a site's boot server saw."""
+        ...
+
+    async def trim_boot_records(self, *, before: dt.datetime) -> int:
+        """Forget the boot records received before ``before``; how many."""
         ...
 
     async def boot_records(self, machine_id: str, *, limit: int) -> list[dict[str, Any]]:

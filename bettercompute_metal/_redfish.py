@@ -947,8 +947,10 @@ class RedfishClient:
             if isinstance(cause, _PinMismatchError):
                 return RedfishError(
                     BMC_TLS_FAILED,
-                    f"The BMC at {self.origin} presented a certificate that does not match the pin "
-                    f"(its SHA-256 is {cause.presented or 'absent'}); nothing was sent to it.",
+                    # The presented certificate's hash is not shown: a caller who may enroll any URL would learn
+                    # the certificates of hosts the control plane reaches, and then pin them.
+                    f"The BMC at {self.origin} presented a certificate that does not match the pin; nothing was"
+                    " sent to it.",
                 )
             if isinstance(cause, ssl.SSLCertVerificationError):
                 reason = _excerpt(str(cause.verify_message or cause.reason or "not trusted"), ())

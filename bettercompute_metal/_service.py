@@ -371,9 +371,11 @@ async def enroll(call: CallContext, input: EnrollInput) -> Machine:
         ConflictError: a machine with this BMC URL is enrolled already.
         FailedPreconditionError: the control plane has no KMS.
     """
+    from bettercompute_metal._redfish import parse_bmc_url
     from bettercompute_metal._workflows import INSPECT, start
 
     bmc = input.bmc
+    bmc_url = parse_bmc_url(bmc.url, field="bmc.url")  # no user info, one spelling per BMC (the URL is unique)
     if (bmc.ca_pem is None) == (bmc.pin_sha256 is None):
         raise InvalidInputError(
             "bmc: trust its TLS by exactly one of ca_pem or pin_sha256", details={"path": "bmc.pin_sha256"}
@@ -394,7 +396,7 @@ async def enroll(call: CallContext, input: EnrollInput) -> Machine:
             site_id=site.id,
             name=input.name,
             node_id=f"node_{secrets.token_hex(8)}",
-            bmc_url=bmc.url,
+            bmc_url=bmc_url,
             bmc_username=bmc.username,
             bmc_tls=tls,
             bmc_secret=sealed,
@@ -407,7 +409,7 @@ async def enroll(call: CallContext, input: EnrollInput) -> Machine:
             resource_type=MACHINE,
             resource_id=machine_id,
             tenant=site.tenant,
-            details={"site_id": site.id, "bmc_url": bmc.url},
+            details={"site_id": site.id, "bmc_url": bmc_url},
         )
     return machine_view(record)
 
@@ -517,16 +519,23 @@ async def retry(call: CallContext, input: MachineInput) -> Machine:
         NotFoundError: there is no such machine.
         FailedPreconditionError: the machine has not failed.
     """
+    from bettercompute.ports import WORKFLOWS
     from bettercompute_metal._workflows import by_name
 
     machine = await existing_machine(call, input.id)
-    if machine.state != "failed":
+    allowed = frozenset({"failed"})
+    if machine.state != "failed" and machine.workflow_id is not None:
+        # A workflow the engine itself gave up on (its own failures retried for hours) leaves the machine as it was.
+        record = await call.context.store.repository(WORKFLOWS).get(machine.workflow_id)
+        if record is not None and record.state in ("failed", "cancelled"):
+            allowed = frozenset({machine.state})
+    if machine.state not in allowed:
         raise FailedPreconditionError(
             f"the machine is {machine.state}; only a failed machine is retried", details={"state": machine.state}
         )
     workflow = by_name(str(machine.results.get("workflow", "metal-inspect")))
     data = {k: v for k, v in dict(machine.results.get("workflow_data", {})).items() if isinstance(v, str)}
-    return await _start_from(call, input.id, workflow, frozenset({"failed"}), **data)
+    return await _start_from(call, input.id, workflow, allowed, **data)
 
 
 @method(mutates=True, resource=_on_machine)

@@ -12,7 +12,10 @@ import base64
 import datetime as dt
 import json
 import logging
+import re
+import secrets
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -45,6 +48,7 @@ from bettercompute_metal._service import (
 )
 
 __all__ = [
+    "BOOT_RECORDS_TRIM",
     "COMMISSION",
     "DEPLOY",
     "INSPECT",
@@ -59,6 +63,8 @@ __all__ = [
 
 log = logging.getLogger("bettercompute.metal")
 
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
+
 BMC_ATTEMPTS = 6
 """How many times a step tries a BMC that is unreachable or failing before the machine fails."""
 RAMDISK_WAIT = dt.timedelta(minutes=30)
@@ -66,6 +72,8 @@ RAMDISK_WAIT = dt.timedelta(minutes=30)
 RAMDISK_TOKEN_TTL = dt.timedelta(minutes=45)
 DEPLOY_JOIN_TTL = dt.timedelta(hours=1)
 """How long the installed system's join token lives."""
+STEP_MARGIN = dt.timedelta(seconds=10)
+"""What a step keeps of its deadline to record its outcome on the machine."""
 SITE_PICKUP = dt.timedelta(seconds=20)
 """How long a boot waits, per attempt, for the site's boot server to fetch the plan before powering on."""
 NODE_WAIT = dt.timedelta(hours=1)
@@ -126,12 +134,23 @@ def machine_step(name: str, body: StepBody, *, deadline: dt.timedelta = dt.timed
     its reason at once; an unexpected exception fails it on the last attempt the engine would make.
     """
 
+    # The engine cancels an attempt that overruns ``deadline`` and, after the last, fails only the workflow: the body
+    # gets a little less, so that its overrun is caught here and the machine shows it.
+    budget = max(1.0, deadline.total_seconds() - STEP_MARGIN.total_seconds())
+
     async def run(ctx: StepContext) -> StepOutcome:
         machine = await ctx.store.repository(METAL).get_machine(ctx.subject)
         if machine is None:
             return StepOutcome.fail("MACHINE_GONE", "the machine no longer exists")
         try:
-            return await body(ctx, machine)
+            with anyio.fail_after(budget):
+                return await body(ctx, machine)
+        except TimeoutError:
+            message = f"the step {name} took longer than {int(budget)} s"
+            if ctx.attempt < BMC_ATTEMPTS:
+                await _note(ctx, machine.id, step=name, reason="STEP_TIMEOUT", message=message)
+                return StepOutcome.retry(dt.timedelta(seconds=5), reason="STEP_TIMEOUT")
+            return await _fail(ctx, machine.id, "STEP_TIMEOUT", message)
         except RedfishError as exc:
             if exc.retryable and ctx.attempt < BMC_ATTEMPTS:
                 await _note(ctx, machine.id, step=name, reason=exc.reason, message=str(exc))
@@ -157,10 +176,35 @@ def machine_step(name: str, body: StepBody, *, deadline: dt.timedelta = dt.timed
 # --- inspection -------------------------------------------------------------------------------------------------
 
 
+def _mac(value: str | None) -> str | None:
+    text = (value or "").strip().lower().replace("-", ":")
+    return text if _MAC.fullmatch(text) else None
+
+
+def _uuid(value: str | None) -> str | None:
+    try:
+        return str(uuid.UUID(value)) if value else None
+    except ValueError:
+        return None
+
+
 async def _inspect(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
     async with await bmc_client(ctx.context, machine) as client:
         inventory = await client.inspect()
-    macs = tuple(sorted({n.mac.lower() for n in inventory.nics if n.mac}))
+    macs = tuple(sorted({m for m in (_mac(n.mac) for n in inventory.nics) if m is not None}))
+    system_uuid = _uuid(inventory.uuid)
+    if not macs and system_uuid is None:
+        return await _fail(ctx, machine.id, "BMC_NO_IDENTITY", "the BMC reports neither a MAC address nor a UUID")
+    # A site boots a machine by its MAC or UUID: another machine of the site with one of them would be served this
+    # machine's boot (or this one another's), so the second is refused.
+    others = await ctx.store.repository(METAL).machines_at_site(machine.site_id)
+    for other in others:
+        if other.id != machine.id and (
+            set(other.macs) & set(macs) or (system_uuid and other.system_uuid == system_uuid)
+        ):
+            return await _fail(
+                ctx, machine.id, "DUPLICATE_HARDWARE", f"machine {other.id} of this site has the same MAC or UUID"
+            )
     outcome = StepOutcome.next()
     async with ctx.writes(outcome=outcome) as tx:
         await tx.repository(METAL).update_machine(
@@ -169,7 +213,7 @@ async def _inspect(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
             step=None,
             reason=None,
             message=None,
-            system_uuid=inventory.uuid.lower() if inventory.uuid else None,
+            system_uuid=system_uuid,
             serial=inventory.serial_number,
             macs=macs,
             power_state=inventory.power_state,
@@ -209,9 +253,13 @@ async def _prepare_ramdisk(ctx: StepContext, machine: MachineRecord) -> StepOutc
         "prepared_at": now.isoformat(),
     }
     join: tuple[str, bytes] | None = None
+    node_id = machine.node_id
     if ctx.type == DEPLOY.name:
         if machine.hardware_key is None:
             raise FailedPreconditionError("the machine has no hardware key: commission it first")
+        node = await ctx.store.repository(NODES).get(node_id)
+        if node is not None and node.state == "retired":
+            node_id = f"node_{secrets.token_hex(8)}"  # a retired node stays retired: the machine joins as a new one
         join_id, join_token, join_hash = new_join_token()
         join = (join_id, join_hash)
         boot["join_token"] = base64.b64encode(
@@ -228,12 +276,13 @@ async def _prepare_ramdisk(ctx: StepContext, machine: MachineRecord) -> StepOutc
                 secret_hash=join[1],
                 uses=1,
                 expires_at=now + DEPLOY_JOIN_TTL,
-                expect={"hardware_key": machine.hardware_key, "node_id": machine.node_id},
+                expect={"hardware_key": machine.hardware_key, "node_id": node_id},
                 reclaim="same-hardware",
                 created_by=f"machine:{machine.id}",
             )
         await tx.repository(METAL).update_machine(
             machine.id,
+            node_id=node_id,
             step="boot",
             reason=None,
             message=None,
@@ -288,11 +337,20 @@ async def _pxe_boot(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
 
 
 async def _await_ramdisk(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
-    return StepOutcome.wait("ramdisk.done", timeout=RAMDISK_WAIT)
+    # At its timeout the workflow goes on without the event: the next step fails the machine (RAMDISK_TIMEOUT).
+    return StepOutcome.wait("ramdisk.done", timeout=RAMDISK_WAIT, on_timeout="next")
 
 
 async def _ramdisk_failed(ctx: StepContext, machine: MachineRecord) -> StepOutcome | None:
-    done = dict(ctx.data.get("ramdisk.done", {}))
+    if "ramdisk.done" not in ctx.data:
+        minutes = int(RAMDISK_WAIT.total_seconds() // 60)
+        return await _fail(
+            ctx,
+            machine.id,
+            "RAMDISK_TIMEOUT",
+            f"the ramdisk did not finish within {minutes} minutes (did the machine PXE-boot through its site?)",
+        )
+    done = dict(ctx.data["ramdisk.done"])
     if done.get("ok"):
         return None
     kind = str(done.get("kind") or "ramdisk")
@@ -344,7 +402,7 @@ async def _installed(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
     failed = await _ramdisk_failed(ctx, machine)
     if failed is not None:
         return failed
-    outcome = StepOutcome.wait("node.joined", timeout=NODE_WAIT)
+    outcome = StepOutcome.wait("node.joined", timeout=NODE_WAIT, on_timeout="next")
     async with ctx.writes(outcome=outcome) as tx:
         boot = {"action": "local", "join_token_id": machine.boot.get("join_token_id")}
         await tx.repository(METAL).update_machine(
@@ -354,7 +412,9 @@ async def _installed(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
 
 
 async def _joined(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
-    outcome = StepOutcome.wait("node.adopted", timeout=NODE_WAIT)
+    if "node.joined" not in ctx.data:
+        return await _fail(ctx, machine.id, "JOIN_TIMEOUT", "the installed system did not join within an hour")
+    outcome = StepOutcome.wait("node.adopted", timeout=NODE_WAIT, on_timeout="next")
     async with ctx.writes(outcome=outcome) as tx:
         await tx.repository(METAL).update_machine(
             machine.id, step="adopt", message=f"node {machine.node_id} joined; its acceptance checks run"
@@ -363,6 +423,10 @@ async def _joined(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
 
 
 async def _deployed(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    if "node.adopted" not in ctx.data:
+        return await _fail(
+            ctx, machine.id, "ADOPTION_TIMEOUT", f"node {machine.node_id} joined but was not adopted within an hour"
+        )
     outcome = StepOutcome.next()
     async with ctx.writes(outcome=outcome) as tx:
         await tx.repository(METAL).update_machine(
@@ -445,6 +509,18 @@ async def watch_nodes(context: ModuleContext) -> int:
 
 
 NODE_WATCH = Job(name="metal-node-watch", role="controllers", interval=dt.timedelta(seconds=2), run=watch_nodes)
+
+BOOT_RECORDS_KEPT = dt.timedelta(days=7)
+
+
+async def trim_boot_records(context: ModuleContext) -> int:
+    """Forget the boot records older than a week (``metal.get`` shows the latest only)."""
+    return await context.store.repository(METAL).trim_boot_records(before=context.clock.now() - BOOT_RECORDS_KEPT)
+
+
+BOOT_RECORDS_TRIM = Job(
+    name="metal-boot-records", role="controllers", interval=dt.timedelta(minutes=10), run=trim_boot_records
+)
 
 
 def by_name(name: str) -> Workflow:

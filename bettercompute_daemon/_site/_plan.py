@@ -94,6 +94,8 @@ class BootEntry:
     action: str = attrs.field(default="local", validator=attrs.validators.in_(ACTIONS))
     kernel: BootFile | None = None
     initrd: BootFile | None = None
+    image: BootFile | None = None
+    """A disk image the ramdisk is to write (a deploy): cached and served like the kernel and initrd."""
     cmdline: str = ""
     """The kernel command line; it may not hold control characters (it becomes one line of an iPXE script)."""
 
@@ -107,12 +109,12 @@ class BootEntry:
         """The files this entry boots (none unless its action is ``ramdisk``)."""
         if self.action != "ramdisk":
             return ()
-        return tuple(file for file in (self.kernel, self.initrd) if file is not None)
+        return tuple(file for file in (self.kernel, self.initrd, self.image) if file is not None)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BootEntry:
         """An entry from its JSON form (the field names; ``kernel`` and ``initrd`` as ``BootFile.from_json``)."""
-        kernel, initrd = data.get("kernel"), data.get("initrd")
+        kernel, initrd, image = data.get("kernel"), data.get("initrd"), data.get("image")
         return cls(
             machine_id=str(data["machine_id"]),
             macs=list(data.get("macs", [])),
@@ -120,6 +122,7 @@ class BootEntry:
             action=str(data.get("action", "local")),
             kernel=None if kernel is None else BootFile.from_json(kernel),
             initrd=None if initrd is None else BootFile.from_json(initrd),
+            image=None if image is None else BootFile.from_json(image),
             cmdline=str(data.get("cmdline", "")),
         )
 

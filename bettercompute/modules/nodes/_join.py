@@ -255,6 +255,12 @@ class JoinService:
                 reclaim=token.reclaim == "same-hardware",
             )
             node = enrollment.node
+            if isinstance(bound_id, str) and node.id != bound_id:
+                # The pool holds this hardware under another node id: the machine's own id cannot be taken.
+                raise ConflictError(
+                    "this pool has the hardware as another node; retire that node (nodes.retire) first",
+                    details={"reason": "bound_node_mismatch"},
+                )
             if enrollment.outcome == "conflict":
                 raise ConflictError(
                     "this pool has a node with the same hardware; retire it (nodes.retire), or join with a token whose"

@@ -21,7 +21,7 @@ import bettercompute_proto as wire
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway
 
-from ..joins.conftest import Fleet, attestors, certificate_ttl, claims, clock, fleet
+from ..joins.conftest import Fleet, attestors, certificate_ttl, claims, clock, fleet, modules
 
 __all__ = [
     "OPTIONS",
@@ -34,6 +34,7 @@ __all__ = [
     "envelope",
     "fleet",
     "gateway_tls",
+    "modules",
 ]
 
 

@@ -52,7 +52,7 @@ async def test_calls_are_refused_by_certificate_role_and_input(gw: Wire) -> None
     # An unknown method, input that is no JSON object, a NUL inside it.
     status, error = await _call(gw, "site.nope", "{}", joined=joined)
     assert error["code"] == "NOT_FOUND"
-    for bad in ("[]", "not json", '{"agent": "a\\u0000"}'):
+    for bad in ("[]", "not json", '{"agent": "a\\u0000"}', '{"agent": 1e999}', '{"agent": NaN}', "[" * 100_000):
         status, error = await _call(gw, "site.sync", bad, joined=joined)
         assert error["code"] == "INVALID_INPUT", bad
     # A malformed site token on the open join: refused without saying more.
@@ -65,7 +65,7 @@ async def test_a_ramdisk_certificate_past_its_two_hours_is_refused(gw: Wire) -> 
     ca = gw.fleet.services.joins.ca
     issued = await ca.issue(key.csr_pem(), node_id="mch_0123456789abcdef", role="ramdisk")
     assert issued.not_after - issued.not_before <= dt.timedelta(hours=2, minutes=1)
-    tls = {"cert_pem": issued.certificate_pem, "key_pem": key.private_key_pem()}
+    tls: dict[str, Any] = {"cert_pem": issued.certificate_pem, "key_pem": key.private_key_pem()}
     # Within its life the control plane takes it (the machine is unknown, so there is nothing to do).
     channel = gw.channel(**tls)
     try:

@@ -46,6 +46,7 @@ from ._bmc import Bmc
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
 TRUST_DOMAIN = "metal.example.test"
+HEALTHY = {"healthy": True, "ecc_uncorrectable": 0, "xid": [], "retired_pages_pending": False}
 SHA = "a" * 64
 
 
@@ -214,7 +215,7 @@ async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> Non
     task = answer["task"]
     assert task["kind"] == "diagnose"
     disks = [{"name": "sda", "size_bytes": 1 << 30, "smart": {"supported": False, "passed": None}}]
-    diagnosis = {"disks": disks, "claims": hardware(machine.system_uuid)}
+    diagnosis = {"disks": disks, "claims": hardware(machine.system_uuid), "health": HEALTHY}
     forged = _signed(NodeKey(), machine.id, task, True, diagnosis)
     with pytest.raises(UnauthenticatedError):
         await plane.call("ramdisk.task", cert, {"report": forged})
@@ -289,7 +290,7 @@ async def _deploy_and_rejoin(plane: Plane, machine_id: str, site_cert: str) -> N
     cert, key, task = await _ramdisk_session(plane, machine_id, site_cert)
     assert task["kind"] == "diagnose"  # every boot diagnoses first
     disks = [{"name": "sda", "size_bytes": 1 << 30, "smart": {"supported": False, "passed": None}}]
-    diagnosis = {"disks": disks, "claims": hardware(machine.system_uuid)}
+    diagnosis = {"disks": disks, "claims": hardware(machine.system_uuid), "health": HEALTHY}
     answer = await plane.call("ramdisk.task", cert, {"report": _signed(key, machine_id, task, True, diagnosis)})
     task = answer["task"]
     assert task["kind"] == "deploy" and task["params"]["disk"] == "sda"
@@ -300,7 +301,9 @@ async def _deploy_and_rejoin(plane: Plane, machine_id: str, site_cert: str) -> N
     token = command[command.index("--token") + 1]
     assert token.startswith("bcjt_")
     answer = await plane.call(
-        "ramdisk.task", cert, {"report": _signed(key, machine_id, task, True, {"disk": "sda", "written_bytes": 1})}
+        "ramdisk.task",
+        cert,
+        {"report": _signed(key, machine_id, task, True, {"disk": "sda", "written_bytes": 1, "sha256": SHA})},
     )
     assert answer == {"task": None, "done": True, "reboot": True, "poll_after_ms": answer["poll_after_ms"]}
     machine = await _until_step(plane, machine_id, "join")
@@ -398,3 +401,126 @@ async def test_no_bmc_password_in_the_database(plane: Plane, bmc: Bmc) -> None:
         )
         for row in rows:
             assert password not in row.row, table.table_name
+
+
+async def _enrolled(plane: Plane, bmc: Bmc) -> tuple[str, str]:
+    """A site joined and a machine of it inspected: (the machine's id, the site's certificate)."""
+    site_id, site_cert, _ = await _site(plane)
+    machine = await plane.metal.metal.enroll(
+        plane.alice,
+        EnrollInput(
+            site_id=site_id,
+            bmc=BmcInput(url=bmc.url, username=bmc.username, password=bmc.password, pin_sha256=bmc.pin_sha256),
+        ),
+    )
+    inspected = await plane.until(machine.id, {"inspected", "failed"})
+    assert inspected.state == "inspected", inspected
+    return machine.id, site_cert
+
+
+async def test_gpus_the_pool_refuses_fail_the_commissioning_with_the_reason(plane: Plane, bmc: Bmc) -> None:
+    machine_id, site_cert = await _enrolled(plane, bmc)
+    await plane.metal.metal.commission(plane.alice, MachineInput(id=machine_id))
+    await _until_step(plane, machine_id, "ramdisk", site_cert)
+    cert, key, task = await _ramdisk_session(plane, machine_id, site_cert)
+    machine = await plane.metal.metal.get(plane.alice, MachineInput(id=machine_id))
+    disks = [{"name": "sda", "size_bytes": 1 << 30, "smart": {"supported": True, "passed": True}}]
+    sick = {**HEALTHY, "ecc_uncorrectable": 3, "xid": [79]}
+    diagnosis = {"disks": disks, "claims": hardware(machine.system_uuid), "health": sick}
+    # The same report twice (its answer lost the first time) is taken once.
+    report = _signed(key, machine_id, task, True, diagnosis)
+    first = await plane.call("ramdisk.task", cert, {"report": report})
+    again = await plane.call("ramdisk.task", cert, {"report": report})
+    assert first["done"] is True and again["done"] is True
+    failed = await plane.until(machine_id, {"failed", "ready"})
+    assert (failed.state, failed.step, failed.reason) == ("failed", "finish", "DIAGNOSE_FAILED")
+    assert "ecc_uncorrectable" in (failed.message or "") and "xid_79" in (failed.message or "")
+
+
+async def test_a_ramdisk_asking_again_gets_its_current_task_and_a_stale_report_is_refused(
+    plane: Plane, bmc: Bmc
+) -> None:
+    machine_id, site_cert = await _enrolled(plane, bmc)
+    await plane.metal.metal.commission(plane.alice, MachineInput(id=machine_id))
+    await _until_step(plane, machine_id, "ramdisk", site_cert)
+    cert, key, task = await _ramdisk_session(plane, machine_id, site_cert)
+    assert (await plane.call("ramdisk.task", cert, {"report": None}))["task"] == task
+    wrong = {**task, "task_id": task["task_id"] + "9"}
+    with pytest.raises(ComputeError) as refused:
+        await plane.call("ramdisk.task", cert, {"report": _signed(key, machine_id, wrong, True, {})})
+    assert refused.value.code == "FAILED_PRECONDITION"
+    bad: Any
+    for bad in ([], "x", {"task_id": task["task_id"], "signed_at_ms": True}):
+        with pytest.raises(ComputeError) as refused:
+            await plane.call("ramdisk.task", cert, {"report": bad})
+        assert refused.value.code in ("INVALID_INPUT", "UNAUTHENTICATED"), bad
+
+
+async def test_a_wipe_that_misses_a_disk_fails_and_another_ramdisk_certificate_is_refused(
+    plane: Plane, bmc: Bmc
+) -> None:
+    machine_id, site_cert = await _enrolled(plane, bmc)
+    await plane.metal.metal.commission(plane.alice, MachineInput(id=machine_id))
+    await _until_step(plane, machine_id, "ramdisk", site_cert)
+    cert, key, task = await _ramdisk_session(plane, machine_id, site_cert)
+    # A ramdisk certificate of the same machine that is not the one this boot's token was spent for.
+    other_key = NodeKey()
+    other = await plane.compute.gateway_services.joins.ca.issue(other_key.csr_pem(), node_id=machine_id, role="ramdisk")
+    with pytest.raises(AccessDeniedError) as refused:
+        await plane.call("ramdisk.task", other.certificate_pem, {"report": None})
+    assert refused.value.details["reason"] == "not_current_ramdisk"
+    machine = await plane.metal.metal.get(plane.alice, MachineInput(id=machine_id))
+    disks = [
+        {"name": name, "size_bytes": 1 << 30, "smart": {"supported": False, "passed": None}} for name in ("sda", "sdb")
+    ]
+    diagnosis = {"disks": disks, "claims": hardware(machine.system_uuid), "health": HEALTHY}
+    answer = await plane.call("ramdisk.task", cert, {"report": _signed(key, machine_id, task, True, diagnosis)})
+    wipe = answer["task"]
+    assert wipe["params"] == {"disks": ["sda", "sdb"]}
+    half = {"disks": [{"name": "sda", "method": "zero", "ok": True}]}
+    assert (await plane.call("ramdisk.task", cert, {"report": _signed(key, machine_id, wipe, True, half)}))["done"]
+    failed = await plane.until(machine_id, {"failed", "ready"})
+    assert (failed.state, failed.reason) == ("failed", "WIPE_FAILED")
+
+
+async def test_a_ramdisk_that_never_comes_fails_the_machine_at_the_wait_s_end(
+    plane: Plane, bmc: Bmc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bettercompute_metal import _workflows
+
+    monkeypatch.setattr(_workflows, "RAMDISK_WAIT", dt.timedelta(seconds=1))
+    machine_id, site_cert = await _enrolled(plane, bmc)
+    await plane.metal.metal.commission(plane.alice, MachineInput(id=machine_id))
+    await _until_step(plane, machine_id, "ramdisk", site_cert)
+    await _sleep(1.5)
+    failed = await plane.until(machine_id, {"failed", "ready"})
+    assert (failed.state, failed.step, failed.reason) == ("failed", "finish", "RAMDISK_TIMEOUT")
+    # Its boot is taken back: the site boots it from its disk again.
+    sync = await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
+    assert [e["action"] for e in sync["plan"]["entries"]] == ["local"]
+    again = await plane.metal.metal.retry(plane.alice, MachineInput(id=machine_id))
+    assert again.state == "commissioning"
+
+
+async def test_malformed_boot_records_are_refused_and_records_name_only_the_site_s_machines(
+    plane: Plane, bmc: Bmc
+) -> None:
+    machine_id, site_cert = await _enrolled(plane, bmc)
+    bad: Any
+    for bad in ([{"kind": ["dhcp"], "at_ms": 1}], [{"kind": "dhcp", "at_ms": True}], "x", [{}] * 501):
+        with pytest.raises(ComputeError) as refused:
+            await plane.call(
+                "site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080", "records": bad}
+            )
+        assert refused.value.code == "INVALID_INPUT", bad
+    records = [
+        {"kind": "dhcp", "at_ms": 1_700_000_000_000, "machine_id": ["x"], "mac": None, "detail": "offer"},
+        {"kind": "file", "at_ms": 1_700_000_000_000, "machine_id": machine_id, "mac": None, "detail": "vmlinuz"},
+        {"kind": "script", "at_ms": 1_700_000_000_000, "machine_id": "mch_of_another_site", "detail": "x"},
+    ]
+    await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080", "records": records})
+    machine = await plane.metal.metal.get(plane.alice, MachineInput(id=machine_id))
+    assert [r["kind"] for r in machine.boot_records] == ["file"]
+    with pytest.raises(ComputeError) as refused:
+        await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "ftp://x"})
+    assert refused.value.code == "INVALID_INPUT"

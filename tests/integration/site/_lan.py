@@ -166,6 +166,9 @@ def make_lan(tmp_path: Path, *, uplink: bool = False) -> Iterator[Lan]:
             _run(*n, "addr", "add", f"{there}/30", "dev", "up0")
             _run(*n, "link", "set", "up0", "up")
             lan.host_address, lan.uplink_address = host, there
+            # This host reaches the boot server's own address through the uplink (a process here playing a
+            # machine of the LAN, as ``bcd ramdisk`` does in the tests); the route goes with the veth.
+            _run("ip", "route", "add", f"{SERVER}/32", "via", there, "dev", lan.host_link)
         yield lan
     finally:
         if lan.host_link:

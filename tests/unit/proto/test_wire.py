@@ -84,14 +84,14 @@ def test_a_control_frame_reads_back_as_sent_with_the_one_kind_it_carries(frame: 
     assert betterproto2.which_one_of(again, "frame")[0] == betterproto2.which_one_of(frame, "frame")[0]
 
 
-def test_the_service_has_its_seven_methods_under_a_package_no_python_package_uses() -> None:
+def test_the_service_has_its_eight_methods_under_a_package_no_python_package_uses() -> None:
     class Gateway(wire.NodeBase):
         pass
 
     paths = set(Gateway().__mapping__())
     assert paths == {
         f"/{wire.SERVICE}/{name}"
-        for name in ("Join", "TrustBundle", "RenewChallenge", "Renew", "Secret", "Session", "Tunnel")
+        for name in ("Join", "TrustBundle", "RenewChallenge", "Renew", "Secret", "Session", "Tunnel", "Call")
     }
     assert wire.SERVICE.split(".")[0] == "bcnode"
 
