@@ -359,7 +359,8 @@ async def _ramdisk_failed(ctx: StepContext, machine: MachineRecord) -> StepOutco
     )
 
 
-async def _finish_commission(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+async def _finish_ready(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
+    """After a commissioning or a release: the ramdisk's work judged, the machine powered off and ``ready``."""
     failed = await _ramdisk_failed(ctx, machine)
     if failed is not None:
         return failed
@@ -379,8 +380,10 @@ async def _finish_commission(ctx: StepContext, machine: MachineRecord) -> StepOu
             ramdisk_token=None,
             task=None,
             tasks=(),
+            image_id=None,
+            disk=None,
         )
-    log.info("machine %s is ready", machine.id)
+    log.info("machine %s is ready (%s)", machine.id, ctx.type)
     return outcome
 
 
@@ -390,7 +393,7 @@ COMMISSION = Workflow(
         machine_step("prepare", _prepare_ramdisk),
         machine_step("boot", _pxe_boot),
         machine_step("ramdisk", _await_ramdisk),
-        machine_step("finish", _finish_commission),
+        machine_step("finish", _finish_ready),
     ],
 )
 
@@ -436,33 +439,6 @@ async def _deployed(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
     return outcome
 
 
-async def _released(ctx: StepContext, machine: MachineRecord) -> StepOutcome:
-    failed = await _ramdisk_failed(ctx, machine)
-    if failed is not None:
-        return failed
-    async with await bmc_client(ctx.context, machine) as client:
-        await client.power("off")
-        state = await client.power_state()
-    outcome = StepOutcome.next()
-    async with ctx.writes(outcome=outcome) as tx:
-        await tx.repository(METAL).update_machine(
-            machine.id,
-            state="ready",
-            step=None,
-            reason=None,
-            message=None,
-            power_state=state,
-            boot={"action": "local"},
-            ramdisk_token=None,
-            task=None,
-            tasks=(),
-            image_id=None,
-            disk=None,
-        )
-    log.info("machine %s is released and ready", machine.id)
-    return outcome
-
-
 DEPLOY = Workflow(
     name="metal-deploy",
     steps=[
@@ -481,7 +457,7 @@ RELEASE = Workflow(
         machine_step("prepare", _prepare_ramdisk),
         machine_step("boot", _pxe_boot),
         machine_step("ramdisk", _await_ramdisk),
-        machine_step("finish", _released),
+        machine_step("finish", _finish_ready),
     ],
 )
 

@@ -37,7 +37,7 @@ import pytest
 
 from ..cli.conftest import StartCli, free_port
 from ..metal._bmc import start_bmc
-from ._lan import BANNER, IPXE, SERVER, Lan, make_lan, require_pxe
+from ._lan import BANNER, IPXE, SERVER, Lan, boot_vm, make_lan, require_pxe
 
 pytestmark = pytest.mark.pg
 
@@ -289,29 +289,7 @@ def test_bare_metal_from_enroll_to_an_adopted_node(
                 # Commission: PXE once and power on through the BMC; the VM boots through the site.
                 call("metal/commission", {"id": machine_id})
                 _until(lambda: machine()["step"] == "ramdisk", "the workflow powered the machine on", logs=lan)
-                console = lan.workdir / "console.log"
-                lan.start(
-                    "qemu",
-                    "qemu-system-x86_64",
-                    "-accel",
-                    "tcg",
-                    "-m",
-                    "256",
-                    "-nographic",
-                    "-monitor",
-                    "none",
-                    "-no-reboot",
-                    "-boot",
-                    "n",
-                    "-smbios",
-                    f"type=1,uuid={vm_uuid}",
-                    "-netdev",
-                    "tap,id=n0,ifname=tap0,script=no,downscript=no",
-                    "-device",
-                    f"virtio-net-pci,netdev=n0,mac={mac}",
-                    "-serial",
-                    f"file:{console}",
-                )
+                console = boot_vm(lan, mac, vm_uuid)
 
                 def booted() -> bool:
                     kinds = [r["kind"] for r in machine()["boot_records"]]
