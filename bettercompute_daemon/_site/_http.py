@@ -28,6 +28,10 @@ _LINE_LIMIT = 8192
 _MAX_HEADERS = 64
 _HEAD_TIMEOUT = 10.0
 _CHUNK = 64 * 1024
+MAX_CLIENTS = 256
+"""Connections served at once; one more is answered 503 at once (a LAN flood never exhausts file handles)."""
+_DRAIN_TIMEOUT = 60.0
+"""How long a client may take to read one chunk of a file before its connection is dropped."""
 _FILE = re.compile(r"/files/([0-9a-f]{64})")
 _REASONS = {
     200: "OK",
@@ -64,6 +68,7 @@ class HttpBootServer:
         record: Callable[[BootRecord], None],
         mac_of: Callable[[str], str | None] = lambda ip: None,
         script_asked: Callable[[str], None] = lambda mac: None,
+        max_clients: int = MAX_CLIENTS,
     ) -> None:
         self.address = address
         self.port = port
@@ -74,6 +79,7 @@ class HttpBootServer:
         self._script_asked = script_asked
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
+        self._max_clients = max_clients
 
     @property
     def base_url(self) -> str:
@@ -102,6 +108,13 @@ class HttpBootServer:
             self._clients.add(task)
             task.add_done_callback(self._clients.discard)
         try:
+            if len(self._clients) > self._max_clients:
+                # Read the request first (briefly): closing on an unread request resets the connection, and the
+                # client would not see the answer.
+                with contextlib.suppress(TimeoutError, _BadRequest):
+                    await asyncio.wait_for(_read_head(reader), 2.0)
+                await _respond(writer, 503, b"")
+                return
             try:
                 method, target = await asyncio.wait_for(_read_head(reader), _HEAD_TIMEOUT)
             except TimeoutError:
@@ -113,6 +126,8 @@ class HttpBootServer:
             await self._route(writer, ip, method, target)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except TimeoutError:
+            log.debug("dropped %s: it stopped reading", ip)
         except Exception:
             log.exception("the HTTP server failed on a request from %s", ip)
         finally:
@@ -180,7 +195,7 @@ class HttpBootServer:
                 return
             while chunk := content.read(_CHUNK):
                 writer.write(chunk)
-                await writer.drain()
+                await asyncio.wait_for(writer.drain(), _DRAIN_TIMEOUT)
         mac = self._mac_of(ip)
         entry = plan.find(mac)
         self._record(

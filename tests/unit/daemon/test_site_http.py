@@ -157,3 +157,26 @@ async def test_malformed_requests_are_refused(site: Site) -> None:
         assert status == expected, raw[:60]
     # The server still answers afterwards.
     assert (await site.path("/boot.ipxe"))[0] == 200
+
+
+async def test_connections_past_the_cap_are_answered_503_at_once(tmp_path: Path) -> None:
+    cache = FileCache(tmp_path / "cache")
+    server = HttpBootServer(
+        address="127.0.0.1", port=0, plan=lambda: BootPlan(), cache=cache, record=lambda r: None, max_clients=2
+    )
+    await server.start()
+    idle = []
+    try:
+        for _ in range(2):  # two clients that say nothing hold their slots
+            idle.append(await asyncio.open_connection("127.0.0.1", server.port))
+        await asyncio.sleep(0.1)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        response = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert response.startswith(b"HTTP/1.1 503")
+    finally:
+        for _, held in idle:
+            held.close()
+        await server.stop()
