@@ -46,6 +46,8 @@ SINKS_POKE = "@sinks"
 """Events were committed to the outbox, or handed to subscribers that may have queued work (webhook deliveries)."""
 CONCURRENCY = 8
 """Items one reconcile loop runs at once (each may hold a pooled connection)."""
+REFILL_AT = CONCURRENCY // 2
+"""Free slots that make a loop woken by finished items claim again before its poll interval."""
 DEPTH_SAMPLE_SECONDS = 5.0
 """How often a worker process reads the queue's depth for ``bettercompute_queue_depth`` (one grouped count)."""
 DEPTH_TIMEOUT_SECONDS = 2.0
@@ -314,36 +316,54 @@ class ShardedWorker:
         return sorted(s for s in wanted if shard_lease_name(role, s) in self._held)
 
     async def _reconcile_loop(self, role: str) -> None:
+        """Claim due items of ``role``'s kinds on the shards held, and run up to ``CONCURRENCY`` at once.
+
+        A slot is refilled as soon as its item is done, not when the whole batch is: one slow item (a BMC that does
+        not answer, a provider API that hangs) holds one slot, never the other items' turn.
+        """
         kinds = self._kinds[role]
         poll = self._context.poll_interval.total_seconds()
         claim_for = max(self._reconcilers[k].deadline for k in kinds) + self._context.lease_ttl
         wake = self._work_wakes[role]
         failures = 0
-        while True:
-            busy = False
+        running = 0
+
+        async def run(claim: Claim) -> None:
+            nonlocal running
             try:
-                owned = self._owned(role)
-                claims = await self._context.store.queue.claim(
-                    holder=self.id,
-                    kinds=kinds,
-                    limit=CONCURRENCY,
-                    claim_for=claim_for,
-                    shards=owned,
-                    owner_prefix=shard_lease_prefix(role),
-                )
-                if claims:
-                    self._count_claims(claims, claim_for)
-                    async with anyio.create_task_group() as tg:
-                        for claim in claims:
-                            tg.start_soon(self._run_claim, role, claim)
-                busy = len(claims) == CONCURRENCY
-                failures = 0
-            except ComputeError as exc:
-                failures += 1
-                log.warning("the %s reconcile loop failed (%s)", role, exc.code)
-            if not busy:
+                await self._run_claim(role, claim)
+            finally:
+                running -= 1
+                wake.poke()  # a free slot: claim again now
+
+        async with anyio.create_task_group() as tg:
+            poked = False
+            while True:
+                free = CONCURRENCY - running
+                # Woken by items finishing, it claims once half the slots are free (one claim per few items, not
+                # one per item); at the poll interval, or poked with slots to spare, it claims whatever is free.
+                if free > 0 and (not poked or free >= REFILL_AT):
+                    try:
+                        owned = self._owned(role)
+                        claims = await self._context.store.queue.claim(
+                            holder=self.id,
+                            kinds=kinds,
+                            limit=free,
+                            claim_for=claim_for,
+                            shards=owned,
+                            owner_prefix=shard_lease_prefix(role),
+                        )
+                        if claims:
+                            self._count_claims(claims, claim_for)
+                            for claim in claims:
+                                running += 1
+                                tg.start_soon(run, claim)
+                        failures = 0
+                    except ComputeError as exc:
+                        failures += 1
+                        log.warning("the %s reconcile loop failed (%s)", role, exc.code)
                 wait = poll if not failures else min(30.0, poll * math.pow(2, min(failures, 5)))
-                await wake.sleep(wait * random.uniform(0.8, 1.2))  # noqa: S311 - jitter, not security
+                poked = await wake.sleep(wait * random.uniform(0.8, 1.2))  # noqa: S311 - jitter, not security
 
     def _count_claims(self, claims: Sequence[Claim], claim_for: dt.timedelta) -> None:
         """Count claimed items per kind, and how long each had been due (both times are the database's)."""

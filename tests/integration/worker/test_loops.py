@@ -111,3 +111,46 @@ async def test_the_events_dispatcher_drains_a_key_backlog_without_waiting_for_it
         assert seen == [0, 1, 2, 3]
     finally:
         await compute.close()
+
+
+async def test_a_stuck_item_holds_one_slot_not_the_others_turn(database_url: str, fresh_schema: str) -> None:
+    # One tenant's item that hangs (a BMC that never answers) next to another's stream of work: the stream goes on
+    # while the stuck item still runs, in the same loop.
+    release = anyio.Event()
+    done: list[str] = []
+
+    async def record(ctx: ReconcileContext, key: str) -> Outcome:
+        if key == "stuck":
+            await release.wait()
+        done.append(key)
+        return Outcome.done()
+
+    module = ProbeModule(reconcilers=(Reconciler(kind="probe", reconcile=record),))
+    compute = better_compute(
+        Options(
+            store=PgStore(database_url, schema=fresh_schema, pool_size=4),
+            iam=EmbeddedIam(),
+            modules=[module],
+            instance="stuck",
+            lease_ttl=dt.timedelta(seconds=3),
+            poll_interval=dt.timedelta(seconds=0.3),
+        )
+    )
+    await compute.start({"controllers"})
+    try:
+        worker = compute.jobs.worker
+        assert worker is not None
+        await _until(lambda: len(worker.held) == SHARDS, 15)
+        [reconciler] = [r for r in compute.jobs.reconcilers if r.kind == "probe"]
+        async with compute.context.store.transaction() as tx:
+            await tx.enqueue([reconciler.item("stuck")])
+        await anyio.sleep(1)  # the stuck item is claimed, and runs
+        async with compute.context.store.transaction() as tx:
+            await tx.enqueue([reconciler.item(f"k-{i}") for i in range(40)])
+        await _until(lambda: len(set(done)) == 40, 20)
+        assert "stuck" not in done  # all forty went through while it was still running
+        release.set()
+        await _until(lambda: "stuck" in done, 10)
+    finally:
+        release.set()
+        await compute.close()
