@@ -42,6 +42,7 @@ from bettercompute.modules.builtin import BuiltinGroups
 from bettercompute.modules.capacity import ReservationsGroup
 from bettercompute_iam import IamGroups
 from bettercompute_metal import MetalGroups
+from bettercompute_vps import VpsGroups
 
 from ._main import COMPLETE_VAR
 from ._profiles import (
@@ -99,13 +100,14 @@ _MAX_RETRY_AFTER = 30.0  # longer than this, a shed call is reported rather than
 
 
 def _specs() -> list[type[GroupSpec[Any]]]:
-    """The built-in groups, the reservations group, IAM's and bare metal's, each once, by name."""
+    """The built-in groups, the reservations group, IAM's, bare metal's and VPS's, each once, by name."""
     found: dict[str, type[GroupSpec[Any]]] = {}
     specs: list[type[GroupSpec[Any]]] = [
         *BuiltinGroups.group_specs().values(),
         ReservationsGroup,
         *IamGroups.group_specs().values(),
         *MetalGroups.group_specs().values(),
+        *VpsGroups.group_specs().values(),
     ]
     for spec in specs:
         found.setdefault(spec.name, spec)

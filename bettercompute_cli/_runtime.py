@@ -38,6 +38,7 @@ from bettercompute.modules.webhooks import WebhookSettings
 from bettercompute.ports import Iam
 from bettercompute_iam import EmbeddedIam, RemoteIam
 from bettercompute_metal import MetalModule
+from bettercompute_vps import VpsModule
 from bettercompute_store_pg import PgNotifier, PgStore
 
 from ._config import (
@@ -203,7 +204,8 @@ def _compose(config: Config, url: str, iam: Iam, *, notify: bool, loopback_webho
         join = JoinSettings(gateway_address=config.gateway_address, trust_domain=config.trust_domain)
     # Bare metal (sites, machines, the site's and the ramdisk's gateway methods) needs both: its agents get
     # certificates from the node CA, and BMC credentials are sealed by the KMS.
-    modules = [MetalModule()] if join is not None and kms is not None else []
+    # So do VPS instances: hosted ones run on nodes (node identity), a provider pool's credentials are a secret.
+    modules: list[Any] = [MetalModule(), VpsModule()] if join is not None and kms is not None else []
     options = Options(
         store=store,
         iam=iam,
