@@ -75,7 +75,9 @@ MAX_PAGES: Final = 10
 # characters and values up to 256; "aws:" keys are the provider's own.
 MAX_CLIENT_TOKEN: Final = 64
 MAX_TAGS: Final = 50
-_CLIENT_TOKEN = re.compile(r"[\x21-\x7e]{1,64}")
+# Narrower than EC2's "any 64 ASCII characters": find() matches the token as a tag filter value, where * and ? are
+# wildcards, so a token may hold neither (nor a backslash, their escape).
+_CLIENT_TOKEN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 _REGION = re.compile(r"[a-z]{2}(-[a-z0-9]+){1,4}-[0-9]{1,2}")
 _NAME_LIKE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,254}")
@@ -265,7 +267,8 @@ def _check_instance_id(provider_id: str) -> None:
 def _check_token(client_token: str) -> None:
     if not isinstance(client_token, str) or not _CLIENT_TOKEN.fullmatch(client_token):
         raise ProviderError(
-            PROVIDER_INVALID, f"A client token must be 1 to {MAX_CLIENT_TOKEN} printable ASCII characters, no spaces."
+            PROVIDER_INVALID,
+            f"A client token must be 1 to {MAX_CLIENT_TOKEN} letters, digits, dots, colons, dashes or underscores.",
         )
 
 

@@ -5,17 +5,25 @@ from __future__ import annotations
 import email
 import email.message
 
+import botocore.exceptions
 import pytest
 import yaml
 
 from bettercompute.errors import InvalidInputError
 from bettercompute_vps import (
     MAX_USER_DATA_BYTES,
+    PROVIDER_AUTH_FAILED,
+    PROVIDER_IMAGE_NOT_FOUND,
+    PROVIDER_INVALID,
+    PROVIDER_NOT_FOUND,
+    PROVIDER_QUOTA,
     PROVIDER_THROTTLED,
+    PROVIDER_UNAVAILABLE,
     Ec2Adapter,
     Ec2Credentials,
     Ec2Settings,
     InstanceType,
+    ProviderAdapter,
     ProviderError,
     compose_user_data,
     pick_instance_type,
@@ -183,8 +191,78 @@ def test_settings_from_a_mapping() -> None:
     assert settings.endpoint_url == "http://127.0.0.1:5000"
 
 
+def test_the_ec2_adapter_satisfies_the_port() -> None:
+    # mypy checks the assignment structurally; the loop checks every method of the port exists at run time.
+    adapter: ProviderAdapter = Ec2Adapter(
+        Ec2Settings(region="eu-west-1"), Ec2Credentials(access_key_id="AKIAEXAMPLE0000000", secret_access_key=SECRET)
+    )
+    assert all(callable(getattr(adapter, name)) for name in ProviderAdapter.__dict__ if not name.startswith("_"))
+
+
 def test_provider_error_knows_its_codes() -> None:
     error = ProviderError(PROVIDER_THROTTLED, "slow down", retryable=True, provider_code="RequestLimitExceeded")
     assert "RequestLimitExceeded" in repr(error)
     with pytest.raises(ValueError, match="unknown provider error code"):
         ProviderError("SOMETHING", "no")
+
+
+def _client_error(code: str, status: int, message: str = "") -> botocore.exceptions.ClientError:
+    return botocore.exceptions.ClientError(
+        {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}},  # type: ignore[typeddict-item]  # the stubs want every metadata key
+        "RunInstances",
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "expected", "retryable"),
+    [
+        ("InstanceLimitExceeded", 400, PROVIDER_QUOTA, False),
+        ("VcpuLimitExceeded", 400, PROVIDER_QUOTA, False),
+        ("InsufficientInstanceCapacity", 500, PROVIDER_QUOTA, True),
+        ("InvalidAMIID.NotFound", 400, PROVIDER_IMAGE_NOT_FOUND, False),
+        ("InvalidAMIID.Malformed", 400, PROVIDER_IMAGE_NOT_FOUND, False),
+        ("RequestLimitExceeded", 503, PROVIDER_THROTTLED, True),
+        ("Throttling", 400, PROVIDER_THROTTLED, True),
+        ("ThrottlingException", 400, PROVIDER_THROTTLED, True),
+        ("AuthFailure", 401, PROVIDER_AUTH_FAILED, False),
+        ("UnauthorizedOperation", 403, PROVIDER_AUTH_FAILED, False),
+        ("InvalidClientTokenId", 403, PROVIDER_AUTH_FAILED, False),
+        ("SignatureDoesNotMatch", 403, PROVIDER_AUTH_FAILED, False),
+        ("InvalidInstanceID.NotFound", 400, PROVIDER_NOT_FOUND, False),
+        ("InternalError", 500, PROVIDER_UNAVAILABLE, True),
+        ("SomethingNew", 502, PROVIDER_UNAVAILABLE, True),
+        ("IncorrectInstanceState", 400, PROVIDER_INVALID, False),
+        ("IdempotentParameterMismatch", 400, PROVIDER_INVALID, False),
+    ],
+)
+def test_ec2_errors_map_to_provider_codes(code: str, status: int, expected: str, retryable: bool) -> None:
+    adapter = Ec2Adapter(
+        Ec2Settings(region="eu-west-1"), Ec2Credentials(access_key_id="AKIAEXAMPLE0000000", secret_access_key=SECRET)
+    )
+    error = adapter._translate(_client_error(code, status, "it went wrong"), "RunInstances")
+    assert (error.code, error.retryable, error.provider_code, error.status) == (expected, retryable, code, status)
+    assert "it went wrong" in error.message
+
+
+def test_a_provider_message_that_echoes_the_secret_is_scrubbed() -> None:
+    adapter = Ec2Adapter(
+        Ec2Settings(region="eu-west-1"), Ec2Credentials(access_key_id="AKIAEXAMPLE0000000", secret_access_key=SECRET)
+    )
+    error = adapter._translate(_client_error("AuthFailure", 401, f"key {SECRET} rejected\x1b[31m"), "DescribeInstances")
+    assert SECRET not in error.message and SECRET not in repr(error)
+    assert "\x1b" not in error.message
+    closed = adapter._translate(
+        botocore.exceptions.EndpointConnectionError(endpoint_url=f"https://ec2.example/{SECRET}"), "DescribeInstances"
+    )
+    assert closed.code == PROVIDER_UNAVAILABLE and closed.retryable and SECRET not in closed.message
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("token", ["", "a*", "a?b", "has space", "x" * 65, "back\\slash"])
+async def test_a_client_token_that_could_match_others_is_refused(token: str) -> None:
+    adapter = Ec2Adapter(
+        Ec2Settings(region="eu-west-1"), Ec2Credentials(access_key_id="AKIAEXAMPLE0000000", secret_access_key=SECRET)
+    )
+    with pytest.raises(ProviderError) as caught:
+        await adapter.find(token)
+    assert caught.value.code == PROVIDER_INVALID
