@@ -278,6 +278,8 @@ def _tags(request: LaunchRequest) -> list[TagTypeDef]:
         {"Key": CLIENT_TOKEN_TAG, "Value": request.client_token},
     ]
     for key, value in request.tags.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ProviderError(PROVIDER_INVALID, "Tag keys and values must be text.")
         if key in ("Name", CLIENT_TOKEN_TAG) or key.lower().startswith("aws:"):
             raise ProviderError(PROVIDER_INVALID, f"The tag {key[:128]!r} is reserved.")
         tags.append({"Key": key, "Value": value})
