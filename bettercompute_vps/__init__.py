@@ -4,10 +4,15 @@ built in), with no agent of ours in the tenant's machine.
 
 Register with ``Options(modules=[VpsModule()])``. Images come from the core's ``images`` group (shared with bare
 metal); a provider pool's credentials are a secret of the ``secrets`` group (so the control plane needs a KMS).
+
+
+The provider adapter port and its helpers need the ``vps`` extra; ``Ec2Adapter`` and its settings need the ``ec2``
+extra (boto3) and are imported on first use, so a control plane without boto3 can still import this package.
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -20,11 +25,71 @@ from bettercompute_vps import _service
 from bettercompute_vps._hosted import HOST_SYNC, NODE_CONTROLLER, NODE_WATCH, REPORT
 from bettercompute_vps._pg import MIGRATIONS as _MIGRATIONS
 from bettercompute_vps._port import VPS
+from bettercompute_vps._provider import (
+    MAX_USER_DATA_BYTES,
+    PROVIDER_AUTH_FAILED,
+    PROVIDER_ERROR_CODES,
+    PROVIDER_IMAGE_NOT_FOUND,
+    PROVIDER_INVALID,
+    PROVIDER_NOT_FOUND,
+    PROVIDER_QUOTA,
+    PROVIDER_STATES,
+    PROVIDER_THROTTLED,
+    PROVIDER_UNAVAILABLE,
+    InstanceType,
+    LaunchRequest,
+    ProviderAdapter,
+    ProviderError,
+    ProviderInstance,
+    compose_user_data,
+    pick_instance_type,
+)
 from bettercompute_vps._workflows import AdapterFactory, default_adapters, provider_workflow
+
+if typing.TYPE_CHECKING:
+    from bettercompute_vps._ec2 import CLIENT_TOKEN_TAG, Ec2Adapter, Ec2Credentials, Ec2Settings
 
 __version__ = "0.3.0"
 
-__all__ = ["AdapterFactory", "InstancesGroup", "VpsGroups", "VpsModule", "VpsPoolsGroup"]
+__all__ = [
+    "CLIENT_TOKEN_TAG",
+    "MAX_USER_DATA_BYTES",
+    "PROVIDER_AUTH_FAILED",
+    "PROVIDER_ERROR_CODES",
+    "PROVIDER_IMAGE_NOT_FOUND",
+    "PROVIDER_INVALID",
+    "PROVIDER_NOT_FOUND",
+    "PROVIDER_QUOTA",
+    "PROVIDER_STATES",
+    "PROVIDER_THROTTLED",
+    "PROVIDER_UNAVAILABLE",
+    "AdapterFactory",
+    "Ec2Adapter",
+    "Ec2Credentials",
+    "Ec2Settings",
+    "InstanceType",
+    "InstancesGroup",
+    "LaunchRequest",
+    "ProviderAdapter",
+    "ProviderError",
+    "ProviderInstance",
+    "VpsGroups",
+    "VpsModule",
+    "VpsPoolsGroup",
+    "__version__",
+    "compose_user_data",
+    "pick_instance_type",
+]
+
+_EC2_NAMES = frozenset({"CLIENT_TOKEN_TAG", "Ec2Adapter", "Ec2Credentials", "Ec2Settings"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EC2_NAMES:
+        from bettercompute_vps import _ec2
+
+        return getattr(_ec2, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _B = TypeVar("_B")
 
