@@ -123,7 +123,7 @@ class VmHost:
             "reason": status.reason,
             "message": status.message,
             "addresses": list(status.addresses),
-            "console": self.runtime.console_tail(status.id, CONSOLE_BYTES),
+            "console": _at_most(self.runtime.console_tail(status.id, CONSOLE_BYTES), CONSOLE_BYTES),
         }
 
     async def run(self) -> None:
@@ -138,7 +138,8 @@ class VmHost:
             if self.runtime.poll():
                 self._changed.set()
             report = self._report
-            if report is None:
+            if report is None:  # no session: set_report marks everything changed once there is one
+                self._changed.clear()
                 continue
             snapshot = self.snapshot()
             states = [{k: v for k, v in e.items() if k != "console"} for e in snapshot["instances"]]
@@ -161,3 +162,10 @@ class VmHost:
             backoff = 1.0
             last_sent = loop.time()
             self._sent_states, self._sent_consoles = states, consoles
+
+
+def _at_most(text: str, size: int) -> str:
+    """The end of ``text`` that fits in ``size`` bytes of UTF-8 (a console's undecodable bytes became U+FFFD, three
+    bytes each)."""
+    encoded = text.encode()
+    return text if len(encoded) <= size else encoded[-size:].decode(errors="ignore")

@@ -89,8 +89,11 @@ class QemuRuntime:
         self.options = options
         self._root = options.vm_dir / "instances"
         self._run = options.vm_dir / "run"
+        # Consoles, seeds (user data) and QMP sockets are the tenants' and the node's: nobody else's to read.
+        options.vm_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(options.vm_dir, 0o700)
         for folder in (self._root, self._run):
-            folder.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, exist_ok=True)
         self.cache = cache or FileCache(options.cache_dir or options.vm_dir / "images", file_dirs=options.image_dirs)
         self.addresses = Addresses(options.vm_dir / "addresses.json", options.subnet)
         self._statuses: dict[str, InstanceStatus] = {}

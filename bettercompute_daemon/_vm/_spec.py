@@ -16,7 +16,7 @@ import attrs
 __all__ = ["ImageFile", "ImageSpec", "InstanceSpec", "SpecError", "parse_instance", "parse_instances"]
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_HOSTNAME = re.compile(r"(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SCHEMES = ("http", "https", "file")
 

@@ -7,7 +7,9 @@ delete converge, and a deleted instance leaves nothing behind. Needs root, QEMU 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
+import json
 import os
 import random
 import signal
@@ -15,14 +17,14 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 
-from bettercompute_daemon._vm import QemuOptions, QemuRuntime, parse_instance
+from bettercompute_daemon._vm import QemuOptions, QemuRuntime, VmHost, parse_instance, parse_instances
 from bettercompute_daemon._vm._network import tap_name
 from tests.vmimage import READY, VmImage, build_image, require_vm, sha256_of
 
@@ -197,3 +199,32 @@ async def test_user_networking_forwards_the_instance_ports(tmp_path: Path, image
         assert await asyncio.to_thread(_echo, *endpoint) == b"ping from the host\n"
     finally:
         await runtime.destroy(spec.id)
+
+
+async def test_the_host_reports_a_booted_instance_with_its_console(runtime: QemuRuntime, image: VmImage) -> None:
+    reports: list[dict[str, Any]] = []
+
+    async def report(payload: Mapping[str, Any]) -> None:
+        reports.append(json.loads(json.dumps(payload)))
+
+    host = VmHost(runtime, report=report, console_interval=0.5, poll_interval=0.2)
+    reporting = asyncio.create_task(host.run())
+    first = entry(image)
+    try:
+        await host.apply(*parse_instances({"instances": [first]}))
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        while not reports or "hostname: web-1" not in reports[-1]["instances"][0]["console"]:
+            assert time.monotonic() < deadline, reports[-1:] or "no report"
+            await asyncio.sleep(0.2)
+        sent = reports[-1]["instances"][0]
+        assert (sent["id"], sent["spec"], sent["state"], sent["reason"]) == (first["id"], 1, "running", None)
+        assert sent["addresses"] == [runtime.address_of(first["id"])]
+        await host.apply(*parse_instances({}))  # no section: no instances
+        while reports[-1]["instances"]:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        assert runtime.known() == []
+    finally:
+        reporting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporting
