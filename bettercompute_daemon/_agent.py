@@ -342,10 +342,9 @@ class Agent:
                     self._observe("desired_state", {"generation": content.generation})
                     if self._cdi_dir is not None:
                         self._state.write("desired.json", content.content_json.encode())
-                    if not self._apply(content):
-                        continue
-                    applying = self._apply_instances(content)
-                    if applying is False:
+                    applied = self._apply(content)
+                    applying = self._apply_instances(content)  # whether or not the CDI spec could be written
+                    if not applied or applying is False:
                         continue
                     if applying is not True:  # acknowledged once the instances were acted on, in the background
                         task = asyncio.create_task(self._ack_applied(session, content.generation, applying))
