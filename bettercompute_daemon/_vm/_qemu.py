@@ -153,7 +153,7 @@ class QemuRuntime:
             return self._set(spec.id, spec.spec, "stopped")
         running = self._pid(spec.id) is not None
         applied = self._applied(spec.id)
-        if running and applied.get("hardware") == _hardware(spec) and applied.get("boot", 0) >= spec.boot:
+        if running and applied.get("hardware") == self._hardware(spec) and applied.get("boot", 0) >= spec.boot:
             self._wanted_running.add(spec.id)
             self._save_applied(spec.id, {**applied, "spec": spec.spec})
             return self._set(spec.id, spec.spec, "running")
@@ -173,7 +173,7 @@ class QemuRuntime:
             self._wanted_running.discard(spec.id)
             return self._set(spec.id, spec.spec, "failed", reason=failed.reason, message=failed.message)
         self._save_applied(
-            spec.id, {"spec": spec.spec, "boot": spec.boot, "hardware": _hardware(spec), "forwards": forwards}
+            spec.id, {"spec": spec.spec, "boot": spec.boot, "hardware": self._hardware(spec), "forwards": forwards}
         )
         self._wanted_running.add(spec.id)
         return self._set(spec.id, spec.spec, "running")
@@ -409,6 +409,12 @@ class QemuRuntime:
             raise _Failed("DISK_FAILED", f"{Path(command[0]).name}: {' '.join(text[-3:]) or process.returncode}")
         return out.decode(errors="replace")
 
+    def _hardware(self, spec: InstanceSpec) -> list[object]:
+        """What the VM was started with, as JSON (compared with what ``applied.json`` kept): what cannot change
+        without a restart, the forwarded ports too with user networking."""
+        ports = list(spec.ports) if self.options.network == "user" else []
+        return [*_hardware(spec), ports]
+
     def _dir(self, instance_id: str) -> Path:
         return self._root / instance_id
 
@@ -471,7 +477,6 @@ class QemuRuntime:
 
 
 def _hardware(spec: InstanceSpec) -> list[object]:
-    """What the VM was started with, as JSON (compared with what ``applied.json`` kept)."""
     image = spec.image
     files: Sequence[ImageFile | None] = (image.disk, image.kernel, image.initrd)
     return [

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from bettercompute_daemon._cli import _node_settings
+from bettercompute_daemon._cli import _node_settings, _vm_host
 from bettercompute_daemon._config import ConfigError, NodeSettings, node_settings
+from bettercompute_daemon._vm import QemuRuntime, bridge_name
+
+from .test_renewal import NODE_ID, joined
 
 
 def test_no_settings_run_no_vms() -> None:
@@ -55,3 +59,16 @@ def test_every_problem_is_listed(tmp_path: Path) -> None:
     assert len(problems) == 7
     assert all(p.startswith(f"{path}: ") for p in problems)
     assert any("vm_dri" in p and "not a node setting" in p for p in problems)
+
+
+def test_a_node_with_a_vm_dir_gets_a_vm_host_on_its_own_bridge(tmp_path: Path) -> None:
+    now = time.time()
+    state, _ = joined(tmp_path, not_before=now - 60, not_after=now + 3600)
+    assert _vm_host(state, NodeSettings()) is None
+    settings = node_settings({"vm_dir": str(tmp_path / "vm"), "vm_network": "user", "image_dirs": ["/srv/images"]})
+    host = _vm_host(state, settings)
+    assert host is not None and isinstance(host.runtime, QemuRuntime)
+    options = host.runtime.options
+    assert options.bridge == bridge_name(NODE_ID) and options.network == "user"
+    assert options.image_dirs == (Path("/srv/images"),) and options.accel == "tcg"
+    assert (tmp_path / "vm").stat().st_mode & 0o777 == 0o700
