@@ -290,7 +290,11 @@ def _node_settings(path: Path | None) -> NodeSettings:
         if not DEFAULT_NODE_CONFIG.exists():
             return NodeSettings()
         path = DEFAULT_NODE_CONFIG
-    return node_settings(read_config_file(path), path=str(path))
+    try:
+        values = read_config_file(path)
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, subject="the node settings file") from None
+    return node_settings(values, path=str(path))
 
 
 def _vm_host(state: StateDir, settings: NodeSettings) -> VmHost | None:

@@ -56,6 +56,7 @@ __all__ = [
 FIELDS = ("gateway", "trust_domain", "pool", "join_key", "ca_bundle", "ca_pin")
 NODE_FIELDS = ("vm_dir", "vm_cache_dir", "image_dirs", "vm_subnet", "vm_network", "vm_accel", "vm_stop_timeout")
 DEFAULT_NODE_CONFIG = Path("/etc/bcd/node.json")
+_NODE_SETTINGS = "the node settings file"
 MAX_FILE_BYTES = 1024 * 1024
 
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]")
@@ -68,10 +69,10 @@ _BASE64 = re.compile(r"[A-Za-z0-9+/=]+")
 class ConfigError(DaemonError):
     """The join configuration cannot be used: every problem, one line each."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], *, subject: str = "the join configuration") -> None:
         self.problems = problems
         noun = "problem" if len(problems) == 1 else "problems"
-        super().__init__(f"the join configuration has {len(problems)} {noun}:\n  " + "\n  ".join(problems))
+        super().__init__(f"{subject} has {len(problems)} {noun}:\n  " + "\n  ".join(problems))
 
 
 @attrs.frozen(kw_only=True)
@@ -323,5 +324,5 @@ def node_settings(values: Mapping[str, Any], *, path: str = "") -> NodeSettings:
         else:
             checked[key] = float(value)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(problems, subject=_NODE_SETTINGS)
     return NodeSettings(**checked)

@@ -56,6 +56,7 @@ def test_every_problem_is_listed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
         _node_settings(path)
     problems = raised.value.problems
+    assert str(raised.value).startswith("the node settings file has 7 problems:")
     assert len(problems) == 7
     assert all(p.startswith(f"{path}: ") for p in problems)
     assert any("vm_dri" in p and "not a node setting" in p for p in problems)
