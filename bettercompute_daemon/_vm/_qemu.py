@@ -136,6 +136,17 @@ class QemuRuntime:
         host_port = self._applied(instance_id).get("forwards", {}).get(str(port))
         return ("127.0.0.1", int(host_port)) if host_port else None
 
+    async def vm_status(self, instance_id: str) -> str | None:
+        """QEMU's own word on the VM (QMP ``query-status``: ``running``, ``paused``, ``shutdown``, ...); ``None``
+        when no QEMU of the instance answers."""
+        if self._pid(instance_id) is None:
+            return None
+        try:
+            answer = await qmp(self._qmp_path(instance_id), "query-status")
+        except QmpError:
+            return None
+        return str(answer.get("status")) if isinstance(answer, dict) else None
+
     async def apply(self, spec: InstanceSpec) -> InstanceStatus:
         folder = self._dir(spec.id)
         folder.mkdir(parents=True, exist_ok=True)

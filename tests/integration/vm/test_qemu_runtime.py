@@ -134,6 +134,7 @@ async def test_an_instance_boots_answers_and_converges(runtime: QemuRuntime, ima
     assert "hostname: web-1" in console
     assert f"network: {address}/24" in console
     assert runtime.endpoint(spec.id, 7) == (address, 7)
+    assert await runtime.vm_status(spec.id) == "running"  # QEMU's word, over QMP
     assert await asyncio.to_thread(_echo, address, 7) == b"ping from the host\n"
 
     # A restarted daemon finds the VM running and adopts it rather than starting another.
@@ -153,6 +154,7 @@ async def test_an_instance_boots_answers_and_converges(runtime: QemuRuntime, ima
     # Stopped: no process, the disk stays; running again: it boots from the same disk.
     stopped = await adopted.apply(attrs.evolve(spec, spec=3, boot=1, power="stopped"))
     assert stopped.state == "stopped" and adopted._pid(spec.id) is None
+    assert await adopted.vm_status(spec.id) is None
     folder = runtime.options.vm_dir / "instances" / spec.id
     assert (folder / "disk.qcow2").exists()
     assert adopted.poll() == []  # a VM stopped on purpose is not a crash
