@@ -106,6 +106,14 @@ class VmHost:
         if spec is None and not lock.locked():
             self._locks.pop(ident, None)
 
+    def address_of(self, instance_id: str) -> str | None:
+        """The instance's address on the node's VM network (``None``: none assigned)."""
+        return self.runtime.address_of(instance_id)
+
+    def endpoint(self, instance_id: str, port: int) -> tuple[str, int] | None:
+        """Where the node opens a TCP connection to ``port`` of the instance (see ``VmRuntime.endpoint``)."""
+        return self.runtime.endpoint(instance_id, port)
+
     def statuses(self) -> list[InstanceStatus]:
         """Every instance's status: those the runtime knows, and the malformed ones."""
         known = [self.runtime.status(i) for i in sorted(set(self.runtime.known()) | set(self._wanted))]

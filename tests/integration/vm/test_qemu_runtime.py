@@ -220,7 +220,8 @@ async def test_the_host_reports_a_booted_instance_with_its_console(runtime: Qemu
             await asyncio.sleep(0.2)
         sent = reports[-1]["instances"][0]
         assert (sent["id"], sent["spec"], sent["state"], sent["reason"]) == (first["id"], 1, "running", None)
-        assert sent["addresses"] == [runtime.address_of(first["id"])]
+        assert sent["addresses"] == [host.address_of(first["id"])]
+        assert host.endpoint(first["id"], 7) == (sent["addresses"][0], 7)
         await host.apply(*parse_instances({}))  # no section: no instances
         while reports[-1]["instances"]:
             assert time.monotonic() < deadline
