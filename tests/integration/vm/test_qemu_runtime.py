@@ -73,7 +73,8 @@ def entry(image: VmImage, **changes: Any) -> dict[str, Any]:
 
 @pytest.fixture
 async def runtime(tmp_path: Path, image: VmImage) -> AsyncIterator[QemuRuntime]:
-    subnet = ipaddress.IPv4Network(f"10.214.{random.randrange(1, 250)}.0/24")
+    # A subnet of its own (tests may run side by side, each with its own bridge): one of 2500 /24s in 10.214-10.223.
+    subnet = ipaddress.IPv4Network(f"10.{random.randrange(214, 224)}.{random.randrange(1, 251)}.0/24")
     options = QemuOptions.for_node(
         f"node_test_{uuid.uuid4().hex[:8]}",
         tmp_path / "vm",
