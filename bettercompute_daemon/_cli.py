@@ -20,7 +20,7 @@ from typing import Any
 from ._agent import VERSION, DaemonError, join, run_node
 from ._cdi import DEFAULT_CDI_DIR
 from ._config import DEFAULT_NODE_CONFIG, FIELDS, ConfigError, NodeSettings, node_settings, read_config_file, resolve
-from ._inventory import Inventory
+from ._inventory import Inventory, vm_section
 from ._pin import fetch_pinned_bundle
 from ._ramdisk import CMDLINE, DEFAULT_REBOOT_COMMAND, build_machine, parse_cmdline, resolve_settings, run_ramdisk
 from ._renewal import REENROLL_TOKEN
@@ -366,6 +366,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         settings = _node_settings(args.node_config)
         inventory = Inventory.load(args.fake_inventory)
+        if settings.vm_dir is not None and "vm" not in inventory.sections:
+            # What the node offers to instances (a fake inventory may declare its own ``vm`` section).
+            gpus = inventory.sections.get("gpus")
+            inventory.sections["vm"] = vm_section(
+                settings.vm_dir,
+                vcpu=settings.vm_vcpu,
+                memory_mib=settings.vm_memory_mib,
+                disk_gib=settings.vm_disk_gib,
+                gpus=[str(g["uuid"]) for g in gpus if isinstance(g, dict) and g.get("uuid")]
+                if isinstance(gpus, list)
+                else [],
+            )
         if inventory.xids is not None:
             inventory.xids.start()  # a thread of its own, for the life of the process
 

@@ -54,7 +54,18 @@ __all__ = [
 ]
 
 FIELDS = ("gateway", "trust_domain", "pool", "join_key", "ca_bundle", "ca_pin")
-NODE_FIELDS = ("vm_dir", "vm_cache_dir", "image_dirs", "vm_subnet", "vm_network", "vm_accel", "vm_stop_timeout")
+NODE_FIELDS = (
+    "vm_dir",
+    "vm_cache_dir",
+    "image_dirs",
+    "vm_subnet",
+    "vm_network",
+    "vm_accel",
+    "vm_stop_timeout",
+    "vm_vcpu",
+    "vm_memory_mib",
+    "vm_disk_gib",
+)
 DEFAULT_NODE_CONFIG = Path("/etc/bcd/node.json")
 _NODE_SETTINGS = "the node settings file"
 MAX_FILE_BYTES = 1024 * 1024
@@ -270,6 +281,9 @@ class NodeSettings:
             user networking, for a daemon that is not root: the node reaches instances through forwarded ports).
         vm_accel: ``tcg`` (default), or ``kvm``: KVM when ``/dev/kvm`` opens, else TCG.
         vm_stop_timeout: Seconds a guest has to power down before QEMU is told to quit.
+        vm_vcpu: The vCPUs the node offers to instances (default: every CPU it has).
+        vm_memory_mib: The memory it offers (default: all of it but 1 GiB kept for the host).
+        vm_disk_gib: The disk it offers (default: the space free on ``vm_dir``'s file system at start).
     """
 
     vm_dir: Path | None = None
@@ -279,6 +293,9 @@ class NodeSettings:
     vm_network: str = "bridge"
     vm_accel: str = "tcg"
     vm_stop_timeout: float = 20.0
+    vm_vcpu: int | None = None
+    vm_memory_mib: int | None = None
+    vm_disk_gib: int | None = None
 
 
 def node_settings(values: Mapping[str, Any], *, path: str = "") -> NodeSettings:
@@ -317,6 +334,11 @@ def node_settings(values: Mapping[str, Any], *, path: str = "") -> NodeSettings:
             allowed = ("bridge", "user") if key == "vm_network" else ("tcg", "kvm")
             if value not in allowed:
                 problems.append(f"{where}{key}: must be {' or '.join(allowed)}")
+            else:
+                checked[key] = value
+        elif key in ("vm_vcpu", "vm_memory_mib", "vm_disk_gib"):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**40:
+                problems.append(f"{where}{key}: must be a whole number from 0")
             else:
                 checked[key] = value
         elif isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600:

@@ -34,6 +34,7 @@ from bettercompute import (
     Workflow,
     start_workflow_in,
 )
+from bettercompute.errors import ComputeError
 from bettercompute.modules.images import IMAGES
 from bettercompute.ports import Transaction
 from bettercompute_vps._port import VPS, InstanceRecord, PoolSettings
@@ -64,12 +65,19 @@ RETRYABLE_ATTEMPTS = 8
 def _ec2(settings: Mapping[str, Any], credentials: Mapping[str, Any]) -> ProviderAdapter:
     # Imported on first use: boto3 is an optional dependency (the ``ec2`` extra).
     try:
-        from bettercompute_vps._ec2 import ec2_adapter
+        from bettercompute_vps._ec2 import Ec2Adapter
     except ImportError:
         raise ProviderError(
             "PROVIDER_INVALID", "the EC2 adapter needs boto3 (install bettercompute[ec2])", retryable=False
         ) from None
-    return ec2_adapter(settings, credentials)
+    wanted = {k: settings[k] for k in ("region", "endpoint_url", "subnet_id") if settings.get(k) is not None}
+    try:
+        return Ec2Adapter.from_config(wanted, credentials)
+    except ComputeError as exc:
+        # Never the secret's value: the message names the field that is missing or malformed.
+        path = exc.details.get("path") if isinstance(exc.details, dict) else None
+        code = "PROVIDER_AUTH_FAILED" if path in ("access_key_id", "secret_access_key", "session_token") else "PROVIDER_INVALID"
+        raise ProviderError(code, f"the pool's EC2 settings or credentials are not usable ({path})") from None
 
 
 def default_adapters() -> dict[str, AdapterFactory]:
