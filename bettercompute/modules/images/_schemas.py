@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import posixpath
 import urllib.parse
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
@@ -123,9 +122,20 @@ def _url(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
         raise ValueError(problem, attribute, "<hidden>")
 
 
-def _field(name: str) -> attrs.Attribute[Any]:
-    found: attrs.Attribute[Any] = getattr(attrs.fields(RegisterImageInput), name)
-    return found
+def _disk_only(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    # attrs runs validators once every field is set, so the kind is there to compare with.
+    if value is not None and value != {} and instance.kind != "disk":
+        raise ValueError(f"only a disk image has {attribute.name}", attribute, "<hidden>")
+
+
+def _cmdline_kind(instance: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and instance.kind == "initrd":
+        raise ValueError("an initrd has no cmdline (give it with the kernel)", attribute, "<hidden>")
+
+
+def _with_kernel(instance: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and instance.kernel is None:
+        raise ValueError("an initrd is booted with a kernel: give kernel too", attribute, "<hidden>")
 
 
 @attrs.frozen(kw_only=True)
@@ -147,25 +157,14 @@ class RegisterImageInput:
     url: str = attrs.field(validator=attrs.validators.and_(_URL_TEXT, _url))
     sha256: str = attrs.field(validator=_SHA256)
     size: int | None = attrs.field(default=None, validator=_SIZE)
-    format: DiskFormat | None = None
-    min_disk_gib: int | None = attrs.field(default=None, validator=_MIN_DISK)
-    kernel: str | None = attrs.field(default=None, validator=_ID)
-    initrd: str | None = attrs.field(default=None, validator=_ID)
-    cmdline: str | None = attrs.field(default=None, validator=_CMDLINE)
-    provider_images: Mapping[str, str] = attrs.field(factory=dict, validator=_PROVIDER_IMAGES)
-
-    def __attrs_post_init__(self) -> None:
-        # Raised as attrs validators raise, ``(reason, attribute, ...)``: the codec puts the reason at that field.
-        if self.kind != "disk":
-            for name in ("format", "min_disk_gib", "kernel", "initrd"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"only a disk image has {name}", _field(name), "<hidden>")
-            if self.provider_images:
-                raise ValueError("only a disk image has provider_images", _field("provider_images"), "<hidden>")
-        if self.kind == "initrd" and self.cmdline is not None:
-            raise ValueError("an initrd has no cmdline (give it with the kernel)", _field("cmdline"), "<hidden>")
-        if self.initrd is not None and self.kernel is None:
-            raise ValueError("an initrd is booted with a kernel: give kernel too", _field("initrd"), "<hidden>")
+    format: DiskFormat | None = attrs.field(default=None, validator=_disk_only)
+    min_disk_gib: int | None = attrs.field(default=None, validator=attrs.validators.and_(_MIN_DISK, _disk_only))
+    kernel: str | None = attrs.field(default=None, validator=attrs.validators.and_(_ID, _disk_only))
+    initrd: str | None = attrs.field(default=None, validator=attrs.validators.and_(_ID, _disk_only, _with_kernel))
+    cmdline: str | None = attrs.field(default=None, validator=attrs.validators.and_(_CMDLINE, _cmdline_kind))
+    provider_images: dict[str, str] = attrs.field(
+        factory=dict, validator=attrs.validators.and_(_PROVIDER_IMAGES, _disk_only)
+    )
 
 
 @attrs.frozen(kw_only=True)
