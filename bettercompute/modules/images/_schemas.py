@@ -74,8 +74,8 @@ def url_problem(url: str) -> str | None:
 
     Accepted: ``https://host[:port]/...`` and ``http://host[:port]/...`` without user information or fragment, and
     ``file:///absolute/path`` (no host, no query or fragment, no ``.`` or ``..`` segment, no percent-encoded NUL or
-    slash). A daemon reads a ``file`` URL only inside the directories it is configured to serve images from, so the
-    path names a file on the machine that fetches, not on the control plane.
+    slash). The path names a file on the machine that fetches the image, not on the control plane; a daemon is meant
+    to read it only from the directories it is configured to serve images from.
     """
     if "\\" in url:
         return "may not contain a backslash"
@@ -147,8 +147,9 @@ class RegisterImageInput:
     ``provider_images`` (the provider's own image for the same system, by provider name: ``{"ec2": "ami-..."}``). An
     initrd without a kernel is refused; ``cmdline`` goes with a kernel or with a disk image.
 
-    ``url`` is ``https``, ``http`` or ``file:///absolute/path``; a daemon reads a ``file`` URL only from the directories
-    it is configured to serve images from (see ``url_problem``).
+    ``url`` is ``https``, ``http`` or ``file:///absolute/path``, a path on the machine that fetches the image (a
+    daemon is meant to read it only from the directories it serves images from; see ``url_problem``). No user name
+    or password in a URL: it is stored and listed in the clear.
     """
 
     tenant: str = attrs.field(validator=_ID)
