@@ -38,8 +38,8 @@ from bettercompute.modules.webhooks import WebhookSettings
 from bettercompute.ports import Iam
 from bettercompute_iam import EmbeddedIam, RemoteIam
 from bettercompute_metal import MetalModule
-from bettercompute_vps import VpsModule
 from bettercompute_store_pg import PgNotifier, PgStore
+from bettercompute_vps import VpsModule
 
 from ._config import (
     API_ROLE,

@@ -91,6 +91,7 @@ def __getattr__(name: str) -> Any:
         return getattr(_ec2, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 _B = TypeVar("_B")
 
 

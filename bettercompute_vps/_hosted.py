@@ -72,7 +72,7 @@ def offer_of(row: Mapping[str, Any]) -> HostRecord:
     )
 
 
-async def sync_hosts(context: ModuleContext) -> None:
+async def sync_hosts(context: ModuleContext) -> int:
     """One pass of the ``vps-hosts`` job: every host row as its node's inventory and lifecycle say."""
     store = context.store
     changed = 0
@@ -81,6 +81,7 @@ async def sync_hosts(context: ModuleContext) -> None:
             changed += 1
     if changed:
         log.info("vps hosts: %d changed", changed)
+    return changed
 
 
 HOST_SYNC = Job(name="vps-hosts", role="controllers", interval=dt.timedelta(seconds=2), run=sync_hosts)
@@ -243,7 +244,9 @@ def _observed(record: InstanceRecord, item: Mapping[str, Any], now: dt.datetime)
         elif new_state == "failed":
             fields.update(state="failed", step=None, reason=reason or "VM_FAILED", message=message)
         else:
-            fields.update(state="provisioning", step=_text(item.get("step"), 64) or "apply", reason=reason, message=message)
+            fields.update(
+                state="provisioning", step=_text(item.get("step"), 64) or "apply", reason=reason, message=message
+            )
         fields = {k: v for k, v in fields.items() if getattr(record, k) != v}
     addresses = _addresses(item.get("addresses"))
     if addresses and addresses != record.addresses:
@@ -261,11 +264,12 @@ REPORT = GatewayMethod(name="instances.report", roles={"node"}, handler=report)
 # --- the node lifecycle -------------------------------------------------------------------------------------------
 
 
-async def watch_nodes(context: ModuleContext) -> None:
+async def watch_nodes(context: ModuleContext) -> int:
     """One pass of ``vps-node-watch``: instances on nodes that are gone or out of reach."""
     store = context.store
     now = context.clock.now()
-    for record in await store.repository(VPS).on_gone_nodes(limit=500):
+    found = await store.repository(VPS).on_gone_nodes(limit=500)
+    for record in found:
         assert record.node_id is not None
         node = await store.repository(NODES).get(record.node_id)
         node_state = node.state if node is not None else "retired"
@@ -299,6 +303,7 @@ async def watch_nodes(context: ModuleContext) -> None:
             )
             if failed is not None:
                 await tx.publish([event(failed, "failed", reason="NODE_FAILED", failed_node=record.node_id)])
+    return len(found)
 
 
 NODE_WATCH = Job(name="vps-node-watch", role="controllers", interval=dt.timedelta(seconds=5), run=watch_nodes)

@@ -246,7 +246,9 @@ class ConfigureVpsPoolInput:
     memory_ratio: float = attrs.field(default=1.0, validator=_RATIO)
     max_instances: int | None = attrs.field(default=None, validator=_LIMIT)
     max_vcpu: int | None = attrs.field(default=None, validator=_LIMIT)
-    max_memory_mib: int | None = attrs.field(default=None, validator=Integer(minimum=0, maximum=2**40, reason="must be between 0 and 2**40"))
+    max_memory_mib: int | None = attrs.field(
+        default=None, validator=Integer(minimum=0, maximum=2**40, reason="must be between 0 and 2**40")
+    )
     provider: ProviderInput | None = None
 
 

@@ -600,7 +600,13 @@ async def resize(call: CallContext, input: ResizeInput) -> Instance:
                 raise FailedPreconditionError("the instance has no node", details={"state": record.state})
             room = host_room(host, settings)
             if room[0] < grow.vcpu or room[1] < grow.memory_mib or room[2] < grow.disk_gib:
-                excluded = {n: 1 for n, r, w in zip(("vcpu", "memory", "disk"), room, (grow.vcpu, grow.memory_mib, grow.disk_gib), strict=True) if r < w}
+                excluded = {
+                    n: 1
+                    for n, r, w in zip(
+                        ("vcpu", "memory", "disk"), room[:3], (grow.vcpu, grow.memory_mib, grow.disk_gib), strict=True
+                    )
+                    if r < w
+                }
                 raise NoCapacityError(
                     "the instance's node has no room for the new size",
                     details={"reason": "node_full", "node_id": host.node_id, "excluded": excluded},

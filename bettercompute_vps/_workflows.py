@@ -76,7 +76,11 @@ def _ec2(settings: Mapping[str, Any], credentials: Mapping[str, Any]) -> Provide
     except ComputeError as exc:
         # Never the secret's value: the message names the field that is missing or malformed.
         path = exc.details.get("path") if isinstance(exc.details, dict) else None
-        code = "PROVIDER_AUTH_FAILED" if path in ("access_key_id", "secret_access_key", "session_token") else "PROVIDER_INVALID"
+        code = (
+            "PROVIDER_AUTH_FAILED"
+            if path in ("access_key_id", "secret_access_key", "session_token")
+            else "PROVIDER_INVALID"
+        )
         raise ProviderError(code, f"the pool's EC2 settings or credentials are not usable ({path})") from None
 
 
@@ -106,10 +110,14 @@ async def _credentials(context: ModuleContext, settings: PoolSettings) -> Mappin
 
     provider = settings.provider or {}
     name = str(provider.get("credentials_secret"))
-    found = await context.store.repository(SECRETS).named(name, scopes=[f"pool:{settings.pool_id}"], tenant=settings.tenant)
+    found = await context.store.repository(SECRETS).named(
+        name, scopes=[f"pool:{settings.pool_id}"], tenant=settings.tenant
+    )
     if not found or context.kms is None:
         raise ProviderError(
-            "PROVIDER_AUTH_FAILED", f"the pool's credentials secret {name!r} is gone or cannot be opened", retryable=False
+            "PROVIDER_AUTH_FAILED",
+            f"the pool's credentials secret {name!r} is gone or cannot be opened",
+            retryable=False,
         )
     try:
         value = await context.kms.decrypt(found[0].sealed_value, context=f"secret:{settings.tenant}:{name}")

@@ -5,6 +5,7 @@ by ``test_hosted_vm.py`` (a real ``bcd node`` running QEMU)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import anyio
@@ -23,6 +24,7 @@ from bettercompute_vps._schemas import (
     ConfigureVpsPoolInput,
     CreateInstanceInput,
     InstanceInput,
+    ListInstancesInput,
     ResizeInput,
     Size,
     UsageInput,
@@ -70,7 +72,7 @@ async def test_an_instance_is_placed_runs_stops_and_is_deleted_through_its_node(
 
     created = await instances.create(vps.fleet.alice, _create(vps, pool, image))
     assert created.state == "pending" and created.node_id == host.node_id
-    await vps.fleet.compute.jobs.tick()
+    await vps.tick()
     entry = _entry(await vps.desired(host.node_id), created.id)
     assert entry is not None
     assert entry["power"] == "running" and entry["vcpu"] == 2 and entry["hostname"] == "web-1"
@@ -83,7 +85,15 @@ async def test_an_instance_is_placed_runs_stops_and_is_deleted_through_its_node(
     console = "Booting...\nhostname: web-1\n"
     await vps.report(
         host,
-        [{"id": created.id, "spec": entry["spec"], "state": "running", "addresses": ["10.213.0.2"], "console": console}],
+        [
+            {
+                "id": created.id,
+                "spec": entry["spec"],
+                "state": "running",
+                "addresses": ["10.213.0.2"],
+                "console": console,
+            }
+        ],
     )
     running = await _instance(vps, created.id)
     assert running.state == "running" and running.addresses == ("10.213.0.2",) and running.step is None
@@ -92,14 +102,14 @@ async def test_an_instance_is_placed_runs_stops_and_is_deleted_through_its_node(
 
     stopped = await instances.stop(vps.fleet.alice, InstanceInput(id=created.id))
     assert stopped.power == "stopped" and stopped.state == "running"  # desired changed; it converges later
-    await vps.fleet.compute.jobs.tick()
+    await vps.tick()
     entry = _entry(await vps.desired(host.node_id), created.id)
     assert entry is not None and entry["power"] == "stopped"
     await vps.report(host, [{"id": created.id, "spec": entry["spec"], "state": "stopped"}])
     assert (await _instance(vps, created.id)).state == "stopped"
 
     await instances.delete(vps.fleet.alice, InstanceInput(id=created.id))
-    await vps.fleet.compute.jobs.tick()
+    await vps.tick()
     assert _entry(await vps.desired(host.node_id), created.id) is None
     await vps.report(host, [])  # the daemon no longer runs it
     gone = await _instance(vps, created.id)
@@ -180,36 +190,38 @@ async def test_bad_input_is_refused_with_nothing_written(vps: Vps) -> None:
     with pytest.raises(InvalidInputError) as wrong_pool:
         await instances.create(alice, _create(vps, gpu_pool, image, disk_gib=30))
     assert wrong_pool.value.details["path"] == "pool_id"
-    for user_data in ("x" * (16 * 1024 + 1), "é" * (8 * 1024 + 1), "a\x00b", "\ud800"):
-        with pytest.raises(ComputeError) as refused:
-            await instances.create(
-                alice,
-                {
-                    "tenant": vps.fleet.acme,
-                    "pool_id": pool,
-                    "name": "big",
-                    "size": {"vcpu": 1, "memory_mib": 512, "disk_gib": 30},
-                    "image_id": image,
-                    "user_data": user_data,
-                },
-            )
-        assert refused.value.code == "INVALID_INPUT"
-        assert user_data not in refused.value.message
-    for key in ("ssh-ed25519 AAAA\nssh-rsa AAAA", "not a key", "ssh-ed25519 " + "A" * 20 + " \u202ecomment"):
-        with pytest.raises(ComputeError) as bad_key:
-            await instances.create(
-                alice,
-                {
-                    "tenant": vps.fleet.acme,
-                    "pool_id": pool,
-                    "name": "keys",
-                    "size": {"vcpu": 1, "memory_mib": 512, "disk_gib": 30},
-                    "image_id": image,
-                    "ssh_authorized_keys": [key],
-                },
-            )
-        assert bad_key.value.code == "INVALID_INPUT"
-    listed = await instances.list(alice, {"tenant": vps.fleet.acme})
+    base = {
+        "tenant": vps.fleet.acme,
+        "pool_id": pool,
+        "name": "big",
+        "size": {"vcpu": 1, "memory_mib": 512, "disk_gib": 30},
+        "image_id": image,
+    }
+    refusals = [
+        ({"user_data": "x" * (16 * 1024 + 1)}, "user_data"),
+        ({"user_data": "é" * (8 * 1024 + 1)}, "user_data"),  # 8193 code points, 16386 bytes
+        ({"user_data": "a\x00b"}, "user_data"),
+        ({"user_data": "\ud800"}, "user_data"),
+        ({"ssh_authorized_keys": ["ssh-ed25519 AAAAAAAAAAAAAAAAAAAA\nssh-rsa AAAA"]}, "ssh_authorized_keys"),
+        ({"ssh_authorized_keys": ["not a key"]}, "ssh_authorized_keys"),
+        ({"ssh_authorized_keys": ["ssh-ed25519 AAAAAAAAAAAAAAAAAAAA \u202ecomment"]}, "ssh_authorized_keys"),
+        ({"name": "Web\u0661"}, "name"),
+        ({"size": {"vcpu": 0, "memory_mib": 512, "disk_gib": 30}}, "size.vcpu"),
+        ({"size": {"vcpu": 1, "memory_mib": 512, "disk_gib": 30, "gpus": -1}}, "size.gpus"),
+        ({"ports": [0]}, "ports"),
+        ({"ports": [22, 22]}, "ports"),
+    ]
+    for change, path in refusals:
+        response = await vps.fleet.http.post(
+            "/api/compute/instances/create",
+            headers={"authorization": f"Bearer {alice}", "content-type": "application/json"},
+            content=json.dumps({**base, **change}).encode(),  # ASCII: a lone surrogate travels as its escape
+        )
+        assert response.status_code == 400, (change, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "INVALID_INPUT" and error["details"]["path"].startswith(path), (change, error)
+        assert "xxxxxxxx" not in response.text and "éééé" not in response.text
+    listed = await instances.list(alice, ListInstancesInput(tenant=vps.fleet.acme))
     assert listed.instances == ()
 
     created = await instances.create(alice, _create(vps, pool, image, disk_gib=30))
@@ -263,11 +275,11 @@ async def test_an_instance_on_a_lost_node_says_why(vps: Vps) -> None:
     host: Host = await vps.host(pool, "SN-A")
     created = await vps.groups.instances.create(vps.fleet.alice, _create(vps, pool, image))
     await vps.set_node_state(host.node_id, "unreachable")
-    await vps.fleet.compute.jobs.tick()
+    await vps.tick()
     seen = await _instance(vps, created.id)
     assert seen.reason == "NODE_UNREACHABLE" and seen.state != "failed"
     await vps.set_node_state(host.node_id, "failed")
-    await vps.fleet.compute.jobs.tick()
+    await vps.tick()
     seen = await _instance(vps, created.id)
     assert seen.state == "failed" and seen.reason == "NODE_FAILED" and seen.node_id is None
     with pytest.raises(FailedPreconditionError):

@@ -62,7 +62,7 @@ def test_a_users_cloud_config_is_kept_and_the_keys_merged_in() -> None:
     message = email.message_from_string(_files(mine)["user-data"].decode())
     assert message.is_multipart()
     parts = [p for p in message.walk() if p.get_content_type() == "text/cloud-config"]
-    documents = [yaml.safe_load(p.get_payload(decode=True)) for p in parts]
+    documents = [yaml.safe_load(bytes(p.get_payload(decode=True))) for p in parts]
     assert documents[0] == {"ssh_authorized_keys": ["ssh-rsa MINE"], "packages": ["nginx"]}
     assert documents[1]["ssh_authorized_keys"] == [KEY]
     assert "list(append)" in documents[1]["merge_how"]  # cloud-init appends the lists: the user's key stays
