@@ -112,7 +112,7 @@ def _described(server: MotoServer, provider_id: str) -> dict[str, Any]:
     client = server.ec2_client()
     try:
         (reservation,) = client.describe_instances(InstanceIds=[provider_id])["Reservations"]
-        found: dict[str, Any] = reservation["Instances"][0]
+        found: dict[str, Any] = dict(reservation["Instances"][0])
         return found
     finally:
         client.close()
