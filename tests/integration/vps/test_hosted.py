@@ -197,7 +197,7 @@ async def test_bad_input_is_refused_with_nothing_written(vps: Vps) -> None:
         "size": {"vcpu": 1, "memory_mib": 512, "disk_gib": 30},
         "image_id": image,
     }
-    refusals = [
+    refusals: list[tuple[dict[str, Any], str]] = [
         ({"user_data": "x" * (16 * 1024 + 1)}, "user_data"),
         ({"user_data": "é" * (8 * 1024 + 1)}, "user_data"),  # 8193 code points, 16386 bytes
         ({"user_data": "a\x00b"}, "user_data"),
