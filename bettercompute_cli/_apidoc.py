@@ -275,6 +275,7 @@ _ID_OF_GROUP = {
     "sites": "site_...",
     "images": "img_...",
     "metal": "mch_...",
+    "instances": "inst_...",
 }
 # The fields a valid example needs beyond what the placeholders give: a name of the right shape, one of two fields a
 # rule asks for, a nested object. ``render()`` decodes every example, so one that the input would refuse fails it.
@@ -321,6 +322,13 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
         }
     },
     "webhooks.create": {"url": "https://hooks.example.com/bettercompute", "event_types": ["reservation.*"]},
+    "instances.create": {
+        "name": "web-1",
+        "size": {"vcpu": 2, "memory_mib": 2048, "disk_gib": 20},
+        "ssh_authorized_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExampleKeyExampleKeyExampleKey alice@laptop"],
+    },
+    "instances.resize": {"size": {"vcpu": 4, "memory_mib": 4096, "disk_gib": 40}},
+    "instances.usage": {"start": "2030-01-01T00:00:00Z", "end": "2030-02-01T00:00:00Z"},
 }
 
 
