@@ -68,6 +68,14 @@ def _parser() -> argparse.ArgumentParser:
         default=Path(os.environ.get("BCD_CDI_DIR", DEFAULT_CDI_DIR)),
         help=f"where the CDI spec of the allocated GPUs is written (default {DEFAULT_CDI_DIR})",
     )
+    node.add_argument(
+        "--tunnel-local-port",
+        dest="tunnel_local_ports",
+        type=_count(1, 65535),
+        action="append",
+        default=[],
+        help="a port of a service on 127.0.0.1 that tunnels may reach (repeat for more; none by default)",
+    )
     commands.add_parser("unit", help="print the systemd unit that runs this bcd's `bcd node`")
     _sim_parser(commands.add_parser)
     _ramdisk_parser(commands.add_parser)
@@ -319,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         inventory = Inventory.load(args.fake_inventory)
         if inventory.xids is not None:
             inventory.xids.start()  # a thread of its own, for the life of the process
-        return asyncio.run(run_node(state, inventory, cdi_dir=args.cdi_dir))
+        return asyncio.run(run_node(state, inventory, cdi_dir=args.cdi_dir, tunnel_local_ports=args.tunnel_local_ports))
     except ConfigError as exc:
         print(f"bcd: {exc}", file=sys.stderr)
         return 2 if args.command == "sim" else 1

@@ -14,16 +14,20 @@ from bettercompute_gateway._gateway import create_gateway as create_gateway
 from bettercompute_gateway._tls import GatewayTls as GatewayTls
 from bettercompute_gateway._tls import issue_tls as issue_tls
 from bettercompute_gateway._tls import server_context as server_context
+from bettercompute_gateway._tunnels import MAX_DATA_BYTES as MAX_DATA_BYTES
+from bettercompute_gateway._tunnels import TunnelOptions as TunnelOptions
 
 __version__ = "0.0.0"
 
 __all__ = [
+    "MAX_DATA_BYTES",
     "SESSION_CLOSED",
     "SESSION_OPENED",
     "STATUS_OF",
     "Gateway",
     "GatewayOptions",
     "GatewayTls",
+    "TunnelOptions",
     "__version__",
     "create_gateway",
     "issue_tls",

@@ -48,6 +48,8 @@ from bettercompute.modules.nodes._nodes import (
     RetireNodeInput,
     RevokedNode,
     RevokeNodeInput,
+    TunnelNodeInput,
+    TunnelOutput,
 )
 from bettercompute.modules.nodes._port import CERTIFICATES as CERTIFICATES
 from bettercompute.modules.nodes._port import JOIN_KEYS as JOIN_KEYS
@@ -80,6 +82,18 @@ from bettercompute.modules.nodes._tokens import (
     parse_token,
     secret_matches,
 )
+from bettercompute.modules.nodes._tunnels import (
+    TICKET_PREFIX,
+    TICKET_TTL,
+    TUNNELS,
+    TunnelCheck,
+    TunnelGrant,
+    TunnelRecord,
+    Tunnels,
+    TunnelTicket,
+    open_tunnel_in,
+    parse_ticket,
+)
 
 __all__ = [
     "ACKED_KIND",
@@ -99,7 +113,10 @@ __all__ = [
     "NODE_UNCORDONED",
     "RENEW_CONTEXT",
     "SECRET_CONTEXT",
+    "TICKET_PREFIX",
+    "TICKET_TTL",
     "TOKEN_PREFIX",
+    "TUNNELS",
     "AttestationRequest",
     "Attestor",
     "CaKey",
@@ -135,6 +152,13 @@ __all__ = [
     "RevocationResult",
     "RevokeNodeInput",
     "RevokedNode",
+    "TunnelCheck",
+    "TunnelGrant",
+    "TunnelNodeInput",
+    "TunnelOutput",
+    "TunnelRecord",
+    "TunnelTicket",
+    "Tunnels",
     "acked_item",
     "hardware_key",
     "hardware_key_of",
@@ -142,6 +166,8 @@ __all__ = [
     "inventory_item",
     "lifecycle_item",
     "new_token",
+    "open_tunnel_in",
+    "parse_ticket",
     "parse_token",
     "poke_gateways",
     "renew_message",
