@@ -21,6 +21,7 @@ from grpclib.exceptions import GRPCError
 import bettercompute_proto as wire
 from bettercompute.errors import AccessDeniedError
 from bettercompute.modules.nodes import TUNNELS, TunnelNodeInput, TunnelOutput
+from bettercompute_cli._tunnel import serve_tunnel
 from bettercompute_daemon._agent import Agent, join
 from bettercompute_daemon._inventory import Inventory
 from bettercompute_daemon._state import NodeConfig, StateDir
@@ -311,3 +312,37 @@ async def test_a_node_without_a_session_here_is_unavailable(gw: Wire) -> None:
         error = await refused(stream)
     assert error.status == Status.UNAVAILABLE
     assert envelope(error)["details"]["reason"] == "node_not_connected"
+
+
+async def test_the_cli_listener_carries_each_local_connection_through_a_tunnel_of_its_own(
+    gw: Wire, tmp_path: Path
+) -> None:
+    asked: list[str] = []
+
+    async def ask() -> dict[str, Any]:
+        opened = await ticket(gw, n.node_id, port)
+        asked.append(opened.tunnel_id)
+        return attrs.asdict(opened)
+
+    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    async with echo_server() as port, node(gw, tmp_path, "SN-T9", (port,)) as n:
+        listening = asyncio.create_task(
+            serve_tunnel(ask, local_port=0, gateway=f"127.0.0.1:{gw.port}", ready=bound.set_result)
+        )
+        try:
+            local = await bound
+            for _ in range(2):
+                reader, writer = await asyncio.open_connection("127.0.0.1", local)
+                payload = os.urandom(300_000)
+                writer.write(payload)
+                assert await reader.readexactly(len(payload)) == payload
+                writer.close()
+            assert len(set(asked)) == 2  # a fresh ticket for each connection
+            await wait_for(lambda: not gw.gateway.tunnels)
+        finally:
+            listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listening
+    for tunnel_id in asked:
+        record = await gw.fleet.store.repository(TUNNELS).get(tunnel_id)
+        assert record is not None and record.close_reason == "client_closed" and record.bytes_down == 300_000
