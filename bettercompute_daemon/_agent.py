@@ -404,6 +404,8 @@ class Agent:
                 await _carry(stream, *connected)
         except (GRPCError, OSError, StreamTerminatedError, ssl.SSLError) as exc:
             log.info("tunnel %s ended: %s", tunnel_id, type(exc).__name__)
+        except Exception as exc:  # the session goes on whatever one tunnel does (HTTP/2 out of streams, ...)
+            log.warning("tunnel %s failed: %s", tunnel_id, type(exc).__name__)
         finally:
             if connected is not None:
                 connected[1].close()

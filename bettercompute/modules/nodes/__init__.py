@@ -83,6 +83,7 @@ from bettercompute.modules.nodes._tokens import (
     secret_matches,
 )
 from bettercompute.modules.nodes._tunnels import (
+    STALE_AFTER,
     TICKET_PREFIX,
     TICKET_TTL,
     TUNNELS,
@@ -91,8 +92,10 @@ from bettercompute.modules.nodes._tunnels import (
     TunnelRecord,
     Tunnels,
     TunnelTicket,
+    closed_record,
     open_tunnel_in,
     parse_ticket,
+    sweep_tunnels,
 )
 
 __all__ = [
@@ -113,6 +116,7 @@ __all__ = [
     "NODE_UNCORDONED",
     "RENEW_CONTEXT",
     "SECRET_CONTEXT",
+    "STALE_AFTER",
     "TICKET_PREFIX",
     "TICKET_TTL",
     "TOKEN_PREFIX",
@@ -160,6 +164,7 @@ __all__ = [
     "TunnelTicket",
     "Tunnels",
     "acked_item",
+    "closed_record",
     "hardware_key",
     "hardware_key_of",
     "hash_secret",
@@ -175,5 +180,6 @@ __all__ = [
     "secret_message",
     "serial_hex",
     "set_desired_state",
+    "sweep_tunnels",
     "verify_signature",
 ]

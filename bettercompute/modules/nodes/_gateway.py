@@ -29,7 +29,14 @@ from bettercompute.modules.nodes._proofs import (
 )
 from bettercompute.modules.nodes._renew import CLOCK_SKEW
 from bettercompute.modules.nodes._tokens import hash_secret
-from bettercompute.modules.nodes._tunnels import TUNNELS, TunnelCheck, TunnelGrant, TunnelRecord, parse_ticket
+from bettercompute.modules.nodes._tunnels import (
+    TUNNELS,
+    TunnelCheck,
+    TunnelGrant,
+    TunnelRecord,
+    closed_record,
+    parse_ticket,
+)
 from bettercompute.modules.secrets import NodeIdentity, SecretBroker
 from bettercompute.modules.secrets._broker import RELEASE_ACTION
 from bettercompute.ports import AuditRecord, Clock, FreshIam, ReplayGuard, Store
@@ -274,7 +281,7 @@ class GatewayServices:
         (IAM no longer allows the tunnel's action on its resource), or what the owning module's check says. One
         statement reads them all; IAM is asked once per caller, action and resource, from the database (never a
         cache) when the IAM can (``FreshIam``)."""
-        records = await self._store.repository(TUNNELS).many(list(dict.fromkeys(ids)))
+        records = await self._store.repository(TUNNELS).checked(list(dict.fromkeys(ids)), now=self._clock.now())
         found = {r.id: r for r in records}
         reasons = {i: "unknown" for i in ids if i not in found}
         reasons.update(await self._reasons(records))
@@ -324,26 +331,7 @@ class GatewayServices:
             )
             if record is None:
                 return False
-            await tx.audit(
-                AuditRecord(
-                    action=record.action,
-                    actor=record.principal_id,
-                    tenant=record.tenant,
-                    resource_type=record.resource_type,
-                    resource_id=record.resource_id,
-                    decision_id=None,
-                    outcome="ok",
-                    details={
-                        "event": "tunnel_closed",
-                        "tunnel_id": record.id,
-                        "node_id": record.node_id,
-                        "port": record.port,
-                        "reason": record.close_reason,
-                        "bytes_up": bytes_up,
-                        "bytes_down": bytes_down,
-                    },
-                )
-            )
+            await tx.audit(closed_record(record))
         log.info("tunnel %s closed: %s", tunnel_id, reason)
         return True
 

@@ -22,7 +22,7 @@ from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS, NODES
 from bettercompute.modules.nodes._proofs import ChallengeIssuer
 from bettercompute.modules.nodes._sealing import JoinKeyPair, Unsealer
 from bettercompute.modules.nodes._tokens import JoinSettings
-from bettercompute.modules.nodes._tunnels import TUNNELS, TunnelCheck
+from bettercompute.modules.nodes._tunnels import TUNNELS, TunnelCheck, sweep_tunnels
 from bettercompute.modules.pools._port import JOIN_TOKENS, POOLS
 from bettercompute.modules.secrets import SecretBroker
 from bettercompute.ports import Kms, Migration, Repository, Store
@@ -67,6 +67,15 @@ async def purge_nonces(context: ModuleContext) -> int:
     return purged
 
 
+async def _sweep_tunnels(context: ModuleContext) -> int:
+    """Close the tunnels no gateway carries any more (a gateway gone, a ticket never used)."""
+    closed = await sweep_tunnels(context.store, now=context.clock.now())
+    if closed:
+        log.info("closed %d tunnels no gateway carries", closed)
+    return closed
+
+
+TUNNEL_SWEEP = Job(name="tunnel-sweep", role="controllers", interval=dt.timedelta(seconds=30), run=_sweep_tunnels)
 NONCE_PURGE = Job(name="nonce-purge", role="controllers", interval=dt.timedelta(minutes=1), run=purge_nonces)
 
 
@@ -88,7 +97,7 @@ class IdentityModule:
         JOIN_TOKENS,
         TUNNELS,
     )
-    jobs: Sequence[Job] = (NONCE_PURGE, SESSION_SWEEPER)
+    jobs: Sequence[Job] = (NONCE_PURGE, SESSION_SWEEPER, TUNNEL_SWEEP)
 
     def __init__(self, settings: JoinSettings, kms: Kms, attestors: Sequence[Attestor] = ()) -> None:
         self._settings = settings

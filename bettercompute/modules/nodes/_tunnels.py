@@ -21,9 +21,10 @@ import attrs
 
 from bettercompute.errors import InvalidInputError
 from bettercompute.modules.nodes._tokens import hash_secret
-from bettercompute.ports import Identity, Repository, ResourceRef, Store, Transaction
+from bettercompute.ports import AuditRecord, Identity, Repository, ResourceRef, Store, Transaction
 
 __all__ = [
+    "STALE_AFTER",
     "TICKET_PREFIX",
     "TICKET_TTL",
     "TUNNELS",
@@ -32,13 +33,18 @@ __all__ = [
     "TunnelRecord",
     "TunnelTicket",
     "Tunnels",
+    "closed_record",
     "open_tunnel_in",
     "parse_ticket",
+    "sweep_tunnels",
 ]
 
 TICKET_PREFIX = "bctt_"
 TICKET_TTL = dt.timedelta(seconds=60)
 """How long a ticket may wait before a gateway spends it."""
+STALE_AFTER = dt.timedelta(seconds=60)
+"""How long an open tunnel may go unchecked (gateways check theirs every second) before the sweep closes it: the
+gateway that carried it is gone."""
 _TICKET = re.compile(r"bctt_(tn_[0-9a-f]{20})\.([A-Za-z0-9_-]{43})")
 _HOST = re.compile(r"[A-Za-z0-9.:-]{1,253}")
 
@@ -128,8 +134,15 @@ class Tunnels(Protocol):
         """A tunnel by id, or ``None``."""
         ...
 
-    async def many(self, ids: Sequence[str]) -> list[TunnelRecord]:
-        """The tunnels of these ids that exist (one statement)."""
+    async def checked(self, ids: Sequence[str], *, now: dt.datetime) -> list[TunnelRecord]:
+        """The tunnels of these ids that exist, marked as checked ``now`` by a gateway that carries them (one
+        statement)."""
+        ...
+
+    async def sweep(self, *, stale_before: dt.datetime, now: dt.datetime, limit: int) -> list[TunnelRecord]:
+        """Close at most ``limit`` tunnels no gateway carries any more, in one statement: tickets never used that
+        expired (``ticket_expired``), and tunnels no gateway checked since ``stale_before`` (``gateway_lost``: the
+        gateway that carried them is gone). The closed ones."""
         ...
 
     async def close(
@@ -213,3 +226,36 @@ async def open_tunnel_in(
     return TunnelTicket(
         tunnel_id=tunnel_id, ticket=f"{TICKET_PREFIX}{tunnel_id}.{secret}", expires_at=record.expires_at
     )
+
+
+def closed_record(record: TunnelRecord) -> AuditRecord:
+    """The audit row of a tunnel's end."""
+    return AuditRecord(
+        action=record.action,
+        actor=record.principal_id,
+        tenant=record.tenant,
+        resource_type=record.resource_type,
+        resource_id=record.resource_id,
+        decision_id=None,
+        outcome="ok",
+        details={
+            "event": "tunnel_closed",
+            "tunnel_id": record.id,
+            "node_id": record.node_id,
+            "port": record.port,
+            "reason": record.close_reason,
+            "bytes_up": record.bytes_up,
+            "bytes_down": record.bytes_down,
+        },
+    )
+
+
+async def sweep_tunnels(store: Store, *, now: dt.datetime, limit: int = 500) -> int:
+    """Close what no gateway carries any more (``Tunnels.sweep``) and audit the ends of those that had opened; how
+    many were closed."""
+    async with store.transaction() as tx:
+        closed = await tx.repository(TUNNELS).sweep(stale_before=now - STALE_AFTER, now=now, limit=limit)
+        for record in closed:
+            if record.used_at is not None:
+                await tx.audit(closed_record(record))
+    return len(closed)

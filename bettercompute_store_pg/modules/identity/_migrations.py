@@ -207,7 +207,9 @@ END $$;
 """
 
 # Tunnels (``docs/tunnels.md``): one row per tunnel, its ticket's hash, who opened it under which action on which
-# resource, where it goes, and its life. The gateway's once-a-second check reads the open ones by id.
+# resource, where it goes, and its life. The gateway's once-a-second check marks the open ones it carries
+# (``checked_at``); the sweep closes those no gateway has checked for a while (a gateway that died) and the tickets
+# never used, by the one partial index.
 _V8 = """
 CREATE TABLE {schema}.tunnels (
     id text PRIMARY KEY,
@@ -229,9 +231,10 @@ CREATE TABLE {schema}.tunnels (
     close_reason text,
     bytes_up bigint NOT NULL DEFAULT 0,
     bytes_down bigint NOT NULL DEFAULT 0,
+    checked_at timestamptz,
     CHECK ((closed_at IS NULL) = (close_reason IS NULL))
 );
-CREATE INDEX tunnels_open ON {schema}.tunnels (tenant) WHERE closed_at IS NULL;
+CREATE INDEX tunnels_open ON {schema}.tunnels (coalesce(checked_at, used_at, expires_at)) WHERE closed_at IS NULL;
 """
 
 MIGRATIONS: tuple[Migration, ...] = (

@@ -32,7 +32,25 @@ RETURNING {_COLUMNS}
 """
 
 _GET = f"SELECT {_COLUMNS} FROM {{s}}.tunnels WHERE id = :id"
-_MANY = f"SELECT {_COLUMNS} FROM {{s}}.tunnels WHERE id = ANY(CAST(:ids AS text[]))"
+_CHECK = f"""
+UPDATE {{s}}.tunnels SET checked_at = :now WHERE id = ANY(CAST(:ids AS text[]))
+RETURNING {_COLUMNS}
+"""
+
+_SWEEP = f"""
+WITH due AS (
+    SELECT id, CASE WHEN used_at IS NULL THEN 'ticket_expired' ELSE 'gateway_lost' END AS reason
+    FROM {{s}}.tunnels
+    WHERE closed_at IS NULL AND coalesce(checked_at, used_at, expires_at) < :now
+        AND (used_at IS NULL OR coalesce(checked_at, used_at) < :stale_before)
+    ORDER BY coalesce(checked_at, used_at, expires_at)
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {{s}}.tunnels AS t SET closed_at = :now, close_reason = due.reason
+FROM due WHERE t.id = due.id
+RETURNING {", ".join(f"t.{c.strip()}" for c in _COLUMNS.split(","))}
+"""
 
 _CLOSE = f"""
 UPDATE {{s}}.tunnels SET closed_at = :now, close_reason = :reason, bytes_up = :bytes_up, bytes_down = :bytes_down
@@ -72,7 +90,8 @@ class PgTunnels(PgRepository):
         self._create = db.sql(_CREATE)
         self._spend = db.sql(_SPEND)
         self._get = db.sql(_GET)
-        self._many = db.sql(_MANY)
+        self._check = db.sql(_CHECK)
+        self._sweep = db.sql(_SWEEP)
         self._close = db.sql(_CLOSE)
 
     async def create(self, record: TunnelRecord, *, secret_hash: bytes) -> None:
@@ -108,11 +127,16 @@ class PgTunnels(PgRepository):
         rows = await self._fetch(self._get, {"id": tunnel_id})
         return _record(rows[0]) if rows else None
 
-    async def many(self, ids: Sequence[str]) -> list[TunnelRecord]:
-        """The tunnels of these ids, one statement."""
+    async def checked(self, ids: Sequence[str], *, now: dt.datetime) -> list[TunnelRecord]:
+        """The tunnels of these ids, marked checked now, in one statement."""
         if not ids:
             return []
-        return [_record(r) for r in await self._fetch(self._many, {"ids": list(ids)})]
+        return [_record(r) for r in await self._fetch(self._check, {"ids": list(ids), "now": now})]
+
+    async def sweep(self, *, stale_before: dt.datetime, now: dt.datetime, limit: int) -> list[TunnelRecord]:
+        """Close, in one statement, tickets never used that expired and tunnels unchecked since ``stale_before``."""
+        params = {"stale_before": stale_before, "now": now, "limit": limit}
+        return [_record(r) for r in await self._fetch(self._sweep, params)]
 
     async def close(
         self, tunnel_id: str, *, reason: str, bytes_up: int, bytes_down: int, now: dt.datetime

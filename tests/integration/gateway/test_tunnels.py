@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,7 +21,7 @@ from grpclib.exceptions import GRPCError
 
 import bettercompute_proto as wire
 from bettercompute.errors import AccessDeniedError
-from bettercompute.modules.nodes import TUNNELS, TunnelNodeInput, TunnelOutput
+from bettercompute.modules.nodes import TUNNELS, TunnelNodeInput, TunnelOutput, sweep_tunnels
 from bettercompute_cli._tunnel import serve_tunnel
 from bettercompute_daemon._agent import Agent, join
 from bettercompute_daemon._inventory import Inventory
@@ -346,3 +347,22 @@ async def test_the_cli_listener_carries_each_local_connection_through_a_tunnel_o
     for tunnel_id in asked:
         record = await gw.fleet.store.repository(TUNNELS).get(tunnel_id)
         assert record is not None and record.close_reason == "client_closed" and record.bytes_down == 300_000
+
+
+async def test_the_sweep_closes_unused_tickets_and_tunnels_no_gateway_carries(gw: Wire) -> None:
+    joined = await gw.join("SN-T10")
+    unused = await ticket(gw, joined.node_id, 22)
+    lost = await ticket(gw, joined.node_id, 23)
+    await gw.fleet.services.tunnel_accept(lost.ticket)  # spent by a gateway that then went away
+    tunnels = gw.fleet.store.repository(TUNNELS)
+    assert await sweep_tunnels(gw.fleet.store, now=gw.fleet.clock.now()) == 0
+    gw.fleet.clock.advance(dt.timedelta(minutes=2))
+    assert await sweep_tunnels(gw.fleet.store, now=gw.fleet.clock.now()) == 2
+    closed = {
+        t.id: t.close_reason for t in [await tunnels.get(unused.tunnel_id), await tunnels.get(lost.tunnel_id)] if t
+    }
+    assert closed == {unused.tunnel_id: "ticket_expired", lost.tunnel_id: "gateway_lost"}
+    rows = await gw.fleet.store.fetch(
+        gw.fleet.store.sql("SELECT details FROM {s}.audit WHERE details->>'event' = 'tunnel_closed'"), {}
+    )
+    assert [r.details["tunnel_id"] for r in rows] == [lost.tunnel_id]  # an unused ticket never opened anything
