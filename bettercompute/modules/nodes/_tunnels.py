@@ -86,8 +86,9 @@ class TunnelRecord:
         )
 
     def resource(self) -> ResourceRef:
-        """What the tunnel's action was allowed on."""
-        return ResourceRef(type=self.resource_type, id=self.resource_id)
+        """What the tunnel's action was allowed on (in the tunnel's tenant: a resource IAM's projection does not
+        know is decided on that tenant, never on a root-scope grant alone)."""
+        return ResourceRef(type=self.resource_type, id=self.resource_id, tenant=self.tenant)
 
 
 @attrs.frozen(kw_only=True)
