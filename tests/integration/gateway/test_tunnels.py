@@ -9,6 +9,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from grpclib.exceptions import GRPCError
 
 import bettercompute_proto as wire
 from bettercompute.errors import AccessDeniedError
-from bettercompute.modules.nodes import TUNNELS, TunnelNodeInput, TunnelOutput, sweep_tunnels
+from bettercompute.modules.nodes import TUNNELS, RevokeNodeInput, TunnelNodeInput, TunnelOutput, sweep_tunnels
 from bettercompute_cli._tunnel import serve_tunnel
 from bettercompute_daemon._agent import Agent, join
 from bettercompute_daemon._inventory import Inventory
@@ -281,9 +282,9 @@ async def test_a_node_cannot_answer_another_nodes_tunnel(gw: Wire, tmp_path: Pat
 
 @pytest.fixture
 async def limited(gw: Wire) -> AsyncIterator[Wire]:
-    """The test gateway, restarted with at most two tunnels per tenant."""
+    """The test gateway, restarted with at most two tunnels per tenant sharing 512 KiB/s each way."""
     await gw.gateway.close()
-    options = attrs.evolve(OPTIONS, tunnels=TunnelOptions(streams_per_tenant=2))
+    options = attrs.evolve(OPTIONS, tunnels=TunnelOptions(streams_per_tenant=2, bytes_per_second=512 * 1024))
     assert isinstance(options, GatewayOptions)
     gw.gateway = create_gateway(gw.fleet.services, gw.fleet.store, await gateway_tls(gw.fleet), options)
     await gw.gateway.start("127.0.0.1", gw.port)
@@ -304,6 +305,32 @@ async def test_a_tenant_holds_at_most_its_limit_of_tunnels(limited: Wire, tmp_pa
             error = await refused(third)
         assert error.status == Status.RESOURCE_EXHAUSTED
         assert envelope(error)["details"]["reason"] == "tunnels_per_tenant"
+
+
+async def test_a_tenants_tunnels_share_its_bandwidth(limited: Wire, tmp_path: Path) -> None:
+    gw = limited
+    async with echo_server() as port, node(gw, tmp_path, "SN-T11", (port,)) as n:
+        opened = await ticket(gw, n.node_id, port)
+        async with tunnel_stream(gw, opened.ticket) as stream:
+            payload = os.urandom(1024 * 1024)
+            started = time.monotonic()
+            assert await exchange(stream, payload) == payload
+            # A second's worth passes at once, the second half at 512 KiB/s.
+            assert 0.9 <= time.monotonic() - started < 3.0
+            await stream.send_message(wire.TunnelFrame(close_reason="done"))
+            assert await close_reason(stream) == "client_closed"
+            await stream.end()
+
+
+async def test_revoking_the_node_closes_its_tunnels(gw: Wire, tmp_path: Path) -> None:
+    async with echo_server() as port, node(gw, tmp_path, "SN-T12", (port,)) as n:
+        opened = await ticket(gw, n.node_id, port)
+        async with tunnel_stream(gw, opened.ticket) as stream:
+            assert await exchange(stream, b"up") == b"up"
+            await gw.fleet.compute.api.nodes.revoke(gw.fleet.alice, RevokeNodeInput(id=n.node_id))
+            with anyio.fail_after(4):
+                assert await close_reason(stream) == "node_disconnected"
+            await stream.end()
 
 
 async def test_a_node_without_a_session_here_is_unavailable(gw: Wire) -> None:
