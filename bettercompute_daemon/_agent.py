@@ -79,7 +79,7 @@ _CAPABILITIES = ["inventory", "desired-state", "cdi", "diag.nvml"]
 
 Observer = Callable[[str, Mapping[str, Any]], None]
 """Told of each notable thing a node's sessions do: its name (``session_opened``, ``session_ended``, ``inventory``,
-``desired_state``, ``command``, ``ack``) and a few JSON-ready facts about it."""
+``desired_state``, ``command``, ``ack``, ``tunnel``) and a few JSON-ready facts about it."""
 
 
 def _unobserved(event: str, facts: Mapping[str, Any]) -> None:

@@ -31,7 +31,6 @@ from grpclib.server import Stream
 
 import bettercompute_proto as wire
 from bettercompute.errors import (
-    ComputeError,
     InvalidInputError,
     QuotaExceededError,
     UnavailableError,
@@ -379,8 +378,3 @@ class TunnelRelay:
         """Close every tunnel (the gateway is closing)."""
         for tunnel_id in list(self._tunnels):
             self.end(tunnel_id, reason)
-
-
-def refusal(error: ComputeError) -> str:
-    """A short reason for a refused stream, for logs."""
-    return str(error.details.get("reason", error.code.lower()))

@@ -333,6 +333,16 @@ async def test_revoking_the_node_closes_its_tunnels(gw: Wire, tmp_path: Path) ->
             await stream.end()
 
 
+async def test_a_frame_over_64_kib_closes_the_tunnel(gw: Wire, tmp_path: Path) -> None:
+    async with echo_server() as port, node(gw, tmp_path, "SN-T13", (port,)) as n:
+        opened = await ticket(gw, n.node_id, port)
+        async with tunnel_stream(gw, opened.ticket) as stream:
+            assert await exchange(stream, b"small") == b"small"
+            await stream.send_message(wire.TunnelFrame(data=b"x" * (64 * 1024 + 1024)))
+            assert await close_reason(stream) == "protocol"
+            await stream.end()
+
+
 async def test_a_node_without_a_session_here_is_unavailable(gw: Wire) -> None:
     joined = await gw.join("SN-T8")
     opened = await ticket(gw, joined.node_id, 22)
