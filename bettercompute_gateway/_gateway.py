@@ -203,6 +203,7 @@ class Gateway:
             receive=lambda stream, limit: self._receive(stream, wire.TunnelFrame, limit=limit),
             session_of=self._live_session,
             send_control=self._send,
+            metrics=self._metrics,
         )
 
     def _live_session(self, node_id: str) -> _Session | None:

@@ -30,6 +30,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.server import Stream
 
 import bettercompute_proto as wire
+from bettercompute import Metrics
 from bettercompute.errors import (
     InvalidInputError,
     QuotaExceededError,
@@ -121,13 +122,18 @@ class TunnelRelay:
         receive: Receive,
         session_of: SessionOf,
         send_control: SendControl,
+        metrics: Metrics,
     ) -> None:
         self._services = services
+        tunnels: dict[str, _Tunnel] = {}
+        metrics.gateway_tunnels.set_function(lambda: len(tunnels))  # read at scrape time
+        self._up = metrics.gateway_tunnel_bytes.labels("up")
+        self._down = metrics.gateway_tunnel_bytes.labels("down")
         self.options = options
         self._receive = receive
         self._session_of = session_of
         self._send_control = send_control
-        self._tunnels: dict[str, _Tunnel] = {}
+        self._tunnels: dict[str, _Tunnel] = tunnels
         self._buckets: dict[str, tuple[_Bucket, _Bucket]] = {}
         self._failing_since: float | None = None
 
@@ -274,8 +280,10 @@ class TunnelRelay:
                 return f"{'node' if up else 'client'}_left"
             if up:
                 tunnel.bytes_up += len(data)
+                self._up.inc(len(data))
             else:
                 tunnel.bytes_down += len(data)
+                self._down.inc(len(data))
 
     async def _finish(self, tunnel: _Tunnel, reason: str) -> None:
         """Tell both sides why the tunnel ends, let the node's stream end, and record the end."""

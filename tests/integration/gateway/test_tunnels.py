@@ -181,6 +181,13 @@ async def test_bytes_flow_both_ways_through_a_tunnel_to_the_nodes_loopback(gw: W
             payload = os.urandom(1024 * 1024)
             assert await exchange(stream, payload) == payload
             assert list(gw.gateway.tunnels) == [opened.tunnel_id]
+            registry = gw.fleet.compute.metrics.registry
+            assert registry.get_sample_value("bettercompute_gateway_tunnels") == 1
+            for direction in ("up", "down"):
+                carried = registry.get_sample_value(
+                    "bettercompute_gateway_tunnel_bytes_total", {"direction": direction}
+                )
+                assert carried == 1024 * 1024 + 5
             await stream.send_message(wire.TunnelFrame(close_reason="done"))
             assert await close_reason(stream) == "client_closed"
             await stream.end()
