@@ -2,7 +2,8 @@
 
 Daemons dial out to it over gRPC with mutual TLS (``bettercompute_proto``); it relays ``Join``, ``Renew`` and
 ``Secret`` to the control plane's services, and holds their ``Session`` streams in memory, writing liveness in
-batches. It holds no CA key and no JoinService key.
+batches. It carries tunnels (``Tunnel`` streams: a client's with a one-time ticket meets the node's, opened on its
+session's connection; ``docs/tunnels.md``). It holds no CA key and no JoinService key.
 """
 
 from bettercompute.modules.commands import SESSION_CLOSED as SESSION_CLOSED
