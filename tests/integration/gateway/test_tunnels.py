@@ -222,6 +222,16 @@ async def test_a_port_the_node_does_not_allow_is_refused_by_the_node(gw: Wire, t
         assert record is not None and record.close_reason == "target_refused"
 
 
+async def test_an_allowed_port_nothing_listens_on_is_unreachable(gw: Wire, tmp_path: Path) -> None:
+    async with echo_server() as port:
+        pass  # closed: nothing listens there now
+    async with node(gw, tmp_path, "SN-T14", (port,)) as n:
+        opened = await ticket(gw, n.node_id, port)
+        async with tunnel_stream(gw, opened.ticket) as stream:
+            assert await close_reason(stream) == "target_unreachable"
+            await stream.end()
+
+
 async def test_without_the_action_no_ticket_is_given(gw: Wire, tmp_path: Path) -> None:
     plane: Any = attrs.make_class("P", ["compute", "root"])(gw.fleet.compute, gw.fleet.alice)
     _, viewer, _ = await make_user(plane, gw.fleet.acme, "vic", "compute.member")
