@@ -23,6 +23,7 @@ from bettercompute._version import __version__
 from bettercompute.errors import ComputeError
 from bettercompute.modules.capacity import CapacityModule
 from bettercompute.modules.commands import CommandsModule
+from bettercompute.modules.images import ImagesModule
 from bettercompute.modules.inventory import AcceptanceCheck, InventoryModule
 from bettercompute.modules.nodes import Attestor, IdentityModule
 from bettercompute.modules.nodes._tokens import JoinSettings
@@ -122,6 +123,8 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
     modules: list[Module] = [
         SystemModule(jobs=BUILTIN_JOBS),
         PoolsModule(),
+        # Before any module of options.modules: bare metal's and VPS's tables refer to the images table.
+        ImagesModule(),
         CommandsModule(),
         UsageModule(),
         CapacityModule(),
@@ -145,6 +148,7 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
         "core",
         "runtime",
         "pools",
+        "images",
         "commands",
         "usage",
         "capacity",

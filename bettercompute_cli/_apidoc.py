@@ -273,6 +273,7 @@ _ID_OF_GROUP = {
     "webhooks": "wh_...",
     "devices": "dev_...",
     "sites": "site_...",
+    "images": "img_...",
     "metal": "mch_...",
 }
 # The fields a valid example needs beyond what the placeholders give: a name of the right shape, one of two fields a

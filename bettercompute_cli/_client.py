@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import json
 import os
 import random
@@ -43,6 +44,7 @@ from bettercompute.modules.builtin import BuiltinGroups
 from bettercompute.modules.capacity import ReservationsGroup
 from bettercompute_iam import IamGroups
 from bettercompute_metal import MetalGroups
+from bettercompute_vps import VpsGroups
 
 from ._main import COMPLETE_VAR
 from ._profiles import (
@@ -100,13 +102,14 @@ _MAX_RETRY_AFTER = 30.0  # longer than this, a shed call is reported rather than
 
 
 def _specs() -> list[type[GroupSpec[Any]]]:
-    """The built-in groups, the reservations group, IAM's and bare metal's, each once, by name."""
+    """The built-in groups, the reservations group, IAM's, bare metal's and VPS's, each once, by name."""
     found: dict[str, type[GroupSpec[Any]]] = {}
     specs: list[type[GroupSpec[Any]]] = [
         *BuiltinGroups.group_specs().values(),
         ReservationsGroup,
         *IamGroups.group_specs().values(),
         *MetalGroups.group_specs().values(),
+        *VpsGroups.group_specs().values(),
     ]
     for spec in specs:
         found.setdefault(spec.name, spec)
@@ -343,6 +346,8 @@ def _made(
             if raw is None or (kind in ("list", "map") and not raw):
                 continue
             body[field] = _value(kind, raw, field)
+        if extra is not None and extra.prepare is not None:
+            extra.prepare(body, extras)
         key = None if "idempotency_key" in fields else given.get("idempotency_key")
         data = call_path(connection, f"{group}/{name}", body, key)
         if extra is not None:
@@ -508,6 +513,36 @@ class _Extra:
 
     params: tuple[click.Option, ...]
     finish: typing.Callable[[Connection, Any, str, dict[str, Any]], None]
+    prepare: typing.Callable[[dict[str, Any], dict[str, Any]], None] | None = None
+    """Changes the request body from the command's own options, before the call."""
+
+
+def _printed(connection: Connection, data: Any, output: str, extras: dict[str, Any]) -> None:
+    _print(data, output)
+
+
+def _local_image(body: dict[str, Any], extras: dict[str, Any]) -> None:
+    """``images register --file PATH``: the file's SHA-256 and size, computed here, and its ``file://`` URL."""
+    path: Path | None = extras["file"]
+    if path is None:
+        return
+    if "url" in body:
+        raise click.UsageError("--file: give the image by --file or by --url, not both")
+    absolute = path.expanduser().resolve()
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with absolute.open("rb") as source:
+            while chunk := source.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+    except OSError as exc:
+        raise click.UsageError(f"--file: cannot read {path} ({type(exc).__name__})") from None
+    for field, value in (("sha256", digest.hexdigest()), ("size", size)):
+        if field in body and body[field] != value:
+            raise click.UsageError(f"--file: its {field} is {value}, not the {body[field]} given")
+        body[field] = value
+    body["url"] = absolute.as_uri()
 
 
 def _join_token_created(connection: Connection, data: Any, output: str, extras: dict[str, Any]) -> None:
@@ -582,6 +617,19 @@ def _wait_for_binding(connection: Connection, data: Any, output: str, extras: di
 
 
 _EXTRAS: dict[tuple[str, str], _Extra] = {
+    ("images", "register"): _Extra(
+        params=(
+            click.Option(
+                ["--file"],
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                default=None,
+                help="A local image file: its SHA-256 and size are computed here and it is registered as a file:// "
+                "URL (the daemon that boots it reads it at that path, from a directory it serves images from).",
+            ),
+        ),
+        finish=_printed,
+        prepare=_local_image,
+    ),
     ("join-tokens", "create"): _Extra(
         params=(
             click.Option(

@@ -40,6 +40,7 @@ from bettercompute_gateway import TunnelOptions
 from bettercompute_iam import EmbeddedIam, RemoteIam
 from bettercompute_metal import MetalModule
 from bettercompute_store_pg import PgNotifier, PgStore
+from bettercompute_vps import VpsModule
 
 from ._config import (
     API_ROLE,
@@ -213,7 +214,8 @@ def _compose(config: Config, url: str, iam: Iam, *, notify: bool, loopback_webho
         )
     # Bare metal (sites, machines, the site's and the ramdisk's gateway methods) needs both: its agents get
     # certificates from the node CA, and BMC credentials are sealed by the KMS.
-    modules = [MetalModule()] if join is not None and kms is not None else []
+    # So do VPS instances: hosted ones run on nodes (node identity), a provider pool's credentials are a secret.
+    modules: list[Any] = [MetalModule(), VpsModule()] if join is not None and kms is not None else []
     options = Options(
         store=store,
         iam=iam,

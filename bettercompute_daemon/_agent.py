@@ -19,6 +19,11 @@ connects to it, and opens a ``Tunnel`` stream on the session's own channel (no n
 whose first frame names the tunnel; bytes then flow both ways until either side ends. A refused target is answered
 on that stream with ``close_reason`` ``target_refused``, one that does not answer with ``target_unreachable``.
 
+VM instances (hosted pools, ``docs/vps-node.md``): with a ``VmHost`` (``bcd node`` whose settings name a
+``vm_dir``) the node advertises ``vm``, carries out the ``instances`` section of each desired state in a background
+task (a download does not hold up the session), acknowledges the generation once every instance was acted on, and
+reports the instances' states with the ``instances.report`` call on the session's channel.
+
 The same ``Agent`` holds each simulated node of ``bcd sim`` (``_sim``): without a CDI directory it writes nothing for
 a desired state and acknowledges it (after ``ack_delay``), answers ``diag.nvml`` with the declared health without a
 thread, and tells an observer what happened (sessions opened and ended, inventory sent, commands answered, acks);
@@ -58,6 +63,7 @@ from ._cdi import DEFAULT_CDI_DIR, apply_desired_state
 from ._inventory import Inventory
 from ._renewal import IDENTITY_GONE, REENROLL_TOKEN, Renewer, retryable
 from ._state import NodeConfig, NodeIdentity, StateDir
+from ._vm import SpecError, VmHost, parse_instances
 from .identity import NodeKey, join_binding, seal_token
 
 __all__ = ["EXPIRED", "STOPPED", "Agent", "DaemonError", "JoinRefused", "Observer", "join", "run_node"]
@@ -199,6 +205,7 @@ class Agent:
             by default.
         tunnel_targets: Whether ``(address, port)`` belongs to an instance this node runs (the VM runtime's
             answer); by default no address but the allowed local ports is.
+        vms: Runs the desired state's ``instances``; ``None``: this node runs no VMs (a simulated node never does).
     """
 
     def __init__(
@@ -212,8 +219,13 @@ class Agent:
         ack_delay: float = 0.0,
         tunnel_local_ports: Collection[int] = (),
         tunnel_targets: Callable[[str, int], bool] | None = None,
+        vms: VmHost | None = None,
     ) -> None:
         self._state = state
+        self._vms = vms
+        self._applying: set[asyncio.Task[None]] = set()
+        self._latest_generation = 0
+        self._warned_no_vms = False
         self._inventory = inventory
         self._cdi_dir = cdi_dir
         self._sleep = sleep
@@ -223,6 +235,8 @@ class Agent:
         self._tunnel_local_ports = frozenset(tunnel_local_ports)
         self._tunnel_targets: Callable[[str, int], bool] = tunnel_targets or _no_instance
         self._capabilities = [c for c in _CAPABILITIES if c != "cdi" or cdi_dir is not None]
+        if vms is not None:
+            self._capabilities.append("vm")
         config = state.config()
         identity = state.identity()
         if identity is None:
@@ -235,13 +249,15 @@ class Agent:
         re-enrolment (``EXPIRED``)."""
         renewing = asyncio.create_task(self._renew(), name="bcd-renewal")
         holding = asyncio.create_task(self._hold(), name="bcd-sessions")
+        vms = asyncio.create_task(self._vms.run(), name="bcd-vms") if self._vms is not None else None
         try:
             done, _ = await asyncio.wait({renewing, holding}, return_when=asyncio.FIRST_COMPLETED)
             return done.pop().result()
         finally:
-            for task in (renewing, holding):
+            tasks = [t for t in (renewing, holding, vms, *self._applying) if t is not None]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(renewing, holding, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _renew(self) -> int:
         refused = await self._renewer.run()
@@ -332,6 +348,8 @@ class Agent:
                 if isinstance(content, wire.Welcome):
                     session.epoch = content.epoch
                     log.info("session %d open on %s", content.epoch, self._config.gateway)
+                    if self._vms is not None:
+                        self._vms.set_report(self._reporter(session))
                     self._observe("session_opened", {"epoch": content.epoch})
                     interval = max(content.heartbeat_interval_ms, 100) / 1000
                     beats = asyncio.create_task(self._beat(session, interval))
@@ -341,9 +359,15 @@ class Agent:
                     self._observe("desired_state", {"generation": content.generation})
                     if self._cdi_dir is not None:
                         self._state.write("desired.json", content.content_json.encode())
-                    if not self._apply(content):
+                    applied = self._apply(content)
+                    applying = self._apply_instances(content)  # whether or not the CDI spec could be written
+                    if not applied or applying is False:
                         continue
-                    if self._ack_delay > 0:  # later, without holding up the frames that follow
+                    if applying is not True:  # acknowledged once the instances were acted on, in the background
+                        task = asyncio.create_task(self._ack_applied(session, content.generation, applying))
+                        acks.add(task)
+                        task.add_done_callback(acks.discard)
+                    elif self._ack_delay > 0:  # later, without holding up the frames that follow
                         task = asyncio.create_task(self._ack(session, content.generation, self._ack_delay))
                         acks.add(task)
                         task.add_done_callback(acks.discard)
@@ -361,6 +385,8 @@ class Agent:
                 else:
                     log.warning("ignored a %s frame", kind)
         finally:
+            if self._vms is not None:
+                self._vms.set_report(None)
             for task in [t for t in (beats, *acks) if t is not None]:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -421,6 +447,48 @@ class Agent:
         else:
             await session.send(frame)
         self._observe("ack", {"generation": generation})
+
+    def _apply_instances(self, desired: wire.DesiredState) -> bool | asyncio.Task[None]:
+        """Start carrying out the desired state's ``instances``: the task doing it, or ``True`` when there is
+        nothing to wait for (this node runs no VMs), or ``False`` when the section cannot be read (then the desired
+        state is not acknowledged)."""
+        if self._vms is None and '"instances"' not in desired.content_json:
+            return True  # the common case, and every simulated node's: nothing to read
+        try:
+            content = json.loads(desired.content_json or "{}")
+            specs, invalid = parse_instances(content if isinstance(content, dict) else {})
+        except (ValueError, SpecError) as exc:
+            if self._vms is None:
+                return True
+            log.error("desired state %d not acknowledged: its instances cannot be read: %s", desired.generation, exc)
+            return False
+        if self._vms is None:
+            if (specs or invalid) and not self._warned_no_vms:
+                self._warned_no_vms = True
+                log.warning("the desired state lists instances, but this node runs no VMs (no vm_dir configured)")
+            return True
+        self._latest_generation = max(self._latest_generation, desired.generation)
+        task = asyncio.create_task(self._vms.apply(specs, invalid), name=f"bcd-instances-{desired.generation}")
+        self._applying.add(task)
+        task.add_done_callback(self._applying.discard)
+        return task
+
+    async def _ack_applied(self, session: _Session, generation: int, applying: asyncio.Task[None]) -> None:
+        """Acknowledge ``generation`` once its instances were acted on, unless a newer desired state came meanwhile
+        (its own acknowledgement covers this one). The work goes on when the session ends: the shield keeps it."""
+        await asyncio.shield(applying)
+        if generation < self._latest_generation or session.closed is not None:
+            return
+        with contextlib.suppress(Exception):  # the session ended meanwhile: the next one gets the desired state again
+            await self._ack(session, generation, delay=self._ack_delay)
+
+    def _reporter(self, session: _Session) -> Callable[[Mapping[str, Any]], Any]:
+        async def report(payload: Mapping[str, Any]) -> None:
+            from ._call import call  # _call imports this module (DaemonError)
+
+            await call(session.channel, "instances.report", payload, wait=10.0)
+
+        return report
 
     def _apply(self, desired: wire.DesiredState) -> bool:
         """Write the CDI spec of a desired state; whether all of it was applied (only then is it acknowledged). A
@@ -577,10 +645,11 @@ async def run_node(
     inventory: Inventory,
     *,
     cdi_dir: Path = DEFAULT_CDI_DIR,
+    vms: VmHost | None = None,
     tunnel_local_ports: Collection[int] = (),
 ) -> int:
     """``bcd node``: the exit status."""
-    return await Agent(state, inventory, cdi_dir=cdi_dir, tunnel_local_ports=tunnel_local_ports).run()
+    return await Agent(state, inventory, cdi_dir=cdi_dir, vms=vms, tunnel_local_ports=tunnel_local_ports).run()
 
 
 def certificate_not_after(pem: bytes) -> float:

@@ -19,14 +19,15 @@ from typing import Any
 
 from ._agent import VERSION, DaemonError, join, run_node
 from ._cdi import DEFAULT_CDI_DIR
-from ._config import FIELDS, ConfigError, read_config_file, resolve
-from ._inventory import Inventory
+from ._config import DEFAULT_NODE_CONFIG, FIELDS, ConfigError, NodeSettings, node_settings, read_config_file, resolve
+from ._inventory import Inventory, vm_section
 from ._pin import fetch_pinned_bundle
 from ._ramdisk import CMDLINE, DEFAULT_REBOOT_COMMAND, build_machine, parse_cmdline, resolve_settings, run_ramdisk
 from ._renewal import REENROLL_TOKEN
 from ._sim import SimOptions, Simulator, run_sim
 from ._site_cli import add_site_parser, site_main
 from ._state import DEFAULT_STATE_DIR, NodeConfig, StateDir
+from ._vm import QemuOptions, QemuRuntime, VmHost
 
 __all__ = ["main"]
 
@@ -69,12 +70,21 @@ def _parser() -> argparse.ArgumentParser:
         help=f"where the CDI spec of the allocated GPUs is written (default {DEFAULT_CDI_DIR})",
     )
     node.add_argument(
+        "--config",
+        dest="node_config",
+        type=Path,
+        default=os.environ.get("BCD_NODE_CONFIG") or None,
+        help=f"the node's settings, a JSON file (VM instances: vm_dir, image_dirs, vm_subnet, vm_network, vm_accel; "
+        f"tunnels: tunnel_local_ports; default {DEFAULT_NODE_CONFIG} when it exists; docs/vps-node.md)",
+    )
+    node.add_argument(
         "--tunnel-local-port",
         dest="tunnel_local_ports",
         type=_count(1, 65535),
         action="append",
         default=[],
-        help="a port of a service on 127.0.0.1 that tunnels may reach (repeat for more; none by default)",
+        help="a port of a service on 127.0.0.1 that tunnels may reach, besides the settings' tunnel_local_ports"
+        " (repeat for more; none by default)",
     )
     commands.add_parser("unit", help="print the systemd unit that runs this bcd's `bcd node`")
     _sim_parser(commands.add_parser)
@@ -279,6 +289,45 @@ def _ramdisk(args: argparse.Namespace) -> int:
     return asyncio.run(run_ramdisk(settings, machine, reboot_command=reboot))
 
 
+def _node_settings(path: Path | None) -> NodeSettings:
+    """The node's settings: the given file, else the default one when it exists, else none (no VMs).
+
+    Raises:
+        ConfigError: the file cannot be read or has problems.
+    """
+    if path is None:
+        if not DEFAULT_NODE_CONFIG.exists():
+            return NodeSettings()
+        path = DEFAULT_NODE_CONFIG
+    try:
+        values = read_config_file(path)
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, subject="the node settings file") from None
+    return node_settings(values, path=str(path))
+
+
+def _vm_host(state: StateDir, settings: NodeSettings) -> VmHost | None:
+    """The VM host of a node whose settings name a ``vm_dir`` (made inside the event loop: it owns asyncio events)."""
+    if settings.vm_dir is None:
+        return None
+    identity = state.identity()
+    if identity is None:
+        raise DaemonError(f"no node identity in {state.path}: run bcd join first")
+    if settings.vm_network == "bridge" and os.geteuid() != 0:
+        raise ConfigError(['vm_network: "bridge" needs root (CAP_NET_ADMIN); run as root or use "user"'])
+    options = QemuOptions.for_node(
+        identity.node_id,
+        settings.vm_dir,
+        cache_dir=settings.vm_cache_dir,
+        image_dirs=settings.image_dirs,
+        subnet=settings.vm_subnet,
+        network=settings.vm_network,
+        accel=settings.vm_accel,
+        stop_timeout=settings.vm_stop_timeout,
+    )
+    return VmHost(QemuRuntime(options))
+
+
 def _run(main: Coroutine[Any, Any, int]) -> int:
     """Run ``main`` on uvloop when it is installed (as the gateway does), else on asyncio's own loop."""
     try:
@@ -324,10 +373,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                 state.write(REENROLL_TOKEN, args.token.encode())
             print(f"joined as {identity.node_id}; run `bcd node` to hold its session")
             return 0
+        settings = _node_settings(args.node_config)
         inventory = Inventory.load(args.fake_inventory)
+        if settings.vm_dir is not None and "vm" not in inventory.sections:
+            # What the node offers to instances (a fake inventory may declare its own ``vm`` section).
+            gpus = inventory.sections.get("gpus")
+            inventory.sections["vm"] = vm_section(
+                settings.vm_dir,
+                vcpu=settings.vm_vcpu,
+                memory_mib=settings.vm_memory_mib,
+                disk_gib=settings.vm_disk_gib,
+                gpus=[str(g["uuid"]) for g in gpus if isinstance(g, dict) and g.get("uuid")]
+                if isinstance(gpus, list)
+                else [],
+            )
         if inventory.xids is not None:
             inventory.xids.start()  # a thread of its own, for the life of the process
-        return asyncio.run(run_node(state, inventory, cdi_dir=args.cdi_dir, tunnel_local_ports=args.tunnel_local_ports))
+
+        async def node() -> int:
+            return await run_node(
+                state,
+                inventory,
+                cdi_dir=args.cdi_dir,
+                vms=_vm_host(state, settings),
+                tunnel_local_ports={*settings.tunnel_local_ports, *args.tunnel_local_ports},
+            )
+
+        return asyncio.run(node())
     except ConfigError as exc:
         print(f"bcd: {exc}", file=sys.stderr)
         return 2 if args.command == "sim" else 1

@@ -11,12 +11,22 @@ may be left out or null. The token is never in the file: it is a one-time secret
 A flag may repeat what the file says; a flag that says something else is refused. Every field is checked (its type,
 ASCII only, no NUL or control character, its own shape) and every problem is reported, one line each, before
 anything is sent or written.
+
+``bcd node`` reads a second file, the node's own settings (``--config``, default ``/etc/bcd/node.json`` when it
+exists; ``NodeSettings``), which says whether and how it runs VM instances::
+
+    {"vm_dir": "/var/lib/bcd/vm", "image_dirs": ["/srv/images"], "vm_subnet": "10.213.0.0/24",
+     "vm_network": "bridge", "vm_accel": "tcg", "vm_stop_timeout": 20}
+
+Without ``vm_dir`` (or without the file) the node runs no VMs. See ``docs/vps-node.md``. ``tunnel_local_ports``
+lists the ports of services on the node's ``127.0.0.1`` that tunnels may reach (none by default; ``docs/tunnels.md``).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import json
 import re
 import shlex
@@ -31,9 +41,35 @@ from ._agent import DaemonError
 from ._pin import parse_pin
 from ._state import NodeConfig
 
-__all__ = ["FIELDS", "ConfigError", "JoinConfig", "parse_join_command", "read_config_file", "resolve"]
+__all__ = [
+    "DEFAULT_NODE_CONFIG",
+    "FIELDS",
+    "NODE_FIELDS",
+    "ConfigError",
+    "JoinConfig",
+    "NodeSettings",
+    "node_settings",
+    "parse_join_command",
+    "read_config_file",
+    "resolve",
+]
 
 FIELDS = ("gateway", "trust_domain", "pool", "join_key", "ca_bundle", "ca_pin")
+NODE_FIELDS = (
+    "vm_dir",
+    "vm_cache_dir",
+    "image_dirs",
+    "vm_subnet",
+    "vm_network",
+    "vm_accel",
+    "vm_stop_timeout",
+    "vm_vcpu",
+    "vm_memory_mib",
+    "vm_disk_gib",
+    "tunnel_local_ports",
+)
+DEFAULT_NODE_CONFIG = Path("/etc/bcd/node.json")
+_NODE_SETTINGS = "the node settings file"
 MAX_FILE_BYTES = 1024 * 1024
 
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]")
@@ -46,10 +82,10 @@ _BASE64 = re.compile(r"[A-Za-z0-9+/=]+")
 class ConfigError(DaemonError):
     """The join configuration cannot be used: every problem, one line each."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], *, subject: str = "the join configuration") -> None:
         self.problems = problems
         noun = "problem" if len(problems) == 1 else "problems"
-        super().__init__(f"the join configuration has {len(problems)} {noun}:\n  " + "\n  ".join(problems))
+        super().__init__(f"{subject} has {len(problems)} {noun}:\n  " + "\n  ".join(problems))
 
 
 @attrs.frozen(kw_only=True)
@@ -232,3 +268,94 @@ def parse_join_command(command: str) -> tuple[str, JoinConfig]:
         raise ConfigError([f"{flag}: not a flag of bcd join" for flag in unknown] or ["--token: missing"])
     flags = {name: given.get("--" + name.replace("_", "-")) for name in FIELDS}
     return token, resolve(flags)
+
+
+@attrs.frozen(kw_only=True)
+class NodeSettings:
+    """``bcd node``'s own settings (see the module docstring).
+
+    Attributes:
+        vm_dir: Where VM instances' disks, seeds and logs are kept; ``None``: this node runs no VMs.
+        vm_cache_dir: The image cache (default ``<vm_dir>/images``).
+        image_dirs: The only directories a ``file://`` image URL may name (default: none, so no local file).
+        vm_subnet: The node's VM network, its first address on the node's bridge (default ``10.213.0.0/24``).
+        vm_network: ``bridge`` (a tap per instance on the node's Linux bridge; needs root) or ``user`` (QEMU's
+            user networking, for a daemon that is not root: the node reaches instances through forwarded ports).
+        vm_accel: ``tcg`` (default), or ``kvm``: KVM when ``/dev/kvm`` opens, else TCG.
+        vm_stop_timeout: Seconds a guest has to power down before QEMU is told to quit.
+        vm_vcpu: The vCPUs the node offers to instances (default: every CPU it has).
+        vm_memory_mib: The memory it offers (default: all of it but 1 GiB kept for the host).
+        vm_disk_gib: The disk it offers (default: the space free on ``vm_dir``'s file system at start).
+        tunnel_local_ports: The ports of services on ``127.0.0.1`` that tunnels may reach (default: none).
+    """
+
+    vm_dir: Path | None = None
+    vm_cache_dir: Path | None = None
+    image_dirs: tuple[Path, ...] = ()
+    vm_subnet: ipaddress.IPv4Network = ipaddress.IPv4Network("10.213.0.0/24")  # noqa: RUF009 - immutable
+    vm_network: str = "bridge"
+    vm_accel: str = "tcg"
+    vm_stop_timeout: float = 20.0
+    vm_vcpu: int | None = None
+    vm_memory_mib: int | None = None
+    vm_disk_gib: int | None = None
+    tunnel_local_ports: tuple[int, ...] = ()
+
+
+def node_settings(values: Mapping[str, Any], *, path: str = "") -> NodeSettings:
+    """The node's settings from the file's object (read with ``read_config_file``).
+
+    Raises:
+        ConfigError: every problem found (an unknown key, a value of the wrong type or shape).
+    """
+    problems: list[str] = []
+    checked: dict[str, Any] = {}
+    where = f"{path}: " if path else ""
+    for key, value in values.items():
+        if key not in NODE_FIELDS:
+            problems.append(f"{where}{_printable(key)}: not a node setting ({', '.join(NODE_FIELDS)})")
+        elif value is None:
+            continue
+        elif key in ("vm_dir", "vm_cache_dir"):
+            if not isinstance(value, str) or not value.startswith("/"):
+                problems.append(f"{where}{key}: must be an absolute path")
+            else:
+                checked[key] = Path(value)
+        elif key == "image_dirs":
+            if not isinstance(value, list) or not all(isinstance(v, str) and v.startswith("/") for v in value):
+                problems.append(f"{where}image_dirs: must be a list of absolute paths")
+            else:
+                checked[key] = tuple(Path(v) for v in value)
+        elif key == "vm_subnet":
+            try:
+                subnet = ipaddress.IPv4Network(value)
+                if not 16 <= subnet.prefixlen <= 29:
+                    raise ValueError
+                checked[key] = subnet
+            except (ValueError, TypeError):
+                problems.append(f"{where}vm_subnet: must be an IPv4 network from /16 to /29, such as 10.213.0.0/24")
+        elif key in ("vm_network", "vm_accel"):
+            allowed = ("bridge", "user") if key == "vm_network" else ("tcg", "kvm")
+            if value not in allowed:
+                problems.append(f"{where}{key}: must be {' or '.join(allowed)}")
+            else:
+                checked[key] = value
+        elif key == "tunnel_local_ports":
+            if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535 for v in value
+            ):
+                problems.append(f"{where}tunnel_local_ports: must be a list of ports from 1 to 65535")
+            else:
+                checked[key] = tuple(sorted(set(value)))
+        elif key in ("vm_vcpu", "vm_memory_mib", "vm_disk_gib"):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**40:
+                problems.append(f"{where}{key}: must be a whole number from 0")
+            else:
+                checked[key] = value
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600:
+            problems.append(f"{where}{key}: must be a number of seconds from 0 to 3600")
+        else:
+            checked[key] = float(value)
+    if problems:
+        raise ConfigError(problems, subject=_NODE_SETTINGS)
+    return NodeSettings(**checked)

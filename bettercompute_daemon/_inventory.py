@@ -208,3 +208,27 @@ def nics_section(sysfs: Path = Path("/sys")) -> list[dict[str, Any]]:
             }
         )
     return nics
+
+
+def vm_section(
+    vm_dir: Path,
+    *,
+    vcpu: int | None = None,
+    memory_mib: int | None = None,
+    disk_gib: int | None = None,
+    gpus: list[str] | None = None,
+    proc: Path = Path("/proc"),
+) -> dict[str, Any]:
+    """What a node offers to VM instances (the ``vm`` inventory section the control plane places by): its CPUs,
+    its memory less 1 GiB kept for the host, the space free where the instances' disks go, and the GPUs it would
+    pass through; each one overridden by the node's settings."""
+    if vcpu is None:
+        vcpu = os.cpu_count() or 1
+    if memory_mib is None:
+        total = memory_section(proc).get("bytes")
+        memory_mib = max(0, int(total) // (1 << 20) - 1024) if isinstance(total, int) else 0
+    if disk_gib is None:
+        vm_dir.mkdir(parents=True, exist_ok=True)
+        found = os.statvfs(vm_dir)
+        disk_gib = int(found.f_bavail * found.f_frsize // (1 << 30))
+    return {"vcpu": vcpu, "memory_mib": memory_mib, "disk_gib": disk_gib, "gpus": list(gpus or [])}

@@ -1,6 +1,9 @@
 """Bare metal (v0.2): sites and their boot servers, machines enrolled by their BMC, inspected over Redfish and
 commissioned through PXE into ``bcd ramdisk``, deployed from a disk image to join a pool as nodes, and released.
 
+The images it boots (the ramdisk's kernel and initrd, the disk images it deploys) are the core's image registry
+(``bettercompute.modules.images``, group ``images``), which VPS shares.
+
 Register with ``Options(modules=[MetalModule()], join=..., kms=...)``: the module needs the node identity module
 (its agents get certificates from the control plane's CA) and a KMS (BMC credentials are sealed by it).
 """
@@ -11,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from bettercompute import GatewayMethod, GroupSet, GroupSpec, Job, ModuleContext, Workflow
+from bettercompute.modules.images import IMAGES
 from bettercompute.modules.nodes import NODES
 from bettercompute.modules.pools import JOIN_TOKENS, POOLS
 from bettercompute.ports import Migration, Repository
@@ -26,7 +30,6 @@ from bettercompute_metal._workflows import WORKFLOWS as _WORKFLOWS
 __version__ = "0.2.0"
 
 __all__ = [
-    "ImagesGroup",
     "MetalGroup",
     "MetalGroups",
     "MetalModule",
@@ -54,14 +57,6 @@ class SiteTokensGroup(GroupSpec[_B]):
     create = _service.create_site_token
 
 
-class ImagesGroup(GroupSpec[_B]):
-    """Images the sites serve: ramdisk kernels and initrds, disk images; fetched by URL, checked by SHA-256."""
-
-    name = "images"
-    register = _service.register_image
-    list = _service.list_images
-
-
 class MetalGroup(GroupSpec[_B]):
     """Bare-metal machines: enrolled by their BMC, inspected over Redfish, commissioned through the ramdisk."""
 
@@ -77,11 +72,11 @@ class MetalGroup(GroupSpec[_B]):
 
 
 class MetalGroups(GroupSet[_B]):
-    """The module's groups, typed: ``MetalGroups(compute.api).metal`` or ``MetalGroups(client)``."""
+    """The module's groups, typed: ``MetalGroups(compute.api).metal`` or ``MetalGroups(client)``. Images are the
+    core's ``images`` group (``compute.api.images``)."""
 
     sites: SitesGroup[_B]
     site_tokens: SiteTokensGroup[_B]
-    images: ImagesGroup[_B]
     metal: MetalGroup[_B]
 
 
@@ -91,11 +86,11 @@ class MetalModule:
     name = "metal"
     version = __version__
     core_range = ">=0.1,<0.3"
-    groups: Sequence[type[GroupSpec[Any]]] = (SitesGroup, SiteTokensGroup, ImagesGroup, MetalGroup)
+    groups: Sequence[type[GroupSpec[Any]]] = (SitesGroup, SiteTokensGroup, MetalGroup)
     actions: Sequence[str] = ("compute:sites:join", "compute:metal:ramdisk-join")
     migrations: Mapping[str, Sequence[Migration]] = {"postgresql": _MIGRATIONS}
     jobs: Sequence[Job] = (_NODE_WATCH, _BOOT_RECORDS_TRIM)
-    repositories: Sequence[Repository[Any]] = (METAL, POOLS, JOIN_TOKENS, NODES)
+    repositories: Sequence[Repository[Any]] = (METAL, IMAGES, POOLS, JOIN_TOKENS, NODES)
     workflows: Sequence[Workflow] = _WORKFLOWS
     gateway_methods: Sequence[GatewayMethod] = _GATEWAY_METHODS
 

@@ -35,6 +35,7 @@ from bettercompute.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from bettercompute.modules.images import IMAGES
 from bettercompute.modules.inventory import judge_nvml
 from bettercompute.modules.nodes import JOIN_KEYS, hardware_key_of
 from bettercompute.modules.pools import POOLS, NodePolicy
@@ -216,7 +217,7 @@ async def _plan(call: GatewayCall, machines: Sequence[MachineRecord], kernel: An
             # A deploy's image is cached and served by the site too: the machine may reach nothing else.
             image = None
             if machine.state == "deploying" and machine.image_id is not None:
-                image = await context.store.repository(METAL).get_image(machine.image_id)
+                image = await context.store.repository(IMAGES).get(machine.image_id)
             entry["image"] = _file(image) if image is not None else None
             entry.update(
                 action="ramdisk",
@@ -258,8 +259,9 @@ async def site_sync(call: GatewayCall) -> Mapping[str, Any]:
     if records:
         async with store.transaction() as tx:
             await tx.repository(METAL).add_boot_records(site.id, records)
-    kernel = await repository.get_image(site.ramdisk_kernel) if site.ramdisk_kernel else None
-    initrd = await repository.get_image(site.ramdisk_initrd) if site.ramdisk_initrd else None
+    images = store.repository(IMAGES)
+    kernel = await images.get(site.ramdisk_kernel) if site.ramdisk_kernel else None
+    initrd = await images.get(site.ramdisk_initrd) if site.ramdisk_initrd else None
     answer["plan"] = await _plan(call, machines, kernel, initrd)
     return answer
 
@@ -434,7 +436,7 @@ async def _deploy_params(call: GatewayCall, machine: MachineRecord) -> dict[str,
     """The image to write, the disk, and cloud-init whose first boot runs ``bcd join`` with the deploy's token."""
     context = call.context
     store = context.store
-    image = await store.repository(METAL).get_image(machine.image_id) if machine.image_id else None
+    image = await store.repository(IMAGES).get(machine.image_id) if machine.image_id else None
     sealed = machine.boot.get("join_token")
     settings = context.settings.get(JoinSettings)
     join_key = await store.repository(JOIN_KEYS).active()

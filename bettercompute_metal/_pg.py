@@ -1,4 +1,5 @@
-"""The ``metal`` module's tables and the PostgreSQL adapter of ``Metal`` (module name ``metal``).
+"""The ``metal`` module's tables and the PostgreSQL adapter of ``Metal`` (module name ``metal``); its images are in
+the core's ``images`` table (version 2 moved them there).
 
 Only this file imports the PostgreSQL store. A site token and a ramdisk token keep only the SHA-256 of their
 secret; a BMC password is kept only sealed by the KMS (``bmc_secret``).
@@ -13,10 +14,29 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bettercompute.ports import Migration
-from bettercompute_metal._port import MACHINE_FIELDS, ImageRecord, MachineRecord, SiteRecord, SiteTokenUse
+from bettercompute_metal._port import MACHINE_FIELDS, MachineRecord, SiteRecord, SiteTokenUse
 from bettercompute_store_pg import Database, PgRepository, Statement
 
 __all__ = ["MIGRATIONS", "REPOSITORIES", "PgMetal"]
+
+# The image registry moved to the core (module ``images``, migrated before any module of Options.modules): the
+# rows move with their ids, so machines, sites and running workflows still name them; the references are checked
+# against the core's table from now on (a site's ramdisk kernel and initrd had no foreign key before; create_site
+# checked them, and images were never deleted, so they hold). A disk image of bare metal was always raw.
+_V2 = """
+INSERT INTO {schema}.images (id, tenant, name, kind, url, sha256, size, format, created_at)
+SELECT id, tenant, name, kind, url, sha256, size, CASE WHEN kind = 'disk' THEN 'raw' END, created_at
+FROM {schema}.metal_images;
+
+ALTER TABLE {schema}.metal_machines DROP CONSTRAINT metal_machines_image_id_fkey;
+ALTER TABLE {schema}.metal_machines
+    ADD CONSTRAINT metal_machines_image_id_fkey FOREIGN KEY (image_id) REFERENCES {schema}.images (id);
+ALTER TABLE {schema}.metal_sites
+    ADD CONSTRAINT metal_sites_ramdisk_kernel_fkey FOREIGN KEY (ramdisk_kernel) REFERENCES {schema}.images (id),
+    ADD CONSTRAINT metal_sites_ramdisk_initrd_fkey FOREIGN KEY (ramdisk_initrd) REFERENCES {schema}.images (id);
+
+DROP TABLE {schema}.metal_images;
+"""
 
 MIGRATIONS = (
     Migration(
@@ -117,13 +137,17 @@ CREATE INDEX metal_boot_records_machine ON {schema}.metal_boot_records (machine_
 CREATE INDEX metal_boot_records_age ON {schema}.metal_boot_records (received_at);
 """,
     ),
+    Migration(
+        version=2,
+        name="images move to the core's images table",
+        sql=_V2,
+    ),
 )
 
 _SITE = (
     "id, tenant, pool_id, name, ramdisk_kernel, ramdisk_initrd, boot_holder, boot_expires_at, boot_synced_at,"
     " boot_http_base, created_at"
 )
-_IMAGE = "id, tenant, name, kind, url, sha256, size, created_at"
 _MACHINE = (
     "id, tenant, pool_id, site_id, name, node_id, state, step, reason, message, workflow_id, bmc_url, bmc_username,"
     " bmc_tls, bmc_secret, system_uuid, serial, macs, power_state, hardware, results, boot, task, tasks,"
@@ -149,19 +173,6 @@ def _site(row: Any) -> SiteRecord:
         boot_expires_at=_utc(row.boot_expires_at),
         boot_synced_at=_utc(row.boot_synced_at),
         boot_http_base=row.boot_http_base,
-        created_at=row.created_at.astimezone(dt.UTC),
-    )
-
-
-def _image(row: Any) -> ImageRecord:
-    return ImageRecord(
-        id=row.id,
-        tenant=row.tenant,
-        name=row.name,
-        kind=row.kind,
-        url=row.url,
-        sha256=row.sha256,
-        size=row.size,
         created_at=row.created_at.astimezone(dt.UTC),
     )
 
@@ -243,14 +254,6 @@ UPDATE {s}.metal_sites SET boot_holder = :agent, boot_expires_at = CAST(:now AS 
     boot_synced_at = :now, boot_http_base = coalesce(CAST(:http_base AS text), boot_http_base)
 WHERE id = :id AND (boot_holder IS NULL OR boot_holder = :agent OR boot_expires_at <= :now)
 RETURNING boot_holder, boot_expires_at""")
-        self._create_image = db.sql(f"""
-INSERT INTO {{s}}.metal_images (id, tenant, name, kind, url, sha256, size)
-VALUES (:id, :tenant, :name, :kind, :url, :sha256, :size) ON CONFLICT (tenant, name) DO NOTHING RETURNING {_IMAGE}""")
-        self._get_image = db.sql(f"SELECT {_IMAGE} FROM {{s}}.metal_images WHERE id = :id")
-        self._list_images = db.sql(
-            f"SELECT {_IMAGE} FROM {{s}}.metal_images WHERE tenant = :tenant AND {_PAGED} ORDER BY created_at, id"
-            " LIMIT :limit"
-        )
         self._create_machine = db.sql(f"""
 INSERT INTO {{s}}.metal_machines
     (id, tenant, pool_id, site_id, name, node_id, state, bmc_url, bmc_username, bmc_tls, bmc_secret)
@@ -324,21 +327,6 @@ ORDER BY id DESC LIMIT :limit""")
             return True, rows[0].boot_holder, _utc(rows[0].boot_expires_at)
         site = await self.get_site(site_id)
         return False, site.boot_holder if site else None, site.boot_expires_at if site else None
-
-    async def create_image(
-        self, *, id: str, tenant: str, name: str, kind: str, url: str, sha256: str, size: int | None
-    ) -> ImageRecord | None:
-        params = {"id": id, "tenant": tenant, "name": name, "kind": kind, "url": url, "sha256": sha256, "size": size}
-        rows = await self._fetch_in_transaction("create_image", self._create_image, params)
-        return _image(rows[0]) if rows else None
-
-    async def get_image(self, id: str) -> ImageRecord | None:
-        rows = await self._fetch(self._get_image, {"id": id})
-        return _image(rows[0]) if rows else None
-
-    async def list_images(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[ImageRecord]:
-        rows = await self._fetch(self._list_images, {"tenant": tenant, "limit": limit, **_page(after)})
-        return [_image(r) for r in rows]
 
     async def create_machine(
         self,

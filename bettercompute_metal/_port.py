@@ -10,7 +10,7 @@ import attrs
 
 from bettercompute.ports import Repository
 
-__all__ = ["METAL", "ImageRecord", "MachineRecord", "Metal", "SiteRecord", "SiteTokenUse"]
+__all__ = ["METAL", "MachineRecord", "Metal", "SiteRecord", "SiteTokenUse"]
 
 
 @attrs.frozen(kw_only=True)
@@ -36,18 +36,6 @@ class SiteTokenUse:
 
     site: SiteRecord | None
     refusal: str | None
-
-
-@attrs.frozen(kw_only=True)
-class ImageRecord:
-    id: str
-    tenant: str
-    name: str
-    kind: str
-    url: str
-    sha256: str
-    size: int | None
-    created_at: dt.datetime
 
 
 MACHINE_FIELDS = frozenset(
@@ -113,7 +101,8 @@ class MachineRecord:
 
 
 class Metal(Protocol):
-    """Sites, site tokens, images, machines and boot records. Writes need a transaction."""
+    """Sites, site tokens, machines and boot records (images are the core's ``IMAGES``). Writes need a
+    transaction."""
 
     async def create_site(
         self, *, id: str, tenant: str, pool_id: str, name: str, kernel: str | None, initrd: str | None
@@ -139,14 +128,6 @@ class Metal(Protocol):
         """Renew or take the site's boot lease for ``agent`` (noting where it serves its files): (whether it holds
         it, the holder, until when)."""
         ...
-
-    async def create_image(
-        self, *, id: str, tenant: str, name: str, kind: str, url: str, sha256: str, size: int | None
-    ) -> ImageRecord | None: ...
-
-    async def get_image(self, id: str) -> ImageRecord | None: ...
-
-    async def list_images(self, tenant: str, *, after: Sequence[Any] | None, limit: int) -> list[ImageRecord]: ...
 
     async def create_machine(
         self,

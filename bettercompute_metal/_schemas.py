@@ -1,4 +1,5 @@
-"""Inputs and outputs of the ``sites``, ``site-tokens``, ``images`` and ``metal`` groups."""
+"""Inputs and outputs of the ``sites``, ``site-tokens`` and ``metal`` groups (images are the core's:
+``bettercompute.modules.images``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import attrs
 from bettercompute.fields import Integer, Text
 from bettercompute.paging import PageInput
 
-ImageKind = Literal["kernel", "initrd", "disk"]
 PowerAction = Literal["on", "off", "shutdown", "reset"]
 MachineState = Literal[
     "enrolled", "inspected", "commissioning", "ready", "deploying", "deployed", "releasing", "failed"
@@ -22,11 +22,6 @@ _NAME = Text(
     reason="must be a DNS label: 1 to 63 of a-z, 0-9 and '-', not starting or ending in '-'",
 )
 _SHA256 = Text(pattern=r"[0-9a-f]{64}", reason="must be 64 lower-case hex digits (a SHA-256)")
-# A URL the site agent downloads from: http or https, printable ASCII only (no spaces, no controls).
-_URL = Text(
-    pattern=r"https?://[\x21-\x7e]{1,2040}",
-    reason="must be an http or https URL of printable ASCII characters, at most 2048",
-)
 _BMC_URL = Text(
     pattern=r"https://[\x21-\x7e]{1,500}", reason="must be an https URL of printable ASCII characters, at most 508"
 )
@@ -42,7 +37,6 @@ _PEM = Text(
 _DISK = Text(pattern=r"[A-Za-z0-9._/-]{1,128}", reason="must be a disk name like 'sda' or 'nvme0n1'")
 _USES = Integer(minimum=1, maximum=100, reason="must be between 1 and 100")
 _EXPIRY = Integer(minimum=60, maximum=7 * 86400, reason="must be between 60 and 604800 seconds (7 days)")
-_SIZE = Integer(minimum=1, maximum=2**50, reason="must be between 1 and 2**50 bytes")
 
 
 # --- sites ------------------------------------------------------------------------------------------------------
@@ -120,50 +114,6 @@ class CreatedSiteToken:
     uses: int
     expires_at: dt.datetime
     command: str
-
-
-# --- images -----------------------------------------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class RegisterImageInput:
-    """An image the sites fetch by URL and check by SHA-256: a ramdisk kernel or initrd, or a disk image."""
-
-    tenant: str = attrs.field(validator=_ID)
-    name: str = attrs.field(validator=_NAME)
-    kind: ImageKind
-    url: str = attrs.field(validator=_URL)
-    sha256: str = attrs.field(validator=_SHA256)
-    size: int | None = attrs.field(default=None, validator=_SIZE)
-
-
-@attrs.frozen(kw_only=True)
-class Image:
-    """A registered image."""
-
-    id: str
-    tenant: str
-    name: str
-    kind: ImageKind
-    url: str
-    sha256: str
-    size: int | None
-    created_at: dt.datetime
-
-
-@attrs.frozen(kw_only=True)
-class ListImagesInput(PageInput):
-    """The tenant whose images to list."""
-
-    tenant: str = attrs.field(validator=_ID)
-
-
-@attrs.frozen(kw_only=True)
-class ListImagesOutput:
-    """A page of images, oldest first."""
-
-    images: tuple[Image, ...]
-    next_cursor: str | None
 
 
 # --- machines ---------------------------------------------------------------------------------------------------

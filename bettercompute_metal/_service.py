@@ -1,6 +1,6 @@
-"""The ``sites``, ``site-tokens``, ``images`` and ``metal`` groups' logic.
+"""The ``sites``, ``site-tokens`` and ``metal`` groups' logic.
 
-Sites, images and machines are projected in the transaction that creates them (a site and a machine with their
+Sites and machines are projected in the transaction that creates them (a site and a machine with their
 pool), so a decision on one follows its tenant and pool. Methods that name only a site or a machine are decided on
 its projection row.
 """
@@ -21,9 +21,10 @@ from bettercompute.errors import (
     InvalidInputError,
     NotFoundError,
 )
+from bettercompute.modules.images import IMAGES
 from bettercompute.paging import Keyset
 from bettercompute.ports import Kms, ResourceRef
-from bettercompute_metal._port import METAL, ImageRecord, MachineRecord, SiteRecord
+from bettercompute_metal._port import METAL, MachineRecord, SiteRecord
 from bettercompute_metal._schemas import (
     Bmc,
     CreatedSiteToken,
@@ -32,9 +33,6 @@ from bettercompute_metal._schemas import (
     DeployInput,
     EnrollInput,
     GetSiteInput,
-    Image,
-    ListImagesInput,
-    ListImagesOutput,
     ListMachinesInput,
     ListMachinesOutput,
     ListSitesInput,
@@ -43,14 +41,12 @@ from bettercompute_metal._schemas import (
     MachineInput,
     PowerInput,
     PowerOutput,
-    RegisterImageInput,
     Site,
 )
 
 BOOT_RECORDS_SHOWN = 20
 SITE = "site"
 MACHINE = "machine"
-IMAGE = "image"
 SITE_TOKEN_PREFIX = "bcst_"  # noqa: S105 - a token's prefix, not a secret
 RAMDISK_TOKEN_PREFIX = "bcrt_"  # noqa: S105 - a token's prefix, not a secret
 
@@ -122,20 +118,6 @@ def site_view(record: SiteRecord) -> Site:
     )
 
 
-def image_view(record: ImageRecord) -> Image:
-    kind: Any = record.kind
-    return Image(
-        id=record.id,
-        tenant=record.tenant,
-        name=record.name,
-        kind=kind,
-        url=record.url,
-        sha256=record.sha256,
-        size=record.size,
-        created_at=record.created_at,
-    )
-
-
 def machine_view(record: MachineRecord, boot_records: tuple[dict[str, Any], ...] = ()) -> Machine:
     state: Any = record.state
     tls: Any = "ca" if record.bmc_tls.get("ca_pem") else "pin"
@@ -196,7 +178,6 @@ async def existing_machine(call: CallContext, machine_id: str) -> MachineRecord:
 
 
 _SITE_PAGES: Keyset[Site] = Keyset(dt.datetime, str, key=lambda s: (s.created_at, s.id))
-_IMAGE_PAGES: Keyset[Image] = Keyset(dt.datetime, str, key=lambda i: (i.created_at, i.id))
 _MACHINE_PAGES: Keyset[Machine] = Keyset(dt.datetime, str, key=lambda m: (m.created_at, m.id))
 
 
@@ -206,7 +187,7 @@ _MACHINE_PAGES: Keyset[Machine] = Keyset(dt.datetime, str, key=lambda m: (m.crea
 async def _image_of_kind(call: CallContext, image_id: str | None, kind: str, tenant: str, field: str) -> None:
     if image_id is None:
         return
-    image = await call.context.store.repository(METAL).get_image(image_id)
+    image = await call.context.store.repository(IMAGES).get(image_id)
     if image is None or image.tenant != tenant:
         raise NotFoundError("no such image in this tenant", details={"path": field})
     if image.kind != kind:
@@ -313,48 +294,6 @@ async def create_site_token(call: CallContext, input: CreateSiteTokenInput) -> C
         expires_at=expires_at,
         command=site_join_command(token, call.context.settings.get(JoinSettings), await _ca_pin(call)),
     )
-
-
-# --- images -----------------------------------------------------------------------------------------------------
-
-
-def _images_in_tenant(input: Any) -> ResourceRef:
-    return ResourceRef(type=IMAGE, tenant=input.tenant)
-
-
-@method(mutates=True, resource=_images_in_tenant)
-async def register_image(call: CallContext, input: RegisterImageInput) -> Image:
-    """Register an image by URL and SHA-256: sites download it and refuse it if the checksum differs.
-
-    Raises:
-        ConflictError: the tenant has an image of that name.
-    """
-    image_id = f"img_{secrets.token_hex(8)}"
-    async with call.transaction() as tx:
-        record = await tx.repository(METAL).create_image(
-            id=image_id,
-            tenant=input.tenant,
-            name=input.name,
-            kind=input.kind,
-            url=input.url,
-            sha256=input.sha256,
-            size=input.size,
-        )
-        if record is None:
-            raise ConflictError("the tenant has an image of that name", details={"path": "name"})
-        await tx.project(ResourceRef(type=IMAGE, id=image_id, tenant=input.tenant))
-        call.describe(resource_type=IMAGE, resource_id=image_id, tenant=input.tenant, details={"kind": input.kind})
-    return image_view(record)
-
-
-@method(mutates=False, resource=_images_in_tenant)
-async def list_images(call: CallContext, input: ListImagesInput) -> ListImagesOutput:
-    """A page of a tenant's images, oldest first."""
-    scope = call.method.action
-    after = _IMAGE_PAGES.after(scope, input.cursor)
-    records = await call.context.store.repository(METAL).list_images(input.tenant, after=after, limit=input.limit + 1)
-    images, next_cursor = _IMAGE_PAGES.page(scope, [image_view(r) for r in records], input.limit)
-    return ListImagesOutput(images=images, next_cursor=next_cursor)
 
 
 # --- machines ---------------------------------------------------------------------------------------------------
@@ -479,22 +418,34 @@ async def deploy(call: CallContext, input: DeployInput) -> Machine:
 
     Raises:
         NotFoundError: there is no such machine, or no such image in its tenant.
-        InvalidInputError: the image is not a disk image, or the disk is not one the ramdisk reported.
+        InvalidInputError: the image is not a raw disk image, the disk is not one the ramdisk reported, or it is
+            smaller than the image's ``min_disk_gib``.
         FailedPreconditionError: the machine is not ``ready``.
     """
     from bettercompute_metal._workflows import DEPLOY
 
     machine = await existing_machine(call, input.id)
-    image = await call.context.store.repository(METAL).get_image(input.image_id)
+    image = await call.context.store.repository(IMAGES).get(input.image_id)
     if image is None or image.tenant != machine.tenant:
         raise NotFoundError("no such image in this tenant", details={"path": "image_id"})
     if image.kind != "disk":
         raise InvalidInputError(f"image_id: the image is a {image.kind}, not a disk", details={"path": "image_id"})
+    if image.format != "raw":
+        # The ramdisk streams the image's bytes onto the disk as they are: only a raw image boots.
+        raise InvalidInputError(
+            f"image_id: bare metal deploys raw disk images, not {image.format}", details={"path": "image_id"}
+        )
     reported = machine.results.get("diagnose", {}).get("disks", [])
     disks = [d.get("name") for d in reported if isinstance(d, dict)]
     disk = input.disk or (disks[0] if disks else None)
     if disk is None or disk not in disks:
         raise InvalidInputError("disk: not a disk the ramdisk reported", details={"path": "disk", "disks": disks})
+    size = next((d.get("size_bytes") for d in reported if isinstance(d, dict) and d.get("name") == disk), None)
+    if image.min_disk_gib is not None and isinstance(size, int) and size < image.min_disk_gib * 2**30:
+        raise InvalidInputError(
+            f"disk: the image needs at least {image.min_disk_gib} GiB, the disk has {size} bytes",
+            details={"path": "disk", "min_disk_gib": image.min_disk_gib},
+        )
     return await _start_from(call, input.id, DEPLOY, frozenset({"ready"}), image_id=image.id, disk=disk)
 
 

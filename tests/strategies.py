@@ -520,6 +520,8 @@ def _plausible(tp: Any, name: str, tenant: str) -> st.SearchStrategy[Any]:
         return st.just("https://hooks.example.com/in")
     if name == "scope" and tp is str:
         return st.sampled_from(["node:n1", "pool:p1", "site:s1"])
+    if name == "sha256" and tp is str:
+        return st.just("0" * 64)
     if tp is str:
         return st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True)
     if tp is bool:

@@ -6,6 +6,7 @@ from typing import TypeVar
 
 from bettercompute._runtime.registry import GroupSet
 from bettercompute.modules.capacity._methods import CapacityGroup, QuotasGroup
+from bettercompute.modules.images._methods import ImagesGroup
 from bettercompute.modules.inventory._devices import DevicesGroup
 from bettercompute.modules.nodes._nodes import NodesGroup
 from bettercompute.modules.pools._methods import JoinTokensGroup, PoolsGroup
@@ -26,6 +27,7 @@ class BuiltinGroups(GroupSet[B]):
     system: SystemGroup[B]
     pools: PoolsGroup[B]
     join_tokens: JoinTokensGroup[B]
+    images: ImagesGroup[B]
     quotas: QuotasGroup[B]
     capacity: CapacityGroup[B]
     webhooks: WebhooksGroup[B]

@@ -46,6 +46,7 @@ async def test_initialize_is_idempotent(plane: Plane) -> None:
     assert await plane.compute.migrate() == {
         "runtime": [],
         "pools": [],
+        "images": [],
         "commands": [],
         "usage": [],
         "capacity": [],

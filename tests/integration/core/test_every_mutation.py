@@ -29,6 +29,7 @@ from bettercompute.modules.capacity import (
     ReservationsGroup,
     SetQuotaInput,
 )
+from bettercompute.modules.images import RegisterImageInput
 from bettercompute.modules.nodes import (
     NODES,
     CordonNodeInput,
@@ -173,6 +174,15 @@ Recipe = Callable[[World], Awaitable[tuple[Any, Any]]]
 
 async def _pools_create(w: World) -> tuple[Any, Any]:
     return CreatePoolInput(tenant=w.t.acme, name=_name()), CreatePoolInput(tenant=w.t.acme, name=_name())
+
+
+async def _images_register(w: World) -> tuple[Any, Any]:
+    def image(name: str) -> RegisterImageInput:
+        return RegisterImageInput(
+            tenant=w.t.acme, name=name, kind="disk", url=f"https://images.example.com/{name}.img", sha256="b" * 64
+        )
+
+    return image(_name()), image(_name())
 
 
 async def _pools_update(w: World) -> tuple[Any, Any]:
@@ -334,6 +344,7 @@ async def _bindings_delete(w: World) -> tuple[Any, Any]:
 RECIPES: dict[str, Recipe] = {
     "pools.create": _pools_create,
     "pools.update": _pools_update,
+    "images.register": _images_register,
     "join-tokens.create": _tokens_create,
     "join-tokens.revoke": _tokens_revoke,
     "quotas.set": _quotas_set,

@@ -150,6 +150,20 @@ async def _pools(lists: Lists) -> dict[str, Any]:
     return {"tenant": tenant}
 
 
+async def _images(lists: Lists) -> dict[str, Any]:
+    tenant = await lists.tenant()
+    for i in range(ROWS):
+        body = {
+            "tenant": tenant,
+            "name": f"img-{i}",
+            "kind": "disk",
+            "url": f"https://i.example/{i}",
+            "sha256": "c" * 64,
+        }
+        await lists.ok("images/register", body)
+    return {"tenant": tenant}
+
+
 async def _join_tokens(lists: Lists) -> dict[str, Any]:
     pool = await lists.pool(await lists.tenant())
     for _ in range(ROWS):
@@ -248,6 +262,7 @@ SEEDS: dict[str, Seed] = {
     "roles/list": _roles,
     "bindings/list": _bindings,
     "pools/list": _pools,
+    "images/list": _images,
     "join-tokens/list": _join_tokens,
     "quotas/list": _quotas,
     "secrets/list": _secrets,

@@ -27,6 +27,7 @@ import pytest
 
 from bettercompute import JoinSettings, LocalKeyKms, MethodDef
 from bettercompute.modules.capacity import CreateReservationInput, ReservationsGroup
+from bettercompute.modules.images import RegisterImageInput
 from bettercompute.modules.nodes import NODES
 from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
 from bettercompute.modules.secrets import CreateSecretInput
@@ -53,11 +54,13 @@ OTHER_FIELDS: dict[str, Any] = {
     "actions": ["compute:pools:get"],
     "expires_in_seconds": 3600,
     "gpus": 1,
+    "sha256": "d" * 64,
 }
 # Optional fields some methods need to get past their own checks (a reservation's end).
 EXTRA_FIELDS: dict[str, dict[str, Any]] = {
     "/reservations/create": {"duration": "PT1H"},
     "/reservations/extend": {"duration": "PT1H"},
+    "/images/register": {"kind": "disk", "url": "https://images.example.com/a.img"},
 }
 # Ids that do not decide the resource (``devices.get``'s device id: its node does): any well-formed one.
 UNADDRESSED: dict[str, Any] = {"id": "dev_000000000000000000000000"}
@@ -127,6 +130,12 @@ async def world(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
         await api.secrets.create(
             t.alice, CreateSecretInput(tenant=t.acme, name="db-password", scope=f"pool:{pool.id}", value="s3cret")
         )
+        image = await api.images.register(
+            t.alice,
+            RegisterImageInput(
+                tenant=t.acme, name="os", kind="disk", url="https://images.example.com/os.img", sha256="e" * 64
+            ),
+        )
         binding = (await IamGroups(api).bindings.list(t.root, ListBindingsInput(tenant=t.acme))).bindings[0]
         credential = (await IamGroups(api).credentials.list(t.root, ListCredentialsInput(tenant=t.acme))).credentials[0]
         theirs = {
@@ -139,6 +148,7 @@ async def world(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
             "binding": binding.id,
             "credential": credential.id,
             "reservation": reservation.id,
+            "image": image.id,
         }
         own = (await IamGroups(api).bindings.list(t.root, ListBindingsInput(tenant=t.globex))).bindings[0]
         ours = {

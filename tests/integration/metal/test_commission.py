@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms
 from bettercompute.errors import AccessDeniedError, ComputeError, UnauthenticatedError
+from bettercompute.modules.images import RegisterImageInput
 from bettercompute.modules.nodes import JOIN_KEYS
 from bettercompute.modules.pools import CreatePoolInput
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
@@ -36,7 +37,6 @@ from bettercompute_metal._schemas import (
     DeployInput,
     EnrollInput,
     MachineInput,
-    RegisterImageInput,
 )
 from bettercompute_store_pg import PgStore
 
@@ -94,11 +94,11 @@ async def plane(database_url: str, fresh_schema: str, tmp_path: Path) -> AsyncIt
 async def _site(plane: Plane) -> tuple[str, str, NodeKey]:
     """A site with ramdisk images, joined: (site id, its certificate, its key)."""
     metal = plane.metal
-    kernel = await metal.images.register(
+    kernel = await plane.compute.api.images.register(
         plane.alice,
         RegisterImageInput(tenant=plane.acme, name="rd-kernel", kind="kernel", url="http://10.0.0.1/k", sha256=SHA),
     )
-    initrd = await metal.images.register(
+    initrd = await plane.compute.api.images.register(
         plane.alice,
         RegisterImageInput(tenant=plane.acme, name="rd-initrd", kind="initrd", url="http://10.0.0.1/i", sha256=SHA),
     )
@@ -277,7 +277,7 @@ async def _until_step(plane: Plane, machine_id: str, step: str, site_cert: str |
 
 async def _deploy_and_rejoin(plane: Plane, machine_id: str, site_cert: str) -> None:
     metal = plane.metal
-    image = await metal.images.register(
+    image = await plane.compute.api.images.register(
         plane.alice,
         RegisterImageInput(tenant=plane.acme, name="ubuntu", kind="disk", url="http://10.0.0.1/u.img", sha256=SHA),
     )

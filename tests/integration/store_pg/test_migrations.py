@@ -22,7 +22,7 @@ from ..iam.conftest import two_tenants
 pytestmark = pytest.mark.anyio
 
 # Every name a schema migrated with every built-in module on records, besides IAM's.
-STORE_MODULES = ("runtime", "pools", "commands", "usage", "capacity", *KMS_MODULES)
+STORE_MODULES = ("runtime", "pools", "images", "commands", "usage", "capacity", *KMS_MODULES)
 NODE_KEYS = [
     ("atoms", "atoms_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
     ("commands", "commands_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),

@@ -72,6 +72,7 @@ def test_a_valid_composition_registers_core_then_modules() -> None:
     assert [g.name for g in compute.registry.groups()] == [
         "capacity",
         "echo",
+        "images",
         "join-tokens",
         "pools",
         "quotas",
@@ -79,6 +80,7 @@ def test_a_valid_composition_registers_core_then_modules() -> None:
         "system",
     ]
     assert compute.registry.owner("pools") == "pools"
+    assert compute.registry.owner("images") == "images"  # the core's, with or without bare metal
     assert compute.registry.owner("quotas") == compute.registry.owner("capacity") == "capacity"
     assert compute.registry.owner("system") == "core"
     assert compute.registry.owner("echo") == "echo"
