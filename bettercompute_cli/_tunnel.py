@@ -26,10 +26,11 @@ __all__ = ["TUNNEL_METHODS", "TunnelError", "carry", "serve_tunnel", "tunnel_cal
 
 TUNNEL_METHODS: dict[str, tuple[str, str]] = {
     "node_": ("nodes/tunnel", "node_id"),
-    "inst_": ("instances/tunnel", "instance_id"),
+    "inst_": ("instances/tunnel", "id"),
 }
-"""The method that opens a tunnel to a resource, by the prefix of its id, and the input field naming it. Every such
-method answers ``{tunnel_id, ticket, gateway, ca_pem, expires_at}``; a module that adds one adds its prefix here."""
+"""The method that opens a tunnel to a resource, by the prefix of its id, and the input field naming it (the VPS
+module names an instance ``id`` in its inputs, as ``instances.get`` does). Every such method takes ``port`` too and
+answers ``{tunnel_id, ticket, gateway, ca_pem, expires_at}``; a module that adds one adds its prefix here."""
 _CHUNK = 64 * 1024  # the most data a tunnel frame carries
 
 
