@@ -211,6 +211,29 @@ async def test_a_ticket_is_spent_once(gw: Wire, tmp_path: Path) -> None:
             assert (await refused(forged)).status == Status.UNAUTHENTICATED
 
 
+async def test_a_ticket_is_good_for_a_minute(gw: Wire, tmp_path: Path) -> None:
+    async with node(gw, tmp_path, "SN-T15", (22,)) as n:
+        opened = await ticket(gw, n.node_id, 22)
+        gw.fleet.clock.advance(dt.timedelta(seconds=61))
+        async with tunnel_stream(gw, opened.ticket) as stream:
+            error = await refused(stream)
+        assert error.status == Status.UNAUTHENTICATED
+
+
+async def test_a_ticket_whose_caller_lost_the_action_is_refused_when_presented(gw: Wire, tmp_path: Path) -> None:
+    plane: Any = attrs.make_class("P", ["compute", "root"])(gw.fleet.compute, gw.fleet.alice)
+    _, credential, binding = await make_user(plane, gw.fleet.acme, "olga", "compute.operator")
+    async with node(gw, tmp_path, "SN-T16", (22,)) as n:
+        opened = await ticket(gw, n.node_id, 22, credential)
+        await revoke_binding(gw, binding)
+        async with tunnel_stream(gw, opened.ticket) as stream:
+            error = await refused(stream)
+        assert error.status == Status.PERMISSION_DENIED
+        assert envelope(error)["details"]["reason"] == "access_revoked"
+    record = await gw.fleet.store.repository(TUNNELS).get(opened.tunnel_id)
+    assert record is not None and record.close_reason == "access_revoked"
+
+
 async def test_a_port_the_node_does_not_allow_is_refused_by_the_node(gw: Wire, tmp_path: Path) -> None:
     async with echo_server() as port, node(gw, tmp_path, "SN-T3", ()) as n:
         opened = await ticket(gw, n.node_id, port)
