@@ -296,7 +296,7 @@ async def test_revoking_the_callers_access_closes_the_tunnel_within_two_seconds(
         async with tunnel_stream(gw, opened.ticket) as stream:
             assert await exchange(stream, b"before") == b"before"
             await revoke(gw, binding, credential)
-            with anyio.fail_after(2.5):
+            with anyio.fail_after(2.0):
                 assert await close_reason(stream) == reason
             await stream.end()
         await wait_for(lambda: not gw.gateway.tunnels)
