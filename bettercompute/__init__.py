@@ -49,6 +49,11 @@ from bettercompute._runtime.workflows import signal_in as signal_workflow_in
 from bettercompute._runtime.workflows import start_in as start_workflow_in
 from bettercompute._version import __version__ as __version__
 from bettercompute.modules.nodes._tokens import JoinSettings as JoinSettings
+from bettercompute.modules.nodes._tunnels import TunnelCheck as TunnelCheck
+from bettercompute.modules.nodes._tunnels import TunnelGrant as TunnelGrant
+from bettercompute.modules.nodes._tunnels import TunnelRecord as TunnelRecord
+from bettercompute.modules.nodes._tunnels import TunnelTicket as TunnelTicket
+from bettercompute.modules.nodes._tunnels import open_tunnel_in as open_tunnel_in
 
 __all__ = [
     "Access",
@@ -89,11 +94,16 @@ __all__ = [
     "Step",
     "StepContext",
     "StepOutcome",
+    "TunnelCheck",
+    "TunnelGrant",
+    "TunnelRecord",
+    "TunnelTicket",
     "Workflow",
     "Workflows",
     "__version__",
     "better_compute",
     "method",
+    "open_tunnel_in",
     "shard_of",
     "signal_workflow_in",
     "start_workflow_in",

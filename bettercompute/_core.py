@@ -318,3 +318,32 @@ def _gateway_methods(modules: Sequence[Any]) -> None:
         raise InvalidConfigError("the gateway methods are misdeclared", details={"problems": problems})
     if identity is not None:
         identity.gateway_methods = tuple(methods.values())
+    _tunnel_checks(modules, identity)
+
+
+def _tunnel_checks(modules: Sequence[Any], identity: IdentityModule | None) -> None:
+    """Hand every module's tunnel checks (``tunnel_checks``: resource type -> ``TunnelCheck``) to the identity
+    module, whose gateway services run them for the open tunnels to resources of those types.
+
+    Raises:
+        InvalidConfigError: a resource type is checked by two modules, a check is not callable, or there are checks
+            but no identity module.
+    """
+    problems: list[str] = []
+    checks: dict[str, Any] = {}
+    for module in modules:
+        if isinstance(module, IdentityModule):
+            continue
+        for resource_type, check in dict(getattr(module, "tunnel_checks", {})).items():
+            if not callable(check):
+                problems.append(f"{module.name}: the tunnel check of {resource_type!r} is not callable")
+            elif resource_type in checks or (identity is not None and resource_type in identity.tunnel_checks):
+                problems.append(f"the tunnels to {resource_type!r} are checked by two modules")
+            else:
+                checks[resource_type] = check
+    if checks and identity is None:
+        problems.append("tunnel checks need the identity module: set Options.join and Options.kms")
+    if problems:
+        raise InvalidConfigError("the tunnel checks are misdeclared", details={"problems": problems})
+    if identity is not None:
+        identity.tunnel_checks.update(checks)

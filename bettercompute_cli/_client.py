@@ -16,6 +16,7 @@ jitter, ``SHED_RETRIES`` times, as the typed client does, and then reported with
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 import json
@@ -739,6 +740,57 @@ _OWN: dict[str, typing.Callable[[], click.Command]] = {"nodes": _watch_command, 
 """Commands of a group that are not one method's: ``nodes watch``, ``capacity show``."""
 
 
+def _tunnel_command() -> click.Command:
+    def tunnel(resource_id: str, port: int, local: int, gateway: str | None, **given: Any) -> None:
+        from ._tunnel import TunnelError, serve_tunnel, tunnel_call
+
+        connection = _connect(given)
+        try:
+            path, body = tunnel_call(resource_id, port)
+        except TunnelError as exc:
+            raise click.UsageError(str(exc)) from None
+
+        async def ask() -> Mapping[str, Any]:
+            answer = await asyncio.to_thread(call_path, connection, path, body)
+            if not isinstance(answer, dict):
+                raise _Failed("INTERNAL", "the server answered something that is not a tunnel")
+            return answer
+
+        def ready(bound: int) -> None:
+            click.echo(f"127.0.0.1:{bound} -> {resource_id}:{port} (Ctrl-C to stop)", err=True)
+
+        def report(line: str) -> None:
+            click.echo(line, err=True)
+
+        try:
+            asyncio.run(serve_tunnel(ask, local_port=local, gateway=gateway, ready=ready, report=report))
+        except KeyboardInterrupt:
+            click.echo("stopped", err=True)
+        except OSError as exc:
+            raise _Failed("", f"cannot listen on 127.0.0.1:{local}: {exc.strerror or exc}", status=1) from None
+
+    return click.Command(
+        "tunnel",
+        params=[
+            click.Argument(["resource_id"]),
+            click.Option(["--port"], type=click.IntRange(1, 65535), required=True, help="The port to reach there."),
+            click.Option(
+                ["--local"], type=click.IntRange(0, 65535), required=True, help="The port to listen on, on 127.0.0.1."
+            ),
+            click.Option(
+                ["--gateway"],
+                default=None,
+                help="Dial this host:port instead of the gateway the server names (its certificate is still checked).",
+            ),
+            *_connection_options(),
+        ],
+        callback=tunnel,
+        help="Reach a port of a node (node_...) through the gateway from a port on 127.0.0.1: each local connection "
+        "gets a tunnel of its own (nodes.tunnel; the node allows the port with bcd node --tunnel-local-port).",
+        short_help="Reach a port of a node through the gateway.",
+    )
+
+
 # --- login, logout, completion -------------------------------------------------------------------------------------
 
 
@@ -837,7 +889,7 @@ def client_root(own: Mapping[str, str]) -> click.Group:
     root = click.Group("better-compute", help="Better Compute: a control plane for GPU fleets.")
     for group in client_groups(set(own)):
         root.add_command(group)
-    for command in (_login_command(), _logout_command(), _completion_command(lambda: root)):
+    for command in (_login_command(), _logout_command(), _tunnel_command(), _completion_command(lambda: root)):
         root.add_command(command)
     for name, summary in own.items():
         root.add_command(

@@ -67,6 +67,9 @@ KEYS = (
     "notify_url",
     "webhooks_allow_private",
     "max_queued",
+    "tunnel_gateway",
+    "tunnel_streams_per_tenant",
+    "tunnel_bytes_per_second",
 )
 """The keys of the file; each is also ``BETTERCOMPUTE_<KEY>`` in the environment."""
 
@@ -132,6 +135,11 @@ class Config:
             every such tenant is trusted that far.
         max_queued: API requests that may wait for a free slot (``Options.max_queued``); one more is shed with 503
             and ``Retry-After``. ``None``: as many as run at once (``max_in_flight``).
+        tunnel_gateway: ``host:port`` a tunnel's client dials (``nodes.tunnel``'s answer); ``gateway_address`` by
+            default (``docs/tunnels.md``).
+        tunnel_streams_per_tenant: Tunnels one tenant may hold open on this process's gateway at once (16).
+        tunnel_bytes_per_second: The bandwidth one tenant's tunnels share on this process's gateway, each way
+            (8 MiB/s).
     """
 
     database_url: str | None = attrs.field(default=None, repr=False)
@@ -154,6 +162,9 @@ class Config:
     notify_url: str | None = attrs.field(default=None, repr=False)
     webhooks_allow_private: bool = False
     max_queued: int | None = None
+    tunnel_gateway: str | None = None
+    tunnel_streams_per_tenant: int = 16
+    tunnel_bytes_per_second: int = 8 * 1024 * 1024
 
 
 def parse_roles(value: str | list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -203,13 +214,22 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty path"
         return Path(value.strip()).expanduser(), None
-    if key in ("trust_domain", "gateway_address"):
+    if key in ("tunnel_streams_per_tenant", "tunnel_bytes_per_second"):
+        amount: Any = value
+        if from_env:  # ASCII digits only, as for a port
+            text = value.strip()
+            amount = int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else None
+        low, high = (1, 100_000) if key == "tunnel_streams_per_tenant" else (1024, 10 * 1024**3)
+        if isinstance(amount, bool) or not isinstance(amount, int) or not low <= amount <= high:
+            return None, f"{where} must be a whole number from {low} to {high}, not {value!r}"
+        return amount, None
+    if key in ("trust_domain", "gateway_address", "tunnel_gateway"):
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty string"
         text = value.strip()
         if key == "trust_domain" and not _TRUST_DOMAIN.fullmatch(text):
             return None, f"{where} {text!r} must be a lower-case DNS name like compute.example.com"
-        if key == "gateway_address" and not _ADDRESS.fullmatch(text):
+        if key in ("gateway_address", "tunnel_gateway") and not _ADDRESS.fullmatch(text):
             return None, f"{where} {text!r} must be host:port"
         return text, None
     if key in ("host", "gateway_host", "metrics_host", "instance", "schema"):

@@ -14,7 +14,7 @@ import attrs
 
 from bettercompute import BetterCompute
 from bettercompute.errors import InvalidConfigError
-from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway, issue_tls
+from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, TunnelOptions, create_gateway, issue_tls
 
 __all__ = ["CLOSE_DRAIN_SECONDS", "DRAIN_SIGNAL", "GatewayPlan", "HostedGateway", "loop_options"]
 
@@ -38,6 +38,7 @@ class GatewayPlan:
     port: int
     hosts: tuple[str, ...]
     name: str
+    tunnels: TunnelOptions = attrs.field(factory=TunnelOptions)
 
 
 def loop_options(plan: GatewayPlan | None) -> dict[str, Any]:
@@ -87,7 +88,7 @@ class HostedGateway:
             self._compute.gateway_services,
             store,
             tls,
-            GatewayOptions(name=self._plan.name),
+            GatewayOptions(name=self._plan.name, tunnels=self._plan.tunnels),
             notifier=self._compute.options.notifier,
             metrics=self._compute.metrics,
         )

@@ -36,6 +36,7 @@ from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, bet
 from bettercompute.errors import ComputeError, InvalidConfigError, UnavailableError
 from bettercompute.modules.webhooks import WebhookSettings
 from bettercompute.ports import Iam
+from bettercompute_gateway import TunnelOptions
 from bettercompute_iam import EmbeddedIam, RemoteIam
 from bettercompute_metal import MetalModule
 from bettercompute_store_pg import PgNotifier, PgStore
@@ -99,7 +100,12 @@ def gateway_plan(config: Config) -> GatewayPlan | None:
     hosts = tuple(dict.fromkeys([dialed, "localhost", "127.0.0.1", "::1"]))
     name = gateway_name(config.instance or "gateway")
     listen_port = config.gateway_port if config.gateway_port is not None else int(port)
-    return GatewayPlan(listen_host=config.gateway_host or config.host, port=listen_port, hosts=hosts, name=name)
+    tunnels = TunnelOptions(
+        streams_per_tenant=config.tunnel_streams_per_tenant, bytes_per_second=config.tunnel_bytes_per_second
+    )
+    return GatewayPlan(
+        listen_host=config.gateway_host or config.host, port=listen_port, hosts=hosts, name=name, tunnels=tunnels
+    )
 
 
 def plan_roles(roles: tuple[str, ...], config: Config | None = None) -> Plan:
@@ -201,7 +207,11 @@ def _compose(config: Config, url: str, iam: Iam, *, notify: bool, loopback_webho
     # With the trust domain and gateway address as well, JoinService and the node CA are on.
     join = None
     if config.trust_domain is not None and config.gateway_address is not None:
-        join = JoinSettings(gateway_address=config.gateway_address, trust_domain=config.trust_domain)
+        join = JoinSettings(
+            gateway_address=config.gateway_address,
+            trust_domain=config.trust_domain,
+            tunnel_gateway=config.tunnel_gateway,
+        )
     # Bare metal (sites, machines, the site's and the ramdisk's gateway methods) needs both: its agents get
     # certificates from the node CA, and BMC credentials are sealed by the KMS.
     # So do VPS instances: hosted ones run on nodes (node identity), a provider pool's credentials are a secret.

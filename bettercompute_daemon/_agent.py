@@ -13,6 +13,12 @@ daemon for good (exit status 3: its unit does not restart it); any other end rec
 and jitter, so that a gateway restart does not bring every node back in the same second. Alongside the sessions,
 the certificate is renewed at about two thirds of its life (``_renewal``).
 
+Tunnels (``docs/tunnels.md``): on ``TunnelOpen`` the daemon checks the target (``127.0.0.1:<port>`` only for a port
+of ``tunnel_local_ports``; any other address only when ``tunnel_targets`` says it is an instance this node runs),
+connects to it, and opens a ``Tunnel`` stream on the session's own channel (no new connection, nothing listening)
+whose first frame names the tunnel; bytes then flow both ways until either side ends. A refused target is answered
+on that stream with ``close_reason`` ``target_refused``, one that does not answer with ``target_unreachable``.
+
 VM instances (hosted pools, ``docs/vps-node.md``): with a ``VmHost`` (``bcd node`` whose settings name a
 ``vm_dir``) the node advertises ``vm``, carries out the ``instances`` section of each desired state in a background
 task (a download does not hold up the session), acknowledges the generation once every instance was acted on, and
@@ -40,7 +46,7 @@ import random
 import secrets
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +78,14 @@ EXPIRED = 4
 join was refused): retrying cannot help either, an operator has to act."""
 
 _FINAL = IDENTITY_GONE
+_TUNNEL_CHUNK = 64 * 1024  # the most data a tunnel frame carries (the gateway refuses more)
+_CONNECT_TIMEOUT = 5.0
+_LOCAL = "127.0.0.1"
 _CAPABILITIES = ["inventory", "desired-state", "cdi", "diag.nvml"]
 
 Observer = Callable[[str, Mapping[str, Any]], None]
 """Told of each notable thing a node's sessions do: its name (``session_opened``, ``session_ended``, ``inventory``,
-``desired_state``, ``command``, ``ack``) and a few JSON-ready facts about it."""
+``desired_state``, ``command``, ``ack``, ``tunnel``) and a few JSON-ready facts about it."""
 
 
 def _unobserved(event: str, facts: Mapping[str, Any]) -> None:
@@ -192,6 +201,10 @@ class Agent:
             nothing (not even ``desired.json``) and acknowledges every desired state.
         observer: Told of each notable event (see ``Observer``).
         ack_delay: Seconds between receiving a desired state and acknowledging it (a fault ``bcd sim`` injects).
+        tunnel_local_ports: The ports of this machine's own services (on ``127.0.0.1``) a tunnel may reach; none
+            by default.
+        tunnel_targets: Whether ``(address, port)`` belongs to an instance this node runs (the VM runtime's
+            answer); by default no address but the allowed local ports is.
         vms: Runs the desired state's ``instances``; ``None``: this node runs no VMs (a simulated node never does).
     """
 
@@ -204,6 +217,8 @@ class Agent:
         cdi_dir: Path | None = DEFAULT_CDI_DIR,
         observer: Observer = _unobserved,
         ack_delay: float = 0.0,
+        tunnel_local_ports: Collection[int] = (),
+        tunnel_targets: Callable[[str, int], bool] | None = None,
         vms: VmHost | None = None,
     ) -> None:
         self._state = state
@@ -217,6 +232,8 @@ class Agent:
         self._observe = observer
         self._ack_delay = ack_delay
         self._session: _Session | None = None
+        self._tunnel_local_ports = frozenset(tunnel_local_ports)
+        self._tunnel_targets: Callable[[str, int], bool] = tunnel_targets or _no_instance
         self._capabilities = [c for c in _CAPABILITIES if c != "cdi" or cdi_dir is not None]
         if vms is not None:
             self._capabilities.append("vm")
@@ -321,7 +338,7 @@ class Agent:
 
     async def _serve(self, session: _Session) -> str:
         beats: asyncio.Task[None] | None = None
-        acks: set[asyncio.Task[None]] = set()
+        acks: set[asyncio.Task[None]] = set()  # and the session's tunnels
         try:
             while True:
                 frame = await session.stream.recv_message()
@@ -358,6 +375,10 @@ class Agent:
                         await self._ack(session, content.generation)
                 elif isinstance(content, wire.Command):
                     await self._run_command(session, content)
+                elif isinstance(content, wire.TunnelOpen):
+                    task = asyncio.create_task(self._tunnel(session, content))
+                    acks.add(task)
+                    task.add_done_callback(acks.discard)
                 elif isinstance(content, wire.Close):
                     session.closed = content.reason or "closed"
                     await session.stream.end()  # the gateway then ends the stream with its status
@@ -370,6 +391,50 @@ class Agent:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    def _tunnel_allowed(self, host: str, port: int) -> bool:
+        if not 0 < port < 65536:
+            return False
+        if host == _LOCAL:
+            return port in self._tunnel_local_ports
+        try:
+            return bool(self._tunnel_targets(host, port))
+        except Exception:
+            return False
+
+    async def _tunnel(self, session: _Session, opening: wire.TunnelOpen) -> None:
+        """Carry one tunnel: connect to its target and open its stream on the session's channel."""
+        tunnel_id = opening.tunnel_id
+        reason = "target_refused"
+        connected: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        if self._tunnel_allowed(opening.host, opening.port):
+            try:
+                async with asyncio.timeout(_CONNECT_TIMEOUT):
+                    connected = await asyncio.open_connection(opening.host, opening.port)
+            except (OSError, TimeoutError):
+                reason = "target_unreachable"
+        log.info("tunnel %s to %s:%d: %s", tunnel_id, opening.host, opening.port, "connected" if connected else reason)
+        self._observe("tunnel", {"tunnel_id": tunnel_id, "outcome": "connected" if connected else reason})
+        try:
+            async with session.channel.request(
+                f"/{wire.SERVICE}/Tunnel", Cardinality.STREAM_STREAM, wire.TunnelFrame, wire.TunnelFrame
+            ) as stream:
+                await stream.send_request()
+                if connected is None:
+                    await stream.send_message(wire.TunnelFrame(tunnel_id=tunnel_id, close_reason=reason))
+                    await stream.end()
+                    while await stream.recv_message() is not None:
+                        pass
+                    return
+                await stream.send_message(wire.TunnelFrame(tunnel_id=tunnel_id))
+                await _carry(stream, *connected)
+        except (GRPCError, OSError, StreamTerminatedError, ssl.SSLError) as exc:
+            log.info("tunnel %s ended: %s", tunnel_id, type(exc).__name__)
+        except Exception as exc:  # the session goes on whatever one tunnel does (HTTP/2 out of streams, ...)
+            log.warning("tunnel %s failed: %s", tunnel_id, type(exc).__name__)
+        finally:
+            if connected is not None:
+                connected[1].close()
 
     async def _ack(self, session: _Session, generation: int, delay: float = 0.0) -> None:
         frame = wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=generation))
@@ -534,11 +599,57 @@ class Agent:
         return None
 
 
+def _no_instance(host: str, port: int) -> bool:
+    """No address is an instance's (until a VM runtime says otherwise)."""
+    return False
+
+
+async def _carry(stream: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Bytes both ways between a tunnel stream and its TCP connection until either ends; then the other is told."""
+
+    async def outward() -> None:  # the target -> the gateway
+        while data := await reader.read(_TUNNEL_CHUNK):
+            await stream.send_message(wire.TunnelFrame(data=data))
+        await stream.send_message(wire.TunnelFrame(close_reason="target_closed"))
+        await stream.end()
+
+    async def inward() -> None:  # the gateway -> the target
+        while (frame := await stream.recv_message()) is not None and not frame.close_reason:
+            if frame.data:
+                writer.write(frame.data)
+                await writer.drain()  # a target that does not read holds the gateway back, not memory
+
+    sending = asyncio.create_task(outward())
+    receiving = asyncio.create_task(inward())
+    try:
+        done, _ = await asyncio.wait({sending, receiving}, return_when=asyncio.FIRST_COMPLETED)
+        if receiving in done:  # the gateway closed the tunnel: end our side so that its stream ends cleanly
+            sending.cancel()
+            with contextlib.suppress(Exception):
+                await stream.end()
+        else:
+            with contextlib.suppress(Exception):  # wait for the gateway to end its side (or give up)
+                async with asyncio.timeout(2.0):
+                    await receiving
+        for task in (sending, receiving):
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: a broken connection is an end like any other
+    finally:
+        for task in (sending, receiving):
+            task.cancel()
+        await asyncio.gather(sending, receiving, return_exceptions=True)
+
+
 async def run_node(
-    state: StateDir, inventory: Inventory, *, cdi_dir: Path = DEFAULT_CDI_DIR, vms: VmHost | None = None
+    state: StateDir,
+    inventory: Inventory,
+    *,
+    cdi_dir: Path = DEFAULT_CDI_DIR,
+    vms: VmHost | None = None,
+    tunnel_local_ports: Collection[int] = (),
 ) -> int:
     """``bcd node``: the exit status."""
-    return await Agent(state, inventory, cdi_dir=cdi_dir, vms=vms).run()
+    return await Agent(state, inventory, cdi_dir=cdi_dir, vms=vms, tunnel_local_ports=tunnel_local_ports).run()
 
 
 def certificate_not_after(pem: bytes) -> float:

@@ -75,7 +75,16 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=os.environ.get("BCD_NODE_CONFIG") or None,
         help=f"the node's settings, a JSON file (VM instances: vm_dir, image_dirs, vm_subnet, vm_network, vm_accel; "
-        f"default {DEFAULT_NODE_CONFIG} when it exists; docs/vps-node.md)",
+        f"tunnels: tunnel_local_ports; default {DEFAULT_NODE_CONFIG} when it exists; docs/vps-node.md)",
+    )
+    node.add_argument(
+        "--tunnel-local-port",
+        dest="tunnel_local_ports",
+        type=_count(1, 65535),
+        action="append",
+        default=[],
+        help="a port of a service on 127.0.0.1 that tunnels may reach, besides the settings' tunnel_local_ports"
+        " (repeat for more; none by default)",
     )
     commands.add_parser("unit", help="print the systemd unit that runs this bcd's `bcd node`")
     _sim_parser(commands.add_parser)
@@ -382,7 +391,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             inventory.xids.start()  # a thread of its own, for the life of the process
 
         async def node() -> int:
-            return await run_node(state, inventory, cdi_dir=args.cdi_dir, vms=_vm_host(state, settings))
+            return await run_node(
+                state,
+                inventory,
+                cdi_dir=args.cdi_dir,
+                vms=_vm_host(state, settings),
+                tunnel_local_ports={*settings.tunnel_local_ports, *args.tunnel_local_ports},
+            )
 
         return asyncio.run(node())
     except ConfigError as exc:

@@ -18,7 +18,8 @@ exists; ``NodeSettings``), which says whether and how it runs VM instances::
     {"vm_dir": "/var/lib/bcd/vm", "image_dirs": ["/srv/images"], "vm_subnet": "10.213.0.0/24",
      "vm_network": "bridge", "vm_accel": "tcg", "vm_stop_timeout": 20}
 
-Without ``vm_dir`` (or without the file) the node runs no VMs. See ``docs/vps-node.md``.
+Without ``vm_dir`` (or without the file) the node runs no VMs. See ``docs/vps-node.md``. ``tunnel_local_ports``
+lists the ports of services on the node's ``127.0.0.1`` that tunnels may reach (none by default; ``docs/tunnels.md``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ NODE_FIELDS = (
     "vm_vcpu",
     "vm_memory_mib",
     "vm_disk_gib",
+    "tunnel_local_ports",
 )
 DEFAULT_NODE_CONFIG = Path("/etc/bcd/node.json")
 _NODE_SETTINGS = "the node settings file"
@@ -284,6 +286,7 @@ class NodeSettings:
         vm_vcpu: The vCPUs the node offers to instances (default: every CPU it has).
         vm_memory_mib: The memory it offers (default: all of it but 1 GiB kept for the host).
         vm_disk_gib: The disk it offers (default: the space free on ``vm_dir``'s file system at start).
+        tunnel_local_ports: The ports of services on ``127.0.0.1`` that tunnels may reach (default: none).
     """
 
     vm_dir: Path | None = None
@@ -296,6 +299,7 @@ class NodeSettings:
     vm_vcpu: int | None = None
     vm_memory_mib: int | None = None
     vm_disk_gib: int | None = None
+    tunnel_local_ports: tuple[int, ...] = ()
 
 
 def node_settings(values: Mapping[str, Any], *, path: str = "") -> NodeSettings:
@@ -336,6 +340,13 @@ def node_settings(values: Mapping[str, Any], *, path: str = "") -> NodeSettings:
                 problems.append(f"{where}{key}: must be {' or '.join(allowed)}")
             else:
                 checked[key] = value
+        elif key == "tunnel_local_ports":
+            if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535 for v in value
+            ):
+                problems.append(f"{where}tunnel_local_ports: must be a list of ports from 1 to 65535")
+            else:
+                checked[key] = tuple(sorted(set(value)))
         elif key in ("vm_vcpu", "vm_memory_mib", "vm_disk_gib"):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**40:
                 problems.append(f"{where}{key}: must be a whole number from 0")

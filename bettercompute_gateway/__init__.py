@@ -2,7 +2,8 @@
 
 Daemons dial out to it over gRPC with mutual TLS (``bettercompute_proto``); it relays ``Join``, ``Renew`` and
 ``Secret`` to the control plane's services, and holds their ``Session`` streams in memory, writing liveness in
-batches. It holds no CA key and no JoinService key.
+batches. It carries tunnels (``Tunnel`` streams: a client's with a one-time ticket meets the node's, opened on its
+session's connection; ``docs/tunnels.md``). It holds no CA key and no JoinService key.
 """
 
 from bettercompute.modules.commands import SESSION_CLOSED as SESSION_CLOSED
@@ -14,16 +15,20 @@ from bettercompute_gateway._gateway import create_gateway as create_gateway
 from bettercompute_gateway._tls import GatewayTls as GatewayTls
 from bettercompute_gateway._tls import issue_tls as issue_tls
 from bettercompute_gateway._tls import server_context as server_context
+from bettercompute_gateway._tunnels import MAX_DATA_BYTES as MAX_DATA_BYTES
+from bettercompute_gateway._tunnels import TunnelOptions as TunnelOptions
 
 __version__ = "0.0.0"
 
 __all__ = [
+    "MAX_DATA_BYTES",
     "SESSION_CLOSED",
     "SESSION_OPENED",
     "STATUS_OF",
     "Gateway",
     "GatewayOptions",
     "GatewayTls",
+    "TunnelOptions",
     "__version__",
     "create_gateway",
     "issue_tls",

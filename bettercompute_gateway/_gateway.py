@@ -75,6 +75,7 @@ from bettercompute_proto import health
 
 from ._errors import grpc_error, internal
 from ._tls import GatewayTls, load, server_context
+from ._tunnels import TunnelOptions, TunnelRelay
 
 __all__ = ["Gateway", "GatewayOptions", "create_gateway"]
 
@@ -122,6 +123,8 @@ class GatewayOptions:
             lists of every session set off young collections that moved them to the old generation, whose full
             collections (over about 170 objects a session, every 30 s or so) took 11 of the gateway's 42 % of a core
             at 15,000 sessions (``bench/gateway.py``).
+        tunnels: The limits on tunnels (``TunnelOptions``: streams and bandwidth per tenant, the node's time to
+            answer, how often open tunnels are re-checked).
     """
 
     name: str = "gateway"
@@ -138,6 +141,7 @@ class GatewayOptions:
     drain_period: float = 30.0
     desired_sweep_interval: float = 60.0
     gc_young_threshold: int | None = 50_000
+    tunnels: TunnelOptions = attrs.field(factory=TunnelOptions)
 
 
 @attrs.define(eq=False)
@@ -193,6 +197,23 @@ class Gateway:
         self._desired_since: dt.datetime | None = None
         self._desired_sweep_at = 0.0
         self.port: int | None = None
+        self._relay = TunnelRelay(
+            services,
+            options.tunnels,
+            receive=lambda stream, limit: self._receive(stream, wire.TunnelFrame, limit=limit),
+            session_of=self._live_session,
+            send_control=self._send,
+            metrics=self._metrics,
+        )
+
+    def _live_session(self, node_id: str) -> _Session | None:
+        session = self._sessions.get(node_id)
+        return session if session is not None and session.closing is None else None
+
+    @property
+    def tunnels(self) -> Mapping[str, str]:
+        """The tunnels open through this gateway now: tunnel id -> node id."""
+        return self._relay.open
 
     def __repr__(self) -> str:
         return f"Gateway(name={self.options.name!r}, port={self.port!r}, sessions={len(self._sessions)})"
@@ -226,6 +247,7 @@ class Gateway:
         self._tasks = [
             asyncio.create_task(self._flush_loop(), name="gateway-liveness"),
             asyncio.create_task(self._ack_loop(), name="gateway-acks"),
+            asyncio.create_task(self._relay.run(), name="gateway-tunnel-checks"),
         ]
         if self._notifier is not None:
             self._tasks.append(asyncio.create_task(self._listen_desired(), name="gateway-desired-pokes"))
@@ -278,7 +300,9 @@ class Gateway:
             await self._close(session, "draining", "this gateway is draining; reconnect to another")
 
     async def close(self, *, reason: str = "draining") -> None:
-        """Close every session with ``reason`` at once, stop listening, and write the last liveness. Idempotent."""
+        """Close every tunnel and session with ``reason`` at once, stop listening, and write the last liveness.
+        Idempotent."""
+        self._relay.close_all(reason)
         for session in list(self._sessions.values()):
             await self._close(session, reason, "the gateway is closing")
         server, self._server = self._server, None
@@ -321,13 +345,14 @@ class Gateway:
             ),
         }
 
-    async def _receive(self, stream: Stream[Any, Any], kind: type[M]) -> M | None:
+    async def _receive(self, stream: Stream[Any, Any], kind: type[M], *, limit: int | None = None) -> M | None:
         """The next message of ``stream`` (``None`` at its end), refused by its length before it is read.
 
         Raises:
-            GRPCError: ``RESOURCE_EXHAUSTED`` for a message over ``max_message_bytes``, ``INVALID_ARGUMENT`` for
-                one that does not parse or is compressed.
+            GRPCError: ``RESOURCE_EXHAUSTED`` for a message over ``limit`` (``max_message_bytes`` by default),
+                ``INVALID_ARGUMENT`` for one that does not parse or is compressed.
         """
+        most = self.options.max_message_bytes if limit is None else min(limit, self.options.max_message_bytes)
         raw = stream._stream
         head = await raw.recv_data(5)
         if not head:
@@ -337,15 +362,15 @@ class Gateway:
         compressed, length = struct.unpack(">?I", head)
         if compressed:
             raise grpc_error(InvalidInputError("compressed messages are not taken", details={"reason": "malformed"}))
-        if length > self.options.max_message_bytes:
+        if length > most:
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,
                 json.dumps(
                     {
                         "error": {
                             "code": "INVALID_INPUT",
-                            "message": f"a message is at most {self.options.max_message_bytes} bytes",
-                            "details": {"reason": "too_large", "max_bytes": self.options.max_message_bytes},
+                            "message": f"a message is at most {most} bytes",
+                            "details": {"reason": "too_large", "max_bytes": most},
                             "retryable": False,
                         }
                     }
@@ -476,8 +501,31 @@ class Gateway:
             await changed.wait()
 
     async def _tunnel(self, stream: Stream[Any, Any]) -> None:
-        await self._drain(stream)
-        raise GRPCError(Status.UNIMPLEMENTED, "tunnels come with a later release")
+        """A client's or a node's ``Tunnel`` stream (``_tunnels``). A refusal sends a frame with its reason as
+        ``close_reason``, then ends the stream with the error envelope once the caller ended its side."""
+        try:
+            if self._draining:
+                raise UnavailableError("this gateway is draining; connect to another", details={"reason": "draining"})
+            await self._relay.serve(stream, _client_certificate(stream, required=False))
+        except GRPCError:
+            raise
+        except ComputeError as exc:
+            # The reason in a closing frame first, then the status once the caller ended its side: ending the
+            # stream before that would reset it, and a reset can overtake the status.
+            reason = str(exc.details.get("reason", exc.code.lower()))
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await stream.send_message(wire.TunnelFrame(close_reason=reason))
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2.0):
+                    while await self._receive(stream, wire.TunnelFrame) is not None:
+                        pass
+            raise grpc_error(exc) from None
+        except (StreamTerminatedError, ConnectionError):
+            pass
+        except Exception as exc:  # nothing of it reaches the caller or the log but its class
+            log.error("a tunnel stream failed: %s", type(exc).__name__)
+            raise internal() from None
 
     # --- sessions -----------------------------------------------------------------------------------------------
 

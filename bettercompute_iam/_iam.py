@@ -231,9 +231,28 @@ class EmbeddedIam:
 
         The principal's bindings are cached like credentials; a change made in this process clears them at once.
         """
+        return await self._decide(identity, action, resource, await self._grants_of(identity.principal_id))
+
+    async def require_fresh(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
+        """``require`` decided on the database as it is now, never on a cache (``FreshIam``): the credential must
+        still be usable and the principal's grants are read again.
+
+        Raises:
+            UnauthenticatedError: the credential is revoked, expired or gone.
+            AccessDeniedError, NotFoundError: as ``require``.
+        """
+        row = await self._db().credential(identity.credential_id)
+        if row is None or not row.usable or row.principal_id != identity.principal_id:
+            raise UnauthenticatedError("the credential is unknown, revoked or expired")
+        rows = await self._db().grants(identity.principal_id)
+        grants = tuple(Grant(patterns=p, scope_type=t, scope_id=i, scope_tenant=n) for p, t, i, n in rows)
+        return await self._decide(identity, action, resource, grants)
+
+    async def _decide(
+        self, identity: Identity, action: str, resource: ResourceRef, grants: Sequence[Grant]
+    ) -> Decision:
         if action not in self._open:
             tenant, pool = resource.tenant, resource.pool
-            grants = await self._grants_of(identity.principal_id)
             if resource.id is not None:
                 projected = await self._db().projected(resource.type, resource.id)
                 if projected is None:

@@ -35,6 +35,7 @@ from bettercompute_proto._generated.bcnode.v1 import SecretResponse as SecretRes
 from bettercompute_proto._generated.bcnode.v1 import TrustBundleRequest as TrustBundleRequest
 from bettercompute_proto._generated.bcnode.v1 import TrustBundleResponse as TrustBundleResponse
 from bettercompute_proto._generated.bcnode.v1 import TunnelFrame as TunnelFrame
+from bettercompute_proto._generated.bcnode.v1 import TunnelOpen as TunnelOpen
 from bettercompute_proto._generated.bcnode.v1 import Welcome as Welcome
 from bettercompute_proto._signing import command_result_message as command_result_message
 
@@ -73,6 +74,7 @@ __all__ = [
     "TrustBundleRequest",
     "TrustBundleResponse",
     "TunnelFrame",
+    "TunnelOpen",
     "Welcome",
     "__version__",
     "command_result_message",

@@ -46,7 +46,9 @@ class Module(Protocol):
     processes of each reconciler's role on the shards they own, and by ``jobs.tick()``; ``workflows``, a sequence of
     ``bettercompute.Workflow`` (read the same way), started with ``compute.workflows.start``; ``repositories``, the
     typed keys (``bettercompute.ports.Repository``) of the store repositories it uses, which ``better_compute()``
-    checks the store ships.
+    checks the store ships; ``gateway_methods``, its ``bettercompute.GatewayMethod``s; ``tunnel_checks``, a mapping
+    from the resource types whose tunnels it opens (``open_tunnel_in``) to a ``bettercompute.TunnelCheck`` that says
+    when an open one must close (``docs/tunnels.md``).
     """
 
     @property

@@ -164,6 +164,15 @@ class Metrics:
             "Certificate revocations this process's gateway applied (sessions it closed for them included).",
             registry=registry,
         )
+        self.gateway_tunnels = Gauge(
+            "bettercompute_gateway_tunnels", "Tunnels open through this process's gateway.", registry=registry
+        )
+        self.gateway_tunnel_bytes = Counter(
+            "bettercompute_gateway_tunnel_bytes",
+            "Bytes carried by this process's gateway's tunnels, by direction (up: client to node; down).",
+            ["direction"],
+            registry=registry,
+        )
         self.webhook_delivery_lag = Histogram(
             "bettercompute_webhook_delivery_lag_seconds",
             "From an event's commit to its webhook's successful delivery, retries included.",

@@ -15,6 +15,7 @@ from bettercompute.ports._txscope import transaction_scope as transaction_scope
 from bettercompute.ports.audit import AuditRecord as AuditRecord
 from bettercompute.ports.clock import Clock as Clock
 from bettercompute.ports.iam import Decision as Decision
+from bettercompute.ports.iam import FreshIam as FreshIam
 from bettercompute.ports.iam import Iam as Iam
 from bettercompute.ports.iam import Identity as Identity
 from bettercompute.ports.iam import ResourceRef as ResourceRef
@@ -48,6 +49,7 @@ __all__ = [
     "Claim",
     "Clock",
     "Decision",
+    "FreshIam",
     "Iam",
     "IdempotencyKeys",
     "IdempotencyOutcome",

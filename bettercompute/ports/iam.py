@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import attrs
 
-__all__ = ["Decision", "Iam", "Identity", "ResourceRef"]
+__all__ = ["Decision", "FreshIam", "Iam", "Identity", "ResourceRef"]
 
 
 @attrs.frozen(kw_only=True)
@@ -62,5 +62,19 @@ class Iam(Protocol):
         For a ``resource.id`` the identity may not see (another tenant's, or unknown) it may raise
         ``NotFoundError("no such <type>", details={"id": ...})`` instead (``<type>`` with ``-`` read as a space),
         the same answer a handler gives for a missing id, so the two cases cannot be told apart.
+        """
+        ...
+
+
+@runtime_checkable
+class FreshIam(Protocol):
+    """An IAM that can decide from the database itself, never from a cache: what keeps a long-lived grant honest (an
+    open tunnel is re-checked every second; a revocation must end it in seconds, not in a cache's lifetime)."""
+
+    async def require_fresh(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
+        """``Iam.require``, with the credential and the principal's grants read now.
+
+        Raises ``UnauthenticatedError`` when the identity's credential is revoked, expired or gone (or its principal
+        disabled), and ``AccessDeniedError`` or ``NotFoundError`` as ``require`` does.
         """
         ...

@@ -48,6 +48,8 @@ from bettercompute.modules.nodes._nodes import (
     RetireNodeInput,
     RevokedNode,
     RevokeNodeInput,
+    TunnelNodeInput,
+    TunnelOutput,
 )
 from bettercompute.modules.nodes._port import CERTIFICATES as CERTIFICATES
 from bettercompute.modules.nodes._port import JOIN_KEYS as JOIN_KEYS
@@ -80,6 +82,21 @@ from bettercompute.modules.nodes._tokens import (
     parse_token,
     secret_matches,
 )
+from bettercompute.modules.nodes._tunnels import (
+    STALE_AFTER,
+    TICKET_PREFIX,
+    TICKET_TTL,
+    TUNNELS,
+    TunnelCheck,
+    TunnelGrant,
+    TunnelRecord,
+    Tunnels,
+    TunnelTicket,
+    closed_record,
+    open_tunnel_in,
+    parse_ticket,
+    sweep_tunnels,
+)
 
 __all__ = [
     "ACKED_KIND",
@@ -99,7 +116,11 @@ __all__ = [
     "NODE_UNCORDONED",
     "RENEW_CONTEXT",
     "SECRET_CONTEXT",
+    "STALE_AFTER",
+    "TICKET_PREFIX",
+    "TICKET_TTL",
     "TOKEN_PREFIX",
+    "TUNNELS",
     "AttestationRequest",
     "Attestor",
     "CaKey",
@@ -135,13 +156,23 @@ __all__ = [
     "RevocationResult",
     "RevokeNodeInput",
     "RevokedNode",
+    "TunnelCheck",
+    "TunnelGrant",
+    "TunnelNodeInput",
+    "TunnelOutput",
+    "TunnelRecord",
+    "TunnelTicket",
+    "Tunnels",
     "acked_item",
+    "closed_record",
     "hardware_key",
     "hardware_key_of",
     "hash_secret",
     "inventory_item",
     "lifecycle_item",
     "new_token",
+    "open_tunnel_in",
+    "parse_ticket",
     "parse_token",
     "poke_gateways",
     "renew_message",
@@ -149,5 +180,6 @@ __all__ = [
     "secret_message",
     "serial_hex",
     "set_desired_state",
+    "sweep_tunnels",
     "verify_signature",
 ]

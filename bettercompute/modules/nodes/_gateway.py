@@ -28,9 +28,18 @@ from bettercompute.modules.nodes._proofs import (
     verify_signature,
 )
 from bettercompute.modules.nodes._renew import CLOCK_SKEW
+from bettercompute.modules.nodes._tokens import hash_secret
+from bettercompute.modules.nodes._tunnels import (
+    TUNNELS,
+    TunnelCheck,
+    TunnelGrant,
+    TunnelRecord,
+    closed_record,
+    parse_ticket,
+)
 from bettercompute.modules.secrets import NodeIdentity, SecretBroker
 from bettercompute.modules.secrets._broker import RELEASE_ACTION
-from bettercompute.ports import AuditRecord, Clock, ReplayGuard, Store
+from bettercompute.ports import AuditRecord, Clock, FreshIam, ReplayGuard, Store
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -60,8 +69,10 @@ class GatewayServices:
         clock: Clock,
         context: ModuleContext | None = None,
         methods: Sequence[GatewayMethod] = (),
+        tunnel_checks: Mapping[str, TunnelCheck] | None = None,
     ) -> None:
         self.joins = joins
+        self._tunnel_checks = dict(tunnel_checks or {})
         self._context = context
         self._methods = {m.name: m for m in methods}
         # JoinService's own methods, as they are (their docstrings tell the refusals).
@@ -219,3 +230,119 @@ class GatewayServices:
     async def is_revoked(self, serial: int | str) -> bool:
         """Whether a certificate is revoked (the gateway asks at each handshake)."""
         return await self.joins.ca.is_revoked(serial)
+
+    # --- tunnels (docs/tunnels.md) -------------------------------------------------------------------------------
+
+    async def tunnel_accept(self, ticket: str) -> TunnelGrant:
+        """Spend a tunnel's one-time ticket (a client's first frame) and say where the tunnel goes. The tunnel is
+        checked as ``tunnel_check`` does before it is granted; a refused one is closed (and audited).
+
+        Raises:
+            UnauthenticatedError: not a ticket, or one that is unknown, spent, closed or expired (reason
+                ``ticket``).
+            AccessDeniedError: the caller may no longer open it (reason as ``tunnel_check`` says).
+        """
+        parsed = parse_ticket(ticket)
+        refused = UnauthenticatedError(
+            "the tunnel ticket is unknown, used or expired; ask for a new one", details={"reason": "ticket"}
+        )
+        if parsed is None:
+            raise refused
+        tunnel_id, secret = parsed
+        record = await self._store.repository(TUNNELS).spend(
+            tunnel_id, secret_hash=hash_secret(secret), now=self._clock.now()
+        )
+        if record is None:
+            raise refused
+        reason = (await self._reasons([record])).get(record.id)
+        if reason is not None:
+            await self.tunnel_closed(record.id, reason)
+            raise AccessDeniedError("the tunnel may not be opened", details={"reason": reason})
+        return _grant(record)
+
+    async def tunnel_node(self, tunnel_id: str, certificate_pem: str) -> TunnelGrant:
+        """The tunnel a node's ``Tunnel`` stream answers: the certificate must be current for a live node, the
+        node the tunnel goes through, and the tunnel accepted and open.
+
+        Raises:
+            UnauthenticatedError: the certificate is not current for a live node.
+            AccessDeniedError: the tunnel is unknown, not accepted, closed, or another node's (reason
+                ``wrong_tunnel``).
+        """
+        node = await self.joins.node_of(certificate_pem)
+        record = await self._store.repository(TUNNELS).get(tunnel_id) if isinstance(tunnel_id, str) else None
+        if record is None or record.node_id != node.id or record.used_at is None or record.closed_at is not None:
+            raise AccessDeniedError("no such open tunnel for this node", details={"reason": "wrong_tunnel"})
+        return _grant(record)
+
+    async def tunnel_check(self, ids: Sequence[str]) -> dict[str, str]:
+        """Which of these open tunnels must close now, and why: ``closed`` (or the reason it was closed with),
+        ``unknown``, ``credential_revoked`` (the caller's credential is revoked, expired or gone), ``access_revoked``
+        (IAM no longer allows the tunnel's action on its resource), or what the owning module's check says. One
+        statement reads them all; IAM is asked once per caller, action and resource, from the database (never a
+        cache) when the IAM can (``FreshIam``)."""
+        records = await self._store.repository(TUNNELS).checked(list(dict.fromkeys(ids)), now=self._clock.now())
+        found = {r.id: r for r in records}
+        reasons = {i: "unknown" for i in ids if i not in found}
+        reasons.update(await self._reasons(records))
+        return reasons
+
+    async def _reasons(self, records: Sequence[TunnelRecord]) -> dict[str, str]:
+        reasons: dict[str, str] = {}
+        decided: dict[tuple[str, str, str, str, str], str | None] = {}
+        now = self._clock.now()
+        for record in records:
+            if record.closed_at is not None:
+                reasons[record.id] = record.close_reason or "closed"
+                continue
+            key = (record.credential_id, record.principal_id, record.action, record.resource_type, record.resource_id)
+            if key not in decided:
+                decided[key] = await self._allowed(record)
+            reason = decided[key]
+            if reason is None:
+                check = self._tunnel_checks.get(record.resource_type)
+                reason = await check(self._store, record, now) if check is not None else None
+            if reason is not None:
+                reasons[record.id] = reason
+        return reasons
+
+    async def _allowed(self, record: TunnelRecord) -> str | None:
+        """Why IAM no longer allows the tunnel (``None``: it does)."""
+        if self._context is None:
+            return None
+        iam = self._context.iam
+        try:
+            if isinstance(iam, FreshIam):
+                await iam.require_fresh(record.caller(), record.action, record.resource())
+            else:  # an IAM that cannot bypass its cache: revocation takes as long as its cache keeps an answer
+                await iam.require(record.caller(), record.action, record.resource())
+        except UnauthenticatedError:
+            return "credential_revoked"
+        except (AccessDeniedError, NotFoundError):
+            return "access_revoked"
+        return None
+
+    async def tunnel_closed(self, tunnel_id: str, reason: str, bytes_up: int = 0, bytes_down: int = 0) -> bool:
+        """Record that a tunnel ended, with why and how many bytes went each way (``up``: client to node), and
+        audit it; ``False`` when it was closed already (nothing is written twice)."""
+        async with self._store.transaction() as tx:
+            record = await tx.repository(TUNNELS).close(
+                tunnel_id, reason=reason[:128], bytes_up=bytes_up, bytes_down=bytes_down, now=self._clock.now()
+            )
+            if record is None:
+                return False
+            await tx.audit(closed_record(record))
+        log.info("tunnel %s closed: %s", tunnel_id, reason)
+        return True
+
+
+def _grant(record: TunnelRecord) -> TunnelGrant:
+    return TunnelGrant(
+        id=record.id,
+        tenant=record.tenant,
+        node_id=record.node_id,
+        host=record.host,
+        port=record.port,
+        resource_type=record.resource_type,
+        resource_id=record.resource_id,
+    )

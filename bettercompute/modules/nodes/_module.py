@@ -17,11 +17,12 @@ from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._claims import Attestor
 from bettercompute.modules.nodes._gateway import GatewayServices
 from bettercompute.modules.nodes._join import JoinService
-from bettercompute.modules.nodes._nodes import ACTIONS, NodesGroup
+from bettercompute.modules.nodes._nodes import ACTIONS, NODE, NodesGroup, node_tunnel_check
 from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS, NODES
 from bettercompute.modules.nodes._proofs import ChallengeIssuer
 from bettercompute.modules.nodes._sealing import JoinKeyPair, Unsealer
 from bettercompute.modules.nodes._tokens import JoinSettings
+from bettercompute.modules.nodes._tunnels import TUNNELS, TunnelCheck, sweep_tunnels
 from bettercompute.modules.pools._port import JOIN_TOKENS, POOLS
 from bettercompute.modules.secrets import SecretBroker
 from bettercompute.ports import Kms, Migration, Repository, Store
@@ -66,6 +67,15 @@ async def purge_nonces(context: ModuleContext) -> int:
     return purged
 
 
+async def _sweep_tunnels(context: ModuleContext) -> int:
+    """Close the tunnels no gateway carries any more (a gateway gone, a ticket never used)."""
+    closed = await sweep_tunnels(context.store, now=context.clock.now())
+    if closed:
+        log.info("closed %d tunnels no gateway carries", closed)
+    return closed
+
+
+TUNNEL_SWEEP = Job(name="tunnel-sweep", role="controllers", interval=dt.timedelta(seconds=30), run=_sweep_tunnels)
 NONCE_PURGE = Job(name="nonce-purge", role="controllers", interval=dt.timedelta(minutes=1), run=purge_nonces)
 
 
@@ -85,8 +95,9 @@ class IdentityModule:
         JOIN_KEYS,
         POOLS,
         JOIN_TOKENS,
+        TUNNELS,
     )
-    jobs: Sequence[Job] = (NONCE_PURGE, SESSION_SWEEPER)
+    jobs: Sequence[Job] = (NONCE_PURGE, SESSION_SWEEPER, TUNNEL_SWEEP)
 
     def __init__(self, settings: JoinSettings, kms: Kms, attestors: Sequence[Attestor] = ()) -> None:
         self._settings = settings
@@ -95,6 +106,9 @@ class IdentityModule:
         self._services: GatewayServices | None = None
         self.gateway_methods: tuple[GatewayMethod, ...] = ()
         """Other modules' gateway methods (``better_compute()`` collects them before ``initialize()``)."""
+        self.tunnel_checks: dict[str, TunnelCheck] = {NODE: node_tunnel_check}
+        """Every module's tunnel checks by resource type, this module's ``node`` among them (``better_compute()``
+        adds the others' before ``initialize()``)."""
 
     @property
     def services(self) -> GatewayServices:
@@ -136,6 +150,7 @@ class IdentityModule:
             clock=context.clock,
             context=context,
             methods=self.gateway_methods,
+            tunnel_checks=self.tunnel_checks,
         )
 
     async def stop(self) -> None:

@@ -17,15 +17,16 @@ from typing import Any, Literal, TypeVar
 import attrs
 
 from bettercompute._runtime.registry import CallContext, GroupSpec, method
-from bettercompute.errors import ConflictError, FailedPreconditionError, NotFoundError
-from bettercompute.fields import Text
+from bettercompute.errors import ConflictError, FailedPreconditionError, NotFoundError, UnauthenticatedError
+from bettercompute.fields import Integer, Text
 from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._inventory import acked_item, lifecycle_item
 from bettercompute.modules.nodes._inventory_port import INVENTORY, ConditionRecord
 from bettercompute.modules.nodes._port import NODES, NodeRecord
 from bettercompute.modules.nodes._tokens import JoinSettings
+from bettercompute.modules.nodes._tunnels import TunnelRecord, open_tunnel_in
 from bettercompute.paging import Keyset, PageInput
-from bettercompute.ports import OutboxEvent, ResourceRef, Transaction
+from bettercompute.ports import OutboxEvent, ResourceRef, Store, Transaction
 
 __all__ = [
     "NODE_CORDONED",
@@ -42,6 +43,9 @@ __all__ = [
     "RetireNodeInput",
     "RevokeNodeInput",
     "RevokedNode",
+    "TunnelNodeInput",
+    "TunnelOutput",
+    "node_tunnel_check",
     "retire_node",
 ]
 
@@ -97,6 +101,27 @@ class RequalifyNodeInput:
 
     id: str = attrs.field(validator=_ID)
     reason: str = attrs.field(default="", validator=_REASON)
+
+
+@attrs.frozen(kw_only=True)
+class TunnelNodeInput:
+    """A tunnel to a service a node listens to on its own loopback (``127.0.0.1:<port>``); the node's daemon takes
+    only the ports its configuration lists (``bcd node --tunnel-local-port``)."""
+
+    node_id: str = attrs.field(validator=_ID)
+    port: int = attrs.field(validator=Integer(minimum=1, maximum=65535, reason="must be 1 to 65535"))
+
+
+@attrs.frozen(kw_only=True)
+class TunnelOutput:
+    """A tunnel just opened: present ``ticket`` (once, within a minute: ``expires_at``) as the first frame of a
+    ``Tunnel`` stream to ``gateway``, whose server certificate chains to ``ca_pem``."""
+
+    tunnel_id: str
+    ticket: str
+    gateway: str
+    ca_pem: str
+    expires_at: dt.datetime
 
 
 @attrs.frozen(kw_only=True)
@@ -307,6 +332,62 @@ async def retire_handler(call: CallContext, input: RetireNodeInput) -> Node:
     return _node(record)
 
 
+def _by_node_id(input: Any) -> ResourceRef:
+    return ResourceRef(type=NODE, id=input.node_id)
+
+
+@method(mutates=True, resource=_by_node_id, replayable=False)
+async def tunnel_node(call: CallContext, input: TunnelNodeInput) -> TunnelOutput:
+    """Open a tunnel to ``127.0.0.1:<port>`` on a node, through the gateway holding its session (docs/tunnels.md).
+    The answer holds a one-time ticket: an idempotent retry is not answered it again.
+
+    Raises:
+        NotFoundError: there is no such node.
+        FailedPreconditionError: the node is retired.
+    """
+    record = await _existing(call, input.node_id)
+    if record.state == "retired":
+        raise FailedPreconditionError("the node is retired", details={"id": record.id, "state": record.state})
+    if call.identity is None:  # pragma: no cover - only open methods are called without an identity
+        raise UnauthenticatedError("a tunnel is opened by an authenticated caller")
+    settings = call.context.settings.get(JoinSettings)
+    ca = _ca(call)
+    async with call.transaction() as tx:
+        ticket = await open_tunnel_in(
+            tx,
+            tenant=record.tenant,
+            identity=call.identity,
+            node_id=record.id,
+            host="127.0.0.1",
+            port=input.port,
+            resource=ResourceRef(type=NODE, id=record.id),
+            action=call.method.action,
+            now=call.context.clock.now(),
+        )
+        call.describe(
+            resource_type=NODE,
+            resource_id=record.id,
+            tenant=record.tenant,
+            details={"event": "tunnel_opened", "tunnel_id": ticket.tunnel_id, "port": input.port},
+        )
+    assert settings is not None  # the group exists only with Options.join
+    return TunnelOutput(
+        tunnel_id=ticket.tunnel_id,
+        ticket=ticket.ticket,
+        gateway=settings.tunnel_gateway or settings.gateway_address,
+        ca_pem=await ca.trust_bundle_pem(),
+        expires_at=ticket.expires_at,
+    )
+
+
+async def node_tunnel_check(store: Store, tunnel: TunnelRecord, now: dt.datetime) -> str | None:
+    """The ``node`` resource type's tunnel check: a tunnel to a retired (or vanished) node closes."""
+    record = await store.repository(NODES).get(tunnel.resource_id)
+    if record is None or record.state == "retired":
+        return "node_retired"
+    return None
+
+
 NODE_CORDONED = "node.cordoned"
 """Published when a node stops taking new bookings (payload: node_id, pool_id, draining, reason)."""
 NODE_UNCORDONED = "node.uncordoned"
@@ -431,7 +512,7 @@ async def requalify_node(call: CallContext, input: RequalifyNodeInput) -> Node:
 
 
 class NodesGroup(GroupSpec[B]):
-    """Joined machines: list, get, cordon, drain, uncordon, requalify, revoke their identity, retire them."""
+    """Joined machines: list, get, cordon, drain, uncordon, requalify, revoke, retire, tunnel to a local service."""
 
     name = "nodes"
     list = list_nodes
@@ -442,6 +523,7 @@ class NodesGroup(GroupSpec[B]):
     requalify = requalify_node
     revoke = revoke_node
     retire = retire_handler
+    tunnel = tunnel_node
 
 
 ACTIONS = tuple(sorted(m.action for m in NodesGroup.methods.values()))

@@ -47,18 +47,23 @@ class JoinSettings:
         certificate_ttl: The lifetime of the certificates a join or a renewal gives a node (24 hours by default;
             ``bcd node`` renews at about two thirds of it). Certificates are backdated by a minute for slow clocks,
             so a lifetime of a minute or less would be expired when issued.
+        tunnel_gateway: ``host:port`` a tunnel's client dials (``nodes.tunnel``'s answer); ``gateway_address`` when
+            unset. Its server certificate must chain to the node CA (the answer's ``ca_pem``).
     """
 
     gateway_address: str
     trust_domain: str
     sealed_token_max_age: dt.timedelta = dt.timedelta(minutes=5)
     certificate_ttl: dt.timedelta = dt.timedelta(hours=24)
+    tunnel_gateway: str | None = None
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (``better_compute()`` reports it as ``INVALID_CONFIG``)."""
         problems = []
         if not _ADDRESS.fullmatch(self.gateway_address):
             problems.append("join.gateway_address: must be host:port")
+        if self.tunnel_gateway is not None and not _ADDRESS.fullmatch(self.tunnel_gateway):
+            problems.append("join.tunnel_gateway: must be host:port")
         if not _TRUST_DOMAIN.fullmatch(self.trust_domain):
             problems.append("join.trust_domain: must be a lower-case DNS name")
         if not dt.timedelta(seconds=10) <= self.sealed_token_max_age <= dt.timedelta(hours=1):

@@ -206,6 +206,37 @@ DO $$ BEGIN
 END $$;
 """
 
+# Tunnels (``docs/tunnels.md``): one row per tunnel, its ticket's hash, who opened it under which action on which
+# resource, where it goes, and its life. The gateway's once-a-second check marks the open ones it carries
+# (``checked_at``); the sweep closes those no gateway has checked for a while (a gateway that died) and the tickets
+# never used, by the one partial index.
+_V8 = """
+CREATE TABLE {schema}.tunnels (
+    id text PRIMARY KEY,
+    secret_hash bytea NOT NULL,
+    tenant text NOT NULL,
+    principal_id text NOT NULL,
+    credential_id text NOT NULL,
+    identity jsonb NOT NULL DEFAULT '{}',
+    node_id text NOT NULL REFERENCES {schema}.nodes (id),
+    host text NOT NULL,
+    port integer NOT NULL CHECK (port BETWEEN 1 AND 65535),
+    resource_type text NOT NULL,
+    resource_id text NOT NULL,
+    action text NOT NULL,
+    created_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL,
+    used_at timestamptz,
+    closed_at timestamptz,
+    close_reason text,
+    bytes_up bigint NOT NULL DEFAULT 0,
+    bytes_down bigint NOT NULL DEFAULT 0,
+    checked_at timestamptz,
+    CHECK ((closed_at IS NULL) = (close_reason IS NULL))
+);
+CREATE INDEX tunnels_open ON {schema}.tunnels (coalesce(checked_at, used_at, expires_at)) WHERE closed_at IS NULL;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
     Migration(version=2, name="gateway certificates", sql=_V2),
@@ -214,4 +245,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=5, name="node lifecycle, devices, conditions and atoms", sql=_V5),
     Migration(version=6, name="the placer's index on atoms", sql=_V6),
     Migration(version=7, name="the placer's hints follow the atoms", sql=_V7),
+    Migration(version=8, name="tunnels", sql=_V8),
 )

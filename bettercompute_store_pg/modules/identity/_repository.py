@@ -9,6 +9,7 @@ from bettercompute_store_pg._repository import PgRepository
 from bettercompute_store_pg.modules.identity._certificates import PgCertificates
 from bettercompute_store_pg.modules.identity._inventory import PgInventory
 from bettercompute_store_pg.modules.identity._nodes import PgJoinKeys, PgNodes
+from bettercompute_store_pg.modules.identity._tunnels import PgTunnels
 
 __all__ = ["REPOSITORIES"]
 
@@ -17,5 +18,6 @@ REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {
     "nodes": PgNodes,
     "join_keys": PgJoinKeys,
     "inventory": PgInventory,
+    "tunnels": PgTunnels,
 }
 """The adapters of this module's repositories, by ``Repository.name``."""

@@ -305,17 +305,22 @@ async def test_garbage_and_oversized_frames_are_refused_and_others_are_served(gw
     assert (await gw.join("SN-0002")).node_id != joined.node_id
 
 
-async def test_tunnels_are_not_served_yet(gw: Wire) -> None:
+async def test_a_tunnel_stream_that_opens_without_a_ticket_is_refused(gw: Wire) -> None:
     channel = gw.channel()
     try:
         async with channel.request(
             f"/{wire.SERVICE}/Tunnel", Cardinality.STREAM_STREAM, wire.TunnelFrame, wire.TunnelFrame
         ) as stream:
             await stream.send_request()
+            await stream.send_message(wire.TunnelFrame(data=b"no ticket"))
             await stream.end()
+            closing = await stream.recv_message()
+            assert closing is not None and closing.close_reason == "protocol"
+            assert await stream.recv_message() is None
             with pytest.raises(GRPCError) as caught:
-                await stream.recv_message()
-        assert caught.value.status == Status.UNIMPLEMENTED
+                await stream.recv_trailing_metadata()
+        assert caught.value.status == Status.INVALID_ARGUMENT
+        assert envelope(caught.value)["details"]["reason"] == "protocol"
     finally:
         channel.close()
 

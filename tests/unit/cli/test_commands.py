@@ -178,3 +178,12 @@ def test_the_entry_point_knows_every_server_command() -> None:
     typer_names = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
     typer_names |= {g.name or "" for g in app.registered_groups}
     assert set(OWN_COMMANDS) == typer_names
+
+
+def test_the_tunnel_command_picks_the_method_by_the_ids_prefix() -> None:
+    from bettercompute_cli._tunnel import TunnelError, tunnel_call
+
+    assert tunnel_call("node_0123", 22) == ("nodes/tunnel", {"node_id": "node_0123", "port": 22})
+    assert tunnel_call("inst_0123", 2222) == ("instances/tunnel", {"id": "inst_0123", "port": 2222})
+    with pytest.raises(TunnelError, match="node_"):
+        tunnel_call("pool_0123", 22)

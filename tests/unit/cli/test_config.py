@@ -492,3 +492,21 @@ def test_serve_queues_as_max_queued_says() -> None:
     assert build(load_config(None, {}), LOCAL_URL)[0].max_queued == 9  # the default pool's cap: 10 less one
     config = load_config(None, {"BETTERCOMPUTE_MAX_QUEUED": "40"})
     assert build(config, LOCAL_URL)[0].max_queued == 40 and build_serving(config, LOCAL_URL)[0].max_queued == 40
+
+
+def test_tunnel_keys_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    default = load_config(None, {})
+    assert (default.tunnel_gateway, default.tunnel_streams_per_tenant, default.tunnel_bytes_per_second) == (
+        None,
+        16,
+        8 * 1024 * 1024,
+    )
+    path = _write(tmp_path, 'tunnel_gateway = "tunnels.example.com:443"\ntunnel_streams_per_tenant = 4\n')
+    loaded = load_config(path, {"BETTERCOMPUTE_TUNNEL_BYTES_PER_SECOND": "1048576"})
+    assert loaded.tunnel_gateway == "tunnels.example.com:443"
+    assert (loaded.tunnel_streams_per_tenant, loaded.tunnel_bytes_per_second) == (4, 1024 * 1024)
+    bad = _write(tmp_path, 'tunnel_gateway = "no port"\ntunnel_streams_per_tenant = 0\ntunnel_bytes_per_second = 10\n')
+    problems = _problems(bad)
+    assert any("tunnel_gateway" in p for p in problems)
+    assert any("tunnel_streams_per_tenant" in p for p in problems)
+    assert any("tunnel_bytes_per_second" in p for p in problems)

@@ -156,6 +156,8 @@ def test_each_control_plane_has_a_registry_of_its_own() -> None:
         "bettercompute_gateway_sessions",
         "bettercompute_gateway_handshakes",
         "bettercompute_gateway_revocations_applied",
+        "bettercompute_gateway_tunnels",
+        "bettercompute_gateway_tunnel_bytes",
         "bettercompute_webhook_delivery_lag_seconds",
         "bettercompute_webhook_dead_letters",
         "bettercompute_db_pool_connections",

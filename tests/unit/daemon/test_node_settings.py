@@ -73,3 +73,12 @@ def test_a_node_with_a_vm_dir_gets_a_vm_host_on_its_own_bridge(tmp_path: Path) -
     assert options.bridge == bridge_name(NODE_ID) and options.network == "user"
     assert options.image_dirs == (Path("/srv/images"),) and options.accel == "tcg"
     assert (tmp_path / "vm").stat().st_mode & 0o777 == 0o700
+
+
+def test_tunnel_local_ports_are_none_unless_listed() -> None:
+    assert NodeSettings().tunnel_local_ports == ()
+    assert node_settings({"tunnel_local_ports": [8080, 22, 22]}).tunnel_local_ports == (22, 8080)
+    for bad in ([0], [65536], ["22"], [True], 22):
+        with pytest.raises(ConfigError) as raised:
+            node_settings({"tunnel_local_ports": bad})
+        assert any("tunnel_local_ports" in p for p in raised.value.problems)

@@ -32,6 +32,7 @@ __all__ = (
     "TrustBundleRequest",
     "TrustBundleResponse",
     "TunnelFrame",
+    "TunnelOpen",
     "Welcome",
 )
 
@@ -186,6 +187,8 @@ class ControlFrame(betterproto2.Message):
     command: "Command | None" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, optional=True, group="frame")
 
     close: "Close | None" = betterproto2.field(5, betterproto2.TYPE_MESSAGE, optional=True, group="frame")
+
+    tunnel_open: "TunnelOpen | None" = betterproto2.field(6, betterproto2.TYPE_MESSAGE, optional=True, group="frame")
 
 
 default_message_pool.register_message("bcnode.v1", "ControlFrame", ControlFrame)
@@ -472,10 +475,41 @@ default_message_pool.register_message("bcnode.v1", "TrustBundleResponse", TrustB
 
 @dataclass(eq=False, repr=False)
 class TunnelFrame(betterproto2.Message):
+    """
+    One frame of a tunnel stream, either way. The first frame of a client's stream carries only `ticket`
+    (`bctt_<id>.<secret>`); the first frame of a node's stream only `tunnel_id`. After that, `data` (at most 64 KiB a
+    frame). A frame with `close_reason` set is the last: the sender closes the tunnel for that reason.
+    """
+
     data: "bytes" = betterproto2.field(1, betterproto2.TYPE_BYTES)
+
+    ticket: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    tunnel_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    close_reason: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
 
 
 default_message_pool.register_message("bcnode.v1", "TunnelFrame", TunnelFrame)
+
+
+@dataclass(eq=False, repr=False)
+class TunnelOpen(betterproto2.Message):
+    """
+    The gateway asks the node to open tunnel `tunnel_id`: connect TCP to `host:port` (a local service on 127.0.0.1 the
+    daemon's configuration allows, or an instance's address), then open a `Tunnel` stream whose first frame carries
+    `tunnel_id`. A target the daemon refuses or cannot reach is answered on that stream with a `close_reason`
+    (`target_refused`, `target_unreachable`) and no data.
+    """
+
+    tunnel_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    host: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    port: "int" = betterproto2.field(3, betterproto2.TYPE_INT32)
+
+
+default_message_pool.register_message("bcnode.v1", "TunnelOpen", TunnelOpen)
 
 
 @dataclass(eq=False, repr=False)
@@ -637,7 +671,10 @@ class NodeStub(betterproto2_grpclib.ServiceStub):
         metadata: "MetadataLike | None" = None,
     ) -> "AsyncIterator[TunnelFrame]":
         """
-        Reserved for v0.3 (console and port tunnels); a gateway of this release answers UNIMPLEMENTED.
+        A TCP tunnel through the gateway (docs/tunnels.md). Two streams meet at the gateway: a client's, made without a
+        client certificate, whose first frame carries a one-time `ticket`; and the node's, made with the node's
+        certificate on the channel of its session after a `TunnelOpen` control frame, whose first frame carries the
+        `tunnel_id`. Then `data` flows both ways; the side that ends says why in `close_reason`.
         """
 
         async for response in self._stream_stream(
@@ -722,7 +759,10 @@ class NodeBase(betterproto2_grpclib.ServiceBase):
 
     async def tunnel(self, messages: "AsyncIterator[TunnelFrame]") -> "AsyncIterator[TunnelFrame]":
         """
-        Reserved for v0.3 (console and port tunnels); a gateway of this release answers UNIMPLEMENTED.
+        A TCP tunnel through the gateway (docs/tunnels.md). Two streams meet at the gateway: a client's, made without a
+        client certificate, whose first frame carries a one-time `ticket`; and the node's, made with the node's
+        certificate on the channel of its session after a `TunnelOpen` control frame, whose first frame carries the
+        `tunnel_id`. Then `data` flows both ways; the side that ends says why in `close_reason`.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
