@@ -44,7 +44,9 @@ from bettercompute_vps._provider import (
     compose_user_data,
     pick_instance_type,
 )
-from bettercompute_vps._workflows import AdapterFactory, default_adapters, provider_workflow
+from bettercompute_vps._workflows import AdapterFactory
+from bettercompute_vps._workflows import default_adapters as _default_adapters
+from bettercompute_vps._workflows import provider_workflow as _provider_workflow
 
 if typing.TYPE_CHECKING:
     from bettercompute_vps._ec2 import CLIENT_TOKEN_TAG, Ec2Adapter, Ec2Credentials, Ec2Settings
@@ -148,7 +150,7 @@ class VpsModule:
 
     def __init__(self, *, adapters: Mapping[str, AdapterFactory] | None = None) -> None:
         self.workflows: Sequence[Workflow] = (
-            provider_workflow(dict(adapters) if adapters is not None else default_adapters()),
+            _provider_workflow(dict(adapters) if adapters is not None else _default_adapters()),
         )
 
     async def start(self, context: ModuleContext) -> None:
