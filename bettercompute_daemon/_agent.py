@@ -81,6 +81,8 @@ _FINAL = IDENTITY_GONE
 _TUNNEL_CHUNK = 64 * 1024  # the most data a tunnel frame carries (the gateway refuses more)
 _CONNECT_TIMEOUT = 5.0
 _LOCAL = "127.0.0.1"
+INSTANCE_TARGET = "instance:"
+"""How the control plane names an instance as a tunnel's target host: ``instance:<instance id>``."""
 _CAPABILITIES = ["inventory", "desired-state", "cdi", "diag.nvml"]
 
 Observer = Callable[[str, Mapping[str, Any]], None]
@@ -392,25 +394,33 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    def _tunnel_allowed(self, host: str, port: int) -> bool:
+    def _tunnel_target(self, host: str, port: int) -> tuple[str, int] | None:
+        """Where a tunnel connects, or ``None`` when its target is not one this node serves: a local port it
+        allows, a port an instance it runs exposes (``instance:<id>``, resolved by the VM host, which knows the
+        instance's address or, with user networking, its forwarded port), or what ``tunnel_targets`` accepts."""
         if not 0 < port < 65536:
-            return False
+            return None
         if host == _LOCAL:
-            return port in self._tunnel_local_ports
+            return (host, port) if port in self._tunnel_local_ports else None
+        if host.startswith(INSTANCE_TARGET):
+            if self._vms is None:
+                return None
+            return self._vms.tunnel_endpoint(host[len(INSTANCE_TARGET) :], port)
         try:
-            return bool(self._tunnel_targets(host, port))
+            return (host, port) if self._tunnel_targets(host, port) else None
         except Exception:
-            return False
+            return None
 
     async def _tunnel(self, session: _Session, opening: wire.TunnelOpen) -> None:
         """Carry one tunnel: connect to its target and open its stream on the session's channel."""
         tunnel_id = opening.tunnel_id
         reason = "target_refused"
         connected: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        if self._tunnel_allowed(opening.host, opening.port):
+        target = self._tunnel_target(opening.host, opening.port)
+        if target is not None:
             try:
                 async with asyncio.timeout(_CONNECT_TIMEOUT):
-                    connected = await asyncio.open_connection(opening.host, opening.port)
+                    connected = await asyncio.open_connection(*target)
             except (OSError, TimeoutError):
                 reason = "target_unreachable"
         log.info("tunnel %s to %s:%d: %s", tunnel_id, opening.host, opening.port, "connected" if connected else reason)

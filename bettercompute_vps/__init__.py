@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from bettercompute import GatewayMethod, GroupSet, GroupSpec, Job, ModuleContext, Reconciler, Workflow
 from bettercompute.modules.images import IMAGES
-from bettercompute.modules.nodes import NODES
+from bettercompute.modules.nodes import NODES, TunnelCheck
 from bettercompute.modules.pools import POOLS
 from bettercompute.ports import Migration, Repository
 from bettercompute_vps import _service
@@ -112,6 +112,7 @@ class InstancesGroup(GroupSpec[_B]):
     delete = _service.delete
     console = _service.console
     usage = _service.usage
+    tunnel = _service.tunnel
 
 
 class VpsPoolsGroup(GroupSpec[_B]):
@@ -147,6 +148,7 @@ class VpsModule:
     reconcilers: Sequence[Reconciler] = (NODE_CONTROLLER,)
     repositories: Sequence[Repository[Any]] = (VPS, IMAGES, POOLS, NODES)
     gateway_methods: Sequence[GatewayMethod] = (REPORT,)
+    tunnel_checks: Mapping[str, TunnelCheck] = {_service.INSTANCE: _service.instance_tunnel_check}
 
     def __init__(self, *, adapters: Mapping[str, AdapterFactory] | None = None) -> None:
         self.workflows: Sequence[Workflow] = (

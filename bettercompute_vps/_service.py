@@ -26,9 +26,10 @@ from bettercompute.errors import (
     QuotaExceededError,
 )
 from bettercompute.modules.images import IMAGES, ImageRecord
+from bettercompute.modules.nodes import TunnelOutput, TunnelRecord
 from bettercompute.modules.pools import POOLS
 from bettercompute.paging import Keyset
-from bettercompute.ports import OutboxEvent, ResourceRef, Transaction
+from bettercompute.ports import OutboxEvent, ResourceRef, Store, Transaction
 from bettercompute_vps._port import VPS, HostRecord, InstanceRecord, PlacementAsk, PoolSettings
 from bettercompute_vps._schemas import (
     ConfigureVpsPoolInput,
@@ -44,6 +45,7 @@ from bettercompute_vps._schemas import (
     ProviderInput,
     ResizeInput,
     Size,
+    TunnelInput,
     Usage,
     UsageInput,
     VpsPool,
@@ -664,6 +666,82 @@ async def finish_delete(tx: Transaction, record: InstanceRecord, now: dt.datetim
     assert done is not None
     await tx.publish([event(done, "deleted")])
     return done
+
+
+# --- tunnels ------------------------------------------------------------------------------------------------------
+
+
+@method(mutates=True, resource=_on_instance, replayable=False)
+async def tunnel(call: CallContext, input: TunnelInput) -> TunnelOutput:
+    """Open a tunnel to one of a running hosted instance's ``ports``, through the gateway holding its node's session
+    (``better-compute tunnel <id> --port P --local L``; docs/tunnels.md). The answer holds a one-time ticket; the
+    tunnel closes when the instance stops or is deleted, or the caller loses ``compute:instances:tunnel`` on it.
+
+    Raises:
+        NotFoundError: no such instance.
+        InvalidInputError: the port is not one the instance exposes (``ports``).
+        FailedPreconditionError: the instance is not running on a node (a provider pool's instances are reached at
+            their provider's addresses).
+    """
+    from bettercompute import JoinSettings
+    from bettercompute.errors import UnauthenticatedError
+    from bettercompute.modules.nodes import CertificateAuthority, open_tunnel_in
+
+    record = await existing(call, input.id)
+    if input.port not in record.ports:
+        reason = f"the instance exposes ports {list(record.ports)} only"
+        raise InvalidInputError(f"port: {reason}", details={"path": "port", "reason": reason})
+    if record.pool_class != HOSTED or record.node_id is None:
+        raise FailedPreconditionError(
+            "only an instance on a node of a vps-host pool is reached through a tunnel",
+            details={"pool_class": record.pool_class},
+        )
+    if record.deleting or record.state != "running" or record.power != "running":
+        raise FailedPreconditionError(
+            f"the instance is {record.state}; a tunnel needs it running", details={"state": record.state}
+        )
+    if call.identity is None:  # pragma: no cover - only open methods are called without an identity
+        raise UnauthenticatedError("a tunnel is opened by an authenticated caller")
+    settings = call.context.settings.get(JoinSettings)
+    kms = call.context.kms
+    if settings is None or kms is None:
+        raise FailedPreconditionError("tunnels need node identity (Options.join) and a KMS")
+    async with call.transaction() as tx:
+        ticket = await open_tunnel_in(
+            tx,
+            tenant=record.tenant,
+            identity=call.identity,
+            node_id=record.node_id,
+            host=f"instance:{record.id}",
+            port=input.port,
+            resource=ResourceRef(type=INSTANCE, id=record.id),
+            action=call.method.action,
+            now=call.context.clock.now(),
+        )
+        call.describe(
+            resource_type=INSTANCE,
+            resource_id=record.id,
+            tenant=record.tenant,
+            details={"event": "tunnel_opened", "tunnel_id": ticket.tunnel_id, "port": input.port},
+        )
+    ca = CertificateAuthority(call.context.store, kms, trust_domain=settings.trust_domain, clock=call.context.clock)
+    return TunnelOutput(
+        tunnel_id=ticket.tunnel_id,
+        ticket=ticket.ticket,
+        gateway=settings.tunnel_gateway or settings.gateway_address,
+        ca_pem=await ca.trust_bundle_pem(),
+        expires_at=ticket.expires_at,
+    )
+
+
+async def instance_tunnel_check(store: Store, tunnel: TunnelRecord, now: dt.datetime) -> str | None:
+    """Tunnels to an instance close when it no longer runs: stopped, being deleted, failed, or gone."""
+    record = await store.repository(VPS).get_instance(tunnel.resource_id)
+    if record is None or record.deleted_at is not None or record.deleting:
+        return "instance_deleted"
+    if record.power != "running" or record.state not in ("running", "provisioning"):
+        return "instance_stopped"
+    return None
 
 
 # --- vps-pools ----------------------------------------------------------------------------------------------------

@@ -114,6 +114,14 @@ class VmHost:
         """Where the node opens a TCP connection to ``port`` of the instance (see ``VmRuntime.endpoint``)."""
         return self.runtime.endpoint(instance_id, port)
 
+    def tunnel_endpoint(self, instance_id: str, port: int) -> tuple[str, int] | None:
+        """Where a tunnel to ``port`` of an instance connects: only an instance this node is told to run, only one
+        of the ports its spec exposes (``None`` otherwise)."""
+        spec = self._wanted.get(instance_id)
+        if spec is None or port not in spec.ports:
+            return None
+        return self.endpoint(instance_id, port)
+
     def statuses(self) -> list[InstanceStatus]:
         """Every instance's status: those the runtime knows, and the malformed ones."""
         known = [self.runtime.status(i) for i in sorted(set(self.runtime.known()) | set(self._wanted))]

@@ -20,8 +20,9 @@ __all__ = [
     "lifecycle_item",
 ]
 
-INVENTORY_SECTIONS = frozenset({"gpus", "cpu", "memory", "disks", "nics"})
-"""The sections a daemon may report; any other is dropped (a node cannot grow the table without bound)."""
+INVENTORY_SECTIONS = frozenset({"gpus", "cpu", "memory", "disks", "nics", "vm"})
+"""The sections a daemon may report (``vm``: what a node running VM instances offers them); any other is dropped (a
+node cannot grow the table without bound)."""
 INVENTORY_REPORTED = "node.inventory_reported"
 """Published with each section kept (payload: node_id, section, fake)."""
 NODE_REPORTED = "node.reported"

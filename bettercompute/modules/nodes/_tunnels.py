@@ -46,7 +46,7 @@ STALE_AFTER = dt.timedelta(seconds=60)
 """How long an open tunnel may go unchecked (gateways check theirs every second) before the sweep closes it: the
 gateway that carried it is gone."""
 _TICKET = re.compile(r"bctt_(tn_[0-9a-f]{20})\.([A-Za-z0-9_-]{43})")
-_HOST = re.compile(r"[A-Za-z0-9.:-]{1,253}")
+_HOST = re.compile(r"[A-Za-z0-9.:_-]{1,253}")  # an address, or instance:<id> (the daemon resolves it)
 
 
 @attrs.frozen(kw_only=True)
@@ -180,7 +180,8 @@ async def open_tunnel_in(
         tenant: The tenant the tunnel is counted against (the resource's).
         identity: The caller, re-checked with IAM for ``action`` on ``resource`` while the tunnel is open.
         node_id: The node whose daemon connects to ``host:port``.
-        host: ``127.0.0.1`` for the node's own services, else the address of an instance the node runs.
+        host: ``127.0.0.1`` for the node's own services, or ``instance:<id>`` for an instance the node runs (its
+            daemon resolves it: the instance's address, or its forwarded port with user networking).
         port: The TCP port.
         resource: What ``action`` was allowed on; its ``type`` says which module's ``tunnel_checks`` apply.
         action: The IAM action that allowed the tunnel.
