@@ -196,6 +196,20 @@ def test_a_hosted_instance_runs_on_a_real_node_and_is_reached_through_a_tunnel(
         command.wait_for("Ctrl-C to stop", in_stderr=True)
         payload = os.urandom(256 * 1024)
         assert _until(lambda: _echo(local, payload) == payload, "bytes echoed through the tunnel", within=60)
+
+        # An open tunnel closes within about 2 s once the instance is told to stop.
+        with socket.create_connection(("127.0.0.1", local), timeout=30) as held:
+            held.sendall(b"ping")
+            assert held.recv(4) == b"ping"
+            asked = time.monotonic()
+            call("instances/stop", {"id": instance_id})
+            held.settimeout(10)
+            try:
+                rest = held.recv(1)
+            except (ConnectionResetError, TimeoutError):
+                rest = b"?"
+            closed_after = time.monotonic() - asked
+        assert rest == b"" and closed_after < 3.0, (rest, closed_after)
         assert command.stop(signal.SIGINT) == 0
 
         # A port the instance does not expose is refused before any tunnel exists.
@@ -207,8 +221,7 @@ def test_a_hosted_instance_runs_on_a_real_node_and_is_reached_through_a_tunnel(
         )
         assert refused.status_code == 400 and refused.json()["error"]["details"]["path"] == "port", refused.text
 
-        # Stop, start, delete: each only changes what the instance should be, and the node converges.
-        call("instances/stop", {"id": instance_id})
+        # Stop (asked above), start, delete: each only changes what the instance should be; the node converges.
         _until(lambda: instance()["state"] == "stopped", "instance stopped", logs=logs)
         stopped_tunnel = httpx.post(
             f"http://127.0.0.1:{plane.port}/api/compute/instances/tunnel",
