@@ -181,3 +181,33 @@ async def test_the_agent_acknowledges_once_the_instances_were_acted_on(tmp_path:
     finally:
         await stream.inbox.put(None)
         await serving
+
+
+class EndpointRuntime(FakeRuntime):
+    """Every instance at 10.0.0.<n> on the node's bridge."""
+
+    def endpoint(self, instance_id: str, port: int) -> tuple[str, int] | None:
+        return ("10.0.0.2", port) if instance_id in self.vms else None
+
+
+async def test_a_tunnel_reaches_only_a_port_an_instance_this_node_runs_exposes(tmp_path: Path) -> None:
+    runtime = EndpointRuntime()
+    host = VmHost(runtime)
+    await host.apply(*parse_instances({"instances": [entry("a")]}))  # exposes port 22 only
+    now = time.time()
+    state, _ = joined(tmp_path, not_before=now - 60, not_after=now + 3600)
+    state.save_config(NodeConfig(gateway="127.0.0.1:1", trust_domain="example.com", pool=None, join_key="k" * 43))
+    inventory = Inventory(claims={}, sections={}, health={}, fake=True)
+    agent = Agent(state, inventory, cdi_dir=None, vms=host, tunnel_local_ports=(9100,))
+    assert agent._tunnel_target("instance:a", 22) == ("10.0.0.2", 22)
+    assert agent._tunnel_target("instance:a", 80) is None  # not one of its ports
+    assert agent._tunnel_target("instance:b", 22) is None  # not an instance of this node
+    assert agent._tunnel_target("instance:", 22) is None
+    assert agent._tunnel_target("10.0.0.2", 22) is None  # an address is no instance target
+    assert agent._tunnel_target("127.0.0.1", 9100) == ("127.0.0.1", 9100)
+    assert agent._tunnel_target("127.0.0.1", 22) is None
+    assert agent._tunnel_target("instance:a", 0) is None
+    await host.apply(*parse_instances({"instances": []}))
+    assert agent._tunnel_target("instance:a", 22) is None  # deleted: gone at once
+    without_vms = Agent(state, inventory, cdi_dir=None)
+    assert without_vms._tunnel_target("instance:a", 22) is None
