@@ -27,6 +27,7 @@ from bettercompute_vps._schemas import (
     ListInstancesInput,
     ResizeInput,
     Size,
+    TunnelInput,
     UsageInput,
 )
 
@@ -108,6 +109,7 @@ async def test_an_instance_is_placed_runs_stops_and_is_deleted_through_its_node(
     await vps.report(host, [{"id": created.id, "spec": entry["spec"], "state": "stopped"}])
     assert (await _instance(vps, created.id)).state == "stopped"
 
+    vps.fleet.clock.advance(dt.timedelta(hours=2))
     await instances.delete(vps.fleet.alice, InstanceInput(id=created.id))
     await vps.tick()
     assert _entry(await vps.desired(host.node_id), created.id) is None
@@ -115,13 +117,22 @@ async def test_an_instance_is_placed_runs_stops_and_is_deleted_through_its_node(
     gone = await _instance(vps, created.id)
     assert gone.state == "deleted" and gone.deleted_at is not None
 
-    # Its booking is usage: 2 vCPUs for the time it lived (the manual clock did not move: a positive sliver).
-    now = vps.fleet.clock.now()
+    # Its booking is usage: 2 vCPUs, 2 GiB and 10 GiB of disk for the two hours and some seconds it lived; a
+    # window over its second hour only counts that hour.
+    start = created.created_at
     usage = await instances.usage(
-        vps.fleet.alice,
-        UsageInput(tenant=vps.fleet.acme, start=now - dt.timedelta(hours=1), end=now + dt.timedelta(hours=1)),
+        vps.fleet.alice, UsageInput(tenant=vps.fleet.acme, start=start, end=start + dt.timedelta(days=1))
     )
-    assert [p.pool_id for p in usage.pools] == [pool]
+    (used,) = usage.pools
+    assert used.pool_id == pool and used.gpu_hours == 0
+    assert used.vcpu_hours == pytest.approx(4.0, abs=0.05) and used.disk_gib_hours == pytest.approx(20.0, abs=0.5)
+    hour = await instances.usage(
+        vps.fleet.alice,
+        UsageInput(tenant=vps.fleet.acme, start=start + dt.timedelta(hours=1), end=start + dt.timedelta(hours=2)),
+    )
+    assert hour.pools[0].vcpu_hours == pytest.approx(2.0) and hour.pools[0].memory_gib_hours == pytest.approx(2.0)
+    with pytest.raises(InvalidInputError):
+        await instances.usage(vps.fleet.alice, UsageInput(tenant=vps.fleet.acme, start=start, end=start))
 
 
 async def test_placement_refuses_what_does_not_fit_and_says_why(vps: Vps) -> None:
@@ -286,3 +297,29 @@ async def test_an_instance_on_a_lost_node_says_why(vps: Vps) -> None:
         await vps.groups.instances.reboot(vps.fleet.alice, InstanceInput(id=created.id))
     deleted = await vps.groups.instances.delete(vps.fleet.alice, InstanceInput(id=created.id))
     assert deleted.state == "deleted"
+
+
+async def test_a_tunnel_is_opened_only_to_an_exposed_port_of_a_running_instance_by_its_tenant(vps: Vps) -> None:
+    pool = await vps.fleet.new_pool("vms", "vps-host")
+    image = await vps.image()
+    host = await vps.host(pool, "SN-A")
+    instances = vps.groups.instances
+    created = await instances.create(vps.fleet.alice, _create(vps, pool, image))
+    with pytest.raises(FailedPreconditionError):  # not running yet
+        await instances.tunnel(vps.fleet.alice, TunnelInput(id=created.id, port=22))
+    await vps.tick()
+    await vps.report(host, [{"id": created.id, "spec": 1, "state": "running"}])
+    with pytest.raises(InvalidInputError) as port:
+        await instances.tunnel(vps.fleet.alice, TunnelInput(id=created.id, port=8080))
+    assert port.value.details["path"] == "port"
+    with pytest.raises((AccessDeniedError, NotFoundError)):
+        await instances.tunnel(vps.fleet.mallory, TunnelInput(id=created.id, port=22))
+    opened = await instances.tunnel(vps.fleet.alice, TunnelInput(id=created.id, port=22))
+    assert opened.ticket.startswith("bctt_") and opened.ca_pem.startswith("-----BEGIN CERTIFICATE-----")
+    rows = await vps.fleet.store.fetch(
+        vps.fleet.store.sql("SELECT node_id, host, port, resource_type FROM {s}.tunnels WHERE id = :id"),
+        {"id": opened.tunnel_id},
+    )
+    assert [(r.node_id, r.host, r.port, r.resource_type) for r in rows] == [
+        (host.node_id, f"instance:{created.id}", 22, "compute-instance")
+    ]
