@@ -20,10 +20,11 @@ from bettercompute.modules.images import RegisterImageInput
 from bettercompute.modules.nodes import NODES
 from bettercompute_vps import Ec2Adapter, Ec2Credentials, Ec2Settings, VpsGroups, VpsModule
 
+from ..cli.conftest import cli_env
 from ..joins.conftest import Fleet, attestors, certificate_ttl, claims, clock, fleet
 from ._moto import ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY, MotoServer, start_moto
 
-__all__ = ["Host", "Vps", "attestors", "certificate_ttl", "clock", "fleet", "modules"]
+__all__ = ["Host", "Vps", "attestors", "certificate_ttl", "cli_env", "clock", "fleet", "modules"]
 
 
 @pytest.fixture(scope="session")

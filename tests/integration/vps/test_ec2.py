@@ -196,14 +196,16 @@ THROTTLED_BODY = (
     b"<RequestID>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</RequestID></Response>"
 )
 
-Fault = Literal["throttle", "drop"]
+Fault = Literal["throttle", "drop", "hold"]
 
 
 class FaultyProxy:
     """An HTTP proxy in front of moto, one request per connection, that spoils the first RunInstances.
 
     ``throttle``: answers it 503 with EC2's ``RequestLimitExceeded`` error, moto never sees it. ``drop``: forwards it,
-    reads moto's answer (the VM now exists), and closes the client's connection without a byte of it.
+    reads moto's answer (the VM now exists), and closes the client's connection without a byte of it. ``hold``:
+    forwards it, reads moto's answer, sets ``held`` and sits on the answer until ``release()`` (then sends it) or
+    until the client goes away (then sets ``client_gone``): a call in flight for as long as a test needs.
     """
 
     def __init__(self, upstream: str, fault: Fault) -> None:
@@ -211,6 +213,13 @@ class FaultyProxy:
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.fault = fault
         self.run_instances_seen = 0
+        self.held = asyncio.Event()
+        self.client_gone = asyncio.Event()
+        self._released = asyncio.Event()
+
+    def release(self) -> None:
+        """Let a held answer go (and any later one: only the first RunInstances is ever held)."""
+        self._released.set()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -229,8 +238,10 @@ class FaultyProxy:
                 await writer.drain()
                 return
             answer = await self._forward(head, body)
-            if spoil:  # the drop: moto has done the launch, the client hears nothing
+            if spoil and self.fault == "drop":  # moto has done the launch, the client hears nothing
                 writer.transport.abort()
+                return
+            if spoil and not await self._hold(reader):
                 return
             writer.write(answer)
             await writer.drain()
@@ -240,6 +251,27 @@ class FaultyProxy:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
+
+    async def _hold(self, reader: asyncio.StreamReader) -> bool:
+        """Wait for ``release()`` (``True``: answer now) or for the client to close its connection (``False``)."""
+        self.held.set()
+
+        async def until_gone() -> None:
+            # The client sent its one request and only reads from now on: a read ends only when it goes away.
+            with contextlib.suppress(ConnectionError):
+                await reader.read(1)
+
+        gone = asyncio.ensure_future(until_gone())
+        released = asyncio.ensure_future(self._released.wait())
+        try:
+            await asyncio.wait({gone, released}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (gone, released):
+                task.cancel()
+        if released.done() and not released.cancelled():
+            return True
+        self.client_gone.set()
+        return False
 
     async def _forward(self, head: bytes, body: bytes) -> bytes:
         upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
@@ -263,6 +295,7 @@ async def faulty_proxy(upstream: str, fault: Fault) -> AsyncIterator[tuple[str, 
     try:
         yield f"http://127.0.0.1:{port}", proxy
     finally:
+        proxy.release()  # a held answer must not keep its connection open past the test
         server.close()
         await server.wait_closed()
 
