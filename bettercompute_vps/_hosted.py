@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bettercompute import GatewayCall, GatewayMethod, Job, ModuleContext, Outcome, ReconcileContext, Reconciler
-from bettercompute.errors import AccessDeniedError, InvalidInputError
+from bettercompute.errors import AccessDeniedError, ComputeError, InvalidInputError
 from bettercompute.modules.images import IMAGES, ImageRecord
 from bettercompute.modules.nodes import NODES, poke_gateways, set_desired_state
 from bettercompute.ports import Store, WorkItem
@@ -44,8 +44,15 @@ def node_item(node_id: str) -> WorkItem:
 # --- host offers --------------------------------------------------------------------------------------------------
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+# What one node may offer at most: a node's report never becomes a value the host row cannot hold (which would stop
+# the job for every node after it), nor an offer no machine has.
+MAX_OFFER = {"vcpu": 4096, "memory_mib": 64 * 1024 * 1024, "disk_gib": 1024 * 1024}
+
+
+def _int(value: Any, limit: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return 0
+    return min(value, limit)
 
 
 def offer_of(row: Mapping[str, Any]) -> HostRecord:
@@ -63,10 +70,12 @@ def offer_of(row: Mapping[str, Any]) -> HostRecord:
         node_id=row["node_id"],
         pool_id=row["pool_id"],
         tenant=row["tenant"],
-        vcpu=_int(vm.get("vcpu")) if vm is not None else 0,
-        memory_mib=_int(vm.get("memory_mib")) if vm is not None else 0,
-        disk_gib=_int(vm.get("disk_gib")) if vm is not None else 0,
-        gpus=tuple(sorted(str(g) for g in gpus if isinstance(g, str) and g))[:64] if isinstance(gpus, list) else (),
+        vcpu=_int(vm.get("vcpu"), MAX_OFFER["vcpu"]) if vm is not None else 0,
+        memory_mib=_int(vm.get("memory_mib"), MAX_OFFER["memory_mib"]) if vm is not None else 0,
+        disk_gib=_int(vm.get("disk_gib"), MAX_OFFER["disk_gib"]) if vm is not None else 0,
+        gpus=tuple(sorted(g for g in gpus if isinstance(g, str) and 0 < len(g) <= 128 and g.isprintable()))[:64]
+        if isinstance(gpus, list)
+        else (),
         available=reason is None,
         reason=reason,
     )
@@ -77,8 +86,11 @@ async def sync_hosts(context: ModuleContext) -> int:
     store = context.store
     changed = 0
     for row in await store.repository(VPS).host_offers(limit=100_000):
-        if await store.repository(VPS).upsert_host(offer_of(row)):
-            changed += 1
+        try:
+            if await store.repository(VPS).upsert_host(offer_of(row)):
+                changed += 1
+        except ComputeError as exc:  # one node's row never holds up the others'
+            log.warning("vps hosts: node %s not synced: %s", row.get("node_id"), exc.code)
     if changed:
         log.info("vps hosts: %d changed", changed)
     return changed
@@ -185,9 +197,13 @@ def _addresses(value: Any) -> tuple[str, ...]:
     for item in value if isinstance(value, list) else ():
         if isinstance(item, str) and len(item) <= 64:
             try:
-                found.append(str(ipaddress.ip_address(item)))
+                address = ipaddress.ip_address(item)
             except ValueError:
                 continue
+            # An instance's address is one a tenant may use: never loopback, link-local (the metadata service's),
+            # multicast or unspecified, whatever a node says.
+            if not (address.is_loopback or address.is_link_local or address.is_multicast or address.is_unspecified):
+                found.append(str(address))
     return tuple(found[:16])
 
 

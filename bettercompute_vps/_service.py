@@ -18,6 +18,8 @@ from typing import Any
 
 from bettercompute import CallContext, method
 from bettercompute.errors import (
+    AccessDeniedError,
+    ComputeError,
     ConflictError,
     FailedPreconditionError,
     InvalidInputError,
@@ -325,6 +327,11 @@ async def create(call: CallContext, input: CreateInstanceInput) -> Instance:
             reason = f"the image has no {kind} image id (provider_images)"
             raise InvalidInputError(f"image_id: {reason}", details={"path": "image_id", "reason": reason})
         instance_type = provider_instance_type(settings, input.size)
+        # What the provider will be given is checked now, not at the launch: user data of a kind cloud-init does
+        # not know, or that outgrows the limit once the keys are merged in, is refused here with its path.
+        from bettercompute_vps._provider import compose_user_data
+
+        compose_user_data(input.user_data, input.ssh_authorized_keys, input.hostname or input.name)
     ask = PlacementAsk(
         vcpu=input.size.vcpu, memory_mib=input.size.memory_mib, disk_gib=input.size.disk_gib, gpus=input.size.gpus
     )
@@ -747,6 +754,22 @@ async def instance_tunnel_check(store: Store, tunnel: TunnelRecord, now: dt.date
 # --- vps-pools ----------------------------------------------------------------------------------------------------
 
 
+def _check_endpoint(provider: ProviderInput) -> None:
+    """Refuse settings the EC2 adapter would refuse at the first launch (when it is installed)."""
+    try:
+        from bettercompute_vps._ec2 import Ec2Settings
+    except ImportError:  # boto3 is not installed: the workflow says so at the launch
+        return
+    settings = {"region": provider.region, "endpoint_url": provider.endpoint_url, "subnet_id": provider.subnet_id}
+    try:
+        Ec2Settings.from_mapping({k: v for k, v in settings.items() if v is not None})
+    except ComputeError as exc:
+        path = exc.details.get("path") if isinstance(exc.details, dict) else None
+        raise InvalidInputError(
+            f"provider.{path or 'endpoint_url'}: {exc.message}", details={"path": f"provider.{path or 'endpoint_url'}"}
+        ) from None
+
+
 @method(mutates=True, resource=_on_pool)
 async def configure_pool(call: CallContext, input: ConfigureVpsPoolInput) -> VpsPool:
     """Set how a ``vps-host`` or ``provider`` pool runs instances: overcommit ratios, per-tenant quotas and, for a
@@ -769,6 +792,16 @@ async def configure_pool(call: CallContext, input: ConfigureVpsPoolInput) -> Vps
     if pool.pool_class == PROVIDER:
         if input.provider is None:
             raise InvalidInputError("provider: a provider pool needs one", details={"path": "provider"})
+        if input.provider.endpoint_url is not None:
+            # The workers call the endpoint from inside the control plane's network: only an operator (a caller of
+            # the root tenant) points a pool at one, never a tenant (it would probe internal addresses with it).
+            identity = call.identity
+            if identity is None or not identity.is_root:
+                raise AccessDeniedError(
+                    "only an operator of the root tenant may set a provider endpoint_url",
+                    details={"path": "provider.endpoint_url", "reason": "operator_only"},
+                )
+            _check_endpoint(input.provider)
         names = [t.name for t in input.provider.instance_types]
         if not names or len(set(names)) != len(names):
             reason = "name at least one instance type, each once"

@@ -190,6 +190,12 @@ def _step(
                 await _note(ctx, record, reason=exc.code, message=exc.message[:500])
                 return StepOutcome.retry(dt.timedelta(seconds=min(30, 2**ctx.attempt)), reason=exc.code)
             return await _fail(ctx, record, exc.code, exc.message)
+        except ComputeError as exc:
+            # A refusal of ours (user data the provider cannot take, settings the adapter refuses): it will not
+            # pass by trying again, so the instance fails with it at once instead of polling for hours.
+            if exc.code == "UNAVAILABLE" and ctx.attempt < RETRYABLE_ATTEMPTS:
+                return StepOutcome.retry(dt.timedelta(seconds=min(30, 2**ctx.attempt)), reason=exc.code)
+            return await _fail(ctx, record, exc.code, exc.message)
         finally:
             await adapter.aclose()
 

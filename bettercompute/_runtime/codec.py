@@ -225,7 +225,10 @@ def _decode_datetime(value: Any, path: Path) -> dt.datetime:
         raise _fail(path, "expected an ISO 8601 timestamp") from None
     if parsed.tzinfo is None:
         raise _fail(path, "the timestamp needs a time zone (use Z for UTC)")
-    return parsed.astimezone(dt.UTC)
+    try:
+        return parsed.astimezone(dt.UTC)
+    except OverflowError:  # 9999-12-31T23:00:00-10:00 is past the last representable instant
+        raise _fail(path, "the timestamp is out of range") from None
 
 
 def _decode_uuid(value: Any, path: Path) -> uuid.UUID:

@@ -72,11 +72,13 @@ def fingerprint(path: str, input: Any, wire: Mapping[str, Any]) -> str:
 
 
 def _resource_id(wire: Any) -> str | None:
-    """The id a creating method's answer names: its ``id``, or the ``id`` of an object it holds."""
+    """The id a creating method's answer names: its ``id`` (a tunnel's answer: ``tunnel_id``), or the ``id`` of an
+    object it holds."""
     if not isinstance(wire, Mapping):
         return None
-    if isinstance(wire.get("id"), str):
-        return str(wire["id"])
+    for name in ("id", "tunnel_id"):
+        if isinstance(wire.get(name), str):
+            return str(wire[name])
     for value in wire.values():
         if isinstance(value, Mapping) and isinstance(value.get("id"), str):
             return str(value["id"])

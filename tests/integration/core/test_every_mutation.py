@@ -37,6 +37,7 @@ from bettercompute.modules.nodes import (
     RequalifyNodeInput,
     RetireNodeInput,
     RevokeNodeInput,
+    TunnelNodeInput,
 )
 from bettercompute.modules.pools import (
     CreateJoinTokenInput,
@@ -250,6 +251,11 @@ async def _nodes_cordon(w: World) -> tuple[Any, Any]:
     return CordonNodeInput(id=await w.node(), reason="rack work"), CordonNodeInput(id=await w.node())
 
 
+async def _nodes_tunnel(w: World) -> tuple[Any, Any]:
+    node = await w.node()
+    return TunnelNodeInput(node_id=node, port=22), TunnelNodeInput(node_id=node, port=23)
+
+
 async def _nodes_requalify(w: World) -> tuple[Any, Any]:
     return RequalifyNodeInput(id=await w.node()), RequalifyNodeInput(id=await w.node(), reason="new driver")
 
@@ -362,6 +368,7 @@ RECIPES: dict[str, Recipe] = {
     "nodes.drain": _nodes_cordon,
     "nodes.uncordon": _nodes_cordon,
     "nodes.requalify": _nodes_requalify,
+    "nodes.tunnel": _nodes_tunnel,
     "nodes.retire": _nodes_retire,
     "tenants.create": _tenants_create,
     "principals.create": _principals_create,

@@ -55,6 +55,7 @@ OTHER_FIELDS: dict[str, Any] = {
     "expires_in_seconds": 3600,
     "gpus": 1,
     "sha256": "d" * 64,
+    "port": 22,
 }
 # Optional fields some methods need to get past their own checks (a reservation's end).
 EXTRA_FIELDS: dict[str, dict[str, Any]] = {

@@ -36,6 +36,7 @@ class Fleet:
     kms: GuardedKms
     clock: ManualClock
     acme: str
+    root: str
     alice: str
     globex: str
     mallory: str
@@ -176,6 +177,7 @@ async def fleet(
             kms=kms,
             clock=clock,
             acme=t.acme,
+            root=t.root,
             alice=t.alice,
             globex=t.globex,
             mallory=t.mallory,

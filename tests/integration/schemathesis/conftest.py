@@ -60,9 +60,12 @@ expected-statuses = ["2xx", "401", "403", "404", "409", "429"]
 # match actions in the live catalog, and a list's cursor must be one that list returned (the document gives its
 # alphabet and length; what it decodes to is the list's). A reservation's window depends on the moment it is asked
 # (a start not in the past) and on the pool's quota (its longest reservation), and takes one of an end and a
-# duration. These operations run in a second pass with every check but that one.
+# duration. An image's URL is checked by its parts (no user information, a normal file path; see
+# ``bettercompute.modules.images.url_problem``), and its kernel and initrd must be images of the tenant. These
+# operations run in a second pass with every check but that one.
 UNPUBLISHED = [
     "/api/compute/webhooks/create",
+    "/api/compute/images/register",
     "/api/compute/roles/create",
     "/api/compute/reservations/create",
     "/api/compute/reservations/extend",

@@ -30,6 +30,7 @@ NODE_KEYS = [
     ("node_conditions", "node_conditions_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
     ("node_inventory", "node_inventory_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
     ("sessions", "sessions_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
+    ("tunnels", "tunnels_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
 ]
 
 

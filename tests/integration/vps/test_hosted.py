@@ -323,3 +323,34 @@ async def test_a_tunnel_is_opened_only_to_an_exposed_port_of_a_running_instance_
     assert [(r.node_id, r.host, r.port, r.resource_type) for r in rows] == [
         (host.node_id, f"instance:{created.id}", 22, "compute-instance")
     ]
+
+
+async def test_one_nodes_poison_never_stops_the_others(vps: Vps) -> None:
+    pool = await vps.fleet.new_pool("vms", "vps-host")
+    image = await vps.image()
+    first = await vps.host(pool, "SN-A", vcpu=2**31, memory_mib=2**62, disk_gib=-5)  # out of any column's range
+    second = await vps.host(pool, "SN-B", vcpu=2)
+    rows = await vps.fleet.store.fetch(
+        vps.fleet.store.sql("SELECT node_id, vcpu, disk_gib FROM {s}.vps_hosts ORDER BY node_id"), {}
+    )
+    offered = {r.node_id: (r.vcpu, r.disk_gib) for r in rows}
+    assert offered[second.node_id] == (2, 100) and offered[first.node_id] == (4096, 0)
+    created = await vps.groups.instances.create(vps.fleet.alice, _create(vps, pool, image, disk_gib=10))
+    assert created.node_id == second.node_id  # the first offers no disk at all
+    # A node's report says where its instance is; never an address no tenant may use.
+    await vps.tick()
+    await vps.report(
+        second,
+        [{"id": created.id, "spec": 1, "state": "running", "addresses": ["127.0.0.1", "169.254.169.254", "10.1.2.3"]}],
+    )
+    assert (await _instance(vps, created.id)).addresses == ("10.1.2.3",)
+
+
+async def test_a_timestamp_past_the_calendar_is_bad_input_not_a_crash(vps: Vps) -> None:
+    response = await vps.fleet.http.post(
+        "/api/compute/instances/usage",
+        headers={"authorization": f"Bearer {vps.fleet.alice}"},
+        json={"tenant": vps.fleet.acme, "start": "2030-01-01T00:00:00Z", "end": "9999-12-31T23:00:00-10:00"},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["details"]["path"] == "end"

@@ -9,9 +9,10 @@ import datetime as dt
 import json
 from typing import Any
 
+import attrs
 import pytest
 
-from bettercompute.errors import InvalidInputError, NoCapacityError
+from bettercompute.errors import AccessDeniedError, InvalidInputError, NoCapacityError
 from bettercompute.modules.images import RegisterImageInput
 from bettercompute.modules.secrets import CreateSecretInput
 from bettercompute_vps._schemas import (
@@ -58,7 +59,7 @@ async def _pool(vps: Vps, endpoint: str, ami: str | None) -> tuple[str, str]:
         ),
     )
     await vps.groups.vps_pools.configure(
-        fleet.alice,
+        fleet.root,  # an endpoint_url is an operator's setting
         ConfigureVpsPoolInput(
             pool_id=pool,
             provider=ProviderInput(
@@ -188,6 +189,12 @@ async def test_provider_errors_become_the_instances_reason(vps: Vps, moto_ec2: s
     with pytest.raises(NoCapacityError) as too_big:
         await vps.groups.instances.create(vps.fleet.alice, _input(vps, pool, image, vcpu=64))
     assert too_big.value.details["reason"] == "no_instance_type"
+    # User data the provider could not be given is refused at once, not found out at the launch.
+    with pytest.raises(InvalidInputError) as unknown_kind:
+        await vps.groups.instances.create(
+            vps.fleet.alice, attrs.evolve(_input(vps, pool, image), name="api-2", user_data="hello")
+        )
+    assert unknown_kind.value.details["path"] == "user_data"
 
 
 async def test_a_provider_pool_is_configured_with_a_secret_of_its_own(vps: Vps, moto_ec2: str) -> None:
@@ -200,5 +207,19 @@ async def test_a_provider_pool_is_configured_with_a_secret_of_its_own(vps: Vps, 
     with pytest.raises(InvalidInputError) as missing:
         await vps.groups.vps_pools.configure(fleet.alice, ConfigureVpsPoolInput(pool_id=pool))
     assert missing.value.details["path"] == "provider"
+    # The workers would call an endpoint from inside the control plane's network: a tenant may not set one.
+    await fleet.compute.api.secrets.create(
+        fleet.alice, CreateSecretInput(tenant=fleet.acme, name="keys", scope=f"pool:{pool}", value="{}")
+    )
+    internal = attrs.evolve(provider, credentials_secret="keys", endpoint_url="http://169.254.169.254/latest")
+    with pytest.raises(AccessDeniedError) as tenant_endpoint:
+        await vps.groups.vps_pools.configure(fleet.alice, ConfigureVpsPoolInput(pool_id=pool, provider=internal))
+    assert tenant_endpoint.value.details["path"] == "provider.endpoint_url"
+    with pytest.raises(InvalidInputError) as with_user:
+        await vps.groups.vps_pools.configure(
+            fleet.root,
+            ConfigureVpsPoolInput(pool_id=pool, provider=attrs.evolve(internal, endpoint_url="http://u:p@h.example")),
+        )
+    assert with_user.value.details["path"].startswith("provider.")
     shown = await vps.groups.vps_pools.get(fleet.alice, GetVpsPoolInput(pool_id=pool))
     assert shown.provider is None
