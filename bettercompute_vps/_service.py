@@ -692,7 +692,7 @@ async def tunnel(call: CallContext, input: TunnelInput) -> TunnelOutput:
     """
     from bettercompute import JoinSettings
     from bettercompute.errors import UnauthenticatedError
-    from bettercompute.modules.nodes import CertificateAuthority, open_tunnel_in
+    from bettercompute.modules.nodes import open_tunnel_in, tunnel_output
 
     record = await existing(call, input.id)
     if input.port not in record.ports:
@@ -731,14 +731,7 @@ async def tunnel(call: CallContext, input: TunnelInput) -> TunnelOutput:
             tenant=record.tenant,
             details={"event": "tunnel_opened", "tunnel_id": ticket.tunnel_id, "port": input.port},
         )
-    ca = CertificateAuthority(call.context.store, kms, trust_domain=settings.trust_domain, clock=call.context.clock)
-    return TunnelOutput(
-        tunnel_id=ticket.tunnel_id,
-        ticket=ticket.ticket,
-        gateway=settings.tunnel_gateway or settings.gateway_address,
-        ca_pem=await ca.trust_bundle_pem(),
-        expires_at=ticket.expires_at,
-    )
+    return await tunnel_output(call, ticket)
 
 
 async def instance_tunnel_check(store: Store, tunnel: TunnelRecord, now: dt.datetime) -> str | None:

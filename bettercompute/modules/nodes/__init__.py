@@ -50,6 +50,7 @@ from bettercompute.modules.nodes._nodes import (
     RevokeNodeInput,
     TunnelNodeInput,
     TunnelOutput,
+    tunnel_output,
 )
 from bettercompute.modules.nodes._port import CERTIFICATES as CERTIFICATES
 from bettercompute.modules.nodes._port import JOIN_KEYS as JOIN_KEYS
@@ -181,5 +182,6 @@ __all__ = [
     "serial_hex",
     "set_desired_state",
     "sweep_tunnels",
+    "tunnel_output",
     "verify_signature",
 ]

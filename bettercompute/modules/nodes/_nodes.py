@@ -24,7 +24,7 @@ from bettercompute.modules.nodes._inventory import acked_item, lifecycle_item
 from bettercompute.modules.nodes._inventory_port import INVENTORY, ConditionRecord
 from bettercompute.modules.nodes._port import NODES, NodeRecord
 from bettercompute.modules.nodes._tokens import JoinSettings
-from bettercompute.modules.nodes._tunnels import TunnelRecord, open_tunnel_in
+from bettercompute.modules.nodes._tunnels import TunnelRecord, TunnelTicket, open_tunnel_in
 from bettercompute.paging import Keyset, PageInput
 from bettercompute.ports import OutboxEvent, ResourceRef, Store, Transaction
 
@@ -350,8 +350,6 @@ async def tunnel_node(call: CallContext, input: TunnelNodeInput) -> TunnelOutput
         raise FailedPreconditionError("the node is retired", details={"id": record.id, "state": record.state})
     if call.identity is None:  # pragma: no cover - only open methods are called without an identity
         raise UnauthenticatedError("a tunnel is opened by an authenticated caller")
-    settings = call.context.settings.get(JoinSettings)
-    ca = _ca(call)
     async with call.transaction() as tx:
         ticket = await open_tunnel_in(
             tx,
@@ -370,12 +368,20 @@ async def tunnel_node(call: CallContext, input: TunnelNodeInput) -> TunnelOutput
             tenant=record.tenant,
             details={"event": "tunnel_opened", "tunnel_id": ticket.tunnel_id, "port": input.port},
         )
-    assert settings is not None  # the group exists only with Options.join
+    return await tunnel_output(call, ticket)
+
+
+async def tunnel_output(call: CallContext, ticket: TunnelTicket) -> TunnelOutput:
+    """The answer of a method that opened a tunnel (``nodes.tunnel``, a module's own): the ticket, the gateway to
+    dial (``JoinSettings.tunnel_gateway``, else the join address) and the trust bundle to verify it with."""
+    settings = call.context.settings.get(JoinSettings)
+    if settings is None:  # pragma: no cover - tunnels exist only with Options.join
+        raise FailedPreconditionError("tunnels need node identity (Options.join)")
     return TunnelOutput(
         tunnel_id=ticket.tunnel_id,
         ticket=ticket.ticket,
         gateway=settings.tunnel_gateway or settings.gateway_address,
-        ca_pem=await ca.trust_bundle_pem(),
+        ca_pem=await _ca(call).trust_bundle_pem(),
         expires_at=ticket.expires_at,
     )
 
