@@ -1,7 +1,6 @@
 """The node's VM network: one Linux bridge holding the gateway address of a /24, one tap per instance on it (an
-isolated port: instances reach the node, not each other), and
-a stable address per instance, kept in ``<vm_dir>/addresses.json`` so that a restarted daemon gives the same
-instance the same address.
+isolated port: instances reach the node, not each other), and a stable address per instance, kept in
+``<vm_dir>/addresses.json`` so that a restarted daemon gives the same instance the same address.
 
 ``bridge`` mode needs CAP_NET_ADMIN (root) and the ``ip`` tool. ``user`` mode (QEMU's user networking, for a daemon
 that is not root) uses the same addresses inside QEMU's own network, whose gateway is the subnet's first address;
