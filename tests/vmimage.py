@@ -7,7 +7,9 @@ small raw file; the guest runs from its initramfs). The guest's ``/init``:
 - mounts the cloud-init NoCloud seed (the block device whose volume holds ``meta-data``) and prints
   ``hostname: <local-hostname>`` on the serial console;
 - sets the address and default route of ``network-config`` on ``eth0`` and prints ``network: <address>``;
-- runs a TCP echo service on port 7 (``nc -ll -p 7 -e cat``) and prints ``bettercompute-vm-ready``.
+- runs a TCP echo service on port 7 (``nc -ll -p 7 -e cat``) and prints ``bettercompute-vm-ready``;
+- when its user data has a line ``# probe <address>``, sends a line to port 7 of that address and prints
+  ``probe: <address> answered`` or ``probe: <address> did not answer`` (to test what one guest can reach).
 
 The kernel is unpacked by ``.ci/vm-kernel`` (``apt-get download`` + ``dpkg-deb -x``) into
 ``BETTERCOMPUTE_VM_KERNEL_DIR`` (default ``/var/cache/bettercompute-test/kernel``); busybox is Debian's
@@ -77,6 +79,14 @@ ip route add default via "$gateway"
 echo "network: $address"
 nc -ll -p 7 -e cat &
 echo "{ready}"
+probe=$(sed -n 's/^# probe \\(.*\\)$/\\1/p' /seed/user-data)
+if [ -n "$probe" ]; then
+  if echo "ping from a guest" | nc -w 3 "$probe" 7 | grep -q "ping from a guest"; then
+    echo "probe: $probe answered"
+  else
+    echo "probe: $probe did not answer"
+  fi
+fi
 while true; do sleep 3600; done
 """
 

@@ -1,6 +1,6 @@
-"""The node's VM network: one Linux bridge holding the gateway address of a /24, one tap per instance on it, and
-a stable address per instance, kept in ``<vm_dir>/addresses.json`` so that a restarted daemon gives the same
-instance the same address.
+"""The node's VM network: one Linux bridge holding the gateway address of a /24, one tap per instance on it (an
+isolated port: instances reach the node, not each other), and a stable address per instance, kept in
+``<vm_dir>/addresses.json`` so that a restarted daemon gives the same instance the same address.
 
 ``bridge`` mode needs CAP_NET_ADMIN (root) and the ``ip`` tool. ``user`` mode (QEMU's user networking, for a daemon
 that is not root) uses the same addresses inside QEMU's own network, whose gateway is the subnet's first address;
@@ -24,6 +24,7 @@ __all__ = [
     "bridge_name",
     "ensure_bridge",
     "ensure_tap",
+    "is_isolated",
     "mac_of",
     "remove_tap",
     "tap_name",
@@ -141,15 +142,27 @@ def ensure_bridge(name: str, gateway: str, prefix: int) -> None:
 
 
 def ensure_tap(name: str, bridge: str) -> None:
-    """Make the instance's tap (if missing), put it on the bridge and bring it up.
+    """Make the instance's tap (if missing), put it on the bridge as an isolated port and bring it up.
+
+    An isolated bridge port forwards only to ports that are not isolated: the bridge itself (the node, its gateway
+    address) still reaches every instance and is reached by it, but one instance's frames never reach another's tap.
+    The flag is set before the tap comes up, so no frame passes before it.
 
     Raises:
-        NetworkError: ``ip`` failed.
+        NetworkError: ``ip`` failed (a kernel before 5.2 has no isolated ports: the tap is refused rather than left
+        open to its neighbours).
     """
     if not _exists(name):
         _ip("tuntap", "add", "dev", name, "mode", "tap")
     _ip("link", "set", name, "master", bridge)
+    _ip("link", "set", "dev", name, "type", "bridge_slave", "isolated", "on")
     _ip("link", "set", name, "up")
+
+
+def is_isolated(name: str) -> bool:
+    """Whether the tap is an isolated port of its bridge (``ip -d link show``)."""
+    shown = json.loads(_ip("-j", "-d", "link", "show", "dev", name).stdout or "[]")
+    return any(link.get("linkinfo", {}).get("info_slave_data", {}).get("isolated") is True for link in shown)
 
 
 def remove_tap(name: str) -> None:

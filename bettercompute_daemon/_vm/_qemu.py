@@ -174,6 +174,7 @@ class QemuRuntime:
                 await self._halt(spec.id)
             self._set(spec.id, spec.spec, "provisioning", message="fetching the image")
             files = await self._fetch(spec)
+            await self._check_image(spec, files["disk"])
             self._set(spec.id, spec.spec, "provisioning", message="making the disk and seed")
             await self._disk(spec, files["disk"])
             address = self._seed(spec)
@@ -240,6 +241,44 @@ class QemuRuntime:
                 raise _Failed("IMAGE_FETCH_FAILED", f"image {name}: {exc}") from None
         return paths
 
+    async def _check_image(self, spec: InstanceSpec, base: Path) -> None:
+        """Refuse a disk image that would make QEMU open another file of the node.
+
+        A qcow2 image may name a backing file or an external ``data-file``: any path on the node (a key, a block
+        device, another instance's disk), which QEMU (root in bridge mode) would open and show to the guest. A file
+        declared ``raw`` that is really qcow2 (or any other format) is refused as well, so that nothing ever probes
+        it into one. ``qemu-img info`` opens the image alone (it never follows a backing chain); ``-U`` so that an
+        image in use by a running VM can be read.
+
+        Raises:
+            _Failed: IMAGE_REFUSED; its message names the image by its id, never by a path of the node.
+        """
+        declared = spec.image.format
+        name = f"image {spec.image.id or 'disk'}"
+        info = await self._image_info(base, declared, name)
+        if declared == "raw":
+            probed = (await self._image_info(base, None, name)).get("format")
+            if probed != "raw":
+                raise _Failed("IMAGE_REFUSED", f"{name} is declared raw but is {probed}: refused")
+        if info.get("backing-filename") or info.get("full-backing-filename") or info.get("backing-filename-format"):
+            raise _Failed("IMAGE_REFUSED", f"{name} names a backing file: refused")
+        data = (info.get("format-specific") or {}).get("data") or {}
+        if data.get("data-file") or data.get("data-file-raw"):
+            raise _Failed("IMAGE_REFUSED", f"{name} names an external data file: refused")
+
+    async def _image_info(self, path: Path, declared: str | None, name: str) -> dict[str, Any]:
+        """``qemu-img info`` of one file, as ``declared`` (or probed when ``None``)."""
+        fmt = ["-f", declared] if declared else []
+        try:
+            out = await self._tool(self.options.qemu_img, "info", "-U", "--output=json", *fmt, str(path))
+            info = json.loads(out)
+        except (_Failed, ValueError):
+            what = f"a {declared} image" if declared else "a disk image"
+            raise _Failed("IMAGE_REFUSED", f"{name} cannot be read as {what}: refused") from None
+        if not isinstance(info, dict):
+            raise _Failed("IMAGE_REFUSED", f"{name}: qemu-img info gave no answer: refused")
+        return info
+
     async def _disk(self, spec: InstanceSpec, base: Path) -> None:
         disk = self._dir(spec.id) / "disk.qcow2"
         size = spec.disk_gib * 1024**3
@@ -250,11 +289,13 @@ class QemuRuntime:
             await self._tool(self.options.qemu_img, "create", "-q", "-f", "qcow2", *backing, str(temporary), str(size))
             os.replace(temporary, disk)
             return
-        info = json.loads(await self._tool(self.options.qemu_img, "info", "-U", "--output=json", str(disk)))
+        info = json.loads(
+            await self._tool(self.options.qemu_img, "info", "-U", "--output=json", "-f", "qcow2", str(disk))
+        )
         current = int(info.get("virtual-size", 0))
         if size > current:
             log.info("instance %s: growing its disk to %d GiB", spec.id, spec.disk_gib)
-            await self._tool(self.options.qemu_img, "resize", "-q", str(disk), str(size))
+            await self._tool(self.options.qemu_img, "resize", "-q", "-f", "qcow2", str(disk), str(size))
         elif size < current:
             log.warning("instance %s: a disk is never shrunk; it stays at %d bytes", spec.id, current)
 
@@ -315,14 +356,21 @@ class QemuRuntime:
             "-m",
             str(spec.memory_mib),
             "-nodefaults",
+            # seccomp: no obsolete system calls, no scheduler or affinity changes. elevateprivileges=deny and
+            # spawn=deny would be wanted too, but the filter is in place before -daemonize forks and calls setsid,
+            # which they forbid (QEMU 7.2 then fails to start). QEMU still runs as the daemon's user (root in
+            # bridge mode).
+            "-sandbox",
+            "on,obsolete=deny,resourcecontrol=deny",
             "-display",
             "none",
             "-chardev",
             f"file,id=console,path={console},append=on",
             "-serial",
             "chardev:console",
+            # Both formats named, the overlay's and its backing image's, so that QEMU probes neither.
             "-drive",
-            f"file={folder / 'disk.qcow2'},if=virtio,format=qcow2",
+            f"file={folder / 'disk.qcow2'},if=virtio,format=qcow2,backing.driver={spec.image.format}",
             "-drive",
             f"file={folder / 'seed.iso'},if=virtio,format=raw,readonly=on",
             "-netdev",

@@ -1,7 +1,8 @@
 """``QemuRuntime`` boots a real VM (TCG) from an image of a stock Debian kernel and a busybox initramfs: the guest
 reads its NoCloud seed (its hostname shows on the serial console), takes the address the node gave it, and answers
 TCP on port 7 from the host; a restarted daemon adopts the running VM; ``boot`` restarts it; stop, start and
-delete converge, and a deleted instance leaves nothing behind. Needs root, QEMU and the kernel of ``.ci/vm-kernel``
+delete converge, and a deleted instance leaves nothing behind; two instances on one bridge are reached by the node but
+not by each other. Needs root, QEMU and the kernel of ``.ci/vm-kernel``
 (skipped without them, failed with ``BETTERCOMPUTE_REQUIRE_VM``)."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import attrs
 import pytest
 
 from bettercompute_daemon._vm import QemuOptions, QemuRuntime, VmHost, parse_instance, parse_instances
-from bettercompute_daemon._vm._network import tap_name
+from bettercompute_daemon._vm._network import is_isolated, tap_name
 from tests.vmimage import READY, VmImage, build_image, require_vm, sha256_of
 
 pytestmark = pytest.mark.anyio
@@ -232,3 +233,25 @@ async def test_the_host_reports_a_booted_instance_with_its_console(runtime: Qemu
         reporting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reporting
+
+
+async def test_instances_on_one_bridge_reach_the_node_but_not_each_other(runtime: QemuRuntime, image: VmImage) -> None:
+    first = parse_instance(entry(image))
+    assert (await runtime.apply(first)).state == "running"
+    first_address = runtime.address_of(first.id)
+    assert first_address is not None
+    await _console(runtime, first.id, READY)
+    # The second guest, once up, tries port 7 of the first (the probe of tests/vmimage.py).
+    second = parse_instance(entry(image, hostname="web-2", user_data=f"#!/bin/sh\n# probe {first_address}\n"))
+    assert (await runtime.apply(second)).state == "running"
+    second_address = runtime.address_of(second.id)
+    assert second_address is not None and second_address != first_address
+    for instance_id in (first.id, second.id):
+        assert await asyncio.to_thread(is_isolated, tap_name(instance_id))
+    # The node reaches both ...
+    assert await asyncio.to_thread(_echo, first_address, 7) == b"ping from the host\n"
+    await _console(runtime, second.id, READY)
+    assert await asyncio.to_thread(_echo, second_address, 7) == b"ping from the host\n"
+    # ... and the guests do not reach each other.
+    console = await _console(runtime, second.id, "probe: ")
+    assert f"probe: {first_address} did not answer" in console, console[-2000:]
