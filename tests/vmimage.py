@@ -19,10 +19,15 @@ The kernel is unpacked by ``.ci/vm-kernel`` (``apt-get download`` + ``dpkg-deb -
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import ipaddress
+import json
 import os
+import random
 import shutil
+import subprocess
 from pathlib import Path
 
 import attrs
@@ -210,3 +215,19 @@ class _Cpio:
 
 def _pad(data: bytes) -> bytes:
     return data + b"\0" * (-len(data) % 4)
+
+
+def free_subnet(low: int = 200, high: int = 250) -> ipaddress.IPv4Network:
+    """A /24 in ``10.<low..high>.x.0`` that no route of this machine overlaps: a node's bridge is left behind when
+    its test ends badly, and a second bridge on the same subnet would take the other's traffic."""
+    shown = subprocess.run(["ip", "-j", "route", "show"], capture_output=True, text=True, check=False).stdout
+    taken: list[ipaddress.IPv4Network] = []
+    for route in json.loads(shown or "[]"):
+        with contextlib.suppress(ValueError, TypeError):
+            destination = str(route.get("dst", ""))
+            if destination and destination != "default":
+                taken.append(ipaddress.IPv4Network(destination, strict=False))
+    while True:
+        subnet = ipaddress.IPv4Network(f"10.{random.randrange(low, high)}.{random.randrange(1, 251)}.0/24")
+        if not any(subnet.overlaps(t) for t in taken):
+            return subnet

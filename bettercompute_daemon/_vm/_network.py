@@ -132,6 +132,19 @@ def ensure_bridge(name: str, gateway: str, prefix: int) -> None:
     Raises:
         NetworkError: ``ip`` failed (not root, no bridge support).
     """
+    network = ipaddress.IPv4Network(f"{gateway}/{prefix}", strict=False)
+    for route in json.loads(_ip("-j", "route", "show").stdout or "[]"):
+        destination, device = str(route.get("dst", "")), route.get("dev")
+        if not destination or destination == "default" or device == name:
+            continue
+        try:
+            taken = ipaddress.IPv4Network(destination, strict=False)
+        except ValueError:
+            continue
+        if taken.overlaps(network):
+            # Another link already routes these addresses: the node's instances would be unreachable (or another
+            # link's hosts reached in their place). The operator picks another vm_subnet.
+            raise NetworkError(f"vm_subnet {network} overlaps {taken} on {device}: choose another vm_subnet")
     if not _exists(name):
         _ip("link", "add", "name", name, "type", "bridge")
     shown = _ip("-j", "addr", "show", "dev", name).stdout

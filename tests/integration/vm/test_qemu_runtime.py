@@ -12,7 +12,6 @@ import contextlib
 import ipaddress
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -27,7 +26,7 @@ import pytest
 
 from bettercompute_daemon._vm import QemuOptions, QemuRuntime, VmHost, parse_instance, parse_instances
 from bettercompute_daemon._vm._network import is_isolated, tap_name
-from tests.vmimage import READY, VmImage, build_image, require_vm, sha256_of
+from tests.vmimage import READY, VmImage, build_image, free_subnet, require_vm, sha256_of
 
 pytestmark = pytest.mark.anyio
 
@@ -74,8 +73,8 @@ def entry(image: VmImage, **changes: Any) -> dict[str, Any]:
 
 @pytest.fixture
 async def runtime(tmp_path: Path, image: VmImage) -> AsyncIterator[QemuRuntime]:
-    # A subnet of its own (tests may run side by side, each with its own bridge): one of 2500 /24s in 10.214-10.223.
-    subnet = ipaddress.IPv4Network(f"10.{random.randrange(214, 224)}.{random.randrange(1, 251)}.0/24")
+    # A subnet of its own (tests may run side by side, each with its own bridge), that no route here overlaps.
+    subnet = free_subnet(214, 224)
     options = QemuOptions.for_node(
         f"node_test_{uuid.uuid4().hex[:8]}",
         tmp_path / "vm",

@@ -27,7 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.vmimage import build_image, require_vm, sha256_of
+from bettercompute_daemon._vm._network import bridge_name, tap_name
+from tests.vmimage import build_image, free_subnet, require_vm, sha256_of
 
 from ..cli.conftest import StartCli, cli_env, dev_with_gateway, free_port, start_cli
 
@@ -75,7 +76,7 @@ def test_a_hosted_instance_runs_on_a_real_node_and_is_reached_through_a_tunnel(
     inventory = tmp_path / "inventory.json"
     inventory.write_text(json.dumps({"claims": {"hostname": "vm-host-1", "serial": "SN-VPS-1"}}))
     settings = tmp_path / "node.json"
-    subnet = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}.0/24"
+    subnet = str(free_subnet(200, 214))
     settings.write_text(
         json.dumps(
             {
@@ -195,7 +196,7 @@ def test_a_hosted_instance_runs_on_a_real_node_and_is_reached_through_a_tunnel(
         )
         command.wait_for("Ctrl-C to stop", in_stderr=True)
         payload = os.urandom(256 * 1024)
-        assert _until(lambda: _echo(local, payload) == payload, "bytes echoed through the tunnel", within=60)
+        assert _until(lambda: _echo(local, payload) == payload, "bytes echoed through the tunnel", within=60, logs=logs)
 
         # An open tunnel closes within about 2 s once the instance is told to stop.
         with socket.create_connection(("127.0.0.1", local), timeout=30) as held:
@@ -248,5 +249,9 @@ def test_a_hosted_instance_runs_on_a_real_node_and_is_reached_through_a_tunnel(
         for pidfile in (tmp_path / "vms").rglob("*.pid") if (tmp_path / "vms").exists() else ():
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+        # The daemon leaves its bridge for the VMs that outlive it; the test takes it down.
+        for link in (tap_name(instance_id) if instance_id else "", bridge_name(node_id)):
+            if link:
+                subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
     assert "Traceback" not in node_log.read_text(), logs()
     assert "Traceback" not in plane.dev.stderr
