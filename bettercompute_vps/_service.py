@@ -208,6 +208,10 @@ def no_capacity(ask: PlacementAsk, hosts: Sequence[HostRecord], excluded: Mappin
     }
     if not hosts:
         message = "the pool has no hosts yet"
+        details["reason"] = "no_hosts"
+    elif not any(h.available for h in hosts):
+        message = "no node of the pool takes instances now (see excluded: why each is left out)"
+        details["reason"] = "no_available_node"
     elif all(
         ask.vcpu > h.vcpu or ask.memory_mib > h.memory_mib or ask.disk_gib > h.disk_gib or ask.gpus > len(h.gpus)
         for h in hosts

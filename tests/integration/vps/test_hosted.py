@@ -293,6 +293,10 @@ async def test_an_instance_on_a_lost_node_says_why(vps: Vps) -> None:
     await vps.tick()
     seen = await _instance(vps, created.id)
     assert seen.state == "failed" and seen.reason == "NODE_FAILED" and seen.node_id is None
+    with pytest.raises(NoCapacityError) as nowhere:
+        await vps.groups.instances.create(vps.fleet.alice, _create(vps, pool, image, name="web-2"))
+    assert nowhere.value.details["reason"] == "no_available_node"
+    assert nowhere.value.details["excluded"] == {"node_failed": 1}
     with pytest.raises(FailedPreconditionError):
         await vps.groups.instances.reboot(vps.fleet.alice, InstanceInput(id=created.id))
     deleted = await vps.groups.instances.delete(vps.fleet.alice, InstanceInput(id=created.id))
