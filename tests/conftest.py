@@ -1,4 +1,4 @@
-"""Fixtures for every test: the anyio backend and the PostgreSQL URL."""
+"""Fixtures for every test: the anyio backend, the PostgreSQL URL, and the per-test timeout scaled by SLOW."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
+
+from tests._timing import SLOW, deadline
 
 DATABASE_URL_ENV = "BETTERCOMPUTE_DATABASE_URL"
 
@@ -103,6 +105,23 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
 
 
+def _scale_timeout(item: pytest.Item) -> None:
+    """Stretch pytest-timeout's limit for ``item`` (its ``timeout`` mark's, else the configured one) by ``SLOW``."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        if not marker.args:
+            return  # a mark with keywords only: left as written
+        seconds: object = marker.args[0]
+    else:
+        # pytest-timeout's own order: --timeout, then PYTEST_TIMEOUT, then the ini's timeout.
+        config = item.config
+        seconds = config.getoption("timeout", None) or os.environ.get("PYTEST_TIMEOUT") or config.getini("timeout")
+    if seconds in (None, "", 0, "0"):
+        return  # no limit to stretch
+    # The mark added first is the one pytest-timeout reads (get_closest_marker: the item's own marks, first first).
+    item.add_marker(pytest.mark.timeout(deadline(float(str(seconds)))), append=False)
+
+
 def _start_rank(item: pytest.Item, tests_in_file: dict[str, int]) -> tuple[int, int]:
     path = item.nodeid.partition("::")[0]
     for rank, prefix in enumerate(_START_FIRST):
@@ -122,6 +141,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if slow:
             config.hook.pytest_deselected(items=slow)
             items[:] = [item for item in items if item.get_closest_marker("reliability") is None]
+    if SLOW != 1:
+        for item in items:
+            _scale_timeout(item)
     tests_in_file: dict[str, int] = {}
     for item in items:
         path = item.nodeid.partition("::")[0]

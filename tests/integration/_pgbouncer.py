@@ -20,6 +20,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from tests._timing import deadline
+
 __all__ = ["pgbouncer_binary", "running_pgbouncer"]
 
 _CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
@@ -99,14 +101,14 @@ def running_pgbouncer(
         process = subprocess.Popen([binary, str(folder / "pgbouncer.ini")], user=_runner(), stdout=out, stderr=out)
     url = f"postgresql://{user}@127.0.0.1:{port}/{dbname}"
     try:
-        deadline = time.monotonic() + 10
+        ends = time.monotonic() + deadline(10)
         while True:
             try:
                 with psycopg.connect(url, connect_timeout=2, prepare_threshold=None) as conn:
                     conn.execute("SELECT 1")
                 break
             except psycopg.OperationalError:
-                if process.poll() is not None or time.monotonic() > deadline:
+                if process.poll() is not None or time.monotonic() > ends:
                     process.kill()
                     process.wait()
                     pytest.fail(f"pgbouncer did not start:\n{log.read_text(errors='replace')[-2000:]}")
@@ -115,7 +117,7 @@ def running_pgbouncer(
     finally:
         process.terminate()
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=deadline(10))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

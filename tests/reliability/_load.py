@@ -23,6 +23,7 @@ import attrs
 import httpx
 
 from bench.worker import Receiver
+from tests._timing import deadline
 
 __all__ = ["Load", "Told"]
 
@@ -87,7 +88,7 @@ class Load:
             assert self._stop is not None
             self._stop.set()
             try:
-                await asyncio.wait_for(asyncio.gather(*self._tasks), within)
+                await asyncio.wait_for(asyncio.gather(*self._tasks), deadline(within))
             finally:
                 if self._client is not None:
                     await self._client.aclose()
@@ -152,7 +153,7 @@ class Load:
             "labels": {"rk": key},
         }
         headers = {"authorization": f"Bearer {self._credential}", "idempotency-key": key}
-        deadline = time.monotonic() + 150
+        ends = time.monotonic() + deadline(150)
         while True:
             url = self._urls[(turn + told.tries) % len(self._urls)]
             told.tries += 1
@@ -166,7 +167,7 @@ class Load:
             if code not in _RETRIED:
                 told.code = code
                 return
-            if time.monotonic() > deadline:
+            if time.monotonic() > ends:
                 told.code = f"gave up after {code}"
                 return
             await asyncio.sleep(0.25)

@@ -22,6 +22,8 @@ from typing import Any
 
 import attrs
 
+from tests._timing import deadline
+
 __all__ = ["BIN", "PartitionProxy", "Proc", "free_port", "prometheus_binary", "start_prometheus", "wait_until"]
 
 BIN = Path(sys.executable).parent
@@ -34,13 +36,15 @@ def free_port() -> int:
 
 
 def wait_until(check: Any, within: float, what: str, every: float = 0.2) -> float:
-    """Poll ``check()`` until it is true; the seconds it took. Fails the run with ``what`` after ``within``."""
+    """Poll ``check()`` until it is true; the seconds it took. Fails the run with ``what`` after
+    ``deadline(within)``."""
     started = time.monotonic()
+    limit = deadline(within)
     while True:
         if check():
             return time.monotonic() - started
-        if time.monotonic() - started > within:
-            raise AssertionError(f"{what}: not within {within:.0f} s")
+        if time.monotonic() - started > limit:
+            raise AssertionError(f"{what}: not within {limit:.0f} s")
         time.sleep(every)
 
 
@@ -108,7 +112,7 @@ class Proc:
             self.popen.send_signal(signal.SIGCONT)
             self.popen.send_signal(signal.SIGTERM)
         try:
-            self.popen.wait(within)
+            self.popen.wait(deadline(within))
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
@@ -130,7 +134,7 @@ class PartitionProxy:
 
     def start(self) -> None:
         self._thread.start()
-        if not self._ready.wait(10):
+        if not self._ready.wait(deadline(10)):
             raise AssertionError("the TCP proxy did not start")
 
     def partition(self) -> None:

@@ -22,6 +22,7 @@ from bettercompute.errors import FailedPreconditionError, InvalidInputError, Not
 from bettercompute.modules.nodes import CERTIFICATES, CertificateAuthority, serial_hex
 from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -257,7 +258,7 @@ class _RendezvousKms:
         self._arrived += 1
         if self._arrived >= self._parties:
             self._all_here.set()
-        with anyio.fail_after(30):
+        with anyio.fail_after(deadline(30)):
             await self._all_here.wait()
         self.sealed += 1
         return await self._inner.encrypt(plaintext, context=context)

@@ -17,6 +17,8 @@ import attrs
 import httpx
 import pytest
 
+from tests._timing import deadline
+
 _SCRIPT = Path(sys.executable).parent / "better-compute"
 
 
@@ -43,7 +45,9 @@ def cli_env(database_url: str, empty_schema: str, tmp_path: Path) -> dict[str, s
 
 def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run the command to completion."""
-    return subprocess.run([*command(), *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [*command(), *args], env=env, capture_output=True, text=True, timeout=deadline(60), check=False
+    )
 
 
 def free_port() -> int:
@@ -77,18 +81,21 @@ class Running:
     def stderr(self) -> str:
         return self.stderr_path.read_text()
 
-    def wait_for(self, what: str, *, in_stderr: bool = False, timeout: float = 30) -> None:
-        """Wait until the output contains ``what``; fail at once if the process exits first."""
-        deadline = time.monotonic() + timeout
+    def wait_for(self, what: str, *, in_stderr: bool = False, timeout: float = 60) -> None:
+        """Wait until the output contains ``what``; fail at once if the process exits first, or after
+        ``deadline(timeout)`` seconds."""
+        timeout = deadline(timeout)
+        ends = time.monotonic() + timeout
         while what not in (self.stderr if in_stderr else self.stdout):
             code = self.process.poll()
             assert code is None, f"exited {code} before printing {what!r}:\n{self.stdout}\n{self.stderr}"
-            assert time.monotonic() < deadline, f"{what!r} not printed within {timeout} s:\n{self.stderr}"
+            assert time.monotonic() < ends, f"{what!r} not printed within {timeout:.0f} s:\n{self.stderr}"
             time.sleep(0.05)
 
-    def wait_ready(self, base_url: str, *, timeout: float = 30) -> None:
-        """Wait until ``/readyz`` answers 200."""
-        deadline = time.monotonic() + timeout
+    def wait_ready(self, base_url: str, *, timeout: float = 60) -> None:
+        """Wait until ``/readyz`` answers 200 (at most ``deadline(timeout)`` seconds)."""
+        timeout = deadline(timeout)
+        ends = time.monotonic() + timeout
         while True:
             code = self.process.poll()
             assert code is None, f"exited {code} before it was ready:\n{self.stderr}"
@@ -97,13 +104,17 @@ class Running:
                     return
             except httpx.TransportError:
                 pass
-            assert time.monotonic() < deadline, f"not ready within {timeout} s:\n{self.stderr}"
+            assert time.monotonic() < ends, f"not ready within {timeout:.0f} s:\n{self.stderr}"
             time.sleep(0.05)
 
-    def stop(self, sig: signal.Signals = signal.SIGTERM, *, timeout: float = 10) -> int:
-        """Send ``sig`` and return the exit code (the test fails if it takes longer than ``timeout``)."""
+    def stop(self, sig: signal.Signals = signal.SIGTERM, *, timeout: float = 30) -> int:
+        """Send ``sig`` and return the exit code (the test fails if it takes longer than ``deadline(timeout)``).
+
+        How soon a process stops is not what these tests assert (a drain has its own tests): the deadline only
+        catches one that never stops, so it is generous.
+        """
         self.process.send_signal(sig)
-        return self.process.wait(timeout=timeout)
+        return self.process.wait(timeout=deadline(timeout))
 
 
 StartCli = Callable[..., Running]
@@ -126,7 +137,7 @@ def start_cli(tmp_path: Path) -> Iterator[StartCli]:
     for running in started:
         if running.process.poll() is None:
             running.process.kill()
-            running.process.wait(timeout=10)
+            running.process.wait(timeout=deadline(10))
 
 
 @attrs.define
@@ -142,7 +153,7 @@ class DevPlane:
 
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         response = httpx.post(
-            f"http://127.0.0.1:{self.port}/api/compute/{path}", headers=self.headers, json=body, timeout=10
+            f"http://127.0.0.1:{self.port}/api/compute/{path}", headers=self.headers, json=body, timeout=deadline(30)
         )
         assert response.status_code == 200, response.text
         data: dict[str, Any] = response.json()["data"]

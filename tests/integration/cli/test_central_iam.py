@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from bettercompute.client import Client
+from tests._timing import deadline
 
 from .conftest import StartCli, free_port, run_cli
 
@@ -18,7 +19,9 @@ API = "/api/compute"
 
 
 def _call(base_url: str, token: str, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{base_url}{API}/{path}", headers={"authorization": f"Bearer {token}"}, json=body, timeout=10)
+    return httpx.post(
+        f"{base_url}{API}/{path}", headers={"authorization": f"Bearer {token}"}, json=body, timeout=deadline(10)
+    )
 
 
 def _data(response: httpx.Response) -> dict[str, Any]:
@@ -82,8 +85,8 @@ def test_an_api_process_authenticates_and_authorizes_through_a_central_iam(
     assert stranger.status_code == 401
     assert stranger.json()["error"]["code"] == "UNAUTHENTICATED"
 
-    assert edge.stop(signal.SIGTERM, timeout=5) == 0
-    assert central.stop(signal.SIGTERM, timeout=5) == 0
+    assert edge.stop(signal.SIGTERM) == 0
+    assert central.stop(signal.SIGTERM) == 0
     for server in (central, edge):
         assert "Traceback" not in server.stderr
         assert root_token not in server.stderr
@@ -107,5 +110,5 @@ def test_serve_against_an_unreachable_central_iam_answers_503_not_401(
     assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] == "UNAVAILABLE"
 
-    assert edge.stop(signal.SIGTERM, timeout=5) == 0
+    assert edge.stop(signal.SIGTERM) == 0
     assert "Traceback" not in edge.stderr

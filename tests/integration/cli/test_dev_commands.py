@@ -15,9 +15,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
+
+from tests._timing import deadline
 
 from .conftest import StartCli, dev_with_gateway
 
@@ -55,7 +57,12 @@ class Shell:
 
     def run(self, command: str, **extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["bash", "-c", command], env={**self.env, **extra}, capture_output=True, text=True, timeout=120, check=False
+            ["bash", "-c", command],
+            env={**self.env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=deadline(120),
+            check=False,
         )
 
 
@@ -84,17 +91,17 @@ def _watch_until(shell: Shell, command: str, token: str, seen: str) -> tuple[int
     )
     assert process.stdout is not None
     out = ""
-    deadline = time.monotonic() + 60
+    ends = time.monotonic() + deadline(60)
     try:
         while seen not in out:
-            assert time.monotonic() < deadline, f"{seen!r} not in {out!r}"
+            assert time.monotonic() < ends, f"{seen!r} not in {out!r}"
             ready, _, _ = select.select([process.stdout], [], [], 1)
             if ready:
                 line = process.stdout.readline()
                 assert line, f"it ended: {out!r} {process.communicate()[1]!r}"
                 out += line
         os.killpg(process.pid, signal.SIGINT)
-        status = process.wait(timeout=20)
+        status = process.wait(timeout=deadline(20))
         return status, out
     finally:
         if process.poll() is None:
@@ -102,19 +109,8 @@ def _watch_until(shell: Shell, command: str, token: str, seen: str) -> tuple[int
         process.communicate()
 
 
-@pytest.mark.timeout(600)  # dev's start, then some forty commands of a second or two each, on a loaded CI machine
-def test_every_command_dev_prints_works_as_printed_and_every_group_answers(
-    cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path
-) -> None:
-    plane = dev_with_gateway(cli_env, start_cli, tmp_path)
-    dev, root = plane.dev, plane.root_tenant
-    dev.wait_for(IN_SESSION, timeout=60)
-    node_id = dev.stdout.split(IN_SESSION, 1)[1].split(",", 1)[0]
-    token = plane.headers["Authorization"].removeprefix("Bearer ")
-    shell = Shell(cli_env, tmp_path / "config")
-    url = f"http://127.0.0.1:{plane.port}"
-
-    commands = _printed_commands(dev.stdout)
+def _printed_commands_work(shell: Shell, commands: list[str], token: str, root: str, node_id: str) -> Path:
+    """dev's commands, as printed, with the TOKEN set as dev says: ``login`` first; the saved profiles' file."""
     verbs = [re.sub(r"^BETTERCOMPUTE_URL=\S+ ", "", c).split()[:3] for c in commands]
     assert verbs == [
         ["better-compute", "login"],
@@ -131,10 +127,9 @@ def test_every_command_dev_prints_works_as_printed_and_every_group_answers(
     done = shell.run(login, TOKEN=token)
     assert done.returncode == 0, done.stderr
     assert "Logged in to" in done.stdout and f"tenant {root}" in done.stdout
-    profiles = tmp_path / "config" / "bettercompute" / "profiles.toml"
+    profiles = Path(shell.env["XDG_CONFIG_HOME"]) / "bettercompute" / "profiles.toml"
     assert stat.S_IMODE(profiles.stat().st_mode) == 0o600
 
-    # The rest as printed, with the TOKEN set as dev says.
     status, out = _watch_until(shell, watch, token, node_id)
     assert status == 0 and node_id in out.splitlines()[1], out
 
@@ -159,12 +154,20 @@ def test_every_command_dev_prints_works_as_printed_and_every_group_answers(
 
     done = shell.run(curl, TOKEN=token)
     assert done.returncode == 0 and json.loads(done.stdout)["data"]["state"] == "placed", done.stdout
+    return profiles
 
-    # Without TOKEN, the saved profile is used (dev's commands name its server with BETTERCOMPUTE_URL).
-    cli = f"BETTERCOMPUTE_URL={url} better-compute"
-    assert _json(shell.run(f"{cli} system whoami --output json"))["tenant_id"] == root
 
-    # Every group's main methods, as JSON.
+class Made(NamedTuple):
+    """What the group commands made, for the error cases after them."""
+
+    tenant: str
+    dev_pool: dict[str, Any]
+    reservation: dict[str, Any]
+    credential: str
+
+
+def _every_group_answers(shell: Shell, cli: str, root: str, node_id: str) -> Made:
+    """Every group's main methods, as JSON."""
     version = _json(shell.run(f"{cli} system version --output json"))
     assert {m["name"] for m in version["modules"]} >= {"core", "iam"}
     tenant = _json(shell.run(f"{cli} tenants create --name acme --output json"))["id"]
@@ -205,31 +208,55 @@ def test_every_command_dev_prints_works_as_printed_and_every_group_answers(
     assert quota["max_gpus"] == 1
     hooks = _json(shell.run(f"{cli} webhooks list --tenant {root} --output json"))
     assert hooks["webhooks"] == []
+    return Made(tenant=tenant, dev_pool=dev_pool, reservation=made, credential=minted["credential"])
 
-    # One error of each code: the code and message on one line of stderr, and the exit status for it.
+
+def _one_error_of_each_code(shell: Shell, cli: str, root: str, made: Made) -> None:
+    """The code and message on one line of stderr, and the exit status for it."""
+    dev_pool = made.dev_pool
     base = f"{cli} reservations create --tenant {root} --pool-id {dev_pool['id']} --duration PT1H"
     _refused(shell.run(f"{cli} reservations get --id rsv_nope"), "NOT_FOUND", 6)
     _refused(shell.run(f"{base} --gpus 0"), "INVALID_INPUT", 3)
     _refused(shell.run(f"{cli} system whoami --token bcak_nope.nope"), "UNAUTHENTICATED", 4)
-    _refused(
-        shell.run(f"{cli} pools create --tenant {root} --name x --token {minted['credential']}"), "ACCESS_DENIED", 5
-    )
+    _refused(shell.run(f"{cli} pools create --tenant {root} --name x --token {made.credential}"), "ACCESS_DENIED", 5)
     refused = _refused(shell.run(f"{base} --gpus 9"), "NO_CAPACITY", 9)
     assert "atoms left out, by reason: booked 2, free but too few for the shape asked 6" in refused, refused
     assert "nothing fits within 30 days" in refused
-    over = f"{cli} reservations create --tenant {tenant} --pool-id {dev_pool['id']} --duration PT1H --gpus 2"
+    over = f"{cli} reservations create --tenant {made.tenant} --pool-id {dev_pool['id']} --duration PT1H --gpus 2"
     _refused(shell.run(over), "QUOTA_EXCEEDED", 10)
-    _refused(shell.run(f"{cli} reservations extend --id {made['id']} --duration PT4H"), "FAILED_PRECONDITION", 8)
+    extend = f"{cli} reservations extend --id {made.reservation['id']} --duration PT4H"
+    _refused(shell.run(extend), "FAILED_PRECONDITION", 8)
     keyed = f"{cli} pools create --tenant {root} --idempotency-key same-key"
     assert shell.run(f"{keyed} --name first").returncode == 0
     _refused(shell.run(f"{keyed} --name second"), "CONFLICT", 7)
     stopped = _refused(shell.run("better-compute system version --server http://127.0.0.1:1"), "UNAVAILABLE", 11)
     assert "cannot reach http://127.0.0.1:1" in stopped
 
+
+@pytest.mark.timeout(600)  # dev's start, then some forty commands of a second or two each, on a loaded CI machine
+def test_every_command_dev_prints_works_as_printed_and_every_group_answers(
+    cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path
+) -> None:
+    plane = dev_with_gateway(cli_env, start_cli, tmp_path)
+    dev, root = plane.dev, plane.root_tenant
+    dev.wait_for(IN_SESSION, timeout=60)
+    node_id = dev.stdout.split(IN_SESSION, 1)[1].split(",", 1)[0]
+    token = plane.headers["Authorization"].removeprefix("Bearer ")
+    shell = Shell(cli_env, tmp_path / "config")
+    url = f"http://127.0.0.1:{plane.port}"
+
+    profiles = _printed_commands_work(shell, _printed_commands(dev.stdout), token, root, node_id)
+
+    # Without TOKEN, the saved profile is used (dev's commands name its server with BETTERCOMPUTE_URL).
+    cli = f"BETTERCOMPUTE_URL={url} better-compute"
+    assert _json(shell.run(f"{cli} system whoami --output json"))["tenant_id"] == root
+    made = _every_group_answers(shell, cli, root, node_id)
+    _one_error_of_each_code(shell, cli, root, made)
+
     # login refuses a credential the server refuses, and saves nothing new.
     before = profiles.read_text()
     _refused(shell.run(f"{cli} login --profile bad --token bcak_nope.nope"), "UNAUTHENTICATED", 4)
     assert profiles.read_text() == before
 
-    assert dev.stop(timeout=15) == 0
+    assert dev.stop() == 0
     assert "Traceback" not in dev.stderr

@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from tests._timing import deadline
+
 from .conftest import StartCli, free_port
 
 IN_SESSION = "A simulated node with 8 fake GPUs is in session: "
@@ -32,7 +34,9 @@ def test_dev_joins_a_simulated_node_and_a_second_run_reuses_it(
     headers = {"Authorization": f"Bearer {token[1]}"}
 
     def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = httpx.post(f"http://127.0.0.1:{port}/api/compute/{path}", headers=headers, json=body, timeout=10)
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/api/compute/{path}", headers=headers, json=body, timeout=deadline(10)
+        )
         assert response.status_code == 200, response.text
         data: dict[str, Any] = response.json()["data"]
         return data
@@ -49,13 +53,13 @@ def test_dev_joins_a_simulated_node_and_a_second_run_reuses_it(
     assert pool["name"] == "dev" and node["pool_id"] == pool["id"]
     assert (tmp_path / ".bettercompute" / "node" / "0" / "node.crt").exists()
     # The lifecycle controller runs its acceptance check (diag.nvml) and adopts it, with its 8 GPUs as atoms.
-    deadline = time.monotonic() + 30
+    ends = time.monotonic() + deadline(30)
     while (seen := call("nodes/get", {"id": node_id}))["state"] != "adopted" or seen["desired_state_pending"]:
-        assert time.monotonic() < deadline, f"the simulated node was not adopted: {seen}"
+        assert time.monotonic() < ends, f"the simulated node was not adopted: {seen}"
         time.sleep(0.2)
     devices = call("devices/list", {"tenant": root, "node_id": node_id})["devices"]
     assert len([d for d in devices if d["kind"] == "gpu"]) == 8
-    assert dev.stop(timeout=15) == 0
+    assert dev.stop() == 0
     assert "Traceback" not in dev.stderr
 
     again = start_cli(env, "dev", "--port", str(port), cwd=tmp_path)
@@ -65,5 +69,5 @@ def test_dev_joins_a_simulated_node_and_a_second_run_reuses_it(
     assert node["id"] == node_id and node["session_epoch"] == 2  # the same node, reconnected, not a new one
     assert node["state"] == "adopted"
     assert len(call("pools/list", {"tenant": root})["pools"]) == 1
-    assert again.stop(timeout=15) == 0
+    assert again.stop() == 0
     assert "Traceback" not in again.stderr

@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import psycopg
 
+from tests._timing import deadline
+
 from .conftest import DevPlane, StartCli, dev_with_gateway
 
 IN_SESSION = "A simulated node with 8 fake GPUs is in session: "
@@ -30,9 +32,9 @@ SLACK = 20.0
 def _until(
     fetch: Callable[[], dict[str, Any]], done: Callable[[dict[str, Any]], bool], within: float, what: str
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + within
+    ends = time.monotonic() + deadline(within)
     while not done(seen := fetch()):
-        assert time.monotonic() < deadline, f"not within {within:.0f} s: {what}; last seen {seen}"
+        assert time.monotonic() < ends, f"not within {within:.0f} s: {what}; last seen {seen}"
         time.sleep(0.1)
     return seen
 
@@ -40,7 +42,7 @@ def _until(
 def _refused(plane: DevPlane, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """The error of a call that must fail."""
     response = httpx.post(
-        f"http://127.0.0.1:{plane.port}/api/compute/{path}", headers=plane.headers, json=body, timeout=10
+        f"http://127.0.0.1:{plane.port}/api/compute/{path}", headers=plane.headers, json=body, timeout=deadline(10)
     )
     assert response.status_code != 200, response.text
     error: dict[str, Any] = response.json()["error"]
@@ -126,5 +128,5 @@ def test_dev_reserves_gpus_of_its_node_which_bind_activate_and_end(
     listed = call("reservations/list", {"tenant": root, "state": "ended"})["reservations"]
     assert [r["id"] for r in listed] == [reservation_id]
 
-    assert dev.stop(timeout=15) == 0
+    assert dev.stop() == 0
     assert "Traceback" not in dev.stderr

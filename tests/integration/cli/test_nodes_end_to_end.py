@@ -18,6 +18,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests._timing import deadline
+
 from .conftest import StartCli, dev_with_gateway
 
 BCD = str(Path(sys.executable).parent / "bcd")
@@ -39,30 +41,32 @@ def test_dev_then_a_token_then_bcd_join_and_node_then_revoke(
     claims = {"hostname": "gpu-01", "serial": "SN-E2E-1", "product": "PowerEdge XE9680"}
     inventory.write_text(json.dumps({"claims": claims, "health": {"healthy": True}}))
     common = ["--state-dir", str(tmp_path / "bcd"), "--fake-inventory", str(inventory)]
-    joined = subprocess.run([BCD, *common, *printed[1:]], capture_output=True, text=True, timeout=60, check=False)
+    joined = subprocess.run(
+        [BCD, *common, *printed[1:]], capture_output=True, text=True, timeout=deadline(60), check=False
+    )
     assert joined.returncode == 0, joined.stderr
     node_id = json.loads((tmp_path / "bcd" / "node.json").read_text())["node_id"]
 
     with (tmp_path / "bcd.err").open("w") as err:
         daemon = subprocess.Popen([BCD, *common, "node"], stdout=subprocess.DEVNULL, stderr=err)
     try:
-        deadline = time.monotonic() + 30
+        ends = time.monotonic() + deadline(30)
         while True:
             listed = call("nodes/list", {"tenant": root, "pool_id": pool["id"]})["nodes"]
             [node] = [n for n in listed if n["id"] == node_id]
             if node["session_epoch"] >= 1 and node["last_seen_at"] is not None:
                 break
-            assert time.monotonic() < deadline, f"no live session: {node}"
+            assert time.monotonic() < ends, f"no live session: {node}"
             time.sleep(0.2)
         assert node["state"] == "adopting" and node["claims"]["serial"] == "SN-E2E-1"
 
         call("nodes/revoke", {"id": node_id})
-        assert daemon.wait(timeout=15) == 3  # cut off, and it does not try again
+        assert daemon.wait(timeout=deadline(15)) == 3  # cut off, and it does not try again
         assert "revoked" in (tmp_path / "bcd.err").read_text()
     finally:
         if daemon.poll() is None:
             daemon.kill()
-            daemon.wait(timeout=10)
+            daemon.wait(timeout=deadline(10))
 
     # The gateway's health, as a load balancer asks it; SIGUSR1 drains the gateway and the process goes on.
     bundle = base64.b64decode(printed[printed.index("--ca-bundle") + 1])
@@ -70,12 +74,12 @@ def test_dev_then_a_token_then_bcd_join_and_node_then_revoke(
     with grpc.secure_channel(f"localhost:{gateway_port}", credentials) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         ask = health_pb2.HealthCheckRequest(service="")
-        assert stub.Check(ask, timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+        assert stub.Check(ask, timeout=deadline(10)).status == health_pb2.HealthCheckResponse.SERVING
         dev.process.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + 15
-        while stub.Check(ask, timeout=10).status != health_pb2.HealthCheckResponse.NOT_SERVING:
-            assert time.monotonic() < deadline, "the gateway did not drain"
+        ends = time.monotonic() + deadline(15)
+        while stub.Check(ask, timeout=deadline(10)).status != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert time.monotonic() < ends, "the gateway did not drain"
             time.sleep(0.1)
     assert call("system/whoami", {})["tenant_id"] == root  # the API still serves
-    assert dev.stop(timeout=15) == 0
+    assert dev.stop() == 0
     assert "Traceback" not in dev.stderr

@@ -16,6 +16,7 @@ import pytest
 import bettercompute
 from bettercompute.client import Client
 from bettercompute.errors import UnauthenticatedError
+from tests._timing import deadline
 
 from .conftest import StartCli, dev_env, free_port, run_cli
 
@@ -34,7 +35,7 @@ def _post_version(base_url: str, token: str | None) -> httpx.Response:
     headers = {"content-type": "application/json"}
     if token is not None:
         headers["authorization"] = f"Bearer {token}"
-    return httpx.post(base_url + VERSION_PATH, headers=headers, content=b"{}", timeout=10)
+    return httpx.post(base_url + VERSION_PATH, headers=headers, content=b"{}", timeout=deadline(10))
 
 
 def test_serve_answers_over_http_and_stops_on_sigterm(cli_env: dict[str, str], start_cli: StartCli) -> None:
@@ -58,7 +59,7 @@ def test_serve_answers_over_http_and_stops_on_sigterm(cli_env: dict[str, str], s
     with Client(base_url, "bcak_0000000000000000." + "x" * 43) as stranger, pytest.raises(UnauthenticatedError):
         stranger.system.version()
 
-    assert server.stop(signal.SIGTERM, timeout=5) == 0
+    assert server.stop(signal.SIGTERM) == 0
     assert "Traceback" not in server.stderr
     assert token not in server.stderr
     # The access log is off by default.
@@ -81,14 +82,14 @@ def test_worker_roles_run_without_http_until_sigterm_and_hand_back_their_lease(
             return bool(row and row[0])
 
     # The job takes its lease just after the roles start: give it a moment.
-    deadline = time.monotonic() + 10
+    ends = time.monotonic() + deadline(10)
     while not lease_live():
-        assert time.monotonic() < deadline, workers.stderr
+        assert time.monotonic() < ends, workers.stderr
         time.sleep(0.05)
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
 
-    assert workers.stop(signal.SIGTERM, timeout=5) == 0
+    assert workers.stop(signal.SIGTERM) == 0
     assert "received SIGTERM; stopping" in workers.stderr
     assert "Traceback" not in workers.stderr
     assert not lease_live()
@@ -123,7 +124,7 @@ def test_dev_prints_a_credential_and_serves(cli_env: dict[str, str], database_ur
         env=shell,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=deadline(60),
         check=False,
     )
     assert ran.returncode == 0 and f"version: {bettercompute.__version__}" in ran.stdout, ran.stderr
@@ -137,5 +138,5 @@ def test_dev_prints_a_credential_and_serves(cli_env: dict[str, str], database_ur
         ).fetchone()
     assert row == (1,)
 
-    assert dev.stop(signal.SIGINT, timeout=5) == 0
+    assert dev.stop(signal.SIGINT) == 0
     assert "Traceback" not in dev.stderr

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._timing import deadline
+
 from .conftest import StartCli, dev_with_gateway, free_port
 
 BCD = str(Path(sys.executable).parent / "bcd")
@@ -53,7 +55,9 @@ def test_tunnel_command_reaches_a_port_on_the_nodes_loopback(
     inventory = tmp_path / "inventory.json"
     inventory.write_text(json.dumps({"claims": {"hostname": "gpu-01", "serial": "SN-TUN-1"}}))
     common = ["--state-dir", str(tmp_path / "bcd"), "--fake-inventory", str(inventory)]
-    joined = subprocess.run([BCD, *common, *printed[1:]], capture_output=True, text=True, timeout=60, check=False)
+    joined = subprocess.run(
+        [BCD, *common, *printed[1:]], capture_output=True, text=True, timeout=deadline(60), check=False
+    )
     assert joined.returncode == 0, joined.stderr
     node_id = json.loads((tmp_path / "bcd" / "node.json").read_text())["node_id"]
     with (tmp_path / "bcd.err").open("w") as err:
@@ -61,9 +65,9 @@ def test_tunnel_command_reaches_a_port_on_the_nodes_loopback(
             [BCD, *common, "node", "--tunnel-local-port", str(echo_port)], stdout=subprocess.DEVNULL, stderr=err
         )
     try:
-        deadline = time.monotonic() + 30
+        ends = time.monotonic() + deadline(30)
         while plane.call("nodes/get", {"id": node_id})["session_epoch"] < 1:
-            assert time.monotonic() < deadline, "no live session"
+            assert time.monotonic() < ends, "no live session"
             time.sleep(0.2)
         local = free_port()
         token = plane.headers["Authorization"].removeprefix("Bearer ")
@@ -82,7 +86,7 @@ def test_tunnel_command_reaches_a_port_on_the_nodes_loopback(
         )
         command.wait_for("Ctrl-C to stop", in_stderr=True)
         payload = os.urandom(1024 * 1024)
-        with socket.create_connection(("127.0.0.1", local), timeout=20) as connection:
+        with socket.create_connection(("127.0.0.1", local), timeout=deadline(20)) as connection:
             connection.sendall(payload)
             received = bytearray()
             while len(received) < len(payload):
@@ -95,5 +99,5 @@ def test_tunnel_command_reaches_a_port_on_the_nodes_loopback(
         assert "Traceback" not in command.stderr
     finally:
         daemon.kill()
-        daemon.wait(timeout=10)
+        daemon.wait(timeout=deadline(10))
     assert "Traceback" not in plane.dev.stderr

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from bettercompute.modules.webhooks import verify
+from tests._timing import deadline
 
 from .conftest import Running, StartCli, dev_env, free_port, run_cli
 
@@ -27,7 +28,7 @@ def _call(base_url: str, token: str, method: str, body: dict[str, object]) -> ht
         f"{base_url}/api/compute/webhooks/{method}",
         headers={"authorization": f"Bearer {token}"},
         json=body,
-        timeout=10,
+        timeout=deadline(10),
     )
 
 
@@ -70,7 +71,7 @@ def test_dev_serves_webhooks_with_a_key_in_its_folder(
     assert refused.status_code == 400
     assert refused.json()["error"]["details"]["path"] == "url"
 
-    assert dev.stop(signal.SIGINT, timeout=5) == 0
+    assert dev.stop(signal.SIGINT) == 0
     assert "Traceback" not in dev.stderr
 
 
@@ -86,7 +87,7 @@ def test_dev_ephemeral_keeps_its_key_out_of_the_folder(
     assert match is not None, dev.stderr
     key = Path(match.group(1))
     assert key.exists() and cwd not in key.parents
-    assert dev.stop(signal.SIGINT, timeout=5) == 0
+    assert dev.stop(signal.SIGINT) == 0
     assert not key.exists()  # the temporary folder goes with the process
     assert not (cwd / ".bettercompute").exists()
 
@@ -103,7 +104,7 @@ def test_serve_has_webhooks_only_with_a_kms_key_file(
     plain = start_cli(cli_env, "serve", "--port", str(port))
     plain.wait_ready(base_url)
     assert _call(base_url, token, "list", {"tenant": "root"}).status_code == 404
-    assert plain.stop(signal.SIGTERM, timeout=5) == 0
+    assert plain.stop(signal.SIGTERM) == 0
 
     key = tmp_path / "keys" / "kms.key"
     env = {**cli_env, "BETTERCOMPUTE_KMS_KEY_FILE": str(key)}
@@ -117,7 +118,7 @@ def test_serve_has_webhooks_only_with_a_kms_key_file(
     created = _call(base_url, token, "create", {"tenant": "root", "url": "https://hooks.example.com/in"})
     assert created.status_code == 200, created.text
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
-    assert served.stop(signal.SIGTERM, timeout=5) == 0
+    assert served.stop(signal.SIGTERM) == 0
     assert "Traceback" not in served.stderr
 
 
@@ -129,20 +130,23 @@ def test_dev_runs_join_service_and_renders_a_pinned_join_command(
     dev, base_url, token = _start_dev(cli_env, start_cli, cwd, "--ephemeral")
     headers = {"authorization": f"Bearer {token}"}
     pool = httpx.post(
-        f"{base_url}/api/compute/pools/create", headers=headers, json={"tenant": "root", "name": "gpus"}, timeout=10
+        f"{base_url}/api/compute/pools/create",
+        headers=headers,
+        json={"tenant": "root", "name": "gpus"},
+        timeout=deadline(10),
     )
     assert pool.status_code == 200, pool.text
     created = httpx.post(
         f"{base_url}/api/compute/join-tokens/create",
         headers=headers,
         json={"pool_id": pool.json()["data"]["id"]},
-        timeout=10,
+        timeout=deadline(10),
     )
     assert created.status_code == 200, created.text
     command = created.json()["data"]["join_command"]
     assert "--gateway 127.0.0.1:7443 --trust-domain dev.localhost" in command
     assert re.search(r"--ca-bundle \S+ --join-key=[A-Za-z0-9_-]{43}$", command), command
-    assert dev.stop(signal.SIGINT, timeout=5) == 0
+    assert dev.stop(signal.SIGINT) == 0
 
 
 class _LocalReceiver:
@@ -168,9 +172,9 @@ class _LocalReceiver:
         self._thread.start()
 
     def wait_for(self, count: int, *, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
+        ends = time.monotonic() + deadline(timeout)
         while len(self.received) < count:
-            assert time.monotonic() < deadline, f"{len(self.received)} of {count} deliveries within {timeout} s"
+            assert time.monotonic() < ends, f"{len(self.received)} of {count} deliveries within {timeout} s"
             time.sleep(0.05)
 
     def close(self) -> None:
@@ -215,7 +219,7 @@ def test_dev_delivers_to_a_receiver_on_this_machine_and_says_so(
         refused = _call(base_url, token, "create", {"tenant": "root", "url": url})
         assert refused.status_code == 400, url
         assert refused.json()["error"]["code"] == "INVALID_INPUT"
-    assert dev.stop(signal.SIGINT, timeout=5) == 0
+    assert dev.stop(signal.SIGINT) == 0
     assert "Traceback" not in dev.stderr
 
 
@@ -237,7 +241,7 @@ def test_serve_refuses_loopback_webhooks_unless_the_operator_allows_private_ones
     error = refused.json()["error"]
     assert error["code"] == "INVALID_INPUT" and error["details"]["path"] == "url"
     assert "webhooks_allow_private" not in served.stderr
-    assert served.stop(signal.SIGTERM, timeout=5) == 0
+    assert served.stop(signal.SIGTERM) == 0
 
     allowed_env = {**env, "BETTERCOMPUTE_WEBHOOKS_ALLOW_PRIVATE": "true"}
     port = free_port()
@@ -249,5 +253,5 @@ def test_serve_refuses_loopback_webhooks_unless_the_operator_allows_private_ones
     local_receiver.wait_for(1)
     headers, body = local_receiver.received[0]
     verify(secret, headers, body)
-    assert allowed.stop(signal.SIGTERM, timeout=5) == 0
+    assert allowed.stop(signal.SIGTERM) == 0
     assert "Traceback" not in allowed.stderr

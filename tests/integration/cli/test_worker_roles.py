@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from bettercompute._runtime.shards import SHARDS, owned_by
+from tests._timing import deadline
 
 from .conftest import Running, StartCli, free_port, run_cli
 
@@ -59,12 +60,12 @@ def _worker_id(url: str, schema: str, instance: str) -> str | None:
 
 
 def _wait(predicate: Callable[[], bool], within: float, what: str, *processes: Running) -> None:
-    deadline = time.monotonic() + within
+    ends = time.monotonic() + deadline(within)
     while not predicate():
         for running in processes:
             code = running.process.poll()
             assert code is None, f"exited {code} while waiting for {what}:\n{running.stderr}"
-        assert time.monotonic() < deadline, f"not within {within} s: {what}"
+        assert time.monotonic() < ends, f"not within {within} s: {what}"
         time.sleep(0.2)
 
 
@@ -104,7 +105,7 @@ def _serve(cli_env: dict[str, str], start_cli: StartCli, instance: str, port: in
 
 
 def _stop(running: Running) -> None:
-    assert running.stop(signal.SIGTERM, timeout=15) == 0, running.stderr
+    assert running.stop(signal.SIGTERM) == 0, running.stderr
     assert "received SIGTERM; stopping" in running.stderr
     assert "Traceback" not in running.stderr
 

@@ -12,6 +12,7 @@ from bettercompute._runtime.jobs import _job_lease
 from bettercompute.errors import FailedPreconditionError, InvalidInputError, NotFoundError
 from bettercompute.modules.commands import COMMANDS, SESSIONS, CommandRecord, create_command, sweep_commands
 from bettercompute.modules.nodes import NODES, NodeRecord
+from tests._timing import deadline
 
 from ..joins.conftest import Fleet, claims
 
@@ -206,7 +207,7 @@ async def test_started_controllers_run_the_sweeper_under_its_singleton_lease(fle
     fleet.clock.advance(dt.timedelta(seconds=2))
     await fleet.compute.start({"controllers"})
     try:
-        with anyio.fail_after(10):
+        with anyio.fail_after(deadline(10)):
             while (await _state(fleet, command))[0] != "expired":  # noqa: ASYNC110 - polling the database
                 await anyio.sleep(0.1)
         lease = await fleet.store.leases.get("controllers/command-sweeper")

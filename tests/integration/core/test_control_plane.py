@@ -17,6 +17,7 @@ from bettercompute.modules.system import VersionInput, WhoamiInput
 from bettercompute.ports import OutboxEvent, StoredEvent
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 from .conftest import Plane
 
@@ -140,7 +141,7 @@ async def test_roles_run_under_leases_and_stop_hands_them_back(plane: Plane) -> 
     try:
         async with plane.store.transaction() as tx:
             await tx.publish([OutboxEvent(type="x", key="k", payload={})])
-        with anyio.fail_after(10):
+        with anyio.fail_after(deadline(10)):
             await delivered.wait()
         lease = await plane.store.leases.get("sinks/events")
         assert lease is not None and lease.holder == "test-1"

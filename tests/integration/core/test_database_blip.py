@@ -18,6 +18,7 @@ import pytest
 from bettercompute import BetterCompute, Job, ModuleContext, Options, better_compute
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 from .test_database_outage import tcp_proxy
 
@@ -107,7 +108,7 @@ class _ProbeModule:
 
 async def _until(condition: Callable[[], bool], *, within: float) -> None:
     """Wait, at most ``within`` seconds, for ``condition`` to hold (polled: a job pass sets no event here)."""
-    with anyio.fail_after(within):
+    with anyio.fail_after(deadline(within)):
         while not condition():  # noqa: ASYNC110 - the passes are recorded by another plane's loop
             await anyio.sleep(0.1)
 

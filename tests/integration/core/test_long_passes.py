@@ -13,6 +13,7 @@ from bettercompute import BetterCompute, Options, better_compute
 from bettercompute.ports import OutboxEvent, StoredEvent
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -48,7 +49,7 @@ async def test_a_pass_longer_than_the_lease_ttl_delivers_each_event_once(compute
     await _publish(compute, 40)
     await compute.start({"sinks"})
     try:
-        with anyio.fail_after(60):
+        with anyio.fail_after(deadline(60)):
             await done.wait()
         await anyio.sleep(1)  # room for a duplicate to show up, if any
     finally:
@@ -72,13 +73,13 @@ async def test_a_pass_stopped_midway_keeps_what_it_delivered(compute: BetterComp
     compute.events.subscribe(slow)
     await _publish(compute, 60)
     await compute.start({"sinks"})
-    with anyio.fail_after(30):
+    with anyio.fail_after(deadline(30)):
         await some.wait()
     await compute.stop()  # in the middle of the pass
     # A second run finishes the rest at once (nothing waits for a claim to expire), and repeats nothing it acked.
     await compute.start({"sinks"})
     try:
-        with anyio.fail_after(20):
+        with anyio.fail_after(deadline(20)):
             await all_of_them.wait()
     finally:
         await compute.stop()

@@ -10,6 +10,8 @@ from typing import Any, Literal
 import anyio
 import uvicorn
 
+from tests._timing import deadline
+
 from ..cli.conftest import free_port
 
 
@@ -24,7 +26,7 @@ async def serving(
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
-        with anyio.fail_after(30):
+        with anyio.fail_after(deadline(30)):
             while not server.started:  # uvicorn offers a flag, not an event
                 if task.done():
                     task.result()  # it stopped before it started: say why

@@ -21,6 +21,8 @@ import httpx
 import psycopg
 import pytest
 
+from tests._timing import deadline
+
 from ..cli.conftest import Running, free_port
 
 pytestmark = pytest.mark.pg
@@ -59,7 +61,7 @@ def start(tmp_path: Path) -> Iterator[Callable[[str, list[str], dict[str, str]],
     for part in started:
         if part.process.poll() is None:
             part.process.kill()
-            part.process.wait(timeout=10)
+            part.process.wait(timeout=deadline(10))
 
 
 @pytest.fixture
@@ -85,7 +87,10 @@ class Api:
 
     def post(self, token: str, path: str, body: dict[str, Any]) -> httpx.Response:
         return httpx.post(
-            f"{self.base_url}/api/compute/{path}", headers={"authorization": f"Bearer {token}"}, json=body, timeout=10
+            f"{self.base_url}/api/compute/{path}",
+            headers={"authorization": f"Bearer {token}"},
+            json=body,
+            timeout=deadline(10),
         )
 
     def data(self, token: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -97,14 +102,14 @@ class Api:
 
 def wait_until(check: Callable[[], bool], within: float, what: str, *parts: Part) -> None:
     """Poll ``check``; fail at once if one of ``parts`` exits meanwhile, naming it and showing its log."""
-    deadline = time.monotonic() + within
+    ends = time.monotonic() + deadline(within)
     while not check():
         for part in parts:
             code = part.process.poll()
             assert code is None, (
                 f"{part.stderr_path.parent.name} exited {code} while waiting for {what}:\n{part.stderr}"
             )
-        assert time.monotonic() < deadline, f"not within {within} s: {what}"
+        assert time.monotonic() < ends, f"not within {within} s: {what}"
         time.sleep(0.2)
 
 
@@ -120,36 +125,25 @@ def lease_holders(url: str, schema: str, parts: dict[str, Part]) -> dict[str, se
     return holders
 
 
-def test_a_central_iam_an_api_process_a_gateway_and_a_worker_run_one_deployment(
-    deployment_env: dict[str, str],
-    database_url: str,
-    start: Callable[[str, list[str], dict[str, str]], Part],
-    tmp_path: Path,
-) -> None:
-    env, schema = deployment_env, deployment_env["BETTERCOMPUTE_SCHEMA"]
-    iam_url, gateway_address = env["BETTERCOMPUTE_IAM_URL"], env["BETTERCOMPUTE_GATEWAY_ADDRESS"]
-    api_port = free_port()
-
-    # 1. setup: migrations and keys, then the two credentials, shown once as lines to eval.
-    done = subprocess.run(example("setup"), env=env, cwd=REPOSITORY, capture_output=True, text=True, timeout=60)
+def _setup(env: dict[str, str]) -> tuple[str, str]:
+    """``setup``: migrations and keys, then the two credentials, shown once as lines to eval; a second run mints
+    nothing. (root token, the api process's credential)"""
+    done = subprocess.run(
+        example("setup"), env=env, cwd=REPOSITORY, capture_output=True, text=True, timeout=deadline(60)
+    )
     assert done.returncode == 0, done.stderr
     exported = dict(re.findall(r"^export (\w+)=(\S+)$", done.stdout, re.MULTILINE))
-    root, edge_credential = exported["ROOT_TOKEN"], exported[CREDENTIAL_ENV]
-    again = subprocess.run(example("setup"), env=env, cwd=REPOSITORY, capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        example("setup"), env=env, cwd=REPOSITORY, capture_output=True, text=True, timeout=deadline(60)
+    )
     assert again.returncode == 0 and again.stdout == "", again.stderr  # a second run mints nothing
+    return exported["ROOT_TOKEN"], exported[CREDENTIAL_ENV]
 
-    # 2. The central IAM, an api process and a gateway; the worker is not started yet.
-    edge_env = {**env, CREDENTIAL_ENV: edge_credential}
-    iam = start("iam", example("iam", "--port", iam_url.rpartition(":")[2]), env)
-    api = start("api", example("api", "--port", str(api_port)), edge_env)
-    gateway = start("gateway", example("gateway", "--name", "gw-test"), edge_env)
-    iam.wait_ready(iam_url, timeout=45)
-    api.wait_ready(f"http://127.0.0.1:{api_port}", timeout=45)
-    gateway.wait_for(f"gateway gw-test listening on 127.0.0.1:{gateway_address.rpartition(':')[2]}", in_stderr=True)
-    central, edge = Api(iam_url), Api(f"http://127.0.0.1:{api_port}")
 
-    # 3. Credentials minted by the central IAM work on the api process, which asks the central IAM for each
-    # authentication and each decision: an operator may create, a viewer may not.
+def _operator_through_the_central_iam(central: Api, edge: Api, root: str) -> tuple[str, dict[str, Any]]:
+    """Credentials minted by the central IAM work on the api process, which asks the central IAM for each
+    authentication and each decision: an operator may create, a viewer may not. (the operator's credential, a pool
+    it made)"""
     minted: dict[str, dict[str, str]] = {}
     for name, role in (("ops", "compute.operator"), ("auditor", "compute.viewer")):
         principal = central.data(root, "principals/create", {"tenant": "root", "name": name, "kind": "user"})
@@ -171,8 +165,57 @@ def test_a_central_iam_an_api_process_a_gateway_and_a_worker_run_one_deployment(
     assert unknown.status_code == 401 and unknown.json()["error"]["code"] == "UNAUTHENTICATED", unknown.text
     # The api process embeds no IAM: IAM is administered on the central process only.
     assert edge.post(root, "tenants/list", {}).status_code == 404
+    return ops, pool
 
-    # 4. A node joins through the gateway with a token made on the api process, and holds its session there.
+
+def _nothing_adopts_without_a_worker(edge: Api, ops: str, node_id: str, holders: Callable[[], object]) -> None:
+    """The api, the gateway and the central IAM run no controller: the node stays adopting with no devices, and only
+    the central IAM holds leases, for IAM's own jobs."""
+    time.sleep(3)  # adoption takes about a second when a worker runs; give it three
+    seen = edge.data(ops, "nodes/get", {"id": node_id})
+    assert (seen["state"], seen["desired_generation"]) == ("adopting", 0), (
+        f"the node moved on with no worker running: {seen['state']}, desired generation {seen['desired_generation']}"
+    )
+    assert edge.data(ops, "devices/list", {"tenant": "root", "node_id": node_id})["devices"] == []
+    assert holders() == {"iam": {"iam"}}
+
+
+def _everything_stops(sim: Part, parts: list[Part], secrets: tuple[str, ...]) -> None:
+    """Everything stops on SIGTERM, exits 0, and no credential reached a log."""
+    assert sim.stop() == 0, sim.stderr
+    summary = json.loads(sim.stdout.splitlines()[-1])
+    assert summary["joined"] == 1 and summary["acks"] >= 1, summary
+    for part in parts:
+        name = part.stderr_path.parent.name
+        assert part.stop(signal.SIGTERM) == 0, f"{name}:\n{part.stderr}"
+        assert "Traceback" not in part.stderr, f"{name}:\n{part.stderr}"
+        for secret in secrets:
+            assert secret not in part.stderr, f"a credential in the log of {name}"
+
+
+def test_a_central_iam_an_api_process_a_gateway_and_a_worker_run_one_deployment(
+    deployment_env: dict[str, str],
+    database_url: str,
+    start: Callable[[str, list[str], dict[str, str]], Part],
+    tmp_path: Path,
+) -> None:
+    env, schema = deployment_env, deployment_env["BETTERCOMPUTE_SCHEMA"]
+    iam_url, gateway_address = env["BETTERCOMPUTE_IAM_URL"], env["BETTERCOMPUTE_GATEWAY_ADDRESS"]
+    api_port = free_port()
+    root, edge_credential = _setup(env)
+
+    # The central IAM, an api process and a gateway; the worker is not started yet.
+    edge_env = {**env, CREDENTIAL_ENV: edge_credential}
+    iam = start("iam", example("iam", "--port", iam_url.rpartition(":")[2]), env)
+    api = start("api", example("api", "--port", str(api_port)), edge_env)
+    gateway = start("gateway", example("gateway", "--name", "gw-test"), edge_env)
+    iam.wait_ready(iam_url, timeout=45)
+    api.wait_ready(f"http://127.0.0.1:{api_port}", timeout=45)
+    gateway.wait_for(f"gateway gw-test listening on 127.0.0.1:{gateway_address.rpartition(':')[2]}", in_stderr=True)
+    central, edge = Api(iam_url), Api(f"http://127.0.0.1:{api_port}")
+    ops, pool = _operator_through_the_central_iam(central, edge, root)
+
+    # A node joins through the gateway with a token made on the api process, and holds its session there.
     token = edge.data(ops, "join-tokens/create", {"pool_id": pool["id"], "uses": 1, "expires_in_seconds": 600})
     printed = shlex.split(token["join_command"])
     assert printed[printed.index("--gateway") + 1] == gateway_address
@@ -185,20 +228,11 @@ def test_a_central_iam_an_api_process_a_gateway_and_a_worker_run_one_deployment(
 
     wait_until(lambda: any(n["session_epoch"] >= 1 for n in nodes()), 30, "the node in session", sim, gateway, api, iam)
     [node] = nodes()
-
-    # 5. Without a worker nothing adopts it: the api, the gateway and the central IAM run no controller. The node
-    # stays adopting with no devices, and only the central IAM holds leases, for IAM's own jobs.
-    time.sleep(3)  # adoption takes about a second when a worker runs; give it three
-    seen = edge.data(ops, "nodes/get", {"id": node["id"]})
-    assert (seen["state"], seen["desired_generation"]) == ("adopting", 0), (
-        f"the node moved on with no worker running: {seen['state']}, desired generation {seen['desired_generation']}"
-    )
-    assert edge.data(ops, "devices/list", {"tenant": "root", "node_id": node["id"]})["devices"] == []
     parts = {"iam": iam, "api": api, "gateway": gateway}
-    assert lease_holders(database_url, schema, parts) == {"iam": {"iam"}}
+    _nothing_adopts_without_a_worker(edge, ops, node["id"], lambda: lease_holders(database_url, schema, parts))
 
-    # 6. The worker starts: it takes the worker roles' leases, and its controllers run the acceptance check
-    # (a command the gateway dispatches to the node) and adopt the node, with its 8 GPUs as devices.
+    # The worker starts: it takes the worker roles' leases, and its controllers run the acceptance check (a command
+    # the gateway dispatches to the node) and adopt the node, with its 8 GPUs as devices.
     worker = start("worker", example("worker"), edge_env)
     worker.wait_for("worker running controllers, scheduler, sinks", in_stderr=True, timeout=45)
 
@@ -213,8 +247,8 @@ def test_a_central_iam_an_api_process_a_gateway_and_a_worker_run_one_deployment(
     expected = {"iam": {"iam"}, "controllers": {"worker"}, "scheduler": {"worker"}, "sinks": {"worker"}}
     wait_until(lambda: lease_holders(database_url, schema, parts) == expected, 30, "the worker's leases", worker)
 
-    # 7. A reservation made on the api process: placed there, then carried to the node by the worker's controller
-    # and the gateway, and acknowledged by the node.
+    # A reservation made on the api process: placed there, then carried to the node by the worker's controller and
+    # the gateway, and acknowledged by the node.
     reservation = edge.data(
         ops, "reservations/create", {"tenant": "root", "pool_id": pool["id"], "gpus": 1, "duration": "PT1H"}
     )
@@ -224,14 +258,4 @@ def test_a_central_iam_an_api_process_a_gateway_and_a_worker_run_one_deployment(
         return bool(edge.data(ops, "reservations/get", {"id": reservation["id"]})["state"] == "active")
 
     wait_until(active, 30, "the reservation active", worker, sim, gateway, api, iam)
-
-    # 8. Everything stops on SIGTERM, exits 0, and no credential reached a log.
-    assert sim.stop(timeout=20) == 0, sim.stderr
-    summary = json.loads(sim.stdout.splitlines()[-1])
-    assert summary["joined"] == 1 and summary["acks"] >= 1, summary
-    for part in (worker, gateway, api, iam):
-        name = part.stderr_path.parent.name
-        assert part.stop(signal.SIGTERM, timeout=20) == 0, f"{name}:\n{part.stderr}"
-        assert "Traceback" not in part.stderr, f"{name}:\n{part.stderr}"
-        for secret in (root, edge_credential, ops):
-            assert secret not in part.stderr, f"a credential in the log of {name}"
+    _everything_stops(sim, [worker, gateway, api, iam], (root, edge_credential, ops))

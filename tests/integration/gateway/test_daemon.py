@@ -19,6 +19,7 @@ import pytest
 from bettercompute.modules.commands import COMMANDS, SESSIONS, create_command
 from bettercompute.modules.nodes import NODES, RevokeNodeInput
 from bettercompute_gateway import create_gateway
+from tests._timing import deadline
 
 from .conftest import Wire
 
@@ -44,7 +45,7 @@ def fake_inventory(folder: Path, serial: str) -> Path:
 
 async def wait_for(check: Callable[[], Awaitable[bool]], seconds: float = 15) -> None:
     """Poll ``check`` until it holds (the processes give no event to wait on)."""
-    with anyio.fail_after(seconds):
+    with anyio.fail_after(deadline(seconds)):
         while not await check():  # noqa: ASYNC110
             await anyio.sleep(0.1)
 
@@ -86,9 +87,9 @@ async def test_bcd_joins_as_printed_holds_its_session_and_stops_when_revoked(gw:
 
         await wait_for(seen_later)
 
-        deadline = gw.fleet.clock.now() + dt.timedelta(minutes=5)
+        expires = gw.fleet.clock.now() + dt.timedelta(minutes=5)
         async with gw.fleet.store.transaction() as tx:
-            command = await create_command(tx, node=node, kind="diag.nvml", payload={}, deadline=deadline)
+            command = await create_command(tx, node=node, kind="diag.nvml", payload={}, deadline=expires)
 
         async def finished() -> bool:
             done = await gw.fleet.store.repository(COMMANDS).get(command.id)
@@ -106,7 +107,7 @@ async def test_bcd_joins_as_printed_holds_its_session_and_stops_when_revoked(gw:
         await wait_for(lambda: in_session(2))
 
         await gw.fleet.compute.api.nodes.revoke(gw.fleet.alice, RevokeNodeInput(id=node_id))
-        with anyio.fail_after(10):
+        with anyio.fail_after(deadline(10)):
             code = await daemon.wait()
         assert code == STOPPED
         stderr = (await daemon.stderr.read()).decode() if daemon.stderr else ""

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import betterproto2
+import psycopg
 import pytest
 from grpclib.client import Channel
 from grpclib.config import Configuration
@@ -18,9 +19,17 @@ from grpclib.exceptions import ProtocolError, StreamTerminatedError
 
 import bettercompute_proto as wire
 from bettercompute.errors import InvalidInputError, NotFoundError
-from bettercompute.modules.nodes import NODES, DesiredState, GetNodeInput, poke_gateways, set_desired_state
+from bettercompute.modules.nodes import (
+    DESIRED_STATE_CHANNEL,
+    NODES,
+    DesiredState,
+    GetNodeInput,
+    poke_gateways,
+    set_desired_state,
+)
 from bettercompute_gateway import GatewayOptions, create_gateway
 from bettercompute_store_pg import PgNotifier
+from tests._timing import deadline, eventually
 
 from .conftest import Joined, Wire, gateway_tls, hello, session_request
 
@@ -34,7 +43,7 @@ async def _desire(gw: Wire, node_id: str, content: dict[str, Any]) -> DesiredSta
 
 async def _next(stream: Any, kind: str, seconds: float = 10) -> Any:
     """The next control frame of ``kind``, skipping others (inventory requests, commands)."""
-    with anyio.fail_after(seconds):
+    with anyio.fail_after(deadline(seconds)):
         while True:
             frame = await stream.recv_message()
             assert frame is not None, f"the stream ended before a {kind} frame"
@@ -44,13 +53,28 @@ async def _next(stream: Any, kind: str, seconds: float = 10) -> Any:
 
 
 async def _observed(gw: Wire, node_id: str, generation: int) -> None:
-    with anyio.fail_after(10):
+    with anyio.fail_after(deadline(10)):
         while True:
             node = await gw.fleet.store.repository(NODES).get(node_id)
             assert node is not None
             if node.observed_generation == generation:
                 return
             await anyio.sleep(0.05)
+
+
+async def _listening(database_url: str, channel: str) -> None:
+    """Wait until a connection has LISTENed on ``channel`` (PostgreSQL shows it as that connection's last statement):
+    a poke sent before it would be lost."""
+
+    async def found() -> bool:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            cursor = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN ' || quote_ident(%s)", (channel,)
+            )
+            row = await cursor.fetchone()
+        return row is not None and row[0] > 0
+
+    await eventually(found, 10, f"a LISTEN on {channel}")
 
 
 async def _open(stream: Any, joined: Joined) -> None:
@@ -130,7 +154,7 @@ async def _poked_over_a_slow_flush(gw: Wire, database_url: str, name: str) -> As
     try:
         async with session_request(channel) as stream:
             await _open(stream, joined)
-            await anyio.sleep(1.0)  # the gateway's listener is up
+            await _listening(database_url, notifier.channel_name(DESIRED_STATE_CHANNEL))
             await _desire(gw, joined.node_id, ALLOCATION)
             await poke_gateways(notifier)
             assert (await _next(stream, "desired_state", seconds=15)).generation == 1
@@ -186,7 +210,7 @@ async def test_a_daemon_that_stops_reading_is_closed_as_slow_and_others_are_not_
                     for generation in (1, 2, 3):
                         await _desire(gw, fine.node_id, {"allocations": [], "n": generation})
                         assert (await _next(stream, "desired_state")).generation == generation
-                    with anyio.fail_after(10):
+                    with anyio.fail_after(deadline(10)):
                         while not (gone := await _closed_on(gw, "gw-tight")):  # noqa: ASYNC110 - polls the outbox
                             await anyio.sleep(0.05)
                     assert gone == [(stuck.node_id, "slow")]

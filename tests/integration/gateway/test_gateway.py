@@ -21,6 +21,7 @@ import bettercompute_proto as wire
 from bettercompute.modules.commands import COMMANDS, SESSIONS, create_command
 from bettercompute.modules.nodes import NODES, RevokeNodeInput
 from bettercompute_daemon.identity import NodeKey
+from tests._timing import deadline
 
 from .conftest import Joined, Wire, envelope, hello, session_request
 
@@ -89,7 +90,7 @@ async def test_a_machine_joins_over_the_wire_and_holds_a_session_whose_liveness_
             assert first is not None and first.epoch == 1 and first.gateway == "gw-test" and first.closed_at is None
             await anyio.sleep(0.3)
             await stream.send_message(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=1)))
-            with anyio.fail_after(5):
+            with anyio.fail_after(deadline(5)):
                 while True:
                     seen = await gw.fleet.store.repository(SESSIONS).get(joined.node_id)
                     assert seen is not None
@@ -97,7 +98,7 @@ async def test_a_machine_joins_over_the_wire_and_holds_a_session_whose_liveness_
                         break
                     await anyio.sleep(0.05)
             await stream.end()
-        with anyio.fail_after(5):
+        with anyio.fail_after(deadline(5)):
             while gw.gateway.sessions:  # noqa: ASYNC110 - the gateway has no event for this; poll
                 await anyio.sleep(0.05)
         closed = await gw.fleet.store.repository(SESSIONS).get(joined.node_id)
@@ -129,7 +130,7 @@ async def test_a_second_session_of_a_node_closes_the_first_and_takes_the_next_ep
                 assert gw.gateway.sessions == {joined.node_id: 2}
                 await second.end()
                 assert await second.recv_message() is None
-        with anyio.fail_after(5):
+        with anyio.fail_after(deadline(5)):
             while len(closed := await gw.fleet.events("node.session_closed")) < 2:  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         assert sorted((p["epoch"], p["reason"]) for _, p in closed) == [(1, "superseded"), (2, "left")]
@@ -333,7 +334,7 @@ async def test_revoking_a_node_closes_its_live_session_within_two_seconds(gw: Wi
             await start(stream, joined.node_id)
             revoked_at = time.monotonic()
             await gw.fleet.compute.api.nodes.revoke(gw.fleet.alice, RevokeNodeInput(id=joined.node_id))
-            with anyio.fail_after(2):
+            with anyio.fail_after(deadline(2)):
                 frame = await stream.recv_message()
             assert frame is not None and frame.close is not None and frame.close.reason == "revoked"
             assert time.monotonic() - revoked_at < 2
@@ -352,16 +353,16 @@ async def test_a_command_reaches_the_node_and_only_its_signed_result_is_recorded
     joined = await gw.join()
     node = await gw.fleet.store.repository(NODES).get(joined.node_id)
     assert node is not None
-    deadline = gw.fleet.clock.now() + dt.timedelta(minutes=5)
+    expires = gw.fleet.clock.now() + dt.timedelta(minutes=5)
     async with gw.fleet.store.transaction() as tx:
-        first = await create_command(tx, node=node, kind="diag.nvml", payload={"quick": True}, deadline=deadline)
-        second = await create_command(tx, node=node, kind="diag.nvml", payload={}, deadline=deadline)
+        first = await create_command(tx, node=node, kind="diag.nvml", payload={"quick": True}, deadline=expires)
+        second = await create_command(tx, node=node, kind="diag.nvml", payload={}, deadline=expires)
     channel = gw.channel(joined)
     try:
         async with session_request(channel) as stream:
             await start(stream, joined.node_id)
             sent: list[wire.Command] = []
-            with anyio.fail_after(5):
+            with anyio.fail_after(deadline(5)):
                 while len(sent) < 2:
                     frame = await stream.recv_message()
                     assert frame is not None and frame.command is not None
@@ -396,7 +397,7 @@ async def test_a_command_reaches_the_node_and_only_its_signed_result_is_recorded
             await stream.send_message(result(sent[0], joined.key, body={"note": "a\u0000b"}))
             await stream.send_message(result(sent[1], joined.key))
             commands = gw.fleet.store.repository(COMMANDS)
-            with anyio.fail_after(5):
+            with anyio.fail_after(deadline(5)):
                 while (done := await commands.get(second.id)) is None or done.state != "succeeded":  # noqa: ASYNC110
                     await anyio.sleep(0.05)
             assert done.result == {"healthy": True}
@@ -431,7 +432,7 @@ async def closed_after(gw: Wire, change: Callable[[Joined], Awaitable[object]]) 
             await start(stream, joined.node_id)
             await change(joined)
             await stream.send_message(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=1)))
-            with anyio.fail_after(5):
+            with anyio.fail_after(deadline(5)):
                 frame = await stream.recv_message()
             assert frame is not None and frame.close is not None
             await stream.end()
@@ -482,7 +483,7 @@ async def test_inventory_sections_and_events_are_taken_in_and_bad_ones_dropped(g
             for event in events:
                 await stream.send_message(wire.NodeFrame(event=event))
             await stream.send_message(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=1)))
-            with anyio.fail_after(5):
+            with anyio.fail_after(deadline(5)):
                 while len(await gw.fleet.events("node.inventory_reported")) < 2:  # noqa: ASYNC110
                     await anyio.sleep(0.05)
             assert gw.gateway.sessions == {joined.node_id: 1}  # the session goes on

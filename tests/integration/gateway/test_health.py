@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bettercompute_gateway import Gateway, GatewayOptions, create_gateway
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 from ..core.test_database_outage import _free_port, proxied_url, tcp_proxy
 from .conftest import Wire, gateway_tls, hello, session_request
@@ -35,7 +36,7 @@ async def health_stub(port: int, bundle_pem: str) -> AsyncIterator[health_pb2_gr
 
 
 async def status(stub: health_pb2_grpc.HealthStub, service: str = "") -> int:
-    reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+    reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=deadline(5))
     return int(reply.status)
 
 
@@ -56,7 +57,7 @@ async def test_serving_then_draining_closes_sessions_and_refuses_new_ones(gw: Wi
                 await start(stream, joined.node_id)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(lambda: gw.gateway.drain(period=0.5))
-                    with anyio.fail_after(5):
+                    with anyio.fail_after(deadline(5)):
                         assert (await watch.read()).status == NOT_SERVING  # Watch hears the change
                     frame = await stream.recv_message()
                     assert frame is not None and frame.close is not None and frame.close.reason == "draining"
@@ -105,6 +106,6 @@ async def test_not_serving_while_the_database_is_away(gw: Wire, database_url: st
 
 
 async def _until(stub: health_pb2_grpc.HealthStub, wanted: int) -> None:
-    with anyio.fail_after(20):
+    with anyio.fail_after(deadline(20)):
         while await status(stub) != wanted:  # noqa: ASYNC110 - polls the gateway, as a balancer does
             await anyio.sleep(0.1)

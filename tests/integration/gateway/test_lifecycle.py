@@ -26,6 +26,7 @@ from bettercompute.errors import AccessDeniedError, ConflictError, NotFoundError
 from bettercompute.modules.inventory import INVENTORY, GetDeviceInput, ListDevicesInput
 from bettercompute.modules.nodes import NODES, CordonNodeInput, GetNodeInput, Node, RequalifyNodeInput
 from bettercompute.modules.pools import NodePolicy, UpdatePoolInput
+from tests._timing import deadline
 
 from .conftest import Joined, Wire, hello, session_request
 
@@ -111,7 +112,7 @@ class Daemon:
     async def stop(self) -> None:
         if self.process is not None and self.process.returncode is None:
             self.process.terminate()
-            with anyio.fail_after(10):
+            with anyio.fail_after(deadline(10)):
                 await self.process.wait()
         self.process = None
 
@@ -145,7 +146,7 @@ async def settle(gw: Wire, node_id: str, holds: Callable[[Node], bool], seconds:
     """Run the controllers (and let the gateway and daemon do their part) until the node's view ``holds``."""
     seen = None
     try:
-        with anyio.fail_after(seconds):
+        with anyio.fail_after(deadline(seconds)):
             while True:
                 # Work the gateway enqueues is dated by the database: the manual clock keeps up with it.
                 gw.fleet.clock.set(max(gw.fleet.clock.now(), dt.datetime.now(dt.UTC)))
@@ -263,7 +264,7 @@ async def test_a_dropped_session_is_unreachable_after_the_timeout_and_back_on_re
         await fleet.compute.jobs.tick({"controllers"})
         return set((await atoms(gw, daemon.node_id)).values()) == {("unavailable", "node_unreachable")}
 
-    with anyio.fail_after(20):
+    with anyio.fail_after(deadline(20)):
         while not await withdrawn():  # noqa: ASYNC110 - the controllers run in this loop; there is no event
             await anyio.sleep(0.1)
 
@@ -334,7 +335,7 @@ async def _report(gw: Wire, joined: Joined, sections: dict[str, Any], *, ack: in
                 await stream.send_message(
                     wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=ack))
                 )
-            with anyio.fail_after(10):
+            with anyio.fail_after(deadline(10)):
                 while len(await gw.fleet.events("node.inventory_reported")) < before + len(sections):  # noqa: ASYNC110
                     await anyio.sleep(0.05)
             await stream.end()
@@ -418,7 +419,7 @@ async def reservation(gw: Wire, reservation_id: str) -> Any:
 async def settle_reservation(gw: Wire, reservation_id: str, state: str, seconds: float = 30) -> Any:
     seen = None
     try:
-        with anyio.fail_after(seconds):
+        with anyio.fail_after(deadline(seconds)):
             while True:
                 gw.fleet.clock.set(max(gw.fleet.clock.now(), dt.datetime.now(dt.UTC)))
                 await gw.fleet.compute.jobs.tick({"controllers"})

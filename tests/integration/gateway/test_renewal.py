@@ -29,6 +29,7 @@ from bettercompute.modules.nodes import CERTIFICATES, NODES
 from bettercompute.testing import ManualClock
 from bettercompute_daemon.identity import NodeKey
 from bettercompute_gateway import create_gateway
+from tests._timing import deadline
 
 from .conftest import Wire, envelope
 from .test_daemon import BCD, STOPPED, fake_inventory, wait_for
@@ -102,7 +103,7 @@ class Node:
     async def finish(self, seconds: float = 15) -> tuple[int, str]:
         """Wait for ``bcd node`` to exit by itself: its status and what it logged."""
         assert self.daemon is not None
-        with anyio.fail_after(seconds):
+        with anyio.fail_after(deadline(seconds)):
             _, stderr = await self.daemon.communicate()
         assert self.daemon.returncode is not None
         return self.daemon.returncode, stderr.decode()
@@ -187,9 +188,9 @@ async def test_bcd_node_renews_its_certificate_over_the_wire_before_it_expires(
     assert gw.gateway.sessions.get(node_id) == 1
     record = await gw.fleet.store.repository(NODES).get(node_id)
     assert record is not None
-    deadline = gw.fleet.clock.now() + dt.timedelta(minutes=5)
+    expires = gw.fleet.clock.now() + dt.timedelta(minutes=5)
     async with gw.fleet.store.transaction() as tx:
-        command = await create_command(tx, node=record, kind="diag.nvml", payload={}, deadline=deadline)
+        command = await create_command(tx, node=record, kind="diag.nvml", payload={}, deadline=expires)
 
     async def finished() -> bool:
         done = await gw.fleet.store.repository(COMMANDS).get(command.id)

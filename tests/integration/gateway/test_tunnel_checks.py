@@ -26,6 +26,7 @@ from bettercompute import (
     open_tunnel_in,
 )
 from bettercompute.ports import Migration, ResourceRef, Store
+from tests._timing import deadline
 
 from .conftest import Wire
 from .test_tunnels import close_reason, echo_server, exchange, node, tunnel_stream
@@ -121,7 +122,7 @@ async def test_a_modules_check_closes_its_open_tunnels_within_two_seconds(
             await asyncio.sleep(1.5)  # checked at least once, and kept
             assert await exchange(stream, b"still") == b"still"
             stopped.add("gd_1")
-            with anyio.fail_after(2.0):
+            with anyio.fail_after(deadline(2.0)):
                 assert await close_reason(stream) == "gadget_stopped"
             with contextlib.suppress(Exception):
                 await stream.end()

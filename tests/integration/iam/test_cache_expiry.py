@@ -34,6 +34,7 @@ from bettercompute_iam import (
     RevokeCredentialInput,
 )
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -170,7 +171,7 @@ async def test_another_os_process_stops_honouring_a_revoke_and_a_removed_binding
             assert peer.stdin is not None and peer.stdout is not None
             lines = BufferedByteReceiveStream(peer.stdout)
             try:
-                with anyio.fail_after(60):
+                with anyio.fail_after(deadline(60)):
                     assert await lines.receive_until(b"\n", 100) == b"ready"
                 await IamGroups(a.api).credentials.revoke(
                     people.root, RevokeCredentialInput(tenant=people.tenant, credential_id=people.credential_ids["bob"])
@@ -179,9 +180,9 @@ async def test_another_os_process_stops_honouring_a_revoke_and_a_removed_binding
                     people.root, DeleteBindingInput(tenant=people.tenant, binding_id=people.bindings["carol"])
                 )
                 await peer.stdin.send(b"changed\n")
-                with anyio.fail_after(90):
+                with anyio.fail_after(deadline(90)):
                     assert await lines.receive_until(b"\n", 100) == b"expired"
-                with anyio.fail_after(30):
+                with anyio.fail_after(deadline(30)):
                     assert await peer.wait() == 0
             finally:
                 if peer.returncode is None:

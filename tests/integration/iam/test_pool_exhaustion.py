@@ -36,6 +36,7 @@ from bettercompute_iam import (
     RevokeCredentialInput,
 )
 from bettercompute_store_pg import PgStore, PoolUsage
+from tests._timing import deadline
 
 from .conftest import TwoTenants, auth, two_tenants
 
@@ -73,7 +74,7 @@ async def burst(call: Callable[[int], Awaitable[T]]) -> list[T]:
         except ComputeError as exc:
             failures.append(exc.code)
 
-    with anyio.fail_after(60):
+    with anyio.fail_after(deadline(60)):
         async with anyio.create_task_group() as tg:
             for index in range(BURST):
                 tg.start_soon(one, index)
@@ -88,7 +89,7 @@ async def http_burst(t: TwoTenants, credential: str, path: str, bodies: list[dic
     async def one(index: int) -> None:
         responses[index] = await t.http.post(f"/api/compute/{path}", headers=auth(credential), json=bodies[index])
 
-    with anyio.fail_after(60):
+    with anyio.fail_after(deadline(60)):
         async with anyio.create_task_group() as tg:
             for index in range(len(bodies)):
                 tg.start_soon(one, index)
@@ -158,6 +159,74 @@ async def test_a_burst_over_http_gets_no_503(plane: TwoTenants) -> None:
     assert all(d["disabled_at"] is not None for d in disabled)
 
 
+Metered = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+"""``call(name, run)``: run one API call, recording the most pooled connections it held at once under ``name``."""
+
+
+async def _principal_role_and_binding_calls(call: Metered, t: TwoTenants, pool_id: str) -> tuple[Any, Any]:
+    """Tenants, principals, roles and bindings made and listed, one metered call each: (bob, his pool binding)."""
+    api = t.compute.api
+    await call("tenants.create", lambda: IamGroups(api).tenants.create(t.root, CreateTenantInput(name="metered")))
+    await call("tenants.list", lambda: IamGroups(api).tenants.list(t.root, ListTenantsInput()))
+    bob = await call(
+        "principals.create",
+        lambda: IamGroups(api).principals.create(t.alice, CreatePrincipalInput(tenant=t.acme, name="bob", kind="user")),
+    )
+    await call("principals.list", lambda: IamGroups(api).principals.list(t.alice, ListPrincipalsInput(tenant=t.acme)))
+    role = await call(
+        "roles.create",
+        lambda: IamGroups(api).roles.create(
+            t.alice, CreateRoleInput(tenant=t.acme, name="lister", actions=("iam:*:list",))
+        ),
+    )
+    await call("roles.list", lambda: IamGroups(api).roles.list(t.alice, ListRolesInput(tenant=t.acme)))
+    await call(
+        "bindings.create (tenant)",
+        lambda: IamGroups(api).bindings.create(
+            t.alice, CreateBindingInput(tenant=t.acme, principal_id=bob.id, role=role.id, scope_type="tenant")
+        ),
+    )
+    on_pool = await call(
+        "bindings.create (pool)",
+        lambda: IamGroups(api).bindings.create(
+            t.alice,
+            CreateBindingInput(
+                tenant=t.acme, principal_id=bob.id, role="compute.member", scope_type="pool", scope_id=pool_id
+            ),
+        ),
+    )
+    await call("bindings.list", lambda: IamGroups(api).bindings.list(t.alice, ListBindingsInput(tenant=t.acme)))
+    return bob, on_pool
+
+
+async def _credential_and_removal_calls(call: Metered, t: TwoTenants, bob: Any, on_pool: Any) -> None:
+    """Credentials made, listed and revoked, the pool binding deleted and bob disabled, one metered call each."""
+    api = t.compute.api
+    created = await call(
+        "credentials.create",
+        lambda: IamGroups(api).credentials.create(
+            t.alice, CreateCredentialInput(tenant=t.acme, principal_id=bob.id, expires_in_seconds=None)
+        ),
+    )
+    await call(
+        "credentials.list", lambda: IamGroups(api).credentials.list(t.alice, ListCredentialsInput(tenant=t.acme))
+    )
+    await call(
+        "credentials.revoke",
+        lambda: IamGroups(api).credentials.revoke(
+            t.alice, RevokeCredentialInput(tenant=t.acme, credential_id=created.id)
+        ),
+    )
+    await call(
+        "bindings.delete",
+        lambda: IamGroups(api).bindings.delete(t.alice, DeleteBindingInput(tenant=t.acme, binding_id=on_pool.id)),
+    )
+    await call(
+        "principals.disable",
+        lambda: IamGroups(api).principals.disable(t.alice, DisablePrincipalInput(tenant=t.acme, principal_id=bob.id)),
+    )
+
+
 async def test_each_iam_call_holds_one_pooled_connection_at_a_time(plane: TwoTenants) -> None:
     t, api = plane, plane.compute.api
     # A pool of acme, so that a pool-scoped binding (whose check reads the pool's tenant) is among the calls.
@@ -171,65 +240,8 @@ async def test_each_iam_call_holds_one_pooled_connection_at_a_time(plane: TwoTen
             peaks[name] = meter.peak
             return result
 
-        await call("tenants.create", lambda: IamGroups(api).tenants.create(t.root, CreateTenantInput(name="metered")))
-        await call("tenants.list", lambda: IamGroups(api).tenants.list(t.root, ListTenantsInput()))
-        bob = await call(
-            "principals.create",
-            lambda: IamGroups(api).principals.create(
-                t.alice, CreatePrincipalInput(tenant=t.acme, name="bob", kind="user")
-            ),
-        )
-        await call(
-            "principals.list", lambda: IamGroups(api).principals.list(t.alice, ListPrincipalsInput(tenant=t.acme))
-        )
-        role = await call(
-            "roles.create",
-            lambda: IamGroups(api).roles.create(
-                t.alice, CreateRoleInput(tenant=t.acme, name="lister", actions=("iam:*:list",))
-            ),
-        )
-        await call("roles.list", lambda: IamGroups(api).roles.list(t.alice, ListRolesInput(tenant=t.acme)))
-        await call(
-            "bindings.create (tenant)",
-            lambda: IamGroups(api).bindings.create(
-                t.alice, CreateBindingInput(tenant=t.acme, principal_id=bob.id, role=role.id, scope_type="tenant")
-            ),
-        )
-        on_pool = await call(
-            "bindings.create (pool)",
-            lambda: IamGroups(api).bindings.create(
-                t.alice,
-                CreateBindingInput(
-                    tenant=t.acme, principal_id=bob.id, role="compute.member", scope_type="pool", scope_id=pool.id
-                ),
-            ),
-        )
-        await call("bindings.list", lambda: IamGroups(api).bindings.list(t.alice, ListBindingsInput(tenant=t.acme)))
-        created = await call(
-            "credentials.create",
-            lambda: IamGroups(api).credentials.create(
-                t.alice, CreateCredentialInput(tenant=t.acme, principal_id=bob.id, expires_in_seconds=None)
-            ),
-        )
-        await call(
-            "credentials.list", lambda: IamGroups(api).credentials.list(t.alice, ListCredentialsInput(tenant=t.acme))
-        )
-        await call(
-            "credentials.revoke",
-            lambda: IamGroups(api).credentials.revoke(
-                t.alice, RevokeCredentialInput(tenant=t.acme, credential_id=created.id)
-            ),
-        )
-        await call(
-            "bindings.delete",
-            lambda: IamGroups(api).bindings.delete(t.alice, DeleteBindingInput(tenant=t.acme, binding_id=on_pool.id)),
-        )
-        await call(
-            "principals.disable",
-            lambda: IamGroups(api).principals.disable(
-                t.alice, DisablePrincipalInput(tenant=t.acme, principal_id=bob.id)
-            ),
-        )
+        bob, on_pool = await _principal_role_and_binding_calls(call, t, pool.id)
+        await _credential_and_removal_calls(call, t, bob, on_pool)
         # The same over HTTP, through the ASGI app.
         carol = await IamGroups(api).principals.create(
             t.alice, CreatePrincipalInput(tenant=t.acme, name="carol", kind="user")

@@ -24,6 +24,7 @@ from bettercompute_cli._client import group_names
 from bettercompute_cli._mcp import InProcess, streamable_http_app
 from bettercompute_cli._profiles import Profiles
 from examples.maintenance import MaintenanceModule
+from tests._timing import deadline
 
 from ..cli.conftest import StartCli, command, free_port
 from ..examples._serve import serving
@@ -177,7 +178,7 @@ async def test_the_http_command_forwards_each_requests_token(fleet: Fleet, serve
     running = start_cli(_env(BETTERCOMPUTE_URL=served, TOKEN=fleet.t.alice), "mcp", "--http", "--port", str(port))
     running.wait_for("MCP over streamable HTTP", in_stderr=True)
     url = f"http://127.0.0.1:{port}/mcp"
-    with anyio.fail_after(30):
+    with anyio.fail_after(deadline(30)):
         while True:
             try:
                 async with httpx.AsyncClient() as raw:

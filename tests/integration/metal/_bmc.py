@@ -42,6 +42,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tests._timing import deadline
+
 EMULATOR = Path(sys.executable).parent / "sushy-emulator"
 STORAGE_ID = "1"
 START_TIMEOUT = 30.0
@@ -91,10 +93,10 @@ class Bmc:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=deadline(10))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=deadline(10))
 
 
 def free_port() -> int:
@@ -194,35 +196,20 @@ def _random_mac() -> str:
     return ":".join(f"{octet:02x}" for octet in octets)
 
 
-def start_bmc(
+def _write_config(
     folder: Path,
     *,
-    username: str = "admin",
-    power_state: str = "Off",
-    system_uuid: str | None = None,
-    macs: tuple[str, ...] | None = None,
-) -> Bmc:
-    """Start a sushy-tools emulator whose files live in ``folder``; it is answering when this returns.
-
-    ``system_uuid`` and ``macs`` are random unless given (a test that boots a VM gives the VM's).
-
-    Raises:
-        RuntimeError: The emulator's console script is missing (sushy-tools is a dev dependency) or it did not
-            answer within ``START_TIMEOUT`` seconds (its stderr is in the message).
-    """
-    if not EMULATOR.exists():
-        raise RuntimeError(f"{EMULATOR} is missing: install the dev extra (sushy-tools)")
-    folder.mkdir(parents=True, exist_ok=True)
-    certs = make_certificates(folder / "tls")
-    password = secrets.token_urlsafe(18)
-    auth_file = folder / "htpasswd"
-    auth_file.write_text(f"{username}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}\n")
-    system_uuid = system_uuid or str(uuid.uuid4())
-    system_name = f"node-{system_uuid[:8]}"
-    macs = macs or (_random_mac(), _random_mac())
-    disk_bytes = (random.randrange(100, 4000) * 10**9,)
+    port: int,
+    certs: TestCertificates,
+    auth_file: Path,
+    power_state: str,
+    system_uuid: str,
+    system_name: str,
+    macs: tuple[str, ...],
+    disk_bytes: tuple[int, ...],
+) -> Path:
+    """The emulator's configuration file: one fake system with ``macs`` and one drive of ``disk_bytes[0]``."""
     drive_id = secrets.token_hex(8).upper()
-    port = free_port()
     config = {
         "SUSHY_EMULATOR_LISTEN_IP": "127.0.0.1",
         "SUSHY_EMULATOR_LISTEN_PORT": port,
@@ -262,6 +249,48 @@ def start_bmc(
     lines = [f"{name} = {value!r}" for name, value in config.items()]
     lines.append(f"SUSHY_EMULATOR_DRIVES = {drives!r}")
     config_file.write_text("\n".join(lines) + "\n")
+    return config_file
+
+
+def start_bmc(
+    folder: Path,
+    *,
+    username: str = "admin",
+    power_state: str = "Off",
+    system_uuid: str | None = None,
+    macs: tuple[str, ...] | None = None,
+) -> Bmc:
+    """Start a sushy-tools emulator whose files live in ``folder``; it is answering when this returns.
+
+    ``system_uuid`` and ``macs`` are random unless given (a test that boots a VM gives the VM's).
+
+    Raises:
+        RuntimeError: The emulator's console script is missing (sushy-tools is a dev dependency) or it did not
+            answer within ``START_TIMEOUT`` seconds (its stderr is in the message).
+    """
+    if not EMULATOR.exists():
+        raise RuntimeError(f"{EMULATOR} is missing: install the dev extra (sushy-tools)")
+    folder.mkdir(parents=True, exist_ok=True)
+    certs = make_certificates(folder / "tls")
+    password = secrets.token_urlsafe(18)
+    auth_file = folder / "htpasswd"
+    auth_file.write_text(f"{username}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}\n")
+    system_uuid = system_uuid or str(uuid.uuid4())
+    system_name = f"node-{system_uuid[:8]}"
+    macs = macs or (_random_mac(), _random_mac())
+    disk_bytes = (random.randrange(100, 4000) * 10**9,)
+    port = free_port()
+    config_file = _write_config(
+        folder,
+        port=port,
+        certs=certs,
+        auth_file=auth_file,
+        power_state=power_state,
+        system_uuid=system_uuid,
+        system_name=system_name,
+        macs=macs,
+        disk_bytes=disk_bytes,
+    )
     log_file = folder / "emulator.log"
     log: IO[bytes]
     with log_file.open("wb") as log:
@@ -295,8 +324,8 @@ def start_bmc(
 
 def _wait_until_answering(bmc: Bmc) -> None:
     context = ssl.create_default_context(cadata=bmc.ca_pem)
-    deadline = time.monotonic() + START_TIMEOUT
-    with httpx.Client(verify=context, timeout=2.0, trust_env=False) as client:
+    ends = time.monotonic() + deadline(START_TIMEOUT)
+    with httpx.Client(verify=context, timeout=deadline(2.0), trust_env=False) as client:
         while True:
             if bmc.proc.poll() is not None:
                 raise RuntimeError(f"sushy-emulator exited with {bmc.proc.returncode}:\n{bmc.log()[-4000:]}")
@@ -305,6 +334,6 @@ def _wait_until_answering(bmc: Bmc) -> None:
                     return
             except httpx.TransportError:
                 pass
-            if time.monotonic() > deadline:
+            if time.monotonic() > ends:
                 raise RuntimeError(f"sushy-emulator did not answer in {START_TIMEOUT} s:\n{bmc.log()[-4000:]}")
             time.sleep(0.1)

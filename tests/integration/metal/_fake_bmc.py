@@ -20,6 +20,8 @@ from typing import Any
 
 import attrs
 
+from tests._timing import deadline
+
 from ._bmc import TestCertificates, make_certificates
 
 
@@ -141,4 +143,4 @@ def serve_fake_bmc(
     finally:
         server.shutdown()
         server.server_close()
-        thread.join(timeout=5)
+        thread.join(timeout=deadline(5))

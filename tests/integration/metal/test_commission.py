@@ -39,6 +39,7 @@ from bettercompute_metal._schemas import (
     MachineInput,
 )
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 from ..iam.conftest import two_tenants
 from ._bmc import Bmc
@@ -68,13 +69,13 @@ class Plane:
 
     async def until(self, machine_id: str, states: set[str], within: float = 90.0) -> Any:
         """Run the workers' passes until the machine reaches one of ``states``."""
-        deadline = time.monotonic() + within
+        ends = time.monotonic() + deadline(within)
         while True:
             await self.compute.jobs.tick()
             machine = await self.metal.metal.get(self.alice, MachineInput(id=machine_id))
             if machine.state in states:
                 return machine
-            assert time.monotonic() < deadline, f"machine stuck in {machine.state} at {machine.step}: {machine.reason}"
+            assert time.monotonic() < ends, f"machine stuck in {machine.state} at {machine.step}: {machine.reason}"
             await _sleep(0.5)
 
 
@@ -141,10 +142,9 @@ def _signed(key: NodeKey, machine_id: str, task: dict[str, Any], ok: bool, resul
     }
 
 
-async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> None:
-    site_id, site_cert, _ = await _site(plane)
-    metal = plane.metal
-    machine = await metal.metal.enroll(
+async def _enrolled_and_inspected(plane: Plane, bmc: Bmc, site_id: str) -> Any:
+    """Enroll the emulator's machine and run its inspection: the machine, inspected, its BMC password sealed."""
+    machine = await plane.metal.metal.enroll(
         plane.alice,
         EnrollInput(
             site_id=site_id,
@@ -158,18 +158,20 @@ async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> Non
     assert set(machine.macs) == {m.lower() for m in bmc.macs}
     assert machine.bmc.credentials_ref == f"bmc/{machine.id}"
     assert bmc.password not in json.dumps(attrs.asdict(machine), default=str)
+    return machine
 
-    machine = await metal.metal.commission(plane.alice, MachineInput(id=machine.id))
+
+async def _commissioned_to_the_ramdisk_step(plane: Plane, bmc: Bmc, machine_id: str, site_cert: str) -> Any:
+    """Commission the machine: the workflow sets PXE once and powers it on, then waits for the ramdisk."""
+    machine = await plane.metal.metal.commission(plane.alice, MachineInput(id=machine_id))
     assert machine.state == "commissioning"
-    # The workflow sets PXE once and powers the machine on; then it waits for the ramdisk.
-    deadline = time.monotonic() + 90
+    ends = time.monotonic() + deadline(90)
     while machine.step != "ramdisk":
         # The boot waits for the site's boot server to fetch the plan (with the new token) before powering on.
-        await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
-        await plane.compute.jobs.tick()
-        machine = await metal.metal.get(plane.alice, MachineInput(id=machine.id))
+        await _tick_while_the_site_syncs(plane, site_cert)
+        machine = await plane.metal.metal.get(plane.alice, MachineInput(id=machine.id))
         assert machine.state == "commissioning", machine
-        assert time.monotonic() < deadline, machine
+        assert time.monotonic() < ends, machine
         await _sleep(0.5)
     # What the BMC was told: boot from the network once (the power-on lands seconds later, asked for already).
     async with RedfishClient(
@@ -177,8 +179,11 @@ async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> Non
     ) as c:
         boot = (await c.inspect()).boot
     assert boot.override_target == "Pxe"  # (the emulator's fake driver keeps no "Once": it reports Continuous)
+    return machine
 
-    # The active site agent's plan boots this machine into the ramdisk; a second agent stands by.
+
+async def _ramdisk_token_from_the_plan(plane: Plane, machine: Any, site_cert: str) -> str:
+    """The active site agent's plan boots this machine into the ramdisk (a second agent stands by): its token."""
     sync = await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
     assert sync["active"] is True
     standby = await plane.call("site.sync", site_cert, {"agent": "a-2", "http_base": "http://10.0.0.3:8080"})
@@ -187,10 +192,13 @@ async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> Non
     assert entry["machine_id"] == machine.id and entry["action"] == "ramdisk"
     assert set(entry["macs"]) == set(machine.macs)
     arguments = dict(part.split("=", 1) for part in shlex.split(entry["cmdline"]))
-    token = arguments["bc.token"]
     assert arguments["bc.machine"] == machine.id and arguments["bc.gateway"] == "gw.metal.test:7443"
+    return arguments["bc.token"]
 
-    # The ramdisk joins with the token and the machine's own UUID (no serial: the emulator reports none).
+
+async def _ramdisk_joined(plane: Plane, machine: Any, token: str) -> tuple[NodeKey, str]:
+    """The ramdisk joins with the token and the machine's own UUID (no serial: the emulator reports none), once:
+    its key and certificate."""
     ramdisk = NodeKey()
     wrong = {"token": token, "machine_id": machine.id, "csr_pem": ramdisk.csr_pem()}
     with pytest.raises(AccessDeniedError):
@@ -206,11 +214,15 @@ async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> Non
         await plane.call(
             "ramdisk.join", None, {**wrong, "claims": {"system_uuid": machine.system_uuid, "serial": machine.serial}}
         )
-    cert = joined["certificate_pem"]
+    cert: str = joined["certificate_pem"]
     # A ramdisk certificate is not a site's.
     with pytest.raises(AccessDeniedError):
         await plane.call("site.sync", cert, {"agent": "x", "http_base": "http://x"})
+    return ramdisk, cert
 
+
+async def _ramdisk_diagnoses_and_wipes(plane: Plane, machine: Any, ramdisk: NodeKey, cert: str) -> None:
+    """The ramdisk's tasks: diagnose (a forged report refused), then wipe its one disk; then nothing is left."""
     answer = await plane.call("ramdisk.task", cert, {"report": None})
     task = answer["task"]
     assert task["kind"] == "diagnose"
@@ -225,6 +237,15 @@ async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> Non
     wiped = {"disks": [{"name": "sda", "method": "zero", "ok": True}]}
     answer = await plane.call("ramdisk.task", cert, {"report": _signed(ramdisk, machine.id, task, True, wiped)})
     assert answer["task"] is None and answer["done"] is True
+
+
+async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> None:
+    site_id, site_cert, _ = await _site(plane)
+    machine = await _enrolled_and_inspected(plane, bmc, site_id)
+    machine = await _commissioned_to_the_ramdisk_step(plane, bmc, machine.id, site_cert)
+    token = await _ramdisk_token_from_the_plan(plane, machine, site_cert)
+    ramdisk, cert = await _ramdisk_joined(plane, machine, token)
+    await _ramdisk_diagnoses_and_wipes(plane, machine, ramdisk, cert)
 
     machine = await plane.until(machine.id, {"ready", "failed"})
     assert machine.state == "ready", machine
@@ -262,16 +283,32 @@ async def _ramdisk_session(plane: Plane, machine_id: str, site_cert: str) -> tup
     return joined["certificate_pem"], key, answer["task"]
 
 
+async def _tick_while_the_site_syncs(plane: Plane, site_cert: str) -> None:
+    """One pass of the workers while the site's active agent fetches its plan every 0.3 s, as ``bcd site run`` does:
+    the boot step waits (within its pass) for the site to have fetched the plan it just prepared."""
+
+    async def agent() -> None:
+        while True:
+            await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
+            await anyio.sleep(0.3)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(agent)
+        await plane.compute.jobs.tick()
+        tg.cancel_scope.cancel()
+
+
 async def _until_step(plane: Plane, machine_id: str, step: str, site_cert: str | None = None) -> Any:
-    deadline = time.monotonic() + 90
+    ends = time.monotonic() + deadline(90)
     while True:
         if site_cert is not None:
-            await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
-        await plane.compute.jobs.tick()
+            await _tick_while_the_site_syncs(plane, site_cert)
+        else:
+            await plane.compute.jobs.tick()
         machine = await plane.metal.metal.get(plane.alice, MachineInput(id=machine_id))
         if machine.step == step:
             return machine
-        assert machine.state != "failed" and time.monotonic() < deadline, machine
+        assert machine.state != "failed" and time.monotonic() < ends, machine
         await _sleep(0.3)
 
 
@@ -357,13 +394,13 @@ async def test_unreachable_bmc_is_retried_visibly(plane: Plane, bmc: Bmc) -> Non
             bmc=BmcInput(url="https://127.0.0.1:9", username="admin", password="pw", pin_sha256=bmc.pin_sha256),
         ),
     )
-    deadline = time.monotonic() + 30
+    ends = time.monotonic() + deadline(30)
     while True:
         await plane.compute.jobs.tick()
         machine = await plane.metal.metal.get(plane.alice, MachineInput(id=machine.id))
         if machine.reason == "BMC_UNREACHABLE":
             break
-        assert time.monotonic() < deadline, machine
+        assert time.monotonic() < ends, machine
         await _sleep(0.2)
     assert machine.state == "enrolled" and machine.step == "inspect"
 

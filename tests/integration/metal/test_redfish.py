@@ -24,6 +24,7 @@ from bettercompute_metal._redfish import (
     RedfishClient,
     RedfishError,
 )
+from tests._timing import deadline
 
 from ._bmc import Bmc, free_port, make_certificates
 
@@ -53,7 +54,7 @@ def requests_logged(log: str) -> list[str]:
 async def wait_for_power(bmc: RedfishClient, wanted: str) -> float:
     """Seconds until ``power_state()`` reads ``wanted`` (a change lands 1 to 11 s later; 30 s at most)."""
     started = time.monotonic()
-    with anyio.fail_after(30):
+    with anyio.fail_after(deadline(30)):
         while True:
             if await bmc.power_state() == wanted:
                 return time.monotonic() - started

@@ -37,6 +37,7 @@ from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute.modules.webhooks import WebhookSettings
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 # Bounded so the run takes about a minute on two cores: examples per operation and phase.
 MAX_EXAMPLES = 3
@@ -127,7 +128,7 @@ def served(database_url: str, fresh_schema: str, tmp_path: Path) -> Iterator[tup
         yield f"http://127.0.0.1:{port}", root
     finally:
         server.should_exit = True
-        thread.join(timeout=30)
+        thread.join(timeout=deadline(30))
 
 
 def run_schemathesis(served: tuple[str, str], tmp_path: Path, *, phases: str, share: int | None) -> None:
@@ -161,7 +162,7 @@ def run_schemathesis(served: tuple[str, str], tmp_path: Path, *, phases: str, sh
         "--request-timeout",
         "30",
     ]
-    document = httpx.get(f"{base}/api/compute/openapi.json", timeout=30).json()
+    document = httpx.get(f"{base}/api/compute/openapi.json", timeout=deadline(30)).json()
     paged = _paged(document)
     assert "/api/compute/pools/list" in paged and "/api/compute/webhooks/deliveries" in paged
     refusable = {*UNPUBLISHED, *paged}
@@ -177,7 +178,12 @@ def run_schemathesis(served: tuple[str, str], tmp_path: Path, *, phases: str, sh
             continue
         ran += len(paths)
         result = subprocess.run(
-            [*command, *_include(paths), *extra], capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False
+            [*command, *_include(paths), *extra],
+            capture_output=True,
+            text=True,
+            timeout=deadline(600),
+            cwd=tmp_path,
+            check=False,
         )
         if phases == "stateful" and extra and "No links for stateful testing" in result.stdout:
             continue  # no link leads from one of these operations to another: nothing to chain (a whole run skips it)

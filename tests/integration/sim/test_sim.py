@@ -22,6 +22,7 @@ import pytest
 
 from bettercompute.modules.commands import COMMANDS, create_command
 from bettercompute.modules.nodes import NODES, NodeRecord
+from tests._timing import deadline
 
 from ..gateway.conftest import Wire
 
@@ -32,7 +33,7 @@ BCD = str(Path(sys.executable).parent / "bcd")
 
 async def wait_for(check: Callable[[], Awaitable[bool]], seconds: float = 40) -> None:
     """Poll ``check`` until it holds (the process gives no event to wait on)."""
-    with anyio.fail_after(seconds):
+    with anyio.fail_after(deadline(seconds)):
         while not await check():  # noqa: ASYNC110
             await anyio.sleep(0.1)
 
@@ -64,7 +65,7 @@ class Sim:
     async def stop(self) -> tuple[int, dict[str, Any], str]:
         """SIGTERM; the exit status, the summary and stderr."""
         self.process.send_signal(signal.SIGTERM)
-        with anyio.fail_after(20):
+        with anyio.fail_after(deadline(20)):
             out, err = await self.process.communicate()
         lines = out.decode().splitlines()
         summary = json.loads(lines[-1]) if lines else {}
@@ -98,7 +99,7 @@ async def all_in_session(gw: Wire, count: int, pool: str | None = None) -> bool:
 async def settle(gw: Wire, count: int, seconds: float = 50) -> list[NodeRecord]:
     """Run the controllers (acceptance, adoption) until each of ``count`` nodes is adopted with its desired state
     acknowledged, or quarantined; the nodes then."""
-    with anyio.fail_after(seconds):
+    with anyio.fail_after(deadline(seconds)):
         while True:
             # Work the gateway enqueues is dated by the database: the manual clock keeps up with it.
             gw.fleet.clock.set(max(gw.fleet.clock.now(), dt.datetime.now(dt.UTC)))
@@ -112,6 +113,70 @@ async def settle(gw: Wire, count: int, seconds: float = 50) -> list[NodeRecord]:
             if len(done) == count:
                 return nodes
             await anyio.sleep(0.1)
+
+
+async def _assert_fake_gpus(gw: Wire, nodes: list[NodeRecord]) -> None:
+    """Each node reported eight fake GPUs of the simulated models, with distinct UUIDs; about 5 % unhealthy."""
+    uuids: list[str] = []
+    unhealthy = 0
+    for node in nodes:
+        gpus = next(s for s in await gw.fleet.store.repository(NODES).inventory(node.id) if s.section == "gpus")
+        assert gpus.fake and len(gpus.content) == 8
+        assert {g["model"] for g in gpus.content} <= {
+            "NVIDIA H100 80GB HBM3",
+            "NVIDIA A100-SXM4-80GB",
+            "NVIDIA L40S",
+        }
+        assert [g["uuid"] for g in gpus.content] == list(node.claims["gpu_uuids"])
+        uuids += [g["uuid"] for g in gpus.content]
+        unhealthy += sum(1 for g in gpus.content if g["ecc"]["volatile"]["uncorrected"])
+        for gpu in gpus.content:
+            assert set(gpu) >= {"uuid", "model", "memory_mib", "driver_version", "mig", "nvlink_peers", "ecc"}
+    assert len(set(uuids)) == 160
+    assert unhealthy <= 8  # 5 % of 160 GPUs are unhealthy, some by ECC, the others by XID 79
+
+
+async def _assert_diag_answers(gw: Wire, nodes: list[NodeRecord]) -> None:
+    """diag.nvml on every node: answered, signed by each node's key (the gateway checks), with the declared health;
+    exactly two nodes (10 %) fail acceptance, plus those with an unhealthy GPU."""
+    expires = gw.fleet.clock.now() + dt.timedelta(minutes=5)
+    commands = []
+    async with gw.fleet.store.transaction() as tx:
+        for node in nodes:
+            commands.append(await create_command(tx, node=node, kind="diag.nvml", payload={}, deadline=expires))
+
+    async def answered() -> bool:
+        done = [await gw.fleet.store.repository(COMMANDS).get(c.id) for c in commands]
+        return all(d is not None and d.state == "succeeded" for d in done)
+
+    await wait_for(answered)
+    results = [await gw.fleet.store.repository(COMMANDS).get(c.id) for c in commands]
+    healths = [r.result["health"] for r in results if r is not None and r.result is not None]
+    assert len(healths) == 20 and all(r is not None and r.result and r.result["fake"] is True for r in results)
+    assert all(h["source"] == "nvml" and len(h["gpus"]) == 8 for h in healths)
+    problems = [p for h in healths for g in h["gpus"] for p in g["problems"]]
+    assert set(problems) == {"ecc_uncorrectable", "xid_79"}
+    # 8 unhealthy GPUs (5 % of 160), plus the first GPU of the 2 nodes that fail acceptance (unless one of them
+    # was unhealthy already)
+    assert 8 <= sum(1 for h in healths for g in h["gpus"] if g["problems"]) <= 10
+    assert sum(1 for h in healths if not h["healthy"]) >= 2
+
+
+async def _judged_as_declared(gw: Wire, state: Path) -> list[NodeRecord]:
+    """The lifecycle controller judges the nodes as it judges real machines: those whose declared health has a
+    problem (an unhealthy GPU, or a failed acceptance) are quarantined, the others adopted with generation 1. The
+    adopted nodes."""
+    declared_unhealthy = set()
+    for index in range(20):
+        declared = json.loads((state / str(index) / "inventory.json").read_text())
+        if not declared["health"]["healthy"]:
+            declared_unhealthy.add(json.loads((state / str(index) / "node.json").read_text())["node_id"])
+    assert len(declared_unhealthy) >= 2
+    settled = await settle(gw, 20)
+    assert {n.id for n in settled if n.state == "quarantined"} == declared_unhealthy
+    adopted = [n for n in settled if n.state == "adopted"]
+    assert adopted and all(n.desired_generation == n.observed_generation == 1 for n in adopted)
+    return adopted
 
 
 async def test_a_fleet_joins_with_one_token_holds_its_sessions_and_answers_as_nodes_do(
@@ -131,60 +196,9 @@ async def test_a_fleet_joins_with_one_token_holds_its_sessions_and_answers_as_no
             return all({s.section for s in found} >= {"gpus", "cpu", "memory"} for found in sections)
 
         await wait_for(inventories)
-        uuids: list[str] = []
-        unhealthy = 0
-        for node in nodes:
-            gpus = next(s for s in await gw.fleet.store.repository(NODES).inventory(node.id) if s.section == "gpus")
-            assert gpus.fake and len(gpus.content) == 8
-            assert {g["model"] for g in gpus.content} <= {
-                "NVIDIA H100 80GB HBM3",
-                "NVIDIA A100-SXM4-80GB",
-                "NVIDIA L40S",
-            }
-            assert [g["uuid"] for g in gpus.content] == list(node.claims["gpu_uuids"])
-            uuids += [g["uuid"] for g in gpus.content]
-            unhealthy += sum(1 for g in gpus.content if g["ecc"]["volatile"]["uncorrected"])
-            for gpu in gpus.content:
-                assert set(gpu) >= {"uuid", "model", "memory_mib", "driver_version", "mig", "nvlink_peers", "ecc"}
-        assert len(set(uuids)) == 160
-        assert unhealthy <= 8  # 5 % of 160 GPUs are unhealthy, some by ECC, the others by XID 79
-
-        # diag.nvml on every node: answered, signed by each node's key (the gateway checks), with the declared
-        # health; exactly two nodes (10 %) fail acceptance, plus those with an unhealthy GPU.
-        deadline = gw.fleet.clock.now() + dt.timedelta(minutes=5)
-        commands = []
-        async with gw.fleet.store.transaction() as tx:
-            for node in nodes:
-                commands.append(await create_command(tx, node=node, kind="diag.nvml", payload={}, deadline=deadline))
-
-        async def answered() -> bool:
-            done = [await gw.fleet.store.repository(COMMANDS).get(c.id) for c in commands]
-            return all(d is not None and d.state == "succeeded" for d in done)
-
-        await wait_for(answered)
-        results = [await gw.fleet.store.repository(COMMANDS).get(c.id) for c in commands]
-        healths = [r.result["health"] for r in results if r is not None and r.result is not None]
-        assert len(healths) == 20 and all(r is not None and r.result and r.result["fake"] is True for r in results)
-        assert all(h["source"] == "nvml" and len(h["gpus"]) == 8 for h in healths)
-        problems = [p for h in healths for g in h["gpus"] for p in g["problems"]]
-        assert set(problems) == {"ecc_uncorrectable", "xid_79"}
-        # 8 unhealthy GPUs (5 % of 160), plus the first GPU of the 2 nodes that fail acceptance (unless one of them
-        # was unhealthy already)
-        assert 8 <= sum(1 for h in healths for g in h["gpus"] if g["problems"]) <= 10
-        assert sum(1 for h in healths if not h["healthy"]) >= 2
-
-        # The lifecycle controller judges them as it judges real machines: the nodes whose declared health has a
-        # problem (an unhealthy GPU, or a failed acceptance) are quarantined, the others adopted with generation 1.
-        declared_unhealthy = set()
-        for index in range(20):
-            declared = json.loads((state / str(index) / "inventory.json").read_text())
-            if not declared["health"]["healthy"]:
-                declared_unhealthy.add(json.loads((state / str(index) / "node.json").read_text())["node_id"])
-        assert len(declared_unhealthy) >= 2
-        settled = await settle(gw, 20)
-        assert {n.id for n in settled if n.state == "quarantined"} == declared_unhealthy
-        adopted = [n for n in settled if n.state == "adopted"]
-        assert adopted and all(n.desired_generation == n.observed_generation == 1 for n in adopted)
+        await _assert_fake_gpus(gw, nodes)
+        await _assert_diag_answers(gw, nodes)
+        adopted = await _judged_as_declared(gw, state)
 
         code, summary, stderr = await running.stop()
     assert code == 0, stderr
@@ -294,13 +308,13 @@ async def test_a_delayed_ack_leaves_the_desired_state_pending(gw: Wire, tmp_path
     args = ["--nodes", "2", "--state-dir", str(tmp_path / "fleet"), "--ack-delay", "3600", "--debug"]
     async with sim(*args, *flags) as running:
         await wait_for(lambda: all_in_session(gw, 2))
-        with anyio.fail_after(40):
+        with anyio.fail_after(deadline(40)):
             while not all(n.state == "adopted" for n in await nodes_of(gw)):
                 gw.fleet.clock.set(max(gw.fleet.clock.now(), dt.datetime.now(dt.UTC)))
                 await gw.fleet.compute.jobs.tick({"controllers"})
                 await anyio.sleep(0.1)
         # Adopted, generation 1 given and pushed; the nodes hold their acknowledgement back.
-        with anyio.fail_after(30):
+        with anyio.fail_after(deadline(30)):
             received = {(await running.event("desired_state"))["node"] for _ in range(2)}
         assert received == {0, 1}
         nodes = await nodes_of(gw)

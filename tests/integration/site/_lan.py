@@ -26,6 +26,8 @@ from typing import Any
 import attrs
 import pytest
 
+from tests._timing import deadline
+
 IPXE = Path("/usr/lib/ipxe")
 BCD = Path(sys.executable).with_name("bcd")
 SERVER = "10.77.0.1"
@@ -62,7 +64,7 @@ def require_pxe() -> None:
 
 
 def _run(*command: str) -> None:
-    subprocess.run([_tool(command[0]), *command[1:]], check=True, capture_output=True, timeout=30)
+    subprocess.run([_tool(command[0]), *command[1:]], check=True, capture_output=True, timeout=deadline(30))
 
 
 @attrs.define
@@ -103,10 +105,10 @@ class Lan:
                 process.send_signal(signal.SIGTERM)
         for process in reversed(self.processes):
             try:
-                process.wait(5)
+                process.wait(deadline(5))
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait(5)
+                process.wait(deadline(5))
 
 
 @contextlib.contextmanager
@@ -172,10 +174,14 @@ def make_lan(tmp_path: Path, *, uplink: bool = False) -> Iterator[Lan]:
         yield lan
     finally:
         if lan.host_link:
-            subprocess.run([_tool("ip"), "link", "delete", lan.host_link], capture_output=True, timeout=30, check=False)
+            subprocess.run(
+                [_tool("ip"), "link", "delete", lan.host_link], capture_output=True, timeout=deadline(30), check=False
+            )
         lan.stop_all()
         for namespace in (lan.ns, lan.dhcp_ns):
-            subprocess.run([_tool("ip"), "netns", "delete", namespace], capture_output=True, timeout=30, check=False)
+            subprocess.run(
+                [_tool("ip"), "netns", "delete", namespace], capture_output=True, timeout=deadline(30), check=False
+            )
 
 
 def boot_file(path: Path) -> dict[str, Any]:
@@ -216,9 +222,9 @@ def records(path: Path) -> list[dict[str, Any]]:
 
 
 def wait(check: Callable[[], bool], what: str, lan: Lan) -> None:
-    deadline = time.monotonic() + TIMEOUT
+    ends = time.monotonic() + deadline(TIMEOUT)
     while not check():
-        if time.monotonic() > deadline:
+        if time.monotonic() > ends:
             logs = "\n".join(
                 f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                 for p in sorted(lan.workdir.glob("*.*"))

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests._timing import deadline
+
 from ._lan import BANNER, BCD, HTTP_PORT, IPXE, SERVER, Lan, boot_file, boot_vm, make_lan, records, require_pxe, wait
 
 
@@ -51,10 +53,10 @@ def _serve(lan: Lan, plan: dict[str, Any]) -> Path:
         f"--cache={lan.workdir / 'cache'}",
         f"--http-port={HTTP_PORT}",
     )
-    deadline = time.monotonic() + 30
+    ends = time.monotonic() + deadline(30)
     while "serving on" not in (lan.workdir / "bcd.err").read_text():
         assert bcd.poll() is None, (lan.workdir / "bcd.err").read_text()
-        assert time.monotonic() < deadline, "bcd site serve-local did not start"
+        assert time.monotonic() < ends, "bcd site serve-local did not start"
         time.sleep(0.1)
     return lan.workdir / "bcd.out"
 

@@ -17,6 +17,7 @@ from bettercompute.errors import FailedPreconditionError, UnavailableError
 from bettercompute.ports import Lease, OutboxEvent, WorkItem
 from bettercompute_store_pg import PgStore
 from bettercompute_store_pg._schema import LEGACY_CORE_MIGRATIONS
+from tests._timing import deadline
 
 pytestmark = pytest.mark.anyio
 
@@ -61,7 +62,7 @@ def _migrate_in_two_processes(database_url: str, schema: str) -> list[dict[str, 
     ]
     results = []
     for process in processes:
-        out, err = process.communicate(timeout=60)
+        out, err = process.communicate(timeout=deadline(60))
         assert process.returncode == 0, err
         results.append(json.loads(out))
     return results

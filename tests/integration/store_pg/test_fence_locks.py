@@ -12,6 +12,7 @@ import pytest
 from bettercompute.errors import UnavailableError
 from bettercompute_store_pg import PgStore
 from bettercompute_store_pg._leases import FENCED_LOCK_TIMEOUT
+from tests._timing import deadline
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -23,12 +24,12 @@ async def test_an_open_fenced_transaction_lets_renewals_through_and_turns_takeov
     assert lease is not None
     async with pg_store.transaction(fence=lease):
         # The holder renews while its own fenced transaction is open: not blocked.
-        with anyio.fail_after(2):
+        with anyio.fail_after(deadline(2)):
             renewed = await pg_store.leases.renew_many([lease], TTL)
         assert [r.token for r in renewed] == [lease.token]
         await anyio.sleep(1.2)  # the lease has run out (not renewed again), so without the fence b would win it
         # The takeover neither waits for this transaction nor wins: both forms come back at once, empty-handed.
-        with anyio.fail_after(1):
+        with anyio.fail_after(deadline(1)):
             assert await pg_store.leases.acquire("shard:1", "b", TTL) is None
             assert await pg_store.leases.acquire_many(["shard:1", "shard:2"], "b", TTL) == [
                 await pg_store.leases.get("shard:2")

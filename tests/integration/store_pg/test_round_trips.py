@@ -13,6 +13,7 @@ from bettercompute.errors import ConflictError, InternalError, UnavailableError
 from bettercompute.ports import AuditRecord, OutboxEvent, ResourceRef, WorkItem
 from bettercompute_store_pg import PgStore, connection_of, fetch_in
 from bettercompute_store_pg._db import defer_in
+from tests._timing import deadline
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -146,7 +147,7 @@ async def test_a_waiter_that_gives_up_does_not_take_a_slot_with_it(database_url:
                     await store.now()
                 assert scope.cancelled_caught
         # Every waiter left; the one slot is free again at once.
-        with anyio.fail_after(2):
+        with anyio.fail_after(deadline(2)):
             await store.now()
         assert store.pool_usage.in_use == 0
     finally:

@@ -14,6 +14,7 @@ import pytest
 from bettercompute.errors import ComputeError
 from bettercompute.ports import WorkItem
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 from .._pgbouncer import running_pgbouncer
 
@@ -47,7 +48,7 @@ async def test_a_stalled_holder_is_cut_off_its_writes_never_land_and_the_lease_m
             await tx.enqueue([WorkItem(kind="stale", key="written-by-a-stalled-holder")])
             await anyio.sleep(TTL.total_seconds() + 0.2)
             # Its lease has run out, but its open transaction keeps the row: the successor is turned away, at once.
-            with anyio.fail_after(1):
+            with anyio.fail_after(deadline(1)):
                 assert await store.leases.acquire("shard:7", "successor", TTL) is None
             await anyio.sleep(IDLE_TIMEOUT + 1)  # stalled past PgBouncer's limit: the transaction is cut
     assert await store.queue.pending() == 0  # the stale write did not land

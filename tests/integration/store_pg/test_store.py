@@ -13,6 +13,7 @@ import bettercompute_store_pg
 from bettercompute.errors import ConflictError, InternalError, InvalidConfigError, UnavailableError
 from bettercompute.ports import AuditRecord, WorkItem
 from bettercompute_store_pg import PgNotifier, PgStore, Statement, connection_of, fetch_in
+from tests._timing import deadline
 
 pytestmark = pytest.mark.anyio
 
@@ -161,7 +162,7 @@ async def test_notifier_delivers_pokes_per_schema(database_url: str) -> None:
         async with one.listen("wake") as pokes, two.listen("wake") as other_pokes:
             await two.notify("wake", "for two")
             await one.notify("wake", "hello")
-            with anyio.fail_after(5):
+            with anyio.fail_after(deadline(5)):
                 assert await anext(aiter(pokes)) == "hello"
                 assert await anext(aiter(other_pokes)) == "for two"
 
@@ -176,7 +177,7 @@ async def test_a_burst_of_the_same_poke_is_sent_as_few_and_none_is_lost(database
             tg.start_soon(notifier.notify, "work", "@sinks")
         await notifier.notify("work", "last")
         heard: list[str] = []
-        with anyio.fail_after(5):
+        with anyio.fail_after(deadline(5)):
             async for payload in pokes:
                 heard.append(payload)
                 if payload == "last":

@@ -26,6 +26,7 @@ import pytest
 
 from bettercompute_daemon._vm import QemuOptions, QemuRuntime, VmHost, parse_instance, parse_instances
 from bettercompute_daemon._vm._network import is_isolated, tap_name
+from tests._timing import deadline
 from tests.vmimage import READY, VmImage, build_image, free_subnet, require_vm, sha256_of
 
 pytestmark = pytest.mark.anyio
@@ -93,20 +94,20 @@ async def runtime(tmp_path: Path, image: VmImage) -> AsyncIterator[QemuRuntime]:
 
 async def _console(runtime: QemuRuntime, instance_id: str, text: str, *, after: int = 0) -> str:
     """The console once ``text`` shows in it past byte ``after``."""
-    deadline = time.monotonic() + BOOT_TIMEOUT
+    ends = time.monotonic() + deadline(BOOT_TIMEOUT)
     while True:
         console = runtime.console_tail(instance_id, 1 << 20)
         if text in console[after:]:
             return console
-        assert time.monotonic() < deadline, f"{text!r} not on the console within {BOOT_TIMEOUT} s:\n{console[-3000:]}"
+        assert time.monotonic() < ends, f"{text!r} not on the console within {BOOT_TIMEOUT} s:\n{console[-3000:]}"
         await asyncio.sleep(0.2)
 
 
 def _echo(host: str, port: int) -> bytes:
-    deadline = time.monotonic() + 15
+    ends = time.monotonic() + deadline(15)
     while True:
         try:
-            with socket.create_connection((host, port), timeout=3) as connection:
+            with socket.create_connection((host, port), timeout=deadline(3)) as connection:
                 connection.sendall(b"ping from the host\n")
                 connection.settimeout(5)
                 received = b""
@@ -119,7 +120,7 @@ def _echo(host: str, port: int) -> bytes:
                     return received
         except OSError:
             pass
-        if time.monotonic() > deadline:
+        if time.monotonic() > ends:
             return b""
         time.sleep(0.3)
 
@@ -182,9 +183,9 @@ async def test_a_vm_that_dies_is_reported_crashed(runtime: QemuRuntime, image: V
     pid = runtime._pid(spec.id)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    ends = time.monotonic() + deadline(10)
     while not runtime.poll():
-        assert time.monotonic() < deadline
+        assert time.monotonic() < ends
         await asyncio.sleep(0.1)
     status = runtime.status(spec.id)
     assert status is not None and (status.state, status.reason) == ("failed", "VM_CRASHED")
@@ -215,9 +216,9 @@ async def test_the_host_reports_a_booted_instance_with_its_console(runtime: Qemu
     first = entry(image)
     try:
         await host.apply(*parse_instances({"instances": [first]}))
-        deadline = time.monotonic() + BOOT_TIMEOUT
+        ends = time.monotonic() + deadline(BOOT_TIMEOUT)
         while not reports or "hostname: web-1" not in reports[-1]["instances"][0]["console"]:
-            assert time.monotonic() < deadline, reports[-1:] or "no report"
+            assert time.monotonic() < ends, reports[-1:] or "no report"
             await asyncio.sleep(0.2)
         sent = reports[-1]["instances"][0]
         assert (sent["id"], sent["spec"], sent["state"], sent["reason"]) == (first["id"], 1, "running", None)
@@ -225,7 +226,7 @@ async def test_the_host_reports_a_booted_instance_with_its_console(runtime: Qemu
         assert host.endpoint(first["id"], 7) == (sent["addresses"][0], 7)
         await host.apply(*parse_instances({}))  # no section: no instances
         while reports[-1]["instances"]:
-            assert time.monotonic() < deadline
+            assert time.monotonic() < ends
             await asyncio.sleep(0.1)
         assert runtime.known() == []
     finally:

@@ -32,6 +32,8 @@ import attrs
 import boto3.session
 import httpx
 
+from tests._timing import deadline
+
 if TYPE_CHECKING:
     from mypy_boto3_ec2 import EC2Client
 
@@ -62,7 +64,7 @@ class MotoServer:
 
     def reset(self) -> None:
         """Forget every resource (instances, images registered by tests, ...); the default images come back."""
-        httpx.post(f"{self.url}/moto-api/reset", timeout=10).raise_for_status()
+        httpx.post(f"{self.url}/moto-api/reset", timeout=deadline(10)).raise_for_status()
 
     def ec2_client(
         self, *, access_key_id: str = ACCESS_KEY_ID, secret_access_key: str = SECRET_ACCESS_KEY
@@ -95,10 +97,10 @@ class MotoServer:
     def stop(self) -> None:
         self.process.terminate()
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=deadline(10))
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=deadline(10))
         self._log.close()
 
 
@@ -119,17 +121,17 @@ def start_moto(log_file: Path, env: Mapping[str, str] | None = None) -> MotoServ
         env=environment,
     )
     server = MotoServer(url=f"http://127.0.0.1:{port}", process=process, log_file=log_file, log=log)
-    deadline = time.monotonic() + START_TIMEOUT
+    ends = time.monotonic() + deadline(START_TIMEOUT)
     while True:
         if process.poll() is not None:
             server.stop()
             raise RuntimeError(f"moto_server exited with {process.returncode}: {log_file.read_text()[-2000:]}")
         try:
-            if httpx.get(f"{server.url}/moto-api/", timeout=1).status_code < 500:
+            if httpx.get(f"{server.url}/moto-api/", timeout=deadline(1)).status_code < 500:
                 return server
         except httpx.TransportError:
             pass
-        if time.monotonic() > deadline:
+        if time.monotonic() > ends:
             server.stop()
             raise RuntimeError(f"moto_server did not answer within {START_TIMEOUT:g} s")
         time.sleep(0.1)

@@ -29,6 +29,7 @@ from bettercompute_vps import (
     ProviderInstance,
     compose_user_data,
 )
+from tests._timing import deadline
 
 from ._moto import SECRET_ACCESS_KEY, MotoServer, free_port, start_moto
 from .conftest import ec2_adapter
@@ -54,7 +55,7 @@ def _request(image: str, token: str = TOKEN, instance_type: str = "t3.micro") ->
 
 
 async def _wait_for(adapter: Ec2Adapter, provider_id: str, state: str) -> ProviderInstance:
-    with anyio.fail_after(20):
+    with anyio.fail_after(deadline(20)):
         while True:
             current = await adapter.describe(provider_id)
             if current is not None and current.state == state:

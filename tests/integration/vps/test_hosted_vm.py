@@ -28,9 +28,10 @@ import httpx
 import pytest
 
 from bettercompute_daemon._vm._network import bridge_name, tap_name
-from tests.vmimage import build_image, free_subnet, require_vm, sha256_of
+from tests._timing import deadline
+from tests.vmimage import VmImage, build_image, free_subnet, require_vm, sha256_of
 
-from ..cli.conftest import StartCli, cli_env, dev_with_gateway, free_port, start_cli
+from ..cli.conftest import DevPlane, StartCli, cli_env, dev_with_gateway, free_port, start_cli
 
 __all__ = ["cli_env", "start_cli"]
 
@@ -38,18 +39,18 @@ BCD = str(Path(sys.executable).with_name("bcd"))
 
 
 def _until(check: Callable[[], Any], what: str, *, within: float = 120, logs: Callable[[], str] | None = None) -> Any:
-    deadline = time.monotonic() + within
+    ends = time.monotonic() + deadline(within)
     while True:
         found = check()
         if found:
             return found
-        if time.monotonic() > deadline:
+        if time.monotonic() > ends:
             raise AssertionError(f"{what}: not within {within} s\n{logs() if logs else ''}")
         time.sleep(0.5)
 
 
 def _echo(port: int, payload: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+    with socket.create_connection(("127.0.0.1", port), timeout=deadline(30)) as connection:
         connection.sendall(payload)
         received = bytearray()
         while len(received) < len(payload):
@@ -60,19 +61,36 @@ def _echo(port: int, payload: bytes) -> bytes:
     return bytes(received)
 
 
-@pytest.mark.timeout(420)
-def test_a_hosted_instance_runs_on_a_real_node_and_is_reached_through_a_tunnel(
-    cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path
-) -> None:
-    require_vm()
-    image = build_image(tmp_path / "images")
-    plane = dev_with_gateway(cli_env, start_cli, tmp_path)
-    call = plane.call
-    tenant = plane.root_tenant
-    pool = call("pools/create", {"tenant": tenant, "name": "vms", "pool_class": "vps-host", "acceptance_checks": []})
+class Host:
+    """The node under test, seen from the control plane: its logs, its API calls, the instance made on it."""
 
-    # The node: joined as an operator would, its settings naming where VMs live and which image files it may read.
-    created = call("join-tokens/create", {"pool_id": pool["id"], "uses": 1, "expires_in_seconds": 600})
+    def __init__(self, plane: DevPlane, tmp_path: Path) -> None:
+        self.plane = plane
+        self.node_log = tmp_path / "bcd-node.log"
+        self.node_id = ""
+        self.instance_id = ""
+
+    def logs(self) -> str:
+        node = self.node_log.read_text()[-4000:] if self.node_log.exists() else ""
+        return f"--- bcd node\n{node}\n--- dev\n{self.plane.dev.stderr[-3000:]}"
+
+    def instance(self) -> dict[str, Any]:
+        return self.plane.call("instances/get", {"id": self.instance_id})
+
+    def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """The raw answer to ``path`` (for refusals, which ``plane.call`` fails on)."""
+        return httpx.post(
+            f"http://127.0.0.1:{self.plane.port}/api/compute/{path}",
+            headers=self.plane.headers,
+            json=body,
+            timeout=deadline(30),
+        )
+
+
+def _start_node(host: Host, pool_id: str, image: VmImage, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """Join the node as an operator would, its settings naming where VMs live and which image files it may read,
+    then start ``bcd node``; the node's id goes to ``host.node_id``."""
+    created = host.plane.call("join-tokens/create", {"pool_id": pool_id, "uses": 1, "expires_in_seconds": 600})
     inventory = tmp_path / "inventory.json"
     inventory.write_text(json.dumps({"claims": {"hostname": "vm-host-1", "serial": "SN-VPS-1"}}))
     settings = tmp_path / "node.json"
@@ -92,169 +110,192 @@ def test_a_hosted_instance_runs_on_a_real_node_and_is_reached_through_a_tunnel(
     )
     common = ["--state-dir", str(tmp_path / "bcd"), "--fake-inventory", str(inventory)]
     printed = shlex.split(created["join_command"])
-    joined = subprocess.run([BCD, *common, *printed[1:]], capture_output=True, text=True, timeout=60, check=False)
+    joined = subprocess.run(
+        [BCD, *common, *printed[1:]], capture_output=True, text=True, timeout=deadline(60), check=False
+    )
     assert joined.returncode == 0, joined.stderr
-    node_id = json.loads((tmp_path / "bcd" / "node.json").read_text())["node_id"]
-    node_log = tmp_path / "bcd-node.log"
-    with node_log.open("w") as err:
-        daemon = subprocess.Popen(
+    host.node_id = json.loads((tmp_path / "bcd" / "node.json").read_text())["node_id"]
+    with host.node_log.open("w") as err:
+        return subprocess.Popen(
             [BCD, *common, "node", "--config", str(settings)], stdout=subprocess.DEVNULL, stderr=err
         )
-    instance_id = ""
 
-    def logs() -> str:
-        return f"--- bcd node\n{node_log.read_text()[-4000:]}\n--- dev\n{plane.dev.stderr[-3000:]}"
 
-    def instance() -> dict[str, Any]:
-        return call("instances/get", {"id": instance_id})
+def _register_disk(host: Host, tenant: str, image: VmImage) -> str:
+    """The test image's kernel, initramfs and disk registered as ``file://`` images: the disk's id."""
 
-    try:
-        _until(lambda: call("nodes/get", {"id": node_id})["state"] == "adopted", "node adopted", within=30, logs=logs)
+    def register(name: str, path: Path, kind: str, **more: Any) -> str:
+        body = {
+            "tenant": tenant,
+            "name": name,
+            "kind": kind,
+            "url": path.as_uri(),
+            "sha256": sha256_of(path),
+            "size": path.stat().st_size,
+            **more,
+        }
+        return str(host.plane.call("images/register", body)["id"])
 
-        def register(name: str, path: Path, kind: str, **more: Any) -> str:
-            body = {
+    kernel = register("test-kernel", image.kernel, "kernel")
+    initrd = register("test-initrd", image.initrd, "initrd")
+    return register(
+        "test-disk", image.disk, "disk", kernel=kernel, initrd=initrd, cmdline="console=ttyS0 quiet", format="raw"
+    )
+
+
+def _create_once_offered(host: Host, tenant: str, pool_id: str, disk: str) -> dict[str, Any]:
+    """An instance too large for the node is refused; a small one is made once the node's offer is known."""
+    too_big = host.post(
+        "instances/create",
+        {
+            "tenant": tenant,
+            "pool_id": pool_id,
+            "name": "huge",
+            "size": {"vcpu": 64, "memory_mib": 512, "disk_gib": 1},
+            "image_id": disk,
+        },
+    )
+    assert too_big.status_code == 409, too_big.text
+    assert too_big.json()["error"]["code"] == "NO_CAPACITY"
+
+    # The node's offer reaches the hosts table within a pass of the host job.
+    def create() -> dict[str, Any] | None:
+        response = host.post(
+            "instances/create",
+            {
                 "tenant": tenant,
-                "name": name,
-                "kind": kind,
-                "url": path.as_uri(),
-                "sha256": sha256_of(path),
-                "size": path.stat().st_size,
-                **more,
-            }
-            return str(call("images/register", body)["id"])
-
-        kernel = register("test-kernel", image.kernel, "kernel")
-        initrd = register("test-initrd", image.initrd, "initrd")
-        disk = register(
-            "test-disk", image.disk, "disk", kernel=kernel, initrd=initrd, cmdline="console=ttyS0 quiet", format="raw"
-        )
-
-        # Too large for the node: refused with reasons, nothing written.
-        too_big = httpx.post(
-            f"http://127.0.0.1:{plane.port}/api/compute/instances/create",
-            headers=plane.headers,
-            json={
-                "tenant": tenant,
-                "pool_id": pool["id"],
-                "name": "huge",
-                "size": {"vcpu": 64, "memory_mib": 512, "disk_gib": 1},
+                "pool_id": pool_id,
+                "name": "web-1",
+                "hostname": "web-one",
+                "size": {"vcpu": 1, "memory_mib": 256, "disk_gib": 1},
                 "image_id": disk,
+                "ports": [7, 22],
             },
-            timeout=30,
         )
-        assert too_big.status_code == 409, too_big.text
-        assert too_big.json()["error"]["code"] == "NO_CAPACITY"
+        if response.status_code == 409 and response.json()["error"]["details"].get("reason") in (
+            "no_hosts",
+            "no_available_node",
+        ):
+            return None  # the host job has not seen the node adopted with its offer yet
+        assert response.status_code == 200, response.text
+        data: dict[str, Any] = response.json()["data"]
+        return data
 
-        # The node's offer reaches the hosts table within a pass of the host job.
-        def create() -> dict[str, Any] | None:
-            response = httpx.post(
-                f"http://127.0.0.1:{plane.port}/api/compute/instances/create",
-                headers=plane.headers,
-                json={
-                    "tenant": tenant,
-                    "pool_id": pool["id"],
-                    "name": "web-1",
-                    "hostname": "web-one",
-                    "size": {"vcpu": 1, "memory_mib": 256, "disk_gib": 1},
-                    "image_id": disk,
-                    "ports": [7, 22],
-                },
-                timeout=30,
-            )
-            if response.status_code == 409 and response.json()["error"]["details"].get("reason") in (
-                "no_hosts",
-                "no_available_node",
-            ):
-                return None  # the host job has not seen the node adopted with its offer yet
-            assert response.status_code == 200, response.text
-            data: dict[str, Any] = response.json()["data"]
-            return data
+    made: dict[str, Any] = _until(create, "the node's capacity known", within=30, logs=host.logs)
+    return made
 
-        made = _until(create, "the node's capacity known", within=30, logs=logs)
-        instance_id = made["id"]
-        assert made["node_id"] == node_id
-        running = _until(lambda: instance()["state"] == "running" and instance(), "instance running", logs=logs)
+
+def _tunnel_echoes_then_closes_on_stop(host: Host, cli_env: dict[str, str], start_cli: StartCli) -> None:
+    """A tunnel to the VM's echo service, through the gateway and the node's session; an open one closes within
+    about 2 s once the instance is told to stop."""
+    local = free_port()
+    token = host.plane.headers["Authorization"].removeprefix("Bearer ")
+    command = start_cli(
+        cli_env,
+        "tunnel",
+        host.instance_id,
+        "--port",
+        "7",
+        "--local",
+        str(local),
+        "--server",
+        f"http://127.0.0.1:{host.plane.port}",
+        "--token",
+        token,
+    )
+    command.wait_for("Ctrl-C to stop", in_stderr=True)
+    payload = os.urandom(256 * 1024)
+    assert _until(
+        lambda: _echo(local, payload) == payload, "bytes echoed through the tunnel", within=60, logs=host.logs
+    )
+
+    with socket.create_connection(("127.0.0.1", local), timeout=deadline(30)) as held:
+        held.sendall(b"ping")
+        assert held.recv(4) == b"ping"
+        asked = time.monotonic()
+        host.plane.call("instances/stop", {"id": host.instance_id})
+        held.settimeout(deadline(10))
+        try:
+            rest = held.recv(1)
+        except (ConnectionResetError, TimeoutError):
+            rest = b"?"
+        closed_after = time.monotonic() - asked
+    assert rest == b"" and closed_after < 3.0, (rest, closed_after)
+    assert command.stop(signal.SIGINT) == 0
+
+
+def _stopped_started_and_deleted(host: Host, vm_dir: Path) -> None:
+    """Stop (asked already), start, delete: each only changes what the instance should be; the node converges, and
+    a stopped instance has no tunnel."""
+    _until(lambda: host.instance()["state"] == "stopped", "instance stopped", logs=host.logs)
+    stopped_tunnel = host.post("instances/tunnel", {"id": host.instance_id, "port": 7})
+    assert stopped_tunnel.status_code == 409, stopped_tunnel.text
+    host.plane.call("instances/start", {"id": host.instance_id})
+    _until(lambda: host.instance()["state"] == "running", "instance running again", logs=host.logs)
+    host.plane.call("instances/delete", {"id": host.instance_id})
+    gone = _until(lambda: host.instance()["state"] == "deleted" and host.instance(), "instance deleted", logs=host.logs)
+    assert gone["deleted_at"] is not None
+    leftovers = [p.name for p in vm_dir.iterdir() if p.name.startswith(host.instance_id)]
+    assert leftovers == [], leftovers
+
+
+def _take_down(host: Host, daemon: subprocess.Popen[bytes], vm_dir: Path) -> None:
+    """Stop the node; kill any VM of this test that outlived it (by its pidfile); delete its tap and bridge."""
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(timeout=deadline(20))
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait(timeout=deadline(10))
+    for pidfile in vm_dir.rglob("*.pid") if vm_dir.exists() else ():
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+    # The daemon leaves its bridge for the VMs that outlive it; the test takes it down.
+    for link in (tap_name(host.instance_id) if host.instance_id else "", bridge_name(host.node_id)):
+        if link:
+            subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
+
+
+@pytest.mark.timeout(420)
+def test_a_hosted_instance_runs_on_a_real_node_and_is_reached_through_a_tunnel(
+    cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path
+) -> None:
+    require_vm()
+    image = build_image(tmp_path / "images")
+    plane = dev_with_gateway(cli_env, start_cli, tmp_path)
+    host = Host(plane, tmp_path)
+    tenant = plane.root_tenant
+    pool = plane.call(
+        "pools/create", {"tenant": tenant, "name": "vms", "pool_class": "vps-host", "acceptance_checks": []}
+    )
+    daemon = _start_node(host, pool["id"], image, tmp_path)
+    try:
+        _until(
+            lambda: plane.call("nodes/get", {"id": host.node_id})["state"] == "adopted",
+            "node adopted",
+            within=30,
+            logs=host.logs,
+        )
+        disk = _register_disk(host, tenant, image)
+        made = _create_once_offered(host, tenant, pool["id"], disk)
+        host.instance_id = made["id"]
+        assert made["node_id"] == host.node_id
+        running = _until(
+            lambda: host.instance()["state"] == "running" and host.instance(), "instance running", logs=host.logs
+        )
         assert running["addresses"], running
         _until(
-            lambda: "hostname: web-one" in call("instances/console", {"id": instance_id})["text"],
+            lambda: "hostname: web-one" in plane.call("instances/console", {"id": host.instance_id})["text"],
             "the seed's hostname on the console",
-            logs=logs,
+            logs=host.logs,
         )
-
-        # A tunnel to the VM's echo service, through the gateway and the node's session.
-        local = free_port()
-        token = plane.headers["Authorization"].removeprefix("Bearer ")
-        command = start_cli(
-            cli_env,
-            "tunnel",
-            instance_id,
-            "--port",
-            "7",
-            "--local",
-            str(local),
-            "--server",
-            f"http://127.0.0.1:{plane.port}",
-            "--token",
-            token,
-        )
-        command.wait_for("Ctrl-C to stop", in_stderr=True)
-        payload = os.urandom(256 * 1024)
-        assert _until(lambda: _echo(local, payload) == payload, "bytes echoed through the tunnel", within=60, logs=logs)
-
-        # An open tunnel closes within about 2 s once the instance is told to stop.
-        with socket.create_connection(("127.0.0.1", local), timeout=30) as held:
-            held.sendall(b"ping")
-            assert held.recv(4) == b"ping"
-            asked = time.monotonic()
-            call("instances/stop", {"id": instance_id})
-            held.settimeout(10)
-            try:
-                rest = held.recv(1)
-            except (ConnectionResetError, TimeoutError):
-                rest = b"?"
-            closed_after = time.monotonic() - asked
-        assert rest == b"" and closed_after < 3.0, (rest, closed_after)
-        assert command.stop(signal.SIGINT) == 0
+        _tunnel_echoes_then_closes_on_stop(host, cli_env, start_cli)
 
         # A port the instance does not expose is refused before any tunnel exists.
-        refused = httpx.post(
-            f"http://127.0.0.1:{plane.port}/api/compute/instances/tunnel",
-            headers=plane.headers,
-            json={"id": instance_id, "port": 8080},
-            timeout=30,
-        )
+        refused = host.post("instances/tunnel", {"id": host.instance_id, "port": 8080})
         assert refused.status_code == 400 and refused.json()["error"]["details"]["path"] == "port", refused.text
-
-        # Stop (asked above), start, delete: each only changes what the instance should be; the node converges.
-        _until(lambda: instance()["state"] == "stopped", "instance stopped", logs=logs)
-        stopped_tunnel = httpx.post(
-            f"http://127.0.0.1:{plane.port}/api/compute/instances/tunnel",
-            headers=plane.headers,
-            json={"id": instance_id, "port": 7},
-            timeout=30,
-        )
-        assert stopped_tunnel.status_code == 409, stopped_tunnel.text
-        call("instances/start", {"id": instance_id})
-        _until(lambda: instance()["state"] == "running", "instance running again", logs=logs)
-        call("instances/delete", {"id": instance_id})
-        gone = _until(lambda: instance()["state"] == "deleted" and instance(), "instance deleted", logs=logs)
-        assert gone["deleted_at"] is not None
-        leftovers = [p.name for p in (tmp_path / "vms").iterdir() if p.name.startswith(instance_id)]
-        assert leftovers == [], leftovers
+        _stopped_started_and_deleted(host, tmp_path / "vms")
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait(timeout=10)
-        # No VM of this test outlives it (a VM left by a failure above is killed by its pidfile).
-        for pidfile in (tmp_path / "vms").rglob("*.pid") if (tmp_path / "vms").exists() else ():
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
-        # The daemon leaves its bridge for the VMs that outlive it; the test takes it down.
-        for link in (tap_name(instance_id) if instance_id else "", bridge_name(node_id)):
-            if link:
-                subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
-    assert "Traceback" not in node_log.read_text(), logs()
+        _take_down(host, daemon, tmp_path / "vms")
+    assert "Traceback" not in host.node_log.read_text(), host.logs()
     assert "Traceback" not in plane.dev.stderr

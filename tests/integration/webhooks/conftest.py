@@ -19,6 +19,7 @@ from bettercompute.modules.webhooks import CreateWebhookInput, WebhookSettings, 
 from bettercompute.testing import GuardedKms
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 from ..iam.conftest import two_tenants
 
@@ -108,7 +109,7 @@ class Hooks:
 
     async def pump(self, done: Callable[[], bool], *, within: float = 20) -> None:
         """Run the ``sinks`` role's jobs, pass after pass, until ``done()``."""
-        with anyio.fail_after(within):
+        with anyio.fail_after(deadline(within)):
             while not done():
                 await self.compute.jobs.tick({"sinks"})
                 await anyio.sleep(0.02)

@@ -21,6 +21,7 @@ from bettercompute.modules.webhooks import (
     WebhookTestInput,
     verify,
 )
+from tests._timing import deadline
 
 from .conftest import FAST, Hooks, Received, Receiver
 
@@ -98,7 +99,7 @@ async def test_a_receiver_that_always_fails_ends_dead_and_shows_in_the_log(hooks
     def done() -> bool:
         return state == ["dead", "dead"]
 
-    with anyio.fail_after(30):
+    with anyio.fail_after(deadline(30)):
         while not done():
             await hooks.compute.jobs.tick({"sinks"})
             state = await statuses()
@@ -189,7 +190,7 @@ async def test_a_sender_without_the_key_spends_no_attempt_and_never_dead_letters
         return sum("cannot open the secret" in record.getMessage() for record in caplog.records)
 
     # A worker whose key file holds another key claims the delivery again and again, many times max_attempts.
-    with caplog.at_level(logging.ERROR, logger="bettercompute.webhooks"), anyio.fail_after(30):
+    with caplog.at_level(logging.ERROR, logger="bettercompute.webhooks"), anyio.fail_after(deadline(30)):
         while refusals() < 3 * FAST.max_attempts:
             await keyless.jobs.tick({"sinks"})
             if (await _only_delivery(hooks, webhook_id)).status != "pending":

@@ -21,6 +21,7 @@ from bettercompute.modules.webhooks import (
     ListDeliveriesInput,
     WebhookTestInput,
 )
+from tests._timing import deadline
 
 from .conftest import FAST, GUARDED, Hooks, Receiver, second_plane
 
@@ -106,7 +107,7 @@ async def test_whatever_one_attempt_raises_fails_that_delivery_only(
             assert {d.status for d in await _log(hooks, token, tenant, webhook_id)} == {"delivered"}
 
         # Retried after its backoff, counted each time, it ends as a dead letter like any failing delivery.
-        with anyio.fail_after(30):
+        with anyio.fail_after(deadline(30)):
             while True:
                 await compute.jobs.tick({"sinks"})
                 (last,) = await _log(hooks, hooks.alice, hooks.acme, poison_id)
@@ -179,7 +180,7 @@ async def test_a_large_failing_backlog_does_not_starve_others(hooks: Hooks, rece
             await hooks.api.test(hooks.alice, WebhookTestInput(tenant=hooks.acme, id=quiet_id))
 
         passes = 0
-        with anyio.fail_after(60):
+        with anyio.fail_after(deadline(60)):
             while not receiver.received:
                 await hooks.compute.jobs.tick({"sinks"})
                 passes += 1
@@ -208,6 +209,6 @@ async def test_a_pass_takes_at_most_the_configured_share_of_one_tenant(
         # At most 3 of one webhook and 5 of the tenant; the two webhooks took turns.
         assert (len(first), len(second)) in ((3, 2), (2, 3))
         assert len(receiver.received) == 5
-        with anyio.fail_after(30):
+        with anyio.fail_after(deadline(30)):
             while len(receiver.received) < 20:
                 await compute.jobs.tick({"sinks"})

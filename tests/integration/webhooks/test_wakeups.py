@@ -15,6 +15,7 @@ import pytest
 from bettercompute import Events
 from bettercompute.modules.webhooks import WEBHOOKS, WebhookTestInput, verify
 from bettercompute_store_pg import PgNotifier, PgStore
+from tests._timing import deadline
 
 from .conftest import Receiver, open_hooks
 
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
 
 async def _until(condition: Callable[[], bool], within: float) -> None:
-    with anyio.fail_after(within):
+    with anyio.fail_after(deadline(within)):
         while not condition():  # noqa: ASYNC110 - polling state another task changes, with a deadline
             await anyio.sleep(0.05)
 

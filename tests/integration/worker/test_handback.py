@@ -12,6 +12,7 @@ import pytest
 from bettercompute import Options, Outcome, ReconcileContext, Reconciler, better_compute
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 from ._probe import ProbeModule
 
@@ -41,7 +42,7 @@ async def test_stop_hands_an_in_flight_item_back(database_url: str, fresh_schema
         reconciler = module.reconcilers[0]
         async with compute.context.store.transaction() as tx:
             await tx.enqueue([reconciler.item("k1")])
-        with anyio.fail_after(20):
+        with anyio.fail_after(deadline(20)):
             await started.wait()
         await compute.stop()
         with psycopg.connect(database_url) as conn:

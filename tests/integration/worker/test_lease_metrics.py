@@ -15,6 +15,7 @@ from bettercompute import BetterCompute, Options, Outcome, ReconcileContext, Rec
 from bettercompute._runtime.shards import SHARDS
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 from ._probe import ProbeModule
 
@@ -26,7 +27,7 @@ def _value(compute: BetterCompute, name: str, kind: str) -> float:
 
 
 async def _until(check: Callable[[], bool], seconds: float = 20) -> None:
-    with anyio.fail_after(seconds):
+    with anyio.fail_after(deadline(seconds)):
         while not check():  # noqa: ASYNC110 - metrics give no event to wait on
             await anyio.sleep(0.1)
 

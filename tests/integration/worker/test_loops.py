@@ -13,6 +13,7 @@ from bettercompute._runtime.shards import SHARDS
 from bettercompute.ports import StoredEvent
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgNotifier, PgStore
+from tests._timing import deadline
 
 from ._probe import ProbeModule
 
@@ -42,7 +43,7 @@ def _compute(url: str, schema: str, *, notifier: PgNotifier | None, poll: float)
 
 
 async def _until(condition: Callable[[], bool], within: float) -> None:
-    with anyio.fail_after(within):
+    with anyio.fail_after(deadline(within)):
         while not condition():  # noqa: ASYNC110 - polling state another task changes, with a deadline
             await anyio.sleep(0.1)
 
@@ -59,7 +60,7 @@ async def test_loops_converge_with_the_notifier_off(database_url: str, fresh_sch
             await tx.enqueue([reconciler.item(f"k-{i}") for i in range(30)])
         await _until(lambda: len(set(done)) == 30, 20)
         # The last items are settled just after their reconcile returns: give the queue a moment to empty.
-        with anyio.fail_after(10):
+        with anyio.fail_after(deadline(10)):
             while await compute.context.store.queue.pending():  # noqa: ASYNC110 - polling the database
                 await anyio.sleep(0.05)
     finally:

@@ -20,6 +20,7 @@ from bettercompute._runtime.shards import SHARDS
 from bettercompute.errors import FailedPreconditionError
 from bettercompute.ports import Lease
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 from ._probe import KIND, RECONCILER
 
@@ -53,7 +54,7 @@ def workers(database_url: str, fresh_schema: str) -> Iterator[dict[str, subproce
         for process in processes.values():
             if process.poll() is None:
                 process.kill()
-            process.wait(timeout=30)
+            process.wait(timeout=deadline(30))
             if process.stdout is not None:
                 process.stdout.close()
 
@@ -71,11 +72,49 @@ def _owners(url: str, schema: str) -> dict[int, tuple[str, str]]:
 
 async def _wait_for(predicate: Callable[[], bool], within: float, what: str) -> float:
     started = time.monotonic()
-    while time.monotonic() - started < within:
+    while time.monotonic() - started < deadline(within):
         if predicate():
             return time.monotonic() - started
         await anyio.sleep(0.2)
     raise AssertionError(f"timed out after {within} s waiting for {what}")
+
+
+def _leases_of(url: str, schema: str, instance: str) -> list[tuple[str, str, int, dt.datetime]]:
+    """(name, holder, token, expires_at) of every lease the worker ``instance`` holds."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            f"""SELECT l.name, l.holder, l.token, l.expires_at FROM "{schema}".leases l
+            JOIN "{schema}".workers w ON w.id = l.holder WHERE w.instance = %s""",
+            (instance,),
+        ).fetchall()
+    return [(name, holder, token, expires_at) for name, holder, token, expires_at in rows]
+
+
+async def _stale_lease_is_refused(store: PgStore, victim_lease: tuple[str, str, int, dt.datetime]) -> None:
+    """A write fenced by the dead worker's (now stale) shard lease is refused, and so is completing a claim with it."""
+    name, holder, token, expires_at = victim_lease
+    stale = Lease(name=name, holder=holder, token=token, expires_at=expires_at)
+    with pytest.raises(FailedPreconditionError):
+        async with store.transaction(fence=stale):
+            pass
+    await store.queue.enqueue([RECONCILER.item("fenced")])
+    shard = RECONCILER.item("fenced").shard
+    claims = await store.queue.claim(
+        holder="stale", kinds=[KIND], limit=1, claim_for=dt.timedelta(seconds=30), shards=[shard]
+    )
+    if claims:  # unless a live worker got there first
+        stale_for_shard = Lease(name=f"controllers/shard:{shard}", holder=holder, token=token, expires_at=expires_at)
+        assert not await store.queue.complete(claims[0], fence=stale_for_shard)
+
+
+def _assert_no_pass_overlapped(url: str, schema: str, keys: list[str]) -> None:
+    """Every key ran, and no two passes on one key overlapped."""
+    with psycopg.connect(url) as conn:
+        runs = conn.execute(f'SELECT key, started, ended FROM "{schema}".probe_runs ORDER BY key, started').fetchall()
+    assert {key for key, _, _ in runs} >= set(keys)
+    for (key_a, _, end_a), (key_b, start_b, _) in itertools.pairwise(runs):
+        if key_a == key_b:
+            assert start_b >= end_a, f"two passes on {key_a} overlapped"
 
 
 async def test_three_workers_share_every_shard_take_over_and_never_overlap(
@@ -104,14 +143,10 @@ async def test_three_workers_share_every_shard_take_over_and_never_overlap(
         await enqueue()
         await anyio.sleep(0.3)
 
-    with psycopg.connect(url) as conn:
-        victim_leases = conn.execute(
-            f"""SELECT l.name, l.holder, l.token, l.expires_at FROM "{schema}".leases l
-            JOIN "{schema}".workers w ON w.id = l.holder WHERE w.instance = 'w2'"""
-        ).fetchall()
+    victim_leases = _leases_of(url, schema, "w2")
     assert victim_leases
     workers["w2"].send_signal(signal.SIGKILL)
-    workers["w2"].wait(timeout=10)
+    workers["w2"].wait(timeout=deadline(10))
     await enqueue()
 
     took = await _wait_for(
@@ -120,43 +155,22 @@ async def test_three_workers_share_every_shard_take_over_and_never_overlap(
         "the killed worker's shards owned again",
     )
     # One TTL for its row and leases to expire, plus a shard cycle (a third of it) and a loaded machine's slack.
-    assert took < 6 * TTL, took
+    assert took < deadline(6 * TTL), took
 
     await enqueue()
     try:
-        with anyio.fail_after(40):  # every item done by the two survivors
+        with anyio.fail_after(deadline(40)):  # every item done by the two survivors
             while await store.queue.pending([KIND]):  # noqa: ASYNC110 - polling the database, no event to wait on
                 await anyio.sleep(0.3)
-
-        # A write fenced by the dead worker's (now stale) shard lease is refused.
-        name, holder, token, expires_at = victim_leases[0]
-        stale = Lease(name=name, holder=holder, token=token, expires_at=expires_at)
-        with pytest.raises(FailedPreconditionError):
-            async with store.transaction(fence=stale):
-                pass
-        await store.queue.enqueue([RECONCILER.item("fenced")])
-        shard = RECONCILER.item("fenced").shard
-        claims = await store.queue.claim(
-            holder="stale", kinds=[KIND], limit=1, claim_for=dt.timedelta(seconds=30), shards=[shard]
-        )
-        if claims:  # unless a live worker got there first
-            stale_for_shard = Lease(
-                name=f"controllers/shard:{shard}", holder=holder, token=token, expires_at=expires_at
-            )
-            assert not await store.queue.complete(claims[0], fence=stale_for_shard)
+        await _stale_lease_is_refused(store, victim_leases[0])
     finally:
         await store.close()
 
-    with psycopg.connect(url) as conn:
-        runs = conn.execute(f'SELECT key, started, ended FROM "{schema}".probe_runs ORDER BY key, started').fetchall()
-    assert {key for key, _, _ in runs} >= set(keys)
-    for (key_a, _, end_a), (key_b, start_b, _) in itertools.pairwise(runs):
-        if key_a == key_b:
-            assert start_b >= end_a, f"two passes on {key_a} overlapped"
+    _assert_no_pass_overlapped(url, schema, keys)
 
     for name in ("w1", "w3"):
         workers[name].send_signal(signal.SIGTERM)
     for name in ("w1", "w3"):
-        assert workers[name].wait(timeout=30) == 0
+        assert workers[name].wait(timeout=deadline(30)) == 0
     # Stopping hands every shard lease back and leaves the membership at once.
     assert _owners(url, schema) == {}

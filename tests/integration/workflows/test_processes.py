@@ -19,6 +19,7 @@ import pytest
 from bettercompute import Options, better_compute
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
+from tests._timing import deadline
 
 from ._flows import CRASHY, FlowsModule
 
@@ -57,7 +58,7 @@ def workers(database_url: str, fresh_schema: str) -> Iterator[dict[str, subproce
         for process in processes.values():
             if process.poll() is None:
                 process.kill()
-            process.wait(timeout=30)
+            process.wait(timeout=deadline(30))
             if process.stdout is not None:
                 process.stdout.close()
 
@@ -69,7 +70,7 @@ def _query(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
 
 async def _wait_for(predicate: Callable[[], bool], within: float, what: str) -> None:
     started = time.monotonic()
-    while time.monotonic() - started < within:
+    while time.monotonic() - started < deadline(within):
         if predicate():
             return
         await anyio.sleep(0.1)
@@ -111,16 +112,16 @@ async def test_a_workflow_killed_in_step_two_finishes_elsewhere_applying_each_ef
         running = await compute.workflows.get(id)
         assert (running.state, running.step, running.attempt) == ("running", "two", 1)
         workers[victim].send_signal(signal.SIGKILL)
-        workers[victim].wait(timeout=10)
+        workers[victim].wait(timeout=deadline(10))
 
         # Another worker takes the shard over (one lease TTL) and re-claims the workflow once the dead worker's
         # claim runs out (the engine's pass deadline plus a lease TTL), then runs step 2 again and step 3.
         async def succeeded() -> bool:
             return (await compute.workflows.get(id)).state == "succeeded"
 
-        deadline = time.monotonic() + 45
+        ends = time.monotonic() + deadline(45)
         while not await succeeded():
-            assert time.monotonic() < deadline, await compute.workflows.get(id)
+            assert time.monotonic() < ends, await compute.workflows.get(id)
             await anyio.sleep(0.2)
 
         done = await compute.workflows.get(id)
@@ -144,4 +145,4 @@ async def test_a_workflow_killed_in_step_two_finishes_elsewhere_applying_each_ef
             process.send_signal(signal.SIGTERM)
     for name, process in workers.items():
         if name != victim:
-            assert process.wait(timeout=30) == 0
+            assert process.wait(timeout=deadline(30)) == 0

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bettercompute.modules.pools._install import install_script
+from tests._timing import deadline
 
 BCD = str(Path(sys.executable).parent / "bcd")
 JOIN_KEY = "A" * 43
@@ -44,7 +45,7 @@ def run(script: str, root: Path, **env: str) -> subprocess.CompletedProcess[str]
         env=environment,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=deadline(60),
         check=False,
     )
 

@@ -19,6 +19,7 @@ import pytest
 from bettercompute_daemon import Inventory
 from bettercompute_daemon._inventory import cpu_section, disks_section, memory_section, nics_section
 from bettercompute_daemon._nvml import read_nvml
+from tests._timing import deadline
 
 
 class FakeNvmlError(Exception):
@@ -346,9 +347,9 @@ def test_xids_heard_while_running_show_in_the_health() -> None:
         assert inventory.current_health()["xid"] == []
         nvml.events.put((other, 13))  # an application's own fault: recorded, not held against the GPU
         nvml.events.put((gpu, 79))  # fallen off the bus
-        deadline = time.monotonic() + 10
+        ends = time.monotonic() + deadline(10)
         while len(inventory.xids.seen()) < 2:
-            assert time.monotonic() < deadline
+            assert time.monotonic() < ends
             time.sleep(0.01)
         health = inventory.current_health()
         assert [(x["uuid"], x["xid"]) for x in health["xid"]] == [("GPU-b", 13), ("GPU-a", 79)]
@@ -360,7 +361,7 @@ def test_xids_heard_while_running_show_in_the_health() -> None:
         ]
     finally:
         inventory.xids.stop()
-    assert nvml.freed.wait(5) and not inventory.xids.listening
+    assert nvml.freed.wait(deadline(5)) and not inventory.xids.listening
 
 
 def test_no_xid_listening_without_gpus_that_report_them() -> None:

@@ -13,6 +13,7 @@ import pytest
 import tftpy
 
 from bettercompute_daemon._site._tftp import TftpServer
+from tests._timing import deadline
 
 pytestmark = pytest.mark.anyio
 
@@ -42,7 +43,9 @@ async def serve(directory: Path) -> tuple[TftpServer, list[tuple[str, str, int]]
 
 
 def download(port: int, name: str, target: Path, options: dict[str, int] | None = None) -> None:
-    tftpy.TftpClient("127.0.0.1", port, options=options or {}).download(name, str(target), timeout=2, retries=1)
+    tftpy.TftpClient("127.0.0.1", port, options=options or {}).download(
+        name, str(target), timeout=deadline(2), retries=1
+    )
 
 
 async def test_the_binaries_are_sent_whole(boot_files: Path, tmp_path: Path) -> None:

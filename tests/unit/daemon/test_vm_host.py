@@ -19,6 +19,7 @@ from bettercompute_daemon._agent import Agent, _Session
 from bettercompute_daemon._inventory import Inventory
 from bettercompute_daemon._state import NodeConfig
 from bettercompute_daemon._vm import InstanceSpec, InstanceState, InstanceStatus, VmHost, parse_instances
+from tests._timing import deadline
 
 from .test_renewal import joined
 
@@ -85,9 +86,9 @@ class FakeRuntime:
 
 
 async def _until(check: Any, within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
+    ends = time.monotonic() + deadline(within)
     while not check():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < ends, "timed out"
         await asyncio.sleep(0.02)
 
 
