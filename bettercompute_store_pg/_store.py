@@ -35,6 +35,7 @@ log = logging.getLogger("bettercompute.store_pg")
 EnqueueListener = Callable[[frozenset[str]], Awaitable[None]]
 PublishListener = Callable[[], Awaitable[None]]
 
+
 class PgStore:
     """The authoritative state in PostgreSQL, every table in one schema.
 

@@ -143,7 +143,8 @@ class Dispatcher:
                 request_id=request_id,
                 resource=resource,
             )
-            if idempotency_key is None or identity is None:
+            request = self._idempotent(method, identity, input, idempotency_key)
+            if request is None:
                 return await self._handle(call, input)
             answer: list[Any] = []
 
@@ -153,9 +154,7 @@ class Dispatcher:
 
             ran, wire = await idempotency.once(
                 self._context.store.idempotency,
-                identity=identity.principal_id,
-                key=idempotency_key,
-                request=idempotency.fingerprint(method.path, input, _codec.encode(input)),
+                request,
                 replayable=method.replayable,
                 run=handle,
                 committed=lambda: (call.resource_id or "") if call.audited else None,
@@ -175,12 +174,10 @@ class Dispatcher:
         request_id: str,
         idempotency_key: str | None,
     ) -> tuple[Any, Any]:
-        """An admitting method's call (see the module docstring). The fingerprint leaves out an ``idempotency_key``
-        field, which names the request rather than being part of it."""
+        """An admitting method's call (see the module docstring): its ``admit`` step reserves the key (if any) with
+        its draft, through ``idempotency.reserve``."""
         assert method.admit is not None
-        wire = _codec.encode(input)
-        shown = {k: v for k, v in wire.items() if k != "idempotency_key"}
-        admission = Admission(key=idempotency_key, fingerprint=idempotency.fingerprint(method.path, input, shown))
+        admission = Admission(idempotency=self._idempotent(method, identity, input, idempotency_key))
         first = CallContext(
             method=method,
             identity=identity,
@@ -260,6 +257,16 @@ class Dispatcher:
         # Encoded here on both paths, so an output that cannot be sent fails the same way in-process and over HTTP,
         # inside this error mapping.
         return output, _codec.encode(output)
+
+    @staticmethod
+    def _idempotent(
+        method: MethodDef[Any, Any], identity: Identity | None, input: Any, header: str | None
+    ) -> idempotency.IdempotentRequest | None:
+        """Step 5's request: the key (header or input field), its owner and the request's fingerprint."""
+        owner = identity.principal_id if identity is not None else None
+        return idempotency.request_of(
+            identity=owner, path=method.path, input=input, header=header, encode=_codec.encode
+        )
 
     def _key(self, method: MethodDef[Any, Any], idempotency_key: str | None) -> str | None:
         if idempotency_key is None:

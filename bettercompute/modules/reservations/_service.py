@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import attrs
 
-from bettercompute._runtime import codec
+from bettercompute._runtime import codec, idempotency
 from bettercompute._runtime.context import ModuleContext
 from bettercompute._runtime.registry import CallContext, Drafted, method
 from bettercompute._runtime.workers import SINKS_POKE, WORK_CHANNEL
@@ -73,8 +73,6 @@ MAX_START_AHEAD = dt.timedelta(days=365)
 """How far ahead a reservation may start."""
 START_SLACK = dt.timedelta(minutes=1)
 """How far in the past ``start_at`` may be (clocks differ): it then starts now."""
-_WAIT = 10.0
-_POLL = 0.05
 
 
 def _in_tenant(input: Any) -> ResourceRef:
@@ -241,12 +239,7 @@ async def draft_reservation(call: CallContext, input: CreateReservationInput) ->
     admission = call.admission
     assert admission is not None and call.identity is not None, "the dispatcher sets both for an admitting method"
     identity = call.identity
-    key = admission.key
-    if input.idempotency_key is not None:
-        if key is not None and key != input.idempotency_key:
-            reason = "differs from the Idempotency-Key header"
-            raise InvalidInputError(f"idempotency_key: {reason}", details={"path": "idempotency_key", "reason": reason})
-        key = input.idempotency_key
+    claim = admission.idempotency
     context = call.context
     now = context.clock.now()
     on_pool = ResourceRef(type=RESERVATION, tenant=input.tenant, pool=input.pool_id)
@@ -270,29 +263,15 @@ async def draft_reservation(call: CallContext, input: CreateReservationInput) ->
         labels=input.labels,
         created_by=identity.principal_id,
         now=now,
-        idempotency_key=key,
-        request_hash=admission.fingerprint,
+        idempotency_key=claim.key if claim is not None else None,
+        request_hash=claim.fingerprint if claim is not None else None,
     )
-    deadline = anyio.current_time() + _WAIT
-    while True:
-        begun = await repository.begin(draft)
-        if begun.state == "drafted":
-            break
-        if begun.state == "no_pool":
-            return Drafted(resource=on_pool, refusal=NotFoundError("no such pool", details={"id": input.pool_id}))
-        if begun.state == "conflict":
-            raise ConflictError(
-                "this idempotency key was used for another request",
-                details={"reason": "idempotency_key_reused", "path": "Idempotency-Key"},
-            )
-        if begun.state == "replay":
-            return Drafted(replay=await _replayed(call, begun.result or {}))
-        if anyio.current_time() >= deadline:
-            raise UnavailableError(
-                "a request with this idempotency key is still running; retry later",
-                details={"reason": "idempotency_key_in_use", "retryable": True},
-            )
-        await anyio.sleep(_POLL)
+    begun = await idempotency.reserve(lambda: repository.begin(draft))
+    if begun.state == "no_pool":
+        return Drafted(resource=on_pool, refusal=NotFoundError("no such pool", details={"id": input.pool_id}))
+    if begun.state == "replay":
+        return Drafted(replay=await _replayed(call, begun.result or {}))
+    key = draft.idempotency_key
 
     async def undo() -> None:
         await repository.abandon(reservation_id, identity=identity.principal_id, key=key)
