@@ -44,6 +44,7 @@ __all__ = [
     "checked_key",
     "fingerprint",
     "once",
+    "remember",
     "replayed",
     "request_of",
     "reserve",
@@ -225,11 +226,17 @@ async def once(
             except ComputeError:
                 log.warning("the idempotency key of a failed call could not be settled; it stays reserved")
         raise
-    stored = {"output": wire} if replayable else {"replayable": False, "id": _resource_id(wire)}
+    await remember(keys, request, wire if replayable else None, made=_resource_id(wire))
+    return True, wire
+
+
+async def remember(keys: IdempotencyKeys, request: IdempotentRequest, wire: Any, *, made: str | None = None) -> None:
+    """Store the answer (``wire``) that retries with ``request``'s key replay; with ``wire`` ``None``, only the id the
+    change ``made`` (an answer with a one-time secret is never kept). Shielded from cancellation, and a failure is
+    logged, never raised: the change committed and its caller gets its answer."""
+    stored = {"output": wire} if wire is not None else {"replayable": False, "id": made}
     with anyio.CancelScope(shield=True):
         try:
-            await keys.finish(identity=identity, key=key, result=stored)
-        except ComputeError:
-            # The change committed: its caller gets the answer; retries are told the key is in use until it expires.
-            log.warning("the answer of an idempotent call could not be stored; its key stays reserved")
-    return True, wire
+            await keys.finish(identity=request.identity, key=request.key, result=stored)
+        except ComputeError as exc:
+            log.warning("the answer of an idempotent call could not be stored (%s); its key keeps", exc.code)
