@@ -73,7 +73,7 @@ docs: $(STAMP)
 
 # The docs site, built with --strict: a link to a page or an anchor that does not exist, or a page missing from the
 # nav, fails (mkdocs.yml's `validation`). It builds offline. Material's notice about MkDocs 2 is silenced: it is
-# printed on every build and says nothing about this site.
+# printed on every build and says nothing about this site. Not --quiet: it hides the very warnings --strict counts.
 MKDOCS = NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 check-site: $(STAMP)
 	$(call step,docs site,{ out=$$(mktemp -d); $(MKDOCS) --site-dir "$$out"; rc=$$?; rm -rf "$$out"; (exit $$rc); })
