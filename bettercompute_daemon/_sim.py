@@ -38,7 +38,8 @@ from typing import Any, TextIO
 
 import attrs
 
-from ._agent import Agent, DaemonError, JoinRefused, join
+from ._agent import Agent, join
+from ._errors import DaemonError, JoinRefused
 from ._inventory import Inventory
 from ._nvml import health_of
 from ._state import NodeConfig, StateDir
