@@ -37,7 +37,7 @@ import attrs
 
 from bettercompute._runtime import codec as _codec
 from bettercompute._runtime import idempotency
-from bettercompute._runtime.declarations import Next, Plugin
+from bettercompute._runtime.declarations import Intercepted, Next, Plugin
 from bettercompute._runtime.registry import Admission, CallContext, Drafted, MethodDef
 from bettercompute.errors import (
     AccessDeniedError,
@@ -58,8 +58,8 @@ log = logging.getLogger("bettercompute.dispatch")
 
 
 def _chain(plugins: Sequence[Plugin]) -> Next:
-    async def innermost(call: CallContext, input: Any) -> Any:
-        return await call.method.handler(call, input)
+    async def innermost(intercepted: Intercepted) -> Any:
+        return await intercepted.call.method.handler(intercepted.call, intercepted.input)
 
     chain: Next = innermost
     for plugin in reversed(plugins):
@@ -68,8 +68,8 @@ def _chain(plugins: Sequence[Plugin]) -> Next:
 
 
 def _link(plugin: Plugin, next: Next) -> Next:
-    async def link(call: CallContext, input: Any) -> Any:
-        return await plugin.intercept(call, input, next)
+    async def link(intercepted: Intercepted) -> Any:
+        return await plugin.intercept(intercepted, next)
 
     return link
 
@@ -249,7 +249,7 @@ class Dispatcher:
         """The plugin chain and the handler; a mutating call that wrote nothing through ``call.transaction()`` has
         its audit row written alone, so every mutating call leaves exactly one."""
         method = call.method
-        output = await self._chain(call, input)
+        output = await self._chain(Intercepted(call=call, input=input))
         if not isinstance(output, method.output):
             raise TypeError(f"{method!r} returned {type(output).__name__}, not {method.output.__name__}")
         if method.mutates and not call.audited:
