@@ -88,8 +88,8 @@ from bettercompute.modules.nodes import (
     GatewayServices,
     new_token,
 )
-from bettercompute.modules.nodes._ca import checked_csr_key
 from bettercompute.modules.nodes._sealing import REPLAY_SCOPE, JoinKeyPair, Unsealer
+from bettercompute.modules.nodes._x509 import checked_csr_key
 from bettercompute.modules.pools import CreatePoolInput, Pool
 from bettercompute.testing import InMemoryReplayGuard
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token

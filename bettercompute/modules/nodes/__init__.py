@@ -10,7 +10,6 @@ the attestor chain's plugin point, and ``GatewayServices``, what a gateway relay
 from bettercompute.modules.nodes._ca import CertificateAuthority as CertificateAuthority
 from bettercompute.modules.nodes._ca import IssuedBundle as IssuedBundle
 from bettercompute.modules.nodes._ca import RevocationResult as RevocationResult
-from bettercompute.modules.nodes._ca import serial_hex as serial_hex
 from bettercompute.modules.nodes._claims import AttestationRequest as AttestationRequest
 from bettercompute.modules.nodes._claims import Attestor as Attestor
 from bettercompute.modules.nodes._claims import ClaimsAttestor as ClaimsAttestor
@@ -123,6 +122,7 @@ from bettercompute.modules.nodes._tunnels import closed_record as closed_record
 from bettercompute.modules.nodes._tunnels import open_tunnel_in as open_tunnel_in
 from bettercompute.modules.nodes._tunnels import parse_ticket as parse_ticket
 from bettercompute.modules.nodes._tunnels import sweep_tunnels as sweep_tunnels
+from bettercompute.modules.nodes._x509 import serial_hex as serial_hex
 
 __all__ = [
     "ACKED_KIND",
