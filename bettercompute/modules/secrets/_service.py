@@ -34,7 +34,8 @@ def value_context(tenant: str, name: str) -> str:
 
 
 def require_kms(kms: Kms | None) -> Kms:
-    """The configured KMS (``better_compute()`` registers the group only with one)."""
+    """The configured KMS (without one the dispatcher answers the group's calls ``FAILED_PRECONDITION`` before a
+    handler runs, and no broker is made)."""
     if kms is None:
         raise InternalError("the secrets module runs without a KMS")
     return kms
