@@ -92,8 +92,8 @@ from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute._assembly import effective_max_in_flight
 from bettercompute._runtime.shards import SHARDS, shard_of
 from bettercompute._runtime.workers import SINKS_POKE, WORK_CHANNEL
-from bettercompute.modules.capacity._reservations import RESERVATION_KIND, event_type
 from bettercompute.modules.pools import CreatePoolInput
+from bettercompute.modules.reservations import RESERVATION_KIND, event_type
 from bettercompute_iam import (
     CreateBindingInput,
     CreateCredentialInput,
@@ -105,7 +105,7 @@ from bettercompute_iam import (
 from bettercompute_iam._pg import IamTables
 from bettercompute_store_pg import PgNotifier, PgStore
 from bettercompute_store_pg._idempotency import _FINISH
-from bettercompute_store_pg.modules.capacity._reservations import _BEGIN
+from bettercompute_store_pg.modules.reservations._repository import _BEGIN
 
 URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bc_bench_admission"

@@ -128,8 +128,9 @@ import attrs
 import psycopg
 
 from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute.modules.capacity import CreateReservationInput, ReservationsGroup
-from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
+from bettercompute.modules.nodes import CreateJoinTokenInput
+from bettercompute.modules.pools import CreatePoolInput
+from bettercompute.modules.reservations import CreateReservationInput, ReservationsGroup
 from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
 from bettercompute_store_pg import PgNotifier, PgStore
 

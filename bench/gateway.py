@@ -139,8 +139,8 @@ import uvloop
 import bettercompute_proto as wire
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute.modules.commands import COMMANDS, SESSIONS
-from bettercompute.modules.nodes import CERTIFICATES, JOIN_KEYS, NODES
-from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, Pool
+from bettercompute.modules.nodes import CERTIFICATES, JOIN_KEYS, NODES, CreatedJoinToken, CreateJoinTokenInput
+from bettercompute.modules.pools import CreatePoolInput, Pool
 from bettercompute.ports import Repository
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_gateway import GatewayOptions, create_gateway, issue_tls

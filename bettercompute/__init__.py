@@ -48,12 +48,12 @@ from bettercompute._runtime.workflows import Workflows as Workflows
 from bettercompute._runtime.workflows import signal_in as signal_workflow_in
 from bettercompute._runtime.workflows import start_in as start_workflow_in
 from bettercompute._version import __version__ as __version__
-from bettercompute.modules.nodes._tokens import JoinSettings as JoinSettings
-from bettercompute.modules.nodes._tunnels import TunnelCheck as TunnelCheck
-from bettercompute.modules.nodes._tunnels import TunnelGrant as TunnelGrant
-from bettercompute.modules.nodes._tunnels import TunnelRecord as TunnelRecord
-from bettercompute.modules.nodes._tunnels import TunnelTicket as TunnelTicket
-from bettercompute.modules.nodes._tunnels import open_tunnel_in as open_tunnel_in
+from bettercompute.modules.nodes import JoinSettings as JoinSettings
+from bettercompute.modules.nodes import TunnelCheck as TunnelCheck
+from bettercompute.modules.nodes import TunnelGrant as TunnelGrant
+from bettercompute.modules.nodes import TunnelRecord as TunnelRecord
+from bettercompute.modules.nodes import TunnelTicket as TunnelTicket
+from bettercompute.modules.nodes import open_tunnel_in as open_tunnel_in
 
 __all__ = [
     "Access",

@@ -25,14 +25,13 @@ from bettercompute.modules.capacity import CapacityModule
 from bettercompute.modules.commands import CommandsModule
 from bettercompute.modules.images import ImagesModule
 from bettercompute.modules.inventory import AcceptanceCheck, InventoryModule
-from bettercompute.modules.nodes import Attestor, IdentityModule
-from bettercompute.modules.nodes._tokens import JoinSettings
+from bettercompute.modules.nodes import Attestor, JoinSettings, NodesModule
 from bettercompute.modules.pools import PoolsModule
-from bettercompute.modules.secrets import SecretsModule
+from bettercompute.modules.reservations import ReservationsModule
+from bettercompute.modules.secrets import SecretBroker, SecretsModule
 from bettercompute.modules.system import SystemModule
 from bettercompute.modules.usage import UsageModule
-from bettercompute.modules.webhooks import WebhooksModule
-from bettercompute.modules.webhooks._signing import WebhookSettings
+from bettercompute.modules.webhooks import WebhookSettings, WebhooksModule
 
 __all__ = ["assemble", "effective_max_in_flight", "effective_max_queued"]
 
@@ -128,15 +127,16 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
         CommandsModule(),
         UsageModule(),
         CapacityModule(),
+        ReservationsModule(),
     ]
-    # Webhooks keep their signing secrets sealed by the KMS: the group exists only where one is configured.
-    if kms is not None:
-        modules.append(WebhooksModule())
-        modules.append(SecretsModule())
-        if join is not None:
-            modules.append(IdentityModule(join, kms, attestors))
-            # The built-in node controllers; the acceptance checks other modules declare are added below.
-            modules.append(InventoryModule())
+    # Webhooks and secrets keep what they hold sealed by the KMS: without one their groups say so.
+    modules.append(WebhooksModule(kms=kms is not None))
+    modules.append(SecretsModule(kms=kms is not None))
+    # Node identity (JoinService, the CA, the gateway services) needs both settings; the groups are there anyway.
+    broker = (lambda store: SecretBroker(store, kms)) if kms is not None else None
+    modules.append(NodesModule(join, kms, attestors, secret_broker=broker))
+    # The built-in node controllers; the acceptance checks other modules declare are added below.
+    modules.append(InventoryModule())
     extra: list[Any] = []
     if iam is not None and isinstance(iam, Module):
         extra.append(iam)
@@ -152,9 +152,10 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
         "commands",
         "usage",
         "capacity",
+        "reservations",
         "webhooks",
         "secrets",
-        "identity",
+        "nodes",
         "inventory",
     }
     for position, module in enumerate(extra):

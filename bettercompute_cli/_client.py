@@ -41,7 +41,7 @@ from rich.table import Table
 from bettercompute._runtime.admission import retry_delay
 from bettercompute._runtime.registry import GroupSpec, MethodDef
 from bettercompute.modules.builtin import BuiltinGroups
-from bettercompute.modules.capacity import ReservationsGroup
+from bettercompute.modules.reservations import ReservationsGroup
 from bettercompute_iam import IamGroups
 from bettercompute_metal import MetalGroups
 from bettercompute_vps import VpsGroups

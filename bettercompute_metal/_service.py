@@ -75,7 +75,7 @@ def parse_token(token: Any, prefix: str) -> tuple[str, bytes] | None:
 
 def new_join_token() -> tuple[str, str, bytes]:
     """A join token as ``join-tokens.create`` makes them (``bcjt_<id>.<secret>``): ``(id, token, secret hash)``."""
-    from bettercompute.modules.nodes._tokens import new_token as new_node_token
+    from bettercompute.modules.nodes import new_token as new_node_token
 
     return new_node_token()
 

@@ -33,8 +33,7 @@ from bettercompute import (
     start_workflow_in,
 )
 from bettercompute.errors import ComputeError, FailedPreconditionError, UnavailableError
-from bettercompute.modules.nodes import NODES
-from bettercompute.modules.pools import JOIN_TOKENS
+from bettercompute.modules.nodes import JOIN_TOKENS, NODES
 from bettercompute.ports import Transaction
 from bettercompute_metal._port import METAL, MachineRecord
 from bettercompute_metal._redfish import BmcCredentials, BmcTls, RedfishClient, RedfishError

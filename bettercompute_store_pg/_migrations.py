@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Sequence
+from types import ModuleType
 
 from bettercompute.errors import InvalidConfigError
 from bettercompute.ports import Migration
@@ -25,7 +26,7 @@ from bettercompute.ports import Migration
 from ._db import Connection, Statement, fetch_in
 from ._schema import migration_lock_key, quote_schema, render
 
-__all__ = ["RUNTIME", "run_migrations", "shipped_migrations"]
+__all__ = ["RUNTIME", "run_migrations", "shipped_formerly", "shipped_migrations"]
 
 RUNTIME = "runtime"
 """The name the runtime's own tables are migrated under (by ``PgStore.install()``, never as a module)."""
@@ -33,22 +34,42 @@ RUNTIME = "runtime"
 _LOCK = Statement.of("SELECT pg_advisory_xact_lock(:key)")
 _PACKAGE = "bettercompute_store_pg.modules"
 _MODULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
+# A renamed module's history, carried over once: only where the new name has nothing recorded yet.
+_CARRY_OVER = """
+INSERT INTO {s}.schema_migrations (module, version, name, applied_at)
+SELECT :module, version, name, applied_at FROM {s}.schema_migrations
+WHERE module = ANY(CAST(:formerly AS text[]))
+  AND NOT EXISTS (SELECT 1 FROM {s}.schema_migrations WHERE module = :module)
+ON CONFLICT (module, version) DO NOTHING
+RETURNING version
+"""
+
+
+def _shipped(module: str) -> ModuleType | None:
+    """``modules/<module>/_migrations.py`` of this package, or ``None``."""
+    if not _MODULE_NAME.fullmatch(module):
+        return None
+    name = f"{_PACKAGE}.{module}._migrations"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        # Only the absence of that package or file means "nothing shipped"; a broken import inside it is a bug.
+        if exc.name is not None and (exc.name == name or name.startswith(exc.name + ".")):
+            return None
+        raise
 
 
 def shipped_migrations(module: str) -> tuple[Migration, ...]:
     """What this package ships for the module named ``module`` (``modules/<module>/_migrations.py``), or ``()``."""
-    if not _MODULE_NAME.fullmatch(module):
-        return ()
-    name = f"{_PACKAGE}.{module}._migrations"
-    try:
-        found = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        # Only the absence of that package or file means "nothing shipped"; a broken import inside it is a bug.
-        if exc.name is not None and (exc.name == name or name.startswith(exc.name + ".")):
-            return ()
-        raise
-    migrations: tuple[Migration, ...] = tuple(found.MIGRATIONS)
-    return migrations
+    found = _shipped(module)
+    return tuple(found.MIGRATIONS) if found is not None else ()
+
+
+def shipped_formerly(module: str) -> tuple[str, ...]:
+    """The names the module named ``module`` was migrated under before it was renamed (its ``FORMERLY``), or
+    ``()``."""
+    found = _shipped(module)
+    return tuple(getattr(found, "FORMERLY", ())) if found is not None else ()
 
 
 def _check_declared(module: str, migrations: Sequence[Migration]) -> list[Migration]:
@@ -65,8 +86,14 @@ def _check_declared(module: str, migrations: Sequence[Migration]) -> list[Migrat
     return sorted(migrations, key=lambda m: m.version)
 
 
-async def run_migrations(conn: Connection, schema: str, module: str, migrations: Sequence[Migration]) -> list[int]:
+async def run_migrations(
+    conn: Connection, schema: str, module: str, migrations: Sequence[Migration], *, formerly: Sequence[str] = ()
+) -> list[int]:
     """Apply ``module``'s pending migrations in the transaction open on ``conn``, under the schema's migration lock.
+
+    ``formerly`` names what the module was called before a rename: where nothing is recorded under ``module`` yet,
+    the versions recorded under those names are copied to it first (and kept, so older code running beside this
+    during a rolling upgrade still finds its own).
 
     The lock is transaction-scoped, so it works through PgBouncer in transaction mode and cannot leak if the
     process dies. Migrations that fail roll back together with their bookkeeping.
@@ -93,6 +120,8 @@ async def run_migrations(conn: Connection, schema: str, module: str, migrations:
         " applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (module, version))",
         prepare=False,
     )
+    if formerly:
+        await fetch_in(conn, Statement.of(_CARRY_OVER.format(s=quoted)), {"module": module, "formerly": list(formerly)})
     rows = await fetch_in(
         conn,
         Statement.of(f"SELECT version, name FROM {quoted}.schema_migrations WHERE module = :module"),

@@ -1419,16 +1419,16 @@ CREATE TABLE {schema}.secrets (
 );
 CREATE INDEX secrets_name_scope ON {schema}.secrets USING btree (name, scope);
 
--- identity -----------------------------------------------------------------------------------------------------------
+-- nodes --------------------------------------------------------------------------------------------------------------
 --
--- identity 1: node identity
--- identity 2: gateway certificates
--- identity 3: desired state
--- identity 4: inventory sections
--- identity 5: node lifecycle, devices, conditions and atoms
--- identity 6: the placer's index on atoms
--- identity 7: the placer's hints follow the atoms
--- identity 8: tunnels
+-- nodes 1: node identity
+-- nodes 2: gateway certificates
+-- nodes 3: desired state
+-- nodes 4: inventory sections
+-- nodes 5: node lifecycle, devices, conditions and atoms
+-- nodes 6: the placer's index on atoms
+-- nodes 7: the placer's hints follow the atoms
+-- nodes 8: tunnels
 
 CREATE TABLE {schema}.atoms (
     id text NOT NULL,

@@ -48,7 +48,9 @@ class Module(Protocol):
     typed keys (``bettercompute.ports.Repository``) of the store repositories it uses, which ``better_compute()``
     checks the store ships; ``gateway_methods``, its ``bettercompute.GatewayMethod``s; ``tunnel_checks``, a mapping
     from the resource types whose tunnels it opens (``open_tunnel_in``) to a ``bettercompute.TunnelCheck`` that says
-    when an open one must close (``docs/tunnels.md``).
+    when an open one must close (``docs/tunnels.md``); ``unavailable``, ``None`` or why the module cannot serve in
+    this composition (an option it needs is not set): its groups stay registered, and every call of them answers
+    ``FAILED_PRECONDITION`` with that text (after authentication, before anything else).
     """
 
     @property

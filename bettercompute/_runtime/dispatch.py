@@ -3,7 +3,8 @@
 Order matters and is the same on every path:
 
 1. authenticate the credential (``UNAUTHENTICATED``);
-2. decode and validate the input (``INVALID_INPUT``);
+2. decode and validate the input (``INVALID_INPUT``); a group whose module is unavailable in this composition (an
+   option it needs is not set) answers ``FAILED_PRECONDITION`` saying which, here;
 3. tenant pre-check: a caller outside the input's tenant, and not in the root tenant, is refused before any
    database access (``ACCESS_DENIED``);
 4. one IAM decision on the method's action and resource (``ACCESS_DENIED``). A mutation IAM refuses leaves an
@@ -28,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -38,7 +39,14 @@ from bettercompute._runtime import codec as _codec
 from bettercompute._runtime import idempotency
 from bettercompute._runtime.declarations import Next, Plugin
 from bettercompute._runtime.registry import Admission, CallContext, Drafted, MethodDef
-from bettercompute.errors import AccessDeniedError, ComputeError, InternalError, InvalidInputError, UnauthenticatedError
+from bettercompute.errors import (
+    AccessDeniedError,
+    ComputeError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidInputError,
+    UnauthenticatedError,
+)
 from bettercompute.ports import AuditRecord, Decision, Iam, Identity, ResourceRef
 
 if TYPE_CHECKING:
@@ -75,10 +83,19 @@ def _internal(method: MethodDef[Any, Any], request_id: str, exc: BaseException) 
 class Dispatcher:
     """Runs one method call through the fixed sequence above."""
 
-    def __init__(self, *, iam: Iam, context: ModuleContext, plugins: Sequence[Plugin]) -> None:
+    def __init__(
+        self,
+        *,
+        iam: Iam,
+        context: ModuleContext,
+        plugins: Sequence[Plugin],
+        unavailable: Mapping[str, str] | None = None,
+    ) -> None:
         self._iam = iam
         self._context = context
         self._chain = _chain(plugins)
+        self._unavailable = dict(unavailable or {})
+        """Group name -> why its module cannot serve here (``Module.unavailable``)."""
 
     async def authenticate(self, method: MethodDef[Any, Any], credential: str | None) -> Identity | None:
         """Step 1; ``None`` for a method that needs no credential."""
@@ -98,6 +115,9 @@ class Dispatcher:
     ) -> tuple[Any, Any]:
         """Steps 3 to 6, for an input already decoded; returns the handler's output object and its JSON value."""
         request_id = uuid.uuid4().hex
+        reason = self._unavailable.get(method.group)
+        if reason is not None:
+            raise FailedPreconditionError(reason, details={"group": method.group})
         try:
             decision = None
             resource = method.resource(input)

@@ -61,8 +61,7 @@ from bettercompute.modules.nodes._claims import (
     checked_evidence,
     hardware_key,
 )
-from bettercompute.modules.nodes._nodes import retire_node
-from bettercompute.modules.nodes._port import CERTIFICATES, NODES, NodeRecord
+from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_TOKENS, NODES, NodeRecord
 from bettercompute.modules.nodes._proofs import (
     BINDING_BYTES,
     ChallengeIssuer,
@@ -70,8 +69,8 @@ from bettercompute.modules.nodes._proofs import (
 )
 from bettercompute.modules.nodes._renew import NODE, Renewals, RenewResult
 from bettercompute.modules.nodes._sealing import Unsealer
+from bettercompute.modules.nodes._service import retire_node
 from bettercompute.modules.nodes._tokens import hash_secret, parse_token
-from bettercompute.modules.pools._port import JOIN_TOKENS
 from bettercompute.ports import AuditRecord, Clock, OutboxEvent, ReplayGuard, ResourceRef, Store
 
 __all__ = ["JOIN_ACTION", "JoinResult", "JoinService", "RenewResult"]

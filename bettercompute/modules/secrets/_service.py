@@ -8,8 +8,8 @@ from typing import Any
 from bettercompute._runtime.registry import CallContext, method
 from bettercompute.errors import InternalError, NotFoundError
 from bettercompute.modules._tenants import require_tenant
-from bettercompute.modules.nodes._port import NODES
-from bettercompute.modules.pools._port import POOLS
+from bettercompute.modules.nodes import NODES
+from bettercompute.modules.pools import POOLS
 from bettercompute.modules.secrets._port import SECRETS, SecretRecord
 from bettercompute.modules.secrets._schemas import (
     CreateSecretInput,

@@ -22,29 +22,26 @@ from bettercompute import ApiBinding, CallContext, GroupSpec, JoinSettings, Loca
 from bettercompute._runtime.codec import encode
 from bettercompute._runtime.declarations import StaticModule
 from bettercompute.errors import ConflictError, NotFoundError
-from bettercompute.modules.capacity import (
-    CancelReservationInput,
-    CreateReservationInput,
-    ExtendReservationInput,
-    ReservationsGroup,
-    SetQuotaInput,
-)
+from bettercompute.modules.capacity import SetQuotaInput
 from bettercompute.modules.images import RegisterImageInput
 from bettercompute.modules.nodes import (
     NODES,
     CordonNodeInput,
+    CreateJoinTokenInput,
+    JoinExpect,
     NodesGroup,
     RequalifyNodeInput,
     RetireNodeInput,
+    RevokeJoinTokenInput,
     RevokeNodeInput,
     TunnelNodeInput,
 )
-from bettercompute.modules.pools import (
-    CreateJoinTokenInput,
-    CreatePoolInput,
-    JoinExpect,
-    RevokeJoinTokenInput,
-    UpdatePoolInput,
+from bettercompute.modules.pools import CreatePoolInput, UpdatePoolInput
+from bettercompute.modules.reservations import (
+    CancelReservationInput,
+    CreateReservationInput,
+    ExtendReservationInput,
+    ReservationsGroup,
 )
 from bettercompute.modules.secrets import CreateSecretInput, DeleteSecretInput
 from bettercompute.modules.webhooks import (

@@ -1,16 +1,17 @@
-"""Devices, node conditions and atoms (``Inventory``): each write is one statement over a JSON array of rows."""
+"""The ``inventory`` module's repository: devices and atoms (``Inventory``); each write is one statement over a JSON
+array of rows."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from bettercompute.modules.inventory import AtomRecord, ConditionRecord, DeviceRecord
+from bettercompute.modules.inventory import AtomRecord, DeviceRecord
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
 
-__all__ = ["PgInventory"]
+__all__ = ["REPOSITORIES", "PgInventory"]
 
 _DEVICE_COLUMNS = (
     "id, node_id, tenant, pool_id, kind, ident, slot, model, details, state, first_seen_at, updated_at, missing_since"
@@ -48,27 +49,6 @@ ON CONFLICT (node_id, kind, ident) DO UPDATE SET slot = EXCLUDED.slot, model = E
     missing_since = CASE WHEN EXCLUDED.state = 'missing' THEN coalesce(d.missing_since, now()) END
 """
 
-_CONDITION_COLUMNS = "node_id, type, status, reason, message, last_transition_at, updated_at"
-_CONDITIONS = f"""
-SELECT {_CONDITION_COLUMNS} FROM {{s}}.node_conditions WHERE node_id = ANY(CAST(:node_ids AS text[]))
-ORDER BY node_id, type
-"""
-_SAVE_CONDITIONS = """
-WITH r AS (
-    SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r (type text, status text, reason text, message text)
-),
-before AS (SELECT type, status FROM {s}.node_conditions WHERE node_id = :node_id),
-saved AS (
-    INSERT INTO {s}.node_conditions AS c (node_id, type, status, reason, message, last_transition_at, updated_at)
-    SELECT :node_id, r.type, r.status, r.reason, r.message, now(), now() FROM r
-    ON CONFLICT (node_id, type) DO UPDATE SET status = EXCLUDED.status, reason = EXCLUDED.reason,
-        message = EXCLUDED.message, updated_at = now(),
-        last_transition_at = CASE WHEN c.status <> EXCLUDED.status THEN now() ELSE c.last_transition_at END
-    RETURNING c.type, c.status
-)
-SELECT saved.type FROM saved LEFT JOIN before ON before.type = saved.type
-WHERE before.status IS DISTINCT FROM saved.status ORDER BY saved.type
-"""
 
 _ATOM_COLUMNS = (
     "id, node_id, device_id, tenant, pool_id, kind, ident, model, profile, memory_mib, state, reason, created_at, "
@@ -117,17 +97,6 @@ def _device(row: Any) -> DeviceRecord:
     )
 
 
-def _condition(row: Any) -> ConditionRecord:
-    return ConditionRecord(
-        type=row.type,
-        status=row.status,
-        reason=row.reason,
-        message=row.message,
-        last_transition_at=_at(row.last_transition_at),
-        updated_at=_at(row.updated_at),
-    )
-
-
 def _atom(row: Any) -> AtomRecord:
     return AtomRecord(
         id=row.id,
@@ -148,7 +117,7 @@ def _atom(row: Any) -> AtomRecord:
 
 
 class PgInventory(PgRepository):
-    """``Inventory`` on the ``devices``, ``node_conditions`` and ``atoms`` tables (the identity module's)."""
+    """``Inventory`` on the ``devices`` and ``atoms`` tables."""
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)
@@ -158,8 +127,6 @@ class PgInventory(PgRepository):
         self._gpu_owners = db.sql(_GPU_OWNERS)
         self._save_devices = db.sql(_SAVE_DEVICES)
         self._release_retired = db.sql(_RELEASE_RETIRED)
-        self._conditions = db.sql(_CONDITIONS)
-        self._save_conditions = db.sql(_SAVE_CONDITIONS)
         self._atoms = db.sql(_ATOMS)
         self._atoms_of_devices = db.sql(_ATOMS_OF_DEVICES)
         self._save_atoms = db.sql(_SAVE_ATOMS)
@@ -224,23 +191,6 @@ class PgInventory(PgRepository):
         ]
         await self._fetch_in_transaction("save_devices", self._save_devices, {"rows": dumps(rows)})
 
-    async def conditions(self, node_ids: Sequence[str]) -> dict[str, list[ConditionRecord]]:
-        """The conditions of these nodes."""
-        found: dict[str, list[ConditionRecord]] = {n: [] for n in node_ids}
-        if not node_ids:
-            return found
-        for row in await self._fetch(self._conditions, {"node_ids": list(node_ids)}):
-            found.setdefault(row.node_id, []).append(_condition(row))
-        return found
-
-    async def save_conditions(self, node_id: str, conditions: Sequence[ConditionRecord]) -> list[str]:
-        """Upsert the node's conditions (in the caller's transaction); the types whose status changed."""
-        if not conditions:
-            return []
-        rows = [{"type": c.type, "status": c.status, "reason": c.reason, "message": c.message} for c in conditions]
-        params = {"node_id": node_id, "rows": dumps(rows)}
-        return [r.type for r in await self._fetch_in_transaction("save_conditions", self._save_conditions, params)]
-
     async def atoms(self, node_id: str) -> list[AtomRecord]:
         """The node's atoms."""
         return [_atom(r) for r in await self._fetch(self._atoms, {"node_id": node_id})]
@@ -273,3 +223,7 @@ class PgInventory(PgRepository):
             for a in atoms
         ]
         await self._fetch_in_transaction("save_atoms", self._save_atoms, {"rows": dumps(rows)})
+
+
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"inventory": PgInventory}
+"""The adapters of this module's repositories, by ``Repository.name``."""

@@ -1,4 +1,5 @@
-"""``Reservations`` on the ``reservations`` table and the admission functions (the capacity module's migration 2).
+"""``Reservations`` on the ``reservations`` table and the admission functions (made by the ``capacity`` module's
+migrations, which the store keeps under that name).
 
 ``begin`` is transaction 1 as one statement: the pool check, the idempotency key's upsert (the same rules as
 ``PgIdempotencyKeys.begin``), the draft and its projection row, each a CTE that runs only when the one before allows.
@@ -10,21 +11,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from bettercompute.modules.capacity._reservation_port import (
-    AdmitOutcome,
-    AdmitRequest,
-    BeginOutcome,
-    Draft,
-    ReservationRecord,
-)
+from bettercompute.modules.reservations import AdmitOutcome, AdmitRequest, BeginOutcome, Draft, ReservationRecord
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._idempotency import KEY_UPSERT
 from bettercompute_store_pg._repository import PgRepository
 
-__all__ = ["PgReservations"]
+__all__ = ["REPOSITORIES", "PgReservations"]
 
 _COLUMNS = (
     "id, tenant, pool_id, state, gpus, constraints, start_at, end_at, labels, placement, generations, reason, history,"
@@ -325,3 +320,7 @@ class PgReservations(PgRepository):
     async def drafts_before(self, before: dt.datetime, *, limit: int) -> list[str]:
         """One statement."""
         return [r.id for r in await self._fetch(self._drafts, {"before": before, "limit": limit})]
+
+
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"reservations": PgReservations}
+"""The adapters of this module's repositories, by ``Repository.name``."""

@@ -12,180 +12,43 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 import attrs
 
-from bettercompute._runtime.registry import CallContext, GroupSpec, method
+from bettercompute._runtime.registry import CallContext, method
 from bettercompute.errors import ConflictError, FailedPreconditionError, NotFoundError, UnauthenticatedError
-from bettercompute.fields import Integer, Text
 from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._inventory import acked_item, lifecycle_item
-from bettercompute.modules.nodes._inventory_port import INVENTORY, ConditionRecord
-from bettercompute.modules.nodes._port import NODES, NodeRecord
-from bettercompute.modules.nodes._tokens import JoinSettings
+from bettercompute.modules.nodes._port import NODES, ConditionRecord, NodeRecord
+from bettercompute.modules.nodes._schemas import (
+    NODE,
+    Condition,
+    CordonNodeInput,
+    GetNodeInput,
+    ListNodesInput,
+    ListNodesOutput,
+    Node,
+    RequalifyNodeInput,
+    RetireNodeInput,
+    RevokedNode,
+    RevokeNodeInput,
+    TunnelNodeInput,
+    TunnelOutput,
+)
+from bettercompute.modules.nodes._tokens import IDENTITY_NEEDS, JoinSettings
 from bettercompute.modules.nodes._tunnels import TunnelRecord, TunnelTicket, open_tunnel_in
-from bettercompute.paging import Keyset, PageInput
-from bettercompute.ports import OutboxEvent, ResourceRef, Store, Transaction
+from bettercompute.paging import Keyset
+from bettercompute.ports import Kms, OutboxEvent, ResourceRef, Store, Transaction
 
 __all__ = [
     "NODE_CORDONED",
     "NODE_REQUALIFYING",
     "NODE_UNCORDONED",
-    "Condition",
-    "CordonNodeInput",
-    "GetNodeInput",
-    "ListNodesInput",
-    "ListNodesOutput",
-    "Node",
-    "NodesGroup",
-    "RequalifyNodeInput",
-    "RetireNodeInput",
-    "RevokeNodeInput",
-    "RevokedNode",
-    "TunnelNodeInput",
-    "TunnelOutput",
     "node_tunnel_check",
     "retire_node",
+    "tunnel_output",
 ]
-
-NODE = "node"
-NodeState = Literal["adopting", "adopted", "quarantined", "unreachable", "failed", "retired"]
-_ID = Text(pattern=r"[A-Za-z0-9._-]{1,128}", reason="must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
-_REASON = Text(max_length=500, reason="at most 500 characters")
-B = TypeVar("B")
-
-
-@attrs.frozen(kw_only=True)
-class ListNodesInput(PageInput):
-    """A tenant's nodes, of one pool when ``pool_id`` is given, one page at a time."""
-
-    tenant: str = attrs.field(validator=_ID)
-    pool_id: str | None = attrs.field(default=None, validator=_ID)
-
-
-@attrs.frozen(kw_only=True)
-class GetNodeInput:
-    """A node by id."""
-
-    id: str = attrs.field(validator=_ID)
-
-
-@attrs.frozen(kw_only=True)
-class RevokeNodeInput:
-    """Revoke every certificate of a node, saying why (kept in the audit row and the revocations)."""
-
-    id: str = attrs.field(validator=_ID)
-    reason: str = attrs.field(default="revoked by an operator", validator=_REASON)
-
-
-@attrs.frozen(kw_only=True)
-class RetireNodeInput:
-    """Retire a node for good, saying why."""
-
-    id: str = attrs.field(validator=_ID)
-    reason: str = attrs.field(default="retired by an operator", validator=_REASON)
-
-
-@attrs.frozen(kw_only=True)
-class CordonNodeInput:
-    """Stop new bookings on a node (``cordon``, ``drain``), or allow them again (``uncordon``), saying why."""
-
-    id: str = attrs.field(validator=_ID)
-    reason: str = attrs.field(default="", validator=_REASON)
-
-
-@attrs.frozen(kw_only=True)
-class RequalifyNodeInput:
-    """Run a node's acceptance checks again (a quarantined node is adopted again if they pass)."""
-
-    id: str = attrs.field(validator=_ID)
-    reason: str = attrs.field(default="", validator=_REASON)
-
-
-@attrs.frozen(kw_only=True)
-class TunnelNodeInput:
-    """A tunnel to a service a node listens to on its own loopback (``127.0.0.1:<port>``); the node's daemon takes
-    only the ports its configuration lists (``bcd node --tunnel-local-port``)."""
-
-    node_id: str = attrs.field(validator=_ID)
-    port: int = attrs.field(validator=Integer(minimum=1, maximum=65535, reason="must be 1 to 65535"))
-
-
-@attrs.frozen(kw_only=True)
-class TunnelOutput:
-    """A tunnel just opened: present ``ticket`` (once, within a minute: ``expires_at``) as the first frame of a
-    ``Tunnel`` stream to ``gateway``, whose server certificate chains to ``ca_pem``."""
-
-    tunnel_id: str
-    ticket: str
-    gateway: str
-    ca_pem: str
-    expires_at: dt.datetime
-
-
-@attrs.frozen(kw_only=True)
-class Condition:
-    """One condition of a node: ``status`` ``True``, ``False`` or ``Unknown``, a machine-readable ``reason``, a
-    message, and when the status last changed."""
-
-    type: str
-    status: str
-    reason: str
-    message: str
-    last_transition_at: dt.datetime | None
-
-
-@attrs.frozen(kw_only=True)
-class Node:
-    """A joined machine: its state, the hardware claims of its latest join, what attestors recorded, its session, and
-    its desired-state generations (the latest given, the latest its daemon acknowledged)."""
-
-    id: str
-    tenant: str
-    pool_id: str
-    site_id: str | None
-    state: NodeState
-    hardware_key: str
-    claims: dict[str, Any]
-    attestation: dict[str, Any]
-    enrollments: int
-    session_epoch: int
-    last_seen_at: dt.datetime | None
-    joined_at: dt.datetime
-    created_at: dt.datetime
-    retired_at: dt.datetime | None
-    desired_generation: int
-    observed_generation: int
-    desired_state_pending: bool
-    """Whether the daemon has yet to acknowledge the latest desired state (``observed_generation`` behind)."""
-    state_reason: str | None
-    """Why the node is in its state, machine-readable (a quarantine's failing finding, ``no_session``)."""
-    state_detail: dict[str, Any]
-    """For a quarantined node: the check, its findings and its output."""
-    state_changed_at: dt.datetime | None
-    cordoned: bool
-    """No new bookings land on the node."""
-    draining: bool
-    """Cordoned, and its bookings run to their end."""
-    unreachable_since: dt.datetime | None
-    conditions: tuple[Condition, ...]
-
-
-@attrs.frozen(kw_only=True)
-class ListNodesOutput:
-    """A page of nodes, oldest first; ``next_cursor`` is null on the last page."""
-
-    nodes: tuple[Node, ...]
-    next_cursor: str | None
-
-
-@attrs.frozen(kw_only=True)
-class RevokedNode:
-    """The node and the serials this call revoked (empty when all were revoked already)."""
-
-    node: Node
-    serials: tuple[str, ...]
 
 
 def _node(record: NodeRecord, conditions: Sequence[ConditionRecord] = ()) -> Node:
@@ -242,11 +105,17 @@ async def retire_node(tx: Transaction, ca: CertificateAuthority, node_id: str, *
     return node
 
 
-def _ca(call: CallContext) -> CertificateAuthority:
+def _identity(call: CallContext) -> tuple[JoinSettings, Kms]:
+    """``Options.join`` and ``Options.kms``; ``FAILED_PRECONDITION`` naming both where node identity is off."""
     join = call.context.settings.get(JoinSettings)
     kms = call.context.kms
-    if join is None or kms is None:  # pragma: no cover - the group exists only with both
-        raise FailedPreconditionError("nodes need Options.join and Options.kms")
+    if join is None or kms is None:
+        raise FailedPreconditionError(IDENTITY_NEEDS, details={"needs": ["join", "kms"]})
+    return join, kms
+
+
+def _ca(call: CallContext) -> CertificateAuthority:
+    join, kms = _identity(call)
     return CertificateAuthority(call.context.store, kms, trust_domain=join.trust_domain, clock=call.context.clock)
 
 
@@ -281,7 +150,7 @@ async def list_nodes(call: CallContext, input: ListNodesInput) -> ListNodesOutpu
     found = await call.context.store.repository(NODES).for_tenant(
         input.tenant, pool_id=input.pool_id, after=after, limit=input.limit + 1
     )
-    conditions = await call.context.store.repository(INVENTORY).conditions([n.id for n in found[: input.limit]])
+    conditions = await call.context.store.repository(NODES).conditions([n.id for n in found[: input.limit]])
     nodes, next_cursor = _NODE_PAGES.page(scope, [_node(n, conditions.get(n.id, ())) for n in found], input.limit)
     return ListNodesOutput(nodes=nodes, next_cursor=next_cursor)
 
@@ -294,7 +163,7 @@ async def get_node(call: CallContext, input: GetNodeInput) -> Node:
         NotFoundError: there is no such node.
     """
     record = await _existing(call, input.id)
-    conditions = await call.context.store.repository(INVENTORY).conditions([record.id])
+    conditions = await call.context.store.repository(NODES).conditions([record.id])
     return _node(record, conditions.get(record.id, ()))
 
 
@@ -343,8 +212,9 @@ async def tunnel_node(call: CallContext, input: TunnelNodeInput) -> TunnelOutput
 
     Raises:
         NotFoundError: there is no such node.
-        FailedPreconditionError: the node is retired.
+        FailedPreconditionError: the node is retired, or node identity is off.
     """
+    _identity(call)
     record = await _existing(call, input.node_id)
     if record.state == "retired":
         raise FailedPreconditionError("the node is retired", details={"id": record.id, "state": record.state})
@@ -374,9 +244,7 @@ async def tunnel_node(call: CallContext, input: TunnelNodeInput) -> TunnelOutput
 async def tunnel_output(call: CallContext, ticket: TunnelTicket) -> TunnelOutput:
     """The answer of a method that opened a tunnel (``nodes.tunnel``, a module's own): the ticket, the gateway to
     dial (``JoinSettings.tunnel_gateway``, else the join address) and the trust bundle to verify it with."""
-    settings = call.context.settings.get(JoinSettings)
-    if settings is None:  # pragma: no cover - tunnels exist only with Options.join
-        raise FailedPreconditionError("tunnels need node identity (Options.join)")
+    settings, _ = _identity(call)
     return TunnelOutput(
         tunnel_id=ticket.tunnel_id,
         ticket=ticket.ticket,
@@ -429,7 +297,7 @@ async def _change(call: CallContext, node_id: str, change: Any, event: str, extr
             tenant=record.tenant,
             details={"reason": reason, "changed": changed, **extra},
         )
-    conditions = await call.context.store.repository(INVENTORY).conditions([record.id])
+    conditions = await call.context.store.repository(NODES).conditions([record.id])
     return _node(record, conditions.get(record.id, ()))
 
 
@@ -515,21 +383,3 @@ async def requalify_node(call: CallContext, input: RequalifyNodeInput) -> Node:
 
     record = await _existing(call, input.id)
     return await _change(call, input.id, change, NODE_REQUALIFYING, {"from": record.state}, input.reason)
-
-
-class NodesGroup(GroupSpec[B]):
-    """Joined machines: list, get, cordon, drain, uncordon, requalify, revoke, retire, tunnel to a local service."""
-
-    name = "nodes"
-    list = list_nodes
-    get = get_node
-    cordon = cordon_node
-    drain = drain_node
-    uncordon = uncordon_node
-    requalify = requalify_node
-    revoke = revoke_node
-    retire = retire_handler
-    tunnel = tunnel_node
-
-
-ACTIONS = tuple(sorted(m.action for m in NodesGroup.methods.values()))

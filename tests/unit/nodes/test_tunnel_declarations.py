@@ -22,7 +22,7 @@ from bettercompute import (
     open_tunnel_in,
 )
 from bettercompute.errors import InvalidConfigError, InvalidInputError
-from bettercompute.modules.nodes import IdentityModule, parse_ticket
+from bettercompute.modules.nodes import NodesModule, parse_ticket
 from bettercompute.ports import Identity, Migration, ResourceRef, Store
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
@@ -63,7 +63,7 @@ def _compute(tmp_path: Path | None, *modules: Any) -> BetterCompute:
 
 def test_a_modules_checks_join_the_identity_modules(tmp_path: Path) -> None:
     compute = _compute(tmp_path, Checking(tunnel_checks={"gadget": _check}))
-    [identity] = [m for m in compute._modules if isinstance(m, IdentityModule)]
+    [identity] = [m for m in compute._modules if isinstance(m, NodesModule)]
     assert set(identity.tunnel_checks) == {"node", "gadget"}
     assert identity.tunnel_checks["gadget"] is _check
 
@@ -76,7 +76,7 @@ def test_misdeclared_checks_are_refused(tmp_path: Path) -> None:
     assert any("is not callable" in p for p in problems)
     with pytest.raises(InvalidConfigError) as raised:
         _compute(None, Checking(tunnel_checks={"gadget": _check}))
-    assert any("need the identity module" in p for p in raised.value.details["problems"])
+    assert any("need node identity" in p for p in raised.value.details["problems"])
 
 
 def test_tickets_parse_only_in_their_one_shape() -> None:

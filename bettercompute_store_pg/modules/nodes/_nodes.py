@@ -13,7 +13,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bettercompute.errors import InternalError
-from bettercompute.modules.nodes import DesiredState, Enrollment, InventoryRecord, JoinKeyRecord, NodeRecord
+from bettercompute.modules.nodes import (
+    ConditionRecord,
+    DesiredState,
+    Enrollment,
+    InventoryRecord,
+    JoinKeyRecord,
+    NodeRecord,
+)
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
 
@@ -157,12 +164,50 @@ def _node(row: Any) -> NodeRecord:
     )
 
 
+_CONDITION_COLUMNS = "node_id, type, status, reason, message, last_transition_at, updated_at"
+_CONDITIONS = f"""
+SELECT {_CONDITION_COLUMNS} FROM {{s}}.node_conditions WHERE node_id = ANY(CAST(:node_ids AS text[]))
+ORDER BY node_id, type
+"""
+_SAVE_CONDITIONS = """
+WITH r AS (
+    SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r (type text, status text, reason text, message text)
+),
+before AS (SELECT type, status FROM {s}.node_conditions WHERE node_id = :node_id),
+saved AS (
+    INSERT INTO {s}.node_conditions AS c (node_id, type, status, reason, message, last_transition_at, updated_at)
+    SELECT :node_id, r.type, r.status, r.reason, r.message, now(), now() FROM r
+    ON CONFLICT (node_id, type) DO UPDATE SET status = EXCLUDED.status, reason = EXCLUDED.reason,
+        message = EXCLUDED.message, updated_at = now(),
+        last_transition_at = CASE WHEN c.status <> EXCLUDED.status THEN now() ELSE c.last_transition_at END
+    RETURNING c.type, c.status
+)
+SELECT saved.type FROM saved LEFT JOIN before ON before.type = saved.type
+WHERE before.status IS DISTINCT FROM saved.status ORDER BY saved.type
+"""
+
+
+def _maybe_utc(value: dt.datetime | None) -> dt.datetime | None:
+    return utc(value) if value is not None else None
+
+
+def _condition(row: Any) -> ConditionRecord:
+    return ConditionRecord(
+        type=row.type,
+        status=row.status,
+        reason=row.reason,
+        message=row.message,
+        last_transition_at=_maybe_utc(row.last_transition_at),
+        updated_at=_maybe_utc(row.updated_at),
+    )
+
+
 def _desired(row: Any) -> DesiredState:
     return DesiredState(node_id=row.id, generation=row.desired_generation, content=dict(row.desired_state))
 
 
 class PgNodes(PgRepository):
-    """``Nodes`` on the ``nodes`` table (the identity module's migrations)."""
+    """``Nodes`` on the ``nodes`` and ``node_conditions`` tables."""
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)
@@ -180,6 +225,8 @@ class PgNodes(PgRepository):
         self._observe = db.sql(_OBSERVE)
         self._record_inventory = db.sql(_RECORD_INVENTORY)
         self._inventory = db.sql(_INVENTORY)
+        self._conditions = db.sql(_CONDITIONS)
+        self._save_conditions = db.sql(_SAVE_CONDITIONS)
 
     async def enroll(
         self,
@@ -295,6 +342,23 @@ class PgNodes(PgRepository):
         params = {"node_ids": [a[0] for a in acks], "generations": [a[1] for a in acks]}
         return [row.id for row in await self._fetch(self._observe, params)]
 
+    async def conditions(self, node_ids: Sequence[str]) -> dict[str, list[ConditionRecord]]:
+        """The conditions of these nodes."""
+        found: dict[str, list[ConditionRecord]] = {n: [] for n in node_ids}
+        if not node_ids:
+            return found
+        for row in await self._fetch(self._conditions, {"node_ids": list(node_ids)}):
+            found.setdefault(row.node_id, []).append(_condition(row))
+        return found
+
+    async def save_conditions(self, node_id: str, conditions: Sequence[ConditionRecord]) -> list[str]:
+        """Upsert the node's conditions (in the caller's transaction); the types whose status changed."""
+        if not conditions:
+            return []
+        rows = [{"type": c.type, "status": c.status, "reason": c.reason, "message": c.message} for c in conditions]
+        params = {"node_id": node_id, "rows": dumps(rows)}
+        return [r.type for r in await self._fetch_in_transaction("save_conditions", self._save_conditions, params)]
+
 
 def _key(row: Any) -> JoinKeyRecord:
     return JoinKeyRecord(
@@ -307,7 +371,7 @@ def _key(row: Any) -> JoinKeyRecord:
 
 
 class PgJoinKeys(PgRepository):
-    """``JoinKeys`` on the ``join_keys`` table (the identity module's migrations)."""
+    """``JoinKeys`` on the ``join_keys`` table."""
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)

@@ -1,32 +1,5 @@
-"""The ``reservations`` group and the reservation controller.
-
-``create`` is the spec's admission sequence (DESIGN §5): the dispatcher authenticates and does the tenant pre-check;
-then transaction 1 (``Reservations.begin``: the idempotency key, the draft, its projection row), the IAM decision on
-the draft, and transaction 2 (``Reservations.admit``: quota, placement, bookings, the audit row with the decision
-id, the ``reservation.placed`` event, the controller's work item). Each transaction is one statement in the
-PostgreSQL store.
-
-Decisions the spec leaves open, made here:
-
-- The pool must belong to the reservation's tenant; a root-tenant caller may also book a tenant into a pool of its
-  own tenant (the operator's shared pools, where per-tenant quotas then apply). Any other pool, like an unknown
-  one, is ``NOT_FOUND`` ("no such pool"), as everywhere else in the API: another tenant's pool cannot be told from
-  none.
-- A request over its quota is ``QUOTA_EXCEEDED`` (with the limit, what is used and what was asked), not
-  ``NO_CAPACITY``; ``NO_CAPACITY`` counts the pool's atoms by the first reason each was left out for (``profile``,
-  ``model``, ``memory``, ``cordoned``, ``unhealthy``, ``booked``; ``free`` ones that still did not fit the shape
-  asked for) and gives the earliest start within 30 days at which the same request would fit.
-- A request that does not fit, or that the IAM refuses, leaves nothing: its draft, projection row and idempotency
-  key go, so a retry with the same key runs again.
-- A replay answers what the first call answered; if that answer was lost (the process stopped after transaction 2),
-  it answers the reservation as it is now.
-
-The controller (kind ``reservation``, keyed by reservation id) carries each live reservation in its nodes' desired
-states (``{"allocations": [{"id", "gpus": [uuid, ...], "mig": [uuid, ...], "start_at", "end_at"}]}``), marks it
-``bound`` once every node acknowledged a generation that carries it (gateways enqueue ``desired-acked`` items, and a
-pass comes back every few seconds anyway), ``active`` from ``start_at``, ``ended`` at ``end_at``, and ``failed``
-when one of its nodes fails or retires for good. Each transition publishes ``reservation.<state>``.
-"""
+"""The ``reservations`` group's handlers: ``create`` (admission, see the module's docstring), ``get``, ``list``,
+``explain``, ``cancel`` and ``extend``."""
 
 from __future__ import annotations
 
@@ -41,7 +14,6 @@ import attrs
 
 from bettercompute._runtime import codec
 from bettercompute._runtime.context import ModuleContext
-from bettercompute._runtime.reconcile import Outcome, ReconcileContext, Reconciler
 from bettercompute._runtime.registry import CallContext, Drafted, method
 from bettercompute._runtime.workers import SINKS_POKE, WORK_CHANNEL
 from bettercompute.errors import (
@@ -53,14 +25,17 @@ from bettercompute.errors import (
     QuotaExceededError,
     UnavailableError,
 )
-from bettercompute.modules.capacity._reservation_port import (
-    RESERVATIONS,
-    AdmitOutcome,
-    AdmitRequest,
-    Draft,
-    ReservationRecord,
+from bettercompute.modules.capacity import CapacitySettings
+from bettercompute.modules.reservations._controller import (
+    CONTROLLER,
+    LIVE,
+    PLACER,
+    controller_item,
+    event_type,
+    transition_event,
 )
-from bettercompute.modules.capacity._reservation_schemas import (
+from bettercompute.modules.reservations._port import RESERVATIONS, AdmitOutcome, AdmitRequest, Draft, ReservationRecord
+from bettercompute.modules.reservations._schemas import (
     MAX_HORIZON,
     CancelReservationInput,
     Constraints,
@@ -76,17 +51,11 @@ from bettercompute.modules.capacity._reservation_schemas import (
     Transition,
     parse_duration,
 )
-from bettercompute.modules.capacity._settings import CapacitySettings
-from bettercompute.modules.nodes import ACKED_KIND, NODES, poke_gateways, set_desired_state
 from bettercompute.paging import Keyset
-from bettercompute.ports import OutboxEvent, ResourceRef, Transaction
+from bettercompute.ports import ResourceRef
 
 __all__ = [
-    "ACKED",
-    "CONTROLLER",
-    "LIVE",
     "RESERVATION",
-    "RESERVATION_KIND",
     "cancel_reservation",
     "create_reservation",
     "draft_reservation",
@@ -100,23 +69,12 @@ log = logging.getLogger("bettercompute.reservations")
 
 RESERVATION = "reservation"
 """The resource type of reservations (projection rows, audit rows)."""
-RESERVATION_KIND = "reservation"
-"""The controller's work items (key: a reservation id)."""
-LIVE = frozenset({"pending", "placed", "bound", "active"})
-"""States in which a reservation holds (or waits for) atoms."""
 MAX_START_AHEAD = dt.timedelta(days=365)
 """How far ahead a reservation may start."""
 START_SLACK = dt.timedelta(minutes=1)
 """How far in the past ``start_at`` may be (clocks differ): it then starts now."""
-RECHECK = dt.timedelta(seconds=5)
-"""How often a reservation waiting on its nodes is looked at again without being woken."""
 _WAIT = 10.0
 _POLL = 0.05
-
-
-def event_type(state: str) -> str:
-    """The event a transition into ``state`` publishes."""
-    return f"reservation.{state}"
 
 
 def _in_tenant(input: Any) -> ResourceRef:
@@ -503,25 +461,6 @@ async def explain_reservation(call: CallContext, input: ExplainReservationInput)
 # --- changes -----------------------------------------------------------------------------------------------------
 
 
-def _event(record: ReservationRecord, state: str, **extra: Any) -> OutboxEvent:
-    payload: dict[str, Any] = {
-        "reservation_id": record.id,
-        "tenant": record.tenant,
-        "pool_id": record.pool_id,
-        "state": state,
-        "gpus": record.gpus,
-        "node_ids": record.node_ids,
-        "start_at": record.start_at.isoformat(),
-        "end_at": record.end_at.isoformat(),
-    }
-    payload.update(extra)
-    return OutboxEvent(type=event_type(state), key=record.id, payload=payload)
-
-
-def _item(reservation_id: str, run_at: dt.datetime | None = None) -> Any:
-    return CONTROLLER.item(reservation_id, run_at=run_at)
-
-
 @method(mutates=True, access="use", resource=_on_reservation)
 async def cancel_reservation(call: CallContext, input: CancelReservationInput) -> Reservation:
     """Cancel a reservation: its atoms are released now and its nodes' desired state follows. Cancelling a
@@ -552,8 +491,8 @@ async def cancel_reservation(call: CallContext, input: CancelReservationInput) -
         await repository.release(record.id, at=now)
         reason = input.reason or "cancelled"
         record = await repository.transition(record, state="cancelled", at=now, reason=reason)
-        await tx.publish([_event(record, "cancelled", reason=reason)])
-        await tx.enqueue([_item(record.id)])
+        await tx.publish([transition_event(record, "cancelled", reason=reason)])
+        await tx.enqueue([controller_item(record.id)])
         call.describe(details={"reason": reason})
     return reservation_of(record)
 
@@ -601,8 +540,8 @@ async def extend_reservation(call: CallContext, input: ExtendReservationInput) -
         if outcome.state != "placed" or outcome.record is None:
             raise _refusal(outcome, record.gpus, path)
         extended = outcome.record
-        await tx.publish([_event(extended, "extended", previous_end_at=record.end_at.isoformat())])
-        await tx.enqueue([_item(extended.id)])
+        await tx.publish([transition_event(extended, "extended", previous_end_at=record.end_at.isoformat())])
+        await tx.enqueue([controller_item(extended.id)])
         call.describe(
             resource_type=RESERVATION,
             resource_id=extended.id,
@@ -613,161 +552,3 @@ async def extend_reservation(call: CallContext, input: ExtendReservationInput) -
 
 
 # --- the controller ----------------------------------------------------------------------------------------------
-
-
-def _allocation(record: ReservationRecord, node_id: str) -> dict[str, Any]:
-    atoms: list[str] = []
-    for node in record.placement.get("nodes") or ():
-        if node.get("node_id") == node_id:
-            atoms = [str(a) for a in node.get("atoms") or ()]
-    mig = bool(record.constraints.get("mig_profile"))
-    return {
-        "id": record.id,
-        "gpus": [] if mig else atoms,
-        "mig": atoms if mig else [],
-        "tenant": record.tenant,
-        "start_at": record.start_at.isoformat(),
-        "end_at": record.end_at.isoformat(),
-    }
-
-
-async def _sync_node(tx: Transaction, node_id: str, now: dt.datetime) -> tuple[str, int | None]:
-    """Make the node's desired state carry exactly its live reservations; ``(node state, generation written)``. A
-    reservation newly carried records the generation (its binding waits for the node's acknowledgement of it)."""
-    node = await tx.repository(NODES).get_for_update(node_id)
-    if node is None:
-        return "retired", None
-    if node.state in ("failed", "retired"):
-        return node.state, None
-    live = await tx.repository(RESERVATIONS).on_node(node_id, at=now)
-    wanted = [_allocation(r, node_id) for r in live]
-    current = await tx.repository(NODES).desired_newer([(node_id, -1)])
-    content = dict(current[0].content) if current else {}
-    if content.get("allocations") == wanted:
-        return node.state, None
-    desired = await set_desired_state(tx, node_id, {**content, "allocations": wanted})
-    for record in live:
-        if node_id not in record.generations:
-            generations = {**record.generations, node_id: desired.generation}
-            await tx.repository(RESERVATIONS).transition(record, state=record.state, at=now, generations=generations)
-    return node.state, desired.generation
-
-
-async def reconcile_reservation(ctx: ReconcileContext, reservation_id: str) -> Outcome:
-    """Carry a reservation in its nodes' desired states and move it along its states."""
-    store = ctx.store
-    now = ctx.clock.now()
-    record = await store.repository(RESERVATIONS).get(reservation_id)
-    if record is None:
-        return Outcome.done()
-    wrote = False
-    lost: list[str] = []
-    for node_id in record.node_ids:
-        async with ctx.transaction() as tx:
-            node_state, generation = await _sync_node(tx, node_id, now)
-        wrote = wrote or generation is not None
-        if node_state in ("failed", "retired"):
-            lost.append(node_id)
-    if wrote:
-        await poke_gateways(ctx.context.notifier)
-    async with ctx.transaction() as tx:
-        repository = tx.repository(RESERVATIONS)
-        record = await repository.get_for_update(reservation_id)
-        if record is None or record.state not in LIVE:
-            return Outcome.done()
-        events: list[OutboxEvent] = []
-        changed = record
-        if record.end_at <= now:
-            # Its time is up: it ended, even when a node of it is gone by now (a node lost while it ran wakes this
-            # pass at once, so one found lost after the end was most likely lost after it).
-            await repository.release(record.id, at=now)  # its bookings ended: only its holds go
-            changed = await repository.transition(changed, state="ended", at=now, reason="end_reached")
-            events.append(_event(changed, "ended"))
-        elif lost:
-            await repository.release(record.id, at=now)
-            changed = await repository.transition(changed, state="failed", at=now, reason="node_failed")
-            events.append(_event(changed, "failed", reason="node_failed", nodes=lost))
-        else:
-            if changed.state == "placed" and await _acknowledged(tx, changed):
-                changed = await repository.transition(changed, state="bound", at=now)
-                events.append(_event(changed, "bound"))
-            if changed.state == "bound" and changed.start_at <= now:
-                changed = await repository.transition(changed, state="active", at=now)
-                events.append(_event(changed, "active"))
-        if events:
-            await tx.publish(events)
-            if changed.state not in LIVE:
-                await tx.enqueue([_item(changed.id)])  # the next pass takes it out of its nodes' desired states
-    if changed.state not in LIVE:
-        return Outcome.done()
-    wake = changed.end_at
-    if changed.state == "bound":
-        wake = min(wake, changed.start_at)
-    if changed.state == "placed":
-        wake = min(wake, now + RECHECK)
-    return Outcome.requeue(max(dt.timedelta(0), wake - now))
-
-
-async def _acknowledged(tx: Transaction, record: ReservationRecord) -> bool:
-    """Whether every node of the reservation acknowledged a desired state that carries it."""
-    for node_id in record.node_ids:
-        generation = record.generations.get(node_id)
-        if generation is None:
-            return False
-        node = await tx.repository(NODES).get(node_id)
-        if node is None or node.observed_generation < generation:
-            return False
-    return True
-
-
-async def reconcile_acked(ctx: ReconcileContext, node_id: str) -> Outcome:
-    """A node acknowledged a newer desired state, or was retired: its live reservations are looked at now (they
-    bind, or fail with it)."""
-    records = await ctx.store.repository(RESERVATIONS).on_node(node_id, at=ctx.clock.now())
-    waiting = [r.id for r in records]
-    if waiting:
-        async with ctx.transaction() as tx:
-            await tx.enqueue([_item(r) for r in waiting])
-    return Outcome.done()
-
-
-DRAFT_AGE = dt.timedelta(minutes=1)
-"""How old a draft must be before the sweeper takes it back. Admission's two transactions are milliseconds apart: a
-draft this old was left by a process that stopped, or lost the database, between them. Taking back a draft whose
-transaction 2 is still coming is safe (that transaction finds no draft, and admits nothing)."""
-
-
-async def sweep_drafts(context: Any) -> int:
-    """One pass of the drafts sweeper: undo drafts older than ``DRAFT_AGE``, giving their idempotency key back (the
-    change never committed), so the caller's retry with that key is admitted instead of refused until it expires."""
-    repository = context.store.repository(RESERVATIONS)
-    stale = await repository.drafts_before(context.clock.now() - DRAFT_AGE, limit=500)
-    for reservation_id in stale:
-        await repository.abandon(reservation_id, identity=None, key=None)
-    return len(stale)
-
-
-PLACEMENT_KIND = "placement"
-"""The pool-lease placer's work items (key: a pool id)."""
-PLACER_BATCH = 100
-"""How many pending reservations one pass of the pool-lease placer takes."""
-
-
-async def reconcile_pool(ctx: ReconcileContext, pool_id: str) -> Outcome:
-    """The pool-lease placer: place the pool's pending reservations, oldest first, then have the controller bind
-    those placed."""
-    placed, _, left = await ctx.store.repository(RESERVATIONS).place_pending(
-        pool_id, now=ctx.clock.now(), horizon=MAX_HORIZON, limit=PLACER_BATCH
-    )
-    if placed:
-        async with ctx.transaction() as tx:
-            await tx.enqueue([_item(r) for r in placed])
-    return Outcome.requeue() if left else Outcome.done()
-
-
-PLACER = Reconciler(kind=PLACEMENT_KIND, reconcile=reconcile_pool, role="scheduler")
-"""The pool-lease placer (``scheduler`` role; used when ``Options.capacity.placer`` is ``pool-lease``)."""
-CONTROLLER = Reconciler(kind=RESERVATION_KIND, reconcile=reconcile_reservation)
-"""The reservation controller (``controllers`` role)."""
-ACKED = Reconciler(kind=ACKED_KIND, reconcile=reconcile_acked)
-"""Wakes the reservations waiting on a node's acknowledgement."""

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
 from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute.errors import FailedPreconditionError, InvalidConfigError, InvalidInputError, UnauthenticatedError
-from bettercompute.modules.nodes import HardwareClaims, IdentityModule, hardware_key, renew_message, secret_message
+from bettercompute.modules.nodes import HardwareClaims, NodesModule, hardware_key, renew_message, secret_message
 from bettercompute.modules.nodes._proofs import ChallengeIssuer, join_binding, verify_signature
 from bettercompute.modules.nodes._sealing import JoinKeyPair, Unsealer
 from bettercompute.testing import InMemoryReplayGuard
@@ -55,10 +55,8 @@ def test_attestors_are_checked_and_need_join_service(tmp_path: Path) -> None:
             "join.certificate_ttl: must be more than 1 minute and at most 24 hours"
         ]
     with pytest.raises(InvalidConfigError) as twice:
-        better_compute(
-            Options(store=store, iam=make_iam(), modules=[IdentityModule(JOIN, LocalKeyKms(tmp_path / "k"))])
-        )
-    assert twice.value.details["problems"] == ["modules[0]: the name 'identity' is used twice"]
+        better_compute(Options(store=store, iam=make_iam(), modules=[NodesModule(JOIN, LocalKeyKms(tmp_path / "k"))]))
+    assert twice.value.details["problems"] == ["modules[0]: the name 'nodes' is used twice"]
 
 
 def test_the_hardware_key_follows_only_the_stable_claims() -> None:

@@ -211,4 +211,4 @@ class Reservations(Protocol):
         ...
 
 
-RESERVATIONS: Repository[Reservations] = Repository(module="capacity", name="reservations")
+RESERVATIONS: Repository[Reservations] = Repository(module="reservations", name="reservations")

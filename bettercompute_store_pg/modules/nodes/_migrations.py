@@ -1,20 +1,24 @@
-"""The ``identity`` module's tables (node identity: JoinService and the node CA), made only where the module is on.
+"""The ``nodes`` module's tables: nodes, node identity (JoinService and the node CA), and the inventory's devices,
+conditions and atoms, which hang off ``nodes`` (the ``inventory`` module's own later changes are its migrations).
 
-The store package is named after the module object (``IdentityModule.name == "identity"``), since the store finds a
-module's migrations by that name; the core's package of the same module is ``bettercompute.modules.nodes``.
+The module was called ``identity`` before: ``FORMERLY`` names that, and the runner carries the versions recorded
+under the old name over to this one, so a database migrated by older code is not migrated again.
 
-``nodes`` refers to ``pools``: the core migrates the built-in modules in a fixed order, ``pools`` (always on) before
-``identity``. The foreign keys of ``commands`` and ``sessions`` to ``nodes`` are made here when those tables exist
-already (see ``commands._migrations``).
+``nodes`` refers to ``pools``: the core migrates the built-in modules in a fixed order, ``pools`` before ``nodes``.
+The foreign keys of ``commands`` and ``sessions`` to ``nodes`` are made here when those tables exist already (see
+``commands._migrations``).
 """
 
 from __future__ import annotations
 
 from bettercompute.ports import Migration
 
-from ..commands._migrations import NODE_KEYS
+from ..commands import NODE_KEYS
 
-__all__ = ["MIGRATIONS"]
+__all__ = ["FORMERLY", "MIGRATIONS"]
+
+FORMERLY = ("identity",)
+"""The names this module's migrations were recorded under before."""
 
 # The node CA: its signing keys (the private key only as the KMS sealed it; one active key per trust domain), every
 # certificate it issued (with the certified key's hash, so a renewal retried after a lost answer is recognised), and

@@ -6,84 +6,17 @@ device, so the node's projection (its tenant and pool) decides who may see them,
 
 from __future__ import annotations
 
-import datetime as dt
-from typing import Any, Literal, TypeVar
+from typing import Any
 
-import attrs
-
-from bettercompute._runtime.registry import CallContext, GroupSpec, method
+from bettercompute._runtime.registry import CallContext, method
 from bettercompute.errors import NotFoundError
-from bettercompute.fields import Text
 from bettercompute.modules.inventory._port import INVENTORY, AtomRecord, DeviceRecord
-from bettercompute.paging import Keyset, PageInput
+from bettercompute.modules.inventory._schemas import Atom, Device, GetDeviceInput, ListDevicesInput, ListDevicesOutput
+from bettercompute.modules.nodes import NODE
+from bettercompute.paging import Keyset
 from bettercompute.ports import ResourceRef
 
-__all__ = ["ACTIONS", "Atom", "Device", "DevicesGroup", "GetDeviceInput", "ListDevicesInput", "ListDevicesOutput"]
-
-NODE = "node"
-DeviceKind = Literal["gpu", "nic", "disk"]
-_ID = Text(pattern=r"[A-Za-z0-9._-]{1,128}", reason="must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
-B = TypeVar("B")
-
-
-@attrs.frozen(kw_only=True)
-class ListDevicesInput(PageInput):
-    """A tenant's devices, of one node and of one kind when given, one page at a time."""
-
-    tenant: str = attrs.field(validator=_ID)
-    node_id: str | None = attrs.field(default=None, validator=_ID)
-    kind: DeviceKind | None = None
-
-
-@attrs.frozen(kw_only=True)
-class GetDeviceInput:
-    """A device of a node."""
-
-    node_id: str = attrs.field(validator=_ID)
-    id: str = attrs.field(validator=_ID)
-
-
-@attrs.frozen(kw_only=True)
-class Atom:
-    """A unit of capacity: a whole GPU or a MIG slice, ``available`` or ``unavailable`` with a reason."""
-
-    id: str
-    kind: str
-    ident: str
-    model: str | None
-    profile: str | None
-    memory_mib: int | None
-    state: str
-    reason: str | None
-
-
-@attrs.frozen(kw_only=True)
-class Device:
-    """A GPU, NIC or disk of a node: ``present``, ``missing`` (no longer reported, kept with what was on it) or
-    ``conflict`` (a GPU UUID another node holds). ``details`` are what the daemon reported (for a GPU: memory, MIG
-    mode and slices, NVLink peers, driver)."""
-
-    id: str
-    node_id: str
-    tenant: str
-    pool_id: str
-    kind: str
-    ident: str
-    slot: str | None
-    model: str | None
-    details: dict[str, Any]
-    state: str
-    first_seen_at: dt.datetime | None
-    missing_since: dt.datetime | None
-    atoms: tuple[Atom, ...]
-
-
-@attrs.frozen(kw_only=True)
-class ListDevicesOutput:
-    """A page of devices by node, kind and identity; ``next_cursor`` is null on the last page."""
-
-    devices: tuple[Device, ...]
-    next_cursor: str | None
+__all__ = ["get_device", "list_devices"]
 
 
 def _atom(record: AtomRecord) -> Atom:
@@ -161,14 +94,3 @@ async def get_device(call: CallContext, input: GetDeviceInput) -> Device:
     if record is None or record.node_id != input.node_id:
         raise NotFoundError("no such node", details={"id": input.node_id})
     return _device(record, await inventory.atoms_of_devices([record.id]))
-
-
-class DevicesGroup(GroupSpec[B]):
-    """The devices of joined machines and the atoms they make."""
-
-    name = "devices"
-    list = list_devices
-    get = get_device
-
-
-ACTIONS = tuple(sorted(m.action for m in DevicesGroup.methods.values()))
