@@ -148,7 +148,7 @@ def remove_fleet(conn: psycopg.Connection[Any], pool: str) -> None:
 
 def bench_placement(setup: Setup, args: argparse.Namespace) -> tuple[list[Placement], float]:
     """Each size alone: its fleet seeded (with its history), timed empty and half booked, then taken away again,
-    so that no other pool's atoms are in the tables (see the README for what they do to the plan)."""
+    so that no other pool's atoms are in the tables (they would change the query plans being measured)."""
     start = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(minutes=5)
     results = []
     with connect() as conn:

@@ -97,7 +97,7 @@ from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
 from bettercompute_store_pg import PgStore
 from bettercompute_store_pg._outbox import _PUBLISH
 from bettercompute_store_pg._replay import _FIRST_USE
-from bettercompute_store_pg._store import _AUDIT, _PROJECT
+from bettercompute_store_pg._transaction import _AUDIT, _PROJECT
 from bettercompute_store_pg.modules.nodes._certificates import _RECORD
 from bettercompute_store_pg.modules.nodes._join_tokens import _TOKEN_CONSUME, _TOKEN_MATCHING
 from bettercompute_store_pg.modules.nodes._nodes import _ENROLL

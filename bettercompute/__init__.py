@@ -11,7 +11,9 @@ from bettercompute._runtime.access import Access as Access
 from bettercompute._runtime.context import Caches as Caches
 from bettercompute._runtime.context import DatabaseClock as DatabaseClock
 from bettercompute._runtime.context import ModuleContext as ModuleContext
+from bettercompute._runtime.declarations import Intercepted as Intercepted
 from bettercompute._runtime.declarations import Module as Module
+from bettercompute._runtime.declarations import Next as Next
 from bettercompute._runtime.declarations import Plugin as Plugin
 from bettercompute._runtime.events import Events as Events
 from bettercompute._runtime.gateway_methods import CertificateIssuer as CertificateIssuer
@@ -75,6 +77,7 @@ __all__ = [
     "GatewayMethod",
     "GroupSet",
     "GroupSpec",
+    "Intercepted",
     "Job",
     "JoinSettings",
     "LocalKeyKms",
@@ -82,6 +85,7 @@ __all__ = [
     "Metrics",
     "Module",
     "ModuleContext",
+    "Next",
     "Options",
     "Outcome",
     "Plugin",

@@ -343,7 +343,7 @@ def effective_max_in_flight(options: Options) -> int:
 
 def effective_max_queued(options: Options) -> int:
     """``Options.max_queued``, or by default as many as ``effective_max_in_flight``: a full queue then waits about one
-    service time (see ``bettercompute._runtime.admission``)."""
+    service time (see ``bettercompute._runtime.shedding``)."""
     if options.max_queued is not None:
         return options.max_queued
     return effective_max_in_flight(options)

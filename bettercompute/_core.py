@@ -191,10 +191,12 @@ class BetterCompute:
     async def initialize(self, *, migrate: bool = True) -> None:
         """Run migrations, anchor the clock, start the modules.
 
-        Idempotent. ``migrate=False`` skips the migrations (``serve --no-migrate``).
+        Idempotent. ``migrate=False`` skips the migrations (``serve --no-migrate``). Every method's action is in the
+        catalog by construction (``catalog()`` is derived from the declarations), so there is nothing to check there.
 
         Raises:
-            InvalidConfigError: a method's action is missing from the catalog, or a migration is malformed.
+            InvalidConfigError: a migration is malformed, or a module cannot start with what is stored (a key that
+                does not open with the configured KMS).
             UnavailableError: the database cannot be reached.
         """
         async with self._lock:

@@ -22,7 +22,6 @@ import anyio
 import httpx
 
 from bettercompute._runtime import codec as _codec
-from bettercompute._runtime.admission import retry_delay
 from bettercompute._runtime.registry import (
     AsyncClientBinding,
     AsyncClientCall,
@@ -30,6 +29,7 @@ from bettercompute._runtime.registry import (
     ClientCall,
     MethodDef,
 )
+from bettercompute._runtime.shedding import retry_delay
 from bettercompute.errors import InternalError, InvalidInputError, UnavailableError, error_class_for_code
 from bettercompute.modules.builtin import BuiltinGroups
 

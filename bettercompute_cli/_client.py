@@ -38,8 +38,8 @@ from click import shell_completion
 from rich.console import Console
 from rich.table import Table
 
-from bettercompute._runtime.admission import retry_delay
 from bettercompute._runtime.registry import GroupSpec, MethodDef
+from bettercompute._runtime.shedding import retry_delay
 from bettercompute.modules.builtin import BuiltinGroups
 from bettercompute.modules.reservations import ReservationsGroup
 from bettercompute_iam import IamGroups

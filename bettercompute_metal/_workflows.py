@@ -36,8 +36,10 @@ from bettercompute.errors import ComputeError, FailedPreconditionError, Unavaila
 from bettercompute.modules.nodes import JOIN_TOKENS, NODES
 from bettercompute.ports import Transaction
 from bettercompute_metal._port import METAL, MachineRecord
-from bettercompute_metal._redfish import BmcCredentials, BmcTls, RedfishClient, RedfishError
-from bettercompute_metal._service import (
+from bettercompute_metal._redfish import RedfishClient
+from bettercompute_metal._redfish_json import RedfishError
+from bettercompute_metal._redfish_trust import BmcCredentials, BmcTls
+from bettercompute_metal._tokens import (
     RAMDISK_TOKEN_PREFIX,
     credentials_context,
     join_token_context,

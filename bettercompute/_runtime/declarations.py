@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from bettercompute._runtime.registry import CallContext, GroupSpec
 
 __all__ = [
+    "Intercepted",
     "Module",
     "Next",
     "Plugin",
@@ -72,12 +73,27 @@ class Module(Protocol):
     async def stop(self) -> None: ...
 
 
-Next = Callable[["CallContext", Any], Awaitable[Any]]
+@attrs.frozen(kw_only=True)
+class Intercepted:
+    """One method call as the plugin chain carries it: the call's context (``call``: the method, the caller, the
+    decision, the module context) and its decoded ``input``.
+
+    One frozen object rather than positional arguments, so the core can add fields without breaking a plugin; a plugin
+    that hands on a changed input passes ``attrs.evolve(intercepted, input=...)`` to ``next``.
+    """
+
+    call: CallContext
+    input: Any
+
+
+Next = Callable[[Intercepted], Awaitable[Any]]
+"""The rest of the chain, the handler innermost: ``await next(intercepted)`` returns the method's output."""
 
 
 @runtime_checkable
 class Plugin(Protocol):
-    """Wraps method calls after authorization: ``intercept`` gets the call and the next link, the handler innermost.
+    """Wraps method calls after authorization: ``intercept`` gets the call (``Intercepted``) and the next link, the
+    handler innermost.
 
     A plugin never sees a call IAM refused: authorization is part of the dispatcher, not a link of this chain.
     """
@@ -89,7 +105,7 @@ class Plugin(Protocol):
     @property
     def actions(self) -> Sequence[str]: ...
 
-    async def intercept(self, call: CallContext, input: Any, next: Next) -> Any: ...
+    async def intercept(self, intercepted: Intercepted, next: Next) -> Any: ...
 
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")

@@ -14,7 +14,8 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from bettercompute.ports import Repository
+from bettercompute._runtime.idempotency import IdempotentRequest
+from bettercompute.ports import Repository, WorkItem
 
 __all__ = [
     "RESERVATIONS",
@@ -88,34 +89,31 @@ class BeginOutcome:
 
 @attrs.frozen(kw_only=True)
 class AdmitRequest:
-    """What transaction 2 needs besides the draft: the placement constraints, the audit row's parts and the binding
-    work item's shard."""
+    """Transaction 2 of one drafted reservation: what to place (the constraints, as ``share`` of a GPU per atom),
+    over which window, who decided, and the work and event that follow it. How the store wakes the workers about
+    what it enqueues and publishes is the store's own."""
 
     id: str
-    gpus: int
     share: float
     model: str | None
     min_memory_mib: int | None
     one_node: bool
     nvlink: bool
     mig_profile: str | None
-    max_hours: float
     now: dt.datetime
     horizon: dt.timedelta
+    """How far past ``now`` ``NO_CAPACITY`` looks for the earliest start that would fit."""
     actor: str
     action: str
     decision_id: str | None
     event_type: str
-    work_kind: str
-    work_shard: int
-    idempotency_identity: str | None = None
-    idempotency_key: str | None = None
-    work_key: str = ""
-    work_channel: str | None = None
-    sinks_poke: str | None = None
+    """The event a placed reservation publishes."""
+    work: WorkItem
+    """The work item that carries the reservation on: its controller's, or (``defer``) its pool placer's."""
     defer: bool = False
-    """Leave placement to the pool-lease placer: the reservation is ``pending`` and ``work_kind``/``work_key`` name
-    the pool's placement work item."""
+    """Leave placement to the pool-lease placer: the reservation is ``pending``."""
+    idempotency: IdempotentRequest | None = None
+    """The call's key, whose stored answer is this reservation."""
 
 
 @attrs.frozen(kw_only=True)

@@ -9,13 +9,11 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-import anyio
 import attrs
 
-from bettercompute._runtime import codec
+from bettercompute._runtime import codec, idempotency
 from bettercompute._runtime.context import ModuleContext
 from bettercompute._runtime.registry import CallContext, Drafted, method
-from bettercompute._runtime.workers import SINKS_POKE, WORK_CHANNEL
 from bettercompute.errors import (
     ConflictError,
     FailedPreconditionError,
@@ -73,8 +71,6 @@ MAX_START_AHEAD = dt.timedelta(days=365)
 """How far ahead a reservation may start."""
 START_SLACK = dt.timedelta(minutes=1)
 """How far in the past ``start_at`` may be (clocks differ): it then starts now."""
-_WAIT = 10.0
-_POLL = 0.05
 
 
 def _in_tenant(input: Any) -> ResourceRef:
@@ -232,7 +228,6 @@ def _refusal(outcome: AdmitOutcome, gpus: int, path: str) -> Exception:
 @attrs.frozen(kw_only=True)
 class _Draft:
     id: str
-    key: str | None
 
 
 async def draft_reservation(call: CallContext, input: CreateReservationInput) -> Drafted:
@@ -241,12 +236,7 @@ async def draft_reservation(call: CallContext, input: CreateReservationInput) ->
     admission = call.admission
     assert admission is not None and call.identity is not None, "the dispatcher sets both for an admitting method"
     identity = call.identity
-    key = admission.key
-    if input.idempotency_key is not None:
-        if key is not None and key != input.idempotency_key:
-            reason = "differs from the Idempotency-Key header"
-            raise InvalidInputError(f"idempotency_key: {reason}", details={"path": "idempotency_key", "reason": reason})
-        key = input.idempotency_key
+    claim = admission.idempotency
     context = call.context
     now = context.clock.now()
     on_pool = ResourceRef(type=RESERVATION, tenant=input.tenant, pool=input.pool_id)
@@ -270,29 +260,15 @@ async def draft_reservation(call: CallContext, input: CreateReservationInput) ->
         labels=input.labels,
         created_by=identity.principal_id,
         now=now,
-        idempotency_key=key,
-        request_hash=admission.fingerprint,
+        idempotency_key=claim.key if claim is not None else None,
+        request_hash=claim.fingerprint if claim is not None else None,
     )
-    deadline = anyio.current_time() + _WAIT
-    while True:
-        begun = await repository.begin(draft)
-        if begun.state == "drafted":
-            break
-        if begun.state == "no_pool":
-            return Drafted(resource=on_pool, refusal=NotFoundError("no such pool", details={"id": input.pool_id}))
-        if begun.state == "conflict":
-            raise ConflictError(
-                "this idempotency key was used for another request",
-                details={"reason": "idempotency_key_reused", "path": "Idempotency-Key"},
-            )
-        if begun.state == "replay":
-            return Drafted(replay=await _replayed(call, begun.result or {}))
-        if anyio.current_time() >= deadline:
-            raise UnavailableError(
-                "a request with this idempotency key is still running; retry later",
-                details={"reason": "idempotency_key_in_use", "retryable": True},
-            )
-        await anyio.sleep(_POLL)
+    begun = await idempotency.reserve(lambda: repository.begin(draft))
+    if begun.state == "no_pool":
+        return Drafted(resource=on_pool, refusal=NotFoundError("no such pool", details={"id": input.pool_id}))
+    if begun.state == "replay":
+        return Drafted(replay=await _replayed(call, begun.result or {}))
+    key = draft.idempotency_key
 
     async def undo() -> None:
         await repository.abandon(reservation_id, identity=identity.principal_id, key=key)
@@ -303,7 +279,7 @@ async def draft_reservation(call: CallContext, input: CreateReservationInput) ->
     return Drafted(
         resource=on_pool,
         undo=undo,
-        state=_Draft(id=reservation_id, key=key),
+        state=_Draft(id=reservation_id),
     )
 
 
@@ -328,35 +304,27 @@ async def create_reservation(call: CallContext, input: CreateReservationInput) -
     identity = call.identity
     context = call.context
     constraints = input.constraints
-    channel = getattr(context.notifier, "channel_name", None)
     settings = context.settings.get(CapacitySettings) or CapacitySettings()
     deferred = settings.placer == "pool-lease"
     work = PLACER.item(input.pool_id) if deferred else CONTROLLER.item(drafted.id)
     outcome = await context.store.repository(RESERVATIONS).admit(
         AdmitRequest(
             id=drafted.id,
-            gpus=input.gpus,
             share=input.gpus * share_of(constraints.mig_profile),
             model=_like(constraints.model) if constraints.model is not None else None,
             min_memory_mib=constraints.min_memory_mib,
             one_node=constraints.one_node or constraints.nvlink,
             nvlink=constraints.nvlink,
             mig_profile=constraints.mig_profile,
-            max_hours=MAX_HORIZON.total_seconds() / 3600,
             now=context.clock.now(),
             horizon=MAX_HORIZON,
             actor=identity.principal_id,
             action=call.method.action,
             decision_id=call.decision.id if call.decision is not None else None,
             event_type=event_type("placed"),
-            work_kind=work.kind,
-            work_key=work.key,
-            work_shard=work.shard,
+            work=work,
             defer=deferred,
-            idempotency_identity=identity.principal_id if drafted.key is not None else None,
-            idempotency_key=drafted.key,
-            work_channel=channel(WORK_CHANNEL) if callable(channel) else None,
-            sinks_poke=SINKS_POKE,
+            idempotency=admission.idempotency,
         )
     )
     _count_admission(context, "reservation", outcome)
@@ -364,14 +332,10 @@ async def create_reservation(call: CallContext, input: CreateReservationInput) -
         raise _refusal(outcome, input.gpus, "duration" if input.duration is not None else "end_at")
     call.audited_by_store(drafted.id)
     answer = reservation_of(outcome.record)
-    if drafted.key is not None:
-        with anyio.CancelScope(shield=True):
-            try:
-                await context.store.idempotency.finish(
-                    identity=identity.principal_id, key=drafted.key, result={"output": codec.encode(answer)}
-                )
-            except Exception as exc:  # the key points at the reservation already: a replay answers it as it is now
-                log.info("an admission's answer was not stored: %s", type(exc).__name__)
+    if admission.idempotency is not None:
+        # The key points at the reservation already (the store recorded it with the admission): a replay whose answer
+        # was not stored answers the reservation as it is now.
+        await idempotency.remember(context.store.idempotency, admission.idempotency, codec.encode(answer))
     return answer
 
 

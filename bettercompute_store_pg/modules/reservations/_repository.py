@@ -15,8 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bettercompute.modules.reservations import AdmitOutcome, AdmitRequest, BeginOutcome, Draft, ReservationRecord
+from bettercompute.ports import SINKS_POKE, WORK_CHANNEL
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._idempotency import KEY_UPSERT
+from bettercompute_store_pg._notifier import channel_name
 from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["REPOSITORIES", "PgReservations"]
@@ -159,6 +161,7 @@ class PgReservations(PgRepository):
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)
+        self._work_channel = channel_name(db.schema, WORK_CHANNEL)
         self._begin = db.sql(_BEGIN)
         self._abandon = db.sql(_ABANDON)
         self._admit = db.sql(_ADMIT)
@@ -224,14 +227,16 @@ class PgReservations(PgRepository):
             "action": request.action,
             "decision_id": request.decision_id,
             "event_type": request.event_type,
-            "work_kind": request.work_kind,
-            "work_shard": request.work_shard,
-            "work_key": request.work_key or request.id,
+            "work_kind": request.work.kind,
+            "work_shard": request.work.shard,
+            "work_key": request.work.key,
             "defer": request.defer,
-            "work_channel": request.work_channel,
-            "sinks_poke": request.sinks_poke,
-            "idempotency_identity": request.idempotency_identity,
-            "idempotency_key": request.idempotency_key,
+            # The workers and sinks are poked inside the admission's own statement, as a transaction that enqueues
+            # and publishes pokes them after its commit.
+            "work_channel": self._work_channel,
+            "sinks_poke": SINKS_POKE,
+            "idempotency_identity": request.idempotency.identity if request.idempotency is not None else None,
+            "idempotency_key": request.idempotency.key if request.idempotency is not None else None,
         }
         row = (await self._fetch(self._admit, {"p": dumps(p)}))[0]
         return outcome_of(_json(row.out))

@@ -18,7 +18,17 @@ import anyio
 import attrs
 import pytest
 
-from bettercompute import ApiBinding, CallContext, GroupSpec, JoinSettings, LocalKeyKms, MethodDef, method
+from bettercompute import (
+    ApiBinding,
+    CallContext,
+    GroupSpec,
+    Intercepted,
+    JoinSettings,
+    LocalKeyKms,
+    MethodDef,
+    Next,
+    method,
+)
 from bettercompute._runtime.codec import encode
 from bettercompute._runtime.declarations import StaticModule
 from bettercompute.errors import ConflictError, NotFoundError
@@ -530,8 +540,9 @@ class _SlowAfter:
     core_range = ">=0.1"
     actions: tuple[str, ...] = ()
 
-    async def intercept(self, call: CallContext, input: Any, next: Any) -> Any:
-        output = await next(call, input)
+    async def intercept(self, intercepted: Intercepted, next: Next) -> Any:
+        output = await next(intercepted)
+        call = intercepted.call
         if (call.method.group, call.method.name) == ("pools", "create"):
             await anyio.sleep(5)
         return output

@@ -79,7 +79,9 @@ def test_a_valid_composition_registers_core_then_modules() -> None:
         "pools",
         "quotas",
         "reservations",
+        "secrets",
         "system",
+        "webhooks",
     ]
     assert compute.registry.owner("pools") == "pools"
     assert compute.registry.owner("join-tokens") == compute.registry.owner("nodes") == "nodes"

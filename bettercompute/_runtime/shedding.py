@@ -1,5 +1,5 @@
-"""Bounded admission of API calls: ``max_in_flight`` run at once, at most ``max_queued`` wait their turn in arrival
-order, and a call that finds both full is shed at once with ``503 UNAVAILABLE`` and ``Retry-After``.
+"""The HTTP front's load shedder: ``max_in_flight`` calls run at once, at most ``max_queued`` wait their turn in
+arrival order, and a call that finds both full is shed at once with ``503 UNAVAILABLE`` and ``Retry-After``.
 
 Why a bound on the queue, and why by default as long as ``max_in_flight``: a process serves calls at some rate ``X``
 with ``max_in_flight`` of them running. A call that joins a queue of ``n`` waits until ``n`` calls ahead of it have
@@ -29,7 +29,7 @@ import anyio
 __all__ = [
     "OVERLOADED",
     "RETRY_AFTER_SECONDS",
-    "Admission",
+    "LoadShedder",
     "Presence",
     "retry_delay",
 ]
@@ -60,7 +60,7 @@ class Presence:
 
     def __init__(self) -> None:
         self.left = False
-        self._admission: Admission | None = None
+        self._admission: LoadShedder | None = None
         self._waiter: _Waiter | None = None
 
     def leave(self) -> None:
@@ -75,7 +75,7 @@ PRESENCE: ContextVar[Presence | None] = ContextVar("bettercompute_presence", def
 waiting call waits until admitted."""
 
 
-class Admission:
+class LoadShedder:
     """Slots for calls in flight and a bounded FIFO queue in front of them.
 
     ``acquire()`` takes a slot (waiting in the queue when there is room) or says the call is shed; every ``True``
