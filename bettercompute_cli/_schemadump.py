@@ -51,8 +51,8 @@ _HEADER = f"""\
 -- for reading, never for running (`better-compute migrate` makes a schema). {PLACEHOLDER} stands for the schema's name.
 -- One part per module, in the order modules migrate: the migrations it recorded, then the tables and functions it
 -- made, each as it is now (a table with what later migrations added to it, a function as its last version left it).
--- A module's migrations are bettercompute_store_pg/modules/<module>/_migrations.py, then those its module object
--- lists (IAM's, metal's and VPS's are in their packages' _pg)."""
+-- The runtime's are bettercompute_store_pg/_tables.py; a module's, bettercompute_store_pg/modules/<module>/
+-- _migrations.py, then those its module object lists (IAM's, metal's and VPS's are in their packages' _pg)."""
 
 _RUNNER = "-- schema_migrations: what each module applied, kept by the runner (bettercompute_store_pg/_migrations.py)."
 

@@ -25,6 +25,7 @@ from bettercompute.ports import Migration
 
 from ._db import Connection, Statement, fetch_in
 from ._schema import migration_lock_key, quote_schema, render
+from ._tables import MIGRATIONS as RUNTIME_TABLES
 
 __all__ = ["RUNTIME", "run_migrations", "shipped_formerly", "shipped_migrations"]
 
@@ -60,7 +61,10 @@ def _shipped(module: str) -> ModuleType | None:
 
 
 def shipped_migrations(module: str) -> tuple[Migration, ...]:
-    """What this package ships for the module named ``module`` (``modules/<module>/_migrations.py``), or ``()``."""
+    """What this package ships for the module named ``module`` (``modules/<module>/_migrations.py``), or ``()``;
+    for ``RUNTIME``, the store's own tables (``_tables.py``)."""
+    if module == RUNTIME:
+        return tuple(RUNTIME_TABLES)
     found = _shipped(module)
     return tuple(found.MIGRATIONS) if found is not None else ()
 

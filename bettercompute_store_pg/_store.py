@@ -25,6 +25,7 @@ from ._replay import PgReplayGuard
 from ._repository import PgRepository
 from ._schema import validate_schema
 from ._transaction import PgTransaction, TransactionParts
+from ._workflows import PgWorkflows
 
 __all__ = ["PgStore", "PgTransaction"]
 
@@ -293,6 +294,10 @@ _MODULE = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _PYTHON_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
+_RUNTIME_REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"workflows": PgWorkflows}
+"""The runtime's own repositories (``bettercompute.ports.WORKFLOWS``), by ``Repository.name``."""
+
+
 def _adapter(key: Repository[Any], db: Database) -> PgRepository:
     """A new adapter for ``key``, found by the module's name (or the Python module its key names): no central list
     of modules."""
@@ -302,6 +307,11 @@ def _adapter(key: Repository[Any], db: Database) -> PgRepository:
     )
     if not _MODULE.fullmatch(key.module):
         raise missing
+    if key.module == RUNTIME:
+        factory = _RUNTIME_REPOSITORIES.get(key.name)
+        if factory is None:
+            raise missing
+        return factory(db)
     name = key.adapters.get("postgresql") or f"bettercompute_store_pg.modules.{key.module}._repository"
     if not _PYTHON_MODULE.fullmatch(name):
         raise missing

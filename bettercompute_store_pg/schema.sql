@@ -4,8 +4,8 @@
 -- for reading, never for running (`better-compute migrate` makes a schema). {schema} stands for the schema's name.
 -- One part per module, in the order modules migrate: the migrations it recorded, then the tables and functions it
 -- made, each as it is now (a table with what later migrations added to it, a function as its last version left it).
--- A module's migrations are bettercompute_store_pg/modules/<module>/_migrations.py, then those its module object
--- lists (IAM's, metal's and VPS's are in their packages' _pg).
+-- The runtime's are bettercompute_store_pg/_tables.py; a module's, bettercompute_store_pg/modules/<module>/
+-- _migrations.py, then those its module object lists (IAM's, metal's and VPS's are in their packages' _pg).
 
 -- the migration runner -----------------------------------------------------------------------------------------------
 --

@@ -23,6 +23,7 @@ PACKAGES = (
     "bettercompute_daemon",
     "bettercompute_metal",
     "bettercompute_vps",
+    "bettercompute_cli",
 )
 
 

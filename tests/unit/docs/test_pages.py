@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from bettercompute_cli import app
 from bettercompute_cli._config import ENV_PREFIX, KEYS
-from bettercompute_cli._main import OWN_COMMANDS
+from bettercompute_cli._constants import OWN_COMMANDS
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -1,5 +1,6 @@
-"""The runtime's tables: leases, work queue, outbox, idempotency keys, audit, the authorization projection, worker
-membership, workflows and the replay guard's nonces. ``PgStore.install()`` applies them, before any module's."""
+"""The store's own tables, the runtime's: leases, work queue, outbox, idempotency keys, audit, the authorization
+projection, worker membership, workflows and the replay guard's nonces. ``PgStore.install()`` applies them, under the
+name ``"runtime"``, before any module's; they are not a module's (no module may take that name)."""
 
 from __future__ import annotations
 
