@@ -8,6 +8,7 @@
 #   make protos  regenerate the wire code from protos/ (make test checks it did not drift)
 #   make docs    regenerate docs/api.md from the method registry (make test checks it is not stale)
 #   make site    build the documentation site (mkdocs.yml) into site/ (make test builds it with --strict)
+#   make schema  regenerate bettercompute_store_pg/schema.sql from the migrations (make test checks it is not stale)
 
 PYTHON ?= python3
 VENV := .venv
@@ -24,7 +25,7 @@ define step
 	echo "<== $(1): $$(( ($$(date +%s%N) - started) / 1000000 )) ms, exit $$rc"; exit $$rc
 endef
 
-.PHONY: dev install test test-embedded test-reliability lint check-ruff check-format check-types check-imports check-protos protos check-docs docs check-site site pytest fmt bench clean distclean
+.PHONY: dev install test test-embedded test-reliability lint check-ruff check-format check-types check-imports check-protos protos check-docs docs check-site site check-schema schema pytest fmt bench clean distclean
 
 $(BIN)/python:
 	@# Debian's python3 has no ensurepip without python3-venv; a half-made .venv would fool the next run.
@@ -43,7 +44,7 @@ dev: $(STAMP)
 
 test: lint pytest
 
-lint: check-ruff check-format check-types check-imports check-protos check-docs check-site
+lint: check-ruff check-format check-types check-imports check-protos check-docs check-site check-schema
 
 check-ruff: $(STAMP)
 	$(call step,ruff check,$(BIN)/ruff check .)
@@ -80,6 +81,14 @@ check-site: $(STAMP)
 
 site: $(STAMP)
 	$(MKDOCS) --site-dir site
+
+# schema.sql is the schema the migrations make, dumped from the catalog of a scratch schema they migrated (on
+# BETTERCOMPUTE_DATABASE_URL, else on an embedded server); a migration added or changed without `make schema` fails here.
+check-schema: $(STAMP)
+	$(call step,schema.sql,$(BIN)/python -m bettercompute_cli._schemadump --check)
+
+schema: $(STAMP)
+	$(BIN)/python -m bettercompute_cli._schemadump
 
 # `make test` runs the test files side by side (pytest-xdist), a file's tests on one worker so that what a module
 # starts once (PgBouncer, a served control plane) starts once; tests/conftest.py starts the slowest files first.

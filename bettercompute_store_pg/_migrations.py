@@ -1,10 +1,16 @@
 """The migration runner: per-module versions in ``schema_migrations``, serialized by an advisory lock.
 
 Each module's tables are migrated under its own name, from ``modules/<name>/_migrations.py`` (found by name, so a new
-module adds a file and no line anywhere else). Older code kept every table under the one module ``"core"``; a
-database it migrated upgrades in place: ``upgrade_legacy`` first brings a ``"core"`` recorded below its last
-version up to it with the frozen old list, then each module's first version, which adopts that last ``"core"``
-version, is recorded without running. A fresh database never runs the old list.
+module adds a file and no line anywhere else). ``bettercompute_store_pg/schema.sql`` shows what they all make today.
+
+There is no legacy path. Before this layout, pre-release code migrated every table under one module, ``"core"``
+(versions 1 to 12), and the store kept that list frozen (in ``_schema``) to upgrade such a schema in place at every
+``install()``, for the modules' first versions to adopt. It was removed before the first public release: only
+databases of that pre-release code record ``"core"``, a fresh schema never ran the list, and keeping it cost 440
+lines of DDL no one could change, a second transaction at every start and an ``adopts`` on every module's first
+version. A schema migrated since by the per-module code carries its old ``"core"`` rows harmlessly; one that only
+the older code ever migrated fails at its first table (it exists already), and is dropped and migrated again.
+``Migration.adopts`` stays, for a release that moves tables from one module to another in schemas already migrated.
 """
 
 from __future__ import annotations
@@ -18,15 +24,14 @@ from bettercompute.errors import InvalidConfigError
 from bettercompute.ports import Migration
 
 from ._db import Connection, Statement, fetch_in
-from ._schema import LEGACY_CORE_MIGRATIONS, migration_lock_key, quote_schema, render
+from ._schema import migration_lock_key, quote_schema, render
 from ._tables import MIGRATIONS as RUNTIME_TABLES
 
-__all__ = ["RUNTIME", "run_migrations", "shipped_formerly", "shipped_migrations", "upgrade_legacy"]
+__all__ = ["RUNTIME", "run_migrations", "shipped_formerly", "shipped_migrations"]
 
 RUNTIME = "runtime"
 """The name the runtime's own tables are migrated under (by ``PgStore.install()``, never as a module)."""
 
-_LEGACY = "core"
 _LOCK = Statement.of("SELECT pg_advisory_xact_lock(:key)")
 _PACKAGE = "bettercompute_store_pg.modules"
 _MODULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
@@ -154,33 +159,3 @@ async def run_migrations(
         await fetch_in(conn, record, {"module": module, "version": migration.version, "name": migration.name})
         applied.append(migration.version)
     return applied
-
-
-async def upgrade_legacy(conn: Connection, schema: str) -> list[int]:
-    """Bring a schema that older code migrated under the one module ``"core"`` to its last version, in the
-    transaction open on ``conn``, under the migration lock; where ``"core"`` is not recorded, do nothing.
-
-    Returns:
-        The ``"core"`` versions this call applied.
-
-    Raises:
-        InvalidConfigError: A recorded ``"core"`` version whose name is not the frozen list's.
-    """
-    quoted = quote_schema(schema)
-    await fetch_in(conn, _LOCK, {"key": migration_lock_key(schema)})
-    # Whether the table exists is asked first: a fresh schema has none, and its absence must not fail the call.
-    table = await fetch_in(
-        conn,
-        Statement.of("SELECT to_regclass(:table) IS NOT NULL AS present"),
-        {"table": f"{quoted}.schema_migrations"},
-    )
-    if not table[0].present:
-        return []
-    core = await fetch_in(
-        conn,
-        Statement.of(f"SELECT count(*) AS n FROM {quoted}.schema_migrations WHERE module = :module"),
-        {"module": _LEGACY},
-    )
-    if core[0].n == 0:
-        return []
-    return await run_migrations(conn, schema, _LEGACY, LEGACY_CORE_MIGRATIONS)

@@ -18,7 +18,7 @@ from ._errors import translated
 from ._idempotency import PgIdempotencyKeys
 from ._leases import PgLeases
 from ._membership import PgMembership
-from ._migrations import RUNTIME, run_migrations, shipped_formerly, shipped_migrations, upgrade_legacy
+from ._migrations import RUNTIME, run_migrations, shipped_formerly, shipped_migrations
 from ._outbox import PgOutbox
 from ._queue import PgWorkQueue
 from ._replay import PgReplayGuard
@@ -257,9 +257,6 @@ class PgStore:
     async def install(self) -> list[int]:
         """Apply the runtime's migrations (leases, work queue, outbox, idempotency, audit, membership, workflows).
 
-        A schema that older code migrated under the one module ``"core"`` is first brought to that module's last
-        version, in a transaction of its own; the runtime's first version then adopts it (see ``_migrations``).
-
         Returns:
             The ``"runtime"`` versions this call recorded; idempotent and safe from several processes at once.
 
@@ -267,11 +264,6 @@ class PgStore:
             InvalidConfigError: A recorded version whose name changed.
             UnavailableError: The database cannot be reached.
         """
-        with translated():
-            async with self._db.transaction() as conn:
-                legacy = await upgrade_legacy(conn, self.schema)
-        if legacy:
-            log.info("upgraded the legacy core migrations in place: versions %s", legacy)
         return await self.migrate(RUNTIME, shipped_migrations(RUNTIME))
 
     @contextlib.asynccontextmanager

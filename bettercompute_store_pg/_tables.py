@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from bettercompute.ports import Migration
 
-from ._schema import LEGACY_CORE_VERSION
-
 __all__ = ["MIGRATIONS"]
 
 _V1 = """
@@ -167,6 +165,4 @@ CREATE TABLE {schema}.replay_nonces (
 CREATE INDEX replay_nonces_expires_at ON {schema}.replay_nonces (expires_at);
 """
 
-MIGRATIONS: tuple[Migration, ...] = (
-    Migration(version=1, name="runtime tables", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
-)
+MIGRATIONS: tuple[Migration, ...] = (Migration(version=1, name="runtime tables", sql=_V1),)

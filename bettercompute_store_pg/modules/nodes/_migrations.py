@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from bettercompute.ports import Migration
 
-from ..._schema import LEGACY_CORE_VERSION
 from ..commands import NODE_KEYS
 
 __all__ = ["FORMERLY", "MIGRATIONS"]
@@ -242,7 +241,7 @@ CREATE INDEX tunnels_open ON {schema}.tunnels (coalesce(checked_at, used_at, exp
 """
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(version=1, name="node identity", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
+    Migration(version=1, name="node identity", sql=_V1),
     Migration(version=2, name="gateway certificates", sql=_V2),
     Migration(version=3, name="desired state", sql=_V3),
     Migration(version=4, name="inventory sections", sql=_V4),

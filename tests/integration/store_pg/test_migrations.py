@@ -1,4 +1,4 @@
-"""Migrations per module name, and the in-place upgrade of a schema that older code migrated under ``"core"``."""
+"""Migrations per module name, and a migration that adopts another module's step."""
 
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ from bettercompute.modules.pools import CreatePoolInput, PoolsGroup
 from bettercompute.ports import Migration
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
-from bettercompute_store_pg._schema import LEGACY_CORE_MIGRATIONS
 
 from .._template import fingerprint, migrate_template
-from ..conftest import drop_schema, new_schema
 from ..iam.conftest import two_tenants
 
 pytestmark = pytest.mark.anyio
@@ -25,8 +23,6 @@ pytestmark = pytest.mark.anyio
 # Every name a schema migrated with the built-in modules records, besides IAM's (``reservations`` and ``inventory``
 # have no migrations of their own: their tables were made by ``capacity``'s and ``nodes``').
 STORE_MODULES = ("runtime", "pools", "images", "commands", "usage", "capacity", "webhooks", "secrets", "nodes")
-# The built-in modules that were migrated as one ``"core"`` module once: each one's first version adopts it.
-ADOPTING = ("pools", "commands", "usage", "webhooks", "secrets", "nodes")
 NODE_KEYS = [
     ("atoms", "atoms_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
     ("commands", "commands_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
@@ -44,13 +40,6 @@ def _recorded(url: str, schema: str) -> list[tuple[str, int]]:
         return [(module, version) for module, version in rows]
 
 
-def _without_legacy(found: dict[str, Any]) -> dict[str, Any]:
-    """The fingerprint without the old list's ``"core"`` rows, and without the row counts of the tables the old
-    schema was given rows in (the bookkeeping, and a pool made before the upgrade)."""
-    rows = {t: n for t, n in found["rows"].items() if t not in ("schema_migrations", "pools")}
-    return {**found, "migrations": [r for r in found["migrations"] if r[0] != "core"], "rows": rows}
-
-
 def _node_keys(url: str, schema: str) -> list[tuple[str, ...]]:
     found = fingerprint(url, schema)["constraints"]
     return [
@@ -60,47 +49,7 @@ def _node_keys(url: str, schema: str) -> list[tuple[str, ...]]:
     ]
 
 
-async def _legacy(url: str, schema: str, up_to: int) -> None:
-    """Migrate ``schema`` as older code did: the store's one module ``"core"`` up to ``up_to``, then IAM's."""
-    async with PgStore(url, schema=schema, pool_size=2) as store:
-        steps = [m for m in LEGACY_CORE_MIGRATIONS if m.version <= up_to]
-        assert await store.migrate("core", steps) == list(range(1, up_to + 1))
-        iam = EmbeddedIam()
-        await store.migrate("iam", iam.migrations[store.dialect])
-        async with store.connection() as conn:
-            await conn.execute(
-                f'INSERT INTO "{schema}".pools (id, tenant, name, pool_class) VALUES (%s, %s, %s, %s)',
-                ("pool_old", "ten_old", "kept", "gpu"),
-            )
-
-
-@pytest.mark.parametrize("up_to", [10, LEGACY_CORE_MIGRATIONS[-1].version])
-async def test_a_schema_migrated_by_older_code_upgrades_in_place_to_what_a_fresh_one_is(
-    database_url: str, empty_schema: str, up_to: int
-) -> None:
-    await _legacy(database_url, empty_schema, up_to)
-    await migrate_template(database_url, empty_schema)
-    fresh = new_schema()
-    try:
-        await migrate_template(database_url, fresh)
-        upgraded, expected = fingerprint(database_url, empty_schema), fingerprint(database_url, fresh)
-        assert expected["relations"], "the migrations made nothing to compare"
-        assert _without_legacy(upgraded) == _without_legacy(expected)
-        # The old list was finished (never a step of it skipped), then every module adopted it.
-        recorded = _recorded(database_url, empty_schema)
-        core = [v for m, v in recorded if m == "core"]
-        assert core == [m.version for m in LEGACY_CORE_MIGRATIONS]
-        assert [r for r in recorded if r[0] != "core"] == _recorded(database_url, fresh)
-        with psycopg.connect(database_url) as conn:
-            kept = conn.execute(f'SELECT name FROM "{empty_schema}".pools WHERE id = %s', ("pool_old",)).fetchone()
-        assert kept == ("kept",)
-    finally:
-        drop_schema(database_url, fresh)
-
-
-async def test_a_fresh_schema_records_each_module_and_never_the_legacy_list(
-    database_url: str, empty_schema: str
-) -> None:
+async def test_a_fresh_schema_records_each_module_and_never_core(database_url: str, empty_schema: str) -> None:
     await migrate_template(database_url, empty_schema)
     modules = {module for module, _ in _recorded(database_url, empty_schema)}
     assert modules == {*STORE_MODULES, "iam"}
@@ -125,11 +74,10 @@ async def test_migrating_twice_applies_nothing(database_url: str, empty_schema: 
 
 async def test_a_module_finds_its_store_migrations_by_name() -> None:
     store = PgStore("postgresql://nobody@127.0.0.1:1/none")
-    for name in ADOPTING:
-        first, *later = store.migrations(name)
-        assert first.version == 1 and first.adopts == ("core", LEGACY_CORE_MIGRATIONS[-1].version)
-        assert [m.version for m in later] == list(range(2, len(later) + 2)) and all(m.adopts is None for m in later)
-    # Modules younger than the legacy core list adopt nothing.
+    for name in ("pools", "commands", "usage", "webhooks", "secrets", "nodes"):
+        shipped = store.migrations(name)
+        assert [m.version for m in shipped] == list(range(1, len(shipped) + 1))
+        assert all(m.adopts is None for m in shipped)
     assert [(m.version, m.adopts) for m in store.migrations("capacity")] == [(1, None), (2, None), (3, None), (4, None)]
     # The runtime is install()'s, never a module's; names the store ships nothing for get nothing.
     for name in ("runtime", "core", "iam", "metal", "no-such", "../pools", "Pools"):
