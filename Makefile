@@ -7,6 +7,8 @@
 #   make test-embedded   pytest on the embedded PostgreSQL (URL unset), the subset CI runs there
 #   make protos  regenerate the wire code from protos/ (make test checks it did not drift)
 #   make docs    regenerate docs/api.md from the method registry (make test checks it is not stale)
+#   make site    build the documentation site (mkdocs.yml) into site/ (make test builds it with --strict)
+#   make schema  regenerate bettercompute_store_pg/schema.sql from the migrations (make test checks it is not stale)
 
 PYTHON ?= python3
 VENV := .venv
@@ -23,7 +25,7 @@ define step
 	echo "<== $(1): $$(( ($$(date +%s%N) - started) / 1000000 )) ms, exit $$rc"; exit $$rc
 endef
 
-.PHONY: dev install test test-embedded test-reliability lint check-ruff check-format check-types check-imports check-protos protos check-docs docs pytest fmt bench clean distclean
+.PHONY: dev install test test-embedded test-reliability lint check-ruff check-format check-types check-imports check-protos protos check-docs docs check-site site check-schema schema pytest fmt bench clean distclean
 
 $(BIN)/python:
 	@# Debian's python3 has no ensurepip without python3-venv; a half-made .venv would fool the next run.
@@ -42,7 +44,7 @@ dev: $(STAMP)
 
 test: lint pytest
 
-lint: check-ruff check-format check-types check-imports check-protos check-docs
+lint: check-ruff check-format check-types check-imports check-protos check-docs check-site check-schema
 
 check-ruff: $(STAMP)
 	$(call step,ruff check,$(BIN)/ruff check .)
@@ -69,6 +71,24 @@ check-docs: $(STAMP)
 
 docs: $(STAMP)
 	$(BIN)/python -m bettercompute_cli._apidoc
+
+# The docs site, built with --strict: a link to a page or an anchor that does not exist, or a page missing from the
+# nav, fails (mkdocs.yml's `validation`). It builds offline. Material's notice about MkDocs 2 is silenced: it is
+# printed on every build and says nothing about this site. Not --quiet: it hides the very warnings --strict counts.
+MKDOCS = NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+check-site: $(STAMP)
+	$(call step,docs site,{ out=$$(mktemp -d); $(MKDOCS) --site-dir "$$out"; rc=$$?; rm -rf "$$out"; (exit $$rc); })
+
+site: $(STAMP)
+	$(MKDOCS) --site-dir site
+
+# schema.sql is the schema the migrations make, dumped from the catalog of a scratch schema they migrated (on
+# BETTERCOMPUTE_DATABASE_URL, else on an embedded server); a migration added or changed without `make schema` fails here.
+check-schema: $(STAMP)
+	$(call step,schema.sql,$(BIN)/python -m bettercompute_cli._schemadump --check)
+
+schema: $(STAMP)
+	$(BIN)/python -m bettercompute_cli._schemadump
 
 # `make test` runs the test files side by side (pytest-xdist), a file's tests on one worker so that what a module
 # starts once (PgBouncer, a served control plane) starts once; tests/conftest.py starts the slowest files first.
@@ -103,7 +123,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache build dist *.egg-info
+	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache build dist site *.egg-info
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
 
 distclean: clean

@@ -112,12 +112,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import shlex
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -127,205 +122,35 @@ from typing import Any
 import attrs
 import psycopg
 
-from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute.modules.capacity import CreateReservationInput, ReservationsGroup
-from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
-from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
-from bettercompute_store_pg import PgNotifier, PgStore
+from bench._fleet_parts import (
+    BIN,
+    SCHEMA,
+    START_TIMEOUT,
+    URL,
+    Made,
+    Proc,
+    conductor_options,
+    drop_schema,
+    free_port,
+    make_token,
+    raise_open_files,
+    say,
+    sim_flags,
+    write_config,
+)
+from bench._procfs import load_average, machine_ticks, rss_bytes
+from bettercompute import better_compute
+from bettercompute.modules.reservations import CreateReservationInput, ReservationsGroup
 
-URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://postgres@127.0.0.1:5432/test"
-SCHEMA = "bc_bench_fleet"
-TRUST_DOMAIN = "fleet.bench.test"
 NODES_DEFAULT = "1000"
 SETTLE_DEFAULT = 20.0
 WINDOW_DEFAULT = 30.0
 ADOPT_TIMEOUT_DEFAULT = 900.0
 JOIN_CONCURRENCY_DEFAULT = 8
-START_TIMEOUT = 60.0  # for a serve process to say it runs
-STOP_TIMEOUT = 30.0
 GATEWAYS = 2
-BIN = Path(sys.executable).parent
 SPARE_FILES = 1024
 BIND_POLL = 0.005  # seconds between two reads of a reservation's state
 BIND_TIMEOUT = 30.0  # seconds a reservation may take to bind before it counts as not bound
-
-
-# --- small things -----------------------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """The CPU time (user + system) a process has used so far, every thread of it; 0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_bytes(pid: int) -> int:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def machine_ticks() -> tuple[int, int]:
-    """(busy, total) CPU ticks of the whole machine so far, every core."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    return sum(values[:8]) - idle, sum(values[:8])
-
-
-def load_average() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def drop_schema() -> None:
-    with psycopg.connect(URL, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
-
-
-def say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-def raise_open_files(needed: int) -> None:
-    """Children inherit this process's open-files limit: raise the soft one towards what the sims need."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < needed:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(needed, hard), hard))
-
-
-# --- the control plane's processes ------------------------------------------------------------------------------
-
-
-@attrs.define(kw_only=True, eq=False)
-class Proc:
-    """A child process, its stderr in a file."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    @classmethod
-    def start(cls, name: str, argv: Sequence[str], folder: Path, env: Mapping[str, str] | None = None) -> Proc:
-        log = folder / f"{name}.log"
-        with log.open("wb") as err:
-            popen = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env={**os.environ, **(env or {})},
-            )
-        return cls(name=name, popen=popen, log=log)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def cpu(self) -> float:
-        return cpu_seconds(self.pid)
-
-    def wait_for_log(self, text: str, within: float) -> None:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            if text in self.log.read_text(errors="replace"):
-                return
-            if self.popen.poll() is not None:
-                raise SystemExit(f"{self.name} ended (exit {self.popen.returncode}): see {self.log} (--keep keeps it)")
-            time.sleep(0.2)
-        raise SystemExit(f"{self.name} did not log {text!r} within {within:.0f} s: see {self.log} (--keep keeps it)")
-
-    def stop(self, within: float = STOP_TIMEOUT) -> bytes:
-        """SIGTERM, then SIGKILL after ``within`` seconds; what it printed on stdout."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-        try:
-            out, _ = self.popen.communicate(timeout=within)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            out, _ = self.popen.communicate()
-        return out or b""
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
-
-
-def write_config(folder: Path, gateway_port: int) -> Path:
-    path = folder / "bettercompute.toml"
-    lines = {
-        "database_url": URL,
-        "schema": SCHEMA,
-        "kms_key_file": str(folder / "kms.key"),
-        "trust_domain": TRUST_DOMAIN,
-        "gateway_address": f"127.0.0.1:{gateway_port}",
-    }
-    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in lines.items()))
-    return path
-
-
-@attrs.frozen(kw_only=True)
-class Made:
-    """What the conductor made: the root admin's credential, the tenant, its pool, and the join token's command."""
-
-    root: str
-    tenant: str
-    pool: str
-    join_command: str
-
-
-def conductor_options(folder: Path, gateway_port: int, *, notifier: bool = False) -> Options:
-    """The conductor's in-process control plane over the bench's schema (with ``notifier``, the LISTEN/NOTIFY one
-    the api role runs, so that what it commits wakes the worker as a request to ``serve`` would)."""
-    return Options(
-        store=PgStore(URL, schema=SCHEMA, pool_size=2),
-        iam=EmbeddedIam(),
-        instance="bench-conductor",
-        kms=LocalKeyKms(folder / "kms.key"),
-        join=JoinSettings(gateway_address=f"127.0.0.1:{gateway_port}", trust_domain=TRUST_DOMAIN),
-        notifier=PgNotifier(URL, schema=SCHEMA) if notifier else None,
-    )
-
-
-async def make_token(folder: Path, uses: int, gateway_port: int) -> Made:
-    """The root admin, a tenant, a pool and a join token with ``uses`` uses."""
-    options = conductor_options(folder, gateway_port)
-    compute = better_compute(options)
-    await compute.initialize(migrate=False)
-    try:
-        iam = options.iam
-        assert isinstance(iam, EmbeddedIam)
-        boot = await iam.bootstrap()
-        assert boot.credential is not None
-        root = boot.credential
-        tenant = (await IamGroups(compute.api).tenants.create(root, CreateTenantInput(name="fleet"))).id
-        pool = await compute.api.pools.create(root, CreatePoolInput(tenant=tenant, name="fleet"))
-        created = await compute.api.join_tokens.create(
-            root, CreateJoinTokenInput(pool_id=pool.id, uses=uses, expires_in_seconds=6 * 3600)
-        )
-        return Made(root=root, tenant=tenant, pool=pool.id, join_command=created.join_command)
-    finally:
-        await compute.close()
-
-
-def sim_flags(join_command: str, gateway_port: int) -> list[str]:
-    """``bcd join``'s flags as ``join-tokens.create`` printed them, for the gateway at ``gateway_port``."""
-    words = shlex.split(join_command)[2:]
-    words[words.index("--gateway") + 1] = f"127.0.0.1:{gateway_port}"
-    return words
 
 
 # --- watching the database --------------------------------------------------------------------------------------
@@ -371,75 +196,120 @@ def rows_written(conn: psycopg.Connection[Any]) -> dict[str, int]:
 # --- one fleet size ---------------------------------------------------------------------------------------------
 
 
-def run_size(args: argparse.Namespace, nodes: int, folder: Path) -> dict[str, Any]:
+@attrs.frozen(kw_only=True)
+class Plane:
+    """The control plane's processes: the worker and the gateways, each gateway's port and its memory when idle."""
+
+    worker: Proc
+    gateways: list[Proc]
+    ports: list[int]
+    idle_rss: dict[str, int]
+
+
+def prepare(nodes: int, folder: Path, ports: Sequence[int]) -> tuple[Path, Made]:
+    """A fresh schema, migrated by ``better-compute migrate``, and what the fleet joins with; the configuration file."""
     drop_schema()
-    ports = [free_port() for _ in range(GATEWAYS)]
     config = write_config(folder, ports[0])
     migrate = subprocess.run(
         [str(BIN / "better-compute"), "--config", str(config), "migrate"], capture_output=True, check=False
     )
     if migrate.returncode != 0:
         raise SystemExit(f"better-compute migrate failed: {migrate.stderr.decode(errors='replace')[-2000:]}")
-    made = asyncio.run(make_token(folder, nodes, ports[0]))
+    return config, asyncio.run(make_token(folder, nodes, ports[0]))
+
+
+def start_plane(config: Path, folder: Path, ports: Sequence[int], procs: list[Proc]) -> Plane:
+    """Start the worker and the gateways (each put in ``procs`` as soon as it runs) and wait until they run."""
     serve = [str(BIN / "better-compute"), "--config", str(config), "serve", "--no-migrate"]
+    worker = Proc.start(
+        "worker", [*serve, "--roles", "controllers,sinks"], folder, {"BETTERCOMPUTE_INSTANCE": "bench-worker"}
+    )
+    procs.append(worker)
+    gateways = [
+        Proc.start(
+            f"gateway-{i + 1}",
+            [*serve, "--roles", "gateway", "--gateway-port", str(port)],
+            folder,
+            {"BETTERCOMPUTE_INSTANCE": f"bench-gw-{i + 1}"},
+        )
+        for i, port in enumerate(ports)
+    ]
+    procs += gateways
+    for proc in procs:
+        proc.wait_for_log("running ", START_TIMEOUT)
+    idle_rss = {p.name: rss_bytes(p.pid) for p in gateways}
+    return Plane(worker=worker, gateways=gateways, ports=list(ports), idle_rss=idle_rss)
+
+
+def start_sims(args: argparse.Namespace, nodes: int, folder: Path, plane: Plane, made: Made) -> list[Proc]:
+    """One ``bcd sim`` per gateway, each with its share of the nodes and its own seed."""
+    shares = [nodes // GATEWAYS + (1 if i < nodes % GATEWAYS else 0) for i in range(GATEWAYS)]
+    return [
+        Proc.start(
+            f"sim-{i + 1}",
+            [
+                str(BIN / "bcd"),
+                "sim",
+                "--nodes",
+                str(share),
+                "--seed",
+                str(i + 1),
+                "--state-dir",
+                str(folder / f"sim-{i + 1}"),
+                "--join-concurrency",
+                str(args.join_concurrency),
+                *sim_flags(made.join_command, port),
+            ],
+            folder,
+        )
+        for i, (share, port) in enumerate(zip(shares, plane.ports, strict=True))
+    ]
+
+
+def adopt(
+    args: argparse.Namespace, nodes: int, folder: Path, plane: Plane, made: Made, procs: list[Proc]
+) -> tuple[list[Proc], dict[str, Any], dict[str, float]]:
+    """Start the sims (put in ``procs``) and watch until the fleet is adopted; the sims, the adoption's figures and
+    the CPU each process spent over it."""
+    started = time.monotonic()
+    cpu_start = {p.name: p.cpu() for p in procs}
+    busy_start, total_start = machine_ticks()
+    sims = start_sims(args, nodes, folder, plane, made)
+    procs += sims
+    adoption = watch_adoption(args, nodes, started)
+    cpu_adopt = {p.name: p.cpu() - cpu_start.get(p.name, 0.0) for p in procs}
+    busy_end, total_end = machine_ticks()
+    adoption["machine_busy_percent"] = round(100 * (busy_end - busy_start) / max(1, total_end - total_start), 1)
+    return sims, adoption, cpu_adopt
+
+
+def stop_sims(sims: Sequence[Proc]) -> list[Any]:
+    """Stop the sims; the summary each printed last."""
+    summaries = []
+    for sim in sims:
+        out = sim.stop()
+        lines = out.decode(errors="replace").strip().splitlines()
+        with contextlib.suppress(ValueError, IndexError):
+            summaries.append(json.loads(lines[-1]))
+    return summaries
+
+
+def run_size(args: argparse.Namespace, nodes: int, folder: Path) -> dict[str, Any]:
+    ports = [free_port() for _ in range(GATEWAYS)]
+    config, made = prepare(nodes, folder, ports)
     procs: list[Proc] = []
     try:
-        worker = Proc.start(
-            "worker", [*serve, "--roles", "controllers,sinks"], folder, {"BETTERCOMPUTE_INSTANCE": "bench-worker"}
-        )
-        procs.append(worker)
-        gateways = [
-            Proc.start(
-                f"gateway-{i + 1}",
-                [*serve, "--roles", "gateway", "--gateway-port", str(port)],
-                folder,
-                {"BETTERCOMPUTE_INSTANCE": f"bench-gw-{i + 1}"},
-            )
-            for i, port in enumerate(ports)
-        ]
-        procs += gateways
-        for proc in procs:
-            proc.wait_for_log("running ", START_TIMEOUT)
+        plane = start_plane(config, folder, ports, procs)
         say(f"{nodes} nodes: worker and {GATEWAYS} gateways running (ports {ports})")
-        idle_rss = {p.name: rss_bytes(p.pid) for p in gateways}
-
-        shares = [nodes // GATEWAYS + (1 if i < nodes % GATEWAYS else 0) for i in range(GATEWAYS)]
-        started = time.monotonic()
-        cpu_start = {p.name: p.cpu() for p in procs}
-        busy_start, total_start = machine_ticks()
-        sims = [
-            Proc.start(
-                f"sim-{i + 1}",
-                [
-                    str(BIN / "bcd"),
-                    "sim",
-                    "--nodes",
-                    str(share),
-                    "--seed",
-                    str(i + 1),
-                    "--state-dir",
-                    str(folder / f"sim-{i + 1}"),
-                    "--join-concurrency",
-                    str(args.join_concurrency),
-                    *sim_flags(made.join_command, port),
-                ],
-                folder,
-            )
-            for i, (share, port) in enumerate(zip(shares, ports, strict=True))
-        ]
-        procs += sims
-        adoption = watch_adoption(args, nodes, started)
-        cpu_adopt = {p.name: p.cpu() - cpu_start.get(p.name, 0.0) for p in procs}
-        busy_end, total_end = machine_ticks()
-        adoption["machine_busy_percent"] = round(100 * (busy_end - busy_start) / max(1, total_end - total_start), 1)
+        sims, adoption, cpu_adopt = adopt(args, nodes, folder, plane, made, procs)
 
         say(f"{nodes} nodes: settling {args.settle:.0f} s")
         time.sleep(args.settle)
-        steady = measure_window(args, nodes, gateways, worker, sims)
+        steady = measure_window(args, nodes, plane.gateways, plane.worker, sims)
         live = steady["sessions_live_in_window"]
         held = {f"gateway-{i + 1}": live.get(f"bench-gw-{i + 1}", 0) for i in range(GATEWAYS)}
         steady["gateway_kb_per_session"] = {
-            name: round((steady["gateway_rss_mb"][name] * 2**20 - idle_rss[name]) / 1024 / count, 1)
+            name: round((steady["gateway_rss_mb"][name] * 2**20 - plane.idle_rss[name]) / 1024 / count, 1)
             for name, count in held.items()
             if count
         }
@@ -448,13 +318,6 @@ def run_size(args: argparse.Namespace, nodes: int, folder: Path) -> dict[str, An
         if args.reservations:
             say(f"{nodes} nodes: {args.reservations} reservations, placed -> bound")
             binding = asyncio.run(measure_binding(folder, ports[0], made, args.reservations))
-
-        summaries = []
-        for sim in sims:
-            out = sim.stop()
-            lines = out.decode(errors="replace").strip().splitlines()
-            with contextlib.suppress(ValueError, IndexError):
-                summaries.append(json.loads(lines[-1]))
         return {
             "nodes": nodes,
             "gateways": GATEWAYS,
@@ -462,7 +325,7 @@ def run_size(args: argparse.Namespace, nodes: int, folder: Path) -> dict[str, An
             "adoption_cpu_seconds": {k: round(v, 1) for k, v in cpu_adopt.items()},
             "steady": steady,
             "placed_to_bound": binding,
-            "sims": summaries,
+            "sims": stop_sims(sims),
         }
     finally:
         for proc in reversed(procs):

@@ -109,49 +109,40 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
-import ctypes
 import datetime as dt
-import gc
 import json
 import logging
 import os
-import random
-import resource
-import ssl
-import struct
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import attrs
-import betterproto2
-import h2.config
-import h2.connection
-import h2.events
-import h2.exceptions
 import psycopg
-import uvloop
 
-import bettercompute_proto as wire
-from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute.modules.commands import COMMANDS, SESSIONS
-from bettercompute.modules.nodes import CERTIFICATES, JOIN_KEYS, NODES
-from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, Pool
-from bettercompute.ports import Repository
+from bench._gateway_parts import (
+    GATEWAY_NAME,
+    OPEN_TIMEOUT,
+    SCHEMA,
+    SPARE_FILES,
+    URL,
+    Node,
+    drop_schema,
+    open_plane,
+    raise_open_files,
+)
+from bench._gateway_roles import run_role
+from bench._procfs import cpu_seconds, load_average, machine_ticks, rss_bytes
+from bettercompute.modules.nodes import JOIN_KEYS, CreatedJoinToken, CreateJoinTokenInput
+from bettercompute.modules.pools import CreatePoolInput, Pool
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
-from bettercompute_gateway import GatewayOptions, create_gateway, issue_tls
+from bettercompute_gateway import GatewayOptions
 from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
 from bettercompute_store_pg import PgStore
 
-URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://postgres@127.0.0.1:5432/test"
-SCHEMA = "bc_bench_gateway"
-TRUST_DOMAIN = "bench.example.test"
-GATEWAY_NAME = "bench-gw"
-SERVER_NAME = "localhost"  # the name clients check the gateway's certificate for
 SESSIONS_DEFAULT = 1000
 HEARTBEAT_DEFAULT = 10.0
 WINDOW_DEFAULT = 30.0
@@ -159,95 +150,11 @@ CLIENTS_DEFAULT = 2
 CONCURRENCY_DEFAULT = 64  # sessions being opened at once, all client processes together
 JOIN_CALLERS = 8
 SETTLE_EXTRA = 5.0  # seconds after the opening, beyond one heartbeat interval, before the window starts
-OPEN_TIMEOUT = 120.0  # a session that has no Welcome by then counts as failed
-SPARE_FILES = 1024  # file descriptors beyond one per session (the database pool, the loop, stdio, libraries)
-SESSION_PATH = f"/{wire.SERVICE}/Session"
-INVENTORY = json.dumps({"cores": 64, "model": "bench"}, separators=(",", ":"))
 
 log = logging.getLogger("bench.gateway")
 
 
-# --- small things -----------------------------------------------------------------------------------------------
-
-
-def raise_open_files(needed: int) -> None:
-    """Make ``needed`` file descriptors available to this process, or stop with what to do about it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft >= needed:
-        return
-    if hard != resource.RLIM_INFINITY and hard < needed:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (needed, needed))  # allowed as root
-            return
-        except (ValueError, OSError):
-            raise SystemExit(
-                f"{needed} open files are needed and the hard limit is {hard}: run as root, or raise it "
-                f"(ulimit -Hn {needed}), or ask for fewer sessions"
-            ) from None
-    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
-
-
-def cpu_seconds(pid: int) -> float:
-    """The CPU time (user + system) a process has used so far, every thread of it."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # After the command name: state is field 3, utime 14 and stime 15 (1-based, as proc(5) counts them).
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-def machine_ticks() -> tuple[int, int]:
-    """(busy, total) CPU ticks of the whole machine so far, every core."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    return sum(values[:8]) - idle, sum(values[:8])
-
-
-def load_average() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def drop_schema() -> None:
-    with psycopg.connect(URL, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
-
-
-def plane_options(folder: Path, *, pool_size: int, instance: str) -> Options:
-    """The control plane's options, the same in the conductor and the gateway process (the KMS key file is
-    shared, so both can read the CA's key)."""
-    return Options(
-        store=PgStore(URL, schema=SCHEMA, pool_size=pool_size),
-        iam=EmbeddedIam(),
-        instance=instance,
-        kms=LocalKeyKms(folder / "kms.key"),
-        join=JoinSettings(gateway_address=f"{SERVER_NAME}:443", trust_domain=TRUST_DOMAIN),
-    )
-
-
-@contextlib.asynccontextmanager
-async def open_plane(folder: Path, *, pool_size: int, instance: str, migrate: bool) -> AsyncIterator[BetterCompute]:
-    compute = better_compute(plane_options(folder, pool_size=pool_size, instance=instance))
-    await compute.initialize(migrate=migrate)
-    try:
-        yield compute
-    finally:
-        await compute.close()
-
-
 # --- the nodes --------------------------------------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class Node:
-    """A joined node: its id, and the file holding its private key and certificate (PEM, mode 0600)."""
-
-    node_id: str
-    pem_path: str
 
 
 async def join_nodes(folder: Path, count: int) -> tuple[list[Node], float]:
@@ -298,314 +205,7 @@ async def join_nodes(folder: Path, count: int) -> tuple[list[Node], float]:
     return [n for n in nodes if n is not None], rate
 
 
-# --- the gateway process ----------------------------------------------------------------------------------------
-
-
-class StatementCounter:
-    """Counts every statement this process sends, by its text: wraps psycopg's ``AsyncCursor.execute``, which the
-    store sends each statement through (on its own, in a transaction or in a pipeline)."""
-
-    def __init__(self) -> None:
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.seconds: collections.defaultdict[str, float] = collections.defaultdict(float)  # send to result, summed
-
-    def install(self) -> None:
-        original = psycopg.AsyncCursor.execute
-        counts, seconds = self.counts, self.seconds
-
-        async def counted(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
-            text = query if isinstance(query, str) else repr(query)
-            counts[text] += 1
-            started = time.perf_counter()
-            try:
-                return await original(cursor, query, params, **kwargs)
-            finally:
-                seconds[text] += time.perf_counter() - started
-
-        psycopg.AsyncCursor.execute = counted  # type: ignore[assignment,method-assign]
-
-
-class GcClock:
-    """The CPU time this process's main thread spends in the garbage collector, by generation (``gc.callbacks``
-    around each collection, timed by ``time.thread_time``, so that being preempted on a busy machine is not
-    counted)."""
-
-    def __init__(self) -> None:
-        self.seconds = [0.0, 0.0, 0.0]
-        self.runs = [0, 0, 0]
-        self._started = 0.0
-
-    def install(self) -> None:
-        gc.callbacks.append(self._callback)
-
-    def _callback(self, phase: str, info: Mapping[str, Any]) -> None:
-        if phase == "start":
-            self._started = time.thread_time()
-        else:
-            generation = int(info["generation"])
-            self.seconds[generation] += time.thread_time() - self._started
-            self.runs[generation] += 1
-
-
-FLUSH_STATEMENTS: list[tuple[Repository[Any], str, str]] = [
-    (SESSIONS, "_seen", "Sessions.seen"),
-    (CERTIFICATES, "_revoked_among", "Certificates.revoked_among"),
-    (COMMANDS, "_dispatch_many", "Commands.dispatch_many"),
-    (NODES, "_desired_since", "Nodes.desired_since"),
-    (NODES, "_desired_newer", "Nodes.desired_newer"),
-]
-
-
-async def run_gateway(config: Mapping[str, Any]) -> None:
-    """The gateway process: say its port on stdout, then answer ``stats`` lines on stdin until stdin closes."""
-    counter = StatementCounter()
-    counter.install()
-    gc_clock = GcClock()
-    gc_clock.install()
-    folder = Path(config["folder"])
-    async with open_plane(folder, pool_size=10, instance=GATEWAY_NAME, migrate=False) as compute:
-        store = compute.options.store
-        assert store is not None
-        services = compute.gateway_services
-        tls, _ = await issue_tls(services, name=GATEWAY_NAME, hosts=["127.0.0.1", SERVER_NAME])
-        options = GatewayOptions(name=GATEWAY_NAME, heartbeat_interval=float(config["heartbeat"]))
-        if config["gc_young"] is not None:
-            options = attrs.evolve(options, gc_young_threshold=config["gc_young"] or None)
-        gateway = create_gateway(services, store, tls, options)
-        # The flush loop's statements get their repository method's name (read from the store's own statements);
-        # any other statement is named by its first words.
-        labels: dict[str, str] = {}
-        for repository, attribute, label in FLUSH_STATEMENTS:
-            statement = getattr(store.repository(repository), attribute, None)
-            if statement is not None:
-                labels[statement.query] = label
-        port = await gateway.start("127.0.0.1", 0)
-        reply({"port": port, "loop": type(asyncio.get_running_loop()).__module__})
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-        try:
-            while line := await reader.readline():
-                if line.strip() == b"census":  # not part of the figures: what the collector tracks, by type
-                    types = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
-                    top = types.most_common(40)
-                    reply({"objects": sum(types.values()), "top": top, "sessions": len(gateway.sessions)})
-                elif line.strip() == b"trim":  # not part of the figures: give free heap back to the system
-                    ctypes.CDLL("libc.so.6").malloc_trim(0)
-                    reply({"rss": rss_bytes(os.getpid())})
-                elif line.strip() == b"stats":
-                    by_label: collections.Counter[str] = collections.Counter()
-                    wall: collections.defaultdict[str, float] = collections.defaultdict(float)
-                    for query, count in counter.counts.items():
-                        label = labels.get(query) or " ".join(query.split())[:40]
-                        by_label[label] += count
-                        wall[label] += counter.seconds[query]
-                    reply(
-                        {
-                            "sessions": len(gateway.sessions),
-                            "statements": dict(by_label),
-                            "statement_seconds": dict(wall),
-                            "gc_seconds": gc_clock.seconds,
-                            "gc_runs": gc_clock.runs,
-                        }
-                    )
-        finally:
-            await gateway.close()
-
-
-def reply(message: Mapping[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
-# --- the client processes ---------------------------------------------------------------------------------------
-
-
-@attrs.define(eq=False)
-class ClientStats:
-    opened: int = 0
-    heartbeats: int = 0
-    failed: collections.Counter[str] = attrs.field(factory=collections.Counter)  # why a session did not open
-    ended: collections.Counter[str] = attrs.field(factory=collections.Counter)  # why an open session ended
-    alive: set[NodeSession] = attrs.field(factory=set)
-
-
-class NodeSession(asyncio.Protocol):
-    """One node's session over its own TLS connection: HTTP/2 by ``h2``, gRPC framing by hand (see the docstring)."""
-
-    def __init__(self, node_id: str, authority: str, stats: ClientStats) -> None:
-        self.node_id = node_id
-        self.authority = authority
-        self.stats = stats
-        self.welcomed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.welcomed.add_done_callback(_retrieved)  # a connection that failed early is counted, not logged
-        self.transport: asyncio.Transport | None = None
-        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
-        self.buffer = bytearray()
-        self.interval = 0.0
-        self.timer: asyncio.TimerHandle | None = None
-        self.ended: str | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's TLS transport is no asyncio.Transport
-        conn = self.conn
-        conn.initiate_connection()
-        headers = [
-            (":method", "POST"),
-            (":scheme", "https"),
-            (":path", SESSION_PATH),
-            (":authority", self.authority),
-            ("content-type", "application/grpc+proto"),
-            ("te", "trailers"),
-        ]
-        conn.send_headers(1, headers)
-        hello = wire.Hello(node_id=self.node_id, session_nonce=os.urandom(16), software_version="bench")
-        self.send(wire.NodeFrame(hello=hello))
-
-    def send(self, frame: wire.NodeFrame) -> None:
-        if self.ended is not None or self.transport is None:
-            return
-        body = bytes(frame)
-        try:
-            self.conn.send_data(1, struct.pack(">?I", False, len(body)) + body)
-        except h2.exceptions.H2Error as exc:  # the gateway stopped reading (its window is full): say so
-            self.end(f"send: {type(exc).__name__}")
-            return
-        self.transport.write(self.conn.data_to_send())
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            events = self.conn.receive_data(data)
-        except h2.exceptions.H2Error as exc:
-            self.end(f"http2: {type(exc).__name__}")
-            return
-        for event in events:
-            if isinstance(event, h2.events.DataReceived):
-                if event.flow_controlled_length:
-                    self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                self.buffer += event.data or b""
-                self.take_frames()
-            elif isinstance(event, h2.events.TrailersReceived):
-                status = dict(event.headers or []).get(b"grpc-status", b"?")
-                self.end(f"grpc-status {status.decode(errors='replace')}")
-            elif isinstance(event, h2.events.StreamReset | h2.events.ConnectionTerminated):
-                self.end(type(event).__name__)
-        out = self.conn.data_to_send()
-        if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out)
-
-    def take_frames(self) -> None:
-        while len(self.buffer) >= 5:
-            compressed, length = struct.unpack_from(">?I", self.buffer)
-            if len(self.buffer) < 5 + length:
-                return
-            body = bytes(self.buffer[5 : 5 + length])
-            del self.buffer[: 5 + length]
-            if compressed:
-                self.end("compressed frame")
-                return
-            kind, content = betterproto2.which_one_of(wire.ControlFrame.parse(body), "frame")
-            if isinstance(content, wire.Welcome):
-                self.interval = content.heartbeat_interval_ms / 1000
-                loop = asyncio.get_running_loop()
-                self.timer = loop.call_later(random.uniform(0, self.interval), self.beat)
-                if not self.welcomed.done():
-                    self.welcomed.set_result(None)
-            elif isinstance(content, wire.InventoryRequest):
-                self.send(
-                    wire.NodeFrame(inventory=wire.InventorySection(section="cpu", content_json=INVENTORY, fake=True))
-                )
-            elif isinstance(content, wire.Close):
-                self.end(f"close: {content.reason}")
-            elif kind != "":
-                pass  # desired state, commands: none are sent in this bench
-
-    def beat(self) -> None:
-        if self.ended is not None:
-            return
-        self.send(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=int(time.time() * 1000))))
-        self.stats.heartbeats += 1
-        self.timer = asyncio.get_running_loop().call_later(self.interval, self.beat)
-
-    def end(self, why: str) -> None:
-        if self.ended is not None:
-            return
-        self.ended = why
-        if self.timer is not None:
-            self.timer.cancel()
-        if self.welcomed.done():
-            self.stats.ended[why] += 1
-            self.stats.alive.discard(self)
-        else:
-            self.welcomed.set_exception(ConnectionError(why))
-        if self.transport is not None:
-            self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.end("connection lost")
-
-
-def _retrieved(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
-async def run_client(config: Mapping[str, Any]) -> None:
-    """A client process: make every node's TLS context, say ``ready``; on ``connect``, open every session and
-    report; on ``stats``, report; stop when stdin closes."""
-    nodes = [Node(**n) for n in config["nodes"]]
-    port = int(config["port"])
-    bundle = config["bundle"]
-    contexts = []
-    for node in nodes:
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=bundle)
-        context.set_alpn_protocols(["h2"])
-        context.load_cert_chain(node.pem_path)
-        contexts.append(context)
-    stats = ClientStats()
-    loop = asyncio.get_running_loop()
-    authority = f"{SERVER_NAME}:{port}"
-    gate = asyncio.Semaphore(int(config["concurrency"]))
-
-    async def open_one(node: Node, context: ssl.SSLContext) -> None:
-        async with gate:
-            try:
-                _, session = await loop.create_connection(
-                    lambda: NodeSession(node.node_id, authority, stats),
-                    "127.0.0.1",
-                    port,
-                    ssl=context,
-                    server_hostname=SERVER_NAME,
-                    ssl_handshake_timeout=OPEN_TIMEOUT,
-                )
-                async with asyncio.timeout(OPEN_TIMEOUT):
-                    await session.welcomed
-            except Exception as exc:
-                stats.failed[str(exc) if isinstance(exc, ConnectionError) else type(exc).__name__] += 1
-                return
-        transport = session.transport
-        alpn = transport.get_extra_info("ssl_object").selected_alpn_protocol() if transport is not None else None
-        if alpn != "h2":
-            stats.failed[f"alpn {alpn}"] += 1
-            session.end("alpn")
-            return
-        stats.opened += 1
-        stats.alive.add(session)
-
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    reply({"ready": len(nodes)})
-    while line := await reader.readline():
-        command = line.strip()
-        if command == b"connect":
-            started = time.time()
-            await asyncio.gather(*(open_one(n, c) for n, c in zip(nodes, contexts, strict=True)))
-            reply({"opened": stats.opened, "failed": dict(stats.failed), "started": started, "finished": time.time()})
-        elif command == b"stats":
-            reply({"alive": len(stats.alive), "heartbeats": stats.heartbeats, "ended": dict(stats.ended)})
-
-
-# --- the conductor ----------------------------------------------------------------------------------------------
+# --- the conductor (the gateway and client processes: bench/_gateway_roles.py) -------------
 
 
 @attrs.define(kw_only=True)
@@ -702,160 +302,261 @@ async def trace(gateway: Child, clients: Sequence[Child], start: Sample, seconds
         last = now
 
 
+@attrs.frozen(kw_only=True)
+class Started:
+    """The processes started, and what was read of the gateway before any session."""
+
+    gateway: Child
+    clients: list[Child]
+    rss_idle: int
+    census_idle: dict[str, Any] | None
+
+
+@attrs.frozen(kw_only=True)
+class Opening:
+    """How the sessions opened: how many, why some did not, over how long, and the gateway's CPU around it."""
+
+    opened: int
+    failed: dict[str, int]
+    seconds: float
+    before: Sample
+    after: Sample
+
+
+@attrs.frozen(kw_only=True)
+class Window:
+    """What was read around the steady-state window."""
+
+    settle: float
+    start: Sample
+    end: Sample
+    load: tuple[float, float]
+    gateway_start: dict[str, Any]
+    gateway_end: dict[str, Any]
+    heartbeats_start: int
+    rss_held: int
+    census_held: dict[str, Any] | None
+    clients: list[dict[str, Any]]
+    db_open: int
+    db_seen: int
+
+
+async def start_children(
+    args: argparse.Namespace, folder: Path, nodes: Sequence[Node], children: list[Child]
+) -> Started:
+    """Start the gateway process, read its idle memory, then start the client processes with their shares of the
+    nodes; each child is put in ``children`` as soon as it runs (the caller kills them)."""
+    gateway_config = {
+        "folder": str(folder),
+        "heartbeat": args.heartbeat,
+        "loop": args.loop,
+        "gc_young": args.gc_young,
+        "files": args.sessions + SPARE_FILES,
+    }
+    gateway = await Child.start("gateway", "gateway", gateway_config, folder)
+    children.append(gateway)
+    port = (await gateway.read(60))["port"]
+    await asyncio.sleep(1.0)
+    rss_idle = rss_bytes(gateway.pid)
+    census_idle = (await gateway.ask("census")) if args.census else None
+    clients = []
+    for c in range(args.clients):
+        share = nodes[c :: args.clients]
+        client_config = {
+            "port": port,
+            "bundle": (folder / "bundle.pem").read_text(),
+            "concurrency": max(1, args.concurrency // args.clients),
+            "nodes": [attrs.asdict(n) for n in share],
+        }
+        client = await Child.start(f"client-{c}", "client", client_config, folder)
+        children.append(client)
+        clients.append(client)
+    for client in clients:
+        await client.read(300)
+    return Started(gateway=gateway, clients=clients, rss_idle=rss_idle, census_idle=census_idle)
+
+
+async def open_sessions(started: Started) -> Opening:
+    """All clients open their sessions at once; how that went."""
+    gateway, clients = started.gateway, started.clients
+    before = Sample.take(gateway, clients)
+    opened = await asyncio.gather(*(c.ask("connect", within=OPEN_TIMEOUT + 600) for c in clients))
+    after = Sample.take(gateway, clients)
+    failed: collections.Counter[str] = collections.Counter()
+    for o in opened:
+        failed.update(o["failed"])
+    return Opening(
+        opened=sum(o["opened"] for o in opened),
+        failed=dict(failed),
+        seconds=max(o["finished"] for o in opened) - min(o["started"] for o in opened),
+        before=before,
+        after=after,
+    )
+
+
+def database_now() -> dt.datetime:
+    with psycopg.connect(URL, autocommit=True) as conn:
+        row = conn.execute("SELECT now()").fetchone()
+        assert row is not None
+        now: dt.datetime = row[0]
+        return now
+
+
+def sessions_seen(since: dt.datetime) -> tuple[int, int]:
+    """The gateway's open sessions in the database, and how many of them were seen ``since``."""
+    with psycopg.connect(URL, autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT count(*) FILTER (WHERE closed_at IS NULL), count(*) FILTER (WHERE closed_at IS NULL AND "
+            f'last_seen_at >= %s) FROM "{SCHEMA}".sessions WHERE gateway = %s',
+            (since, GATEWAY_NAME),
+        ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+
+async def measure_window(args: argparse.Namespace, started: Started) -> Window:
+    """Settle, then measure the steady state over ``--window`` seconds."""
+    gateway, clients = started.gateway, started.clients
+    settle = args.settle if args.settle is not None else args.heartbeat + SETTLE_EXTRA
+    print(f"settling for {settle:.0f} s, then measuring for {args.window:.0f} s ...", file=sys.stderr, flush=True)
+    await trace(gateway, clients, Sample.take(gateway, clients), settle, "settling")
+    window_start_db = database_now()
+    gateway_start = await gateway.ask("stats")
+    heartbeats_start = sum([(await c.ask("stats"))["heartbeats"] for c in clients])
+    load_start = load_average()
+    start = Sample.take(gateway, clients)
+    await trace(gateway, clients, start, args.window, "window")
+    end = Sample.take(gateway, clients)
+    load_end = load_average()
+    gateway_end = await gateway.ask("stats")
+    rss_held = rss_bytes(gateway.pid)
+    census_held = (await gateway.ask("census", within=300)) if args.census else None
+    if census_held is not None:  # after the figures: how much RSS the allocator holds free (changes the process)
+        trimmed = (await gateway.ask("trim", within=300))["rss"]
+        print(
+            f"RSS after malloc_trim(0): {trimmed / 2**20:.1f} MB "
+            f"({(trimmed - started.rss_idle) / max(1, int(census_held['sessions'])) / 1024:.1f} KB a session)",
+            file=sys.stderr,
+        )
+    client_stats = [await c.ask("stats") for c in clients]
+    db_open, db_seen = sessions_seen(window_start_db)
+    return Window(
+        settle=settle,
+        start=start,
+        end=end,
+        load=(load_start, load_end),
+        gateway_start=gateway_start,
+        gateway_end=gateway_end,
+        heartbeats_start=heartbeats_start,
+        rss_held=rss_held,
+        census_held=census_held,
+        clients=client_stats,
+        db_open=db_open,
+        db_seen=db_seen,
+    )
+
+
 async def conduct(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """Join the nodes, start the processes, measure; the figures."""
     print(f"joining {args.sessions} nodes ...", file=sys.stderr, flush=True)
     nodes, join_rate = await join_nodes(folder, args.sessions)
     children: list[Child] = []
     try:
-        gateway = await Child.start(
-            "gateway",
-            "gateway",
-            {
-                "folder": str(folder),
-                "heartbeat": args.heartbeat,
-                "loop": args.loop,
-                "gc_young": args.gc_young,
-                "files": args.sessions + SPARE_FILES,
-            },
-            folder,
-        )
-        children.append(gateway)
-        port = (await gateway.read(60))["port"]
-        await asyncio.sleep(1.0)
-        rss_idle = rss_bytes(gateway.pid)
-        census_idle = (await gateway.ask("census")) if args.census else None
-        clients = []
-        for c in range(args.clients):
-            share = nodes[c :: args.clients]
-            config = {
-                "port": port,
-                "bundle": (folder / "bundle.pem").read_text(),
-                "concurrency": max(1, args.concurrency // args.clients),
-                "nodes": [attrs.asdict(n) for n in share],
-            }
-            client = await Child.start(f"client-{c}", "client", config, folder)
-            children.append(client)
-            clients.append(client)
-        for client in clients:
-            await client.read(300)
-
+        started = await start_children(args, folder, nodes, children)
         print(f"opening {args.sessions} sessions ...", file=sys.stderr, flush=True)
-        before = Sample.take(gateway, clients)
-        opened = await asyncio.gather(*(c.ask("connect", within=OPEN_TIMEOUT + 600) for c in clients))
-        after = Sample.take(gateway, clients)
-        sessions_opened = sum(o["opened"] for o in opened)
-        failed: collections.Counter[str] = collections.Counter()
-        for o in opened:
-            failed.update(o["failed"])
-        opening = max(o["finished"] for o in opened) - min(o["started"] for o in opened)
-
-        settle = args.settle if args.settle is not None else args.heartbeat + SETTLE_EXTRA
-        print(f"settling for {settle:.0f} s, then measuring for {args.window:.0f} s ...", file=sys.stderr, flush=True)
-        await trace(gateway, clients, Sample.take(gateway, clients), settle, "settling")
-        with psycopg.connect(URL, autocommit=True) as conn:
-            row = conn.execute("SELECT now()").fetchone()
-            assert row is not None
-            window_start_db: dt.datetime = row[0]
-        gateway_start = await gateway.ask("stats")
-        statements_start = gateway_start["statements"]
-        heartbeats_start = sum([(await c.ask("stats"))["heartbeats"] for c in clients])
-        load_start = load_average()
-        start = Sample.take(gateway, clients)
-        await trace(gateway, clients, start, args.window, "window")
-        end = Sample.take(gateway, clients)
-        load_end = load_average()
-        gateway_stats = await gateway.ask("stats")
-        rss_held = rss_bytes(gateway.pid)
-        census_held = (await gateway.ask("census", within=300)) if args.census else None
-        if census_held is not None:  # after the figures: how much RSS the allocator holds free (changes the process)
-            trimmed = (await gateway.ask("trim", within=300))["rss"]
-            print(
-                f"RSS after malloc_trim(0): {trimmed / 2**20:.1f} MB "
-                f"({(trimmed - rss_idle) / max(1, int(census_held['sessions'])) / 1024:.1f} KB a session)",
-                file=sys.stderr,
-            )
-        client_stats = [await c.ask("stats") for c in clients]
-        with psycopg.connect(URL, autocommit=True) as conn:
-            row = conn.execute(
-                f"SELECT count(*) FILTER (WHERE closed_at IS NULL), count(*) FILTER (WHERE closed_at IS NULL AND "
-                f'last_seen_at >= %s) FROM "{SCHEMA}".sessions WHERE gateway = %s',
-                (window_start_db, GATEWAY_NAME),
-            ).fetchone()
-            assert row is not None
-            db_open, db_seen = int(row[0]), int(row[1])
+        opening = await open_sessions(started)
+        window = await measure_window(args, started)
     finally:
         for child in reversed(children):
             await child.kill()
+    held = int(window.gateway_end["sessions"])
+    if started.census_idle is not None and window.census_held is not None:
+        print_census(started.census_idle, window.census_held, held)
+    return figures(args, join_rate, started, opening, window)
 
-    seconds = end.at - start.at
-    statements = {
-        label: (count - statements_start.get(label, 0)) / seconds
-        for label, count in gateway_stats["statements"].items()
-    }
-    held = int(gateway_stats["sessions"])
-    wall_start = gateway_start["statement_seconds"]
-    statement_ms = {
+
+def print_census(idle: Mapping[str, Any], held: Mapping[str, Any], sessions: int) -> None:
+    """The objects the collector tracks in the gateway, idle and held, per session (stderr)."""
+    idle_types = dict(idle["top"])
+    print(
+        f"objects the collector tracks: {idle['objects']} idle, {held['objects']} held "
+        f"({(held['objects'] - idle['objects']) / max(1, sessions):.0f} a session); the most held:",
+        file=sys.stderr,
+    )
+    for name, count in held["top"]:
+        print(f"  {(count - idle_types.get(name, 0)) / max(1, sessions):8.1f} a session  {name}", file=sys.stderr)
+
+
+def statement_figures(window: Window, seconds: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Each statement's rate over the window (per second), and the wall time each took on average (ms)."""
+    counts_start, counts_end = window.gateway_start["statements"], window.gateway_end["statements"]
+    wall_start = window.gateway_start["statement_seconds"]
+    rates = {label: (count - counts_start.get(label, 0)) / seconds for label, count in counts_end.items()}
+    wall_ms = {
         label: round(1000 * (total - wall_start.get(label, 0.0)) / made, 1)
-        for label, total in gateway_stats["statement_seconds"].items()
-        if (made := gateway_stats["statements"][label] - statements_start.get(label, 0)) > 0
+        for label, total in window.gateway_end["statement_seconds"].items()
+        if (made := counts_end[label] - counts_start.get(label, 0)) > 0
     }
+    return rates, wall_ms
+
+
+def figures(
+    args: argparse.Namespace, join_rate: float, started: Started, opening: Opening, window: Window
+) -> dict[str, Any]:
+    """The figures of a run, as ``--json`` prints them."""
+    start, end = window.start, window.end
+    seconds = end.at - start.at
+    statements, statement_ms = statement_figures(window, seconds)
+    held = int(window.gateway_end["sessions"])
     ended: collections.Counter[str] = collections.Counter()
-    for s in client_stats:
+    for s in window.clients:
         ended.update(s["ended"])
     machine = (end.machine_busy - start.machine_busy) / (end.machine_total - start.machine_total)
-    if census_idle is not None and census_held is not None:
-        idle_types = dict(census_idle["top"])
-        print(
-            f"objects the collector tracks: {census_idle['objects']} idle, {census_held['objects']} held "
-            f"({(census_held['objects'] - census_idle['objects']) / max(1, held):.0f} a session); the most held:",
-            file=sys.stderr,
-        )
-        for name, count in census_held["top"]:
-            print(f"  {(count - idle_types.get(name, 0)) / max(1, held):8.1f} a session  {name}", file=sys.stderr)
+    gc_start, gc_end = window.gateway_start, window.gateway_end
     return {
         "sessions_asked": args.sessions,
         "heartbeat_s": args.heartbeat,
         "window_s": round(seconds, 1),
-        "settle_s": settle,
+        "settle_s": window.settle,
         "loop": args.loop,
         "gc_young_threshold": GatewayOptions().gc_young_threshold if args.gc_young is None else args.gc_young or None,
         "clients": args.clients,
         "joins_per_s": round(join_rate, 1),
         "sessions_held": {
             "gateway": held,
-            "clients": sum(s["alive"] for s in client_stats),
-            "database_open": db_open,
-            "database_seen_in_window": db_seen,
+            "clients": sum(s["alive"] for s in window.clients),
+            "database_open": window.db_open,
+            "database_seen_in_window": window.db_seen,
         },
         "open": {
-            "opened": sessions_opened,
-            "failed": dict(failed),
-            "seconds": round(opening, 2),
-            "handshakes_per_s": round(sessions_opened / opening, 1) if opening > 0 else None,
+            "opened": opening.opened,
+            "failed": opening.failed,
+            "seconds": round(opening.seconds, 2),
+            "handshakes_per_s": round(opening.opened / opening.seconds, 1) if opening.seconds > 0 else None,
             "gateway_cpu_ms_per_open": round(
-                1000 * (after.gateway_cpu - before.gateway_cpu) / max(1, sessions_opened), 2
+                1000 * (opening.after.gateway_cpu - opening.before.gateway_cpu) / max(1, opening.opened), 2
             ),
         },
         "gateway_cpu_percent": round(100 * (end.gateway_cpu - start.gateway_cpu) / seconds, 1),
         "clients_cpu_percent": round(100 * (end.clients_cpu - start.clients_cpu) / seconds, 1),
         "machine_busy_percent_of_all_cores": round(100 * machine, 1),
         "cores": os.cpu_count(),
-        "load_average_1m": [load_start, load_end],
-        "rss_idle_mb": round(rss_idle / 2**20, 1),
-        "rss_held_mb": round(rss_held / 2**20, 1),
-        "rss_per_session_kb": round((rss_held - rss_idle) / max(1, held) / 1024, 1),
+        "load_average_1m": list(window.load),
+        "rss_idle_mb": round(started.rss_idle / 2**20, 1),
+        "rss_held_mb": round(window.rss_held / 2**20, 1),
+        "rss_per_session_kb": round((window.rss_held - started.rss_idle) / max(1, held) / 1024, 1),
         "gateway_gc_percent_by_generation": [
-            round(100 * (b - a) / seconds, 1)
-            for a, b in zip(gateway_start["gc_seconds"], gateway_stats["gc_seconds"], strict=True)
+            round(100 * (b - a) / seconds, 1) for a, b in zip(gc_start["gc_seconds"], gc_end["gc_seconds"], strict=True)
         ],
         "gateway_gc_runs_per_s_by_generation": [
-            round((b - a) / seconds, 2) for a, b in zip(gateway_start["gc_runs"], gateway_stats["gc_runs"], strict=True)
+            round((b - a) / seconds, 2) for a, b in zip(gc_start["gc_runs"], gc_end["gc_runs"], strict=True)
         ],
         "liveness_writes_per_s": round(statements.get("Sessions.seen", 0.0), 2),
         "statements_per_s": {k: round(v, 2) for k, v in sorted(statements.items()) if v > 0},
         "statement_ms": dict(sorted(statement_ms.items())),
-        "heartbeats_per_s": round((sum(s["heartbeats"] for s in client_stats) - heartbeats_start) / seconds, 1),
+        "heartbeats_per_s": round(
+            (sum(s["heartbeats"] for s in window.clients) - window.heartbeats_start) / seconds, 1
+        ),
         "ended_during_run": dict(ended),
     }
 
@@ -916,21 +617,6 @@ def report(figures: Mapping[str, Any]) -> None:
         f"{figures['ended_during_run'] or 'none'}; joins (setup, not measured) {figures['joins_per_s']:.0f}/s"
     )
     print("  aim (issue 11): 15,000 sessions at <= 25 % of one core, <= 100 KB each, <= 2 liveness writes/s")
-
-
-def run_role(role: str, config_path: str) -> None:
-    config = json.loads(Path(config_path).read_text())
-    logging.basicConfig(level=logging.WARNING, format=f"{role}: %(levelname)s %(name)s: %(message)s")
-    if role == "gateway":
-        raise_open_files(int(config.get("files", 0)) or SPARE_FILES)
-        main: Callable[[], Coroutine[Any, Any, None]] = lambda: run_gateway(config)  # noqa: E731
-        if config["loop"] == "uvloop":
-            uvloop.run(main())
-        else:
-            asyncio.run(main())
-    else:
-        raise_open_files(len(config["nodes"]) + SPARE_FILES)
-        uvloop.run(run_client(config))
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ import psycopg
 
 from bettercompute import BetterCompute, Options, better_compute
 from bettercompute.modules.system import WhoamiInput
-from bettercompute.ports import ResourceRef
+from bettercompute.ports import Identity, ResourceRef
 from bettercompute_iam import EmbeddedIam, RemoteIam
 from bettercompute_iam._credentials import parse
 from bettercompute_iam._pg import IamTables
@@ -50,6 +50,8 @@ SECONDS = 1.5  # per Python measurement
 PGBENCH_SECONDS = 3
 ACTION = "compute:reservations:create"
 RESOURCE = ResourceRef(type="reservations", tenant="root")
+AUTHENTICATE_UNCACHED = "(b) authenticate, uncached (1 SELECT)"  # the rows the pgbench ratios are of
+REQUIRE_UNCACHED = "(d) require, uncached (1 SELECT)"
 
 
 def drop_schema() -> None:
@@ -108,8 +110,51 @@ def pgbench(sql: str) -> float | None:
     return float(match.group(1))
 
 
-async def main(as_json: bool) -> None:
-    drop_schema()
+Rows = list[tuple[str, float, int]]
+"""(label, calls per second, concurrent callers) of each Python measurement, in order."""
+
+
+async def python_rates(
+    iams: tuple[EmbeddedIam, EmbeddedIam],
+    planes: tuple[BetterCompute, BetterCompute],
+    remote: RemoteIam,
+    credential: str,
+    identity: Identity,
+) -> Rows:
+    """(a) to (f) on the cached and the uncached IAM and plane: the IAM's calls, whole calls, RemoteIam over ASGI."""
+    (cached_iam, uncached_iam), (cached, uncached) = iams, planes
+    rows: Rows = []
+
+    async def measure(name: str, call: Callable[[], Awaitable[object]], clients: int = 1) -> None:
+        rows.append((name, await rate(call, clients=clients), clients))
+
+    whoami = WhoamiInput()
+    await measure("(a) authenticate, cached", lambda: cached_iam.authenticate(credential))
+    await measure(AUTHENTICATE_UNCACHED, lambda: uncached_iam.authenticate(credential), CLIENTS)
+    await measure("(c) require, grants cached", lambda: cached_iam.require(identity, ACTION, RESOURCE))
+    await measure(REQUIRE_UNCACHED, lambda: uncached_iam.require(identity, ACTION, RESOURCE), CLIENTS)
+    await measure("(e) api.system.whoami, cached", lambda: cached.api.system.whoami(credential, whoami))
+    await measure("(e) api.system.whoami, uncached", lambda: uncached.api.system.whoami(credential, whoami), CLIENTS)
+    await measure("(f) RemoteIam.require over ASGI", lambda: remote.require(identity, ACTION, RESOURCE), CLIENTS)
+    return rows
+
+
+def pgbench_scripts(compute: BetterCompute, credential: str, identity: Identity) -> dict[str, str]:
+    """The SQL of the uncached paths, parameters filled in, by the name of its pgbench figure."""
+    tables = IamTables(compute.context.store)
+    parsed = parse(credential)
+    assert parsed is not None
+    credential_sql = one_line(tables._credential.query, {"%(id)s": f"'{parsed.id}'"})
+    return {
+        "credential_lookup": credential_sql,
+        "grants_query": one_line(tables._grants.query, {"%(principal)s": f"'{identity.principal_id}'"}),
+        # The same read wrapped in a transaction, as it would be without the store's one-round-trip path.
+        "credential_lookup_in_tx": f"BEGIN;\n{credential_sql}ROLLBACK;\n",
+    }
+
+
+async def measure_planes() -> tuple[Rows, dict[str, str]]:
+    """The Python rates, on a cached plane and an uncached one, and the SQL pgbench runs."""
     cached_iam = EmbeddedIam()
     uncached_iam = EmbeddedIam(cache_ttl=dt.timedelta(0))
     cached = await plane(cached_iam)
@@ -124,82 +169,57 @@ async def main(as_json: bool) -> None:
         remote = RemoteIam(
             "http://central", credential, cache_ttl=dt.timedelta(0), transport=httpx.ASGITransport(app=cached.asgi)
         )
-        remote_iam = remote
-        rows: list[tuple[str, float, int]] = []
-
-        async def measure(name: str, call: Callable[[], Awaitable[object]], clients: int = 1) -> float:
-            value = await rate(call, clients=clients)
-            rows.append((name, value, clients))
-            return value
-
-        whoami = WhoamiInput()
-        await measure("(a) authenticate, cached", lambda: cached_iam.authenticate(credential))
-        authenticate_uncached = await measure(
-            "(b) authenticate, uncached (1 SELECT)", lambda: uncached_iam.authenticate(credential), CLIENTS
-        )
-        await measure("(c) require, grants cached", lambda: cached_iam.require(identity, ACTION, RESOURCE))
-        require_uncached = await measure(
-            "(d) require, uncached (1 SELECT)", lambda: uncached_iam.require(identity, ACTION, RESOURCE), CLIENTS
-        )
-        await measure("(e) api.system.whoami, cached", lambda: cached.api.system.whoami(credential, whoami))
-        await measure(
-            "(e) api.system.whoami, uncached", lambda: uncached.api.system.whoami(credential, whoami), CLIENTS
-        )
-        await measure(
-            "(f) RemoteIam.require over ASGI", lambda: remote_iam.require(identity, ACTION, RESOURCE), CLIENTS
-        )
-        tables = IamTables(cached.context.store)
-        parsed = parse(credential)
-        assert parsed is not None
-        credential_sql = one_line(tables._credential.query, {"%(id)s": f"'{parsed.id}'"})
-        grants_sql = one_line(tables._grants.query, {"%(principal)s": f"'{identity.principal_id}'"})
-        # The same read wrapped in a transaction, as it would be without the store's one-round-trip path.
-        credential_tx_sql = f"BEGIN;\n{credential_sql}ROLLBACK;\n"
+        rows = await python_rates((cached_iam, uncached_iam), (cached, uncached), remote, credential, identity)
+        return rows, pgbench_scripts(cached, credential, identity)
     finally:
         if remote is not None:
             await remote.aclose()
         await uncached.close()
         await cached.close()
-    try:
-        pg_credential = pgbench(credential_sql)
-        pg_grants = pgbench(grants_sql)
-        pg_credential_tx = pgbench(credential_tx_sql)
-    finally:
-        drop_schema()
 
-    if as_json:
-        out: dict[str, float | int | None] = {"callers": CLIENTS}
-        for name, value, _ in rows:
-            out[name_of(name) + "_per_s"] = round(value, 1)
-        pg = {
-            "credential_lookup": pg_credential,
-            "grants_query": pg_grants,
-            "credential_lookup_in_tx": pg_credential_tx,
-        }
-        for name, tps in pg.items():
-            out[f"pgbench_{name}_per_s"] = None if tps is None else round(tps, 1)
-        out["ratio_authenticate_uncached_credential_lookup"] = (
-            None if pg_credential is None else round(authenticate_uncached / pg_credential, 3)
-        )
-        out["ratio_require_uncached_grants_query"] = (
-            None if pg_grants is None else round(require_uncached / pg_grants, 3)
-        )
-        print(json.dumps(out))
-        return
+
+def report_json(rows: Rows, pg: dict[str, float | None]) -> None:
+    rates = {name: value for name, value, _ in rows}
+    out: dict[str, float | int | None] = {"callers": CLIENTS}
+    for name, value in rates.items():
+        out[name_of(name) + "_per_s"] = round(value, 1)
+    for name, tps in pg.items():
+        out[f"pgbench_{name}_per_s"] = None if tps is None else round(tps, 1)
+    authenticate, require = rates[AUTHENTICATE_UNCACHED], rates[REQUIRE_UNCACHED]
+    lookup, grants = pg["credential_lookup"], pg["grants_query"]
+    out["ratio_authenticate_uncached_credential_lookup"] = None if lookup is None else round(authenticate / lookup, 3)
+    out["ratio_require_uncached_grants_query"] = None if grants is None else round(require / grants, 3)
+    print(json.dumps(out))
+
+
+def report_text(rows: Rows, pg: dict[str, float | None]) -> None:
     print("IAM decisions/s, and the time one call takes (callers / rate)")
     for name, value, clients in rows:
         print(f"  {name:<40} {value:>10,.0f}/s  {clients} caller(s)  {1e6 * clients / value:>8.1f} µs")
-    if pg_credential is None or pg_grants is None or pg_credential_tx is None:
+    lookup, grants, lookup_tx = pg["credential_lookup"], pg["grants_query"], pg["credential_lookup_in_tx"]
+    if lookup is None or grants is None or lookup_tx is None:
         print("pgbench not installed (postgresql-client); no comparison")
         return
+    rates = {name: value for name, value, _ in rows}
+    authenticate, require = rates[AUTHENTICATE_UNCACHED], rates[REQUIRE_UNCACHED]
     print(f"pgbench, same SQL, {CLIENTS} clients, prepared")
-    print(f"  {'credential lookup':<40} {pg_credential:>10,.0f}/s")
-    print(f"  {'grants query':<40} {pg_grants:>10,.0f}/s")
-    print(f"  {'BEGIN; credential lookup; ROLLBACK':<40} {pg_credential_tx:>10,.0f}/s")
+    print(f"  {'credential lookup':<40} {lookup:>10,.0f}/s")
+    print(f"  {'grants query':<40} {grants:>10,.0f}/s")
+    print(f"  {'BEGIN; credential lookup; ROLLBACK':<40} {lookup_tx:>10,.0f}/s")
     print("ratios")
-    print(f"  (b) authenticate uncached / pgbench credential lookup:  {authenticate_uncached / pg_credential:.2f}")
-    print(f"  (b) authenticate uncached / pgbench lookup in BEGIN..:  {authenticate_uncached / pg_credential_tx:.2f}")
-    print(f"  (d) require uncached / pgbench grants query:            {require_uncached / pg_grants:.2f}")
+    print(f"  (b) authenticate uncached / pgbench credential lookup:  {authenticate / lookup:.2f}")
+    print(f"  (b) authenticate uncached / pgbench lookup in BEGIN..:  {authenticate / lookup_tx:.2f}")
+    print(f"  (d) require uncached / pgbench grants query:            {require / grants:.2f}")
+
+
+async def main(as_json: bool) -> None:
+    drop_schema()
+    try:
+        rows, scripts = await measure_planes()
+        pg = {name: pgbench(sql) for name, sql in scripts.items()}
+    finally:
+        drop_schema()
+    (report_json if as_json else report_text)(rows, pg)
 
 
 def name_of(label: str) -> str:

@@ -80,20 +80,27 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute.modules.nodes import CERTIFICATES, JOIN_KEYS, GatewayServices, new_token
-from bettercompute.modules.nodes._ca import checked_csr_key
+from bettercompute.modules.nodes import (
+    CERTIFICATES,
+    JOIN_KEYS,
+    CreatedJoinToken,
+    CreateJoinTokenInput,
+    GatewayServices,
+    new_token,
+)
 from bettercompute.modules.nodes._sealing import REPLAY_SCOPE, JoinKeyPair, Unsealer
-from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, Pool
+from bettercompute.modules.nodes._x509 import checked_csr_key
+from bettercompute.modules.pools import CreatePoolInput, Pool
 from bettercompute.testing import InMemoryReplayGuard
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
 from bettercompute_store_pg import PgStore
 from bettercompute_store_pg._outbox import _PUBLISH
 from bettercompute_store_pg._replay import _FIRST_USE
-from bettercompute_store_pg._store import _AUDIT, _PROJECT
-from bettercompute_store_pg.modules.identity._certificates import _RECORD
-from bettercompute_store_pg.modules.identity._nodes import _ENROLL
-from bettercompute_store_pg.modules.pools._repository import _TOKEN_CONSUME, _TOKEN_MATCHING
+from bettercompute_store_pg._transaction import _AUDIT, _PROJECT
+from bettercompute_store_pg.modules.nodes._certificates import _RECORD
+from bettercompute_store_pg.modules.nodes._join_tokens import _TOKEN_CONSUME, _TOKEN_MATCHING
+from bettercompute_store_pg.modules.nodes._nodes import _ENROLL
 
 URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://postgres@127.0.0.1:5432/test"
 SCHEMA = "bc_bench_joins"

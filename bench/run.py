@@ -13,7 +13,7 @@ which are taken side by side, before the absolute figures.
     make bench                                   # every bench, prints the table
     python bench/run.py --only worker,claims     # some of them (names: the files' stems)
     python bench/run.py --quick                  # small sizes, a few minutes
-    python bench/run.py --write                  # also write bench/RESULTS.md and the README's copy of the table
+    python bench/run.py --write                  # also write the table into bench/RESULTS.md
 
 ``BETTERCOMPUTE_DATABASE_URL`` is handed to every bench (default postgresql://postgres@127.0.0.1:5432/test).
 """
@@ -42,9 +42,11 @@ import attrs
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "RESULTS.md"
-README = ROOT / "README.md"
 START_MARKER = "<!-- bench-table:start -->"
 END_MARKER = "<!-- bench-table:end -->"
+# The docs site includes the table (docs/benchmarks.md) as the snippet section between these two lines.
+SNIPPET_START = "<!-- --8<-- [start:table] -->"
+SNIPPET_END = "<!-- --8<-- [end:table] -->"
 URL = os.environ.get("BETTERCOMPUTE_DATABASE_URL", "").strip() or "postgresql://postgres@127.0.0.1:5432/test"
 TIMEOUT = 1800.0  # seconds any one bench may take before it counts as failed
 
@@ -536,10 +538,10 @@ def results_page(table: str) -> str:
         "# Benchmark results\n\n"
         "Written by `python bench/run.py --write` (`make bench` prints the same table without writing it). Each "
         "measure is beside its baseline from the same run; the ratio is value / baseline. What each bench measures, "
-        "and how, is in its file's docstring; the README's detailed tables explain the figures.\n\n"
-        f"{START_MARKER}\n{table.strip()}\n{END_MARKER}\n\n"
+        "and how, is in its file's docstring; [README.md](README.md) explains the figures and gives detailed runs.\n\n"
+        f"{SNIPPET_START}\n{START_MARKER}\n{table.strip()}\n{END_MARKER}\n{SNIPPET_END}\n\n"
         "Run it again: `make bench` (about 10 minutes on 2 cores), `python bench/run.py --only worker,claims` for "
-        "some benches, `python bench/run.py --quick` to try it, and `--write` to update this page and the README.\n"
+        "some benches, `python bench/run.py --quick` to try it, and `--write` to update this page.\n"
     )
 
 
@@ -548,7 +550,7 @@ def main() -> int:
     names = [b.name for b in BENCHES]
     parser.add_argument("--only", help=f"comma-separated benches to run ({', '.join(names)})")
     parser.add_argument("--quick", action="store_true", help="small sizes, to try the command (a few minutes)")
-    parser.add_argument("--write", action="store_true", help="write bench/RESULTS.md and the README's copy")
+    parser.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
     parser.add_argument("--logs", type=Path, help="a folder to keep each bench's stdout and stderr in")
     parser.add_argument("--note", help="a line for the header: what else the machine was doing, say")
     args = parser.parse_args()
@@ -600,9 +602,10 @@ def main() -> int:
     table = render(header, outcomes, quick=args.quick)
     print(table)
     if args.write:
-        RESULTS.write_text(results_page(table))
-        README.write_text(replace_between_markers(README.read_text(), table))
-        say(f"wrote {RESULTS.relative_to(ROOT)} and the table in {README.relative_to(ROOT)}")
+        # Only the table is replaced when the page has one, so what else was written there stays.
+        old = RESULTS.read_text() if RESULTS.exists() else ""
+        RESULTS.write_text(replace_between_markers(old, table) if START_MARKER in old else results_page(table))
+        say(f"wrote the table in {RESULTS.relative_to(ROOT)}")
     return 1 if any(o.error for o in outcomes) else 0
 
 

@@ -41,19 +41,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import admission
-from bench.admission import (
-    Api,
-    HttpRun,
-    Setup,
-    check_booked,
-    drop_schema,
-    percentile,
-    prepare,
-    request_bytes,
-    reset_runs,
-    say,
-)
+from bench import _admission_http, _admission_setup
+from bench._admission_http import Api, HttpRun, check_booked, request_bytes
+from bench._admission_setup import Setup, drop_schema, percentile, prepare, reset_runs, say
 from bettercompute import Options
 from bettercompute._assembly import effective_max_in_flight, effective_max_queued
 from bettercompute_store_pg import PgStore
@@ -79,7 +69,7 @@ def run_client(api: Api, setup: Setup, args: argparse.Namespace, label: str, **c
         "seconds": args.seconds,
     }
     say(label)
-    run = admission.run_client(api, {**base, **config}, label)
+    run = _admission_http.run_client(api, {**base, **config}, label)
     check_booked(setup, run, args)
     return run
 
@@ -89,7 +79,7 @@ def shed_ms(run: HttpRun, q: float) -> float:
 
 
 def figures(args: argparse.Namespace) -> dict[str, Any]:
-    store = PgStore(admission.URL, schema=SCHEMA)  # what serve's default pool gives
+    store = PgStore(_admission_setup.URL, schema=SCHEMA)  # what serve's default pool gives
     in_flight, queued = effective_max_in_flight(Options(store=store)), effective_max_queued(Options(store=store))
     with tempfile.TemporaryDirectory(prefix="bc-bench-shedding-") as tmp:
         say("migrating and seeding")
@@ -193,8 +183,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.seconds < 1 or args.warmup < 0 or args.factor <= 1 or args.nodes < 100:
         parser.error("need --seconds >= 1, --warmup >= 0, --factor > 1 and --nodes >= 100")
-    # admission.py's setup works on its module's schema: point it at this bench's own.
-    admission.SCHEMA = SCHEMA
+    # admission.py's parts work on their setup module's schema: point it at this bench's own.
+    _admission_setup.SCHEMA = SCHEMA
     drop_schema()
     try:
         results = figures(args)

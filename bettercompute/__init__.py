@@ -11,7 +11,9 @@ from bettercompute._runtime.access import Access as Access
 from bettercompute._runtime.context import Caches as Caches
 from bettercompute._runtime.context import DatabaseClock as DatabaseClock
 from bettercompute._runtime.context import ModuleContext as ModuleContext
+from bettercompute._runtime.declarations import Intercepted as Intercepted
 from bettercompute._runtime.declarations import Module as Module
+from bettercompute._runtime.declarations import Next as Next
 from bettercompute._runtime.declarations import Plugin as Plugin
 from bettercompute._runtime.events import Events as Events
 from bettercompute._runtime.gateway_methods import CertificateIssuer as CertificateIssuer
@@ -48,12 +50,12 @@ from bettercompute._runtime.workflows import Workflows as Workflows
 from bettercompute._runtime.workflows import signal_in as signal_workflow_in
 from bettercompute._runtime.workflows import start_in as start_workflow_in
 from bettercompute._version import __version__ as __version__
-from bettercompute.modules.nodes._tokens import JoinSettings as JoinSettings
-from bettercompute.modules.nodes._tunnels import TunnelCheck as TunnelCheck
-from bettercompute.modules.nodes._tunnels import TunnelGrant as TunnelGrant
-from bettercompute.modules.nodes._tunnels import TunnelRecord as TunnelRecord
-from bettercompute.modules.nodes._tunnels import TunnelTicket as TunnelTicket
-from bettercompute.modules.nodes._tunnels import open_tunnel_in as open_tunnel_in
+from bettercompute.modules.nodes import JoinSettings as JoinSettings
+from bettercompute.modules.nodes import TunnelCheck as TunnelCheck
+from bettercompute.modules.nodes import TunnelGrant as TunnelGrant
+from bettercompute.modules.nodes import TunnelRecord as TunnelRecord
+from bettercompute.modules.nodes import TunnelTicket as TunnelTicket
+from bettercompute.modules.nodes import open_tunnel_in as open_tunnel_in
 
 __all__ = [
     "Access",
@@ -75,6 +77,7 @@ __all__ = [
     "GatewayMethod",
     "GroupSet",
     "GroupSpec",
+    "Intercepted",
     "Job",
     "JoinSettings",
     "LocalKeyKms",
@@ -82,6 +85,7 @@ __all__ = [
     "Metrics",
     "Module",
     "ModuleContext",
+    "Next",
     "Options",
     "Outcome",
     "Plugin",

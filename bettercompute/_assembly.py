@@ -25,14 +25,13 @@ from bettercompute.modules.capacity import CapacityModule
 from bettercompute.modules.commands import CommandsModule
 from bettercompute.modules.images import ImagesModule
 from bettercompute.modules.inventory import AcceptanceCheck, InventoryModule
-from bettercompute.modules.nodes import Attestor, IdentityModule
-from bettercompute.modules.nodes._tokens import JoinSettings
+from bettercompute.modules.nodes import Attestor, JoinSettings, NodesModule
 from bettercompute.modules.pools import PoolsModule
-from bettercompute.modules.secrets import SecretsModule
+from bettercompute.modules.reservations import ReservationsModule
+from bettercompute.modules.secrets import SecretBroker, SecretsModule
 from bettercompute.modules.system import SystemModule
 from bettercompute.modules.usage import UsageModule
-from bettercompute.modules.webhooks import WebhooksModule
-from bettercompute.modules.webhooks._signing import WebhookSettings
+from bettercompute.modules.webhooks import WebhookSettings, WebhooksModule
 
 __all__ = ["assemble", "effective_max_in_flight", "effective_max_queued"]
 
@@ -114,37 +113,8 @@ def part_problems(options: Options, problems: list[str]) -> Sequence[Any]:
     return attestors
 
 
-def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) -> list[Module]:
-    """The built-in modules the options turn on, then the IAM (when it is a module) and ``options.modules``, each
-    checked; the plugins are checked too."""
-    kms: Any = options.kms
-    iam: Any = options.iam
-    join: Any = options.join if isinstance(options.join, JoinSettings) else None
-    modules: list[Module] = [
-        SystemModule(jobs=BUILTIN_JOBS),
-        PoolsModule(),
-        # Before any module of options.modules: bare metal's and VPS's tables refer to the images table.
-        ImagesModule(),
-        CommandsModule(),
-        UsageModule(),
-        CapacityModule(),
-    ]
-    # Webhooks keep their signing secrets sealed by the KMS: the group exists only where one is configured.
-    if kms is not None:
-        modules.append(WebhooksModule())
-        modules.append(SecretsModule())
-        if join is not None:
-            modules.append(IdentityModule(join, kms, attestors))
-            # The built-in node controllers; the acceptance checks other modules declare are added below.
-            modules.append(InventoryModule())
-    extra: list[Any] = []
-    if iam is not None and isinstance(iam, Module):
-        extra.append(iam)
-    given = _sequence("modules", options.modules, problems)
-    extra.extend(given)
-    # The built-in names are taken whether or not the options turn those modules on; "runtime" is the name the
-    # store's own tables are migrated under.
-    names = {
+BUILTIN_NAMES = frozenset(
+    {
         "core",
         "runtime",
         "pools",
@@ -152,11 +122,58 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
         "commands",
         "usage",
         "capacity",
+        "reservations",
         "webhooks",
         "secrets",
-        "identity",
+        "nodes",
         "inventory",
     }
+)
+"""The names the built-in modules are registered and migrated under (``"core"`` is the system module's, ``"runtime"``
+the store's own tables'): no other module may take one."""
+
+
+def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) -> list[Module]:
+    """The built-in modules, then the IAM (when it is a module) and ``options.modules``, each checked; the plugins
+    are checked too."""
+    extra = _extra_modules(options, problems)
+    checks = _acceptance_checks(extra, problems)
+    _plugin_problems(options, problems)
+    return [*_builtin_modules(options, attestors, checks), *extra]
+
+
+def _builtin_modules(options: Options, attestors: Sequence[Any], checks: Sequence[AcceptanceCheck]) -> list[Module]:
+    """The core's own modules, always all of them, in the order their tables are made."""
+    kms: Any = options.kms
+    join: Any = options.join if isinstance(options.join, JoinSettings) else None
+    # Node identity (JoinService, the CA, the gateway services) needs both settings; the groups are there anyway.
+    broker = (lambda store: SecretBroker(store, kms)) if kms is not None else None
+    return [
+        SystemModule(jobs=BUILTIN_JOBS),
+        PoolsModule(),
+        # Before any module of options.modules: bare metal's and VPS's tables refer to the images table.
+        ImagesModule(),
+        CommandsModule(),
+        UsageModule(),
+        CapacityModule(),
+        ReservationsModule(),
+        # Webhooks and secrets keep what they hold sealed by the KMS: without one their groups say so.
+        WebhooksModule(kms=kms is not None),
+        SecretsModule(kms=kms is not None),
+        NodesModule(join, kms, attestors, secret_broker=broker),
+        # The built-in node controllers, with the acceptance checks other modules declare.
+        InventoryModule(checks),
+    ]
+
+
+def _extra_modules(options: Options, problems: list[str]) -> list[Module]:
+    """The IAM (when it is a module) and ``options.modules``, those that pass their checks."""
+    iam: Any = options.iam
+    given = _sequence("modules", options.modules, problems)
+    extra: list[Any] = [iam] if iam is not None and isinstance(iam, Module) else []
+    extra.extend(given)
+    names = set(BUILTIN_NAMES)
+    accepted: list[Module] = []
     for position, module in enumerate(extra):
         # The IAM, when it is a module, comes first but is not one of options.modules.
         index = position - (len(extra) - len(given))
@@ -172,13 +189,28 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
             problems.append(f"{where}: the name {module.name!r} is used twice")
             continue
         problems.extend(_range_problems(f"module {module.name!r}", module.core_range))
-        if "kms" in getattr(module, "requires", ()) and kms is None:
+        if "kms" in getattr(module, "requires", ()) and options.kms is None:
             problems.append(
                 f"kms: module {module.name!r} keeps secrets at rest and needs Options.kms"
                 " (bettercompute.LocalKeyKms(path), the same key file in every process)"
             )
         names.add(module.name)
-        modules.append(module)
+        accepted.append(module)
+    return accepted
+
+
+def _acceptance_checks(modules: Sequence[Module], problems: list[str]) -> list[AcceptanceCheck]:
+    """The acceptance checks ``modules`` declare (``acceptance_checks``), for the inventory's controllers."""
+    checks = [c for m in modules for c in getattr(m, "acceptance_checks", ())]
+    bad = [type(c).__name__ for c in checks if not isinstance(c, AcceptanceCheck)]
+    if bad:
+        problems.append(f"acceptance_checks: {bad[0]} is not a bettercompute.modules.inventory.AcceptanceCheck")
+        return []
+    return checks
+
+
+def _plugin_problems(options: Options, problems: list[str]) -> None:
+    """What is malformed in ``options.plugins``, added to ``problems``."""
     plugin_names: set[str] = set()
     plugins: Sequence[Any] = _sequence("plugins", options.plugins, problems)
     for index, plugin in enumerate(plugins):
@@ -193,15 +225,6 @@ def modules_of(options: Options, attestors: Sequence[Any], problems: list[str]) 
             problems.append(f"plugins[{index}]: the name {plugin.name!r} is used twice")
         plugin_names.add(plugin.name)
         problems.extend(_range_problems(f"plugin {plugin.name!r}", plugin.core_range))
-    checks = [c for m in modules for c in getattr(m, "acceptance_checks", ())]
-    for index, module in enumerate(modules):
-        if isinstance(module, InventoryModule) and checks:
-            bad = [type(c).__name__ for c in checks if not isinstance(c, AcceptanceCheck)]
-            if bad:
-                problems.append(f"acceptance_checks: {bad[0]} is not a bettercompute.modules.inventory.AcceptanceCheck")
-            else:
-                modules[index] = InventoryModule(checks)
-    return modules
 
 
 def repository_problems(store: Any, modules: Sequence[Module]) -> list[str]:
@@ -342,7 +365,7 @@ def effective_max_in_flight(options: Options) -> int:
 
 def effective_max_queued(options: Options) -> int:
     """``Options.max_queued``, or by default as many as ``effective_max_in_flight``: a full queue then waits about one
-    service time (see ``bettercompute._runtime.admission``)."""
+    service time (see ``bettercompute._runtime.shedding``)."""
     if options.max_queued is not None:
         return options.max_queued
     return effective_max_in_flight(options)

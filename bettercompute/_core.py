@@ -26,7 +26,7 @@ from bettercompute._runtime.registry import ApiBinding, ApiCall, GroupSpec, Meth
 from bettercompute._runtime.workflows import Workflows
 from bettercompute.errors import ComputeError, FailedPreconditionError, InvalidConfigError, NotFoundError
 from bettercompute.modules.builtin import BuiltinGroups
-from bettercompute.modules.nodes import GatewayServices, IdentityModule
+from bettercompute.modules.nodes import GatewayServices, NodesModule
 from bettercompute.ports import Iam, Store
 
 __all__ = ["Api", "BetterCompute", "better_compute"]
@@ -125,7 +125,15 @@ class BetterCompute:
             settings=Settings(s for s in (options.webhooks, options.join, options.capacity) if s is not None),
             metrics=self.metrics,
         )
-        self._dispatcher = Dispatcher(iam=self._iam, context=self.context, plugins=options.plugins)
+        unavailable = {
+            group.name: reason
+            for module in self._modules
+            if (reason := getattr(module, "unavailable", None)) is not None
+            for group in module.groups
+        }
+        self._dispatcher = Dispatcher(
+            iam=self._iam, context=self.context, plugins=options.plugins, unavailable=unavailable
+        )
         self.api = Api(registry, self._dispatcher)
         self.workflows = Workflows(self.context, [w for m in self._modules for w in getattr(m, "workflows", ())])
         """Start, inspect, signal and cancel workflows (the types modules declare in ``workflows``)."""
@@ -164,9 +172,9 @@ class BetterCompute:
             FailedPreconditionError: ``Options.join`` or ``Options.kms`` is not set, or ``initialize()`` has not run.
         """
         for module in self._modules:
-            if isinstance(module, IdentityModule):
+            if isinstance(module, NodesModule):
                 return module.services
-        raise FailedPreconditionError("gateway services need Options.join and Options.kms")
+        raise FailedPreconditionError("the nodes module is not registered")  # pragma: no cover - it always is
 
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -183,10 +191,12 @@ class BetterCompute:
     async def initialize(self, *, migrate: bool = True) -> None:
         """Run migrations, anchor the clock, start the modules.
 
-        Idempotent. ``migrate=False`` skips the migrations (``serve --no-migrate``).
+        Idempotent. ``migrate=False`` skips the migrations (``serve --no-migrate``). Every method's action is in the
+        catalog by construction (``catalog()`` is derived from the declarations), so there is nothing to check there.
 
         Raises:
-            InvalidConfigError: a method's action is missing from the catalog, or a migration is malformed.
+            InvalidConfigError: a migration is malformed, or a module cannot start with what is stored (a key that
+                does not open with the configured KMS).
             UnavailableError: the database cannot be reached.
         """
         async with self._lock:
@@ -304,16 +314,16 @@ def _gateway_methods(modules: Sequence[Any]) -> None:
     problems: list[str] = []
     methods: dict[str, GatewayMethod] = {}
     for module in modules:
-        for declared in getattr(module, "gateway_methods", ()) if not isinstance(module, IdentityModule) else ():
+        for declared in getattr(module, "gateway_methods", ()) if not isinstance(module, NodesModule) else ():
             if not isinstance(declared, GatewayMethod):
                 problems.append(f"{module.name}: {type(declared).__name__} is not a bettercompute.GatewayMethod")
             elif declared.name in methods:
                 problems.append(f"gateway method {declared.name!r} is declared twice")
             else:
                 methods[declared.name] = declared
-    identity = next((m for m in modules if isinstance(m, IdentityModule)), None)
+    identity = next((m for m in modules if isinstance(m, NodesModule) and m.identity), None)
     if methods and identity is None:
-        problems.append("gateway methods need the identity module: set Options.join and Options.kms")
+        problems.append("gateway methods need node identity: set Options.join and Options.kms")
     if problems:
         raise InvalidConfigError("the gateway methods are misdeclared", details={"problems": problems})
     if identity is not None:
@@ -321,7 +331,7 @@ def _gateway_methods(modules: Sequence[Any]) -> None:
     _tunnel_checks(modules, identity)
 
 
-def _tunnel_checks(modules: Sequence[Any], identity: IdentityModule | None) -> None:
+def _tunnel_checks(modules: Sequence[Any], identity: NodesModule | None) -> None:
     """Hand every module's tunnel checks (``tunnel_checks``: resource type -> ``TunnelCheck``) to the identity
     module, whose gateway services run them for the open tunnels to resources of those types.
 
@@ -332,7 +342,7 @@ def _tunnel_checks(modules: Sequence[Any], identity: IdentityModule | None) -> N
     problems: list[str] = []
     checks: dict[str, Any] = {}
     for module in modules:
-        if isinstance(module, IdentityModule):
+        if isinstance(module, NodesModule):
             continue
         for resource_type, check in dict(getattr(module, "tunnel_checks", {})).items():
             if not callable(check):
@@ -342,7 +352,7 @@ def _tunnel_checks(modules: Sequence[Any], identity: IdentityModule | None) -> N
             else:
                 checks[resource_type] = check
     if checks and identity is None:
-        problems.append("tunnel checks need the identity module: set Options.join and Options.kms")
+        problems.append("tunnel checks need node identity: set Options.join and Options.kms")
     if problems:
         raise InvalidConfigError("the tunnel checks are misdeclared", details={"problems": problems})
     if identity is not None:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import attrs
 
 from bettercompute._runtime.declarations import Module, Plugin
-from bettercompute.modules.capacity._settings import CapacitySettings
-from bettercompute.modules.nodes._tokens import JoinSettings
-from bettercompute.modules.webhooks._signing import WebhookSettings
+from bettercompute.modules.capacity import CapacitySettings
+from bettercompute.modules.nodes import JoinSettings
+from bettercompute.modules.webhooks import WebhookSettings
 from bettercompute.ports import Clock, Iam, Kms, Notifier, Store
 
 if TYPE_CHECKING:

@@ -8,6 +8,16 @@ A call the server shed under load (503 ``UNAVAILABLE``, reason ``overloaded``, `
 clients send it again, whatever the method, after the ``Retry-After`` seconds plus up to half as much again (so the
 shed callers do not all come back at once): ``shed_retries`` times (2), and only when the server asks for at most
 ``_MAX_RETRY_AFTER`` seconds. Any other error, a 503 of another kind included, is raised at once.
+
+The clients speak HTTP through httpx, so any httpx transport carries their calls (``transport=``), or a ready httpx
+client with settings of its own (``http_client=``: limits, proxies, event hooks, headers)::
+
+    # In the same process, without a socket (tests, a host application calling its own control plane):
+    AsyncClient("http://compute", token, transport=httpx.ASGITransport(compute.asgi))
+    # HTTP/2, negotiated over TLS (httpx needs the h2 package: pip install httpx[http2]):
+    AsyncClient("https://compute.example.com", token, transport=httpx.AsyncHTTPTransport(http2=True))
+    # A Unix socket (e.g. uvicorn --uds /run/bettercompute.sock); the URL's host is then only the Host header:
+    AsyncClient("http://localhost", token, transport=httpx.AsyncHTTPTransport(uds="/run/bettercompute.sock"))
 """
 
 from __future__ import annotations
@@ -22,7 +32,6 @@ import anyio
 import httpx
 
 from bettercompute._runtime import codec as _codec
-from bettercompute._runtime.admission import retry_delay
 from bettercompute._runtime.registry import (
     AsyncClientBinding,
     AsyncClientCall,
@@ -30,6 +39,7 @@ from bettercompute._runtime.registry import (
     ClientCall,
     MethodDef,
 )
+from bettercompute._runtime.shedding import retry_delay
 from bettercompute.errors import InternalError, InvalidInputError, UnavailableError, error_class_for_code
 from bettercompute.modules.builtin import BuiltinGroups
 
@@ -107,9 +117,18 @@ class AsyncClient(BuiltinGroups[AsyncClientBinding]):
         base_url: Where it is served, e.g. ``http://127.0.0.1:3000`` (the endpoint path is added).
         credential: A Better IAM credential (``bcak_<id>.<secret>``).
         endpoint: The method path prefix, ``/api/compute`` unless the server mounts it elsewhere.
-        transport: An httpx transport, e.g. ``httpx.ASGITransport(compute.asgi)`` to call in-process over HTTP.
+        timeout: Each call's time-out, for the httpx client made here (an ``http_client`` keeps its own).
+        transport: The httpx transport the calls go through: ``httpx.ASGITransport(compute.asgi)`` in process,
+            ``httpx.AsyncHTTPTransport(http2=True)`` for HTTP/2, ``httpx.AsyncHTTPTransport(uds=path)`` for a Unix
+            socket (see the module's docstring). By default, httpx's own (HTTP/1.1 over TCP).
+        http_client: A ready ``httpx.AsyncClient`` to send the calls with, instead of one made here (not with
+            ``transport``). It is the caller's: ``aclose()`` leaves it open. Calls go to absolute URLs, so its own
+            ``base_url`` is not used.
         shed_retries: How many times a call the server shed under load is sent again (after its ``Retry-After``);
             0 raises the ``UnavailableError`` at once.
+
+    Raises:
+        TypeError: both ``transport`` and ``http_client`` were given.
     """
 
     def __init__(
@@ -120,10 +139,14 @@ class AsyncClient(BuiltinGroups[AsyncClientBinding]):
         endpoint: str = "/api/compute",
         timeout: httpx.Timeout | float = _DEFAULT_TIMEOUT,
         transport: httpx.AsyncBaseTransport | None = None,
+        http_client: httpx.AsyncClient | None = None,
         shed_retries: int = _SHED_RETRIES,
     ) -> None:
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
-        self._endpoint = endpoint
+        if http_client is not None and transport is not None:
+            raise TypeError("give a transport or an http_client, not both (the client has its own transport)")
+        self._owned = http_client is None
+        self._http = http_client if http_client is not None else httpx.AsyncClient(timeout=timeout, transport=transport)
+        self._url = base_url.rstrip("/") + endpoint
         self._credential = credential
         self._shed_retries = max(0, shed_retries)
         super().__init__(self)
@@ -143,7 +166,7 @@ class AsyncClient(BuiltinGroups[AsyncClientBinding]):
         headers = _headers(self._credential, idempotency_key)
         for attempt in range(self._shed_retries + 1):
             try:
-                response = await self._http.post(self._endpoint + method.path, content=body, headers=headers)
+                response = await self._http.post(self._url + method.path, content=body, headers=headers)
             except httpx.TransportError as exc:
                 raise UnavailableError("the control plane cannot be reached", details={"method": method.path}) from exc
             delay = _shed_delay(response) if attempt < self._shed_retries else None
@@ -153,8 +176,9 @@ class AsyncClient(BuiltinGroups[AsyncClientBinding]):
         return _result(method, response)
 
     async def aclose(self) -> None:
-        """Close the connections."""
-        await self._http.aclose()
+        """Close the connections (those of an ``http_client`` given stay open: it is its owner's to close)."""
+        if self._owned:
+            await self._http.aclose()
 
     async def __aenter__(self) -> Self:
         return self
@@ -166,7 +190,13 @@ class AsyncClient(BuiltinGroups[AsyncClientBinding]):
 
 
 class Client(BuiltinGroups[ClientBinding]):
-    """The blocking twin of ``AsyncClient``, for scripts and the CLI."""
+    """The blocking twin of ``AsyncClient``, for scripts: the same arguments, with ``httpx.BaseTransport`` (e.g.
+    ``httpx.HTTPTransport(http2=True)`` or ``httpx.HTTPTransport(uds=path)``) and ``httpx.Client`` in place of their
+    async kinds; ``close()`` leaves a given ``http_client`` open.
+
+    Raises:
+        TypeError: both ``transport`` and ``http_client`` were given.
+    """
 
     def __init__(
         self,
@@ -176,10 +206,14 @@ class Client(BuiltinGroups[ClientBinding]):
         endpoint: str = "/api/compute",
         timeout: httpx.Timeout | float = _DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
+        http_client: httpx.Client | None = None,
         shed_retries: int = _SHED_RETRIES,
     ) -> None:
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
-        self._endpoint = endpoint
+        if http_client is not None and transport is not None:
+            raise TypeError("give a transport or an http_client, not both (the client has its own transport)")
+        self._owned = http_client is None
+        self._http = http_client if http_client is not None else httpx.Client(timeout=timeout, transport=transport)
+        self._url = base_url.rstrip("/") + endpoint
         self._credential = credential
         self._shed_retries = max(0, shed_retries)
         super().__init__(self)
@@ -199,7 +233,7 @@ class Client(BuiltinGroups[ClientBinding]):
         headers = _headers(self._credential, idempotency_key)
         for attempt in range(self._shed_retries + 1):
             try:
-                response = self._http.post(self._endpoint + method.path, content=body, headers=headers)
+                response = self._http.post(self._url + method.path, content=body, headers=headers)
             except httpx.TransportError as exc:
                 raise UnavailableError("the control plane cannot be reached", details={"method": method.path}) from exc
             delay = _shed_delay(response) if attempt < self._shed_retries else None
@@ -209,8 +243,9 @@ class Client(BuiltinGroups[ClientBinding]):
         return _result(method, response)
 
     def close(self) -> None:
-        """Close the connections."""
-        self._http.close()
+        """Close the connections (those of an ``http_client`` given stay open: it is its owner's to close)."""
+        if self._owned:
+            self._http.close()
 
     def __enter__(self) -> Self:
         return self

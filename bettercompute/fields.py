@@ -77,6 +77,16 @@ class Text:
         return out
 
 
+def _bounds(minimum: float | None, maximum: float | None) -> dict[str, Any]:
+    """A number rule's JSON Schema keywords: the bounds it has."""
+    out: dict[str, Any] = {}
+    if minimum is not None:
+        out["minimum"] = minimum
+    if maximum is not None:
+        out["maximum"] = maximum
+    return out
+
+
 @attrs.frozen(kw_only=True)
 class Integer:
     """An integer within ``minimum`` and ``maximum``, both included. ``None`` passes."""
@@ -102,12 +112,7 @@ class Integer:
 
     def schema(self) -> dict[str, Any]:
         """The JSON Schema keywords of the rule."""
-        out: dict[str, Any] = {}
-        if self.minimum is not None:
-            out["minimum"] = self.minimum
-        if self.maximum is not None:
-            out["maximum"] = self.maximum
-        return out
+        return _bounds(self.minimum, self.maximum)
 
 
 @attrs.frozen(kw_only=True)
@@ -138,12 +143,7 @@ class Number:
 
     def schema(self) -> dict[str, Any]:
         """The JSON Schema keywords of the rule."""
-        out: dict[str, Any] = {}
-        if self.minimum is not None:
-            out["minimum"] = self.minimum
-        if self.maximum is not None:
-            out["maximum"] = self.maximum
-        return out
+        return _bounds(self.minimum, self.maximum)
 
 
 @attrs.frozen(kw_only=True)

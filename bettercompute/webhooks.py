@@ -4,12 +4,12 @@ libraries apply), with the names it needs. The sending side is the ``webhooks`` 
 
 from __future__ import annotations
 
-from bettercompute.modules.webhooks._signing import DEFAULT_TOLERANCE as DEFAULT_TOLERANCE
-from bettercompute.modules.webhooks._signing import STANDARD_ID_HEADER as STANDARD_ID_HEADER
-from bettercompute.modules.webhooks._signing import STANDARD_SIGNATURE_HEADER as STANDARD_SIGNATURE_HEADER
-from bettercompute.modules.webhooks._signing import STANDARD_TIMESTAMP_HEADER as STANDARD_TIMESTAMP_HEADER
-from bettercompute.modules.webhooks._signing import WebhookVerificationError as WebhookVerificationError
-from bettercompute.modules.webhooks._signing import verify as verify
+from bettercompute.modules.webhooks import DEFAULT_TOLERANCE as DEFAULT_TOLERANCE
+from bettercompute.modules.webhooks import STANDARD_ID_HEADER as STANDARD_ID_HEADER
+from bettercompute.modules.webhooks import STANDARD_SIGNATURE_HEADER as STANDARD_SIGNATURE_HEADER
+from bettercompute.modules.webhooks import STANDARD_TIMESTAMP_HEADER as STANDARD_TIMESTAMP_HEADER
+from bettercompute.modules.webhooks import WebhookVerificationError as WebhookVerificationError
+from bettercompute.modules.webhooks import verify as verify
 
 __all__ = [
     "DEFAULT_TOLERANCE",

@@ -43,8 +43,9 @@ from bettercompute._runtime.openapi import openapi_document
 from bettercompute._runtime.registry import MethodDef
 from bettercompute_iam._policy import builtin_roles, matches
 
-from ._client import EXIT_CODES, group_names
+from ._call import EXIT_CODES
 from ._config import Config
+from ._groups import group_names
 from ._runtime import build
 
 __all__ = ["TARGET", "check", "main", "render"]

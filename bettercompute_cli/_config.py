@@ -192,13 +192,7 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
     have the right type.
     """
     if key in ("database_url", "notify_url"):
-        if not isinstance(value, str):
-            return None, f"{where} must be a string"
-        url = value.strip()
-        if not url.startswith(_URL_SCHEMES):
-            # The URL may hold a password: say what is wrong without repeating it.
-            return None, f"{where} must be a URL starting with postgresql://"
-        return url, None
+        return _check_database_url(value, where)
     if key == "lease_ttl_seconds":
         return _check_seconds(value, where, from_env=from_env)
     if key == "iam_url":
@@ -214,59 +208,12 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty path"
         return Path(value.strip()).expanduser(), None
-    if key in ("tunnel_streams_per_tenant", "tunnel_bytes_per_second"):
-        amount: Any = value
-        if from_env:  # ASCII digits only, as for a port
-            text = value.strip()
-            amount = int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else None
-        low, high = (1, 100_000) if key == "tunnel_streams_per_tenant" else (1024, 10 * 1024**3)
-        if isinstance(amount, bool) or not isinstance(amount, int) or not low <= amount <= high:
-            return None, f"{where} must be a whole number from {low} to {high}, not {value!r}"
-        return amount, None
-    if key in ("trust_domain", "gateway_address", "tunnel_gateway"):
-        if not isinstance(value, str) or not value.strip():
-            return None, f"{where} must be a non-empty string"
-        text = value.strip()
-        if key == "trust_domain" and not _TRUST_DOMAIN.fullmatch(text):
-            return None, f"{where} {text!r} must be a lower-case DNS name like compute.example.com"
-        if key in ("gateway_address", "tunnel_gateway") and not _ADDRESS.fullmatch(text):
-            return None, f"{where} {text!r} must be host:port"
-        return text, None
-    if key in ("host", "gateway_host", "metrics_host", "instance", "schema"):
-        if not isinstance(value, str) or not value.strip():
-            return None, f"{where} must be a non-empty string"
-        text = value.strip()
-        if key == "schema" and (not _SCHEMA.fullmatch(text) or text.startswith("pg_")):
-            return None, (
-                f"{where} {text!r} must be a lower-case identifier (a-z, 0-9, _) of at most 63 characters,"
-                " not starting with pg_"
-            )
-        return text, None
-    if key in ("port", "gateway_port", "metrics_port"):
-        port: Any = value
-        if from_env:  # ASCII digits only: int() would also read full-width or Arabic-Indic ones
-            text = value.strip()
-            port = int(text) if text.isascii() and text.isdigit() else None
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            return None, f"{where} must be a port number from 1 to 65535, not {value!r}"
-        return port, None
-    if key == "max_queued":
-        count: Any = value
-        if from_env:  # ASCII digits only, as for a port
-            text = value.strip()
-            count = int(text) if text.isascii() and text.isdigit() and len(text) <= 7 else None
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= _MAX_QUEUED:
-            return None, f"{where} must be a whole number of requests from 0 to {_MAX_QUEUED}, not {value!r}"
-        return count, None
+    if key in _WHOLE_NUMBERS:
+        return _check_whole(key, value, where, from_env=from_env)
+    if key in _TEXTS:
+        return _check_text(key, value, where)
     if key in ("pgbouncer", "webhooks_allow_private"):
-        if from_env:
-            lowered = value.strip().lower()
-            if lowered in _TRUE | _FALSE:
-                return lowered in _TRUE, None
-            return None, f"{where} must be true or false, not {value!r}"
-        if not isinstance(value, bool):
-            return None, f"{where} must be true or false, not {value!r}"
-        return value, None
+        return _check_flag(value, where, from_env=from_env)
     if key == "roles":
         if not isinstance(value, str | list | tuple):
             return None, f"{where} must be a list of role names or a comma-separated string"
@@ -275,6 +222,73 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
         except ValueError as exc:
             return None, f"{where}: {exc}"
     raise AssertionError(f"unhandled key {key}")  # every key of KEYS is handled above
+
+
+def _check_database_url(value: Any, where: str) -> tuple[str | None, str | None]:
+    if not isinstance(value, str):
+        return None, f"{where} must be a string"
+    url = value.strip()
+    if not url.startswith(_URL_SCHEMES):
+        # The URL may hold a password: say what is wrong without repeating it.
+        return None, f"{where} must be a URL starting with postgresql://"
+    return url, None
+
+
+_WHOLE_NUMBERS: Mapping[str, tuple[int, int, int | None, str]] = {
+    "port": (1, 65535, None, "a port number"),
+    "gateway_port": (1, 65535, None, "a port number"),
+    "metrics_port": (1, 65535, None, "a port number"),
+    "max_queued": (0, _MAX_QUEUED, 7, "a whole number of requests"),
+    "tunnel_streams_per_tenant": (1, 100_000, 12, "a whole number"),
+    "tunnel_bytes_per_second": (1024, 10 * 1024**3, 12, "a whole number"),
+}
+"""The keys whose values are whole numbers: the lowest and highest allowed, the most digits read from the
+environment (``None``: any number of them), and what the problem calls such a value."""
+
+
+def _check_whole(key: str, value: Any, where: str, *, from_env: bool) -> tuple[int | None, str | None]:
+    low, high, digits, what = _WHOLE_NUMBERS[key]
+    number: Any = value
+    if from_env:  # ASCII digits only: int() would also read full-width or Arabic-Indic ones
+        text = value.strip()
+        readable = text.isascii() and text.isdigit() and (digits is None or len(text) <= digits)
+        number = int(text) if readable else None
+    if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
+        return None, f"{where} must be {what} from {low} to {high}, not {value!r}"
+    return number, None
+
+
+_TEXTS = frozenset(
+    {"trust_domain", "gateway_address", "tunnel_gateway", "host", "gateway_host", "metrics_host", "instance", "schema"}
+)
+"""The keys whose values are non-empty strings (some of a given form)."""
+
+
+def _check_text(key: str, value: Any, where: str) -> tuple[str | None, str | None]:
+    if not isinstance(value, str) or not value.strip():
+        return None, f"{where} must be a non-empty string"
+    text = value.strip()
+    if key == "trust_domain" and not _TRUST_DOMAIN.fullmatch(text):
+        return None, f"{where} {text!r} must be a lower-case DNS name like compute.example.com"
+    if key in ("gateway_address", "tunnel_gateway") and not _ADDRESS.fullmatch(text):
+        return None, f"{where} {text!r} must be host:port"
+    if key == "schema" and (not _SCHEMA.fullmatch(text) or text.startswith("pg_")):
+        return None, (
+            f"{where} {text!r} must be a lower-case identifier (a-z, 0-9, _) of at most 63 characters,"
+            " not starting with pg_"
+        )
+    return text, None
+
+
+def _check_flag(value: Any, where: str, *, from_env: bool) -> tuple[bool | None, str | None]:
+    if from_env:
+        lowered = value.strip().lower()
+        if lowered in _TRUE | _FALSE:
+            return lowered in _TRUE, None
+        return None, f"{where} must be true or false, not {value!r}"
+    if not isinstance(value, bool):
+        return None, f"{where} must be true or false, not {value!r}"
+    return value, None
 
 
 def _check_seconds(value: Any, where: str, *, from_env: bool) -> tuple[float | None, str | None]:

@@ -25,8 +25,8 @@ import typer
 
 from bettercompute import BetterCompute
 from bettercompute.errors import ComputeError
-from bettercompute.modules.nodes import NODES
-from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput, ListPoolsInput, Pool
+from bettercompute.modules.nodes import NODES, CreateJoinTokenInput
+from bettercompute.modules.pools import CreatePoolInput, ListPoolsInput, Pool
 from bettercompute_daemon import DaemonError, SimOptions, Simulator, parse_join_command
 from bettercompute_iam import Bootstrap
 

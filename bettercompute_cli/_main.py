@@ -12,20 +12,9 @@ import os
 import re
 import sys
 
-__all__ = ["COMPLETE_VAR", "OWN_COMMANDS", "main"]
+from ._constants import COMPLETE_VAR, OWN_COMMANDS
 
-COMPLETE_VAR = "_BETTER_COMPUTE_COMPLETE"
-"""Set by the shell's completion script (``better-compute completion bash``) when it asks for completions."""
-
-OWN_COMMANDS: dict[str, str] = {
-    "dev": "Run the whole control plane on this machine, for development.",
-    "iam": "Administer the embedded Better IAM.",
-    "mcp": "Serve the control plane's methods as MCP tools, on stdio or over streamable HTTP.",
-    "migrate": "Apply every pending migration, and print what was applied.",
-    "serve": "Run one process mode of the control plane until stopped.",
-    "version": "Print the versions of the command and the packages it composes.",
-}
-"""The server commands (``_app``), with a line each for shell completion (a unit test keeps the names in step)."""
+__all__ = ["main"]
 
 
 def main() -> None:

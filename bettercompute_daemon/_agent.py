@@ -59,7 +59,9 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 import bettercompute_proto as wire
 
+from ._call import call
 from ._cdi import DEFAULT_CDI_DIR, apply_desired_state
+from ._errors import DaemonError, JoinRefused
 from ._inventory import Inventory
 from ._renewal import IDENTITY_GONE, REENROLL_TOKEN, Renewer, retryable
 from ._state import NodeConfig, NodeIdentity, StateDir
@@ -92,14 +94,6 @@ Observer = Callable[[str, Mapping[str, Any]], None]
 
 def _unobserved(event: str, facts: Mapping[str, Any]) -> None:
     """No observer."""
-
-
-class DaemonError(Exception):
-    """A failure to report to the operator: one line, no secret."""
-
-
-class JoinRefused(DaemonError):
-    """The control plane refused the join, and asking again would not change its answer."""
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -494,8 +488,6 @@ class Agent:
 
     def _reporter(self, session: _Session) -> Callable[[Mapping[str, Any]], Any]:
         async def report(payload: Mapping[str, Any]) -> None:
-            from ._call import call  # _call imports this module (DaemonError)
-
             await call(session.channel, "instances.report", payload, wait=10.0)
 
         return report

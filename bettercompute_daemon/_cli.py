@@ -17,9 +17,10 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._agent import VERSION, DaemonError, join, run_node
+from ._agent import VERSION, join, run_node
 from ._cdi import DEFAULT_CDI_DIR
-from ._config import DEFAULT_NODE_CONFIG, FIELDS, ConfigError, NodeSettings, node_settings, read_config_file, resolve
+from ._config import DEFAULT_NODE_CONFIG, FIELDS, NodeSettings, node_settings, read_config_file, resolve
+from ._errors import ConfigError, DaemonError
 from ._inventory import Inventory, vm_section
 from ._pin import fetch_pinned_bundle
 from ._ramdisk import CMDLINE, DEFAULT_REBOOT_COMMAND, build_machine, parse_cmdline, resolve_settings, run_ramdisk

@@ -37,7 +37,7 @@ from typing import Any
 import attrs
 from cryptography import x509
 
-from ._agent import DaemonError
+from ._errors import ConfigError, DaemonError
 from ._pin import parse_pin
 from ._state import NodeConfig
 
@@ -77,15 +77,6 @@ _TRUST_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
 _POOL = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _JOIN_KEY = re.compile(r"[A-Za-z0-9_-]{43}=?")
 _BASE64 = re.compile(r"[A-Za-z0-9+/=]+")
-
-
-class ConfigError(DaemonError):
-    """The join configuration cannot be used: every problem, one line each."""
-
-    def __init__(self, problems: list[str], *, subject: str = "the join configuration") -> None:
-        self.problems = problems
-        noun = "problem" if len(problems) == 1 else "problems"
-        super().__init__(f"{subject} has {len(problems)} {noun}:\n  " + "\n  ".join(problems))
 
 
 @attrs.frozen(kw_only=True)

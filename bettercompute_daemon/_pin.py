@@ -24,7 +24,8 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 import bettercompute_proto as wire
 
-from ._agent import DaemonError, refusal, split_address
+from ._agent import refusal, split_address
+from ._errors import DaemonError
 
 __all__ = ["PIN_PREFIX", "bundle_pin", "fetch_pinned_bundle", "parse_pin"]
 

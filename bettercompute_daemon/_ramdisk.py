@@ -42,9 +42,9 @@ from typing import Any, TypeVar
 import attrs
 from grpclib.client import Channel
 
-from ._agent import DaemonError, split_address
-from ._call import CallError, GatewayUnreachable, call, certificate_for, client_context
-from ._config import ConfigError, _check
+from ._agent import split_address
+from ._call import call, certificate_for, client_context
+from ._config import _check
 from ._disks import (
     Disk,
     UrlOpener,
@@ -56,6 +56,7 @@ from ._disks import (
     wipe,
     write_image,
 )
+from ._errors import CallError, ConfigError, DaemonError, GatewayUnreachable
 from ._inventory import Inventory
 from ._pin import fetch_pinned_bundle
 from .identity import NodeKey, ramdisk_report_message

@@ -38,7 +38,8 @@ from typing import Any, TextIO
 
 import attrs
 
-from ._agent import Agent, DaemonError, JoinRefused, join
+from ._agent import Agent, join
+from ._errors import DaemonError, JoinRefused
 from ._inventory import Inventory
 from ._nvml import health_of
 from ._state import NodeConfig, StateDir
@@ -148,15 +149,11 @@ def _uuid(rng: random.Random) -> str:
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
-def node_inventory(options: SimOptions, index: int, faults: Faults) -> dict[str, Any]:
-    """What node ``index`` of the fleet declares, in the fake-inventory format (``claims``, ``sections``,
-    ``health``); the same for the same seed and options."""
-    rng = _rng(options.seed, "node", index)
-    model = rng.choices(MODELS, weights=[m.weight for m in MODELS])[0]
-    driver = rng.choice(DRIVERS)
-    mig_on = model.mig_slice_mib is not None and rng.random() < MIG_SHARE
-    count = options.gpus_per_node
-    uuids = [f"GPU-{_uuid(rng)}" for _ in range(count)]
+def _gpus(
+    rng: random.Random, model: _Model, driver: str, uuids: list[str], *, mig_on: bool, node: int, faults: Faults
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Node ``node``'s GPUs as its inventory shows them, and the XID errors of its unhealthy GPUs that have one (the
+    rest have uncorrectable ECC errors); the random draws in the order the fleet's seed expects."""
     gpus: list[dict[str, Any]] = []
     xids: list[dict[str, Any]] = []
     for gpu_index, gpu_uuid in enumerate(uuids):
@@ -169,7 +166,7 @@ def node_inventory(options: SimOptions, index: int, faults: Faults) -> dict[str,
                     for _ in range(MIG_SLICES)
                 ]
         uncorrected = 0
-        if (index, gpu_index) in faults.unhealthy:
+        if (node, gpu_index) in faults.unhealthy:
             if rng.random() < 0.5:
                 uncorrected = rng.randint(1, 4)
             else:
@@ -196,6 +193,19 @@ def node_inventory(options: SimOptions, index: int, faults: Faults) -> dict[str,
                 "recovery_action": "none",
             }
         )
+    return gpus, xids
+
+
+def node_inventory(options: SimOptions, index: int, faults: Faults) -> dict[str, Any]:
+    """What node ``index`` of the fleet declares, in the fake-inventory format (``claims``, ``sections``,
+    ``health``); the same for the same seed and options."""
+    rng = _rng(options.seed, "node", index)
+    model = rng.choices(MODELS, weights=[m.weight for m in MODELS])[0]
+    driver = rng.choice(DRIVERS)
+    mig_on = model.mig_slice_mib is not None and rng.random() < MIG_SHARE
+    count = options.gpus_per_node
+    uuids = [f"GPU-{_uuid(rng)}" for _ in range(count)]
+    gpus, xids = _gpus(rng, model, driver, uuids, mig_on=mig_on, node=index, faults=faults)
     health_gpus = gpus
     if index in faults.failing:  # an error the inventory did not show yet: acceptance finds it
         first = gpus[0]

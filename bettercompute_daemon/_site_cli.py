@@ -22,9 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._agent import DaemonError
-from ._call import CallError
-from ._config import ConfigError, _check
+from ._config import _check
+from ._errors import CallError, ConfigError, DaemonError
 from ._pin import fetch_pinned_bundle
 from ._site import DEFAULT_BOOT_FILES, BootPlan, BootRecord, BootServer
 from ._site_client import MAX_RECORDS, SiteSync, check_site_token, site_join

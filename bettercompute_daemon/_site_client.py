@@ -41,8 +41,9 @@ from typing import Any
 import attrs
 from grpclib.client import Channel
 
-from ._agent import DaemonError, split_address
+from ._agent import split_address
 from ._call import CALL_TIMEOUT, call, certificate_for, client_context
+from ._errors import DaemonError
 from ._state import StateDir
 from .identity import NodeKey
 

@@ -10,8 +10,8 @@ from bettercompute.modules.commands import SESSION_CLOSED as SESSION_CLOSED
 from bettercompute.modules.commands import SESSION_OPENED as SESSION_OPENED
 from bettercompute_gateway._errors import STATUS_OF as STATUS_OF
 from bettercompute_gateway._gateway import Gateway as Gateway
-from bettercompute_gateway._gateway import GatewayOptions as GatewayOptions
 from bettercompute_gateway._gateway import create_gateway as create_gateway
+from bettercompute_gateway._options import GatewayOptions as GatewayOptions
 from bettercompute_gateway._tls import GatewayTls as GatewayTls
 from bettercompute_gateway._tls import issue_tls as issue_tls
 from bettercompute_gateway._tls import server_context as server_context

@@ -17,7 +17,7 @@ from cryptography.x509.oid import NameOID
 if TYPE_CHECKING:
     from bettercompute.modules.nodes import GatewayServices
 
-__all__ = ["GatewayTls", "issue_tls", "server_context"]
+__all__ = ["GatewayTls", "ServerTls", "issue_tls", "server_context"]
 
 
 @attrs.frozen(kw_only=True)
@@ -100,3 +100,32 @@ def load(context: ssl.SSLContext, tls: GatewayTls) -> None:
         context.load_cert_chain(path)
     finally:
         os.unlink(path)
+
+
+class ServerTls:
+    """The gateway's TLS in use: the ``GatewayTls`` it was given last, and the server context made from it once the
+    gateway listens (``open``), which a reload updates in place."""
+
+    def __init__(self, tls: GatewayTls) -> None:
+        self.tls = tls
+        self._context: ssl.SSLContext | None = None
+
+    def open(self) -> ssl.SSLContext:
+        """The server context for the listening socket.
+
+        Raises:
+            ssl.SSLError: the certificate, key or bundle does not load.
+        """
+        self._context = server_context(self.tls)
+        return self._context
+
+    def reload(self, tls: GatewayTls) -> None:
+        """Use ``tls`` for the connections made from now on.
+
+        Raises:
+            ssl.SSLError: it does not load (the one in use stays).
+        """
+        server_context(tls)  # fails here, before the live context is touched, if it does not load
+        if self._context is not None:
+            load(self._context, tls)
+        self.tls = tls

@@ -32,11 +32,15 @@ from grpclib.server import Stream
 import bettercompute_proto as wire
 from bettercompute import Metrics
 from bettercompute.errors import (
+    ComputeError,
     InvalidInputError,
     QuotaExceededError,
     UnavailableError,
 )
 from bettercompute.modules.nodes import GatewayServices, TunnelGrant
+
+from ._errors import grpc_error, internal
+from ._wire import client_certificate
 
 __all__ = ["MAX_DATA_BYTES", "TunnelOptions", "TunnelRelay"]
 
@@ -122,9 +126,11 @@ class TunnelRelay:
         receive: Receive,
         session_of: SessionOf,
         send_control: SendControl,
+        draining: Callable[[], bool],
         metrics: Metrics,
     ) -> None:
         self._services = services
+        self._draining = draining
         tunnels: dict[str, _Tunnel] = {}
         metrics.gateway_tunnels.set_function(lambda: len(tunnels))  # read at scrape time
         self._up = metrics.gateway_tunnel_bytes.labels("up")
@@ -144,6 +150,33 @@ class TunnelRelay:
 
     def _held(self, tenant: str) -> int:
         return sum(1 for t in self._tunnels.values() if t.grant.tenant == tenant)
+
+    async def handle(self, stream: Stream[Any, Any]) -> None:
+        """The grpclib handler of ``Tunnel``: a client's or a node's stream. A refusal sends a frame with its reason
+        as ``close_reason``, then ends the stream with the error envelope once the caller ended its side."""
+        try:
+            if self._draining():
+                raise UnavailableError("this gateway is draining; connect to another", details={"reason": "draining"})
+            await self.serve(stream, client_certificate(stream, required=False))
+        except GRPCError:
+            raise
+        except ComputeError as exc:
+            # The reason in a closing frame first, then the status once the caller ended its side: ending the
+            # stream before that would reset it, and a reset can overtake the status.
+            reason = str(exc.details.get("reason", exc.code.lower()))
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await stream.send_message(wire.TunnelFrame(close_reason=reason))
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2.0):
+                    while await self._receive(stream, None) is not None:
+                        pass
+            raise grpc_error(exc) from None
+        except (StreamTerminatedError, ConnectionError):
+            pass
+        except Exception as exc:  # nothing of it reaches the caller or the log but its class
+            log.error("a tunnel stream failed: %s", type(exc).__name__)
+            raise internal() from None
 
     async def serve(self, stream: Stream[Any, Any], certificate_pem: str | None) -> None:
         """A ``Tunnel`` stream: a client's (first frame: ``ticket``) or a node's (first frame: ``tunnel_id``, with

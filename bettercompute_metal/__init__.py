@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 from bettercompute import GatewayMethod, GroupSet, GroupSpec, Job, ModuleContext, Workflow
 from bettercompute.modules.images import IMAGES
-from bettercompute.modules.nodes import NODES
-from bettercompute.modules.pools import JOIN_TOKENS, POOLS
+from bettercompute.modules.nodes import JOIN_TOKENS, NODES
+from bettercompute.modules.pools import POOLS
 from bettercompute.ports import Migration, Repository
 from bettercompute_metal import _service
 from bettercompute_metal._gateway import GATEWAY_METHODS as _GATEWAY_METHODS

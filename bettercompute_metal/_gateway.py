@@ -21,9 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bettercompute import GatewayCall, GatewayMethod, JoinSettings, signal_workflow_in
@@ -41,15 +40,16 @@ from bettercompute.modules.nodes import JOIN_KEYS, hardware_key_of
 from bettercompute.modules.pools import POOLS, NodePolicy
 from bettercompute.ports import AuditRecord
 from bettercompute_metal._port import METAL, MachineRecord
-from bettercompute_metal._service import (
+from bettercompute_metal._tokens import (
     RAMDISK_TOKEN_PREFIX,
     SITE_TOKEN_PREFIX,
+    bundle_pin,
     join_token_context,
     parse_token,
     token_context,
 )
 
-__all__ = ["GATEWAY_METHODS", "bundle_pin", "report_message"]
+__all__ = ["GATEWAY_METHODS", "report_message"]
 
 log = logging.getLogger("bettercompute.metal")
 
@@ -79,13 +79,6 @@ def _csr(input: Mapping[str, Any]) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= 16384:
         raise InvalidInputError("csr_pem: expected a PEM certificate signing request", details={"path": "csr_pem"})
     return value
-
-
-def bundle_pin(bundle_pem: str) -> str:
-    """The CA pin of a PEM bundle: ``sha256:`` and the SHA-256 of its certificates' DER, sorted and joined."""
-    certificates = x509.load_pem_x509_certificates(bundle_pem.encode())
-    ders = sorted(c.public_bytes(serialization.Encoding.DER) for c in certificates)
-    return "sha256:" + hashlib.sha256(b"".join(ders)).hexdigest()
 
 
 def _certificate_answer(issued: Any, bundle_pem: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from bettercompute.ports import Migration
 from bettercompute_metal._port import MACHINE_FIELDS, MachineRecord, SiteRecord, SiteTokenUse
-from bettercompute_store_pg import Database, PgRepository, Statement
+from bettercompute_store_pg import Database, PartialUpdate, PgRepository
 
 __all__ = ["MIGRATIONS", "REPOSITORIES", "PgMetal"]
 
@@ -153,8 +153,11 @@ _MACHINE = (
     " bmc_tls, bmc_secret, system_uuid, serial, macs, power_state, hardware, results, boot, task, tasks,"
     " ramdisk_token, image_id, disk, hardware_key, created_at, updated_at"
 )
-_JSON_FIELDS = frozenset({"hardware", "results", "boot", "task", "ramdisk_token"})
-_ARRAY_FIELDS = frozenset({"macs", "tasks"})
+_CASTS = {
+    **dict.fromkeys(("hardware", "results", "boot", "task", "ramdisk_token"), "jsonb"),
+    **dict.fromkeys(("macs", "tasks"), "text[]"),
+}
+"""The casts of the machine fields ``update_machine`` sets that are not taken as they are."""
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -225,8 +228,9 @@ class PgMetal(PgRepository):
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)
-        self._db = db
-        self._updates: dict[frozenset[str], Statement] = {}
+        self._update_machine = PartialUpdate(
+            db, "metal_machines", {name: _CASTS.get(name) for name in MACHINE_FIELDS}, returning=_MACHINE
+        )
         self._create_site = db.sql(f"""
 INSERT INTO {{s}}.metal_sites (id, tenant, pool_id, name, ramdisk_kernel, ramdisk_initrd)
 VALUES (:id, :tenant, :pool_id, :name, :kernel, :initrd) ON CONFLICT (tenant, name) DO NOTHING RETURNING {_SITE}""")
@@ -380,37 +384,9 @@ ORDER BY id DESC LIMIT :limit""")
         rows = await self._fetch(self._at_site, {"site_id": site_id})
         return [_machine(r) for r in rows]
 
-    def _update(self, fields: frozenset[str]) -> Statement:
-        statement = self._updates.get(fields)
-        if statement is None:
-            sets = []
-            for name in sorted(fields):
-                if name in _JSON_FIELDS:
-                    sets.append(f"{name} = CAST(:{name} AS jsonb)")
-                elif name in _ARRAY_FIELDS:
-                    sets.append(f"{name} = CAST(:{name} AS text[])")
-                else:
-                    sets.append(f"{name} = :{name}")
-            statement = self._db.sql(
-                f"UPDATE {{s}}.metal_machines SET {', '.join(sets)}, updated_at = now() WHERE id = :id"
-                f" RETURNING {_MACHINE}"
-            )
-            self._updates[fields] = statement
-        return statement
-
     async def update_machine(self, id: str, **fields: Any) -> MachineRecord | None:
-        unknown = set(fields) - MACHINE_FIELDS
-        if unknown:
-            raise ValueError(f"not a machine field: {sorted(unknown)}")
-        params: dict[str, Any] = {"id": id}
-        for name, value in fields.items():
-            if name in _JSON_FIELDS:
-                params[name] = json.dumps(value) if value is not None else None
-            elif name in _ARRAY_FIELDS:
-                params[name] = list(value)
-            else:
-                params[name] = value
-        rows = await self._fetch_in_transaction("update_machine", self._update(frozenset(fields)), params)
+        statement, params = self._update_machine.prepare(id, fields)
+        rows = await self._fetch_in_transaction("update_machine", statement, params)
         return _machine(rows[0]) if rows else None
 
     async def add_boot_records(self, site_id: str, records: Sequence[Mapping[str, Any]]) -> int:

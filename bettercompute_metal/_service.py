@@ -8,7 +8,6 @@ its projection row.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import secrets
 import shlex
@@ -22,9 +21,13 @@ from bettercompute.errors import (
     NotFoundError,
 )
 from bettercompute.modules.images import IMAGES
+from bettercompute.modules.nodes import CERTIFICATES
+from bettercompute.modules.pools import POOLS
 from bettercompute.paging import Keyset
-from bettercompute.ports import Kms, ResourceRef
+from bettercompute.ports import WORKFLOWS, Kms, ResourceRef
 from bettercompute_metal._port import METAL, MachineRecord, SiteRecord
+from bettercompute_metal._redfish_json import RedfishError
+from bettercompute_metal._redfish_trust import parse_bmc_url
 from bettercompute_metal._schemas import (
     Bmc,
     CreatedSiteToken,
@@ -43,62 +46,18 @@ from bettercompute_metal._schemas import (
     PowerOutput,
     Site,
 )
+from bettercompute_metal._tokens import SITE_TOKEN_PREFIX, bundle_pin, credentials_context, new_token
+from bettercompute_metal._workflows import COMMISSION, DEPLOY, INSPECT, RELEASE, bmc_client, bmc_error, by_name, start
 
 BOOT_RECORDS_SHOWN = 20
 SITE = "site"
 MACHINE = "machine"
-SITE_TOKEN_PREFIX = "bcst_"  # noqa: S105 - a token's prefix, not a secret
-RAMDISK_TOKEN_PREFIX = "bcrt_"  # noqa: S105 - a token's prefix, not a secret
-
-
-# --- tokens and sealing -----------------------------------------------------------------------------------------
-
-
-def new_token(prefix: str, id_prefix: str) -> tuple[str, str, bytes]:
-    """A fresh ``(id, token, SHA-256 of its secret)``; show the token once, keep only the hash."""
-    token_id = f"{id_prefix}{secrets.token_hex(10)}"
-    secret = secrets.token_urlsafe(32)
-    return token_id, f"{prefix}{token_id}.{secret}", hashlib.sha256(secret.encode()).digest()
-
-
-def parse_token(token: Any, prefix: str) -> tuple[str, bytes] | None:
-    """``(id, SHA-256 of the secret)`` of a well-formed token of ``prefix``, else ``None``."""
-    if not isinstance(token, str) or not token.startswith(prefix) or len(token) > 200:
-        return None
-    token_id, dot, secret = token[len(prefix) :].partition(".")
-    if not dot or not token_id.isascii() or not secret.isascii() or not token_id or not secret:
-        return None
-    if not all(c.isalnum() or c in "_-" for c in token_id + secret):
-        return None
-    return token_id, hashlib.sha256(secret.encode()).digest()
-
-
-def new_join_token() -> tuple[str, str, bytes]:
-    """A join token as ``join-tokens.create`` makes them (``bcjt_<id>.<secret>``): ``(id, token, secret hash)``."""
-    from bettercompute.modules.nodes._tokens import new_token as new_node_token
-
-    return new_node_token()
-
-
-def join_token_context(machine_id: str) -> str:
-    """The KMS context of the join token a deploy writes into the installed system's cloud-init."""
-    return f"metal-join-token:{machine_id}"
 
 
 def require_kms(kms: Kms | None) -> Kms:
     if kms is None:
         raise FailedPreconditionError("bare metal needs a KMS (Options.kms) to seal BMC credentials")
     return kms
-
-
-def credentials_context(machine_id: str) -> str:
-    """The KMS context a machine's BMC credentials are sealed under: moved to another row, they won't open."""
-    return f"metal-bmc:{machine_id}"
-
-
-def token_context(machine_id: str) -> str:
-    """The KMS context of a machine's current ramdisk token (the site puts it on the kernel command line)."""
-    return f"metal-ramdisk-token:{machine_id}"
 
 
 # --- views ------------------------------------------------------------------------------------------------------
@@ -203,8 +162,6 @@ async def create_site(call: CallContext, input: CreateSiteInput) -> Site:
         InvalidInputError: a ramdisk image of the wrong kind.
         ConflictError: the tenant has a site of that name.
     """
-    from bettercompute.modules.pools import POOLS
-
     pool = await call.context.store.repository(POOLS).get(input.pool_id)
     if pool is None or pool.tenant != input.tenant:
         raise NotFoundError("no such pool in this tenant", details={"path": "pool_id"})
@@ -255,9 +212,6 @@ def site_join_command(token: str, settings: JoinSettings | None, ca_pin: str | N
 
 async def _ca_pin(call: CallContext) -> str | None:
     """The pin of the live CA bundle (what ``--ca-pin`` checks the gateway's bundle against)."""
-    from bettercompute.modules.nodes import CERTIFICATES
-    from bettercompute_metal._gateway import bundle_pin
-
     settings = call.context.settings.get(JoinSettings)
     if settings is None:
         return None
@@ -310,9 +264,6 @@ async def enroll(call: CallContext, input: EnrollInput) -> Machine:
         ConflictError: a machine with this BMC URL is enrolled already.
         FailedPreconditionError: the control plane has no KMS.
     """
-    from bettercompute_metal._redfish import parse_bmc_url
-    from bettercompute_metal._workflows import INSPECT, start
-
     bmc = input.bmc
     bmc_url = parse_bmc_url(bmc.url, field="bmc.url")  # no user info, one spelling per BMC (the URL is unique)
     if (bmc.ca_pem is None) == (bmc.pin_sha256 is None):
@@ -377,8 +328,6 @@ async def list_machines(call: CallContext, input: ListMachinesInput) -> ListMach
 async def _start_from(
     call: CallContext, machine_id: str, workflow: Any, allowed: frozenset[str], **data: Any
 ) -> Machine:
-    from bettercompute_metal._workflows import start
-
     async with call.transaction() as tx:
         record = await tx.repository(METAL).lock_machine(machine_id)
         if record is None:
@@ -406,8 +355,6 @@ async def commission(call: CallContext, input: MachineInput) -> Machine:
         NotFoundError: there is no such machine.
         FailedPreconditionError: the machine is not ``inspected`` (or ``ready``, to commission again).
     """
-    from bettercompute_metal._workflows import COMMISSION
-
     return await _start_from(call, input.id, COMMISSION, frozenset({"inspected", "ready"}))
 
 
@@ -422,8 +369,6 @@ async def deploy(call: CallContext, input: DeployInput) -> Machine:
             smaller than the image's ``min_disk_gib``.
         FailedPreconditionError: the machine is not ``ready``.
     """
-    from bettercompute_metal._workflows import DEPLOY
-
     machine = await existing_machine(call, input.id)
     image = await call.context.store.repository(IMAGES).get(input.image_id)
     if image is None or image.tenant != machine.tenant:
@@ -457,8 +402,6 @@ async def release(call: CallContext, input: MachineInput) -> Machine:
         NotFoundError: there is no such machine.
         FailedPreconditionError: the machine is not ``deployed``.
     """
-    from bettercompute_metal._workflows import RELEASE
-
     return await _start_from(call, input.id, RELEASE, frozenset({"deployed"}))
 
 
@@ -470,9 +413,6 @@ async def retry(call: CallContext, input: MachineInput) -> Machine:
         NotFoundError: there is no such machine.
         FailedPreconditionError: the machine has not failed.
     """
-    from bettercompute.ports import WORKFLOWS
-    from bettercompute_metal._workflows import by_name
-
     machine = await existing_machine(call, input.id)
     allowed = frozenset({"failed"})
     if machine.state != "failed" and machine.workflow_id is not None:
@@ -498,9 +438,6 @@ async def power(call: CallContext, input: PowerInput) -> PowerOutput:
         UnavailableError: the BMC is unreachable or answered with an error (``reason`` says which).
         FailedPreconditionError: the BMC refused the credentials or its TLS does not match.
     """
-    from bettercompute_metal._redfish import RedfishError
-    from bettercompute_metal._workflows import bmc_client, bmc_error
-
     machine = await existing_machine(call, input.id)
     try:
         async with await bmc_client(call.context, machine) as client:

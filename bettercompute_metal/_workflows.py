@@ -33,12 +33,13 @@ from bettercompute import (
     start_workflow_in,
 )
 from bettercompute.errors import ComputeError, FailedPreconditionError, UnavailableError
-from bettercompute.modules.nodes import NODES
-from bettercompute.modules.pools import JOIN_TOKENS
+from bettercompute.modules.nodes import JOIN_TOKENS, NODES
 from bettercompute.ports import Transaction
 from bettercompute_metal._port import METAL, MachineRecord
-from bettercompute_metal._redfish import BmcCredentials, BmcTls, RedfishClient, RedfishError
-from bettercompute_metal._service import (
+from bettercompute_metal._redfish import RedfishClient
+from bettercompute_metal._redfish_json import RedfishError
+from bettercompute_metal._redfish_trust import BmcCredentials, BmcTls
+from bettercompute_metal._tokens import (
     RAMDISK_TOKEN_PREFIX,
     credentials_context,
     join_token_context,

@@ -3,7 +3,8 @@ embedded server for development and tests.
 
 ``PgRepository`` is the base of every repository adapter, the store's and other packages' (IAM's, a module of
 your own: its key names the Python module of its adapters, see ``bettercompute.ports.Repository``): made from the
-store's ``Database``, reached as ``store.repository(KEY)`` and, bound to a transaction, ``tx.repository(KEY)``.
+store's ``Database``, reached as ``store.repository(KEY)`` and, bound to a transaction, ``tx.repository(KEY)``;
+``PartialUpdate`` builds an adapter's ``UPDATE`` of whichever declared columns a call sets.
 ``quote_schema``, ``translated``, ``connection_of`` and ``fetch_in`` are for other PostgreSQL statements of other
 packages, so that their SQL lands in the store's schema, runs on the connection of the caller's transaction, and
 has its driver errors translated the same way.
@@ -17,6 +18,7 @@ from ._embedded import EmbeddedPostgres as EmbeddedPostgres
 from ._embedded import database_url_from_env as database_url_from_env
 from ._errors import translated as translated
 from ._notifier import PgNotifier as PgNotifier
+from ._repository import PartialUpdate as PartialUpdate
 from ._repository import PgRepository as PgRepository
 from ._schema import quote_schema as quote_schema
 from ._store import PgStore as PgStore
@@ -26,6 +28,7 @@ from ._transaction import connection_of as connection_of
 __all__ = [
     "Database",
     "EmbeddedPostgres",
+    "PartialUpdate",
     "PgNotifier",
     "PgRepository",
     "PgStore",

@@ -16,9 +16,24 @@ from ._db import driver_url
 from ._errors import translated
 from ._schema import validate_schema
 
-__all__ = ["PgNotifier"]
+__all__ = ["PgNotifier", "channel_name"]
 
 _MAX_CHANNEL_BYTES = 63  # PostgreSQL truncates longer identifiers, which would merge distinct channels.
+
+
+def channel_name(schema: str, channel: str) -> str:
+    """The PostgreSQL channel of ``channel`` for the store in ``schema``: ``<schema>.<channel>``, hashed when too
+    long to stay distinct (so a statement can poke the listeners ``PgNotifier`` serves).
+
+    Raises:
+        InvalidInputError: ``channel`` is empty.
+    """
+    if not channel:
+        raise InvalidInputError("a channel name must not be empty")
+    name = f"{schema}.{channel}"
+    if len(name.encode()) > _MAX_CHANNEL_BYTES:
+        name = f"{schema}.{hashlib.sha256(channel.encode()).hexdigest()[:16]}"
+    return name
 
 
 class PgNotifier:
@@ -51,12 +66,7 @@ class PgNotifier:
         Raises:
             InvalidInputError: ``channel`` is empty.
         """
-        if not channel:
-            raise InvalidInputError("a channel name must not be empty")
-        name = f"{self.schema}.{channel}"
-        if len(name.encode()) > _MAX_CHANNEL_BYTES:
-            name = f"{self.schema}.{hashlib.sha256(channel.encode()).hexdigest()[:16]}"
-        return name
+        return channel_name(self.schema, channel)
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
         return await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True, connect_timeout=5)

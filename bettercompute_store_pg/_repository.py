@@ -6,19 +6,26 @@ transaction (``store.repository(KEY)``) each call runs one statement on a pooled
 the statements and costs one small object per transaction and key (the transaction keeps it for the next ask).
 Methods that only make sense in a transaction (locks, ``FOR UPDATE``, writes that must commit or roll back with
 others) run through ``_fetch_in_transaction``, which refuses an unbound call.
+
+``PartialUpdate`` is for the adapters whose records change a few fields at a time (``update_machine(id,
+state=..., step=...)``): one ``UPDATE`` per set of fields a caller names, built on first use and kept.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import json
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
 from bettercompute.errors import InternalError
 
 from ._db import Connection, Database, Statement, fetch_in, rowcount_in
 
-__all__ = ["PgRepository"]
+__all__ = ["PartialUpdate", "PgRepository"]
+
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 class PgRepository:
@@ -71,3 +78,100 @@ class PgRepository:
         """The rows of one statement run in the bound transaction; ``InternalError`` when unbound (see
         ``_transaction``)."""
         return await fetch_in(self._transaction(method), statement, params)
+
+
+class PartialUpdate:
+    """``UPDATE <table> SET a = :a, b = :b, ... WHERE <key> = :<key> RETURNING ...`` for whichever of the declared
+    columns a call sets: one statement per set of names, built on its first use and kept (the adapter and its bound
+    copies share them).
+
+    Each declared column has the type its parameter is cast to, or ``None`` to take the value as it is. A ``jsonb``
+    (or ``json``) column's value is sent as JSON text, an array column's (``text[]``, ``integer[]``) as a list;
+    ``None`` is ``NULL`` for either.
+
+    Args:
+        db: The store's database (what the adapter was made with).
+        table: The table, in the store's schema.
+        columns: Every column a call may set, with its cast.
+        returning: The select list the statement returns (the record's columns).
+        key: The column naming the row; its parameter has its name.
+        touch: A column every update also sets to ``now()`` (``None``: none).
+
+    Raises:
+        ValueError: a name is not a plain lowercase SQL identifier, or the key or ``touch`` is declared as a column.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        table: str,
+        columns: Mapping[str, str | None],
+        *,
+        returning: str,
+        key: str = "id",
+        touch: str | None = "updated_at",
+    ) -> None:
+        names = [table, key, *columns, *([touch] if touch is not None else [])]
+        odd = sorted(n for n in names if not _IDENTIFIER.fullmatch(n))
+        if odd:
+            raise ValueError(f"not plain SQL identifiers: {odd}")
+        if key in columns or (touch is not None and touch in columns):
+            raise ValueError(f"{table}: the key and the touched column are not set by a caller")
+        self._db = db
+        self._table = table
+        self._columns = dict(columns)
+        self._returning = returning
+        self._key = key
+        self._touch = touch
+        self._statements: dict[frozenset[str], Statement] = {}
+
+    def statement(self, names: Iterable[str]) -> Statement:
+        """The statement setting ``names`` (built once per set of names).
+
+        Raises:
+            ValueError: a name is not a declared column, or there is nothing to set.
+        """
+        wanted = frozenset(names)
+        made = self._statements.get(wanted)
+        if made is not None:
+            return made
+        unknown = sorted(wanted - self._columns.keys())
+        if unknown:
+            raise ValueError(f"not a column of {self._table} a caller may set: {unknown}")
+        sets = [self._assignment(name) for name in sorted(wanted)]
+        if self._touch is not None:
+            sets.append(f"{self._touch} = now()")
+        if not sets:
+            raise ValueError(f"an update of {self._table} needs a column to set")
+        made = self._db.sql(
+            f"UPDATE {{s}}.{self._table} SET {', '.join(sets)} WHERE {self._key} = :{self._key}"
+            f" RETURNING {self._returning}"
+        )
+        self._statements[wanted] = made
+        return made
+
+    def prepare(self, key: Any, fields: Mapping[str, Any]) -> tuple[Statement, dict[str, Any]]:
+        """The statement setting ``fields`` on the row ``key`` names, and its parameters (values converted for
+        their casts).
+
+        Raises:
+            ValueError: a field is not a declared column, or there is nothing to set.
+        """
+        statement = self.statement(fields)
+        params: dict[str, Any] = {name: self._value(name, value) for name, value in fields.items()}
+        params[self._key] = key
+        return statement, params
+
+    def _assignment(self, name: str) -> str:
+        cast = self._columns[name]
+        return f"{name} = :{name}" if cast is None else f"{name} = CAST(:{name} AS {cast})"
+
+    def _value(self, name: str, value: Any) -> Any:
+        cast = self._columns[name]
+        if value is None or cast is None:
+            return value
+        if cast in ("jsonb", "json"):
+            return json.dumps(value)
+        if cast.endswith("[]"):
+            return list(value)
+        return value

@@ -18,13 +18,14 @@ from ._errors import translated
 from ._idempotency import PgIdempotencyKeys
 from ._leases import PgLeases
 from ._membership import PgMembership
-from ._migrations import RUNTIME, run_migrations, shipped_migrations, upgrade_legacy
+from ._migrations import RUNTIME, run_migrations, shipped_formerly, shipped_migrations
 from ._outbox import PgOutbox
 from ._queue import PgWorkQueue
 from ._replay import PgReplayGuard
 from ._repository import PgRepository
 from ._schema import validate_schema
-from ._transaction import PgTransaction
+from ._transaction import PgTransaction, TransactionParts
+from ._workflows import PgWorkflows
 
 __all__ = ["PgStore", "PgTransaction"]
 
@@ -34,24 +35,6 @@ log = logging.getLogger("bettercompute.store_pg")
 
 EnqueueListener = Callable[[frozenset[str]], Awaitable[None]]
 PublishListener = Callable[[], Awaitable[None]]
-
-_PROJECT = """
-INSERT INTO {s}.authz_resources (resource_type, resource_id, tenant_id, pool_id, owner)
-VALUES (:type, :id, :tenant, :pool, :owner)
-ON CONFLICT (resource_type, resource_id) DO UPDATE
-SET tenant_id = EXCLUDED.tenant_id, pool_id = EXCLUDED.pool_id, owner = EXCLUDED.owner
-"""
-
-_UNPROJECT = "DELETE FROM {s}.authz_resources WHERE resource_type = :type AND resource_id = :id"
-
-# The tenants are the embedded IAM's (its migrations create them in this schema; a process with RemoteIam shares
-# the schema of the central IAM's store). FOR KEY SHARE keeps the row until the transaction that relies on it ends.
-_TENANT = "SELECT id FROM {s}.iam_tenants WHERE id = :tenant FOR KEY SHARE"
-
-_AUDIT = """
-INSERT INTO {s}.audit (action, actor, tenant, resource_type, resource_id, decision_id, outcome, details)
-VALUES (:action, :actor, :tenant, :resource_type, :resource_id, :decision_id, :outcome, CAST(:details AS jsonb))
-"""
 
 
 class PgStore:
@@ -105,10 +88,7 @@ class PgStore:
         self.outbox = PgOutbox(self._db)
         self.idempotency = PgIdempotencyKeys(self._db)
         self.nonces = PgReplayGuard(self._db)
-        self._audit = self._db.sql(_AUDIT)
-        self._project = self._db.sql(_PROJECT)
-        self._unproject = self._db.sql(_UNPROJECT)
-        self._tenant = self._db.sql(_TENANT)
+        self._parts = TransactionParts.of(self._db, adapter_of=self._adapter_of, queue=self.queue, outbox=self.outbox)
         self._ping = self._db.sql("SELECT now() AS now")
 
     def repository(self, key: Repository[R]) -> R:
@@ -260,6 +240,9 @@ class PgStore:
     async def migrate(self, module: str, migrations: Sequence[Migration]) -> list[int]:
         """Apply ``module``'s pending migrations in version order under the schema's advisory lock.
 
+        A built-in module that was renamed (``FORMERLY`` in its ``_migrations.py``) first takes over the versions
+        recorded under its old name, so they do not run again.
+
         Returns:
             The versions this call applied.
 
@@ -269,13 +252,10 @@ class PgStore:
         """
         with translated():
             async with self._db.transaction() as conn:
-                return await run_migrations(conn, self.schema, module, migrations)
+                return await run_migrations(conn, self.schema, module, migrations, formerly=shipped_formerly(module))
 
     async def install(self) -> list[int]:
         """Apply the runtime's migrations (leases, work queue, outbox, idempotency, audit, membership, workflows).
-
-        A schema that older code migrated under the one module ``"core"`` is first brought to that module's last
-        version, in a transaction of its own; the runtime's first version then adopts it (see ``_migrations``).
 
         Returns:
             The ``"runtime"`` versions this call recorded; idempotent and safe from several processes at once.
@@ -284,11 +264,6 @@ class PgStore:
             InvalidConfigError: A recorded version whose name changed.
             UnavailableError: The database cannot be reached.
         """
-        with translated():
-            async with self._db.transaction() as conn:
-                legacy = await upgrade_legacy(conn, self.schema)
-        if legacy:
-            log.info("upgraded the legacy core migrations in place: versions %s", legacy)
         return await self.migrate(RUNTIME, shipped_migrations(RUNTIME))
 
     @contextlib.asynccontextmanager
@@ -307,7 +282,7 @@ class PgStore:
             async with self._db.transaction() as conn:
                 if fence is not None:
                     await self.leases.check_fence(conn, fence)
-                tx = PgTransaction(self, conn)
+                tx = PgTransaction(self._parts, conn)
                 yield tx
         if tx.enqueued:
             await self._enqueued(frozenset(tx.enqueued))
@@ -319,6 +294,10 @@ _MODULE = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _PYTHON_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
+_RUNTIME_REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"workflows": PgWorkflows}
+"""The runtime's own repositories (``bettercompute.ports.WORKFLOWS``), by ``Repository.name``."""
+
+
 def _adapter(key: Repository[Any], db: Database) -> PgRepository:
     """A new adapter for ``key``, found by the module's name (or the Python module its key names): no central list
     of modules."""
@@ -328,6 +307,11 @@ def _adapter(key: Repository[Any], db: Database) -> PgRepository:
     )
     if not _MODULE.fullmatch(key.module):
         raise missing
+    if key.module == RUNTIME:
+        factory = _RUNTIME_REPOSITORIES.get(key.name)
+        if factory is None:
+            raise missing
+        return factory(db)
     name = key.adapters.get("postgresql") or f"bettercompute_store_pg.modules.{key.module}._repository"
     if not _PYTHON_MODULE.fullmatch(name):
         raise missing

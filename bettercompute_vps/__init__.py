@@ -21,8 +21,9 @@ from bettercompute.modules.images import IMAGES
 from bettercompute.modules.nodes import NODES, TunnelCheck
 from bettercompute.modules.pools import POOLS
 from bettercompute.ports import Migration, Repository
-from bettercompute_vps import _service
+from bettercompute_vps import _pools, _reads, _transitions, _tunnels
 from bettercompute_vps._hosted import HOST_SYNC, NODE_CONTROLLER, NODE_WATCH, REPORT
+from bettercompute_vps._lifecycle import INSTANCE as _INSTANCE
 from bettercompute_vps._pg import MIGRATIONS as _MIGRATIONS
 from bettercompute_vps._port import VPS
 from bettercompute_vps._provider import (
@@ -102,25 +103,25 @@ class InstancesGroup(GroupSpec[_B]):
     state (power, size, reboot, deletion), which their node or their provider workflow converges to."""
 
     name = "instances"
-    create = _service.create
-    get = _service.get
-    list = _service.list_instances
-    start = _service.start
-    stop = _service.stop
-    reboot = _service.reboot
-    resize = _service.resize
-    delete = _service.delete
-    console = _service.console
-    usage = _service.usage
-    tunnel = _service.tunnel
+    create = _transitions.create
+    get = _reads.get
+    list = _reads.list_instances
+    start = _transitions.start
+    stop = _transitions.stop
+    reboot = _transitions.reboot
+    resize = _transitions.resize
+    delete = _transitions.delete
+    console = _reads.console
+    usage = _reads.usage
+    tunnel = _tunnels.tunnel
 
 
 class VpsPoolsGroup(GroupSpec[_B]):
     """How ``vps-host`` and ``provider`` pools run instances: overcommit ratios, per-tenant quotas, the provider."""
 
     name = "vps-pools"
-    configure = _service.configure_pool
-    get = _service.get_pool
+    configure = _pools.configure_pool
+    get = _pools.get_pool
 
 
 class VpsGroups(GroupSet[_B]):
@@ -148,7 +149,7 @@ class VpsModule:
     reconcilers: Sequence[Reconciler] = (NODE_CONTROLLER,)
     repositories: Sequence[Repository[Any]] = (VPS, IMAGES, POOLS, NODES)
     gateway_methods: Sequence[GatewayMethod] = (REPORT,)
-    tunnel_checks: Mapping[str, TunnelCheck] = {_service.INSTANCE: _service.instance_tunnel_check}
+    tunnel_checks: Mapping[str, TunnelCheck] = {_INSTANCE: _tunnels.instance_tunnel_check}
 
     def __init__(self, *, adapters: Mapping[str, AdapterFactory] | None = None) -> None:
         self.workflows: Sequence[Workflow] = (

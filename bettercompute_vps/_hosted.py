@@ -23,8 +23,8 @@ from bettercompute.errors import AccessDeniedError, ComputeError, InvalidInputEr
 from bettercompute.modules.images import IMAGES, ImageRecord
 from bettercompute.modules.nodes import NODES, poke_gateways, set_desired_state
 from bettercompute.ports import Store, WorkItem
+from bettercompute_vps._lifecycle import event, finish_delete
 from bettercompute_vps._port import VPS, HostRecord, InstanceRecord
-from bettercompute_vps._service import event, finish_delete
 
 __all__ = ["HOST_SYNC", "NODE_CONTROLLER", "NODE_WATCH", "REPORT", "desired_entry", "node_item"]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bettercompute.ports import Migration
-from bettercompute_store_pg import Database, PgRepository, Statement
+from bettercompute_store_pg import Database, PartialUpdate, PgRepository
 from bettercompute_vps._port import INSTANCE_FIELDS, HostRecord, InstanceRecord, PoolSettings
 
 __all__ = ["MIGRATIONS", "REPOSITORIES", "PgVps"]
@@ -119,8 +119,8 @@ _INSTANCE = (
     " console, console_at, provider_id, instance_type, client_token, workflow_id, deleting, created_by, created_at,"
     " updated_at, deleted_at"
 )
-_JSON_FIELDS = frozenset({"ssh_keys", "labels"})
-_ARRAY_FIELDS = {"gpu_ids": "text[]", "addresses": "text[]"}
+_CASTS = {"gpu_ids": "text[]", "addresses": "text[]"}
+"""The casts of the instance fields ``update_instance`` sets that are not taken as they are."""
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -213,16 +213,7 @@ LEFT JOIN LATERAL (
 ) AS u ON true
 """
 
-
-class PgVps(PgRepository):
-    """``Vps`` on the ``vps_*`` tables; one statement per call."""
-
-    def __init__(self, db: Database) -> None:
-        super().__init__(db)
-        self._db = db
-        self._updates: dict[frozenset[str], Statement] = {}
-        self._pool = db.sql(f"SELECT {_POOL} FROM {{s}}.vps_pools WHERE pool_id = :pool_id")
-        self._configure = db.sql(f"""
+_CONFIGURE = f"""
 INSERT INTO {{s}}.vps_pools
     (pool_id, tenant, cpu_ratio, memory_ratio, max_instances, max_vcpu, max_memory_mib, provider, updated_at)
 VALUES (:pool_id, :tenant, :cpu_ratio, :memory_ratio, :max_instances, :max_vcpu, :max_memory_mib,
@@ -230,15 +221,13 @@ VALUES (:pool_id, :tenant, :cpu_ratio, :memory_ratio, :max_instances, :max_vcpu,
 ON CONFLICT (pool_id) DO UPDATE SET cpu_ratio = EXCLUDED.cpu_ratio, memory_ratio = EXCLUDED.memory_ratio,
     max_instances = EXCLUDED.max_instances, max_vcpu = EXCLUDED.max_vcpu, max_memory_mib = EXCLUDED.max_memory_mib,
     provider = EXCLUDED.provider, updated_at = now()
-RETURNING {_POOL}""")
-        # The lock's key is the pool's, in a space of its own (the first int4 names this module's locks).
-        self._lock_pool = db.sql("SELECT pg_advisory_xact_lock(1447121747, hashtext(:pool_id))")
-        self._totals = db.sql("""
+RETURNING {_POOL}"""
+
+_TOTALS = """
 SELECT count(*) AS n, coalesce(sum(vcpu), 0) AS vcpu, coalesce(sum(memory_mib), 0) AS memory_mib
-FROM {s}.vps_instances WHERE pool_id = :pool_id AND tenant = :tenant AND deleted_at IS NULL""")
-        self._hosts = db.sql(_HOST_WITH_USE + " WHERE h.pool_id = :pool_id ORDER BY h.node_id")
-        self._host = db.sql(_HOST_WITH_USE + " WHERE h.node_id = :node_id")
-        self._upsert_host = db.sql("""
+FROM {s}.vps_instances WHERE pool_id = :pool_id AND tenant = :tenant AND deleted_at IS NULL"""
+
+_UPSERT_HOST = """
 INSERT INTO {s}.vps_hosts AS h (node_id, pool_id, tenant, vcpu, memory_mib, disk_gib, gpus, available, reason)
 VALUES (:node_id, :pool_id, :tenant, :vcpu, :memory_mib, :disk_gib, CAST(:gpus AS text[]), :available, :reason)
 ON CONFLICT (node_id) DO UPDATE SET pool_id = EXCLUDED.pool_id, tenant = EXCLUDED.tenant, vcpu = EXCLUDED.vcpu,
@@ -246,14 +235,16 @@ ON CONFLICT (node_id) DO UPDATE SET pool_id = EXCLUDED.pool_id, tenant = EXCLUDE
     available = EXCLUDED.available, reason = EXCLUDED.reason, updated_at = now()
 WHERE (h.pool_id, h.tenant, h.vcpu, h.memory_mib, h.disk_gib, h.gpus, h.available, h.reason)
     IS DISTINCT FROM (EXCLUDED.pool_id, EXCLUDED.tenant, EXCLUDED.vcpu, EXCLUDED.memory_mib, EXCLUDED.disk_gib,
-                      EXCLUDED.gpus, EXCLUDED.available, EXCLUDED.reason)""")
-        self._offers = db.sql("""
+                      EXCLUDED.gpus, EXCLUDED.available, EXCLUDED.reason)"""
+
+_OFFERS = """
 SELECT n.id AS node_id, n.pool_id, n.tenant, n.state, n.cordoned, i.content AS vm
 FROM {s}.nodes AS n
 JOIN {s}.pools AS p ON p.id = n.pool_id AND p.pool_class = 'vps-host'
 LEFT JOIN {s}.node_inventory AS i ON i.node_id = n.id AND i.section = 'vm'
-ORDER BY n.id LIMIT :limit""")
-        self._insert = db.sql(f"""
+ORDER BY n.id LIMIT :limit"""
+
+_INSERT = f"""
 INSERT INTO {{s}}.vps_instances
     (id, tenant, pool_id, pool_class, name, hostname, state, step, reason, message, power, vcpu, memory_mib,
      disk_gib, gpus, image_id, ssh_keys, user_data, ports, labels, node_id, gpu_ids, instance_type, client_token,
@@ -261,30 +252,30 @@ INSERT INTO {{s}}.vps_instances
 VALUES (:id, :tenant, :pool_id, :pool_class, :name, :hostname, :state, :step, :reason, :message, :power, :vcpu,
         :memory_mib, :disk_gib, :gpus, :image_id, CAST(:ssh_keys AS jsonb), :user_data, CAST(:ports AS integer[]),
         CAST(:labels AS jsonb), :node_id, CAST(:gpu_ids AS text[]), :instance_type, :client_token, :created_by)
-ON CONFLICT DO NOTHING RETURNING {_INSTANCE}""")
-        self._get = db.sql(f"SELECT {_INSTANCE} FROM {{s}}.vps_instances WHERE id = :id")
-        self._get_locked = db.sql(f"SELECT {_INSTANCE} FROM {{s}}.vps_instances WHERE id = :id FOR UPDATE")
-        self._list = db.sql(f"""
+ON CONFLICT DO NOTHING RETURNING {_INSTANCE}"""
+
+_LIST = f"""
 SELECT {_INSTANCE} FROM {{s}}.vps_instances
 WHERE tenant = :tenant AND (CAST(:pool_id AS text) IS NULL OR pool_id = :pool_id)
   AND (:include_deleted OR deleted_at IS NULL)
   AND (CAST(:after_at AS timestamptz) IS NULL OR (created_at, id) > (:after_at, :after_id))
-ORDER BY created_at, id LIMIT :limit""")
-        self._on_node = db.sql(
-            f"SELECT {_INSTANCE} FROM {{s}}.vps_instances WHERE node_id = :node_id AND deleted_at IS NULL ORDER BY id"
-        )
-        self._on_gone = db.sql(f"""
+ORDER BY created_at, id LIMIT :limit"""
+
+_ON_GONE = f"""
 SELECT {", ".join("i." + c for c in _INSTANCE.split(", "))} FROM {{s}}.vps_instances AS i
 JOIN {{s}}.nodes AS n ON n.id = i.node_id
 WHERE i.deleted_at IS NULL AND n.state IN ('failed', 'retired', 'unreachable')
-ORDER BY i.id LIMIT :limit""")
-        self._open = db.sql("""
+ORDER BY i.id LIMIT :limit"""
+
+_OPEN = """
 INSERT INTO {s}.vps_bookings (instance_id, tenant, pool_id, node_id, vcpu, memory_mib, disk_gib, gpus, during)
-VALUES (:id, :tenant, :pool_id, :node_id, :vcpu, :memory_mib, :disk_gib, :gpus, tstzrange(:at, NULL))""")
-        self._close = db.sql("""
+VALUES (:id, :tenant, :pool_id, :node_id, :vcpu, :memory_mib, :disk_gib, :gpus, tstzrange(:at, NULL))"""
+
+_CLOSE = """
 UPDATE {s}.vps_bookings SET during = tstzrange(lower(during), greatest(lower(during) + interval '1 microsecond', :at))
-WHERE instance_id = :id AND upper_inf(during)""")
-        self._usage = db.sql("""
+WHERE instance_id = :id AND upper_inf(during)"""
+
+_USAGE = """
 SELECT pool_id,
        sum(vcpu * hours) AS vcpu_hours, sum(memory_mib / 1024.0 * hours) AS memory_gib_hours,
        sum(disk_gib * hours) AS disk_gib_hours, sum(gpus * hours) AS gpu_hours
@@ -298,7 +289,37 @@ FROM (
           AND (CAST(:pool_id AS text) IS NULL OR pool_id = :pool_id)
     ) AS clipped WHERE NOT isempty(r)
 ) AS b
-GROUP BY pool_id ORDER BY pool_id""")
+GROUP BY pool_id ORDER BY pool_id"""
+
+
+class PgVps(PgRepository):
+    """``Vps`` on the ``vps_*`` tables; one statement per call."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self._update_instance = PartialUpdate(
+            db, "vps_instances", {name: _CASTS.get(name) for name in INSTANCE_FIELDS}, returning=_INSTANCE
+        )
+        self._pool = db.sql(f"SELECT {_POOL} FROM {{s}}.vps_pools WHERE pool_id = :pool_id")
+        self._configure = db.sql(_CONFIGURE)
+        # The lock's key is the pool's, in a space of its own (the first int4 names this module's locks).
+        self._lock_pool = db.sql("SELECT pg_advisory_xact_lock(1447121747, hashtext(:pool_id))")
+        self._totals = db.sql(_TOTALS)
+        self._hosts = db.sql(_HOST_WITH_USE + " WHERE h.pool_id = :pool_id ORDER BY h.node_id")
+        self._host = db.sql(_HOST_WITH_USE + " WHERE h.node_id = :node_id")
+        self._upsert_host = db.sql(_UPSERT_HOST)
+        self._offers = db.sql(_OFFERS)
+        self._insert = db.sql(_INSERT)
+        self._get = db.sql(f"SELECT {_INSTANCE} FROM {{s}}.vps_instances WHERE id = :id")
+        self._get_locked = db.sql(f"SELECT {_INSTANCE} FROM {{s}}.vps_instances WHERE id = :id FOR UPDATE")
+        self._list = db.sql(_LIST)
+        self._on_node = db.sql(
+            f"SELECT {_INSTANCE} FROM {{s}}.vps_instances WHERE node_id = :node_id AND deleted_at IS NULL ORDER BY id"
+        )
+        self._on_gone = db.sql(_ON_GONE)
+        self._open = db.sql(_OPEN)
+        self._close = db.sql(_CLOSE)
+        self._usage = db.sql(_USAGE)
 
     async def pool(self, pool_id: str) -> PoolSettings | None:
         rows = await self._fetch(self._pool, {"pool_id": pool_id})
@@ -398,30 +419,9 @@ GROUP BY pool_id ORDER BY pool_id""")
             rows = await self._fetch(self._get, {"id": instance_id})
         return _instance(rows[0]) if rows else None
 
-    def _update(self, fields: frozenset[str]) -> Statement:
-        statement = self._updates.get(fields)
-        if statement is None:
-            sets = []
-            for name in sorted(fields):
-                if name in _ARRAY_FIELDS:
-                    sets.append(f"{name} = CAST(:{name} AS {_ARRAY_FIELDS[name]})")
-                else:
-                    sets.append(f"{name} = :{name}")
-            statement = self._db.sql(
-                f"UPDATE {{s}}.vps_instances SET {', '.join(sets)}, updated_at = now() WHERE id = :id"
-                f" RETURNING {_INSTANCE}"
-            )
-            self._updates[fields] = statement
-        return statement
-
     async def update_instance(self, instance_id: str, **fields: Any) -> InstanceRecord | None:
-        unknown = set(fields) - INSTANCE_FIELDS
-        if unknown:
-            raise ValueError(f"not an instance field: {sorted(unknown)}")
-        params: dict[str, Any] = {"id": instance_id}
-        for name, value in fields.items():
-            params[name] = list(value) if name in _ARRAY_FIELDS else value
-        rows = await self._fetch_in_transaction("update_instance", self._update(frozenset(fields)), params)
+        statement, params = self._update_instance.prepare(instance_id, fields)
+        rows = await self._fetch_in_transaction("update_instance", statement, params)
         return _instance(rows[0]) if rows else None
 
     async def list_instances(

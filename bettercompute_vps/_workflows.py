@@ -37,6 +37,7 @@ from bettercompute import (
 from bettercompute.errors import ComputeError
 from bettercompute.modules.images import IMAGES
 from bettercompute.ports import Transaction
+from bettercompute_vps._lifecycle import event, finish_delete
 from bettercompute_vps._port import VPS, InstanceRecord, PoolSettings
 from bettercompute_vps._provider import (
     LaunchRequest,
@@ -45,7 +46,6 @@ from bettercompute_vps._provider import (
     ProviderInstance,
     compose_user_data,
 )
-from bettercompute_vps._service import event, finish_delete
 
 __all__ = ["PROVIDER", "AdapterFactory", "default_adapters", "provider_workflow", "start_provider"]
 

@@ -262,8 +262,8 @@ class FakePlugin:
     core_range: Any = ">=0.1"
     actions: Any = ()
 
-    async def intercept(self, call: Any, input: Any, next: Any) -> Any:
-        return await next(call, input)
+    async def intercept(self, intercepted: Any, next: Any) -> Any:
+        return await next(intercepted)
 
 
 async def _no_pass(context: Any) -> int:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from bettercompute._runtime.registry import CallContext, GroupSpec
 
 __all__ = [
+    "Intercepted",
     "Module",
     "Next",
     "Plugin",
@@ -48,7 +49,9 @@ class Module(Protocol):
     typed keys (``bettercompute.ports.Repository``) of the store repositories it uses, which ``better_compute()``
     checks the store ships; ``gateway_methods``, its ``bettercompute.GatewayMethod``s; ``tunnel_checks``, a mapping
     from the resource types whose tunnels it opens (``open_tunnel_in``) to a ``bettercompute.TunnelCheck`` that says
-    when an open one must close (``docs/tunnels.md``).
+    when an open one must close (``docs/tunnels.md``); ``unavailable``, ``None`` or why the module cannot serve in
+    this composition (an option it needs is not set): its groups stay registered, and every call of them answers
+    ``FAILED_PRECONDITION`` with that text (after authentication, before anything else).
     """
 
     @property
@@ -70,12 +73,27 @@ class Module(Protocol):
     async def stop(self) -> None: ...
 
 
-Next = Callable[["CallContext", Any], Awaitable[Any]]
+@attrs.frozen(kw_only=True)
+class Intercepted:
+    """One method call as the plugin chain carries it: the call's context (``call``: the method, the caller, the
+    decision, the module context) and its decoded ``input``.
+
+    One frozen object rather than positional arguments, so the core can add fields without breaking a plugin; a plugin
+    that hands on a changed input passes ``attrs.evolve(intercepted, input=...)`` to ``next``.
+    """
+
+    call: CallContext
+    input: Any
+
+
+Next = Callable[[Intercepted], Awaitable[Any]]
+"""The rest of the chain, the handler innermost: ``await next(intercepted)`` returns the method's output."""
 
 
 @runtime_checkable
 class Plugin(Protocol):
-    """Wraps method calls after authorization: ``intercept`` gets the call and the next link, the handler innermost.
+    """Wraps method calls after authorization: ``intercept`` gets the call (``Intercepted``) and the next link, the
+    handler innermost.
 
     A plugin never sees a call IAM refused: authorization is part of the dispatcher, not a link of this chain.
     """
@@ -87,7 +105,7 @@ class Plugin(Protocol):
     @property
     def actions(self) -> Sequence[str]: ...
 
-    async def intercept(self, call: CallContext, input: Any, next: Next) -> Any: ...
+    async def intercept(self, intercepted: Intercepted, next: Next) -> Any: ...
 
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")

@@ -3,7 +3,8 @@
 Order matters and is the same on every path:
 
 1. authenticate the credential (``UNAUTHENTICATED``);
-2. decode and validate the input (``INVALID_INPUT``);
+2. decode and validate the input (``INVALID_INPUT``); a group whose module is unavailable in this composition (an
+   option it needs is not set) answers ``FAILED_PRECONDITION`` saying which, here;
 3. tenant pre-check: a caller outside the input's tenant, and not in the root tenant, is refused before any
    database access (``ACCESS_DENIED``);
 4. one IAM decision on the method's action and resource (``ACCESS_DENIED``). A mutation IAM refuses leaves an
@@ -28,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -36,9 +37,16 @@ import attrs
 
 from bettercompute._runtime import codec as _codec
 from bettercompute._runtime import idempotency
-from bettercompute._runtime.declarations import Next, Plugin
+from bettercompute._runtime.declarations import Intercepted, Next, Plugin
 from bettercompute._runtime.registry import Admission, CallContext, Drafted, MethodDef
-from bettercompute.errors import AccessDeniedError, ComputeError, InternalError, InvalidInputError, UnauthenticatedError
+from bettercompute.errors import (
+    AccessDeniedError,
+    ComputeError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidInputError,
+    UnauthenticatedError,
+)
 from bettercompute.ports import AuditRecord, Decision, Iam, Identity, ResourceRef
 
 if TYPE_CHECKING:
@@ -50,8 +58,8 @@ log = logging.getLogger("bettercompute.dispatch")
 
 
 def _chain(plugins: Sequence[Plugin]) -> Next:
-    async def innermost(call: CallContext, input: Any) -> Any:
-        return await call.method.handler(call, input)
+    async def innermost(intercepted: Intercepted) -> Any:
+        return await intercepted.call.method.handler(intercepted.call, intercepted.input)
 
     chain: Next = innermost
     for plugin in reversed(plugins):
@@ -60,8 +68,8 @@ def _chain(plugins: Sequence[Plugin]) -> Next:
 
 
 def _link(plugin: Plugin, next: Next) -> Next:
-    async def link(call: CallContext, input: Any) -> Any:
-        return await plugin.intercept(call, input, next)
+    async def link(intercepted: Intercepted) -> Any:
+        return await plugin.intercept(intercepted, next)
 
     return link
 
@@ -75,10 +83,19 @@ def _internal(method: MethodDef[Any, Any], request_id: str, exc: BaseException) 
 class Dispatcher:
     """Runs one method call through the fixed sequence above."""
 
-    def __init__(self, *, iam: Iam, context: ModuleContext, plugins: Sequence[Plugin]) -> None:
+    def __init__(
+        self,
+        *,
+        iam: Iam,
+        context: ModuleContext,
+        plugins: Sequence[Plugin],
+        unavailable: Mapping[str, str] | None = None,
+    ) -> None:
         self._iam = iam
         self._context = context
         self._chain = _chain(plugins)
+        self._unavailable = dict(unavailable or {})
+        """Group name -> why its module cannot serve here (``Module.unavailable``)."""
 
     async def authenticate(self, method: MethodDef[Any, Any], credential: str | None) -> Identity | None:
         """Step 1; ``None`` for a method that needs no credential."""
@@ -98,6 +115,9 @@ class Dispatcher:
     ) -> tuple[Any, Any]:
         """Steps 3 to 6, for an input already decoded; returns the handler's output object and its JSON value."""
         request_id = uuid.uuid4().hex
+        reason = self._unavailable.get(method.group)
+        if reason is not None:
+            raise FailedPreconditionError(reason, details={"group": method.group})
         try:
             decision = None
             resource = method.resource(input)
@@ -123,7 +143,8 @@ class Dispatcher:
                 request_id=request_id,
                 resource=resource,
             )
-            if idempotency_key is None or identity is None:
+            request = self._idempotent(method, identity, input, idempotency_key)
+            if request is None:
                 return await self._handle(call, input)
             answer: list[Any] = []
 
@@ -133,9 +154,7 @@ class Dispatcher:
 
             ran, wire = await idempotency.once(
                 self._context.store.idempotency,
-                identity=identity.principal_id,
-                key=idempotency_key,
-                request=idempotency.fingerprint(method.path, input, _codec.encode(input)),
+                request,
                 replayable=method.replayable,
                 run=handle,
                 committed=lambda: (call.resource_id or "") if call.audited else None,
@@ -155,12 +174,10 @@ class Dispatcher:
         request_id: str,
         idempotency_key: str | None,
     ) -> tuple[Any, Any]:
-        """An admitting method's call (see the module docstring). The fingerprint leaves out an ``idempotency_key``
-        field, which names the request rather than being part of it."""
+        """An admitting method's call (see the module docstring): its ``admit`` step reserves the key (if any) with
+        its draft, through ``idempotency.reserve``."""
         assert method.admit is not None
-        wire = _codec.encode(input)
-        shown = {k: v for k, v in wire.items() if k != "idempotency_key"}
-        admission = Admission(key=idempotency_key, fingerprint=idempotency.fingerprint(method.path, input, shown))
+        admission = Admission(idempotency=self._idempotent(method, identity, input, idempotency_key))
         first = CallContext(
             method=method,
             identity=identity,
@@ -232,7 +249,7 @@ class Dispatcher:
         """The plugin chain and the handler; a mutating call that wrote nothing through ``call.transaction()`` has
         its audit row written alone, so every mutating call leaves exactly one."""
         method = call.method
-        output = await self._chain(call, input)
+        output = await self._chain(Intercepted(call=call, input=input))
         if not isinstance(output, method.output):
             raise TypeError(f"{method!r} returned {type(output).__name__}, not {method.output.__name__}")
         if method.mutates and not call.audited:
@@ -240,6 +257,16 @@ class Dispatcher:
         # Encoded here on both paths, so an output that cannot be sent fails the same way in-process and over HTTP,
         # inside this error mapping.
         return output, _codec.encode(output)
+
+    @staticmethod
+    def _idempotent(
+        method: MethodDef[Any, Any], identity: Identity | None, input: Any, header: str | None
+    ) -> idempotency.IdempotentRequest | None:
+        """Step 5's request: the key (header or input field), its owner and the request's fingerprint."""
+        owner = identity.principal_id if identity is not None else None
+        return idempotency.request_of(
+            identity=owner, path=method.path, input=input, header=header, encode=_codec.encode
+        )
 
     def _key(self, method: MethodDef[Any, Any], idempotency_key: str | None) -> str | None:
         if idempotency_key is None:

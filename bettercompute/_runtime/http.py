@@ -9,7 +9,7 @@ and, for load balancers, unauthenticated ``GET /healthz`` (the process answers) 
 the database answers); for Prometheus, unauthenticated ``GET /metrics`` (aggregate counters with bounded labels only,
 see ``_runtime.metrics``). Every response that goes out through the ASGI app is counted there, by method and code.
 
-Method calls go through ``Admission`` (``admission.py``): ``max_in_flight`` run, ``max_queued`` wait, the rest are
+Method calls go through ``LoadShedder`` (``shedding.py``): ``max_in_flight`` run, ``max_queued`` wait, the rest are
 answered at once with ``503 UNAVAILABLE`` and ``Retry-After``. Nothing else is ever shed: the health endpoints, the
 OpenAPI document and answers that need no call (404, 405, 413, 415) do not take a slot.
 """
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import attrs
 
-from bettercompute._runtime.admission import OVERLOADED, PRESENCE, RETRY_AFTER_SECONDS, Admission, Presence
 from bettercompute._runtime.codec import quote
 from bettercompute._runtime.metrics import CONTENT_TYPE, http_method_label
 from bettercompute._runtime.openapi import openapi_document
+from bettercompute._runtime.shedding import OVERLOADED, PRESENCE, RETRY_AFTER_SECONDS, LoadShedder, Presence
 from bettercompute.errors import (
     ComputeError,
     InternalError,
@@ -211,7 +211,7 @@ class AsgiApp:
 
 
 class HttpTransport:
-    """Routes requests to the dispatcher; the body limit and the admission of calls (``admission``) live here."""
+    """Routes requests to the dispatcher; the body limit and the load shedder (``shedder``) live here."""
 
     def __init__(self, compute: Served, dispatcher: Dispatcher) -> None:
         self._compute = compute
@@ -219,8 +219,8 @@ class HttpTransport:
         self._prefix = compute.endpoint + "/"
         self._max_body = compute.max_body_bytes
         # Capping requests in flight keeps latency low under load: more piled up only wait on the database. Bounding
-        # the queue in front keeps it low under overload: the calls past it are shed (admission.py says why).
-        self.admission = Admission(compute.max_in_flight, compute.max_queued)
+        # the queue in front keeps it low under overload: the calls past it are shed (shedding.py says why).
+        self.shedder = LoadShedder(compute.max_in_flight, compute.max_queued)
         # One answer for every shed call, made once: shedding must cost less than the calls it protects.
         self._shed = error_response(
             UnavailableError(
@@ -291,12 +291,12 @@ class HttpTransport:
             return self._too_large()
         credential = _credential(request.headers)
         key = request.headers.get("idempotency-key")
-        if not await self.admission.acquire():
+        if not await self.shedder.acquire():
             return self._overloaded()
         try:
             data = await self._dispatcher.call_json(method, credential, request.body, idempotency_key=key)
         finally:
-            self.admission.release()
+            self.shedder.release()
         return _json_response(200, {"data": data})
 
     def _metrics(self, request: Request) -> Response:
@@ -324,7 +324,7 @@ class HttpTransport:
         now = time.monotonic()
         if now - self._shed_logged_at >= _SHED_LOG_SECONDS:
             self._shed_logged_at = now
-            a = self.admission
+            a = self.shedder
             log.warning(
                 "shedding load: %d calls running (max_in_flight) and %d waiting (max_queued); %d shed since start",
                 a.in_flight,
@@ -369,7 +369,7 @@ class HttpTransport:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         headers, repeated = _headers(scope.get("headers", []))
-        if self.admission.full and not repeated:
+        if self.shedder.full and not repeated:
             # A call arriving now is shed, and nothing else needs the body (health, OpenAPI, 404 and 405 are the
             # same without it): answer before reading it. There is no await between here and the admission.
             request = Request(method=scope["method"], path=_route_path(scope), headers=headers)
@@ -390,7 +390,7 @@ class HttpTransport:
             )
         else:
             request = Request(method=scope["method"], path=_route_path(scope), headers=headers, body=body)
-            if self.admission.busy:
+            if self.shedder.busy:
                 response = await self._handle_watched(request, receive)
             else:
                 response = await self.handle(request)

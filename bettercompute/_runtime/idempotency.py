@@ -29,7 +29,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import attrs
@@ -37,7 +37,18 @@ import attrs
 from bettercompute.errors import ComputeError, ConflictError, InvalidInputError, UnavailableError
 from bettercompute.ports import IdempotencyKeys
 
-__all__ = ["IDEMPOTENCY_TTL", "WAIT", "checked_key", "fingerprint", "once"]
+__all__ = [
+    "IDEMPOTENCY_TTL",
+    "WAIT",
+    "IdempotentRequest",
+    "checked_key",
+    "fingerprint",
+    "once",
+    "remember",
+    "replayed",
+    "request_of",
+    "reserve",
+]
 
 log = logging.getLogger("bettercompute.idempotency")
 
@@ -63,12 +74,104 @@ def checked_key(key: object) -> str:
     return key
 
 
+_BODY_KEY = "idempotency_key"
+"""An input field of this name is the request's idempotency key given in the body (``reservations.create``): it
+names the request rather than being part of it."""
+
+
 def fingerprint(path: str, input: Any, wire: Mapping[str, Any]) -> str:
-    """The request's fingerprint: its method path and its input's JSON, without the fields hidden from ``repr``."""
+    """The request's fingerprint: its method path and its input's JSON, without the fields hidden from ``repr`` and
+    without an ``idempotency_key`` field."""
     hidden = {f.name for f in attrs.fields(type(input)) if not f.repr} if attrs.has(type(input)) else set()
-    shown = {k: v for k, v in wire.items() if k not in hidden}
+    shown = {k: v for k, v in wire.items() if k not in hidden and k != _BODY_KEY}
     text = json.dumps(shown, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(f"{path}\n{text}".encode()).hexdigest()
+
+
+@attrs.frozen(kw_only=True)
+class IdempotentRequest:
+    """One call's idempotency: whose key (``identity``, a principal), the key, and the request's ``fingerprint``."""
+
+    identity: str
+    key: str
+    fingerprint: str
+
+
+def request_of(
+    *, identity: str | None, path: str, input: Any, header: str | None, encode: Callable[[Any], Mapping[str, Any]]
+) -> IdempotentRequest | None:
+    """The call's idempotency, from the ``Idempotency-Key`` header (already checked by ``checked_key``) or the
+    input's own ``idempotency_key`` field; ``None`` without either, or without a caller to own the key. ``encode``
+    gives the input's JSON, asked only when there is a key to fingerprint.
+
+    Raises:
+        InvalidInputError: the header and the field name different keys.
+    """
+    body = getattr(input, _BODY_KEY, None)
+    if isinstance(body, str):
+        if header is not None and header != body:
+            reason = "differs from the Idempotency-Key header"
+            raise InvalidInputError(f"{_BODY_KEY}: {reason}", details={"path": _BODY_KEY, "reason": reason})
+        header = body
+    if header is None or identity is None:
+        return None
+    return IdempotentRequest(identity=identity, key=header, fingerprint=fingerprint(path, input, encode(input)))
+
+
+class _Begun(Protocol):
+    @property
+    def state(self) -> str: ...
+    @property
+    def result(self) -> Mapping[str, Any] | None: ...
+
+
+B = TypeVar("B", bound=_Begun)
+
+
+async def reserve(begin: Callable[[], Awaitable[B]]) -> B:
+    """Call ``begin`` (a store's ``begin``: the key's reservation, alone or with a module's first write) until its
+    outcome settles, waiting at most ``WAIT`` for a call with the same key that is still running.
+
+    Returns the outcome when it is neither ``conflict`` nor ``in_progress``: ``new`` (or a module's own, such as
+    ``drafted``) to go on, ``replay`` to answer ``result`` (see ``replayed``).
+
+    Raises:
+        ConflictError: the key was used for another request (reason ``idempotency_key_reused``).
+        UnavailableError: a call with the key is still running (reason ``idempotency_key_in_use``, retryable).
+    """
+    deadline = anyio.current_time() + WAIT
+    while True:
+        outcome = await begin()
+        if outcome.state == "conflict":
+            raise ConflictError(
+                "this idempotency key was used for another request",
+                details={"reason": "idempotency_key_reused", "path": "Idempotency-Key"},
+            )
+        if outcome.state != "in_progress":
+            return outcome
+        if anyio.current_time() >= deadline:
+            raise UnavailableError(
+                "a request with this idempotency key is still running; retry later",
+                details={"reason": "idempotency_key_in_use", "retryable": True},
+            )
+        await anyio.sleep(_POLL)
+
+
+def replayed(stored: Mapping[str, Any] | None) -> Any:
+    """The answer a stored result replays (its ``output``).
+
+    Raises:
+        ConflictError: the answer was not kept (it held a one-time secret, or was lost after the change committed);
+            reason ``already_done`` with the id the change made.
+    """
+    found = dict(stored or {})
+    if found.get("replayable") is False:
+        raise ConflictError(
+            "a request with this idempotency key succeeded before; its answer is not kept (it held a"
+            " one-time secret, or was lost after the change committed)",
+            details={"reason": "already_done", "id": found.get("id")},
+        )
+    return found.get("output")
 
 
 def _resource_id(wire: Any) -> str | None:
@@ -87,10 +190,8 @@ def _resource_id(wire: Any) -> str | None:
 
 async def once(
     keys: IdempotencyKeys,
+    request: IdempotentRequest,
     *,
-    identity: str,
-    key: str,
-    request: str,
     replayable: bool,
     run: Callable[[], Awaitable[Any]],
     committed: Callable[[], str | None],
@@ -105,9 +206,12 @@ async def once(
         ConflictError: the key was used for another request, or its answer is not replayable.
         UnavailableError: a call with the key is still running (or stopped before storing its answer).
     """
-    outcome = await _reserve(keys, identity=identity, key=key, request=request)
-    if outcome is not None:
-        return False, outcome
+    identity, key = request.identity, request.key
+    outcome = await reserve(
+        lambda: keys.begin(identity=identity, key=key, request_hash=request.fingerprint, ttl=IDEMPOTENCY_TTL)
+    )
+    if outcome.state == "replay":
+        return False, replayed(outcome.result)
     try:
         wire = await run()
     except BaseException:
@@ -122,40 +226,17 @@ async def once(
             except ComputeError:
                 log.warning("the idempotency key of a failed call could not be settled; it stays reserved")
         raise
-    stored = {"output": wire} if replayable else {"replayable": False, "id": _resource_id(wire)}
-    with anyio.CancelScope(shield=True):
-        try:
-            await keys.finish(identity=identity, key=key, result=stored)
-        except ComputeError:
-            # The change committed: its caller gets the answer; retries are told the key is in use until it expires.
-            log.warning("the answer of an idempotent call could not be stored; its key stays reserved")
+    await remember(keys, request, wire if replayable else None, made=_resource_id(wire))
     return True, wire
 
 
-async def _reserve(keys: IdempotencyKeys, *, identity: str, key: str, request: str) -> Any | None:
-    """Reserve ``key`` (``None``), or return the stored answer to replay; waits for a concurrent holder."""
-    deadline = anyio.current_time() + WAIT
-    while True:
-        outcome = await keys.begin(identity=identity, key=key, request_hash=request, ttl=IDEMPOTENCY_TTL)
-        if outcome.state == "new":
-            return None
-        if outcome.state == "conflict":
-            raise ConflictError(
-                "this idempotency key was used for another request",
-                details={"reason": "idempotency_key_reused", "path": "Idempotency-Key"},
-            )
-        if outcome.state == "replay":
-            stored = dict(outcome.result or {})
-            if stored.get("replayable") is False:
-                raise ConflictError(
-                    "a request with this idempotency key succeeded before; its answer is not kept (it held a"
-                    " one-time secret, or was lost after the change committed)",
-                    details={"reason": "already_done", "id": stored.get("id")},
-                )
-            return stored.get("output")
-        if anyio.current_time() >= deadline:
-            raise UnavailableError(
-                "a request with this idempotency key is still running; retry later",
-                details={"reason": "idempotency_key_in_use", "retryable": True},
-            )
-        await anyio.sleep(_POLL)
+async def remember(keys: IdempotencyKeys, request: IdempotentRequest, wire: Any, *, made: str | None = None) -> None:
+    """Store the answer (``wire``) that retries with ``request``'s key replay; with ``wire`` ``None``, only the id the
+    change ``made`` (an answer with a one-time secret is never kept). Shielded from cancellation, and a failure is
+    logged, never raised: the change committed and its caller gets its answer."""
+    stored = {"output": wire} if wire is not None else {"replayable": False, "id": made}
+    with anyio.CancelScope(shield=True):
+        try:
+            await keys.finish(identity=request.identity, key=request.key, result=stored)
+        except ComputeError as exc:
+            log.warning("the answer of an idempotent call could not be stored (%s); its key keeps", exc.code)

@@ -98,6 +98,19 @@ class Metrics:
 
     def __init__(self) -> None:
         registry = self.registry = CollectorRegistry(auto_describe=True)
+        self._api(registry)
+        self._workers(registry)
+        self._gateway(registry)
+        self._sinks(registry)
+        self._pool = _PoolCollector()
+        registry.register(self._pool)
+        for role in ("shard", "singleton"):
+            self.leases_held.labels(role)
+            self.leases_acquired.labels(role)
+            self.leases_lost.labels(role)
+
+    def _api(self, registry: CollectorRegistry) -> None:
+        """The HTTP front's and admission's metrics."""
         self.http_requests = Counter(
             "bettercompute_http_requests",
             "HTTP requests answered, by method (group.method, or healthz/readyz/metrics/openapi/other) and code "
@@ -118,6 +131,9 @@ class Metrics:
             ["resource", "outcome", "reason"],
             registry=registry,
         )
+
+    def _workers(self, registry: CollectorRegistry) -> None:
+        """The work queue's and the leases' metrics."""
         self.queue_depth = Gauge(
             "bettercompute_queue_depth",
             "Work items due and not running (ready and due, or claimed with the claim run out), per kind; sampled "
@@ -150,6 +166,9 @@ class Metrics:
             ["kind"],
             registry=registry,
         )
+
+    def _gateway(self, registry: CollectorRegistry) -> None:
+        """The gateway's metrics (zero in a process that serves no gateway)."""
         self.gateway_sessions = Gauge(
             "bettercompute_gateway_sessions", "Daemon sessions open on this process's gateway.", registry=registry
         )
@@ -173,6 +192,9 @@ class Metrics:
             ["direction"],
             registry=registry,
         )
+
+    def _sinks(self, registry: CollectorRegistry) -> None:
+        """The webhook sender's metrics."""
         self.webhook_delivery_lag = Histogram(
             "bettercompute_webhook_delivery_lag_seconds",
             "From an event's commit to its webhook's successful delivery, retries included.",
@@ -184,12 +206,6 @@ class Metrics:
             "Webhook deliveries given up after their last attempt.",
             registry=registry,
         )
-        self._pool = _PoolCollector()
-        registry.register(self._pool)
-        for role in ("shard", "singleton"):
-            self.leases_held.labels(role)
-            self.leases_acquired.labels(role)
-            self.leases_lost.labels(role)
 
     def watch_pool(self, source: Callable[[], PoolStats | None]) -> None:
         """Report the pool's usage from ``source`` (called at each scrape; it must not block)."""

@@ -31,6 +31,7 @@ import attrs
 
 from bettercompute._runtime.access import ACCESS_LEVELS, Access
 from bettercompute._runtime.codec import check_supported
+from bettercompute._runtime.idempotency import IdempotentRequest
 from bettercompute.errors import InvalidConfigError
 from bettercompute.paging import convention_problems
 from bettercompute.ports import AuditRecord, Decision, Identity, ResourceRef, Transaction
@@ -114,11 +115,11 @@ class Drafted:
 
 @attrs.frozen(kw_only=True)
 class Admission:
-    """An admitting call's idempotency key (``None`` without one) and the request's fingerprint; in the handler,
-    also what the first step drafted."""
+    """An admitting call's idempotency (``None`` without a key: the key, its owner and the request's fingerprint, for
+    the first step to reserve with its draft through ``idempotency.reserve``); in the handler, also what the first
+    step drafted."""
 
-    key: str | None
-    fingerprint: str
+    idempotency: IdempotentRequest | None
     drafted: Drafted | None = None
 
 

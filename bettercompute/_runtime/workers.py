@@ -29,7 +29,7 @@ import anyio.abc
 from bettercompute._runtime.reconcile import ReconcileContext, Reconciler, reason_of
 from bettercompute._runtime.shards import SHARDS, owned_by
 from bettercompute.errors import ComputeError
-from bettercompute.ports import Claim, Lease, WorkQueue
+from bettercompute.ports import SINKS_POKE, WORK_CHANNEL, Claim, Lease, WorkQueue
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -38,12 +38,7 @@ __all__ = ["SINKS_POKE", "WORK_CHANNEL", "ShardedWorker", "notify_work", "reconc
 
 log = logging.getLogger("bettercompute.workers")
 
-WORK_CHANNEL = "work"
-"""The notifier channel: payload ``kind,kind,...`` after work is enqueued, ``@members`` after a membership change,
-``@sinks`` when the ``sinks`` jobs have something to do."""
 MEMBERS_POKE = "@members"
-SINKS_POKE = "@sinks"
-"""Events were committed to the outbox, or handed to subscribers that may have queued work (webhook deliveries)."""
 CONCURRENCY = 8
 """Items one reconcile loop runs at once (each may hold a pooled connection)."""
 REFILL_AT = CONCURRENCY // 2

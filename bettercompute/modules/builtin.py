@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import TypeVar
 
 from bettercompute._runtime.registry import GroupSet
-from bettercompute.modules.capacity._methods import CapacityGroup, QuotasGroup
-from bettercompute.modules.images._methods import ImagesGroup
-from bettercompute.modules.inventory._devices import DevicesGroup
-from bettercompute.modules.nodes._nodes import NodesGroup
-from bettercompute.modules.pools._methods import JoinTokensGroup, PoolsGroup
-from bettercompute.modules.secrets._methods import SecretsGroup
-from bettercompute.modules.system._methods import SystemGroup
-from bettercompute.modules.webhooks._methods import WebhooksGroup
+from bettercompute.modules.capacity import CapacityGroup, QuotasGroup
+from bettercompute.modules.images import ImagesGroup
+from bettercompute.modules.inventory import DevicesGroup
+from bettercompute.modules.nodes import JoinTokensGroup, NodesGroup
+from bettercompute.modules.pools import PoolsGroup
+from bettercompute.modules.secrets import SecretsGroup
+from bettercompute.modules.system import SystemGroup
+from bettercompute.modules.webhooks import WebhooksGroup
 
 __all__ = ["BuiltinGroups"]
 
@@ -20,9 +20,8 @@ B = TypeVar("B")
 
 
 class BuiltinGroups(GroupSet[B]):
-    """Every group of the core's own modules. ``webhooks`` and ``secrets`` are registered only with ``Options.kms``,
-    ``nodes`` and ``devices`` only with ``Options.kms`` and ``Options.join``; elsewhere their calls answer
-    ``NOT_FOUND``."""
+    """Every group of the core's own modules. ``webhooks`` and ``secrets`` are registered only with ``Options.kms``;
+    elsewhere their calls answer ``NOT_FOUND``."""
 
     system: SystemGroup[B]
     pools: PoolsGroup[B]

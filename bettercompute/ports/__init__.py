@@ -27,6 +27,8 @@ from bettercompute.ports.leases import Leases as Leases
 from bettercompute.ports.membership import Member as Member
 from bettercompute.ports.membership import Membership as Membership
 from bettercompute.ports.migrations import Migration as Migration
+from bettercompute.ports.notifier import SINKS_POKE as SINKS_POKE
+from bettercompute.ports.notifier import WORK_CHANNEL as WORK_CHANNEL
 from bettercompute.ports.notifier import Notifier as Notifier
 from bettercompute.ports.outbox import Outbox as Outbox
 from bettercompute.ports.outbox import OutboxEvent as OutboxEvent
@@ -44,7 +46,9 @@ from bettercompute.ports.workflows import WorkflowRecord as WorkflowRecord
 from bettercompute.ports.workflows import WorkflowStore as WorkflowStore
 
 __all__ = [
+    "SINKS_POKE",
     "WORKFLOWS",
+    "WORK_CHANNEL",
     "AuditRecord",
     "Claim",
     "Clock",

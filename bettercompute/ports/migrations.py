@@ -15,9 +15,9 @@ class Migration:
     schema as ``{schema}``.
 
     ``adopts`` names another module's recorded step, ``(module, version)``, that already made what this migration
-    makes: where that step is recorded, this one is recorded as applied without running. That is how a schema made
-    by an older layout (one module owning every table) is taken over in place by the modules that own those tables
-    now.
+    makes: where that step is recorded, this one is recorded as applied without running. That is how tables move
+    from one module to another in a schema already migrated: the module that owns them now adopts the step that made
+    them.
     """
 
     version: int

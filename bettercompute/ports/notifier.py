@@ -6,7 +6,14 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-__all__ = ["Notifier"]
+__all__ = ["SINKS_POKE", "WORK_CHANNEL", "Notifier"]
+
+WORK_CHANNEL = "work"
+"""The channel the worker loops listen on: payload ``kind,kind,...`` after work is enqueued, ``@members`` after a
+membership change, ``SINKS_POKE`` when the ``sinks`` jobs have something to do. A store that enqueues or publishes
+inside one statement of its own may poke it there."""
+SINKS_POKE = "@sinks"
+"""Events were committed to the outbox, or handed to subscribers that may have queued work (webhook deliveries)."""
 
 
 class Notifier(Protocol):

@@ -1,5 +1,5 @@
-"""The statements behind IAM's method groups (tenants, principals, credentials, roles, bindings): the repository
-``IamAdmin``, reached by the key ``IAM_ADMIN`` as every repository is.
+"""The repository behind IAM's method groups (tenants, principals, credentials, roles, bindings): ``IamAdmin``,
+reached by the key ``IAM_ADMIN`` as every repository is. Its statements are in ``_statements``.
 
 Writes run in a transaction the caller opened with ``call.transaction()``, through ``tx.repository(IAM_ADMIN)`` (so
 the audit row commits with them), and so do the reads a write decides on (grants, a pool's tenant): a request holds
@@ -21,10 +21,11 @@ import psycopg
 
 from bettercompute.errors import ConflictError, InternalError, NotFoundError
 from bettercompute.ports import Repository
-from bettercompute_store_pg import Database, PgRepository, Statement, quote_schema
+from bettercompute_store_pg import Database, PgRepository, Statement
 
 from .._policy import Grant
 from .._schemas import Binding, CredentialInfo, Principal, Role, Tenant
+from . import _statements as sql
 
 __all__ = ["IAM_ADMIN", "REPOSITORIES", "IamAdmin", "RootAdmins"]
 
@@ -56,12 +57,8 @@ def _constraints(*, conflict: str, missing: str | None = None, details: Mapping[
         raise
 
 
-def _after(created_at: str, id: str) -> str:
-    # Keyset paging on (created_at, id): rows after the previous page's last key, or all rows for the first page.
-    return f"(CAST(:after_at AS timestamptz) IS NULL OR ({created_at}, {id}) > (:after_at, :after_id))"
-
-
 def _keyset(after: Sequence[Any] | None) -> dict[str, Any]:
+    """The parameters of a page's keyset condition (``_statements``: rows after ``after``, or all of them)."""
     after_at, after_id = after if after is not None else (None, None)
     return {"after_at": after_at, "after_id": after_id}
 
@@ -81,129 +78,30 @@ class IamAdmin(PgRepository):
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)
-        q = quote_schema(db.schema)
         self._lock_key = f"{db.schema}:iam-root-admins"
-        principal_cols = "p.id, p.tenant_id, p.name, p.kind, p.disabled_at, p.created_at"
-        credential_cols = (
-            "c.id, c.principal_id, c.description, c.created_at, c.expires_at, c.revoked_at, c.last_used_at,"
-            " CASE WHEN c.revoked_at IS NOT NULL THEN 'revoked'"
-            " WHEN c.expired_at IS NOT NULL OR c.expires_at <= now() THEN 'expired' ELSE 'active' END"
-        )
-        binding_cols = "b.id, b.tenant_id, b.principal_id, b.role_id, r.name, b.scope_type, b.scope_id, b.created_at"
-        role_cols = "r.id, r.tenant_id, r.name, r.actions, r.description, r.created_at"
-
-        self._insert_tenant = db.sql(
-            f"INSERT INTO {q}.iam_tenants (id, name) VALUES (:id, :name) RETURNING id, name, created_at"
-        )
-        self._list_tenants = db.sql(
-            f"SELECT id, name, created_at FROM {q}.iam_tenants WHERE {_after('created_at', 'id')}"
-            f" ORDER BY created_at, id LIMIT :limit"
-        )
-
-        self._insert_principal = db.sql(
-            f"INSERT INTO {q}.iam_principals AS p (id, tenant_id, kind, name) VALUES (:id, :tenant, :kind, :name)"
-            f" RETURNING {principal_cols}"
-        )
-        self._list_principals = db.sql(
-            f"SELECT {principal_cols} FROM {q}.iam_principals p"
-            f" WHERE p.tenant_id = :tenant AND {_after('p.created_at', 'p.id')}"
-            f" ORDER BY p.created_at, p.id LIMIT :limit"
-        )
-        # FOR UPDATE: a disable and a new credential (FOR SHARE) for the same principal do not interleave.
-        self._lock_principal = db.sql(
-            f"SELECT {principal_cols} FROM {q}.iam_principals p WHERE p.id = :id AND p.tenant_id = :tenant FOR UPDATE"
-        )
-        self._share_principal = db.sql(
-            f"SELECT {principal_cols} FROM {q}.iam_principals p WHERE p.id = :id AND p.tenant_id = :tenant FOR SHARE"
-        )
-        self._disable_principal = db.sql(
-            f"UPDATE {q}.iam_principals AS p SET disabled_at = coalesce(p.disabled_at, now()) WHERE p.id = :id"
-            f" RETURNING {principal_cols}"
-        )
-
-        self._insert_credential = db.sql(
-            f"INSERT INTO {q}.iam_credentials AS c (id, principal_id, secret_hash, description, expires_at)"
-            f" VALUES (:id, :principal, :hash, :description,"
-            f" now() + make_interval(secs => CAST(:seconds AS double precision)))"
-            f" RETURNING {credential_cols}"
-        )
-        self._list_credentials = db.sql(
-            f"SELECT {credential_cols} FROM {q}.iam_credentials c JOIN {q}.iam_principals p ON p.id = c.principal_id"
-            f" WHERE p.tenant_id = :tenant AND (CAST(:principal AS text) IS NULL OR c.principal_id = :principal)"
-            f" AND {_after('c.created_at', 'c.id')}"
-            f" ORDER BY c.created_at, c.id LIMIT :limit"
-        )
-        self._lock_credential = db.sql(
-            f"SELECT c.principal_id FROM {q}.iam_credentials c JOIN {q}.iam_principals p ON p.id = c.principal_id"
-            f" WHERE c.id = :id AND p.tenant_id = :tenant FOR UPDATE OF c"
-        )
-        self._revoke_credential = db.sql(
-            f"WITH old AS (SELECT c.id, c.revoked_at FROM {q}.iam_credentials c"
-            f" JOIN {q}.iam_principals p ON p.id = c.principal_id"
-            f" WHERE c.id = :id AND p.tenant_id = :tenant FOR UPDATE OF c)"
-            f" UPDATE {q}.iam_credentials AS c SET revoked_at = coalesce(old.revoked_at, now())"
-            f" FROM old WHERE c.id = old.id RETURNING {credential_cols}, old.revoked_at IS NULL"
-        )
-
-        self._insert_role = db.sql(
-            f"INSERT INTO {q}.iam_roles AS r (id, tenant_id, name, actions, description)"
-            f" VALUES (:id, :tenant, :name, :actions, :description) RETURNING {role_cols}"
-        )
-        self._list_roles = db.sql(
-            f"SELECT {role_cols} FROM {q}.iam_roles r WHERE (r.tenant_id IS NULL OR r.tenant_id = :tenant)"
-            f" AND (CAST(:after_custom AS boolean) IS NULL OR (r.tenant_id IS NOT NULL, r.created_at, r.id)"
-            f" > (CAST(:after_custom AS boolean), :after_at, :after_id))"
-            f" ORDER BY r.tenant_id IS NOT NULL, r.created_at, r.id LIMIT :limit"
-        )
-
-        self._insert_binding = db.sql(
-            f"WITH b AS (INSERT INTO {q}.iam_bindings (id, role_id, principal_id, tenant_id, scope_type, scope_id)"
-            f" SELECT :id, r.id, p.id, p.tenant_id, :scope_type, :scope_id"
-            f" FROM {q}.iam_principals p, {q}.iam_roles r"
-            f" WHERE p.id = :principal AND p.tenant_id = :tenant"
-            f" AND r.id = :role AND (r.tenant_id IS NULL OR r.tenant_id = :tenant)"
-            f" RETURNING *)"
-            f" SELECT {binding_cols} FROM b JOIN {q}.iam_roles r ON r.id = b.role_id"
-        )
-        self._role_actions = db.sql(
-            f"SELECT actions FROM {q}.iam_roles WHERE id = :role AND (tenant_id IS NULL OR tenant_id = :tenant)"
-        )
-        self._binding_parts = db.sql(
-            f"SELECT EXISTS (SELECT 1 FROM {q}.iam_principals WHERE id = :principal AND tenant_id = :tenant),"
-            f" EXISTS (SELECT 1 FROM {q}.iam_roles WHERE id = :role AND (tenant_id IS NULL OR tenant_id = :tenant))"
-        )
-        self._list_bindings = db.sql(
-            f"SELECT {binding_cols} FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
-            f" WHERE b.tenant_id = :tenant AND (CAST(:principal AS text) IS NULL OR b.principal_id = :principal)"
-            f" AND {_after('b.created_at', 'b.id')}"
-            f" ORDER BY b.created_at, b.id LIMIT :limit"
-        )
-        # A pool scope lies in the tenant the authorization projection records for the pool (None: no such pool).
-        self._grants = db.sql(
-            f"SELECT b.principal_id, r.actions, b.scope_type, b.scope_id,"
-            f" CASE b.scope_type WHEN 'tenant' THEN b.scope_id WHEN 'pool' THEN pr.tenant_id END"
-            f" FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
-            f" LEFT JOIN {q}.authz_resources pr"
-            f" ON b.scope_type = 'pool' AND pr.resource_type = 'pool' AND pr.resource_id = b.scope_id"
-            f" WHERE b.principal_id = ANY(:principals)"
-        )
-        self._pool_tenant = db.sql(
-            f"SELECT tenant_id FROM {q}.authz_resources WHERE resource_type = 'pool' AND resource_id = :pool"
-        )
-        self._lock_binding = db.sql(
-            f"SELECT {binding_cols} FROM {q}.iam_bindings b JOIN {q}.iam_roles r ON r.id = b.role_id"
-            f" WHERE b.id = :id AND b.tenant_id = :tenant FOR UPDATE OF b"
-        )
-        self._delete_binding = db.sql(f"DELETE FROM {q}.iam_bindings WHERE id = :id")
-
-        self._lock_root_admins = db.sql("SELECT pg_advisory_xact_lock(hashtext(:key))")
-        self._root_admins = db.sql(
-            f"SELECT count(*),"
-            f" count(*) FILTER (WHERE b.principal_id <> coalesce(CAST(:principal AS text), '')"
-            f" AND b.id <> coalesce(CAST(:binding AS text), ''))"
-            f" FROM {q}.iam_bindings b JOIN {q}.iam_principals p ON p.id = b.principal_id"
-            f" WHERE b.role_id = 'compute.admin' AND b.scope_type = 'root' AND p.disabled_at IS NULL"
-        )
+        self._insert_tenant = db.sql(sql.INSERT_TENANT)
+        self._list_tenants = db.sql(sql.LIST_TENANTS)
+        self._insert_principal = db.sql(sql.INSERT_PRINCIPAL)
+        self._list_principals = db.sql(sql.LIST_PRINCIPALS)
+        self._lock_principal = db.sql(sql.LOCK_PRINCIPAL)
+        self._share_principal = db.sql(sql.SHARE_PRINCIPAL)
+        self._disable_principal = db.sql(sql.DISABLE_PRINCIPAL)
+        self._insert_credential = db.sql(sql.INSERT_CREDENTIAL)
+        self._list_credentials = db.sql(sql.LIST_CREDENTIALS)
+        self._lock_credential = db.sql(sql.LOCK_CREDENTIAL)
+        self._revoke_credential = db.sql(sql.REVOKE_CREDENTIAL)
+        self._insert_role = db.sql(sql.INSERT_ROLE)
+        self._list_roles = db.sql(sql.LIST_ROLES)
+        self._role_actions = db.sql(sql.ROLE_ACTIONS)
+        self._insert_binding = db.sql(sql.INSERT_BINDING)
+        self._binding_parts = db.sql(sql.BINDING_PARTS)
+        self._list_bindings = db.sql(sql.LIST_BINDINGS)
+        self._lock_binding = db.sql(sql.LOCK_BINDING)
+        self._delete_binding = db.sql(sql.DELETE_BINDING)
+        self._grants = db.sql(sql.GRANTS)
+        self._pool_tenant = db.sql(sql.POOL_TENANT)
+        self._lock_root_admins = db.sql(sql.ADVISORY_LOCK)
+        self._root_admins = db.sql(sql.ROOT_ADMINS)
 
     # --- running statements -------------------------------------------------------------------------------------
 

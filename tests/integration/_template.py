@@ -21,7 +21,6 @@ import attrs
 import psycopg
 
 __all__ = [
-    "KMS_MODULES",
     "Template",
     "clone_schema",
     "copy_script",
@@ -297,13 +296,9 @@ def recycle_schema(url: str, template: Template, schema: str, new_name: str) -> 
     return True
 
 
-KMS_MODULES = ("webhooks", "secrets", "identity")
-"""The built-in modules on only with a KMS (``identity`` with ``Options.join`` too), in the order the core adds them."""
-
-
 async def migrate_template(url: str, schema: str) -> None:
     """Migrate ``schema`` the way ``initialize()`` migrates a control plane's store (the runtime's, the modules' and
-    IAM's), with every built-in module on: the tables of the modules that need a KMS are there too."""
+    IAM's); the built-in modules make the same tables with or without a KMS."""
     # Imported here: the unit tests import this package's conftest without needing a control plane.
     from bettercompute import Options, better_compute
     from bettercompute_iam import EmbeddedIam
@@ -314,8 +309,6 @@ async def migrate_template(url: str, schema: str) -> None:
     try:
         await store.open()
         await compute.migrate()
-        for name in KMS_MODULES:
-            await store.migrate(name, store.migrations(name))
     finally:
         await compute.close()
 

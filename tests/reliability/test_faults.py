@@ -41,7 +41,8 @@ import psycopg
 import pytest
 
 from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
+from bettercompute.modules.nodes import CreateJoinTokenInput
+from bettercompute.modules.pools import CreatePoolInput
 from bettercompute.modules.secrets import CreateSecretInput
 from bettercompute.modules.webhooks import CreateWebhookInput, WebhookSettings
 from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups

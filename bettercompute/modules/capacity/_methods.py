@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from bettercompute._runtime.registry import GroupSpec
-from bettercompute.modules.capacity import _reservations, _service
+from bettercompute.modules.capacity import _service
 
 B = TypeVar("B")
 
@@ -27,17 +27,4 @@ class CapacityGroup(GroupSpec[B]):
     get = _service.get_capacity
 
 
-class ReservationsGroup(GroupSpec[B]):
-    """GPUs of a pool for a time: admitted (quota, placement, bookings) at create, bound through the nodes' desired
-    state, active from their start, ended at their end."""
-
-    name = "reservations"
-    create = _reservations.create_reservation
-    get = _reservations.get_reservation
-    list = _reservations.list_reservations
-    cancel = _reservations.cancel_reservation
-    extend = _reservations.extend_reservation
-    explain = _reservations.explain_reservation
-
-
-ACTIONS = tuple(sorted(m.action for g in (QuotasGroup, CapacityGroup, ReservationsGroup) for m in g.methods.values()))
+ACTIONS = tuple(sorted(m.action for g in (QuotasGroup, CapacityGroup) for m in g.methods.values()))

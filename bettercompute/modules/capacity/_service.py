@@ -29,7 +29,7 @@ from bettercompute.modules.capacity._schemas import (
     Quota,
     SetQuotaInput,
 )
-from bettercompute.modules.pools._port import POOLS, PoolRecord
+from bettercompute.modules.pools import POOLS, PoolRecord
 from bettercompute.paging import Keyset
 from bettercompute.ports import ResourceRef
 

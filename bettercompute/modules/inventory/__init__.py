@@ -1,27 +1,30 @@
 """Inventory and the node lifecycle: devices, conditions and atoms derived from what daemons report, acceptance
 checks, quarantine and reachability (the built-in node controllers), and the ``devices`` group."""
 
-from bettercompute.modules.inventory._checks import DIAG_NVML, AcceptanceCheck, Finding, judge_nvml
-from bettercompute.modules.inventory._controllers import NODE_ADOPTED, NODE_QUARANTINED, NODE_STATE_CHANGED
-from bettercompute.modules.inventory._derive import CONDITION_TYPES
-from bettercompute.modules.inventory._devices import (
-    Atom,
-    Device,
-    DevicesGroup,
-    GetDeviceInput,
-    ListDevicesInput,
-    ListDevicesOutput,
-)
-from bettercompute.modules.inventory._module import InventoryModule
-from bettercompute.modules.inventory._port import (
-    INVENTORY,
-    AtomRecord,
-    ConditionRecord,
-    DeviceRecord,
-    Inventory,
-)
+from bettercompute.modules.inventory._checks import DIAG_NVML as DIAG_NVML
+from bettercompute.modules.inventory._checks import AcceptanceCheck as AcceptanceCheck
+from bettercompute.modules.inventory._checks import Finding as Finding
+from bettercompute.modules.inventory._checks import judge_nvml as judge_nvml
+from bettercompute.modules.inventory._controllers import NODE_ADOPTED as NODE_ADOPTED
+from bettercompute.modules.inventory._controllers import NODE_QUARANTINED as NODE_QUARANTINED
+from bettercompute.modules.inventory._controllers import NODE_STATE_CHANGED as NODE_STATE_CHANGED
+from bettercompute.modules.inventory._derive import CONDITION_TYPES as CONDITION_TYPES
+from bettercompute.modules.inventory._methods import ACTIONS as ACTIONS
+from bettercompute.modules.inventory._methods import DevicesGroup as DevicesGroup
+from bettercompute.modules.inventory._module import InventoryModule as InventoryModule
+from bettercompute.modules.inventory._port import INVENTORY as INVENTORY
+from bettercompute.modules.inventory._port import AtomRecord as AtomRecord
+from bettercompute.modules.inventory._port import DeviceRecord as DeviceRecord
+from bettercompute.modules.inventory._port import Inventory as Inventory
+from bettercompute.modules.inventory._schemas import Atom as Atom
+from bettercompute.modules.inventory._schemas import Device as Device
+from bettercompute.modules.inventory._schemas import DeviceKind as DeviceKind
+from bettercompute.modules.inventory._schemas import GetDeviceInput as GetDeviceInput
+from bettercompute.modules.inventory._schemas import ListDevicesInput as ListDevicesInput
+from bettercompute.modules.inventory._schemas import ListDevicesOutput as ListDevicesOutput
 
 __all__ = [
+    "ACTIONS",
     "CONDITION_TYPES",
     "DIAG_NVML",
     "INVENTORY",
@@ -31,8 +34,8 @@ __all__ = [
     "AcceptanceCheck",
     "Atom",
     "AtomRecord",
-    "ConditionRecord",
     "Device",
+    "DeviceKind",
     "DeviceRecord",
     "DevicesGroup",
     "Finding",

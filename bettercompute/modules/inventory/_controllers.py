@@ -314,7 +314,7 @@ class Controllers:
             findings=findings if isinstance(findings, list) else None,
             reachable=(reach.reachable, reach.reason, reach.message),
         )
-        await tx.repository(INVENTORY).save_conditions(node.id, conditions)
+        await tx.repository(NODES).save_conditions(node.id, conditions)
 
 
 def _devices(

@@ -15,8 +15,8 @@ from typing import Any
 
 import attrs
 
-from bettercompute.modules.inventory._port import AtomRecord, ConditionRecord, DeviceRecord
-from bettercompute.modules.nodes import NodeRecord
+from bettercompute.modules.inventory._port import AtomRecord, DeviceRecord
+from bettercompute.modules.nodes import ConditionRecord, NodeRecord
 
 __all__ = [
     "CONDITION_TYPES",

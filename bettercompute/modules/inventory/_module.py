@@ -1,7 +1,7 @@
 """The ``inventory`` module: the built-in node controllers and the ``devices`` group.
 
-It is on wherever JoinService is (``Options.join`` and ``Options.kms``): without it there are no nodes. Its tables
-hang off ``nodes`` and are migrated with the identity module's.
+Always registered (without node identity there are no nodes, and its controllers find nothing to do). Its tables hang
+off ``nodes`` and were made by the ``nodes`` module's migrations.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from bettercompute._runtime.reconcile import Reconciler
 from bettercompute._version import __version__
 from bettercompute.modules.inventory._checks import DIAG_NVML, AcceptanceCheck
 from bettercompute.modules.inventory._controllers import Controllers
-from bettercompute.modules.inventory._devices import ACTIONS, DevicesGroup
+from bettercompute.modules.inventory._methods import ACTIONS, DevicesGroup
 from bettercompute.modules.inventory._port import INVENTORY
 from bettercompute.ports import Migration, Repository
 
@@ -26,7 +26,7 @@ __all__ = ["InventoryModule"]
 
 
 class InventoryModule:
-    """Registered with the identity module; ``checks`` are the acceptance checks pools may name (``diag.nvml`` and
+    """Always registered by ``better_compute()``; ``checks`` are the acceptance checks pools may name (``diag.nvml`` and
     those other modules declare in their ``acceptance_checks``)."""
 
     name = "inventory"

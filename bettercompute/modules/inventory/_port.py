@@ -1,11 +1,111 @@
-"""The inventory's repository (declared with the nodes' port, whose tables it hangs off): re-exported here."""
+"""What the inventory controller keeps: devices and atoms (``INVENTORY``). A node's conditions are the node's own
+(``bettercompute.modules.nodes.Nodes``).
 
-from bettercompute.modules.nodes._inventory_port import (
-    INVENTORY,
-    AtomRecord,
-    ConditionRecord,
-    DeviceRecord,
-    Inventory,
-)
+Their tables hang off ``nodes`` and were made by the ``nodes`` module's migrations (its versions 1 to 8); later
+changes to them are this module's migrations.
+"""
 
-__all__ = ["INVENTORY", "AtomRecord", "ConditionRecord", "DeviceRecord", "Inventory"]
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from bettercompute.ports import Repository
+
+__all__ = ["INVENTORY", "AtomRecord", "DeviceRecord", "Inventory"]
+
+
+@attrs.frozen(kw_only=True)
+class DeviceRecord:
+    """A device of a node: ``kind`` ``gpu``, ``nic`` or ``disk``; ``ident`` its stable identity (a GPU's UUID, a NIC's
+    MAC address, a disk's serial or name); ``slot`` where it sits (a GPU's index, an interface or block device
+    name). ``state``: ``present``; ``missing`` (reported before, not any more: kept, never deleted); ``conflict`` (a
+    GPU whose UUID another live node reports: it gives no capacity)."""
+
+    id: str
+    node_id: str
+    tenant: str
+    pool_id: str
+    kind: str
+    ident: str
+    slot: str | None
+    model: str | None
+    details: Mapping[str, Any]
+    state: str
+    first_seen_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    missing_since: dt.datetime | None = None
+
+
+@attrs.frozen(kw_only=True)
+class AtomRecord:
+    """A unit of capacity: a whole GPU (``kind`` ``gpu``) or a MIG slice (``mig``, ``profile`` like ``1g.10gb``),
+    ``ident`` its UUID. ``state`` ``available`` or ``unavailable`` with a ``reason`` (``node_adopting``,
+    ``node_quarantined``, ``node_unreachable``, ``device_missing``, ``device_conflict``, ``mig_enabled``, ...)."""
+
+    id: str
+    node_id: str
+    device_id: str
+    tenant: str
+    pool_id: str
+    kind: str
+    ident: str
+    model: str | None
+    profile: str | None
+    memory_mib: int | None
+    state: str
+    reason: str | None
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+
+
+class Inventory(Protocol):
+    """Devices and atoms. The ``save_*`` writes need a transaction (``tx.repository(INVENTORY)``)."""
+
+    async def devices(self, node_id: str) -> list[DeviceRecord]:
+        """The node's devices (missing ones included), by kind and ident."""
+        ...
+
+    async def device(self, id: str) -> DeviceRecord | None:
+        """A device by id."""
+        ...
+
+    async def devices_page(
+        self, tenant: str, *, node_id: str | None, kind: str | None, after: Sequence[Any] | None, limit: int
+    ) -> list[DeviceRecord]:
+        """The tenant's devices (of one node, of one kind) in ``(node_id, kind, ident)`` order, after ``after``."""
+        ...
+
+    async def gpu_owners(self, idents: Sequence[str], *, besides: str) -> dict[str, str]:
+        """Of these GPU UUIDs, those present on another live node than ``besides``: UUID -> that node's id."""
+        ...
+
+    async def release_retired(self, idents: Sequence[str]) -> int:
+        """Mark ``missing`` the present GPUs with these UUIDs on retired nodes (their hardware joined again as a new
+        node), so the new node can hold them. Needs a transaction; returns how many were released."""
+        ...
+
+    async def save_devices(self, devices: Sequence[DeviceRecord]) -> None:
+        """Insert or update these devices (by node, kind and ident), in one statement; ``missing_since`` is kept from
+        the row when a device stays missing."""
+        ...
+
+    async def atoms(self, node_id: str) -> list[AtomRecord]:
+        """The node's atoms, by ident."""
+        ...
+
+    async def atoms_of_devices(self, device_ids: Sequence[str]) -> list[AtomRecord]:
+        """The atoms of these devices, by device and ident."""
+        ...
+
+    async def save_atoms(self, atoms: Sequence[AtomRecord]) -> None:
+        """Insert or update these atoms (by node and ident), in one statement."""
+        ...
+
+
+INVENTORY: Repository[Inventory] = Repository(module="inventory", name="inventory")
+"""``tx.repository(INVENTORY)`` in a transaction, ``store.repository(INVENTORY)`` outside one: the store's
+``Inventory``"""

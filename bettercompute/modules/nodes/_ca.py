@@ -24,8 +24,6 @@ Issued certificates (X.509-SVID style):
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import ipaddress
 import logging
 import re
 import secrets
@@ -34,10 +32,9 @@ from collections.abc import Callable, Sequence
 
 import attrs
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from bettercompute.errors import (
     FailedPreconditionError,
@@ -48,9 +45,20 @@ from bettercompute.errors import (
     UnavailableError,
 )
 from bettercompute.modules.nodes._port import CERTIFICATES, CaKey, Certificates, IssuedCertificate, Revocation
+from bettercompute.modules.nodes._x509 import (
+    AcceptedKey,
+    Leaf,
+    checked_csr_key,
+    checked_segment,
+    host_name,
+    key_sha256,
+    serial_hex,
+    sign_leaf,
+    utc_seconds,
+)
 from bettercompute.ports import Clock, Kms, OutboxEvent, Store, Transaction
 
-__all__ = ["CertificateAuthority", "IssuedBundle", "RevocationResult", "serial_hex"]
+__all__ = ["CertificateAuthority", "IssuedBundle", "RevocationResult"]
 
 log = logging.getLogger("bettercompute.ca")
 
@@ -100,28 +108,6 @@ class RevocationResult:
 
     spiffe_id: str
     serials: tuple[str, ...]
-
-
-def serial_hex(serial: int | str) -> str:
-    """The canonical serial text: lower-case hex without leading zeros (from an int or any-case hex text).
-
-    Raises:
-        InvalidInputError: not a positive serial.
-    """
-    if isinstance(serial, str):
-        try:
-            value = int(serial.strip().lower().removeprefix("0x"), 16)
-        except ValueError:
-            raise InvalidInputError("a certificate serial is hex digits", details={"field": "serial"}) from None
-    else:
-        value = serial
-    if value <= 0:
-        raise InvalidInputError("a certificate serial is a positive number", details={"field": "serial"})
-    return format(value, "x")
-
-
-def _utc_seconds(value: dt.datetime) -> dt.datetime:
-    return value.astimezone(dt.UTC).replace(microsecond=0)
 
 
 class CertificateAuthority:
@@ -323,7 +309,7 @@ class CertificateAuthority:
         node_id: str,
         role: str = "node",
         ttl: dt.timedelta | None = None,
-        checked_key: _AcceptedKey | None = None,
+        checked_key: AcceptedKey | None = None,
     ) -> IssuedBundle:
         """Sign a CSR for ``node_id`` in ``role`` and record the certificate, in a transaction of its own (loading
         the active key from the KMS first if needed). ``issue_in`` records it in the caller's transaction.
@@ -347,7 +333,7 @@ class CertificateAuthority:
         node_id: str,
         role: str = "node",
         ttl: dt.timedelta | None = None,
-        checked_key: _AcceptedKey | None = None,
+        checked_key: AcceptedKey | None = None,
     ) -> IssuedBundle:
         """``issue``, recorded in ``tx`` (a join's writes and the record commit together).
 
@@ -372,7 +358,7 @@ class CertificateAuthority:
         if not hosts:
             raise InvalidInputError("a server certificate needs at least one host", details={"field": "hosts"})
         for host in hosts:
-            _host_name(host)
+            host_name(host)
         return await self._issue(
             None, csr_pem, node_id=name, role=GATEWAY_ROLE, ttl=ttl, checked_key=None, server_hosts=tuple(hosts)
         )
@@ -385,11 +371,11 @@ class CertificateAuthority:
         node_id: str,
         role: str,
         ttl: dt.timedelta | None,
-        checked_key: _AcceptedKey | None,
+        checked_key: AcceptedKey | None,
         server_hosts: Sequence[str] = (),
     ) -> IssuedBundle:
         if role == GATEWAY_ROLE:
-            spiffe_id = f"spiffe://{self.trust_domain}/{GATEWAY_ROLE}/{_checked_segment(node_id)}"
+            spiffe_id = f"spiffe://{self.trust_domain}/{GATEWAY_ROLE}/{checked_segment(node_id)}"
         else:
             spiffe_id = self.spiffe_id(node_id, role)
         lifetime = self._lifetime(role, ttl)
@@ -405,44 +391,18 @@ class CertificateAuthority:
             if active is None or loaded is None:
                 raise self._key_changed()
             key, private = active, loaded
-        ca_cert = self._certificate_of(key)
-        not_before = _utc_seconds(self._clock.now()) - CLOCK_SKEW
-        not_after = min(not_before + lifetime, key.not_after)
-        serial = x509.random_serial_number()
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(
-                x509.Name(
-                    [
-                        x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORG),
-                        x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
-                        x509.NameAttribute(NameOID.COMMON_NAME, node_id),
-                    ]
-                )
-            )
-            .issuer_name(ca_cert.subject)
-            .public_key(public_key)
-            .serial_number(serial)
-            .not_valid_before(not_before)
-            .not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_leaf_key_usage(), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH if server_hosts else ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-            .add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.UniformResourceIdentifier(spiffe_id), *map(_host_name, server_hosts)]
-                ),
-                critical=False,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(private.public_key()), critical=False)
-            .sign(private, hashes.SHA256())
+        not_before = utc_seconds(self._clock.now()) - CLOCK_SKEW
+        leaf = Leaf(
+            name=node_id,
+            role=role,
+            spiffe_id=spiffe_id,
+            public_key=public_key,
+            not_before=not_before,
+            not_after=min(not_before + lifetime, key.not_after),
+            server_hosts=server_hosts,
         )
+        serial, cert = sign_leaf(leaf, issuer=self._certificate_of(key), private=private)
+        not_after = leaf.not_after
         record = IssuedCertificate(
             serial=serial_hex(serial),
             node_id=node_id,
@@ -602,7 +562,7 @@ class CertificateAuthority:
         """A new active key and its private half, sealed by the KMS; stored by the caller (in no transaction yet)."""
         key_id = f"cak_{secrets.token_hex(8)}"
         private = ec.generate_private_key(ec.SECP256R1())
-        now = _utc_seconds(self._clock.now())
+        now = utc_seconds(self._clock.now())
         not_before = now - CLOCK_SKEW
         not_after = now + self._ca_validity
         name = x509.Name(
@@ -660,100 +620,3 @@ class CertificateAuthority:
         self._private[key.id] = private
         log.info("CA key %s of %s created", key.id, self.trust_domain)
         return key
-
-
-def key_sha256(public_key: _AcceptedKey | x509.Certificate) -> str:
-    """SHA-256 (hex) of a public key's SubjectPublicKeyInfo (DER), or of a certificate's key."""
-    key = public_key.public_key() if isinstance(public_key, x509.Certificate) else public_key
-    spki = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return hashlib.sha256(spki).hexdigest()
-
-
-def _leaf_key_usage() -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=False,
-        crl_sign=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
-_AcceptedKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | rsa.RSAPublicKey
-
-_HOST = re.compile(
-    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
-)
-
-
-def _host_name(host: str) -> x509.GeneralName:
-    """A subject alternative name for a host a client dials: an IP address, or an ASCII DNS name.
-
-    Raises:
-        InvalidInputError: neither.
-    """
-    if not isinstance(host, str):
-        raise InvalidInputError("a host must be text", details={"field": "hosts"})
-    try:
-        return x509.IPAddress(ipaddress.ip_address(host))
-    except ValueError:
-        pass
-    if not host.isascii() or not _HOST.fullmatch(host):
-        raise InvalidInputError("a host must be an IP address or an ASCII DNS name", details={"field": "hosts"})
-    return x509.DNSName(host.lower())
-
-
-def _checked_segment(name: str) -> str:
-    if not isinstance(name, str) or not _NODE_ID.fullmatch(name):
-        raise InvalidInputError("the name must be 1 to 128 letters, digits, '.', '_' or '-'", details={"field": "name"})
-    return name
-
-
-def checked_csr_key(csr_pem: str | bytes) -> _AcceptedKey:
-    """The public key of a well-formed, self-consistent CSR that asks for no name of its own."""
-    if not isinstance(csr_pem, str | bytes):
-        raise InvalidInputError("the CSR must be PEM text", details={"field": "csr"})
-    data = csr_pem.encode() if isinstance(csr_pem, str) else csr_pem
-    if len(data) > _MAX_CSR_BYTES:
-        raise InvalidInputError("the CSR is too large", details={"field": "csr"})
-    try:
-        csr = x509.load_pem_x509_csr(data)
-    except ValueError:
-        raise InvalidInputError("the CSR is not a PEM certificate signing request", details={"field": "csr"}) from None
-    try:
-        valid = csr.is_signature_valid
-    except (InvalidSignature, ValueError):
-        valid = False
-    if not valid:
-        raise InvalidInputError(
-            "the CSR's signature does not match its public key", details={"field": "csr", "reason": "signature"}
-        )
-    try:
-        csr.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-    except x509.ExtensionNotFound:
-        pass
-    except ValueError:
-        raise InvalidInputError("the CSR's extensions do not parse", details={"field": "csr"}) from None
-    else:
-        raise InvalidInputError(
-            "the CSR asks for its own subject alternative names; the CA sets the SPIFFE ID itself",
-            details={"field": "csr", "reason": "san"},
-        )
-    try:
-        key = csr.public_key()
-    except (ValueError, x509.UnsupportedGeneralNameType):
-        raise InvalidInputError("the CSR's public key is not supported", details={"field": "csr"}) from None
-    if isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1 | ec.SECP384R1):
-        return key
-    if isinstance(key, ed25519.Ed25519PublicKey):
-        return key
-    if isinstance(key, rsa.RSAPublicKey) and key.key_size >= 2048:
-        return key
-    raise InvalidInputError(
-        "the CSR's key must be EC P-256 or P-384, Ed25519, or RSA of at least 2048 bits",
-        details={"field": "csr", "reason": "key_type"},
-    )

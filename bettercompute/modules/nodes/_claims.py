@@ -11,7 +11,8 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from bettercompute.errors import AccessDeniedError, InvalidInputError
-from bettercompute.modules.pools._port import JoinTokenRecord, PoolRecord
+from bettercompute.modules.nodes._port import JoinTokenRecord
+from bettercompute.modules.pools import PoolRecord
 
 __all__ = [
     "AttestationRequest",

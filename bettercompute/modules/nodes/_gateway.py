@@ -28,6 +28,7 @@ from bettercompute.modules.nodes._proofs import (
     verify_signature,
 )
 from bettercompute.modules.nodes._renew import CLOCK_SKEW
+from bettercompute.modules.nodes._secrets import NodeIdentity, SecretReleaser
 from bettercompute.modules.nodes._tokens import hash_secret
 from bettercompute.modules.nodes._tunnels import (
     TUNNELS,
@@ -37,8 +38,6 @@ from bettercompute.modules.nodes._tunnels import (
     closed_record,
     parse_ticket,
 )
-from bettercompute.modules.secrets import NodeIdentity, SecretBroker
-from bettercompute.modules.secrets._broker import RELEASE_ACTION
 from bettercompute.ports import AuditRecord, Clock, FreshIam, ReplayGuard, Store
 
 if TYPE_CHECKING:
@@ -62,7 +61,7 @@ class GatewayServices:
     def __init__(
         self,
         joins: JoinService,
-        broker: SecretBroker,
+        broker: SecretReleaser,
         *,
         store: Store,
         replay_guard: ReplayGuard,
@@ -172,7 +171,7 @@ class GatewayServices:
         async with self._store.transaction() as tx:
             await tx.audit(
                 AuditRecord(
-                    action=RELEASE_ACTION,
+                    action=self._broker.release_action,
                     actor=f"node:{record.node_id}",
                     tenant=node.tenant if node is not None else None,
                     resource_type="secret",

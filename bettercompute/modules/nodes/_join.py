@@ -52,7 +52,7 @@ from bettercompute.errors import (
     InvalidInputError,
     UnauthenticatedError,
 )
-from bettercompute.modules.nodes._ca import CertificateAuthority, checked_csr_key, key_sha256
+from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._claims import (
     AttestationRequest,
     Attestor,
@@ -61,8 +61,7 @@ from bettercompute.modules.nodes._claims import (
     checked_evidence,
     hardware_key,
 )
-from bettercompute.modules.nodes._nodes import retire_node
-from bettercompute.modules.nodes._port import CERTIFICATES, NODES, NodeRecord
+from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_TOKENS, NODES, JoinTokenRecord, NodeRecord
 from bettercompute.modules.nodes._proofs import (
     BINDING_BYTES,
     ChallengeIssuer,
@@ -70,9 +69,11 @@ from bettercompute.modules.nodes._proofs import (
 )
 from bettercompute.modules.nodes._renew import NODE, Renewals, RenewResult
 from bettercompute.modules.nodes._sealing import Unsealer
+from bettercompute.modules.nodes._service import retire_node
 from bettercompute.modules.nodes._tokens import hash_secret, parse_token
-from bettercompute.modules.pools._port import JOIN_TOKENS
-from bettercompute.ports import AuditRecord, Clock, OutboxEvent, ReplayGuard, ResourceRef, Store
+from bettercompute.modules.nodes._x509 import checked_csr_key, key_sha256
+from bettercompute.modules.pools import PoolRecord
+from bettercompute.ports import AuditRecord, Clock, OutboxEvent, ReplayGuard, ResourceRef, Store, Transaction
 
 __all__ = ["JOIN_ACTION", "JoinResult", "JoinService", "RenewResult"]
 
@@ -102,6 +103,68 @@ class JoinResult:
     serial: str
     not_after: dt.datetime
     reclaimed: bool
+
+
+@attrs.frozen(kw_only=True)
+class _Opened:
+    """A join's sealed payload, opened: the CSR's key, and the token's id and secret hash."""
+
+    csr_key: Any
+    token_id: str
+    secret_hash: bytes
+
+
+@attrs.frozen(kw_only=True)
+class _Admitted:
+    """What a join was admitted with, before its transaction: the token and its pool, the claims, what the attestors
+    recorded, the hardware key, the node id the token binds (if any), and whether anything but the claims vouches
+    for the machine (a serial in the token, a bound hardware key, an attestor's facts)."""
+
+    token: JoinTokenRecord
+    pool: PoolRecord
+    hardware: HardwareClaims
+    attestation: dict[str, str]
+    hw_key: str
+    bound_id: str | None
+    vouched: bool
+
+
+async def _record_in(
+    tx: Transaction,
+    token_id: str,
+    node: NodeRecord,
+    reclaimed: bool,
+    serial: str,
+    hw_key: str,
+    uses_left: int | None,
+) -> None:
+    """A join's audit row and ``node.joined`` event, in its transaction."""
+    await tx.audit(
+        AuditRecord(
+            action=JOIN_ACTION,
+            actor=f"join-token:{token_id}",
+            tenant=node.tenant,
+            resource_type=NODE,
+            resource_id=node.id,
+            decision_id=None,
+            outcome="ok",
+            details={
+                "pool_id": node.pool_id,
+                "reclaimed": reclaimed,
+                "serial": serial,
+                "hardware_key": hw_key,
+                "uses_left": uses_left,
+            },
+        )
+    )
+    payload = {
+        "node_id": node.id,
+        "tenant": node.tenant,
+        "pool_id": node.pool_id,
+        "reclaimed": reclaimed,
+        "enrollments": node.enrollments,
+    }
+    await tx.publish([OutboxEvent(type=JOINED_EVENT, key=node.id, payload=payload)])
 
 
 class JoinService:
@@ -181,6 +244,54 @@ class JoinService:
                 claims says this is the same machine (``node_live``).
             UnavailableError: the CA key changed during the join (retry).
         """
+        now = self._clock.now()
+        opened = await self._open(sealed_token, csr_pem, claims, evidence, pool_id, now=now)
+        admitted = await self._admit(opened, claims, evidence, pool_id, now=now)
+        # Everything that may call out happens before the transaction: the CA key is loaded from the KMS, the
+        # trust bundle read. The transaction itself only reads and writes the database.
+        await self.ca.prepare()
+        bundle_pem = await self.ca.trust_bundle_pem()
+        async with self._store.transaction() as tx:
+            node, reclaimed = await self._enroll_in(tx, opened, admitted, now=now)
+            issued = await self.ca.issue_in(
+                tx, csr_pem, node_id=node.id, role="node", ttl=self._ttl, checked_key=opened.csr_key
+            )
+            await tx.project(ResourceRef(type=NODE, id=node.id, tenant=node.tenant, pool=node.pool_id))
+            # The token's row stays locked from here to the commit: spend the use last, so joins sharing a token
+            # wait for each other as briefly as possible.
+            spent = await tx.repository(JOIN_TOKENS).consume(
+                id=opened.token_id, secret_hash=opened.secret_hash, now=now
+            )
+            if spent.outcome != "consumed":
+                _refuse_spent(spent.outcome == "revoked", spent.outcome == "expired", spent.outcome == "exhausted")
+                raise UnauthenticatedError("the join token is not valid", details={"reason": "unknown_token"})
+            uses_left = spent.token.uses_left if spent.token else None
+            await _record_in(tx, opened.token_id, node, reclaimed, issued.serial, admitted.hw_key, uses_left)
+        log.info("node %s joined pool %s (%s)", node.id, node.pool_id, "reclaimed" if reclaimed else "new")
+        return JoinResult(
+            node_id=node.id,
+            tenant=node.tenant,
+            pool_id=node.pool_id,
+            spiffe_id=issued.spiffe_id,
+            certificate_pem=issued.certificate_pem,
+            chain_pem=issued.chain_pem,
+            trust_bundle_pem=bundle_pem,
+            serial=issued.serial,
+            not_after=issued.not_after,
+            reclaimed=reclaimed,
+        )
+
+    async def _open(
+        self,
+        sealed_token: bytes,
+        csr_pem: str,
+        claims: Mapping[str, Any],
+        evidence: Mapping[str, Any] | None,
+        pool_id: str | None,
+        *,
+        now: dt.datetime,
+    ) -> _Opened:
+        """Step 1: the request's shape, then the sealed payload opened and checked against what it was sealed for."""
         if not isinstance(sealed_token, bytes):
             raise InvalidInputError("sealed_token: expected bytes", details={"path": "sealed_token"})
         if pool_id is not None and not (isinstance(pool_id, str) and _POOL_ID.fullmatch(pool_id)):
@@ -188,7 +299,6 @@ class JoinService:
         csr_key = checked_csr_key(csr_pem)
         csr_der = x509.load_pem_x509_csr(csr_pem.encode()).public_bytes(serialization.Encoding.DER)
         binding = join_binding(csr_der, claims, evidence, pool_id)
-        now = self._clock.now()
         unsealed = await self._unsealer.unseal(sealed_token, now=now, max_age=self._max_age)
         if len(unsealed.plaintext) < BINDING_BYTES or not hmac.compare_digest(
             unsealed.plaintext[:BINDING_BYTES], binding
@@ -207,8 +317,19 @@ class JoinService:
                 details={"path": "sealed_token", "reason": "malformed_token"},
             )
         token_id, secret = parsed
-        secret_hash = hash_secret(secret)
-        match = await self._store.repository(JOIN_TOKENS).matching(token_id, secret_hash=secret_hash)
+        return _Opened(csr_key=csr_key, token_id=token_id, secret_hash=hash_secret(secret))
+
+    async def _admit(
+        self,
+        opened: _Opened,
+        claims: Mapping[str, Any],
+        evidence: Mapping[str, Any] | None,
+        pool_id: str | None,
+        *,
+        now: dt.datetime,
+    ) -> _Admitted:
+        """Step 2: the token and its pool, the claims and evidence, the attestor chain and the token's bindings."""
+        match = await self._store.repository(JOIN_TOKENS).matching(opened.token_id, secret_hash=opened.secret_hash)
         if match is None:
             raise UnauthenticatedError("the join token is not valid", details={"reason": "unknown_token"})
         token, pool = match.token, match.pool
@@ -226,7 +347,7 @@ class JoinService:
                 details={"reason": "pool_class", "pool_class": pool.pool_class},
             )
         request = AttestationRequest(
-            claims=hardware, evidence=facts, token=token, pool=pool, csr_key_sha256=key_sha256(csr_key)
+            claims=hardware, evidence=facts, token=token, pool=pool, csr_key_sha256=key_sha256(opened.csr_key)
         )
         attestation = await self._attest(request)
         hw_key = hardware_key(hardware)
@@ -238,104 +359,58 @@ class JoinService:
                 details={"reason": "expect_mismatch", "fields": ["hardware_key"]},
             )
         bound_id = token.expect.get("node_id")
-        # Everything that may call out happens before the transaction: the CA key is loaded from the KMS, the
-        # trust bundle read. The transaction itself only reads and writes the database.
-        await self.ca.prepare()
-        bundle_pem = await self.ca.trust_bundle_pem()
-        vouched = "serial" in token.expect or bound_key is not None or bool(attestation)
-        async with self._store.transaction() as tx:
-            enrollment = await tx.repository(NODES).enroll(
-                new_id=bound_id if isinstance(bound_id, str) else f"node_{secrets.token_hex(8)}",
-                pool_id=pool.id,
-                tenant=pool.tenant,
-                hardware_key=hw_key,
-                claims=attrs.asdict(hardware, recurse=True),
-                attestation=attestation,
-                join_token_id=token_id,
-                reclaim=token.reclaim == "same-hardware",
-            )
-            node = enrollment.node
-            if isinstance(bound_id, str) and node.id != bound_id:
-                # The pool holds this hardware under another node id: the machine's own id cannot be taken.
-                raise ConflictError(
-                    "this pool has the hardware as another node; retire that node (nodes.retire) first",
-                    details={"reason": "bound_node_mismatch"},
-                )
-            if enrollment.outcome == "conflict":
-                raise ConflictError(
-                    "this pool has a node with the same hardware; retire it (nodes.retire), or join with a token whose"
-                    " reclaim is same-hardware",
-                    details={"reason": "hardware_taken"},
-                )
-            reclaimed = enrollment.outcome == "reclaimed"
-            spiffe_id = self.ca.spiffe_id(node.id)
-            if reclaimed:
-                # Claims alone do not prove it is the same machine: while the node still holds a valid certificate
-                # (it may be up and running), only a token that names the serial or an attestor may take it back.
-                live = await tx.repository(CERTIFICATES).live_count_for(spiffe_id, now=now)
-                if live and not vouched:
-                    raise ConflictError(
-                        "the node with this hardware still holds a valid certificate: revoke it (nodes.revoke) or"
-                        " retire it (nodes.retire) first, or join with a token whose expect names the serial",
-                        details={"reason": "node_live"},
-                    )
-                await self.ca.revoke_spiffe_id_in(tx, spiffe_id, reason="reclaimed by a new join of the same hardware")
-            issued = await self.ca.issue_in(
-                tx, csr_pem, node_id=node.id, role="node", ttl=self._ttl, checked_key=csr_key
-            )
-            await tx.project(ResourceRef(type=NODE, id=node.id, tenant=node.tenant, pool=node.pool_id))
-            # The token's row stays locked from here to the commit: spend the use last, so joins sharing a token
-            # wait for each other as briefly as possible.
-            spent = await tx.repository(JOIN_TOKENS).consume(id=token_id, secret_hash=secret_hash, now=now)
-            if spent.outcome != "consumed":
-                _refuse_spent(spent.outcome == "revoked", spent.outcome == "expired", spent.outcome == "exhausted")
-                raise UnauthenticatedError("the join token is not valid", details={"reason": "unknown_token"})
-            await tx.audit(
-                AuditRecord(
-                    action=JOIN_ACTION,
-                    actor=f"join-token:{token_id}",
-                    tenant=node.tenant,
-                    resource_type=NODE,
-                    resource_id=node.id,
-                    decision_id=None,
-                    outcome="ok",
-                    details={
-                        "pool_id": node.pool_id,
-                        "reclaimed": reclaimed,
-                        "serial": issued.serial,
-                        "hardware_key": hw_key,
-                        "uses_left": spent.token.uses_left if spent.token else None,
-                    },
-                )
-            )
-            await tx.publish(
-                [
-                    OutboxEvent(
-                        type=JOINED_EVENT,
-                        key=node.id,
-                        payload={
-                            "node_id": node.id,
-                            "tenant": node.tenant,
-                            "pool_id": node.pool_id,
-                            "reclaimed": reclaimed,
-                            "enrollments": node.enrollments,
-                        },
-                    )
-                ]
-            )
-        log.info("node %s joined pool %s (%s)", node.id, node.pool_id, "reclaimed" if reclaimed else "new")
-        return JoinResult(
-            node_id=node.id,
-            tenant=node.tenant,
-            pool_id=node.pool_id,
-            spiffe_id=issued.spiffe_id,
-            certificate_pem=issued.certificate_pem,
-            chain_pem=issued.chain_pem,
-            trust_bundle_pem=bundle_pem,
-            serial=issued.serial,
-            not_after=issued.not_after,
-            reclaimed=reclaimed,
+        return _Admitted(
+            token=token,
+            pool=pool,
+            hardware=hardware,
+            attestation=attestation,
+            hw_key=hw_key,
+            bound_id=bound_id if isinstance(bound_id, str) else None,
+            vouched="serial" in token.expect or bound_key is not None or bool(attestation),
         )
+
+    async def _enroll_in(
+        self, tx: Transaction, opened: _Opened, admitted: _Admitted, *, now: dt.datetime
+    ) -> tuple[NodeRecord, bool]:
+        """Step 3, in ``tx``: the node made or taken back (the reclaimed node's certificates revoked); ``(node,
+        reclaimed)``."""
+        enrollment = await tx.repository(NODES).enroll(
+            new_id=admitted.bound_id or f"node_{secrets.token_hex(8)}",
+            pool_id=admitted.pool.id,
+            tenant=admitted.pool.tenant,
+            hardware_key=admitted.hw_key,
+            claims=attrs.asdict(admitted.hardware, recurse=True),
+            attestation=admitted.attestation,
+            join_token_id=opened.token_id,
+            reclaim=admitted.token.reclaim == "same-hardware",
+        )
+        node = enrollment.node
+        if admitted.bound_id is not None and node.id != admitted.bound_id:
+            # The pool holds this hardware under another node id: the machine's own id cannot be taken.
+            raise ConflictError(
+                "this pool has the hardware as another node; retire that node (nodes.retire) first",
+                details={"reason": "bound_node_mismatch"},
+            )
+        if enrollment.outcome == "conflict":
+            raise ConflictError(
+                "this pool has a node with the same hardware; retire it (nodes.retire), or join with a token whose"
+                " reclaim is same-hardware",
+                details={"reason": "hardware_taken"},
+            )
+        reclaimed = enrollment.outcome == "reclaimed"
+        if reclaimed:
+            spiffe_id = self.ca.spiffe_id(node.id)
+            # Claims alone do not prove it is the same machine: while the node still holds a valid certificate (it
+            # may be up and running), only a token that names the serial or an attestor may take it back.
+            live = await tx.repository(CERTIFICATES).live_count_for(spiffe_id, now=now)
+            if live and not admitted.vouched:
+                raise ConflictError(
+                    "the node with this hardware still holds a valid certificate: revoke it (nodes.revoke) or"
+                    " retire it (nodes.retire) first, or join with a token whose expect names the serial",
+                    details={"reason": "node_live"},
+                )
+            await self.ca.revoke_spiffe_id_in(tx, spiffe_id, reason="reclaimed by a new join of the same hardware")
+        return node, reclaimed
 
     async def _attest(self, request: AttestationRequest) -> dict[str, str]:
         facts: dict[str, str] = {}

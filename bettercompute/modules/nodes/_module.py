@@ -1,37 +1,39 @@
-"""The ``identity`` module: JoinService, the node CA and the gateway services of ``Options.join``'s trust domain."""
+"""The ``nodes`` module: the ``nodes`` and ``join-tokens`` groups, and node identity (JoinService, the node CA and
+the gateway services of ``Options.join``'s trust domain) where ``Options.join`` and ``Options.kms`` are set."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bettercompute._runtime.gateway_methods import GatewayMethod
 from bettercompute._runtime.jobs import Job
 from bettercompute._version import __version__
 from bettercompute.errors import FailedPreconditionError, InvalidConfigError
-from bettercompute.modules.commands import SESSION_SWEEPER
 from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._claims import Attestor
 from bettercompute.modules.nodes._gateway import GatewayServices
 from bettercompute.modules.nodes._join import JoinService
-from bettercompute.modules.nodes._nodes import ACTIONS, NODE, NodesGroup, node_tunnel_check
-from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS, NODES
+from bettercompute.modules.nodes._methods import ACTIONS, JoinTokensGroup, NodesGroup
+from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS, JOIN_TOKENS, NODES
 from bettercompute.modules.nodes._proofs import ChallengeIssuer
+from bettercompute.modules.nodes._schemas import NODE
 from bettercompute.modules.nodes._sealing import JoinKeyPair, Unsealer
-from bettercompute.modules.nodes._tokens import JoinSettings
+from bettercompute.modules.nodes._secrets import SecretReleaser
+from bettercompute.modules.nodes._service import node_tunnel_check
+from bettercompute.modules.nodes._tokens import IDENTITY_NEEDS, JoinSettings
 from bettercompute.modules.nodes._tunnels import TUNNELS, TunnelCheck, sweep_tunnels
-from bettercompute.modules.pools._port import JOIN_TOKENS, POOLS
-from bettercompute.modules.secrets import SecretBroker
+from bettercompute.modules.pools import POOLS
 from bettercompute.ports import Kms, Migration, Repository, Store
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
     from bettercompute._runtime.registry import GroupSpec
 
-__all__ = ["IdentityModule"]
+__all__ = ["NodesModule"]
 
 log = logging.getLogger("bettercompute.joins")
 
@@ -79,14 +81,21 @@ TUNNEL_SWEEP = Job(name="tunnel-sweep", role="controllers", interval=dt.timedelt
 NONCE_PURGE = Job(name="nonce-purge", role="controllers", interval=dt.timedelta(minutes=1), run=purge_nonces)
 
 
-class IdentityModule:
-    """Registered by ``better_compute()`` when ``Options.join`` and ``Options.kms`` are set, with the ``nodes``
-    group. ``start`` makes (once per deployment) or loads the CA key and JoinService's key and builds ``services``."""
+class NodesModule:
+    """Always registered by ``better_compute()``: the ``nodes`` and ``join-tokens`` groups, the tunnel sweep and the
+    nonce purge.
 
-    name = "identity"
+    With node identity (``settings`` and ``kms``: ``Options.join`` and ``Options.kms``), ``start`` makes (once per
+    deployment) or loads the CA key and JoinService's key and builds ``services``; ``secret_broker`` makes the broker a
+    node's ``Secret`` requests go to (``better_compute()`` wires ``SecretBroker`` in). Without it, what needs
+    identity (``compute.gateway_services``, ``nodes.revoke``, ``nodes.retire``, ``nodes.tunnel``) answers
+    ``FAILED_PRECONDITION`` naming both options.
+    """
+
+    name = "nodes"
     version = __version__
     core_range = f"=={__version__}"
-    groups: Sequence[type[GroupSpec[Any]]] = (NodesGroup,)
+    groups: Sequence[type[GroupSpec[Any]]] = (NodesGroup, JoinTokensGroup)
     actions: Sequence[str] = ACTIONS
     migrations: Mapping[str, Sequence[Migration]] = {}
     repositories: Sequence[Repository[Any]] = (
@@ -97,12 +106,20 @@ class IdentityModule:
         JOIN_TOKENS,
         TUNNELS,
     )
-    jobs: Sequence[Job] = (NONCE_PURGE, SESSION_SWEEPER, TUNNEL_SWEEP)
+    jobs: Sequence[Job] = (NONCE_PURGE, TUNNEL_SWEEP)
 
-    def __init__(self, settings: JoinSettings, kms: Kms, attestors: Sequence[Attestor] = ()) -> None:
+    def __init__(
+        self,
+        settings: JoinSettings | None = None,
+        kms: Kms | None = None,
+        attestors: Sequence[Attestor] = (),
+        *,
+        secret_broker: Callable[[Store], SecretReleaser] | None = None,
+    ) -> None:
         self._settings = settings
         self._kms = kms
         self._attestors = tuple(attestors)
+        self._secret_broker = secret_broker
         self._services: GatewayServices | None = None
         self.gateway_methods: tuple[GatewayMethod, ...] = ()
         """Other modules' gateway methods (``better_compute()`` collects them before ``initialize()``)."""
@@ -111,14 +128,28 @@ class IdentityModule:
         adds the others' before ``initialize()``)."""
 
     @property
+    def identity(self) -> bool:
+        """Whether node identity is on (``Options.join`` and ``Options.kms`` are set)."""
+        return self._settings is not None and self._kms is not None
+
+    @property
     def services(self) -> GatewayServices:
-        """The gateway services, once ``initialize()`` has run."""
+        """The gateway services, once ``initialize()`` has run.
+
+        Raises:
+            FailedPreconditionError: node identity is off, or ``initialize()`` has not run.
+        """
+        if not self.identity:
+            raise FailedPreconditionError(IDENTITY_NEEDS, details={"needs": ["join", "kms"]})
         if self._services is None:
             raise FailedPreconditionError("the gateway services exist after initialize()")
         return self._services
 
     async def start(self, context: ModuleContext) -> None:
-        """Load (or make) the CA and JoinService keys; build JoinService and the gateway services."""
+        """With node identity: load (or make) the CA and JoinService keys; build JoinService and the gateway
+        services."""
+        if self._settings is None or self._kms is None:
+            return
         store = context.store
         # Keys reused for a second outside transactions: a join reads them once, not three times.
         ca = CertificateAuthority(
@@ -141,10 +172,11 @@ class IdentityModule:
             sealed_token_max_age=self._settings.sealed_token_max_age,
             certificate_ttl=self._settings.certificate_ttl,
         )
-        broker = SecretBroker(store, self._kms)
+        if self._secret_broker is None:
+            raise InvalidConfigError("node identity needs a secret broker (better_compute() wires SecretBroker in)")
         self._services = GatewayServices(
             joins,
-            broker,
+            self._secret_broker(store),
             store=store,
             replay_guard=store.nonces,
             clock=context.clock,

@@ -1,5 +1,5 @@
-"""The node identity module's repositories: the node CA's keys, the certificates it issued and their
-revocations; nodes and JoinService's keys."""
+"""The ``nodes`` module's repositories: nodes, the join tokens that admit them and JoinService's keys; the node CA's
+keys, the certificates it issued and their revocations; node conditions."""
 
 from __future__ import annotations
 
@@ -9,23 +9,30 @@ from typing import Any, Protocol
 
 import attrs
 
+from bettercompute.modules.pools import PoolRecord
 from bettercompute.ports import Repository
 
 __all__ = [
     "CERTIFICATES",
     "JOIN_KEYS",
+    "JOIN_TOKENS",
     "NODES",
     "CaKey",
     "Certificates",
+    "ConditionRecord",
     "DesiredState",
     "Enrollment",
     "InventoryRecord",
     "IssuedCertificate",
     "JoinKeyRecord",
     "JoinKeys",
+    "JoinTokenMatch",
+    "JoinTokenRecord",
+    "JoinTokens",
     "NodeRecord",
     "Nodes",
     "Revocation",
+    "TokenConsumption",
 ]
 
 
@@ -112,6 +119,20 @@ class InventoryRecord:
     received_at: dt.datetime
 
 
+@attrs.frozen(kw_only=True)
+class ConditionRecord:
+    """One condition of a node (``GpuHealthy``, ``EccErrors``, ``XidErrors``, ``RetiredPagesPending``,
+    ``DriverMismatch``, ``Reachable``, ``InventoryValid``): ``status`` ``True``, ``False`` or ``Unknown``, a
+    machine-readable ``reason``, a message for people, and when the status last changed."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+
+
 class Nodes(Protocol):
     """Nodes (machines joined to pools). ``enroll``, ``retire`` and ``get(lock=True)`` need a transaction
     (``tx.repository(NODES)``)."""
@@ -194,6 +215,15 @@ class Nodes(Protocol):
         """Record the generations daemons acknowledged applying (node id, generation), in one statement; a
         generation is taken only if it is newer than the recorded one and not beyond the desired one. Returns the
         nodes that moved."""
+        ...
+
+    async def conditions(self, node_ids: Sequence[str]) -> dict[str, list[ConditionRecord]]:
+        """The conditions of these nodes, by node id, each list by type; one statement."""
+        ...
+
+    async def save_conditions(self, node_id: str, conditions: Sequence[ConditionRecord]) -> list[str]:
+        """Insert or update these conditions of the node; ``last_transition_at`` moves only when the status
+        changes. Returns the types whose status changed (or that are new)."""
         ...
 
 
@@ -330,11 +360,95 @@ class Certificates(Protocol):
         ...
 
 
-CERTIFICATES: Repository[Certificates] = Repository(module="identity", name="certificates")
+CERTIFICATES: Repository[Certificates] = Repository(module="nodes", name="certificates")
 """``tx.repository(CERTIFICATES)`` in a transaction, ``store.repository(CERTIFICATES)`` outside one: the store's
 ``Certificates``"""
-NODES: Repository[Nodes] = Repository(module="identity", name="nodes")
+NODES: Repository[Nodes] = Repository(module="nodes", name="nodes")
 """``tx.repository(NODES)`` in a transaction, ``store.repository(NODES)`` outside one: the store's ``Nodes``"""
-JOIN_KEYS: Repository[JoinKeys] = Repository(module="identity", name="join_keys")
+JOIN_KEYS: Repository[JoinKeys] = Repository(module="nodes", name="join_keys")
 """``tx.repository(JOIN_KEYS)`` in a transaction, ``store.repository(JOIN_KEYS)`` outside one: the store's
 ``JoinKeys``"""
+
+
+@attrs.frozen(kw_only=True)
+class JoinTokenRecord:
+    """A stored join token, without its secret or its hash. ``expect`` holds only the claims to check."""
+
+    id: str
+    pool_id: str
+    tenant: str
+    uses: int
+    uses_left: int
+    expires_at: dt.datetime
+    expect: Mapping[str, Any]
+    reclaim: str
+    created_by: str | None
+    created_at: dt.datetime
+    revoked_at: dt.datetime | None
+    last_used_at: dt.datetime | None
+
+
+@attrs.frozen(kw_only=True)
+class JoinTokenMatch:
+    """A join token found by its id and secret, with its pool (``JoinTokens.matching``: a join reads both at once)."""
+
+    token: JoinTokenRecord
+    pool: PoolRecord
+
+
+@attrs.frozen(kw_only=True)
+class TokenConsumption:
+    """What ``JoinTokens.consume`` did: ``consumed`` (``token.uses_left`` is what is left), or why not:
+    ``unknown`` (no such token or a wrong secret; ``token`` is ``None``), ``revoked``, ``expired``, ``exhausted``."""
+
+    outcome: str
+    token: JoinTokenRecord | None
+
+
+class JoinTokens(Protocol):
+    """Join tokens of pools: only the SHA-256 of a token's secret is ever given to the store. ``create``, ``revoke``
+    and ``consume`` need a transaction (``tx.repository(JOIN_TOKENS)``)."""
+
+    async def create(
+        self,
+        *,
+        id: str,
+        pool_id: str,
+        tenant: str,
+        secret_hash: bytes,
+        uses: int,
+        expires_at: dt.datetime,
+        expect: Mapping[str, Any],
+        reclaim: str,
+        created_by: str | None,
+    ) -> JoinTokenRecord:
+        """Add a token with ``uses`` uses left."""
+        ...
+
+    async def for_pool(self, pool_id: str, *, after: Sequence[Any] | None, limit: int) -> list[JoinTokenRecord]:
+        """The pool's tokens, newest first (``(created_at, id)`` descending): at most ``limit``, before the key
+        ``after``."""
+        ...
+
+    async def get(self, id: str) -> JoinTokenRecord | None:
+        """A token by id."""
+        ...
+
+    async def matching(self, id: str, *, secret_hash: bytes) -> JoinTokenMatch | None:
+        """The token ``id`` and its pool if its secret hashes to ``secret_hash`` (whatever its state), else
+        ``None``."""
+        ...
+
+    async def revoke(self, id: str) -> JoinTokenRecord | None:
+        """End a token (idempotent); ``None`` for no such token."""
+        ...
+
+    async def consume(self, *, id: str, secret_hash: bytes, now: dt.datetime) -> TokenConsumption:
+        """Spend one use atomically if the hash matches and the token is live at ``now``: of concurrent consumers
+        of the last use, exactly one gets ``consumed``."""
+        ...
+
+
+JOIN_TOKENS: Repository[JoinTokens] = Repository(module="nodes", name="join_tokens")
+"""``tx.repository(JOIN_TOKENS)`` in a transaction, ``store.repository(JOIN_TOKENS)`` outside one: the store's
+``JoinTokens``"""

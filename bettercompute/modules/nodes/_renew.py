@@ -18,13 +18,14 @@ from bettercompute.errors import (
     InvalidInputError,
     UnauthenticatedError,
 )
-from bettercompute.modules.nodes._ca import CertificateAuthority, checked_csr_key, key_sha256
+from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._port import CERTIFICATES, NODES, IssuedCertificate, NodeRecord
 from bettercompute.modules.nodes._proofs import (
     ChallengeIssuer,
     renew_message,
     verify_signature,
 )
+from bettercompute.modules.nodes._x509 import checked_csr_key, key_sha256
 from bettercompute.ports import AuditRecord, Clock, ReplayGuard, Store, Transaction
 
 __all__ = ["CHALLENGE_TTL", "CLOCK_SKEW", "NODE", "RENEW_ACTION", "Presented", "RenewResult", "Renewals", "ms"]

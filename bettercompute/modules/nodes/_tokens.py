@@ -16,6 +16,7 @@ import secrets
 import attrs
 
 __all__ = [
+    "IDENTITY_NEEDS",
     "TOKEN_PREFIX",
     "JoinSettings",
     "hash_secret",
@@ -24,6 +25,11 @@ __all__ = [
     "secret_matches",
 ]
 
+IDENTITY_NEEDS = (
+    "node identity (JoinService, the node CA, the gateway services) needs Options.join and Options.kms: a"
+    " bettercompute.JoinSettings, and a KMS to seal the CA's and JoinService's keys (bettercompute.LocalKeyKms(path))"
+)
+"""What a call that needs node identity answers where it is off (``FAILED_PRECONDITION``)."""
 TOKEN_PREFIX = "bcjt_"  # noqa: S105 - the prefix of join tokens, not a secret
 _TOKEN = re.compile(r"bcjt_(jt_[0-9a-f]{20})\.([A-Za-z0-9_-]{43})")
 _TRUST_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")

@@ -153,7 +153,7 @@ class Tunnels(Protocol):
         ...
 
 
-TUNNELS: Repository[Tunnels] = Repository(module="identity", name="tunnels")
+TUNNELS: Repository[Tunnels] = Repository(module="nodes", name="tunnels")
 
 
 def parse_ticket(ticket: str) -> tuple[str, str] | None:

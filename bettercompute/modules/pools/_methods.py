@@ -1,4 +1,4 @@
-"""The ``pools`` and ``join-tokens`` groups' declarations (actions ``compute:<group>:<method>``)."""
+"""The ``pools`` group's declaration (actions ``compute:pools:<method>``)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,4 @@ class PoolsGroup(GroupSpec[B]):
     update = _service.update_pool
 
 
-class JoinTokensGroup(GroupSpec[B]):
-    """One-time tokens that let machines join a pool."""
-
-    name = "join-tokens"
-    create = _service.create_token
-    list = _service.list_tokens
-    get = _service.get_token
-    revoke = _service.revoke_token
-
-
-ACTIONS = tuple(sorted(m.action for g in (PoolsGroup, JoinTokensGroup) for m in g.methods.values()))
+ACTIONS = tuple(sorted(m.action for m in PoolsGroup.methods.values()))

@@ -1,4 +1,4 @@
-"""The ``pools`` module: the ``pools`` and ``join-tokens`` groups (their tables are core migration 6)."""
+"""The ``pools`` module: the ``pools`` group."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from bettercompute._runtime.jobs import Job
 from bettercompute._version import __version__
-from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS
-from bettercompute.modules.pools._methods import ACTIONS, JoinTokensGroup, PoolsGroup
-from bettercompute.modules.pools._port import JOIN_TOKENS, POOLS
+from bettercompute.modules.pools._methods import ACTIONS, PoolsGroup
+from bettercompute.modules.pools._port import POOLS
 from bettercompute.ports import Migration, Repository
 
 if TYPE_CHECKING:
@@ -25,15 +24,10 @@ class PoolsModule:
     name = "pools"
     version = __version__
     core_range = f"=={__version__}"
-    groups: Sequence[type[GroupSpec[Any]]] = (PoolsGroup, JoinTokensGroup)
+    groups: Sequence[type[GroupSpec[Any]]] = (PoolsGroup,)
     actions: Sequence[str] = ACTIONS
     migrations: Mapping[str, Sequence[Migration]] = {}
-    repositories: Sequence[Repository[Any]] = (
-        POOLS,
-        JOIN_TOKENS,
-        CERTIFICATES,
-        JOIN_KEYS,
-    )
+    repositories: Sequence[Repository[Any]] = (POOLS,)
     jobs: Sequence[Job] = ()
 
     async def start(self, context: ModuleContext) -> None:

@@ -1,4 +1,4 @@
-"""Inputs and outputs of the ``pools`` and ``join-tokens`` groups.
+"""Inputs and outputs of the ``pools`` group.
 
 Field rules are declared with ``bettercompute.fields``: the codec enforces them (``INVALID_INPUT`` at the field's
 path) and the OpenAPI document publishes them. The pool's class is ``pool_class`` on the wire (``class`` is a Python
@@ -19,33 +19,19 @@ from bettercompute.paging import PageInput
 __all__ = [
     "DEFAULT_ACCEPTANCE_CHECKS",
     "LABELS",
-    "CreateJoinTokenInput",
     "CreatePoolInput",
-    "CreatedJoinToken",
-    "GetJoinTokenInput",
     "GetPoolInput",
-    "JoinExpect",
-    "JoinToken",
-    "ListJoinTokensInput",
-    "ListJoinTokensOutput",
     "ListPoolsInput",
     "ListPoolsOutput",
     "NodePolicy",
     "Pool",
     "PoolClass",
-    "Reclaim",
-    "RevokeJoinTokenInput",
     "UpdatePoolInput",
 ]
 
 PoolClass = Literal["gpu", "vps-host", "provider"]
-Reclaim = Literal["none", "same-hardware"]
-TokenState = Literal["active", "expired", "revoked", "exhausted"]
 
 DEFAULT_ACCEPTANCE_CHECKS = ("diag.nvml",)
-MAX_USES = 10_000
-MIN_EXPIRY = 60
-MAX_EXPIRY = 30 * 24 * 3600
 MAX_LABELS = 64
 MAX_CHECKS = 32
 
@@ -78,15 +64,6 @@ _LABELS = Entries(
 )
 LABELS = _LABELS
 """The rule on a resource's labels (Kubernetes-style keys and values, at most ``MAX_LABELS``)."""
-_USES = Integer(minimum=1, maximum=MAX_USES, reason=f"must be between 1 and {MAX_USES}")
-_EXPIRY = Integer(
-    minimum=MIN_EXPIRY, maximum=MAX_EXPIRY, reason=f"must be between {MIN_EXPIRY} and {MAX_EXPIRY} seconds (30 days)"
-)
-_CLAIM = Text(
-    pattern=r"[\x21-\x7e]([\x20-\x7e]{0,126}[\x21-\x7e])?",
-    reason="must be 1 to 128 printable ASCII characters, not starting or ending in a space",
-)
-_GPU_COUNT = Integer(minimum=0, maximum=1024, reason="must be between 0 and 1024")
 DEFAULT_FATAL_XIDS = (48, 63, 64, 74, 79, 92, 93, 94, 95)
 _XIDS = Items(
     item=Integer(minimum=1, maximum=1023, reason="must be an XID between 1 and 1023"),
@@ -198,105 +175,3 @@ class UpdatePoolInput:
     acceptance_checks: tuple[str, ...] | None = attrs.field(default=None, validator=_CHECKS)
     labels: dict[str, str] | None = attrs.field(default=None, validator=_LABELS)
     node_policy: NodePolicy | None = None
-
-
-# --- join tokens ------------------------------------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class JoinExpect:
-    """Hardware claims a joining machine must match (each one left out is not checked)."""
-
-    serial: str | None = attrs.field(default=None, validator=_CLAIM)
-    product: str | None = attrs.field(default=None, validator=_CLAIM)
-    gpu_model: str | None = attrs.field(default=None, validator=_CLAIM)
-    gpu_count: int | None = attrs.field(default=None, validator=_GPU_COUNT)
-
-
-@attrs.frozen(kw_only=True)
-class CreateJoinTokenInput:
-    """A token for joining machines to a pool.
-
-    ``reclaim``: ``same-hardware`` lets a re-imaged machine with the same hardware key take back its node id;
-    ``none`` makes every join a new node.
-    """
-
-    pool_id: str = attrs.field(validator=_ID)
-    uses: int = attrs.field(default=1, validator=_USES)
-    expires_in_seconds: int = attrs.field(default=24 * 3600, validator=_EXPIRY)
-    expect: JoinExpect = attrs.field(factory=JoinExpect)
-    reclaim: Reclaim = "none"
-
-
-@attrs.frozen(kw_only=True)
-class JoinToken:
-    """A join token without its secret: ``state`` is ``active``, ``expired``, ``revoked`` or ``exhausted``."""
-
-    id: str
-    pool_id: str
-    tenant: str
-    uses: int
-    uses_left: int
-    expires_at: dt.datetime
-    expect: JoinExpect
-    reclaim: Reclaim
-    state: TokenState
-    created_at: dt.datetime
-    revoked_at: dt.datetime | None
-
-
-@attrs.frozen(kw_only=True, repr=False)
-class CreatedJoinToken:
-    """The new token, shown here only, and what carries it to a machine.
-
-    ``join_command`` pins the CA bundle itself (``--ca-bundle``); ``short_join_command`` pins it by ``ca_pin``
-    (``--ca-pin sha256:<hex>``: the SHA-256 of the CA certificates in DER, sorted and concatenated; the daemon fetches
-    the bundle from the gateway and trusts it only if it matches). ``install_script`` (POSIX ``sh``, run once as
-    root) writes the pinned configuration, installs ``bcd`` and its systemd unit, joins and starts the daemon. The
-    last three are null until the deployment has a CA and JoinService (``Options.join`` with ``Options.kms``). The
-    commands and the script hold the token: keep them as secret as the token.
-    """
-
-    id: str
-    token: str
-    pool_id: str
-    uses_left: int
-    expires_at: dt.datetime
-    expect: JoinExpect
-    reclaim: Reclaim
-    join_command: str
-    ca_pin: str | None = None
-    short_join_command: str | None = None
-    install_script: str | None = None
-
-    def __repr__(self) -> str:
-        return f"CreatedJoinToken(id={self.id!r}, pool_id={self.pool_id!r}, token=<hidden>)"
-
-
-@attrs.frozen(kw_only=True)
-class ListJoinTokensInput(PageInput):
-    """The pool whose tokens to list, one page at a time."""
-
-    pool_id: str = attrs.field(validator=_ID)
-
-
-@attrs.frozen(kw_only=True)
-class ListJoinTokensOutput:
-    """A page of the pool's tokens, newest first, without secrets; ``next_cursor`` is null on the last page."""
-
-    tokens: tuple[JoinToken, ...]
-    next_cursor: str | None
-
-
-@attrs.frozen(kw_only=True)
-class GetJoinTokenInput:
-    """A token by id."""
-
-    id: str = attrs.field(validator=_ID)
-
-
-@attrs.frozen(kw_only=True)
-class RevokeJoinTokenInput:
-    """A token to end now (revoking a revoked token changes nothing)."""
-
-    id: str = attrs.field(validator=_ID)

@@ -1,49 +1,32 @@
-"""The ``pools`` and ``join-tokens`` groups' logic.
+"""The ``pools`` group's logic.
 
 Pools are projected (``ResourceRef(type="pool", id=..., tenant=..., pool=id)``) in the transaction that creates
-them, so decisions on a pool follow its tenant and pool-scoped bindings. A join token is projected too, with its
-pool, so ``join-tokens.get`` and ``revoke`` (which name only the token) are decided on the token's pool.
+them, so decisions on a pool follow its tenant and pool-scoped bindings.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import secrets
-import shlex
 from typing import Any
-
-import attrs
 
 from bettercompute._runtime.registry import CallContext, method
 from bettercompute.errors import NotFoundError
 from bettercompute.modules._tenants import require_tenant
-from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS
-from bettercompute.modules.nodes._tokens import JoinSettings, new_token
-from bettercompute.modules.pools._install import bundle_pin, install_script
-from bettercompute.modules.pools._port import JOIN_TOKENS, POOLS, JoinTokenRecord, PoolRecord
+from bettercompute.modules.pools._port import POOLS, PoolRecord
 from bettercompute.modules.pools._schemas import (
-    CreatedJoinToken,
-    CreateJoinTokenInput,
     CreatePoolInput,
-    GetJoinTokenInput,
     GetPoolInput,
-    JoinExpect,
-    JoinToken,
-    ListJoinTokensInput,
-    ListJoinTokensOutput,
     ListPoolsInput,
     ListPoolsOutput,
     NodePolicy,
     Pool,
-    RevokeJoinTokenInput,
     UpdatePoolInput,
 )
 from bettercompute.paging import Keyset
 from bettercompute.ports import ResourceRef
 
 POOL = "pool"
-JOIN_TOKEN = "join-token"  # noqa: S105 - a resource type, not a secret
 
 
 def _in_tenant(input: Any) -> ResourceRef:
@@ -53,13 +36,7 @@ def _in_tenant(input: Any) -> ResourceRef:
 
 def _on_pool(input: Any) -> ResourceRef:
     # The pool's projection row decides its tenant and pool (a pool not projected only passes a root-scope grant).
-    pool_id = getattr(input, "pool_id", None) or input.id
-    return ResourceRef(type=POOL, id=pool_id, pool=pool_id)
-
-
-def _on_token(input: Any) -> ResourceRef:
-    # Projected with its pool at create: decided on the token's pool, as create and list are.
-    return ResourceRef(type=JOIN_TOKEN, id=input.id)
+    return ResourceRef(type=POOL, id=input.id, pool=input.id)
 
 
 def _pool(record: PoolRecord) -> Pool:
@@ -75,86 +52,6 @@ def _pool(record: PoolRecord) -> Pool:
         created_at=record.created_at,
         updated_at=record.updated_at,
     )
-
-
-def _expect(stored: Any) -> JoinExpect:
-    return JoinExpect(**{k: v for k, v in dict(stored).items() if k in {f.name for f in attrs.fields(JoinExpect)}})
-
-
-def token_state(record: JoinTokenRecord, now: dt.datetime) -> str:
-    """``revoked``, ``expired``, ``exhausted`` or ``active``, in that order of precedence."""
-    if record.revoked_at is not None:
-        return "revoked"
-    if record.expires_at <= now:
-        return "expired"
-    if record.uses_left <= 0:
-        return "exhausted"
-    return "active"
-
-
-def _token(record: JoinTokenRecord, now: dt.datetime) -> JoinToken:
-    reclaim: Any = record.reclaim
-    state: Any = token_state(record, now)
-    return JoinToken(
-        id=record.id,
-        pool_id=record.pool_id,
-        tenant=record.tenant,
-        uses=record.uses,
-        uses_left=record.uses_left,
-        expires_at=record.expires_at,
-        expect=_expect(record.expect),
-        reclaim=reclaim,
-        state=state,
-        created_at=record.created_at,
-        revoked_at=record.revoked_at,
-    )
-
-
-def join_command(
-    token: str,
-    settings: JoinSettings | None,
-    *,
-    pool_id: str | None = None,
-    ca_bundle_pem: str | None = None,
-    join_key: str | None = None,
-    ca_pin: str | None = None,
-) -> str:
-    """The ``bcd join`` command line for ``token``, pinned to what is known.
-
-    ``--pool`` pins the pool the machine is meant for (JoinService refuses a token of another pool);
-    ``--gateway`` and ``--trust-domain`` come from ``Options.join``; ``--ca-bundle`` (base64 of the PEM bundle) and
-    ``--join-key`` (JoinService's X25519 public key) are the live ones, once the CA and JoinService have made their
-    keys (at ``initialize()`` when ``Options.join`` and ``Options.kms`` are set). With ``ca_pin`` it is the short
-    form, ``--ca-pin`` instead of ``--ca-bundle``. Without ``Options.join`` it is the bare ``bcd join --token ...``.
-    """
-    parts = ["bcd", "join", "--token", token]
-    if pool_id is not None:
-        parts += ["--pool", pool_id]
-    if settings is not None:
-        parts += ["--gateway", settings.gateway_address, "--trust-domain", settings.trust_domain]
-        if ca_pin is not None:
-            parts += ["--ca-pin", ca_pin]
-        elif ca_bundle_pem:
-            parts += ["--ca-bundle", base64.b64encode(ca_bundle_pem.encode()).decode()]
-        if join_key is not None:
-            parts.append(f"--join-key={join_key}")  # attached: a key may start with '-', which reads as an option
-    return shlex.join(parts)
-
-
-async def _pins(call: CallContext) -> tuple[str | None, str | None]:
-    """The live CA bundle (PEM) and JoinService public key, when the node identity module is on and they exist."""
-    settings = call.context.settings.get(JoinSettings)
-    store = call.context.store
-    # Their tables are the identity module's, made only where it is on (Options.join with Options.kms).
-    if settings is None or "identity" not in dict(call.context.module_versions):
-        return None, None
-    keys = await store.repository(CERTIFICATES).keys(settings.trust_domain)
-    bundle = "".join(k.certificate_pem for k in keys if k.state != "retired") or None
-    join_key = await store.repository(JOIN_KEYS).active()
-    return bundle, join_key.public_key if join_key is not None else None
-
-
-# --- pools ------------------------------------------------------------------------------------------------------
 
 
 @method(mutates=True, resource=_in_tenant)
@@ -189,7 +86,6 @@ async def create_pool(call: CallContext, input: CreatePoolInput) -> Pool:
 
 # Pools page by (created_at, id), not by name: a rename during a walk would otherwise skip or repeat a pool.
 _POOL_PAGES: Keyset[Pool] = Keyset(dt.datetime, str, key=lambda p: (p.created_at, p.id))
-_TOKEN_PAGES: Keyset[JoinToken] = Keyset(dt.datetime, str, key=lambda t: (t.created_at, t.id))
 
 
 @method(mutates=False, resource=_in_tenant)
@@ -244,120 +140,3 @@ async def update_pool(call: CallContext, input: UpdatePoolInput) -> Pool:
         changed = [f for f in ("name", "acceptance_checks", "labels", "node_policy") if getattr(input, f) is not None]
         call.describe(resource_type=POOL, resource_id=input.id, tenant=record.tenant, details={"changed": changed})
     return _pool(record)
-
-
-# --- join tokens ------------------------------------------------------------------------------------------------
-
-
-@method(mutates=True, resource=_on_pool, replayable=False)
-async def create_token(call: CallContext, input: CreateJoinTokenInput) -> CreatedJoinToken:
-    """Mint a join token for a pool; the token is in this answer only (only its secret's hash is stored).
-
-    Raises:
-        NotFoundError: there is no such pool, or its tenant does not exist.
-    """
-    context = call.context
-    pool = await _existing_pool(call, input.pool_id)
-    bundle, join_key = await _pins(call)
-    token_id, token, secret_hash = new_token()
-    expires_at = context.clock.now() + dt.timedelta(seconds=input.expires_in_seconds)
-    expect = {k: v for k, v in attrs.asdict(input.expect).items() if v is not None}
-    async with call.transaction() as tx:
-        # A pool written before tenants were checked may name one that does not exist: mint nothing for it.
-        await require_tenant(tx, pool.tenant)
-        record = await tx.repository(JOIN_TOKENS).create(
-            id=token_id,
-            pool_id=pool.id,
-            tenant=pool.tenant,
-            secret_hash=secret_hash,
-            uses=input.uses,
-            expires_at=expires_at,
-            expect=expect,
-            reclaim=input.reclaim,
-            created_by=call.identity.principal_id if call.identity else None,
-        )
-        await tx.project(ResourceRef(type=JOIN_TOKEN, id=token_id, tenant=pool.tenant, pool=pool.id))
-        call.describe(
-            resource_type=JOIN_TOKEN,
-            resource_id=token_id,
-            tenant=pool.tenant,
-            details={"pool_id": pool.id, "uses": input.uses, "expires_at": expires_at.isoformat()},
-        )
-    settings = context.settings.get(JoinSettings)
-    pin = bundle_pin(bundle) if bundle else None
-    short_command = script = None
-    if settings is not None and pin is not None and join_key is not None:
-        short_command = join_command(token, settings, pool_id=pool.id, join_key=join_key, ca_pin=pin)
-        script = install_script(
-            token=token,
-            gateway=settings.gateway_address,
-            trust_domain=settings.trust_domain,
-            pool_id=pool.id,
-            join_key=join_key,
-            ca_pin=pin,
-        )
-    return CreatedJoinToken(
-        id=record.id,
-        token=token,
-        pool_id=record.pool_id,
-        uses_left=record.uses_left,
-        expires_at=record.expires_at,
-        expect=_expect(record.expect),
-        reclaim=input.reclaim,
-        join_command=join_command(token, settings, pool_id=pool.id, ca_bundle_pem=bundle, join_key=join_key),
-        ca_pin=pin,
-        short_join_command=short_command,
-        install_script=script,
-    )
-
-
-@method(mutates=False, resource=_on_pool)
-async def list_tokens(call: CallContext, input: ListJoinTokensInput) -> ListJoinTokensOutput:
-    """A page of a pool's join tokens, newest first, without secrets.
-
-    Raises:
-        NotFoundError: there is no such pool.
-        InvalidInputError: the cursor is not one this list returned.
-    """
-    scope = call.method.action
-    after = _TOKEN_PAGES.after(scope, input.cursor)
-    await _existing_pool(call, input.pool_id)
-    records = await call.context.store.repository(JOIN_TOKENS).for_pool(
-        input.pool_id, after=after, limit=input.limit + 1
-    )
-    now = call.context.clock.now()
-    tokens, next_cursor = _TOKEN_PAGES.page(scope, [_token(r, now) for r in records], input.limit)
-    return ListJoinTokensOutput(tokens=tokens, next_cursor=next_cursor)
-
-
-@method(mutates=False, resource=_on_token)
-async def get_token(call: CallContext, input: GetJoinTokenInput) -> JoinToken:
-    """A join token by id, without its secret, with its state.
-
-    Raises:
-        NotFoundError: there is no such token.
-    """
-    record = await call.context.store.repository(JOIN_TOKENS).get(input.id)
-    if record is None:
-        raise NotFoundError("no such join token", details={"id": input.id})
-    return _token(record, call.context.clock.now())
-
-
-@method(mutates=True, resource=_on_token)
-async def revoke_token(call: CallContext, input: RevokeJoinTokenInput) -> JoinToken:
-    """End a join token now; joins with it are refused from then on.
-
-    Raises:
-        NotFoundError: there is no such token.
-    """
-    async with call.transaction() as tx:
-        record = await tx.repository(JOIN_TOKENS).revoke(input.id)
-        if record is None:
-            raise NotFoundError("no such join token", details={"id": input.id})
-        call.describe(
-            resource_type=JOIN_TOKEN,
-            resource_id=input.id,
-            tenant=record.tenant,
-            details={"pool_id": record.pool_id},
-        )
-    return _token(record, call.context.clock.now())

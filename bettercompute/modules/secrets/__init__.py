@@ -1,7 +1,6 @@
 """The ``secrets`` group (values sealed by the KMS, never returned) and ``SecretBroker`` (releases to nodes)."""
 
 from bettercompute.modules.secrets._broker import RELEASE_ACTION as RELEASE_ACTION
-from bettercompute.modules.secrets._broker import NodeIdentity as NodeIdentity
 from bettercompute.modules.secrets._broker import SecretBroker as SecretBroker
 from bettercompute.modules.secrets._methods import ACTIONS as ACTIONS
 from bettercompute.modules.secrets._methods import SecretsGroup as SecretsGroup
@@ -25,7 +24,6 @@ __all__ = [
     "DeleteSecretOutput",
     "ListSecretsInput",
     "ListSecretsOutput",
-    "NodeIdentity",
     "Secret",
     "SecretBroker",
     "SecretRecord",

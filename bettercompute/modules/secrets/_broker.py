@@ -13,12 +13,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
 from joserfc import jwe
 from joserfc.errors import JoseError
 from joserfc.jwk import ECKey, JWKRegistry, OKPKey
 
 from bettercompute.errors import AccessDeniedError, FailedPreconditionError, InvalidInputError
+from bettercompute.modules.nodes import NodeIdentity
 from bettercompute.modules.secrets._port import SECRETS
 from bettercompute.modules.secrets._service import require_kms, value_context
 from bettercompute.ports import AuditRecord, Kms, Store
@@ -38,24 +38,6 @@ _MAX_JWK_FIELDS = 16
 def _id(value: str | None, path: str) -> None:
     if value is not None and not (isinstance(value, str) and _ID.fullmatch(value)):
         raise InvalidInputError(f"{path}: must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'", details={"path": path})
-
-
-@attrs.frozen(kw_only=True)
-class NodeIdentity:
-    """Who asks: a node (from its certificate), its pool and its site. ``tenant``, when known, narrows the search to
-    that tenant's secrets."""
-
-    node_id: str
-    pool_id: str
-    site_id: str | None = None
-    tenant: str | None = None
-
-    def scopes(self) -> tuple[str, ...]:
-        """The scopes this node is entitled to."""
-        found = [f"node:{self.node_id}", f"pool:{self.pool_id}"]
-        if self.site_id is not None:
-            found.append(f"site:{self.site_id}")
-        return tuple(found)
 
 
 def _public_key(jwk: Any) -> tuple[ECKey | OKPKey, str]:
@@ -86,6 +68,8 @@ class SecretBroker:
         store: The store (its ``secrets`` and transactions for audit rows).
         kms: The KMS the ``secrets`` group sealed the values with (``Options.kms``).
     """
+
+    release_action = RELEASE_ACTION
 
     def __init__(self, store: Store, kms: Kms | None) -> None:
         self._store = store

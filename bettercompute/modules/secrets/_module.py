@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from bettercompute._runtime.jobs import Job
 from bettercompute._version import __version__
-from bettercompute.modules.nodes._port import NODES
-from bettercompute.modules.pools._port import POOLS
+from bettercompute.modules.nodes import NODES
+from bettercompute.modules.pools import POOLS
 from bettercompute.modules.secrets._methods import ACTIONS, SecretsGroup
 from bettercompute.modules.secrets._port import SECRETS
 from bettercompute.ports import Migration, Repository
@@ -17,11 +17,18 @@ if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
     from bettercompute._runtime.registry import GroupSpec
 
-__all__ = ["SecretsModule"]
+__all__ = ["NEEDS_KMS", "SecretsModule"]
+
+NEEDS_KMS = (
+    "secrets need Options.kms: a KMS seals every value at rest (bettercompute.LocalKeyKms(path), the same key file in"
+    " every process)"
+)
+"""What the ``secrets`` group answers (``FAILED_PRECONDITION``) where no KMS is configured."""
 
 
 class SecretsModule:
-    """Registered by ``better_compute()`` when ``Options.kms`` is set. Its table is core migration 8."""
+    """Always registered by ``better_compute()``. Without ``Options.kms`` (``kms=False``) it is ``unavailable``: its
+    group answers ``FAILED_PRECONDITION`` naming the option."""
 
     name = "secrets"
     version = __version__
@@ -35,6 +42,9 @@ class SecretsModule:
         NODES,
     )
     jobs: Sequence[Job] = ()
+
+    def __init__(self, *, kms: bool = True) -> None:
+        self.unavailable: str | None = None if kms else NEEDS_KMS
 
     async def start(self, context: ModuleContext) -> None:
         """Nothing to start."""

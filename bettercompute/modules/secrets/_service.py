@@ -8,8 +8,8 @@ from typing import Any
 from bettercompute._runtime.registry import CallContext, method
 from bettercompute.errors import InternalError, NotFoundError
 from bettercompute.modules._tenants import require_tenant
-from bettercompute.modules.nodes._port import NODES
-from bettercompute.modules.pools._port import POOLS
+from bettercompute.modules.nodes import NODES
+from bettercompute.modules.pools import POOLS
 from bettercompute.modules.secrets._port import SECRETS, SecretRecord
 from bettercompute.modules.secrets._schemas import (
     CreateSecretInput,
@@ -34,7 +34,8 @@ def value_context(tenant: str, name: str) -> str:
 
 
 def require_kms(kms: Kms | None) -> Kms:
-    """The configured KMS (``better_compute()`` registers the group only with one)."""
+    """The configured KMS (without one the dispatcher answers the group's calls ``FAILED_PRECONDITION`` before a
+    handler runs, and no broker is made)."""
     if kms is None:
         raise InternalError("the secrets module runs without a KMS")
     return kms

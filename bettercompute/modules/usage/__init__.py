@@ -15,18 +15,23 @@ watermark and at least ``HISTORY_MARGIN`` ago out of the live bookings, whose ov
 GPU-hours and quota sums give the same numbers before and after a move.
 """
 
-from __future__ import annotations
-
-import datetime as dt
-from typing import TYPE_CHECKING
-
-from bettercompute._runtime.declarations import StaticModule
-from bettercompute._runtime.jobs import Job, job_transaction
-from bettercompute._version import __version__
-from bettercompute.modules.usage._port import BOOKINGS, USAGE_RECORDS, Booking, Bookings, Usage, UsageRecord
-
-if TYPE_CHECKING:
-    from bettercompute._runtime.context import ModuleContext
+from bettercompute.modules.usage._module import UsageModule as UsageModule
+from bettercompute.modules.usage._port import BOOKINGS as BOOKINGS
+from bettercompute.modules.usage._port import USAGE_RECORDS as USAGE_RECORDS
+from bettercompute.modules.usage._port import Booking as Booking
+from bettercompute.modules.usage._port import Bookings as Bookings
+from bettercompute.modules.usage._port import Usage as Usage
+from bettercompute.modules.usage._port import UsageRecord as UsageRecord
+from bettercompute.modules.usage._service import BOOKINGS_HISTORY as BOOKINGS_HISTORY
+from bettercompute.modules.usage._service import HISTORY_BATCH as HISTORY_BATCH
+from bettercompute.modules.usage._service import HISTORY_BATCHES_PER_PASS as HISTORY_BATCHES_PER_PASS
+from bettercompute.modules.usage._service import HISTORY_MARGIN as HISTORY_MARGIN
+from bettercompute.modules.usage._service import MAX_PERIODS_PER_PASS as MAX_PERIODS_PER_PASS
+from bettercompute.modules.usage._service import USAGE as USAGE
+from bettercompute.modules.usage._service import USAGE_GRACE as USAGE_GRACE
+from bettercompute.modules.usage._service import USAGE_PERIOD as USAGE_PERIOD
+from bettercompute.modules.usage._service import account_usage as account_usage
+from bettercompute.modules.usage._service import move_ended_bookings as move_ended_bookings
 
 __all__ = [
     "BOOKINGS",
@@ -47,81 +52,3 @@ __all__ = [
     "account_usage",
     "move_ended_bookings",
 ]
-
-USAGE_PERIOD = dt.timedelta(hours=1)
-USAGE_GRACE = dt.timedelta(minutes=5)
-"""How long after an hour ends it is accounted: transactions that book or release within it have committed."""
-MAX_PERIODS_PER_PASS = 168
-"""A pass accounts at most a week of hours; the next pass goes on from there."""
-
-
-def _floor(at: dt.datetime) -> dt.datetime:
-    seconds = USAGE_PERIOD.total_seconds()
-    return dt.datetime.fromtimestamp((at.timestamp() // seconds) * seconds, dt.UTC)
-
-
-async def account_usage(context: ModuleContext) -> int:
-    """One pass of the usage job; returns how many usage records it wrote."""
-    closed_until = _floor(context.clock.now() - USAGE_GRACE)
-    async with job_transaction(context) as tx:
-        watermark = await tx.repository(USAGE_RECORDS).accounted_until()
-        if watermark is None:
-            earliest = await tx.repository(USAGE_RECORDS).earliest_booking()
-            start = _floor(earliest) if earliest is not None else closed_until
-        elif watermark >= closed_until:
-            return 0  # no hour closed since the last pass
-        else:
-            start = _floor(watermark) - USAGE_PERIOD  # the last hour again, in case a booking of it changed late
-        end = min(closed_until, start + MAX_PERIODS_PER_PASS * USAGE_PERIOD)
-        if end <= start:
-            return 0
-        return await tx.repository(USAGE_RECORDS).account(start=start, end=end, period=USAGE_PERIOD)
-
-
-USAGE = Job(name="usage", role="controllers", interval=dt.timedelta(minutes=1), run=account_usage)
-"""The usage job: a singleton of the ``controllers`` role (lease ``controllers/usage``)."""
-
-HISTORY_MARGIN = dt.timedelta(hours=1)
-"""How long after it ended a booking may leave the live bookings (once accounted, too). A moved booking no longer
-refuses an overlapping one, and no reservation starts more than a minute in the past (clocks differ): an hour leaves
-room for far worse clocks, and for a release recorded late."""
-HISTORY_BATCH = 5_000
-"""Bookings moved per statement (one short transaction each)."""
-HISTORY_BATCHES_PER_PASS = 20
-"""A pass moves at most this many batches; the next pass goes on from there."""
-
-
-async def move_ended_bookings(context: ModuleContext) -> int:
-    """One pass of the bookings-history job; returns how many bookings it moved.
-
-    Each batch is one statement on its own (no lease fence: moving is safe to run twice at once, a booking is moved
-    once), so a pass cancelled between batches keeps what it moved.
-    """
-    bookings = context.store.repository(BOOKINGS)
-    moved = 0
-    for _ in range(HISTORY_BATCHES_PER_PASS):
-        n = await bookings.move_to_history(ended_by=context.clock.now() - HISTORY_MARGIN, limit=HISTORY_BATCH)
-        moved += n
-        if n < HISTORY_BATCH:
-            break
-    return moved
-
-
-BOOKINGS_HISTORY = Job(
-    name="bookings-history", role="controllers", interval=dt.timedelta(minutes=1), run=move_ended_bookings
-)
-"""The bookings-history job: a singleton of the ``controllers`` role (lease ``controllers/bookings-history``)."""
-
-
-def UsageModule() -> StaticModule:
-    """The ``usage`` module: GPU-seconds accounted from bookings (no group of methods yet)."""
-    return StaticModule(
-        name="usage",
-        version=__version__,
-        core_range=f"=={__version__}",
-        jobs=(USAGE, BOOKINGS_HISTORY),
-        repositories=(
-            BOOKINGS,
-            USAGE_RECORDS,
-        ),
-    )

@@ -17,7 +17,13 @@ if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
     from bettercompute._runtime.registry import GroupSpec
 
-__all__ = ["RETENTION", "SENDER", "WebhooksModule"]
+__all__ = ["NEEDS_KMS", "RETENTION", "SENDER", "WebhooksModule"]
+
+NEEDS_KMS = (
+    "webhooks need Options.kms: a KMS seals each subscription's signing secret (bettercompute.LocalKeyKms(path), the"
+    " same key file in every process)"
+)
+"""What the ``webhooks`` group answers (``FAILED_PRECONDITION``) where no KMS is configured."""
 
 SENDER = Job(name="webhooks", role="sinks", interval=None, run=_service.send_due, wake_on=SINKS_POKE)
 """The sender: ``sinks/webhooks``, after ``sinks/events`` in each ``tick()``; in loops, every
@@ -30,7 +36,8 @@ failing purge never holds back a delivery."""
 
 
 class WebhooksModule:
-    """Registered by ``better_compute()`` when ``Options.kms`` is set. Its tables are core migration 4."""
+    """Always registered by ``better_compute()``. Without ``Options.kms`` (``kms=False``) it is ``unavailable``: its
+    group answers ``FAILED_PRECONDITION`` naming the option, and it runs no job and fans nothing out."""
 
     name = "webhooks"
     version = __version__
@@ -39,14 +46,15 @@ class WebhooksModule:
     actions: Sequence[str] = ACTIONS
     migrations: Mapping[str, Sequence[Migration]] = {}
     repositories: Sequence[Repository[Any]] = (WEBHOOKS,)
-    jobs: Sequence[Job] = (SENDER, RETENTION)
 
-    def __init__(self) -> None:
+    def __init__(self, *, kms: bool = True) -> None:
+        self.unavailable: str | None = None if kms else NEEDS_KMS
+        self.jobs: Sequence[Job] = (SENDER, RETENTION) if kms else ()
         self._unsubscribe: Callable[[], None] | None = None
 
     async def start(self, context: ModuleContext) -> None:
-        """Subscribe the fan-out to committed events."""
-        if self._unsubscribe is None:
+        """Subscribe the fan-out to committed events (with a KMS)."""
+        if self._unsubscribe is None and self.unavailable is None:
 
             async def subscriber(event: StoredEvent) -> None:
                 await _service.fan_out(context, event)

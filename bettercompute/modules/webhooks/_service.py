@@ -102,7 +102,7 @@ def event_body(
 
 
 def _kms(options_kms: Kms | None) -> Kms:
-    if options_kms is None:  # better_compute() registers this module only with a KMS
+    if options_kms is None:  # without one the group answers FAILED_PRECONDITION and no job runs
         raise InternalError("the webhooks module runs without a KMS")
     return options_kms
 

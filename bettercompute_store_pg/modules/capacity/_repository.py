@@ -3,8 +3,7 @@
 The capacity reads are two statements whatever the pool's size: one groups the pool's atoms by model, state and
 reason with the bookings that hold them now; the other clips the bookings overlapping the window to each UTC day and
 sums GPU-hours per day and model, from the live bookings and those moved to history. They read the inventory's
-``atoms`` and the usage module's ``bookings`` and ``bookings_history`` tables, which exist where node identity is on
-(the service asks only there).
+``atoms`` and the usage module's ``bookings`` and ``bookings_history`` tables.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from typing import Any
 from bettercompute.modules.capacity import AtomCount, BookedHours, QuotaRecord
 from bettercompute_store_pg._db import Database, utc
 from bettercompute_store_pg._repository import PgRepository
-from bettercompute_store_pg.modules.capacity._reservations import PgReservations
 
 __all__ = ["REPOSITORIES", "PgCapacityReads", "PgQuotas"]
 
@@ -166,6 +164,5 @@ class PgCapacityReads(PgRepository):
 REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {
     "quotas": PgQuotas,
     "capacity": PgCapacityReads,
-    "reservations": PgReservations,
 }
 """The adapters of this module's repositories, by ``Repository.name``."""

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from bettercompute.ports import Migration
 
-from ..._schema import LEGACY_CORE_VERSION
-
 __all__ = ["MIGRATIONS", "NODE_KEYS"]
 
 NODE_KEYS = """
@@ -90,7 +88,7 @@ ALTER TABLE {schema}.commands ADD COLUMN wake_kind text, ADD COLUMN wake_key tex
 """
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(version=1, name="commands and sessions", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
+    Migration(version=1, name="commands and sessions", sql=_V1),
     Migration(version=2, name="unreachable nodes", sql=_V2),
     Migration(version=3, name="command wake-ups", sql=_V3),
 )

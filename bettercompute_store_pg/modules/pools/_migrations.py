@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from bettercompute.ports import Migration
 
-from ..._schema import LEGACY_CORE_VERSION
-
 __all__ = ["MIGRATIONS"]
 
 # Pools (one name per tenant; the class and the acceptance checks a joining machine must pass; paged by tenant in
@@ -50,6 +48,6 @@ ALTER TABLE {schema}.pools ADD COLUMN node_policy jsonb NOT NULL DEFAULT '{}';
 """
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(version=1, name="pools and join tokens", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
+    Migration(version=1, name="pools and join tokens", sql=_V1),
     Migration(version=2, name="node policy", sql=_V2),
 )

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from bettercompute.ports import Migration
 
-from ..._schema import LEGACY_CORE_VERSION
-
 __all__ = ["MIGRATIONS"]
 
 # The value only as the KMS sealed it, bound to tenant and name.
@@ -23,6 +21,4 @@ CREATE TABLE {schema}.secrets (
 CREATE INDEX secrets_name_scope ON {schema}.secrets (name, scope);
 """
 
-MIGRATIONS: tuple[Migration, ...] = (
-    Migration(version=1, name="secrets", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
-)
+MIGRATIONS: tuple[Migration, ...] = (Migration(version=1, name="secrets", sql=_V1),)

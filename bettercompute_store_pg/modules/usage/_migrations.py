@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from bettercompute.ports import Migration
 
-from ..._schema import LEGACY_CORE_VERSION
-
 __all__ = ["MIGRATIONS"]
 
 # Bookings, which PostgreSQL itself keeps from overlapping (an exclusion constraint; the btree_gist extension,
@@ -71,6 +69,6 @@ CREATE INDEX bookings_history_reservation ON {schema}.bookings_history (reservat
 """
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(version=1, name="bookings and usage", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
+    Migration(version=1, name="bookings and usage", sql=_V1),
     Migration(version=2, name="bookings history", sql=_V2),
 )

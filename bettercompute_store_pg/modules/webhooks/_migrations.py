@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from bettercompute.ports import Migration
 
-from ..._schema import LEGACY_CORE_VERSION
-
 __all__ = ["MIGRATIONS"]
 
 # Subscriptions (the signing secret only as the KMS sealed it) and one delivery row per (subscription, event), kept
@@ -57,6 +55,6 @@ ALTER TABLE {schema}.webhook_subscriptions
 """
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(version=1, name="subscriptions and deliveries", sql=_V1, adopts=("core", LEGACY_CORE_VERSION)),
+    Migration(version=1, name="subscriptions and deliveries", sql=_V1),
     Migration(version=2, name="signing-secret rotation", sql=_V2),
 )

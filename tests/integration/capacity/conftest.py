@@ -13,8 +13,9 @@ import psycopg
 import pytest
 
 from bettercompute import JoinSettings, LocalKeyKms
-from bettercompute.modules.capacity import CapacityGroup, QuotasGroup, ReservationsGroup
+from bettercompute.modules.capacity import CapacityGroup, QuotasGroup
 from bettercompute.modules.pools import CreatePoolInput, Pool, PoolsGroup
+from bettercompute.modules.reservations import ReservationsGroup
 from bettercompute.testing import ManualClock
 
 from ..iam.conftest import TwoTenants, two_tenants

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from bettercompute.errors import NoCapacityError
-from bettercompute.modules.capacity import CreateReservationInput, Reservation
+from bettercompute.modules.reservations import CreateReservationInput, Reservation
 
 from .conftest import NOW, Plane, seed_fleet
 from .conftest import reservations as _group

@@ -10,13 +10,8 @@ from typing import Any
 import pytest
 
 from bettercompute.errors import ConflictError, NoCapacityError, QuotaExceededError
-from bettercompute.modules.capacity import (
-    CreateReservationInput,
-    GetCapacityInput,
-    QuotasGroup,
-    ReservationsGroup,
-    SetQuotaInput,
-)
+from bettercompute.modules.capacity import GetCapacityInput, QuotasGroup, SetQuotaInput
+from bettercompute.modules.reservations import CreateReservationInput, ReservationsGroup
 from bettercompute.modules.usage import BOOKINGS, USAGE_RECORDS, account_usage, move_ended_bookings
 
 from .conftest import NOW, Plane, seed_fleet

@@ -18,7 +18,8 @@ from bettercompute.errors import (
     NotFoundError,
     QuotaExceededError,
 )
-from bettercompute.modules.capacity import (
+from bettercompute.modules.capacity import SetQuotaInput
+from bettercompute.modules.reservations import (
     CancelReservationInput,
     Constraints,
     CreateReservationInput,
@@ -26,10 +27,9 @@ from bettercompute.modules.capacity import (
     ExtendReservationInput,
     GetReservationInput,
     ListReservationsInput,
-    SetQuotaInput,
 )
-from bettercompute.modules.capacity._reservation_port import RESERVATIONS, Draft
-from bettercompute.modules.capacity._reservations import sweep_drafts
+from bettercompute.modules.reservations._controller import sweep_drafts
+from bettercompute.modules.reservations._port import RESERVATIONS, Draft
 
 from .conftest import NOW, Plane, seed_fleet
 from .conftest import reservations as _group

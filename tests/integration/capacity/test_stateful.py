@@ -42,18 +42,17 @@ from hypothesis.stateful import (
 )
 
 from bettercompute.errors import FailedPreconditionError, NoCapacityError, QuotaExceededError
-from bettercompute.modules.capacity import (
+from bettercompute.modules.capacity import QuotasGroup, SetQuotaInput
+from bettercompute.modules.nodes import RetireNodeInput
+from bettercompute.modules.reservations import (
     CancelReservationInput,
     CreateReservationInput,
     ExtendReservationInput,
     GetReservationInput,
     ListReservationsInput,
-    QuotasGroup,
     Reservation,
     ReservationsGroup,
-    SetQuotaInput,
 )
-from bettercompute.modules.nodes import RetireNodeInput
 from bettercompute.modules.usage import USAGE_RECORDS
 from bettercompute.testing import ManualClock
 

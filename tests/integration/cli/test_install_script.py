@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from bettercompute._version import __version__
-from bettercompute.modules.pools._install import install_script
+from bettercompute.modules.nodes._install import install_script
 from tests._timing import deadline
 
 from .conftest import StartCli, dev_with_gateway

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from bettercompute.modules.pools import CreatePoolInput, Pool, PoolsGroup
-from bettercompute_cli._client import group_names
+from bettercompute_cli._groups import group_names
 from examples.maintenance import MaintenanceModule
 
 from ..examples._serve import serving

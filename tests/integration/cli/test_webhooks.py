@@ -92,7 +92,7 @@ def test_dev_ephemeral_keeps_its_key_out_of_the_folder(
     assert not (cwd / ".bettercompute").exists()
 
 
-def test_serve_has_webhooks_only_with_a_kms_key_file(
+def test_serve_serves_webhooks_with_a_kms_key_file_and_says_it_needs_one_without(
     cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path
 ) -> None:
     boot = run_cli(cli_env, "iam", "bootstrap", "--output", "token")
@@ -103,7 +103,11 @@ def test_serve_has_webhooks_only_with_a_kms_key_file(
     base_url = f"http://127.0.0.1:{port}"
     plain = start_cli(cli_env, "serve", "--port", str(port))
     plain.wait_ready(base_url)
-    assert _call(base_url, token, "list", {"tenant": "root"}).status_code == 404
+    # Without a KMS the group is there but says what it needs, instead of a 404 that reads like a typo.
+    refused = _call(base_url, token, "list", {"tenant": "root"})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "FAILED_PRECONDITION"
+    assert "Options.kms" in refused.json()["error"]["message"]
     assert plain.stop(signal.SIGTERM) == 0
 
     key = tmp_path / "keys" / "kms.key"

@@ -51,6 +51,9 @@ async def test_initialize_is_idempotent(plane: Plane) -> None:
         "commands": [],
         "usage": [],
         "capacity": [],
+        "webhooks": [],
+        "secrets": [],
+        "nodes": [],
         "iam": [],
     }
 

@@ -18,33 +18,40 @@ import anyio
 import attrs
 import pytest
 
-from bettercompute import ApiBinding, CallContext, GroupSpec, JoinSettings, LocalKeyKms, MethodDef, method
+from bettercompute import (
+    ApiBinding,
+    CallContext,
+    GroupSpec,
+    Intercepted,
+    JoinSettings,
+    LocalKeyKms,
+    MethodDef,
+    Next,
+    method,
+)
 from bettercompute._runtime.codec import encode
 from bettercompute._runtime.declarations import StaticModule
 from bettercompute.errors import ConflictError, NotFoundError
-from bettercompute.modules.capacity import (
-    CancelReservationInput,
-    CreateReservationInput,
-    ExtendReservationInput,
-    ReservationsGroup,
-    SetQuotaInput,
-)
+from bettercompute.modules.capacity import SetQuotaInput
 from bettercompute.modules.images import RegisterImageInput
 from bettercompute.modules.nodes import (
     NODES,
     CordonNodeInput,
+    CreateJoinTokenInput,
+    JoinExpect,
     NodesGroup,
     RequalifyNodeInput,
     RetireNodeInput,
+    RevokeJoinTokenInput,
     RevokeNodeInput,
     TunnelNodeInput,
 )
-from bettercompute.modules.pools import (
-    CreateJoinTokenInput,
-    CreatePoolInput,
-    JoinExpect,
-    RevokeJoinTokenInput,
-    UpdatePoolInput,
+from bettercompute.modules.pools import CreatePoolInput, UpdatePoolInput
+from bettercompute.modules.reservations import (
+    CancelReservationInput,
+    CreateReservationInput,
+    ExtendReservationInput,
+    ReservationsGroup,
 )
 from bettercompute.modules.secrets import CreateSecretInput, DeleteSecretInput
 from bettercompute.modules.webhooks import (
@@ -533,8 +540,9 @@ class _SlowAfter:
     core_range = ">=0.1"
     actions: tuple[str, ...] = ()
 
-    async def intercept(self, call: CallContext, input: Any, next: Any) -> Any:
-        output = await next(call, input)
+    async def intercept(self, intercepted: Intercepted, next: Next) -> Any:
+        output = await next(intercepted)
+        call = intercepted.call
         if (call.method.group, call.method.name) == ("pools", "create"):
             await anyio.sleep(5)
         return output

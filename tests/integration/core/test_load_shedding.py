@@ -221,7 +221,7 @@ async def test_a_burst_past_the_queue_is_shed_and_the_admitted_calls_complete(se
 
 
 async def test_a_waiting_call_whose_client_left_gives_its_place_up(served: Served) -> None:
-    admission = served.compute._http.admission
+    admission = served.compute._http.shedder
     holders: list[httpx.Response] = []
 
     async def hold(tag: str) -> None:
@@ -255,7 +255,7 @@ async def test_a_waiting_call_whose_client_left_gives_its_place_up(served: Serve
 
 async def test_the_in_process_handler_sheds_the_same_way(served: Served) -> None:
     compute = served.compute
-    admission = compute._http.admission
+    admission = compute._http.shedder
     answers: list[int] = []
 
     def request(tag: str) -> Request:
@@ -293,7 +293,7 @@ async def test_the_typed_client_sends_a_shed_call_again_after_retry_after(served
     async with anyio.create_task_group() as tg:
         for i in range(IN_FLIGHT + QUEUED):
             tg.start_soon(served.hold, f"c{i}")
-        await until(lambda: served.compute._http.admission.full)
+        await until(lambda: served.compute._http.shedder.full)
         client = AsyncClient(f"http://127.0.0.1:{served.port}", served.root)
         try:
             # No retry: the shed call is raised as UNAVAILABLE, saying it did not run.
@@ -308,7 +308,7 @@ async def test_the_typed_client_sends_a_shed_call_again_after_retry_after(served
                 result.append(await client.call(HoldGroup.wait, HoldInput(tag="retried")))
 
             tg.start_soon(retried)
-            await until(lambda: served.compute._http.admission.shed >= 2)  # its first attempt was shed
+            await until(lambda: served.compute._http.shedder.shed >= 2)  # its first attempt was shed
             holding.gate.set()
             await until(lambda: bool(result))
             assert result == [HoldOutput(tag="retried")]

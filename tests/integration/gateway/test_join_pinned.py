@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 import bettercompute_proto as wire
-from bettercompute.modules.pools import JOIN_TOKENS, CreatedJoinToken
+from bettercompute.modules.nodes import JOIN_TOKENS, CreatedJoinToken
 from bettercompute_daemon._pin import bundle_pin
 
 from .conftest import Wire

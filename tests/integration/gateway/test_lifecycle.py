@@ -410,7 +410,7 @@ async def test_a_check_the_daemon_never_answers_or_no_one_provides_quarantines_w
 
 
 async def reservation(gw: Wire, reservation_id: str) -> Any:
-    from bettercompute.modules.capacity import GetReservationInput, ReservationsGroup
+    from bettercompute.modules.reservations import GetReservationInput, ReservationsGroup
 
     group: ReservationsGroup[Any] = gw.fleet.compute.api.group(ReservationsGroup)
     return await group.get(gw.fleet.alice, GetReservationInput(id=reservation_id))
@@ -439,7 +439,7 @@ async def desired(gw: Wire, node_id: str) -> tuple[int, list[Any]]:
 
 
 async def test_a_reservation_binds_through_the_daemons_ack_runs_and_ends(gw: Wire, daemons: Any) -> None:
-    from bettercompute.modules.capacity import (
+    from bettercompute.modules.reservations import (
         CancelReservationInput,
         Constraints,
         CreateReservationInput,

@@ -26,10 +26,10 @@ import psycopg
 import pytest
 
 from bettercompute import JoinSettings, LocalKeyKms, MethodDef
-from bettercompute.modules.capacity import CreateReservationInput, ReservationsGroup
 from bettercompute.modules.images import RegisterImageInput
-from bettercompute.modules.nodes import NODES
-from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput
+from bettercompute.modules.nodes import NODES, CreateJoinTokenInput
+from bettercompute.modules.pools import CreatePoolInput
+from bettercompute.modules.reservations import CreateReservationInput, ReservationsGroup
 from bettercompute.modules.secrets import CreateSecretInput
 from bettercompute.modules.webhooks import CreateWebhookInput
 from bettercompute.ports import ResourceRef

@@ -17,7 +17,16 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from bettercompute import BetterCompute, CallContext, JoinSettings, LocalKeyKms, MethodDef, Options, better_compute
+from bettercompute import (
+    BetterCompute,
+    Intercepted,
+    JoinSettings,
+    LocalKeyKms,
+    MethodDef,
+    Next,
+    Options,
+    better_compute,
+)
 from bettercompute.errors import AccessDeniedError, ComputeError
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
@@ -42,9 +51,10 @@ class Recorder:
     def __init__(self) -> None:
         self.seen: list[str] = []
 
-    async def intercept(self, call: CallContext, input: Any, next: Any) -> Any:
+    async def intercept(self, intercepted: Intercepted, next: Next) -> Any:
+        call = intercepted.call
         self.seen.append(f"{call.method.group}.{call.method.name}")
-        return await next(call, input)
+        return await next(intercepted)
 
 
 # A KMS makes the webhooks and secrets groups exist, and with join settings the nodes group (JoinService).

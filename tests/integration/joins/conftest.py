@@ -13,8 +13,17 @@ import httpx
 import pytest
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms
-from bettercompute.modules.nodes import JOIN_KEYS, Attestor, GatewayServices, JoinResult, RenewResult
-from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, JoinExpect, Pool
+from bettercompute.modules.nodes import (
+    JOIN_KEYS,
+    Attestor,
+    CreatedJoinToken,
+    CreateJoinTokenInput,
+    GatewayServices,
+    JoinExpect,
+    JoinResult,
+    RenewResult,
+)
+from bettercompute.modules.pools import CreatePoolInput, Pool
 from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_store_pg import PgStore

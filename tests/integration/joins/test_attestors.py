@@ -10,8 +10,7 @@ import attrs
 import pytest
 
 from bettercompute.errors import AccessDeniedError, InternalError
-from bettercompute.modules.nodes import NODES, AttestationRequest, Attestor
-from bettercompute.modules.pools import GetJoinTokenInput
+from bettercompute.modules.nodes import NODES, AttestationRequest, Attestor, GetJoinTokenInput
 
 from .conftest import Fleet, claims
 

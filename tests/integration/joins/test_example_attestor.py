@@ -9,8 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from bettercompute.errors import AccessDeniedError
-from bettercompute.modules.nodes import NODES, Attestor
-from bettercompute.modules.pools import GetJoinTokenInput
+from bettercompute.modules.nodes import NODES, Attestor, GetJoinTokenInput
 from bettercompute_daemon.identity import NodeKey
 from examples.attestor import ProvisioningAttestor, proof_for
 

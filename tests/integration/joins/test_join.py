@@ -18,8 +18,7 @@ from bettercompute.errors import (
     InvalidInputError,
     UnauthenticatedError,
 )
-from bettercompute.modules.nodes import NODES
-from bettercompute.modules.pools import GetJoinTokenInput, JoinExpect, RevokeJoinTokenInput
+from bettercompute.modules.nodes import NODES, GetJoinTokenInput, JoinExpect, RevokeJoinTokenInput
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 
 from .conftest import TRUST_DOMAIN, Fleet, claims

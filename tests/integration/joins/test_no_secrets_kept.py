@@ -8,9 +8,8 @@ import logging
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from bettercompute.modules.nodes import JOIN_KEYS, CertificateAuthority
+from bettercompute.modules.nodes import JOIN_KEYS, CertificateAuthority, JoinExpect
 from bettercompute.modules.nodes._module import join_key_context
-from bettercompute.modules.pools import JoinExpect
 from bettercompute.modules.secrets import CreateSecretInput
 from bettercompute_daemon.identity import EphemeralKey, NodeKey
 

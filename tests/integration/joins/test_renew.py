@@ -115,7 +115,7 @@ async def test_a_certificate_from_another_ca_is_untrusted(fleet: Fleet, database
     await other_store.open()
     try:
         await other_store.install()
-        for module in ("pools", "identity"):  # the CA's tables, and the pools its nodes refer to
+        for module in ("pools", "nodes"):  # the CA's tables, and the pools its nodes refer to
             await other_store.migrate(module, other_store.migrations(module))
         stranger = CertificateAuthority(other_store, fleet.kms, trust_domain=fleet.services.joins.ca.trust_domain)
         forged = await stranger.issue(NodeKey().csr_pem(), node_id=joined.node_id)

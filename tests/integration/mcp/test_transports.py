@@ -20,7 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from bettercompute.modules.pools import CreatePoolInput, Pool, PoolsGroup
-from bettercompute_cli._client import group_names
+from bettercompute_cli._groups import group_names
 from bettercompute_cli._mcp import InProcess, streamable_http_app
 from bettercompute_cli._profiles import Profiles
 from examples.maintenance import MaintenanceModule

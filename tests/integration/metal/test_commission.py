@@ -29,7 +29,8 @@ from bettercompute.modules.nodes import JOIN_KEYS
 from bettercompute.modules.pools import CreatePoolInput
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_metal import MetalGroups, MetalModule, report_message
-from bettercompute_metal._redfish import BmcCredentials, BmcTls, RedfishClient
+from bettercompute_metal._redfish import RedfishClient
+from bettercompute_metal._redfish_trust import BmcCredentials, BmcTls
 from bettercompute_metal._schemas import (
     BmcInput,
     CreateSiteInput,

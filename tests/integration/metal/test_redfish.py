@@ -15,15 +15,9 @@ import anyio
 import httpx
 import pytest
 
-from bettercompute_metal._redfish import (
-    BMC_AUTH_FAILED,
-    BMC_TLS_FAILED,
-    BMC_UNREACHABLE,
-    BmcCredentials,
-    BmcTls,
-    RedfishClient,
-    RedfishError,
-)
+from bettercompute_metal._redfish import RedfishClient
+from bettercompute_metal._redfish_json import BMC_AUTH_FAILED, BMC_TLS_FAILED, BMC_UNREACHABLE, RedfishError
+from bettercompute_metal._redfish_trust import BmcCredentials, BmcTls
 from tests._timing import deadline
 
 from ._bmc import Bmc, free_port, make_certificates

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from bettercompute.errors import InvalidInputError
-from bettercompute_metal._redfish import (
+from bettercompute_metal._redfish import RedfishClient
+from bettercompute_metal._redfish_json import (
     BMC_AUTH_FAILED,
     BMC_BAD_RESPONSE,
     BMC_ERROR,
@@ -22,11 +23,9 @@ from bettercompute_metal._redfish import (
     BMC_TLS_FAILED,
     BMC_UNREACHABLE,
     MAX_BODY_BYTES,
-    BmcCredentials,
-    BmcTls,
-    RedfishClient,
     RedfishError,
 )
+from bettercompute_metal._redfish_trust import BmcCredentials, BmcTls
 
 from ._fake_bmc import FakeBmc, Reply, serve_fake_bmc
 

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from bettercompute import BetterCompute, JoinSettings
-from bettercompute.modules.pools import JoinTokensGroup, PoolsGroup
+from bettercompute.modules.nodes import JoinTokensGroup
+from bettercompute.modules.pools import PoolsGroup
 from bettercompute_store_pg import PgStore
 
 from ..iam.conftest import two_tenants

@@ -10,22 +10,18 @@ import psycopg
 import pytest
 
 from bettercompute.errors import AccessDeniedError, ConflictError, NotFoundError
-from bettercompute.modules.nodes import hash_secret, parse_token
-from bettercompute.modules.pools import (
+from bettercompute.modules.nodes import (
     JOIN_TOKENS,
-    POOLS,
     CreateJoinTokenInput,
-    CreatePoolInput,
     GetJoinTokenInput,
-    GetPoolInput,
     JoinExpect,
     ListJoinTokensInput,
-    ListPoolsInput,
-    Pool,
     RevokeJoinTokenInput,
     TokenConsumption,
-    UpdatePoolInput,
+    hash_secret,
+    parse_token,
 )
+from bettercompute.modules.pools import POOLS, CreatePoolInput, GetPoolInput, ListPoolsInput, Pool, UpdatePoolInput
 
 from .conftest import Plane
 

@@ -22,15 +22,14 @@ from bettercompute.errors import (
     InvalidInputError,
     NotFoundError,
 )
-from bettercompute.modules.nodes import NODES
-from bettercompute.modules.pools import POOLS, CreateJoinTokenInput, CreatePoolInput, Pool
+from bettercompute.modules.nodes import NODES, CreateJoinTokenInput, NodeIdentity
+from bettercompute.modules.pools import POOLS, CreatePoolInput, Pool
 from bettercompute.modules.secrets import (
     RELEASE_ACTION,
     SECRETS,
     CreateSecretInput,
     DeleteSecretInput,
     ListSecretsInput,
-    NodeIdentity,
     SecretRecord,
 )
 from bettercompute.modules.secrets._service import value_context

@@ -16,7 +16,6 @@ import pytest
 from bettercompute.errors import FailedPreconditionError, UnavailableError
 from bettercompute.ports import Lease, OutboxEvent, WorkItem
 from bettercompute_store_pg import PgStore
-from bettercompute_store_pg._schema import LEGACY_CORE_MIGRATIONS
 from tests._timing import deadline
 
 pytestmark = pytest.mark.anyio
@@ -81,27 +80,8 @@ def test_two_processes_migrate_one_fresh_schema(database_url: str, empty_schema:
     assert sorted(r["probe"] for r in results) == [[], [1, 2]]
     with psycopg.connect(database_url) as conn:
         probe_rows = conn.execute(f'SELECT count(*) FROM "{empty_schema}".probe').fetchone()
-    # A fresh schema never runs the old "core" list.
     assert _recorded(database_url, empty_schema) == [("probe", 1), ("probe", 2), *(("runtime", v) for v in runtime)]
     assert probe_rows == (1,)
-
-
-def test_two_processes_upgrade_one_schema_that_older_code_migrated(database_url: str, empty_schema: str) -> None:
-    async def older_code() -> None:
-        async with PgStore(database_url, schema=empty_schema, pool_size=1) as store:
-            await store.migrate("core", [m for m in LEGACY_CORE_MIGRATIONS if m.version <= 10])
-
-    anyio.run(older_code)
-    results = _migrate_in_two_processes(database_url, empty_schema)
-    # One process finished the old list and adopted it for the runtime; the other found both done.
-    assert sorted(r["runtime"] for r in results) == [[], [1]]
-    legacy = [m.version for m in LEGACY_CORE_MIGRATIONS]
-    assert _recorded(database_url, empty_schema) == [
-        *(("core", v) for v in legacy),
-        ("probe", 1),
-        ("probe", 2),
-        ("runtime", 1),
-    ]
 
 
 async def test_one_of_many_concurrent_acquirers_gets_the_lease(pg_store: PgStore) -> None:

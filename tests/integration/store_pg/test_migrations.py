@@ -1,4 +1,4 @@
-"""Migrations per module name, and the in-place upgrade of a schema that older code migrated under ``"core"``."""
+"""Migrations per module name, and a migration that adopts another module's step."""
 
 from __future__ import annotations
 
@@ -9,20 +9,20 @@ import pytest
 
 from bettercompute import JoinSettings, Options, better_compute
 from bettercompute.errors import InvalidConfigError
-from bettercompute.modules.pools import CreateJoinTokenInput, CreatePoolInput, JoinTokensGroup, PoolsGroup
+from bettercompute.modules.nodes import CreateJoinTokenInput, JoinTokensGroup
+from bettercompute.modules.pools import CreatePoolInput, PoolsGroup
 from bettercompute.ports import Migration
 from bettercompute_iam import EmbeddedIam
 from bettercompute_store_pg import PgStore
-from bettercompute_store_pg._schema import LEGACY_CORE_MIGRATIONS
 
-from .._template import KMS_MODULES, fingerprint, migrate_template
-from ..conftest import drop_schema, new_schema
+from .._template import fingerprint, migrate_template
 from ..iam.conftest import two_tenants
 
 pytestmark = pytest.mark.anyio
 
-# Every name a schema migrated with every built-in module on records, besides IAM's.
-STORE_MODULES = ("runtime", "pools", "images", "commands", "usage", "capacity", *KMS_MODULES)
+# Every name a schema migrated with the built-in modules records, besides IAM's (``reservations`` and ``inventory``
+# have no migrations of their own: their tables were made by ``capacity``'s and ``nodes``').
+STORE_MODULES = ("runtime", "pools", "images", "commands", "usage", "capacity", "webhooks", "secrets", "nodes")
 NODE_KEYS = [
     ("atoms", "atoms_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
     ("commands", "commands_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
@@ -40,13 +40,6 @@ def _recorded(url: str, schema: str) -> list[tuple[str, int]]:
         return [(module, version) for module, version in rows]
 
 
-def _without_legacy(found: dict[str, Any]) -> dict[str, Any]:
-    """The fingerprint without the old list's ``"core"`` rows, and without the row counts of the tables the old
-    schema was given rows in (the bookkeeping, and a pool made before the upgrade)."""
-    rows = {t: n for t, n in found["rows"].items() if t not in ("schema_migrations", "pools")}
-    return {**found, "migrations": [r for r in found["migrations"] if r[0] != "core"], "rows": rows}
-
-
 def _node_keys(url: str, schema: str) -> list[tuple[str, ...]]:
     found = fingerprint(url, schema)["constraints"]
     return [
@@ -56,47 +49,7 @@ def _node_keys(url: str, schema: str) -> list[tuple[str, ...]]:
     ]
 
 
-async def _legacy(url: str, schema: str, up_to: int) -> None:
-    """Migrate ``schema`` as older code did: the store's one module ``"core"`` up to ``up_to``, then IAM's."""
-    async with PgStore(url, schema=schema, pool_size=2) as store:
-        steps = [m for m in LEGACY_CORE_MIGRATIONS if m.version <= up_to]
-        assert await store.migrate("core", steps) == list(range(1, up_to + 1))
-        iam = EmbeddedIam()
-        await store.migrate("iam", iam.migrations[store.dialect])
-        async with store.connection() as conn:
-            await conn.execute(
-                f'INSERT INTO "{schema}".pools (id, tenant, name, pool_class) VALUES (%s, %s, %s, %s)',
-                ("pool_old", "ten_old", "kept", "gpu"),
-            )
-
-
-@pytest.mark.parametrize("up_to", [10, LEGACY_CORE_MIGRATIONS[-1].version])
-async def test_a_schema_migrated_by_older_code_upgrades_in_place_to_what_a_fresh_one_is(
-    database_url: str, empty_schema: str, up_to: int
-) -> None:
-    await _legacy(database_url, empty_schema, up_to)
-    await migrate_template(database_url, empty_schema)
-    fresh = new_schema()
-    try:
-        await migrate_template(database_url, fresh)
-        upgraded, expected = fingerprint(database_url, empty_schema), fingerprint(database_url, fresh)
-        assert expected["relations"], "the migrations made nothing to compare"
-        assert _without_legacy(upgraded) == _without_legacy(expected)
-        # The old list was finished (never a step of it skipped), then every module adopted it.
-        recorded = _recorded(database_url, empty_schema)
-        core = [v for m, v in recorded if m == "core"]
-        assert core == [m.version for m in LEGACY_CORE_MIGRATIONS]
-        assert [r for r in recorded if r[0] != "core"] == _recorded(database_url, fresh)
-        with psycopg.connect(database_url) as conn:
-            kept = conn.execute(f'SELECT name FROM "{empty_schema}".pools WHERE id = %s', ("pool_old",)).fetchone()
-        assert kept == ("kept",)
-    finally:
-        drop_schema(database_url, fresh)
-
-
-async def test_a_fresh_schema_records_each_module_and_never_the_legacy_list(
-    database_url: str, empty_schema: str
-) -> None:
+async def test_a_fresh_schema_records_each_module_and_never_core(database_url: str, empty_schema: str) -> None:
     await migrate_template(database_url, empty_schema)
     modules = {module for module, _ in _recorded(database_url, empty_schema)}
     assert modules == {*STORE_MODULES, "iam"}
@@ -109,8 +62,8 @@ async def test_migrating_twice_applies_nothing(database_url: str, empty_schema: 
     try:
         first = await compute.migrate()
         assert first["runtime"] == [1] and first["pools"] == [1, 2] and first["iam"]
-        # The system module ("core") has no tables; modules that need a KMS are off here.
-        assert "core" not in first and not set(first) & set(KMS_MODULES)
+        # The system module ("core") has no tables; every built-in module's are made, with a KMS or without.
+        assert "core" not in first and set(first) == {*STORE_MODULES, "iam"}
         second = await compute.migrate()
         assert second.keys() == first.keys()
         assert all(applied == [] for applied in second.values()), second
@@ -121,11 +74,10 @@ async def test_migrating_twice_applies_nothing(database_url: str, empty_schema: 
 
 async def test_a_module_finds_its_store_migrations_by_name() -> None:
     store = PgStore("postgresql://nobody@127.0.0.1:1/none")
-    for name in ("pools", "commands", "usage", *KMS_MODULES):
-        first, *later = store.migrations(name)
-        assert first.version == 1 and first.adopts == ("core", LEGACY_CORE_MIGRATIONS[-1].version)
-        assert [m.version for m in later] == list(range(2, len(later) + 2)) and all(m.adopts is None for m in later)
-    # Modules younger than the legacy core list adopt nothing.
+    for name in ("pools", "commands", "usage", "webhooks", "secrets", "nodes"):
+        shipped = store.migrations(name)
+        assert [m.version for m in shipped] == list(range(1, len(shipped) + 1))
+        assert all(m.adopts is None for m in shipped)
     assert [(m.version, m.adopts) for m in store.migrations("capacity")] == [(1, None), (2, None), (3, None), (4, None)]
     # The runtime is install()'s, never a module's; names the store ships nothing for get nothing.
     for name in ("runtime", "core", "iam", "metal", "no-such", "../pools", "Pools"):
@@ -154,30 +106,48 @@ async def test_an_adopting_migration_runs_where_what_it_adopts_is_not_recorded(
     assert ("newer", 1) in _recorded(database_url, empty_schema)
 
 
-@pytest.mark.parametrize("identity_first", [False, True])
+@pytest.mark.parametrize("nodes_first", [False, True])
 async def test_commands_and_nodes_get_their_keys_in_either_order(
-    database_url: str, empty_schema: str, identity_first: bool
+    database_url: str, empty_schema: str, nodes_first: bool
 ) -> None:
     async with PgStore(database_url, schema=empty_schema, pool_size=1) as store:
         await store.install()
-        order = ("pools", "identity", "commands") if identity_first else ("pools", "commands", "identity")
+        order = ("pools", "nodes", "commands") if nodes_first else ("pools", "commands", "nodes")
         for module in order:
             await store.migrate(module, store.migrations(module))
-            if module == "commands" and not identity_first:
+            if module == "commands" and not nodes_first:
                 assert _node_keys(database_url, empty_schema) == []  # no nodes table yet, so no key to it
     assert _node_keys(database_url, empty_schema) == NODE_KEYS
 
 
-async def test_join_settings_without_a_kms_need_none_of_the_identity_tables(
+async def test_join_settings_without_a_kms_give_a_join_command_without_pins(
     database_url: str, empty_schema: str
 ) -> None:
-    # Migrated from nothing, so only the modules that are on have tables: no CA, no JoinService keys.
+    # Migrated from nothing: the nodes module's tables are there, but no CA and no JoinService key is ever made.
     join = JoinSettings(gateway_address="gw.example.com:443", trust_domain="example.com")
     async with two_tenants(database_url, empty_schema, join=join) as t:
-        assert "identity" not in {m for m, _ in _recorded(database_url, empty_schema)}
+        assert "nodes" in {m for m, _ in _recorded(database_url, empty_schema)}
         pools: PoolsGroup[Any] = t.compute.api.group(PoolsGroup)
         tokens: JoinTokensGroup[Any] = t.compute.api.group(JoinTokensGroup)
         pool = await pools.create(t.alice, CreatePoolInput(tenant=t.acme, name="gpus"))
         created = await tokens.create(t.alice, CreateJoinTokenInput(pool_id=pool.id, uses=1, expires_in_seconds=60))
         assert "--gateway gw.example.com:443 --trust-domain example.com" in created.join_command
         assert "--ca-bundle" not in created.join_command
+
+
+async def test_a_renamed_module_takes_over_the_versions_recorded_under_its_old_name(
+    database_url: str, empty_schema: str
+) -> None:
+    # A database older code migrated: the nodes module's history is recorded under its old name, "identity".
+    await migrate_template(database_url, empty_schema)
+    with psycopg.connect(database_url) as conn:
+        conn.execute(f"UPDATE \"{empty_schema}\".schema_migrations SET module = 'identity' WHERE module = 'nodes'")
+    old = [v for m, v in _recorded(database_url, empty_schema) if m == "identity"]
+    assert old, "the nodes module recorded nothing to rename"
+    async with PgStore(database_url, schema=empty_schema, pool_size=1) as store:
+        # Nothing runs again (running version 1 again would fail on its tables), and the history is carried over.
+        assert await store.migrate("nodes", store.migrations("nodes")) == []
+    recorded = _recorded(database_url, empty_schema)
+    assert [v for m, v in recorded if m == "nodes"] == old
+    # The old name's rows stay, for older code running beside this one during a rolling upgrade.
+    assert [v for m, v in recorded if m == "identity"] == old

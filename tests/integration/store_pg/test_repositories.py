@@ -12,8 +12,8 @@ import pytest
 
 from bettercompute.errors import InternalError
 from bettercompute.modules.commands import COMMANDS
-from bettercompute.modules.nodes import CERTIFICATES, JOIN_KEYS, NODES, CaKey
-from bettercompute.modules.pools import JOIN_TOKENS, POOLS
+from bettercompute.modules.nodes import CERTIFICATES, JOIN_KEYS, JOIN_TOKENS, NODES, CaKey
+from bettercompute.modules.pools import POOLS
 from bettercompute.modules.secrets import SECRETS, SecretRecord
 from bettercompute.modules.usage import BOOKINGS, USAGE_RECORDS
 from bettercompute.modules.webhooks import WEBHOOKS

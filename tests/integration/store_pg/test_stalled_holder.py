@@ -1,5 +1,5 @@
 """A lease holder stalled inside its fenced transaction (SIGSTOP, a long pause, a partition) behind PgBouncer with
-``idle_transaction_timeout``, as the README's deployment notes ask: PgBouncer cuts the stalled transaction, so its
+``idle_transaction_timeout``, as docs/operations.md asks: PgBouncer cuts the stalled transaction, so its
 writes never land, and the lease moves on to a successor; while it is open, the successor is turned away at once
 rather than made to wait (the wait used to stall every other worker's shard cycle behind the stalled one)."""
 

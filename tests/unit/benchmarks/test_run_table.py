@@ -1,4 +1,5 @@
-"""bench/run.py: how the one table is drawn, how a bench's figures are read, and how the README's copy is replaced."""
+"""bench/run.py: how the one table is drawn, how a bench's figures are read, and how the results page's table is
+replaced."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import pytest
 
 from bench.run import (
     END_MARKER,
+    SNIPPET_END,
+    SNIPPET_START,
     START_MARKER,
     Outcome,
     Row,
@@ -14,6 +17,7 @@ from bench.run import (
     render,
     render_table,
     replace_between_markers,
+    results_page,
     worker_rows,
 )
 
@@ -43,13 +47,20 @@ def test_render_puts_the_machine_above_the_table() -> None:
     assert "| m | 1.00 |" in text
 
 
-def test_the_readme_copy_is_replaced_between_the_markers_only() -> None:
+def test_the_table_is_replaced_between_the_markers_only() -> None:
     text = f"# Title\n\nbefore\n{START_MARKER}\nold table\n{END_MARKER}\nafter\n"
     once = replace_between_markers(text, "new table\n")
     assert once == f"# Title\n\nbefore\n{START_MARKER}\nnew table\n{END_MARKER}\nafter\n"
     assert replace_between_markers(once, "new table") == once  # idempotent
     with pytest.raises(ValueError):
         replace_between_markers("no markers here", "x")
+
+
+def test_the_results_page_marks_the_table_as_the_section_the_docs_site_includes() -> None:
+    page = results_page("| m | 1.00 |\n")
+    assert page.index(SNIPPET_START) < page.index(START_MARKER) < page.index("| m | 1.00 |")
+    assert page.index("| m | 1.00 |") < page.index(END_MARKER) < page.index(SNIPPET_END)
+    assert replace_between_markers(page, "| n | 2.00 |").count(SNIPPET_START) == 1
 
 
 def test_figures_are_read_from_json_nested_or_flat() -> None:

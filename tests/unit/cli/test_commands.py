@@ -10,8 +10,8 @@ from typer.testing import CliRunner, Result
 
 import bettercompute
 from bettercompute_cli import __version__, app
-from bettercompute_cli._app import path_hint
-from bettercompute_cli._main import OWN_COMMANDS
+from bettercompute_cli._constants import OWN_COMMANDS
+from bettercompute_cli._dev import path_hint
 
 
 def _invoke(*args: str, **env: str) -> Result:

@@ -296,10 +296,12 @@ def test_a_bad_kms_key_file_names_the_key(tmp_path: Path, toml: str) -> None:
     assert problem == f"{path}: kms_key_file must be a non-empty path"
 
 
-def test_a_kms_key_file_registers_the_webhooks_group_without_touching_the_file(tmp_path: Path) -> None:
+def test_a_kms_key_file_turns_webhooks_on_without_touching_the_file(tmp_path: Path) -> None:
     url = "postgresql://postgres@127.0.0.1:1/x"
     without, _ = build(load_config(None, {}), url)
-    assert without.registry.group("webhooks") is None
+    # The group is there either way; without a key file its calls say so, and nothing sends.
+    assert without.registry.owner("webhooks") == "webhooks"
+    assert "sinks/webhooks" not in [job.lease_name for job in without.jobs.all]
     key = tmp_path / "keys" / "kms.key"
     config = load_config(None, {"BETTERCOMPUTE_KMS_KEY_FILE": str(key)})
     for compute in (build(config, url)[0], build_serving(config, url)[0]):

@@ -12,7 +12,7 @@ import pytest
 from bettercompute.client import Client
 from bettercompute.errors import UnavailableError
 from bettercompute.modules.system import VersionInput
-from bettercompute_cli import _client
+from bettercompute_cli import _call
 from bettercompute_cli._profiles import Connection
 
 SHED = httpx.Response(
@@ -59,8 +59,8 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Script:
         with httpx.Client(transport=transport) as http:
             return http.post(url, **kwargs)
 
-    monkeypatch.setattr("bettercompute_cli._client.httpx.post", post)
-    monkeypatch.setattr("bettercompute_cli._client.time.sleep", script.sleeps.append)
+    monkeypatch.setattr("bettercompute_cli._call.httpx.post", post)
+    monkeypatch.setattr("bettercompute_cli._call.time.sleep", script.sleeps.append)
     return script
 
 
@@ -69,28 +69,28 @@ CONNECTION = Connection(server="http://cp.test", token="bcak_x.y")
 
 def test_the_cli_sends_a_shed_call_again_after_retry_after(script: Script) -> None:
     script.answers = [SHED, SHED, OK]
-    assert _client.call_path(CONNECTION, "system/version", {}) == VERSION
+    assert _call.call_path(CONNECTION, "system/version", {}) == VERSION
     assert len(script.requests) == 3 and len(script.sleeps) == 2
     assert all(2 <= s <= 3 for s in script.sleeps)  # the server's delay at least, plus up to half of it as jitter
     assert {r.content for r in script.requests} == {b"{}"}
 
 
 def test_the_cli_reports_a_call_shed_every_time(script: Script, capsys: pytest.CaptureFixture[str]) -> None:
-    script.answers = [SHED] * (_client.SHED_RETRIES + 1)
-    with pytest.raises(_client._Failed) as info:
-        _client.call_path(CONNECTION, "system/version", {})
-    assert info.value.code == "UNAVAILABLE" and info.value.status == _client.EXIT_CODES["UNAVAILABLE"]
-    assert len(script.requests) == _client.SHED_RETRIES + 1
+    script.answers = [SHED] * (_call.SHED_RETRIES + 1)
+    with pytest.raises(_call.Failed) as info:
+        _call.call_path(CONNECTION, "system/version", {})
+    assert info.value.code == "UNAVAILABLE" and info.value.status == _call.EXIT_CODES["UNAVAILABLE"]
+    assert len(script.requests) == _call.SHED_RETRIES + 1
     info.value.show()
     err = capsys.readouterr().err
     assert "error: UNAVAILABLE: the server is at capacity and did not run the call; retry after 2 s" in err
-    assert f"did not run the call (tried {_client.SHED_RETRIES + 1} times)" in err
+    assert f"did not run the call (tried {_call.SHED_RETRIES + 1} times)" in err
 
 
 def test_the_cli_does_not_resend_another_503(script: Script) -> None:
     script.answers = [DOWN]
-    with pytest.raises(_client._Failed) as info:
-        _client.call_path(CONNECTION, "system/version", {})
+    with pytest.raises(_call.Failed) as info:
+        _call.call_path(CONNECTION, "system/version", {})
     assert info.value.code == "UNAVAILABLE" and len(script.requests) == 1 and script.sleeps == []
 
 

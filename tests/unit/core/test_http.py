@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bettercompute import BetterCompute, CallContext
+from bettercompute import BetterCompute, Intercepted, Next
 from bettercompute.modules.system import VersionInput
 from bettercompute.testing import StaticIamDouble
 
@@ -218,9 +218,10 @@ async def test_plugins_wrap_the_handler_after_authorization() -> None:
         core_range = ">=0.1"
         actions: tuple[str, ...] = ()
 
-        async def intercept(self, call: CallContext, input: Any, next: Any) -> Any:
+        async def intercept(self, intercepted: Intercepted, next: Next) -> Any:
+            call = intercepted.call
             seen.append(f"{call.method.group}.{call.method.name}")
-            return await next(call, input)
+            return await next(intercepted)
 
     compute = make_compute(modules=[EchoModule()], plugins=[Recorder()])
     await EchoGroups(compute.api).echo.say(MEMBER, SayInput(tenant="acme", text="x"))

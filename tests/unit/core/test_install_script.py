@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bettercompute.modules.pools._install import install_script
+from bettercompute.modules.nodes._install import install_script
 from tests._timing import deadline
 
 BCD = str(Path(sys.executable).parent / "bcd")

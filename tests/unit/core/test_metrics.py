@@ -14,7 +14,7 @@ from bettercompute import BetterCompute
 from bettercompute._runtime.http import Request, Response, error_response, response_code
 from bettercompute._runtime.metrics import Metrics, http_method_label
 from bettercompute.errors import NotFoundError, UnavailableError
-from bettercompute.modules.capacity._reservations import no_capacity_reason
+from bettercompute.modules.reservations._service import no_capacity_reason
 from bettercompute.modules.webhooks._service import committed_at, event_body
 
 from ._echo import EchoModule

@@ -71,15 +71,22 @@ def test_a_valid_composition_registers_core_then_modules() -> None:
     compute = make_compute(modules=[EchoModule()])
     assert [g.name for g in compute.registry.groups()] == [
         "capacity",
+        "devices",
         "echo",
         "images",
         "join-tokens",
+        "nodes",
         "pools",
         "quotas",
         "reservations",
+        "secrets",
         "system",
+        "webhooks",
     ]
     assert compute.registry.owner("pools") == "pools"
+    assert compute.registry.owner("join-tokens") == compute.registry.owner("nodes") == "nodes"
+    assert compute.registry.owner("devices") == "inventory"
+    assert compute.registry.owner("reservations") == "reservations"
     assert compute.registry.owner("images") == "images"  # the core's, with or without bare metal
     assert compute.registry.owner("quotas") == compute.registry.owner("capacity") == "capacity"
     assert compute.registry.owner("system") == "core"

@@ -10,7 +10,7 @@ import attrs
 import httpx
 import pytest
 
-from bettercompute import CallContext, Options, better_compute
+from bettercompute import Intercepted, Next, Options, better_compute
 from bettercompute.errors import InvalidConfigError
 from bettercompute_store_pg import PgStore
 
@@ -73,12 +73,12 @@ class _Gauge:
     running: int = 0
     most: int = 0
 
-    async def intercept(self, call: CallContext, input: Any, next: Any) -> Any:
+    async def intercept(self, intercepted: Intercepted, next: Next) -> Any:
         self.running += 1
         self.most = max(self.most, self.running)
         try:
             await anyio.sleep(0.02)
-            return await next(call, input)
+            return await next(intercepted)
         finally:
             self.running -= 1
 

@@ -10,12 +10,14 @@ import pytest
 
 from bettercompute._runtime.declarations import StaticModule
 from bettercompute.errors import InternalError, InvalidConfigError
-from bettercompute.modules.pools import JOIN_TOKENS, POOLS, Pools
+from bettercompute.modules.nodes import JOIN_TOKENS
+from bettercompute.modules.pools import POOLS, Pools
 from bettercompute.ports import WORKFLOWS, Repository
 from bettercompute_iam._pg import IAM_ADMIN, IamAdmin
 from bettercompute_store_pg import Database, PgRepository, PgStore
 from bettercompute_store_pg._workflows import PgWorkflows
-from bettercompute_store_pg.modules.pools._repository import PgJoinTokens, PgPools
+from bettercompute_store_pg.modules.nodes._join_tokens import PgJoinTokens
+from bettercompute_store_pg.modules.pools._repository import PgPools
 from examples.maintenance._pg import PgWindows
 from examples.maintenance._port import MAINTENANCE
 

@@ -22,7 +22,8 @@ from typing import assert_type
 from bettercompute import ApiCall, AsyncClientCall, BetterCompute, ClientCall
 from bettercompute.client import AsyncClient, Client
 from bettercompute.modules.nodes import Node, RetireNodeInput
-from bettercompute.modules.pools import CreatedJoinToken, CreateJoinTokenInput, CreatePoolInput, Pool
+from bettercompute.modules.pools import CreatePoolInput, Pool
+from bettercompute.modules.nodes import CreatedJoinToken, CreateJoinTokenInput
 from bettercompute.modules.secrets import ListSecretsInput, ListSecretsOutput
 from bettercompute.modules.system import VersionInput, VersionOutput
 from bettercompute.modules.webhooks import ListDeliveriesInput, ListDeliveriesOutput

@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from bettercompute import JoinSettings, LocalKeyKms
-from bettercompute.errors import InvalidConfigError
+from bettercompute.errors import FailedPreconditionError, InvalidConfigError
 from bettercompute.modules.inventory import AcceptanceCheck, InventoryModule
 
 from ..core._echo import EchoModule
@@ -39,9 +39,11 @@ def test_a_module_adds_an_acceptance_check_next_to_diag_nvml(tmp_path: Path) -> 
     assert {"inventory", "node-lifecycle"} <= kinds
 
 
-def test_without_node_identity_there_is_no_inventory_module() -> None:
+def test_without_node_identity_the_inventory_module_is_there_and_the_gateway_services_say_what_they_need() -> None:
     compute = make_compute()
-    assert not [m for m in compute._modules if isinstance(m, InventoryModule)]
+    assert _inventory(compute).controllers.checks == ["diag.nvml"]
+    with pytest.raises(FailedPreconditionError, match=r"needs Options\.join and Options\.kms"):
+        _ = compute.gateway_services
 
 
 def test_an_acceptance_check_that_is_not_one_is_refused(tmp_path: Path) -> None:

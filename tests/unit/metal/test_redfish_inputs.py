@@ -8,7 +8,8 @@ import ssl
 import pytest
 
 from bettercompute.errors import InvalidInputError
-from bettercompute_metal._redfish import BmcCredentials, BmcTls, RedfishClient, certificate_pin, parse_bmc_url
+from bettercompute_metal._redfish import RedfishClient
+from bettercompute_metal._redfish_trust import BmcCredentials, BmcTls, certificate_pin, parse_bmc_url
 
 PIN = "a1" * 32
 

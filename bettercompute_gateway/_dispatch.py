@@ -1,0 +1,44 @@
+"""Commands sent down the sessions: each pass takes the pending commands of every live session at once."""
+
+from __future__ import annotations
+
+import json
+
+import bettercompute_proto as wire
+from bettercompute.modules.commands import COMMANDS
+from bettercompute.ports import Clock, Store
+
+from ._sessions import Sessions
+from ._wire import ms
+
+__all__ = ["CommandDispatch"]
+
+
+class CommandDispatch:
+    """Sends the sessions' pending commands, noting on each session what was sent (its results are checked
+    against it)."""
+
+    def __init__(self, store: Store, sessions: Sessions, clock: Clock) -> None:
+        self._store = store
+        self._sessions = sessions
+        self._clock = clock
+
+    async def dispatch(self) -> None:
+        """Send the sessions' pending commands: one statement takes them for every session at once."""
+        live = self._sessions.live()
+        if not live:
+            return
+        commands = await self._store.repository(COMMANDS).dispatch_many(
+            [(s.node_id, s.epoch) for s in live.values()], now=self._clock.now(), limit=16
+        )
+        for command in commands:
+            session = live[command.node_id]
+            session.commands[command.id] = command.kind
+            frame = wire.Command(
+                id=command.id,
+                kind=command.kind,
+                arguments_json=json.dumps(dict(command.payload), separators=(",", ":")),
+                deadline_ms=ms(command.deadline.timestamp()),
+            )
+            # A session that cannot take it ends; the sweeper settles the command as its ``on_session_loss`` says.
+            self._sessions.deliver(session, wire.ControlFrame(command=frame))

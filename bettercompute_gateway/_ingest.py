@@ -1,0 +1,171 @@
+"""What daemons report on their sessions, written to the control plane: command results (once the node's signature
+over them verifies), inventory sections, events, and desired-state acknowledgements (gathered, one statement for
+many)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from typing import Any
+
+import bettercompute_proto as wire
+from bettercompute.errors import ComputeError
+from bettercompute.modules.commands import COMMANDS
+from bettercompute.modules.nodes import (
+    INVENTORY_REPORTED,
+    INVENTORY_SECTIONS,
+    NODE_REPORTED,
+    NODES,
+    acked_item,
+    inventory_item,
+    verify_signature,
+)
+from bettercompute.ports import OutboxEvent, Store
+
+from ._sessions import Session
+from ._wire import json_object, json_value
+
+__all__ = ["ACK_GATHER_SECONDS", "Ingest"]
+
+log = logging.getLogger("bettercompute.gateway")
+
+ACK_GATHER_SECONDS = 0.02
+"""How long the acknowledgement writer gathers acks after the first before writing them (``Ingest.run``)."""
+_EVENTS_PER_MINUTE = 60
+_EVENT_TYPE = re.compile(r"[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*")
+
+
+class Ingest:
+    """Takes the reports of every session into the ``store``."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._acks: dict[str, int] = {}  # desired-state generations acknowledged since the last write
+        self._wake = asyncio.Event()  # set when an acknowledgement arrives
+
+    def ack(self, session: Session, generation: int) -> None:
+        """Note that the daemon applied desired-state ``generation``; only one sent on this session counts."""
+        if 0 < generation <= (session.sent_generation or 0):
+            self._acks[session.node_id] = max(self._acks.get(session.node_id, 0), generation)
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Write acknowledgements as they arrive rather than with the next liveness flush, so what waits on one (a
+        reservation binding) hears of it in milliseconds instead of up to ``liveness_flush_interval``. The acks of
+        one change (a desired state sent to many nodes) arrive together: they are gathered for
+        ``ACK_GATHER_SECONDS`` and written in one statement. A write that fails leaves them to the flush loop."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(ACK_GATHER_SECONDS)
+            try:
+                await self.write_acks()
+            except Exception as exc:
+                log.debug("acknowledgements not written now (%s); the flush loop tries again", type(exc).__name__)
+
+    async def write_acks(self) -> None:
+        """The desired-state generations acknowledged since the last write, in one transaction (none: nothing)."""
+        acks, self._acks = self._acks, {}
+        if acks:
+            try:
+                # What waits on an acknowledgement (a reservation binding) hears of it in the same transaction.
+                async with self._store.transaction() as tx:
+                    moved = await tx.repository(NODES).observe(list(acks.items()))
+                    if moved:
+                        await tx.enqueue([acked_item(node_id) for node_id in moved])
+            except BaseException:
+                for node_id, generation in acks.items():
+                    self._acks[node_id] = max(self._acks.get(node_id, 0), generation)
+                raise
+
+    async def inventory(self, session: Session, section: wire.InventorySection) -> None:
+        """Keep a reported inventory section and publish ``node.inventory_reported``; an unknown section, or content
+        that is not JSON PostgreSQL can store, is dropped and logged (the session goes on)."""
+        if section.section not in INVENTORY_SECTIONS:
+            log.warning("node %s: dropped an inventory section of an unknown name", session.node_id)
+            return
+        try:
+            content = json_value(section.content_json, "content_json")
+            async with self._store.transaction() as tx:
+                if await tx.repository(NODES).record_inventory(
+                    session.node_id, section.section, content, fake=section.fake
+                ):
+                    payload = {"node_id": session.node_id, "section": section.section, "fake": section.fake}
+                    await tx.publish([OutboxEvent(type=INVENTORY_REPORTED, key=session.node_id, payload=payload)])
+                    await tx.enqueue([inventory_item(session.node_id)])
+        except ComputeError as exc:
+            log.warning("node %s: inventory section %s not kept: %s", session.node_id, section.section, exc.code)
+
+    async def event(self, session: Session, event: wire.NodeEvent) -> None:
+        """Publish what the daemon reports (``node.reported``, with its type and payload); at most
+        ``_EVENTS_PER_MINUTE`` a minute per session, and a malformed one is dropped and logged."""
+        now = time.monotonic()
+        if now - session.events_since > 60:
+            session.events_since, session.events = now, 0
+        session.events += 1
+        if session.events > _EVENTS_PER_MINUTE:
+            if session.events == _EVENTS_PER_MINUTE + 1:
+                log.warning("node %s: more than %d events a minute; dropping", session.node_id, _EVENTS_PER_MINUTE)
+            return
+        if len(event.type) > 128 or not _EVENT_TYPE.fullmatch(event.type):
+            log.warning("node %s: dropped an event with a malformed type", session.node_id)
+            return
+        try:
+            body = json_object(event.payload_json or "{}", "payload_json")
+            payload = {"node_id": session.node_id, "type": event.type, "payload": body, "at_ms": event.at_ms}
+            async with self._store.transaction() as tx:
+                await tx.publish([OutboxEvent(type=NODE_REPORTED, key=session.node_id, payload=payload)])
+        except ComputeError as exc:
+            log.warning("node %s: event %s not published: %s", session.node_id, event.type, exc.code)
+
+    async def result(self, session: Session, result: wire.CommandResult) -> None:
+        """Record a command's result, once its node's signature over it verifies; refuse (and log) it otherwise."""
+        why, body = _checked(session, result)
+        if why is not None:
+            log.warning("node %s: refused a result for command %s: %s", session.node_id, result.command_id[:64], why)
+            return
+        reason = body.get("reason") if result.outcome == "failed" else None
+        try:
+            async with self._store.transaction() as tx:
+                finished = await tx.repository(COMMANDS).finish(
+                    id=result.command_id,
+                    epoch=session.epoch,
+                    state=result.outcome,
+                    result=body,
+                    reason=reason if isinstance(reason, str) else None,
+                )
+                if finished is not None and finished.wake is not None:
+                    await tx.enqueue([finished.wake])  # whoever asked for the command hears of it at once
+        except ComputeError as exc:  # text the database cannot hold (a NUL), or the database away: not recorded
+            log.warning(
+                "node %s: result for command %s not recorded: %s", session.node_id, result.command_id[:64], exc.code
+            )
+            return
+        del session.commands[result.command_id]
+        if finished is None:
+            log.info("node %s: command %s was no longer waiting for a result", session.node_id, result.command_id)
+
+
+def _checked(session: Session, result: wire.CommandResult) -> tuple[str | None, dict[str, Any]]:
+    """Why a result is refused (``None``: it is not), and its body once it is taken."""
+    kind = session.commands.get(result.command_id)
+    if kind is None or kind != result.kind:
+        return "not a command dispatched on this session", {}
+    if result.epoch != session.epoch:
+        return "signed for another session", {}
+    if result.outcome not in ("succeeded", "failed"):
+        return "an outcome other than succeeded or failed", {}
+    message = wire.command_result_message(
+        command_id=result.command_id,
+        kind=result.kind,
+        outcome=result.outcome,
+        result_json=result.result_json,
+        epoch=result.epoch,
+    )
+    try:
+        verify_signature(session.public_key, result.signature, message)
+        return None, json_object(result.result_json, "result_json")
+    except ComputeError as exc:
+        return ("a bad signature" if exc.details.get("reason") == "bad_signature" else "a malformed result"), {}

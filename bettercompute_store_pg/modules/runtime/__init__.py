@@ -1,1 +1,0 @@
-"""The PostgreSQL side of the ``runtime`` module."""
