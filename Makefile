@@ -25,7 +25,7 @@ define step
 	echo "<== $(1): $$(( ($$(date +%s%N) - started) / 1000000 )) ms, exit $$rc"; exit $$rc
 endef
 
-.PHONY: dev install test test-embedded test-reliability lint check-ruff check-format check-types check-imports check-protos protos check-docs docs check-site site check-schema schema pytest fmt bench clean distclean
+.PHONY: dev install test test-embedded test-busy test-reliability lint check-ruff check-format check-types check-imports check-protos protos check-docs docs check-site site check-schema schema pytest fmt bench clean distclean
 
 $(BIN)/python:
 	@# Debian's python3 has no ensurepip without python3-venv; a half-made .venv would fool the next run.
@@ -107,6 +107,20 @@ pytest: $(STAMP)
 # The embedded PostgreSQL path: the URL unset, every test that hands it on, and one use of every fixture.
 test-embedded: $(STAMP)
 	$(call step,pytest (embedded PostgreSQL),env -u BETTERCOMPUTE_DATABASE_URL $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --fixture-cover $(PYTEST_ARGS))
+
+# The tests that start real processes (serve, dev, bcd, a fleet, worker processes, the quickstart) once more on a
+# busy machine: two processes spin on the two cores for the whole run (at the tests' own priority), and every
+# deadline is stretched by BETTERCOMPUTE_TEST_SLOWDOWN (tests/_timing.py). A test that passes only on an idle
+# machine fails here. BUSY_FILES names the files; BUSY_HOGS how many spinners.
+BUSY_FILES ?= tests/integration/cli/test_serve.py tests/integration/cli/test_worker_roles.py \
+	tests/integration/docs/test_quickstart.py tests/integration/sim/test_sim.py tests/integration/worker/test_processes.py
+BUSY_HOGS ?= 2
+test-busy: $(STAMP)
+	@hogs=(); for _ in $$(seq $(BUSY_HOGS)); do $(BIN)/python -c 'while True: pass' & hogs+=($$!); done; \
+	trap 'kill $${hogs[*]} 2>/dev/null' EXIT; \
+	echo "==> pytest (busy: $(BUSY_HOGS) spinners, deadlines x3)"; started=$$(date +%s%N); \
+	BETTERCOMPUTE_TEST_SLOWDOWN=3 $(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS) $(BUSY_FILES); rc=$$?; \
+	echo "<== pytest (busy): $$(( ($$(date +%s%N) - started) / 1000000 )) ms, exit $$rc"; exit $$rc
 
 # The deployed control plane under load and faults (tests/reliability): its own PostgreSQL, PgBouncer, 2 api,
 # 2 gateway and 3 worker processes, bcd sim fleets, Prometheus; about five minutes. CI runs it as a phase of its own.
