@@ -179,6 +179,15 @@ async def _judged_as_declared(gw: Wire, state: Path) -> list[NodeRecord]:
     return adopted
 
 
+def _assert_summary(summary: dict[str, Any], stderr: str, *, adopted: int) -> None:
+    """The fleet's summary line on stop: twenty joined, none refused, their sessions, commands and reports counted."""
+    assert summary["event"] == "summary" and summary["nodes"] == 20
+    assert summary["joined"] == 20 and summary["reused"] == 0 and summary["join_refused"] == 0
+    assert summary["sessions_open"] == 20 and summary["commands"] >= 40 and summary["inventory_reports"] >= 20
+    assert summary["acks"] >= adopted
+    assert "Traceback" not in stderr
+
+
 async def test_a_fleet_joins_with_one_token_holds_its_sessions_and_answers_as_nodes_do(
     gw: Wire, tmp_path: Path
 ) -> None:
@@ -202,11 +211,7 @@ async def test_a_fleet_joins_with_one_token_holds_its_sessions_and_answers_as_no
 
         code, summary, stderr = await running.stop()
     assert code == 0, stderr
-    assert summary["event"] == "summary" and summary["nodes"] == 20
-    assert summary["joined"] == 20 and summary["reused"] == 0 and summary["join_refused"] == 0
-    assert summary["sessions_open"] == 20 and summary["commands"] >= 40 and summary["inventory_reports"] >= 20
-    assert summary["acks"] >= len(adopted)
-    assert "Traceback" not in stderr
+    _assert_summary(summary, stderr, adopted=len(adopted))
     for index in range(20):
         assert (state / str(index) / "node.crt").exists() and (state / str(index) / "inventory.json").exists()
         assert not (state / str(index) / "desired.json").exists()  # a simulated node writes nothing for it

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -117,6 +117,25 @@ def _assert_no_pass_overlapped(url: str, schema: str, keys: list[str]) -> None:
             assert start_b >= end_a, f"two passes on {key_a} overlapped"
 
 
+async def _kill_and_take_over(
+    workers: dict[str, subprocess.Popen[str]], url: str, schema: str, enqueue: Callable[[], Awaitable[None]]
+) -> list[tuple[str, str, int, dt.datetime]]:
+    """Kill w2 with work queued; the two others own every shard again within a few TTLs. Returns w2's leases."""
+    victim_leases = _leases_of(url, schema, "w2")
+    assert victim_leases
+    workers["w2"].send_signal(signal.SIGKILL)
+    workers["w2"].wait(timeout=deadline(10))
+    await enqueue()
+    took = await _wait_for(
+        lambda: len(_owners(url, schema)) == SHARDS and {i for _, i in _owners(url, schema).values()} == {"w1", "w3"},
+        30,
+        "the killed worker's shards owned again",
+    )
+    # One TTL for its row and leases to expire, plus a shard cycle (a third of it) and a loaded machine's slack.
+    assert took < deadline(6 * TTL), took
+    return victim_leases
+
+
 async def test_three_workers_share_every_shard_take_over_and_never_overlap(
     workers: dict[str, subprocess.Popen[str]], database_url: str, fresh_schema: str
 ) -> None:
@@ -143,20 +162,7 @@ async def test_three_workers_share_every_shard_take_over_and_never_overlap(
         await enqueue()
         await anyio.sleep(0.3)
 
-    victim_leases = _leases_of(url, schema, "w2")
-    assert victim_leases
-    workers["w2"].send_signal(signal.SIGKILL)
-    workers["w2"].wait(timeout=deadline(10))
-    await enqueue()
-
-    took = await _wait_for(
-        lambda: len(_owners(url, schema)) == SHARDS and {i for _, i in _owners(url, schema).values()} == {"w1", "w3"},
-        30,
-        "the killed worker's shards owned again",
-    )
-    # One TTL for its row and leases to expire, plus a shard cycle (a third of it) and a loaded machine's slack.
-    assert took < deadline(6 * TTL), took
-
+    victim_leases = await _kill_and_take_over(workers, url, schema, enqueue)
     await enqueue()
     try:
         with anyio.fail_after(deadline(40)):  # every item done by the two survivors
