@@ -40,10 +40,22 @@ def database_url() -> Iterator[str]:
         yield server.url
 
 
-# Directories that hand the database URL on (to subprocesses, proxies, PgBouncer, a second server) run whole in
-# the embedded phase: there a URL that loses its password or host fails only against the embedded server.
+# What hands the database URL on (to subprocesses, proxies, PgBouncer, a second server) runs in the embedded phase:
+# there a URL that loses its password or host fails only against the embedded server. Of the CLI's files, those that
+# start ``serve``, ``dev`` or ``migrate`` with the URL; the files that then only drive client commands against the
+# served plane (every command ``dev`` prints, webhooks, served groups, the install script) hand it on the same way
+# and run in the main phase only.
 _HANDS_THE_URL_ON = (
-    "tests/integration/cli/",
+    "tests/integration/cli/test_admin_commands.py",
+    "tests/integration/cli/test_central_iam.py",
+    "tests/integration/cli/test_dev_node.py",
+    "tests/integration/cli/test_dev_reservation.py",
+    "tests/integration/cli/test_metrics.py",
+    "tests/integration/cli/test_nodes_end_to_end.py",
+    "tests/integration/cli/test_notifier.py",
+    "tests/integration/cli/test_serve.py",
+    "tests/integration/cli/test_tunnel_end_to_end.py",
+    "tests/integration/cli/test_worker_roles.py",
     "tests/integration/docs/",
     "tests/integration/core/test_database_outage.py",
     "tests/integration/core/test_database_blip.py",
@@ -67,35 +79,60 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _fixtures(item: pytest.Item) -> set[tuple[str, str]]:
-    """The fixture definitions ``item`` sets up, by where each is defined (two conftests may reuse a name)."""
+    """The fixtures ``item`` sets up that reach the database URL (``database_url``, or a fixture built on it), each
+    named by its function: one imported into a second conftest is the same fixture. A fixture that never sees the
+    URL (a VM image, a LAN, a parameter) works the same in both phases and does not call for a test of its own."""
     info = getattr(item, "_fixtureinfo", None)  # pytest keeps the resolved definitions here, on test functions
     if info is None:
         return set()
-    return {(defs[-1].baseid, name) for name, defs in info.name2fixturedefs.items() if defs}
+    defs = {name: found for name, found in info.name2fixturedefs.items() if found}
+    reaches: dict[str, bool] = {}
+
+    def reach(name: str) -> bool:
+        if name not in reaches:
+            reaches[name] = False  # guards a cycle; a fixture overriding its namesake reads the overridden one below
+            uses = {used for fixture in defs.get(name, ()) for used in fixture.argnames if used != name}
+            reaches[name] = name == "database_url" or any(reach(used) for used in uses)
+        return reaches[name]
+
+    return {(defs[name][-1].func.__module__, defs[name][-1].func.__qualname__) for name in defs if reach(name)}
 
 
-# The files that take longest, longest first (a file's share of the schemathesis run, the CLI's subprocesses, worker
-# processes, PgBouncer): with the files spread over workers (``make test``), one that starts last would run on alone
-# after every other worker has finished. The other files follow, those with the most tests first.
+# The files that take longest, longest first, as measured (wall time of a whole `make test` on two cores; a process
+# killed mid-launch waits out its claim, a VM boots under TCG, the CLI's subprocesses, worker processes): with the
+# files spread over workers (``make test``), one that starts last runs on alone after every other worker has
+# finished, so the longest go first. The other files follow, those with the most tests first.
 _START_FIRST = (
-    "tests/integration/schemathesis/test_operations_",
-    "tests/integration/cli/test_webhooks.py",
-    "tests/integration/cli/test_notifier.py",
-    "tests/integration/webhooks/test_poison.py",
+    "tests/integration/vps/test_provider_crash.py",
+    "tests/integration/cli/test_dev_commands.py",
+    "tests/integration/vps/test_hosted_vm.py",
+    "tests/integration/sim/test_sim.py",
+    "tests/integration/site/test_bare_metal.py",
     "tests/integration/workflows/test_processes.py",
+    "tests/integration/gateway/test_renewal.py",
+    "tests/integration/worker/test_processes.py",
+    "tests/integration/vm/test_qemu_runtime.py",
+    "tests/integration/docs/test_quickstart.py",
+    "tests/integration/cli/test_webhooks.py",
+    "tests/unit/core/test_fields.py",
+    "tests/integration/mcp/test_transports.py",
+    "tests/integration/cli/test_client_commands.py",
+    "tests/integration/cli/test_install_script.py",
+    "tests/integration/vps/test_ec2.py",
+    "tests/integration/schemathesis/test_operations_",
+    "tests/integration/cli/test_served_groups.py",
+    "tests/integration/metal/test_commission.py",
+    "tests/integration/examples/test_custom_deployment.py",
+    "tests/integration/webhooks/test_poison.py",
+    "tests/integration/cli/test_worker_roles.py",
+    "tests/integration/iam_matrix/",
+    "tests/integration/site/test_pxe_boot.py",
     "tests/integration/store_pg/test_pgbouncer.py",
+    "tests/integration/vps/test_provider.py",
+    "tests/integration/cli/",
+    "tests/integration/metal/test_redfish.py",
     "tests/integration/store_pg/test_conformance.py",
     "tests/integration/core/test_database_blip.py",
-    "tests/integration/cli/",
-    "tests/integration/examples/test_custom_deployment.py",
-    "tests/integration/docs/",
-    "tests/integration/iam_matrix/",
-    "tests/integration/schemathesis/",
-    "tests/unit/core/test_fields.py",
-    "tests/integration/core/test_long_passes.py",
-    "tests/integration/worker/test_processes.py",
-    "tests/integration/store_pg/test_concurrency.py",
-    "tests/integration/store_pg/test_connections.py",
 )
 
 
@@ -154,7 +191,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     covered: set[tuple[str, str]] = set()
     keep: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
-    for item in sorted(items, key=lambda it: not it.nodeid.startswith(_HANDS_THE_URL_ON)):
+    # The long files last: a fixture that a short test also sets up is covered by the short one.
+    by_cost = sorted(
+        items, key=lambda it: (not it.nodeid.startswith(_HANDS_THE_URL_ON), -_start_rank(it, tests_in_file)[0])
+    )
+    for item in by_cost:
         names = _fixtures(item)
         if item.nodeid.startswith(_HANDS_THE_URL_ON) or not names <= covered:
             keep.append(item)
