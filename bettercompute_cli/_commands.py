@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -125,9 +126,18 @@ def _tunnel_command() -> click.Command:
         def report(line: str) -> None:
             click.echo(line, err=True)
 
+        async def until_stopped() -> None:
+            # Ctrl-C (and SIGTERM) through the loop's own wake-up. With asyncio.run's plain handler, a signal the
+            # kernel hands to the thread asking for a tunnel left the idle loop asleep, never told.
+            loop, task = asyncio.get_running_loop(), asyncio.current_task()
+            assert task is not None
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, task.cancel)
+            await serve_tunnel(ask, local_port=local, gateway=gateway, ready=ready, report=report)
+
         try:
-            asyncio.run(serve_tunnel(ask, local_port=local, gateway=gateway, ready=ready, report=report))
-        except KeyboardInterrupt:
+            asyncio.run(until_stopped())
+        except (KeyboardInterrupt, asyncio.CancelledError):
             click.echo("stopped", err=True)
         except OSError as exc:
             raise Failed("", f"cannot listen on 127.0.0.1:{local}: {exc.strerror or exc}", status=1) from None

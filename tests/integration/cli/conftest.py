@@ -70,6 +70,8 @@ class Running:
     def __init__(self, env: dict[str, str], args: list[str], folder: Path, cwd: Path | None = None) -> None:
         self.stdout_path = folder / "stdout"
         self.stderr_path = folder / "stderr"
+        # PYTHONFAULTHANDLER: a process that does not stop when asked is sent SIGABRT and prints where it was.
+        env = {**env, "PYTHONFAULTHANDLER": "1"}
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
             self.process = subprocess.Popen([*command(), *args], env=env, stdout=out, stderr=err, cwd=cwd)
 
@@ -114,7 +116,13 @@ class Running:
         catches one that never stops, so it is generous.
         """
         self.process.send_signal(sig)
-        return self.process.wait(timeout=deadline(timeout))
+        try:
+            return self.process.wait(timeout=deadline(timeout))
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGABRT)
+            self.process.wait(timeout=deadline(10))
+            where = self.stderr[-8000:]
+            raise AssertionError(f"still running after {sig.name}; its stderr:\n{where}") from None
 
 
 StartCli = Callable[..., Running]

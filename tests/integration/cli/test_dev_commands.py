@@ -83,7 +83,7 @@ def _watch_until(shell: Shell, command: str, token: str, seen: str) -> tuple[int
     """Start a command that runs until Ctrl-C, wait for ``seen`` in its output, then press Ctrl-C."""
     process = subprocess.Popen(
         ["bash", "-c", command],
-        env={**shell.env, "TOKEN": token},
+        env={**shell.env, "TOKEN": token, "PYTHONFAULTHANDLER": "1"},  # SIGABRT: where it was, should it hang
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -101,7 +101,12 @@ def _watch_until(shell: Shell, command: str, token: str, seen: str) -> tuple[int
                 assert line, f"it ended: {out!r} {process.communicate()[1]!r}"
                 out += line
         os.killpg(process.pid, signal.SIGINT)
-        status = process.wait(timeout=deadline(20))
+        try:
+            status = process.wait(timeout=deadline(20))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGABRT)
+            where = process.communicate()[1][-8000:]
+            raise AssertionError(f"still running after Ctrl-C; its stderr:\n{where}") from None
         return status, out
     finally:
         if process.poll() is None:
