@@ -1,11 +1,11 @@
 """A method's input as command-line options, and the options given as the request's body.
 
-An option comes from each field of the input, read from its attrs class (a method this command knows) or from its
-JSON schema (a method of a server's own modules, from its OpenAPI document): text, numbers, ``--flag/--no-flag``
-for booleans, a choice for a fixed set of values, a repeatable option for a list, ``key=value`` (repeatable) for a
-map, JSON for a nested object. Each field's kind says how its value goes back into the body. ``--json '{...}'`` or
-``--input file.json`` gives a whole input; options given next to it replace its fields. An option left out is not
-sent, so the server's defaults and its checks apply.
+An option comes from each field of the input, as the catalog lists it (a method this command knows: ``_catalog``,
+made from its attrs class) or from its JSON schema (a method of a server's own modules, from its OpenAPI document):
+text, numbers, ``--flag/--no-flag`` for booleans, a choice for a fixed set of values, a repeatable option for a
+list, ``key=value`` (repeatable) for a map, JSON for a nested object. Each field's kind says how its value goes back
+into the body. ``--json '{...}'`` or ``--input file.json`` gives a whole input; options given next to it replace its
+fields. An option left out is not sent, so the server's defaults and its checks apply.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from typing import Any
 import attrs
 import click
 
-from bettercompute._runtime.registry import MethodDef
-
-__all__ = ["Fields", "input_fields", "operation_fields", "request_body", "whole_input_options"]
+__all__ = ["Fields", "catalog_fields", "field_entries", "operation_fields", "request_body", "whole_input_options"]
 
 Fields = Mapping[str, tuple[str, click.Option]]
 """An input's fields by name: each one's kind (``flag``, ``choice``, ``list``, ``map``, ``json``, ``scalar``) and
@@ -34,13 +32,24 @@ _RESERVED = frozenset({"json", "input", "server", "token", "profile", "output"})
 """Options every method's command has: a served method's field of the same name gets no option of its own."""
 
 
-# --- from an attrs input ------------------------------------------------------------------------------------------
+# --- from an attrs input, through the catalog ----------------------------------------------------------------------
 
 
-def input_fields(method: MethodDef[Any, Any]) -> dict[str, tuple[str, click.Option]]:
-    """An option for each field of a method's input class."""
-    hints = typing.get_type_hints(method.input)
-    return {f.name: (_kind(hints[f.name]), _option(f, hints[f.name])) for f in attrs.fields(method.input)}
+def field_entries(input_class: type[Any]) -> list[dict[str, Any]]:
+    """Each field of a method's input class as the catalog keeps it (``_catalog``): its name, its kind, and for a
+    scalar its type, for a choice its values."""
+    hints = typing.get_type_hints(input_class)
+    entries: list[dict[str, Any]] = []
+    for field in attrs.fields(input_class):
+        hint = hints[field.name]
+        entry: dict[str, Any] = {"name": field.name, "kind": _kind(hint)}
+        bare = _bare(hint)
+        if entry["kind"] == "choice":
+            entry["choices"] = [str(v) for v in typing.get_args(bare)]
+        elif entry["kind"] == "scalar":
+            entry["type"] = {int: "integer", float: "number"}.get(bare, "string")
+        entries.append(entry)
+    return entries
 
 
 def _bare(hint: Any) -> Any:
@@ -68,23 +77,28 @@ def _kind(hint: Any) -> str:
     return "json"
 
 
-def _option(field: attrs.Attribute[Any], hint: Any) -> click.Option:
-    flag = field.name.replace("_", "-")
-    kind = _kind(hint)
-    bare = _bare(hint)
+def catalog_fields(entries: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, click.Option]]:
+    """An option for each field the catalog lists for a method."""
+    return {entry["name"]: (entry["kind"], _entry_option(entry)) for entry in entries}
+
+
+def _entry_option(entry: Mapping[str, Any]) -> click.Option:
+    name, kind = entry["name"], entry["kind"]
+    flag = name.replace("_", "-")
     if kind == "flag":
-        return click.Option([f"--{flag}/--no-{flag}", field.name], default=None, help=f"{field.name} (true/false)")
+        return click.Option([f"--{flag}/--no-{flag}", name], default=None, help=f"{name} (true/false)")
     if kind == "choice":
-        values = [str(v) for v in typing.get_args(bare)]
-        return click.Option([f"--{flag}", field.name], type=click.Choice(values), default=None)
+        return click.Option([f"--{flag}", name], type=click.Choice(list(entry["choices"])), default=None)
     if kind == "list":
-        return click.Option([f"--{flag}", field.name], multiple=True, default=None, help="repeat for each item")
+        return click.Option([f"--{flag}", name], multiple=True, default=None, help="repeat for each item")
     if kind == "map":
-        return click.Option([f"--{flag}", field.name], multiple=True, default=None, help="key=value, repeatable")
+        return click.Option([f"--{flag}", name], multiple=True, default=None, help="key=value, repeatable")
     if kind == "json":
-        return click.Option([f"--{flag}", field.name], default=None, help="a JSON object")
-    kinds: dict[Any, click.ParamType[Any]] = {int: click.INT, float: click.FLOAT}
-    return click.Option([f"--{flag}", field.name], type=kinds.get(bare, click.STRING), default=None)
+        return click.Option([f"--{flag}", name], default=None, help="a JSON object")
+    return click.Option([f"--{flag}", name], type=_SCALARS.get(entry.get("type", ""), click.STRING), default=None)
+
+
+_SCALARS: dict[str, click.ParamType[Any]] = {"integer": click.INT, "number": click.FLOAT}
 
 
 # --- from an OpenAPI operation ------------------------------------------------------------------------------------
@@ -141,8 +155,8 @@ def _schema_option(field: str, schema: dict[str, Any]) -> tuple[str, click.Optio
     ):
         return "map", click.Option([f"--{flag}", field], multiple=True, default=None, help="key=value, repeatable")
     if kind in ("string", "integer", "number"):
-        types: dict[str, click.ParamType[Any]] = {"integer": click.INT, "number": click.FLOAT}
-        return "scalar", click.Option([f"--{flag}", field], type=types.get(kind, click.STRING), default=None, help=help)
+        scalar = _SCALARS.get(kind, click.STRING)
+        return "scalar", click.Option([f"--{flag}", field], type=scalar, default=None, help=help)
     return "json", click.Option([f"--{flag}", field], default=None, help="a JSON value")
 
 

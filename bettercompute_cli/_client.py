@@ -1,6 +1,6 @@
 """Client commands: ``better-compute <group> <method> [--field value ...]`` for every method of the built-in groups,
-made from their declarations (the registry), so a method declared once is a command too; and for the groups a
-server serves that this command does not know, from that server's OpenAPI document.
+made from the catalog generated from their declarations (``_catalog``), so a method declared once is a command too;
+and for the groups a server serves that this command does not know, from that server's OpenAPI document.
 
 A method's options come from its input's fields (``_argv``). The server and the credential come from ``--server``
 and ``--token``, else ``BETTERCOMPUTE_URL`` and ``BETTERCOMPUTE_TOKEN`` (or ``TOKEN``, as ``better-compute dev``
@@ -18,23 +18,17 @@ from typing import Any
 import click
 import httpx
 
-from bettercompute._runtime.registry import MethodDef
-
-from ._argv import Fields, input_fields, operation_fields, request_body, whole_input_options
+from ._argv import Fields, catalog_fields, operation_fields, request_body, whole_input_options
 from ._call import Failed, argv_connection, call_path, connect, connection_options
+from ._catalog import load
 from ._commands import IN_GROUPS, top_commands
 from ._constants import ENDPOINT
 from ._extras import EXTRAS
-from ._groups import client_specs
 from ._output import print_answer
 
 __all__ = ["client_groups", "client_root", "run_client", "served_group", "served_groups"]
 
 _OWN_OPTIONS = frozenset({"whole", "input_file", "server", "token", "profile", "output"})
-
-
-def _command(method: MethodDef[Any, Any]) -> click.Command:
-    return _made(method.group, method.name, method.summary, method.mutates, input_fields(method))
 
 
 def _made(group: str, name: str, summary: str, mutates: bool, fields: Fields) -> click.Command:
@@ -72,16 +66,18 @@ def _made(group: str, name: str, summary: str, mutates: bool, fields: Fields) ->
 
 
 def client_groups(taken: set[str]) -> list[click.Group]:
-    """A click group per API group (its name not in ``taken``), a command per method."""
+    """A click group per API group of the catalog (its name not in ``taken``), a command per method."""
     groups = []
-    for spec in client_specs():
-        if spec.name in taken:
+    for entry in load()["groups"]:
+        name = entry["name"]
+        if name in taken:
             continue
-        group = click.Group(spec.name, help=(spec.__doc__ or "").strip().split("\n")[0], no_args_is_help=True)
-        for method in spec.methods.values():
-            group.add_command(_command(method))
-        if spec.name in IN_GROUPS:
-            group.add_command(IN_GROUPS[spec.name]())
+        group = click.Group(name, help=entry["help"], no_args_is_help=True)
+        for method in entry["methods"]:
+            fields = catalog_fields(method["fields"])
+            group.add_command(_made(name, method["name"], method["summary"], method["mutates"], fields))
+        if name in IN_GROUPS:
+            group.add_command(IN_GROUPS[name]())
         groups.append(group)
     return groups
 
