@@ -64,6 +64,15 @@ def dev_env(cli_env: dict[str, str]) -> dict[str, str]:
     return {**cli_env, "BETTERCOMPUTE_GATEWAY_PORT": str(free_port())}
 
 
+def signal_masks(pid: int) -> str:
+    """The signals a process ignores, blocks and catches (hex masks, as ``/proc`` shows them), or why not known."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return f"no status: {type(exc).__name__}"
+    return ", ".join(line.replace("\t", " ") for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+
+
 class Running:
     """A long-running command (``serve``, ``dev``) with its output in files, so no pipe can fill up and block it."""
 
@@ -119,10 +128,11 @@ class Running:
         try:
             return self.process.wait(timeout=deadline(timeout))
         except subprocess.TimeoutExpired:
+            masks = signal_masks(self.process.pid)
             self.process.send_signal(signal.SIGABRT)
             self.process.wait(timeout=deadline(10))
             where = self.stderr[-8000:]
-            raise AssertionError(f"still running after {sig.name}; its stderr:\n{where}") from None
+            raise AssertionError(f"still running after {sig.name} ({masks}); its stderr:\n{where}") from None
 
 
 StartCli = Callable[..., Running]

@@ -21,7 +21,7 @@ import pytest
 
 from tests._timing import deadline
 
-from .conftest import StartCli, dev_with_gateway
+from .conftest import StartCli, dev_with_gateway, signal_masks
 
 IN_SESSION = "A simulated node with 8 fake GPUs is in session: "
 
@@ -104,9 +104,11 @@ def _watch_until(shell: Shell, command: str, token: str, seen: str) -> tuple[int
         try:
             status = process.wait(timeout=deadline(20))
         except subprocess.TimeoutExpired:
+            group = subprocess.run(["pgrep", "-g", str(process.pid)], capture_output=True, text=True).stdout.split()
+            masks = {member: signal_masks(int(member)) for member in group}
             os.killpg(process.pid, signal.SIGABRT)
             where = process.communicate()[1][-8000:]
-            raise AssertionError(f"still running after Ctrl-C; its stderr:\n{where}") from None
+            raise AssertionError(f"still running after Ctrl-C ({masks}); its stderr:\n{where}") from None
         return status, out
     finally:
         if process.poll() is None:

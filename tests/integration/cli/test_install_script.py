@@ -13,11 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from bettercompute._version import __version__
 from bettercompute.modules.nodes._install import install_script
 from tests._timing import deadline
 
 from .conftest import StartCli, dev_with_gateway
+
+pytestmark = pytest.mark.e2e
 
 BCD = str(Path(sys.executable).parent / "bcd")
 

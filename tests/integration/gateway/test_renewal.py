@@ -34,7 +34,7 @@ from tests._timing import deadline
 from .conftest import Wire, envelope
 from .test_daemon import BCD, STOPPED, fake_inventory, wait_for
 
-pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.e2e]
 
 EXPIRED = 4
 

@@ -26,7 +26,7 @@ from tests._timing import deadline
 
 from ..gateway.conftest import Wire
 
-pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.e2e]
 
 BCD = str(Path(sys.executable).parent / "bcd")
 

@@ -41,7 +41,7 @@ from ..cli.conftest import Running, StartCli, free_port
 from ..metal._bmc import Bmc, start_bmc
 from ._lan import BANNER, IPXE, SERVER, Lan, boot_vm, make_lan, require_pxe
 
-pytestmark = pytest.mark.pg
+pytestmark = [pytest.mark.pg, pytest.mark.e2e]
 
 BCD = str(Path(sys.executable).with_name("bcd"))
 SITE_PORT = 8080

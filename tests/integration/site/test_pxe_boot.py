@@ -26,6 +26,8 @@ from tests._timing import deadline
 
 from ._lan import BANNER, BCD, HTTP_PORT, IPXE, SERVER, Lan, boot_file, boot_vm, make_lan, records, require_pxe, wait
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(autouse=True)
 def _requirements() -> None:

@@ -29,7 +29,7 @@ from bettercompute_daemon._vm._network import is_isolated, tap_name
 from tests._timing import deadline
 from tests.vmimage import READY, VmImage, build_image, free_subnet, require_vm, sha256_of
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 BOOT_TIMEOUT = 45.0
 

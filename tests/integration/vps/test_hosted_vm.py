@@ -33,6 +33,8 @@ from tests.vmimage import VmImage, build_image, free_subnet, require_vm, sha256_
 
 from ..cli.conftest import DevPlane, StartCli, cli_env, dev_with_gateway, free_port, start_cli
 
+pytestmark = pytest.mark.e2e
+
 __all__ = ["cli_env", "start_cli"]
 
 BCD = str(Path(sys.executable).with_name("bcd"))

@@ -32,7 +32,7 @@ from ..cli.conftest import Running, free_port, run_cli
 from ._moto import ACCESS_KEY_ID, SECRET_ACCESS_KEY, MotoServer
 from .test_ec2 import faulty_proxy
 
-pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.e2e, pytest.mark.timeout(420)]
 
 LEASE_TTL = 2
 RESUME_WITHIN = 240.0  # the dead worker's claim (about 127 s, see above) plus room for a loaded machine

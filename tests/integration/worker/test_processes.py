@@ -24,7 +24,7 @@ from tests._timing import deadline
 
 from ._probe import KIND, RECONCILER
 
-pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.e2e]
 
 SCRIPT = Path(__file__).with_name("_probe.py")
 TTL = 2.0

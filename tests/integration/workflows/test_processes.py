@@ -23,7 +23,7 @@ from tests._timing import deadline
 
 from ._flows import CRASHY, FlowsModule
 
-pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.e2e]
 
 SCRIPT = Path(__file__).with_name("_flows.py")
 TTL = 2.0
