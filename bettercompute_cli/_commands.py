@@ -132,7 +132,8 @@ def _tunnel_command() -> click.Command:
             loop, task = asyncio.get_running_loop(), asyncio.current_task()
             assert task is not None
             for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, task.cancel)
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # started in the background: it keeps ignoring it
+                    loop.add_signal_handler(sig, task.cancel)
             await serve_tunnel(ask, local_port=local, gateway=gateway, ready=ready, report=report)
 
         try:

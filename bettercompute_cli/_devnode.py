@@ -68,11 +68,22 @@ async def _known(compute: BetterCompute, node_id: str) -> bool:
     return record is not None and record.state != "retired"
 
 
+async def _adopted(compute: BetterCompute, node_id: str) -> None:
+    """Wait (at most ``OPEN_WAIT``) until ``node_id`` is adopted: its GPUs can be reserved from then on. Before,
+    the reservation dev prints would be refused as NO_CAPACITY (its atoms not yet healthy)."""
+    store = compute.options.store
+    if store is None:
+        return
+    with anyio.move_on_after(OPEN_WAIT):
+        while (record := await store.repository(NODES).get(node_id)) is None or record.state == "adopting":  # noqa: ASYNC110
+            await anyio.sleep(0.2)
+
+
 async def run_dev_node(
     compute: BetterCompute, bootstrap: Bootstrap, folder: Path, *, api: str, gateway: str | None = None
 ) -> None:
     """Join (first run) and hold dev's simulated node until cancelled; print what to try next once it is in
-    session. Problems are logged, never raised: dev goes on without its node.
+    session and adopted. Problems are logged, never raised: dev goes on without its node.
 
     Args:
         gateway: Where dev's gateway listens (``host:port``), when not where the join command says (``gateway_port``
@@ -123,6 +134,7 @@ async def run_dev_node(
             identity = simulator.state(0).identity()
             pool_id = simulator.state(0).config().pool or "<pool id>"
             if identity is not None:
+                await _adopted(compute, identity.node_id)
                 typer.echo(_next_steps(identity.node_id, pool_id, bootstrap.tenant_id, api, folder))
     except (ComputeError, DaemonError, OSError, ValueError) as exc:
         message = exc.message if isinstance(exc, ComputeError) else str(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -137,6 +138,10 @@ _START_FIRST = (
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The tests press Ctrl-C (SIGINT) on commands as a terminal would. A test run started as a background job
+    # (`make test &` in a script) inherits SIGINT ignored, and so would every command it starts: none would stop.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # pytest-xdist would otherwise reorder the files by their number of tests, undoing the order given below.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
