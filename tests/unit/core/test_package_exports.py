@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -42,11 +39,3 @@ def test_the_type_checkers_imports_name_the_same_homes() -> None:
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         _ = bettercompute.Nope  # type: ignore[attr-defined]
-
-
-@pytest.mark.parametrize("module", ["bettercompute._runtime.shedding", "bettercompute.errors"])
-def test_a_light_part_does_not_load_the_core(module: str) -> None:
-    code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    loaded = set(json.loads(ran.stdout))
-    assert "bettercompute._core" not in loaded and "sqlalchemy" not in loaded
