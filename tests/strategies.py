@@ -110,23 +110,28 @@ def _long(draw: st.DrawFn) -> str:
     return unit * draw(st.sampled_from([129, 2049, 70_000]))
 
 
+# Built once: a strategy made afresh for every draw is validated afresh, which cost a body-fuzzing test 60 ms an
+# example (most of its time) before a byte reached the code under test.
+_HOSTILE_TEXT: st.SearchStrategy[str] = st.one_of(
+    _plain,
+    st.lists(_piece, min_size=1, max_size=4).map("".join),
+    _long(),
+)
+_JSON_JUNK: st.SearchStrategy[Any] = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _HOSTILE_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_HOSTILE_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+
+
 def hostile_text() -> st.SearchStrategy[str]:
     """Strings mixing plausible identifiers with the characters in ``SPECIAL`` and arbitrary code points."""
-    return st.one_of(
-        _plain,
-        st.lists(_piece, min_size=1, max_size=4).map("".join),
-        _long(),
-    )
+    return _HOSTILE_TEXT
 
 
 def json_junk() -> st.SearchStrategy[Any]:
     """Any JSON value, with hostile text in its strings and keys."""
-    scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | hostile_text()
-    return st.recursive(
-        scalars,
-        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(hostile_text(), inner, max_size=3),
-        max_leaves=8,
-    )
+    return _JSON_JUNK
 
 
 def _text(name: str, anchors: Mapping[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[str]:
@@ -186,18 +191,20 @@ def json_bodies(
     """
     anchors = anchors or {}
     hints = typing.get_type_hints(cls)
-    fields = attrs.fields(cls)
+    # Each field's strategy is made here, once, rather than in every draw (see _HOSTILE_TEXT).
+    values: list[tuple[str, bool, st.SearchStrategy[Any]]] = []
+    for field in attrs.fields(cls):
+        typed = _typed(hints[field.name], field.name, anchors)
+        values.append((field.name, field.default is attrs.NOTHING, typed | _JSON_JUNK if junk else typed))
 
     @st.composite
     def build(draw: st.DrawFn) -> dict[str, Any]:
         body: dict[str, Any] = {}
-        for field in fields:
-            required = field.default is attrs.NOTHING
+        for name, required, strategy in values:
             if required or draw(st.booleans()):
-                typed = _typed(hints[field.name], field.name, anchors)
-                body[field.name] = draw(typed | json_junk() if junk else typed)
+                body[name] = draw(strategy)
         if junk and draw(st.booleans()):
-            body[draw(hostile_text())] = draw(json_junk())
+            body[draw(_HOSTILE_TEXT)] = draw(_JSON_JUNK)
         return body
 
     return build()
@@ -599,14 +606,29 @@ def method_calls(
 
 
 def text_rule_candidates(rule: Text) -> st.SearchStrategy[str]:
-    """Text for a field rule to judge: short and long, what its pattern matches, and that with one more character."""
+    """Text for a field rule to judge: short and long, what its pattern matches, that with one more character, and
+    that stretched or cut to one short of, at and one past each length bound."""
     pieces = [st.text(max_size=12), st.text(max_size=600)]
+    matching = st.from_regex(rule.pattern, fullmatch=True) if rule.pattern is not None else st.text(max_size=3)
     if rule.pattern is not None:
-        pieces.append(st.from_regex(rule.pattern, fullmatch=True))
+        pieces.append(matching)
         # A value the pattern matches, with one character more at either end: the anchors must hold in both readings.
+        pieces.append(st.tuples(matching, st.sampled_from(["\n", " ", "a", "-"])).map(lambda p: p[0] + p[1]))
+    bounds = {
+        bound + step
+        for bound in (rule.min_length, rule.max_length)
+        if bound is not None
+        for step in (-1, 0, 1)
+        if bound + step >= 0
+    }
+    if bounds:
+        # Random text of 64 code points almost never is 64 long; an off-by-one in a published bound hides there.
         pieces.append(
-            st.tuples(st.from_regex(rule.pattern, fullmatch=True), st.sampled_from(["\n", " ", "a", "-"])).map(
-                lambda p: p[0] + p[1]
+            st.builds(
+                lambda seed, fill, size: (seed + (seed[-1:] or fill) * size)[:size],
+                matching,
+                st.sampled_from(["a", "0", "-", "\u00e9"]),
+                st.sampled_from(sorted(bounds)),
             )
         )
     return st.one_of(pieces)
