@@ -7,35 +7,30 @@ the database URL (it may hold a password).
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
-import os
-from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import anyio
-import click
 import typer
 
 import bettercompute
 import bettercompute_iam
 import bettercompute_store_pg
-from bettercompute.errors import ComputeError
 from bettercompute_iam import Bootstrap, RemoteIam
 
-from ._config import IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
+from ._config import IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, load_config
 from ._constants import OWN_COMMANDS
 from ._dev import DEV_DATA, run_dev
 from ._gateway import loop_options
 from ._groups import group_names
-from ._profiles import DEFAULT_SERVER, ProfileError, resolve
+from ._mcp_command import mcp_command
+from ._reporting import err, reported
 from ._runtime import (
     Plan,
     build,
     build_serving,
-    display_host,
     metrics_address,
     notifier_note,
     plan_roles,
@@ -45,9 +40,6 @@ from ._runtime import (
     webhooks_note,
 )
 from ._version import __version__
-
-if TYPE_CHECKING:
-    from ._mcp import Remote
 
 __all__ = ["app"]
 
@@ -86,46 +78,6 @@ class Output(enum.StrEnum):
 
 
 # --- plumbing -------------------------------------------------------------------------------------------------------
-
-
-def _err(message: str) -> None:
-    typer.echo(message, err=True)
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    """The error worth reporting inside task-group exception groups: ours first, else the first one."""
-    while isinstance(exc, BaseExceptionGroup):
-        leaves = list(exc.exceptions)
-        exc = next((e for e in leaves if isinstance(e, ComputeError | ConfigError)), leaves[0])
-    return exc
-
-
-def _report(exc: BaseException) -> int:
-    """Print ``exc`` as one line; return the exit code."""
-    if isinstance(exc, ConfigError):
-        for problem in exc.problems:
-            _err(f"error: {problem}")
-        return 2
-    if isinstance(exc, ComputeError):
-        _err(f"error: {exc.code}: {exc.message}")
-        return 1
-    if isinstance(exc, KeyboardInterrupt):
-        _err("interrupted")
-        return 130
-    # A bug. Its text and traceback may hold SQL or a connection string, so only its type is shown.
-    _err(f"error: INTERNAL: an unexpected {type(exc).__name__}; please report it")
-    return 1
-
-
-@contextlib.contextmanager
-def _errors() -> Iterator[None]:
-    """Turn every error into one line on stderr and an exit code."""
-    try:
-        yield
-    except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
-        raise
-    except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
-        raise typer.Exit(_report(_unwrap(exc))) from None
 
 
 def _config(ctx: typer.Context, **flags: Any) -> Config:
@@ -178,7 +130,7 @@ async def _migrate(config: Config, url: str) -> dict[str, list[int]]:
 @app.command()
 def migrate(ctx: typer.Context) -> None:
     """Apply every pending migration (the store's and every module's), and print what was applied."""
-    with _errors():
+    with reported():
         config = _config(ctx)
         applied = anyio.run(_migrate, config, require_database_url(config))
     done = {module: versions for module, versions in applied.items() if versions}
@@ -263,7 +215,7 @@ def serve(
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every HTTP request.")] = False,
 ) -> None:
     """Run the control plane in one process mode until SIGINT or SIGTERM."""
-    with _errors():
+    with reported():
         config = _config(
             ctx,
             roles=roles,
@@ -320,7 +272,7 @@ def dev(
     destinations (a receiver on this machine), which serve refuses unless webhooks_allow_private is set. Migrates,
     makes sure a root admin credential exists (printing it when it is new), and serves every role.
     """
-    with _errors():
+    with reported():
         config = _config(ctx, host=host, port=port)
         _setup_logging()
         if config.iam_url is not None:
@@ -358,14 +310,14 @@ def iam_bootstrap(
     Without --rotate, a second run mints nothing. With --output token and nothing minted, stdout stays empty and the
     exit code is 1, so a script notices.
     """
-    with _errors():
+    with reported():
         config = _config(ctx)
         require_embedded_iam(config, "better-compute iam bootstrap")
         result = anyio.run(_bootstrap, config, require_database_url(config), rotate)
     nothing = "a root admin credential already exists; nothing was minted (use --rotate to replace it)"
     if output is Output.token:
         if result.credential is None:
-            _err(nothing)
+            err(nothing)
             raise typer.Exit(1)
         typer.echo(result.credential)
         return
@@ -385,78 +337,8 @@ def iam_bootstrap(
 
 # --- mcp ------------------------------------------------------------------------------------------------------------
 
-
-@app.command("mcp")
-def mcp_command(
-    server: Annotated[
-        str | None,
-        typer.Option(
-            "--server", help=f"The control plane the tools call [default: the profile's, else {DEFAULT_SERVER}]."
-        ),
-    ] = None,
-    token: Annotated[
-        str | None,
-        typer.Option(
-            "--token",
-            help="The credential of every call on stdio (not with --http, where each request brings its own).",
-            show_default=False,
-        ),
-    ] = None,
-    profile: Annotated[
-        str | None,
-        typer.Option("--profile", help="A profile saved by `better-compute login` (server and credential)."),
-    ] = None,
-    http: Annotated[
-        bool, typer.Option("--http", help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio.")
-    ] = False,
-    host: Annotated[str, typer.Option("--host", help="Where --http listens.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Where --http listens.")] = 3001,
-) -> None:
-    """Serve the control plane's methods as MCP tools, on stdio (for an agent that starts this command) or over
-    streamable HTTP (--http).
-
-    Every tool call is a call of the server's HTTP API, so its IAM, audit and idempotency apply. The tools come from
-    the server's OpenAPI document: every method it serves, its modules' included. On stdio every call carries the
-    credential given here; over HTTP, the bearer token of the request that carries it (a request without one is
-    refused with 401). The server and credential are found as for the client commands: --server and --token, the
-    profile named by --profile (or BETTERCOMPUTE_PROFILE), BETTERCOMPUTE_URL and BETTERCOMPUTE_TOKEN (or TOKEN), then
-    the default profile saved by `better-compute login`.
-    """
-    from ._mcp import Remote, serve_http, serve_stdio  # mcp and pydantic load only for this command
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per tool call
-    try:
-        connection = resolve(server=server, token=token, profile=profile, env=os.environ)
-    except ProfileError as exc:
-        _err(f"error: {exc}")
-        raise typer.Exit(2) from None
-    server, token = connection.server, connection.token
-
-    if http:
-        if token:
-            log.info("the credential given is not used over HTTP: each request brings its own")
-        _err(f"MCP over streamable HTTP on http://{display_host(host)}:{port}/mcp, calling {server}")
-        plane = Remote(server)
-        with _errors():
-            anyio.run(lambda: _closing(plane, serve_http(plane, host=host, port=port)))
-        return
-    if not token:
-        _err("error: a credential is needed: --token, a profile (better-compute login), BETTERCOMPUTE_TOKEN or TOKEN")
-        raise typer.Exit(2)
-    if not all("!" <= c <= "~" for c in token):  # it goes into an Authorization header as it is
-        _err("error: the credential must be printable ASCII without spaces")
-        raise typer.Exit(2)
-    plane = Remote(server)
-    with _errors():
-        anyio.run(lambda: _closing(plane, serve_stdio(plane, token)))
-
-
-async def _closing(plane: Remote, serving: Awaitable[None]) -> None:
-    try:
-        await serving
-    finally:
-        with anyio.CancelScope(shield=True):
-            await plane.aclose()
+# Defined apart (``_mcp_command``) so that ``better-compute mcp`` starts without loading the control plane.
+app.command("mcp")(mcp_command)
 
 
 # --- version --------------------------------------------------------------------------------------------------------

@@ -24,11 +24,11 @@ from ._config import DATABASE_URL_ENV, WORKER_ROLES, Config
 from ._devnode import run_dev_node
 from ._gateway import GatewayPlan, loop_options
 from ._profiles import DEFAULT_SERVER
+from ._reporting import display_host
 from ._runtime import (
     Plan,
     build,
     close,
-    display_host,
     gateway_plan,
     metrics_address,
     notifier_note,

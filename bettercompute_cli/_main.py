@@ -24,6 +24,11 @@ def main() -> None:
         from ._client import client_root
 
         client_root(OWN_COMMANDS).main(prog_name="better-compute", complete_var=COMPLETE_VAR)
+    if argv and argv[0] == "mcp":  # an agent starts it for every session: it loads no more than it needs
+        from ._mcp_command import run_mcp
+
+        run_mcp(argv[1:])
+        return
     if argv and argv[0] not in OWN_COMMANDS and not argv[0].startswith("-"):
         from ._client import client_root, run_client, served_group
 

@@ -33,7 +33,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import attrs
@@ -43,7 +43,6 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, CallToolResult, InputRequiredResult, TextContent, Tool, ToolAnnotations
 from starlette.applications import Starlette
 
-from bettercompute import BetterCompute, Request
 from bettercompute.errors import (
     ComputeError,
     InternalError,
@@ -53,8 +52,11 @@ from bettercompute.errors import (
     UnavailableError,
 )
 
-from ._runtime import _no_signal_reraise
+from ._signals import no_signal_reraise
 from ._version import __version__
+
+if TYPE_CHECKING:
+    from bettercompute import BetterCompute
 
 __all__ = [
     "ENDPOINT",
@@ -114,6 +116,8 @@ class InProcess:
 
     async def exchange(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> tuple[int, bytes]:
         """Answer through ``compute.handler``."""
+        from bettercompute import Request  # loaded with the object itself; ``mcp --server`` never needs it
+
         request = Request(method=method, path=f"{self.compute.endpoint}{path}", headers=dict(headers), body=body)
         response = await self.compute.handler(request)
         return response.status, response.body
@@ -445,5 +449,5 @@ async def serve_http(plane: ControlPlane, *, host: str, port: int, path: str = "
     config = uvicorn.Config(
         streamable_http_app(plane, path=path, host=host), host=host, port=port, log_level="warning", lifespan="on"
     )
-    with _no_signal_reraise():  # SIGTERM stops it gracefully and the process exits 0, as serve does
+    with no_signal_reraise():  # SIGTERM stops it gracefully and the process exits 0, as serve does
         await uvicorn.Server(config).serve()

@@ -24,8 +24,7 @@ import json
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Generator, Iterator, MutableMapping
-from types import FrameType
+from collections.abc import Awaitable, Callable, Generator, MutableMapping
 from typing import Any
 
 import anyio
@@ -53,6 +52,8 @@ from ._config import (
     ConfigError,
 )
 from ._gateway import GatewayPlan, HostedGateway, gateway_name
+from ._reporting import display_host
+from ._signals import STOP_SIGNALS, no_signal_reraise
 
 __all__ = [
     "Plan",
@@ -71,7 +72,6 @@ __all__ = [
 
 log = logging.getLogger("bettercompute.cli")
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _GRACEFUL_SHUTDOWN_SECONDS = 5
 
 
@@ -301,15 +301,6 @@ def require_embedded_iam(config: Config, command: str) -> None:
         )
 
 
-def display_host(host: str) -> str:
-    """A host to put in a URL a person pastes: a wildcard address becomes the loopback one."""
-    if host in ("0.0.0.0", "", "*"):  # noqa: S104 - comparing, not binding
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
 def _listen(host: str, port: int) -> socket.socket:
     """Bind the listening socket ourselves, so a taken port is a clear error before anything else starts.
 
@@ -469,26 +460,6 @@ async def _host_workers(
     await compute.stop()
 
 
-def _ignore_signal(signum: int, frame: FrameType | None) -> None:
-    log.debug("ignoring signal %d while shutting down", signum)
-
-
-@contextlib.contextmanager
-def _no_signal_reraise() -> Iterator[None]:
-    """Make SIGINT and SIGTERM harmless around uvicorn's server.
-
-    uvicorn handles both signals while it serves, and after a graceful shutdown raises the signal again for the
-    handler it found. With Python's defaults that is a KeyboardInterrupt (a traceback) or an immediate kill (exit
-    -15, the workers never stopped); with these handlers it is nothing, and the process then exits 0.
-    """
-    previous = {sig: signal.signal(sig, _ignore_signal) for sig in _STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 class _Server(uvicorn.Server):
     """uvicorn's server, telling when it listens."""
 
@@ -537,7 +508,7 @@ async def serve_http(
             stop_workers.set()
 
     try:
-        with _no_signal_reraise():
+        with no_signal_reraise():
             async with anyio.create_task_group() as tg:
                 if plan.workers:
                     await tg.start(_host_workers, compute, plan.workers, stop_workers)
@@ -556,7 +527,7 @@ async def serve_workers(compute: BetterCompute, plan: Plan, *, on_ready: Callabl
     """Run worker roles only, until SIGINT or SIGTERM; then stop them, handing their leases back."""
     stop = anyio.Event()
     # The receiver stays open until the workers have stopped, so a second Ctrl-C does not interrupt the stop.
-    with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
+    with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
         async with anyio.create_task_group() as tg:
             await tg.start(_host_workers, compute, plan.workers, stop)
             log.info("running %s; stop with Ctrl-C or SIGTERM", plan.describe())

@@ -1,5 +1,6 @@
 """A client command starts light: it builds its commands from the catalog, without the core, IAM, metal, VPS or
-SQLAlchemy loaded (the reason for ``bettercompute_cli/catalog.json``)."""
+SQLAlchemy loaded (the reason for ``bettercompute_cli/catalog.json``). So does ``mcp``, which an agent starts for
+every session and which only calls a served control plane."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tests._timing import deadline
 _HEAVY = ("bettercompute._core", "bettercompute_iam", "bettercompute_metal", "bettercompute_vps", "sqlalchemy")
 
 
-def _modules_after(*argv: str) -> tuple[int, str, set[str]]:
+def _modules_after(*argv: str, stdin: str = "") -> tuple[int, str, set[str]]:
     code = (
         "import json, sys, bettercompute_cli\n"
         f"sys.argv = ['better-compute', *{list(argv)!r}]\n"
@@ -21,7 +22,7 @@ def _modules_after(*argv: str) -> tuple[int, str, set[str]]:
         "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\nsys.exit(status)\n"
     )
     ran = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=deadline(60), check=False
+        [sys.executable, "-c", code], input=stdin, capture_output=True, text=True, timeout=deadline(60), check=False
     )
     return ran.returncode, ran.stdout, set(json.loads(ran.stderr.strip().splitlines()[-1]))
 
@@ -44,4 +45,11 @@ def test_a_usage_error_is_found_from_the_catalog_alone() -> None:
     group, method, field, choices = choice
     status, _, modules = _modules_after(group, method, f"--{field.replace('_', '-')}", "not-a-choice")
     assert status == 2 and "not-a-choice" not in choices
+    assert not [name for name in modules if name.startswith(_HEAVY)]
+
+
+def test_mcp_serves_stdio_without_the_core_or_the_siblings() -> None:
+    # stdin closes at once: the server starts, finds the session over and exits 0, having loaded what serving needs.
+    status, _, modules = _modules_after("mcp", "--token", "t", "--server", "http://127.0.0.1:1")
+    assert status == 0 and "bettercompute_cli._mcp" in modules and "mcp.server.mcpserver" in modules
     assert not [name for name in modules if name.startswith(_HEAVY)]
