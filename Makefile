@@ -104,7 +104,8 @@ schema: $(STAMP)
 # Every test has a schema of its own, and much of a test's time is spent waiting on PostgreSQL or a subprocess, so
 # four workers beat two cores' worth (the suite keeps two cores about 60% busy: much of it waits on processes, VMs and
 # leases). The slow end-to-end suites (marker e2e: VMs booted under QEMU's emulation, a dead worker's claim waited
-# out) are left to `make test-e2e`, which CI runs as a phase of its own, so the whole suite still runs there.
+# out, whole deployments of processes, schemathesis) are left to `make test-e2e`, which CI runs as a phase of its
+# own, so the whole suite still runs there.
 # Measured on two cores (Dec 2026): about 2,500 tests in 4.5 to 5.5 minutes, the load of the machine deciding.
 # PYTEST_WORKERS=0 runs them one after another, in this process.
 PYTEST_WORKERS ?= 4

@@ -240,6 +240,7 @@ def _one_error_of_each_code(shell: Shell, cli: str, root: str, made: Made) -> No
     assert "cannot reach http://127.0.0.1:1" in stopped
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)  # dev's start, then some forty commands of a second or two each, on a loaded CI machine
 def test_every_command_dev_prints_works_as_printed_and_every_group_answers(
     cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path

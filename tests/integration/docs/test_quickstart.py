@@ -100,6 +100,7 @@ def outputs(text: str, count: int) -> list[str]:
     return found
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(240)  # dev's start, its node's adoption, then some twenty commands of about a second each
 def test_the_quickstart_runs_as_written(cli_env: dict[str, str], start_cli: StartCli, tmp_path: Path) -> None:
     page = QUICKSTART.read_text(encoding="utf-8")

@@ -25,7 +25,7 @@ from tests._timing import deadline
 
 from ..cli.conftest import Running, free_port
 
-pytestmark = pytest.mark.pg
+pytestmark = [pytest.mark.pg, pytest.mark.e2e]
 
 REPOSITORY = Path(__file__).resolve().parents[3]  # ``python -m examples.custom_deployment`` runs from here
 BCD = str(Path(sys.executable).parent / "bcd")

@@ -8,7 +8,7 @@ import pytest
 
 from .conftest import PER_OPERATION, run_schemathesis
 
-pytestmark = [pytest.mark.pg]
+pytestmark = [pytest.mark.pg, pytest.mark.e2e]
 
 
 @pytest.mark.timeout(600)

@@ -9,7 +9,7 @@ import pytest
 
 from .conftest import SHARES, run_schemathesis
 
-pytestmark = [pytest.mark.pg]
+pytestmark = [pytest.mark.pg, pytest.mark.e2e]
 
 
 @pytest.mark.timeout(600)
