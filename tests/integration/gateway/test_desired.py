@@ -129,6 +129,33 @@ async def test_a_desired_state_reaches_the_live_session_and_its_ack_is_recorded(
         channel.close()
 
 
+async def test_a_session_gets_each_generation_once_and_in_order(gw: Wire) -> None:
+    # Every flush re-reads the changes of the last half minute: only the generation comparison keeps one already
+    # sent from going down the session again, and an older one from following a newer.
+    joined = await gw.join()
+    channel = gw.channel(joined)
+    generations: list[int] = []
+    try:
+        async with session_request(channel) as stream:
+            await _open(stream, joined)
+            contents: list[dict[str, Any]] = [{"allocations": []}, ALLOCATION, {"allocations": []}]
+            for content in contents:
+                await _desire(gw, joined.node_id, content)
+            # About seven flushes (0.2 s apart), well inside the three silent heartbeats (1 s) that end a session.
+            with anyio.move_on_after(1.5):
+                while True:
+                    frame = await stream.recv_message()
+                    assert frame is not None
+                    _, pushed = betterproto2.which_one_of(frame, "frame")
+                    if isinstance(pushed, wire.DesiredState):
+                        generations.append(pushed.generation)
+            await stream.end()
+    finally:
+        channel.close()
+    assert generations and generations[-1] == 3
+    assert generations == sorted(set(generations)), generations
+
+
 async def test_bad_desired_states_are_refused_with_nothing_written(gw: Wire) -> None:
     joined = await gw.join()
     for bad in ({"text": "a\x00b"}, {"\ud800": 1}, {"big": "x" * 300_000}, {"n": float("nan")}):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import anyio
@@ -288,6 +289,22 @@ async def test_consume_checks_the_secret_and_the_state(plane: Plane) -> None:
     await plane.tokens.revoke(plane.alice, RevokeJoinTokenInput(id=created.id))
     assert (await _consume(plane, created.id, parsed[1])).outcome == "revoked"
     assert (await plane.tokens.get(plane.alice, GetJoinTokenInput(id=created.id))).uses_left == 1
+
+
+async def test_the_spending_statement_itself_refuses_an_expired_token(plane: Plane) -> None:
+    # A join checks the token before it spends a use; a token that expires between that check and the spend must
+    # still be refused by the statement that spends it, with its uses untouched.
+    pool_id = await _pool(plane)
+    created = await plane.tokens.create(plane.alice, CreateJoinTokenInput(pool_id=pool_id, uses=2))
+    parsed = parse_token(created.token)
+    assert parsed is not None
+    for late in (dt.timedelta(0), dt.timedelta(seconds=1)):  # expiry is exclusive: at expires_at it is over
+        async with plane.store.transaction() as tx:
+            spent = await tx.repository(JOIN_TOKENS).consume(
+                id=created.id, secret_hash=hash_secret(parsed[1]), now=created.expires_at + late
+            )
+        assert spent.outcome == "expired"
+    assert (await plane.tokens.get(plane.alice, GetJoinTokenInput(id=created.id))).uses_left == 2
 
 
 async def test_two_joins_racing_for_the_last_use_one_wins(plane: Plane) -> None:
