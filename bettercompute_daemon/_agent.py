@@ -72,6 +72,9 @@ __all__ = ["EXPIRED", "STOPPED", "Agent", "DaemonError", "JoinRefused", "Observe
 
 log = logging.getLogger("bcd")
 
+APPLIED_GENERATION = "applied-generation.json"
+"""The state file holding the newest desired-state generation the node acted on, and the node id it was for."""
+
 VERSION = "0.1.0"
 STOPPED = 3
 """The exit status when the node's identity is gone (revoked, retired): retrying cannot help."""
@@ -221,6 +224,7 @@ class Agent:
         self._vms = vms
         self._applying: set[asyncio.Task[None]] = set()
         self._latest_generation = 0
+        self._applied: tuple[str, int] | None = None  # (node id, newest generation acted on), read once from state
         self._warned_no_vms = False
         self._inventory = inventory
         self._cdi_dir = cdi_dir
@@ -353,6 +357,8 @@ class Agent:
                     await self._send_inventory(session, list(content.sections))
                 elif isinstance(content, wire.DesiredState):
                     self._observe("desired_state", {"generation": content.generation})
+                    if await self._refused_as_older(session, content.generation):
+                        continue
                     if self._cdi_dir is not None:
                         self._state.write("desired.json", content.content_json.encode())
                     applied = self._apply(content)
@@ -451,6 +457,44 @@ class Agent:
         else:
             await session.send(frame)
         self._observe("ack", {"generation": generation})
+
+    async def _refused_as_older(self, session: _Session, generation: int) -> bool:
+        """Whether ``generation`` is older than one this node already acted on (kept in the state directory, per
+        node id, so a restart does not forget it): such a desired state is not applied, whoever sends it, and the
+        refusal is logged and reported as a ``desired_state.refused`` event. The same generation again (a new
+        session is sent the current one) is acted on again; only an older one is refused."""
+        node_id = self._renewer.credentials.identity.node_id
+        if self._applied is None or self._applied[0] != node_id:
+            self._applied = (node_id, self._applied_generation(node_id))
+        applied = self._applied[1]
+        if generation >= applied:
+            if generation > applied:
+                self._applied = (node_id, generation)
+                self._state.write(
+                    APPLIED_GENERATION, json.dumps({"node_id": node_id, "generation": generation}).encode()
+                )
+            return False
+        log.error("desired state %d refused: generation %d was already applied", generation, applied)
+        self._observe("desired_state_refused", {"generation": generation, "applied": applied})
+        payload = {"generation": generation, "applied_generation": applied, "reason": "older"}
+        event = wire.NodeEvent(
+            type="desired_state.refused", payload_json=json.dumps(payload), at_ms=round(time.time() * 1000)
+        )
+        with contextlib.suppress(Exception):  # the session may have ended: the refusal stands, the report is lost
+            await session.send(wire.NodeFrame(event=event))
+        return True
+
+    def _applied_generation(self, node_id: str) -> int:
+        """The newest desired-state generation this node acted on, as kept in the state directory, or 0 (none,
+        another node's, or unreadable)."""
+        try:
+            kept = json.loads(self._state.read(APPLIED_GENERATION))
+        except (OSError, ValueError):
+            return 0
+        if not isinstance(kept, dict) or kept.get("node_id") != node_id:
+            return 0  # a re-enrolled node under a new id starts its generations again
+        generation = kept.get("generation")
+        return generation if isinstance(generation, int) and not isinstance(generation, bool) else 0
 
     def _apply_instances(self, desired: wire.DesiredState) -> bool | asyncio.Task[None]:
         """Start carrying out the desired state's ``instances``: the task doing it, or ``True`` when there is
