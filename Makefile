@@ -102,11 +102,12 @@ schema: $(STAMP)
 # `make test` runs the test files side by side (pytest-xdist), a file's tests on one worker so that what a module
 # starts once (PgBouncer, a served control plane) starts once; tests/conftest.py starts the slowest files first.
 # Every test has a schema of its own, and much of a test's time is spent waiting on PostgreSQL or a subprocess, so
-# four workers beat two cores' worth (the suite keeps two cores about 60% busy: much of it waits on processes, VMs and
-# leases). The slow end-to-end suites (marker e2e: VMs booted under QEMU's emulation, a dead worker's claim waited
+# four workers beat two cores' worth (they keep both cores busy; with two, the waits on processes and leases leave them
+# idle). The slow end-to-end suites (marker e2e: VMs booted under QEMU's emulation, a dead worker's claim waited
 # out, whole deployments of processes, schemathesis) are left to `make test-e2e`, which CI runs as a phase of its
 # own, so the whole suite still runs there.
-# Measured on two cores (Dec 2026): about 2,500 tests in 4.5 to 5.5 minutes, the load of the machine deciding.
+# Measured on two cores (Dec 2026): about 2,400 tests in 5 to 6 minutes of pytest, the machine's speed that hour
+# deciding.
 # PYTEST_WORKERS=0 runs them one after another, in this process.
 PYTEST_WORKERS ?= 4
 # pytest exits 5 when it collected nothing: a green run that tested nothing must not pass, and should say why.
