@@ -19,10 +19,12 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import functools
 import json
 import re
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -170,11 +172,14 @@ class Keyset(Generic[_T]):
 # --- the convention, checked at registration --------------------------------------------------------------------
 
 
-def _fields(cls: type) -> dict[str, Any]:
+@functools.cache
+def _fields(cls: type) -> Mapping[str, Any]:
+    # Asked for every method each time a control plane is made; resolving a class's string annotations again each
+    # time was most of what ``better_compute()`` cost (about 11 ms of its 16 ms with the built-in modules).
     if not (isinstance(cls, type) and attrs.has(cls)):
-        return {}
+        return MappingProxyType({})
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in attrs.fields(cls)}
+    return MappingProxyType({f.name: hints[f.name] for f in attrs.fields(cls)})
 
 
 def _is_items(tp: Any) -> bool:
