@@ -7,6 +7,7 @@ the database URL (it may hold a password).
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import logging
 from pathlib import Path
@@ -18,9 +19,10 @@ import typer
 import bettercompute
 import bettercompute_iam
 import bettercompute_store_pg
+from bettercompute.errors import InvalidConfigError
 from bettercompute_iam import Bootstrap, RemoteIam
 
-from ._config import IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, load_config
+from ._config import IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
 from ._constants import OWN_COMMANDS
 from ._dev import DEV_DATA, run_dev
 from ._gateway import loop_options
@@ -68,6 +70,8 @@ app = typer.Typer(
 )
 iam_app = typer.Typer(help="Administer the embedded Better IAM.", no_args_is_help=True)
 app.add_typer(iam_app, name="iam")
+gateways_app = typer.Typer(help="Enrol gateway processes that run apart from the api.", no_args_is_help=True)
+app.add_typer(gateways_app, name="gateways")
 
 
 class Output(enum.StrEnum):
@@ -228,7 +232,9 @@ def serve(
             metrics_host=metrics_host,
         )
         plan = plan_roles(config.roles, config)
-        compute, remote = build_serving(config, require_database_url(config))
+        # A gateway without the api composes no JoinService or CA: it asks the api process over the internal channel.
+        identity = plan.api or plan.gateway is None or plan.gateway.remote is None
+        compute, remote = build_serving(config, require_database_url(config), identity=identity)
         _setup_logging()
         if remote is not None:
             log.info("using the central IAM at %s", config.iam_url)
@@ -333,6 +339,45 @@ def iam_bootstrap(
     typer.echo("It is shown once; keep it now:")
     typer.echo("")
     typer.echo(f"    {result.credential}")
+
+
+# --- gateways -------------------------------------------------------------------------------------------------------
+
+
+async def _gateway_token(config: Config, url: str, name: str, ttl: dt.timedelta) -> str:
+    compute, _ = build(config, url)
+    try:
+        await compute.initialize(migrate=False)
+        enrolment = compute.gateway_services.enrolment
+        if enrolment is None:  # node identity with a KMS always has one
+            raise InvalidConfigError(
+                "gateway enrolment needs node identity (trust_domain, gateway_address, kms_key_file)"
+            )
+        return await enrolment.mint(name, ttl=ttl, actor="cli:gateways.token")
+    finally:
+        with anyio.CancelScope(shield=True):
+            await compute.close()
+
+
+@gateways_app.command("token")
+def gateways_token(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The gateway's name: its instance name (letters, digits, . _ -).")],
+    ttl_seconds: Annotated[
+        int, typer.Option("--ttl-seconds", help="How long the token may be used, at most a day.")
+    ] = 3600,
+) -> None:
+    """Print a one-time token that enrols the gateway NAME (give it as gateway_token to `serve --roles gateway`).
+
+    Runs where the KMS key is (kms_key_file, trust_domain and gateway_address set), like the api. The token holds the
+    CA pin the gateway checks the api's internal listener against; it is spent by the first enrolment.
+    """
+    with reported():
+        config = _config(ctx)
+        if config.kms_key_file is None or config.trust_domain is None or config.gateway_address is None:
+            raise ConfigError(["gateways token needs trust_domain, gateway_address and kms_key_file (node identity)"])
+        token = anyio.run(_gateway_token, config, require_database_url(config), name, dt.timedelta(seconds=ttl_seconds))
+    typer.echo(token)
 
 
 # --- mcp ------------------------------------------------------------------------------------------------------------

@@ -61,6 +61,11 @@ KEYS = (
     "gateway_address",
     "gateway_host",
     "gateway_port",
+    "internal_host",
+    "internal_port",
+    "internal_address",
+    "gateway_token",
+    "gateway_state_dir",
     "metrics_host",
     "metrics_port",
     "lease_ttl_seconds",
@@ -117,6 +122,17 @@ class Config:
         gateway_host: Where the gateway listens (``host`` by default); behind a load balancer, the address the
             balancer forwards to, while ``gateway_address`` stays what daemons dial.
         gateway_port: The port the gateway listens on (the port of ``gateway_address`` by default).
+        internal_host: Where an api process's internal listener listens (``host`` by default).
+        internal_port: With node identity on, an api process listens here for gateway processes (the internal
+            channel: gRPC over mutual TLS, gateway certificates only); ``None``: no listener, gateways run only in
+            an api process.
+        internal_address: ``host:port`` of an api process's internal listener, which a gateway-only process
+            (``serve --roles gateway``) asks for joins, renewals, secrets and its own certificate. Such a process
+            holds no KMS key: it needs this instead of ``kms_key_file``.
+        gateway_token: A one-time enrolment token (``better-compute gateways token``) for a gateway-only process
+            whose state directory holds no current certificate; never echoed.
+        gateway_state_dir: Where a gateway-only process keeps its key and certificate
+            (``$XDG_STATE_HOME/better-compute/gateway-<name>`` by default).
         metrics_host: Where the metrics listener listens (``host`` by default); used only with ``metrics_port``.
         metrics_port: A listener of its own for Prometheus (``GET /metrics``, and ``GET /healthz``), in every process
             mode; the processes without the HTTP API have no other. On a process that serves the API, ``/metrics``
@@ -156,6 +172,11 @@ class Config:
     gateway_address: str | None = None
     gateway_host: str | None = None
     gateway_port: int | None = None
+    internal_host: str | None = None
+    internal_port: int | None = None
+    internal_address: str | None = None
+    gateway_token: str | None = attrs.field(default=None, repr=False)
+    gateway_state_dir: Path | None = None
     metrics_host: str | None = None
     metrics_port: int | None = None
     lease_ttl_seconds: float = 15.0
@@ -204,7 +225,11 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
             # Never repeat it: it is a secret.
             return None, f"{where} must be a non-empty string"
         return value.strip(), None
-    if key == "kms_key_file":
+    if key == "gateway_token":
+        if not isinstance(value, str) or not value.strip():
+            return None, f"{where} must be a non-empty string"  # never repeated: it is a secret
+        return value.strip(), None
+    if key in ("kms_key_file", "gateway_state_dir"):
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty path"
         return Path(value.strip()).expanduser(), None
@@ -237,6 +262,7 @@ def _check_database_url(value: Any, where: str) -> tuple[str | None, str | None]
 _WHOLE_NUMBERS: Mapping[str, tuple[int, int, int | None, str]] = {
     "port": (1, 65535, None, "a port number"),
     "gateway_port": (1, 65535, None, "a port number"),
+    "internal_port": (1, 65535, None, "a port number"),
     "metrics_port": (1, 65535, None, "a port number"),
     "max_queued": (0, _MAX_QUEUED, 7, "a whole number of requests"),
     "tunnel_streams_per_tenant": (1, 100_000, 12, "a whole number"),
@@ -259,7 +285,18 @@ def _check_whole(key: str, value: Any, where: str, *, from_env: bool) -> tuple[i
 
 
 _TEXTS = frozenset(
-    {"trust_domain", "gateway_address", "tunnel_gateway", "host", "gateway_host", "metrics_host", "instance", "schema"}
+    {
+        "trust_domain",
+        "gateway_address",
+        "tunnel_gateway",
+        "internal_address",
+        "host",
+        "gateway_host",
+        "internal_host",
+        "metrics_host",
+        "instance",
+        "schema",
+    }
 )
 """The keys whose values are non-empty strings (some of a given form)."""
 
@@ -270,7 +307,7 @@ def _check_text(key: str, value: Any, where: str) -> tuple[str | None, str | Non
     text = value.strip()
     if key == "trust_domain" and not _TRUST_DOMAIN.fullmatch(text):
         return None, f"{where} {text!r} must be a lower-case DNS name like compute.example.com"
-    if key in ("gateway_address", "tunnel_gateway") and not _ADDRESS.fullmatch(text):
+    if key in ("gateway_address", "tunnel_gateway", "internal_address") and not _ADDRESS.fullmatch(text):
         return None, f"{where} {text!r} must be host:port"
     if key == "schema" and (not _SCHEMA.fullmatch(text) or text.startswith("pg_")):
         return None, (

@@ -8,15 +8,34 @@ import contextlib
 import logging
 import re
 import signal
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from bettercompute import BetterCompute
 from bettercompute.errors import InvalidConfigError
-from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, TunnelOptions, create_gateway, issue_tls
+from bettercompute_gateway import (
+    Gateway,
+    GatewayIdentity,
+    GatewayOptions,
+    GatewayServicesPort,
+    GatewayTls,
+    InternalListener,
+    TunnelOptions,
+    create_gateway,
+    issue_tls,
+)
 
-__all__ = ["CLOSE_DRAIN_SECONDS", "DRAIN_SIGNAL", "GatewayPlan", "HostedGateway", "loop_options"]
+__all__ = [
+    "CLOSE_DRAIN_SECONDS",
+    "DRAIN_SIGNAL",
+    "GatewayPlan",
+    "HostedGateway",
+    "HostedListener",
+    "RemotePlan",
+    "loop_options",
+]
 
 log = logging.getLogger("bettercompute.cli")
 
@@ -31,14 +50,27 @@ CLOSE_DRAIN_SECONDS = 5.0
 
 
 @attrs.frozen(kw_only=True)
+class RemotePlan:
+    """How a gateway-only process reaches the api process's internal listener, and where it keeps its identity."""
+
+    host: str
+    port: int
+    trust_domain: str
+    state_dir: Path
+    token: str | None = attrs.field(default=None, repr=False)
+
+
+@attrs.frozen(kw_only=True)
 class GatewayPlan:
-    """Where the gateway listens, and the names its certificate is valid for (what daemons dial)."""
+    """Where the gateway listens, the names its certificate is valid for (what daemons dial), and, for a gateway
+    without the api in its process, how it reaches the api (``None``: the control plane in this process)."""
 
     listen_host: str
     port: int
     hosts: tuple[str, ...]
     name: str
     tunnels: TunnelOptions = attrs.field(factory=TunnelOptions)
+    remote: RemotePlan | None = None
 
 
 def loop_options(plan: GatewayPlan | None) -> dict[str, Any]:
@@ -74,18 +106,36 @@ class HostedGateway:
         self._renewer: asyncio.Task[None] | None = None
         self._draining: asyncio.Task[None] | None = None
         self._signal = False
+        self._identity: GatewayIdentity | None = None
+        if plan.remote is not None:
+            self._identity = GatewayIdentity(
+                plan.remote.state_dir,
+                name=plan.name,
+                hosts=plan.hosts,
+                host=plan.remote.host,
+                port=plan.remote.port,
+                trust_domain=plan.remote.trust_domain,
+                token=plan.remote.token,
+            )
 
     async def _certificate(self) -> tuple[GatewayTls, float]:
         """A fresh server certificate (and when to renew it, in seconds: at two thirds of its life)."""
+        if self._identity is not None:
+            return await self._identity.renew()
         return await issue_tls(self._compute.gateway_services, name=self._plan.name, hosts=self._plan.hosts)
 
     async def start(self) -> None:
         store = self._compute.options.store
         if store is None:  # a control plane that serves JoinService has a store
             raise InvalidConfigError("the gateway needs the control plane's store")
-        tls, renew_in = await self._certificate()
+        services: GatewayServicesPort
+        if self._identity is not None:
+            services, tls, renew_in = await self._identity.open()
+        else:
+            services = self._compute.gateway_services
+            tls, renew_in = await self._certificate()
         gateway = create_gateway(
-            self._compute.gateway_services,
+            services,
             store,
             tls,
             GatewayOptions(name=self._plan.name, tunnels=self._plan.tunnels),
@@ -147,3 +197,31 @@ class HostedGateway:
         gateway, self.gateway = self.gateway, None
         if gateway is not None:
             await gateway.close()
+        if self._identity is not None:
+            self._identity.close()
+
+
+class HostedListener:
+    """The internal listener of an api process: gateway processes reach the control plane's gateway services
+    through it. Its certificate (role ``control``) comes from the CA in this process and is renewed here."""
+
+    def __init__(self, compute: BetterCompute, *, host: str, port: int, name: str) -> None:
+        self._listener = InternalListener(compute.gateway_services, name=name, hosts=_listener_hosts(host))
+        self._host = host
+        self._port = port
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        self.port = await self._listener.start(self._host, self._port)
+        log.info("internal listener for gateways on %s:%d", self._host, self.port)
+
+    async def close(self) -> None:
+        await self._listener.close()
+
+
+_WILDCARDS = frozenset({"0.0.0.0", "::"})  # noqa: S104 - names to leave out of a certificate, not to bind
+
+
+def _listener_hosts(host: str) -> tuple[str, ...]:
+    """The names the listener's certificate carries (gateways check its SPIFFE ID, not these)."""
+    return tuple(dict.fromkeys([h for h in (host, "localhost", "127.0.0.1", "::1") if h not in _WILDCARDS]))

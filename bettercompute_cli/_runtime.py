@@ -22,9 +22,11 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Generator, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -51,7 +53,7 @@ from ._config import (
     Config,
     ConfigError,
 )
-from ._gateway import GatewayPlan, HostedGateway, gateway_name
+from ._gateway import GatewayPlan, HostedGateway, HostedListener, RemotePlan, gateway_name
 from ._reporting import display_host
 from ._signals import STOP_SIGNALS, no_signal_reraise
 
@@ -82,6 +84,8 @@ class Plan:
     api: bool
     workers: frozenset[str]
     gateway: GatewayPlan | None = None
+    internal: tuple[str, int] | None = None
+    """Where the api's internal listener for gateway processes listens (``None``: none)."""
 
     def describe(self) -> str:
         """``api + controllers, iam`` and the like, for logs."""
@@ -89,11 +93,21 @@ class Plan:
         return ", ".join(parts)
 
 
-def gateway_plan(config: Config) -> GatewayPlan | None:
+def gateway_plan(config: Config, *, remote: bool = False) -> GatewayPlan | None:
     """Where this process's gateway listens: on ``gateway_host`` (else ``host``), at ``gateway_port`` (else the port
     of ``gateway_address``, the address daemons dial, which its certificate names, with ``localhost`` and the
-    loopback addresses); ``None`` without node identity configured."""
-    if config.gateway_address is None or config.trust_domain is None or config.kms_key_file is None:
+    loopback addresses); ``None`` without node identity configured. With ``remote`` (a gateway without the api in
+    its process), it reaches the api's internal listener at ``internal_address`` and holds no KMS key.
+
+    Raises:
+        ConfigError: ``remote`` without ``internal_address``, or with ``kms_key_file``.
+    """
+    if config.gateway_address is None or config.trust_domain is None:
+        return None
+    remote_plan = None
+    if remote:
+        remote_plan = _remote_plan(config)
+    elif config.kms_key_file is None:
         return None
     host, _, port = config.gateway_address.rpartition(":")
     dialed = host.strip("[]")
@@ -104,28 +118,74 @@ def gateway_plan(config: Config) -> GatewayPlan | None:
         streams_per_tenant=config.tunnel_streams_per_tenant, bytes_per_second=config.tunnel_bytes_per_second
     )
     return GatewayPlan(
-        listen_host=config.gateway_host or config.host, port=listen_port, hosts=hosts, name=name, tunnels=tunnels
+        listen_host=config.gateway_host or config.host,
+        port=listen_port,
+        hosts=hosts,
+        name=name,
+        tunnels=tunnels,
+        remote=remote_plan,
+    )
+
+
+def _remote_plan(config: Config) -> RemotePlan:
+    problems = []
+    if config.internal_address is None:
+        problems.append(
+            "roles: a gateway without the api reaches the api's internal listener: set internal_address "
+            "(the api process's internal_port)"
+        )
+    if config.kms_key_file is not None:
+        problems.append(
+            "kms_key_file: a gateway without the api holds no KMS key; leave it out of this process's configuration"
+        )
+    if problems or config.internal_address is None or config.trust_domain is None:
+        raise ConfigError(problems)
+    host, _, port = config.internal_address.rpartition(":")
+    name = gateway_name(config.instance or "gateway")
+    state_dir = config.gateway_state_dir
+    if state_dir is None:
+        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+        state_dir = base / "better-compute" / f"gateway-{name}"
+    return RemotePlan(
+        host=host.strip("[]"),
+        port=int(port),
+        trust_domain=config.trust_domain,
+        state_dir=state_dir,
+        token=config.gateway_token,
     )
 
 
 def plan_roles(roles: tuple[str, ...], config: Config | None = None) -> Plan:
     """The plan for ``serve --roles``; ``all`` is the API, every worker role and, when node identity is configured
-    (``trust_domain``, ``gateway_address``, ``kms_key_file``), the gateway.
+    (``trust_domain``, ``gateway_address``, ``kms_key_file``), the gateway. A gateway without the api reaches the
+    api process's internal listener (``internal_address``) instead of holding the keys; an api process with node
+    identity runs that listener when ``internal_port`` is set.
 
     Raises:
-        ConfigError: The gateway role was asked for without node identity configured.
+        ConfigError: The gateway role was asked for without node identity configured, or without the api and
+            without ``internal_address`` (or with ``kms_key_file``).
     """
-    gateway = gateway_plan(config) if config is not None else None
+    api = "all" in roles or API_ROLE in roles
+    gateway = None
+    if config is not None and ("all" in roles or GATEWAY_ROLE in roles):
+        gateway = gateway_plan(config, remote=not api)
     if GATEWAY_ROLE in roles and gateway is None:
         raise ConfigError(
-            ["roles: the gateway role needs trust_domain, gateway_address and kms_key_file (node identity) set"]
+            [
+                "roles: the gateway role needs trust_domain and gateway_address, and kms_key_file with the api in "
+                "the same process (node identity) or internal_address without it"
+            ]
         )
+    internal = None
+    if api and config is not None and config.internal_port is not None and gateway_plan(config) is not None:
+        internal = (config.internal_host or config.host, config.internal_port)
     if "all" in roles:
-        return Plan(api=True, workers=frozenset(WORKER_ROLES), gateway=gateway)
+        return Plan(api=True, workers=frozenset(WORKER_ROLES), gateway=gateway, internal=internal)
     return Plan(
-        api=API_ROLE in roles,
+        api=api,
         workers=frozenset(r for r in roles if r in WORKER_ROLES),
-        gateway=gateway if GATEWAY_ROLE in roles else None,
+        gateway=gateway,
+        internal=internal,
     )
 
 
@@ -200,13 +260,16 @@ def webhooks_note(config: Config, *, dev: bool) -> str | None:
     return None
 
 
-def _compose(config: Config, url: str, iam: Iam, *, notify: bool, loopback_webhooks: bool = False) -> BetterCompute:
+def _compose(
+    config: Config, url: str, iam: Iam, *, notify: bool, loopback_webhooks: bool = False, identity: bool = True
+) -> BetterCompute:
     store = PgStore(url, schema=config.schema, prepared_statements=not config.pgbouncer)
     # With a key file, the webhooks group and its sinks/webhooks sender are registered (no I/O until first use).
     kms = LocalKeyKms(config.kms_key_file) if config.kms_key_file is not None else None
-    # With the trust domain and gateway address as well, JoinService and the node CA are on.
+    # With the trust domain and gateway address as well, JoinService and the node CA are on (not in a gateway-only
+    # process: it asks the api process for what they decide).
     join = None
-    if config.trust_domain is not None and config.gateway_address is not None:
+    if identity and config.trust_domain is not None and config.gateway_address is not None:
         join = JoinSettings(
             gateway_address=config.gateway_address,
             trust_domain=config.trust_domain,
@@ -255,7 +318,7 @@ def build(
     return _compose(config, url, iam, notify=notify, loopback_webhooks=loopback_webhooks), iam
 
 
-def build_serving(config: Config, url: str) -> tuple[BetterCompute, RemoteIam | None]:
+def build_serving(config: Config, url: str, *, identity: bool = True) -> tuple[BetterCompute, RemoteIam | None]:
     """The control plane ``serve`` runs: with the central IAM at ``iam_url`` when configured, else embedded, and
     with the notifier (``build_notifier``).
 
@@ -267,13 +330,13 @@ def build_serving(config: Config, url: str) -> tuple[BetterCompute, RemoteIam | 
         InvalidConfigError: The URL or the schema is malformed.
     """
     if config.iam_url is None and config.iam_credential is None:
-        return build(config, url, notify=True)[0], None
+        return _compose(config, url, EmbeddedIam(), notify=True, identity=identity), None
     if config.iam_url is None or config.iam_credential is None:
         raise ConfigError(
             [f"a central IAM needs both iam_url and iam_credential ({IAM_URL_ENV}, {IAM_CREDENTIAL_ENV})"]
         )
     remote = RemoteIam(config.iam_url, config.iam_credential)
-    return _compose(config, url, remote, notify=True), remote
+    return _compose(config, url, remote, notify=True, identity=identity), remote
 
 
 async def close(compute: BetterCompute) -> None:
@@ -556,11 +619,16 @@ async def run(
     runs while the gateway and the store are still up). With ``metrics`` (``(metrics_host, metrics_port)``), the
     metrics listener runs meanwhile; it is bound first, so a taken port fails before anything starts."""
     hosted: HostedGateway | None = None
+    internal: HostedListener | None = None
     listener = MetricsListener(compute, *metrics) if metrics is not None else None
     try:
         if listener is not None:
             await listener.start()
         await compute.initialize(migrate=migrate)
+        if plan.internal is not None:
+            name = gateway_name(compute.options.instance or socket.gethostname())
+            internal = HostedListener(compute, host=plan.internal[0], port=plan.internal[1], name=name)
+            await internal.start()
         if plan.gateway is not None:
             hosted = HostedGateway(compute, plan.gateway)
             await hosted.start()
@@ -583,6 +651,8 @@ async def run(
                 await before_close()
             if hosted is not None:
                 await hosted.close()
+            if internal is not None:
+                await internal.close()
             if listener is not None:
                 await listener.close()
             await close(compute)

@@ -30,7 +30,6 @@ from grpclib.server import Stream
 
 import bettercompute_proto as wire
 from bettercompute import Metrics
-from bettercompute.modules.nodes import GatewayServices
 from bettercompute.ports import Notifier, Store
 from bettercompute_proto import health
 
@@ -41,6 +40,7 @@ from ._health import Health
 from ._ingest import Ingest
 from ._liveness import Liveness
 from ._options import GatewayOptions
+from ._port import GatewayServicesPort
 from ._relay import ServiceRelay
 from ._revocation import RevocationWatch
 from ._server import GatewayServer, listen
@@ -71,7 +71,7 @@ class _Parts:
 
 
 def _compose(
-    services: GatewayServices, store: Store, tls: GatewayTls, options: GatewayOptions, metrics: Metrics
+    services: GatewayServicesPort, store: Store, tls: GatewayTls, options: GatewayOptions, metrics: Metrics
 ) -> _Parts:
     """The gateway's parts, each handed the others it works with; the flush loop's steps run in this order."""
     most = options.max_message_bytes
@@ -123,7 +123,7 @@ class Gateway:
 
     def __init__(
         self,
-        services: GatewayServices,
+        services: GatewayServicesPort,
         store: Store,
         tls: GatewayTls,
         options: GatewayOptions,
@@ -267,7 +267,7 @@ class Gateway:
 
 
 def create_gateway(
-    services: GatewayServices,
+    services: GatewayServicesPort,
     store: Store,
     tls: GatewayTls,
     options: GatewayOptions | None = None,

@@ -10,8 +10,9 @@ from typing import Any
 from grpclib.server import Stream
 
 import bettercompute_proto as wire
-from bettercompute.modules.nodes import GatewayServices, JoinResult, RenewResult
+from bettercompute.modules.nodes import JoinResult, RenewResult
 
+from ._port import GatewayServicesPort
 from ._wire import client_certificate, json_object, ms, unary
 
 __all__ = ["ServiceRelay"]
@@ -20,7 +21,7 @@ __all__ = ["ServiceRelay"]
 class ServiceRelay:
     """One grpclib handler per relayed call."""
 
-    def __init__(self, services: GatewayServices, *, most: int) -> None:
+    def __init__(self, services: GatewayServicesPort, *, most: int) -> None:
         self._services = services
         self._most = most
 

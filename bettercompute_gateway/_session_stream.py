@@ -26,13 +26,13 @@ from grpclib.server import Stream
 import bettercompute_proto as wire
 from bettercompute import Metrics
 from bettercompute.errors import ComputeError, InvalidInputError, UnauthenticatedError, UnavailableError
-from bettercompute.modules.nodes import GatewayServices
 
 from ._epochs import Epochs
 from ._errors import grpc_error
 from ._health import Health
 from ._ingest import Ingest
 from ._options import GatewayOptions
+from ._port import GatewayServicesPort
 from ._sessions import Session, Sessions
 from ._wire import client_certificate, ms, receive
 
@@ -46,7 +46,7 @@ class SessionStream:
 
     def __init__(
         self,
-        services: GatewayServices,
+        services: GatewayServicesPort,
         options: GatewayOptions,
         *,
         epochs: Epochs,
@@ -135,7 +135,7 @@ class SessionStream:
         """
         certificate_pem = client_certificate(stream)
         certificate = x509.load_pem_x509_certificate(certificate_pem.encode())
-        node = await self._services.joins.node_of(certificate_pem)
+        node_id = await self._services.session_node(certificate_pem)
         try:
             async with asyncio.timeout(self._hello_timeout):
                 first = await receive(stream, wire.NodeFrame, self._most)
@@ -144,11 +144,11 @@ class SessionStream:
         kind, hello = betterproto2.which_one_of(first, "frame") if first is not None else ("", None)
         if not isinstance(hello, wire.Hello):
             raise InvalidInputError("a session opens with Hello", details={"reason": "protocol", "got": kind})
-        if hello.node_id != node.id:
+        if hello.node_id != node_id:
             raise UnauthenticatedError(
                 "Hello names another node than the connection's certificate", details={"reason": "spiffe_id"}
             )
-        return node.id, await self._epochs.open(node.id), certificate
+        return node_id, await self._epochs.open(node_id), certificate
 
     async def _refuse(self, stream: Stream[Any, Any], error: ComputeError) -> None:
         """Tell a refused daemon why in a ``Close`` frame (its reason is the error's), then let it end its side."""

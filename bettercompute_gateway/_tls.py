@@ -14,10 +14,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-if TYPE_CHECKING:
-    from bettercompute.modules.nodes import GatewayServices
+from bettercompute.modules.nodes import ServerCertificate
 
-__all__ = ["GatewayTls", "ServerTls", "issue_tls", "server_context"]
+if TYPE_CHECKING:
+    from ._port import GatewayServicesPort
+
+__all__ = ["GatewayTls", "ServerTls", "csr_pem", "issue_tls", "renew_in", "server_context", "tls_of"]
 
 
 @attrs.frozen(kw_only=True)
@@ -36,34 +38,48 @@ class GatewayTls:
     trust_bundle_pem: str
 
 
-async def issue_tls(services: GatewayServices, *, name: str, hosts: Sequence[str]) -> tuple[GatewayTls, float]:
-    """A new key and a server certificate for it from the control plane's CA (which every daemon trusts since its
-    join), with the trust bundle; and how many seconds to use it before asking for the next (two thirds of its
-    life, at least a minute). The key never leaves this process.
+async def issue_tls(services: GatewayServicesPort, *, name: str, hosts: Sequence[str]) -> tuple[GatewayTls, float]:
+    """A new key and a certificate for it from the control plane's CA (which every daemon trusts since its join),
+    with the trust bundle; and how many seconds to use it before asking for the next (two thirds of its life, at
+    least a minute). The key never leaves this process: the control plane sees only a CSR
+    (``issue_server_certificate``), in process or over the internal channel.
 
     Args:
-        services: ``compute.gateway_services`` (node identity configured, ``initialize()`` done).
+        services: ``compute.gateway_services`` (node identity configured, ``initialize()`` done), or
+            ``RemoteGatewayServices``.
         name: The gateway's name, the certificate's common name.
         hosts: The names and addresses daemons dial it by (the certificate's subject alternative names).
     """
     key = ec.generate_private_key(ec.SECP256R1())
+    issued = await services.issue_server_certificate(csr_pem(key, name), name=name, hosts=hosts)
+    return tls_of(key, issued), renew_in(issued)
+
+
+def csr_pem(key: ec.EllipticCurvePrivateKey, name: str) -> str:
+    """A CSR for ``key`` with the common name ``name`` (PEM)."""
     csr = (
         x509.CertificateSigningRequestBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
         .sign(key, hashes.SHA256())
     )
-    issued = await services.joins.ca.issue_server(
-        csr.public_bytes(serialization.Encoding.PEM).decode(), name=name, hosts=hosts
-    )
-    tls = GatewayTls(
+    return csr.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def tls_of(key: ec.EllipticCurvePrivateKey, issued: ServerCertificate) -> GatewayTls:
+    """The gateway's TLS from its key and the certificate issued for it."""
+    return GatewayTls(
         certificate_pem=issued.certificate_pem + issued.chain_pem,
         private_key_pem=key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         ).decode(),
-        trust_bundle_pem=await services.trust_bundle_pem(),
+        trust_bundle_pem=issued.trust_bundle_pem,
     )
+
+
+def renew_in(issued: ServerCertificate) -> float:
+    """Seconds until a certificate should be renewed: two thirds of its life, at least a minute."""
     life = (issued.not_after - issued.not_before).total_seconds()
-    return tls, max(60.0, life * 2 / 3)
+    return max(60.0, life * 2 / 3)
 
 
 def server_context(tls: GatewayTls) -> ssl.SSLContext:

@@ -37,9 +37,10 @@ from bettercompute.errors import (
     QuotaExceededError,
     UnavailableError,
 )
-from bettercompute.modules.nodes import GatewayServices, TunnelGrant
+from bettercompute.modules.nodes import TunnelGrant
 
 from ._errors import grpc_error, internal
+from ._port import GatewayServicesPort
 from ._wire import client_certificate
 
 __all__ = ["MAX_DATA_BYTES", "TunnelOptions", "TunnelRelay"]
@@ -120,7 +121,7 @@ class TunnelRelay:
 
     def __init__(
         self,
-        services: GatewayServices,
+        services: GatewayServicesPort,
         options: TunnelOptions,
         *,
         receive: Receive,

@@ -1429,6 +1429,7 @@ CREATE INDEX secrets_name_scope ON {schema}.secrets USING btree (name, scope);
 -- nodes 6: the placer's index on atoms
 -- nodes 7: the placer's hints follow the atoms
 -- nodes 8: tunnels
+-- nodes 9: the internal listener's certificates
 
 CREATE TABLE {schema}.atoms (
     id text NOT NULL,
@@ -1485,7 +1486,7 @@ CREATE TABLE {schema}.certificates (
     issued_at timestamp with time zone DEFAULT now() NOT NULL,
     key_sha256 text,
     CONSTRAINT certificates_pkey PRIMARY KEY (serial),
-    CONSTRAINT certificates_role_check CHECK ((role = ANY (ARRAY['node'::text, 'site'::text, 'ramdisk'::text, 'gateway'::text]))),
+    CONSTRAINT certificates_role_check CHECK ((role = ANY (ARRAY['node'::text, 'site'::text, 'ramdisk'::text, 'gateway'::text, 'control'::text]))),
     CONSTRAINT certificates_ca_key_id_fkey FOREIGN KEY (ca_key_id) REFERENCES {schema}.ca_keys(id)
 );
 CREATE INDEX certificates_ca_key ON {schema}.certificates USING btree (ca_key_id, not_after);

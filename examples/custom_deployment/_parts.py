@@ -195,8 +195,12 @@ async def _renew(compute: BetterCompute, gateway: Gateway, name: str, hosts: Seq
 
 
 async def run_gateway(deployment: Deployment, *, host: str, port: int, name: str) -> None:
-    """A gateway: daemons join through it and hold their mutual-TLS sessions with it; no HTTP. It holds no CA or
-    JoinService key: joins and renewals are decided by the control plane's services, on the database."""
+    """A gateway: daemons join through it and hold their mutual-TLS sessions with it; no HTTP.
+
+    This process composes the control plane's gateway services itself (``compute.gateway_services``), so it loads the
+    KMS key and with it the CA and JoinService keys: trust it as much as an api process. For a gateway that holds no
+    key, give it ``RemoteGatewayServices`` through ``GatewayIdentity`` instead, enrolled on an api process's
+    ``InternalListener`` (as ``serve --roles gateway`` does; see ``docs/security.md``)."""
     parts = edge(deployment)
     compute = parts.compute
     dialed = deployment.gateway_address.rpartition(":")[0].strip("[]")

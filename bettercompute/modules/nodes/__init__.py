@@ -20,6 +20,10 @@ from bettercompute.modules.nodes._desired import MAX_DESIRED_STATE_BYTES as MAX_
 from bettercompute.modules.nodes._desired import poke_gateways as poke_gateways
 from bettercompute.modules.nodes._desired import set_desired_state as set_desired_state
 from bettercompute.modules.nodes._gateway import GatewayServices as GatewayServices
+from bettercompute.modules.nodes._gateway import ServerCertificate as ServerCertificate
+from bettercompute.modules.nodes._gateway_enrolment import GATEWAY_TOKEN_PREFIX as GATEWAY_TOKEN_PREFIX
+from bettercompute.modules.nodes._gateway_enrolment import GatewayEnrolment as GatewayEnrolment
+from bettercompute.modules.nodes._gateway_enrolment import parse_gateway_token as parse_gateway_token
 from bettercompute.modules.nodes._install import bundle_pin as bundle_pin
 from bettercompute.modules.nodes._install import install_script as install_script
 from bettercompute.modules.nodes._inventory import ACKED_KIND as ACKED_KIND

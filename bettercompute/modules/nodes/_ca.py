@@ -66,7 +66,12 @@ ROLES = ("node", "site", "ramdisk")
 """The roles a certificate can carry; each is also the first path segment of its SPIFFE ID."""
 
 GATEWAY_ROLE = "gateway"
-"""The role of a gateway's server certificate (``issue_server``); never one a node's certificate can have."""
+"""The role of a gateway's certificate (``issue_server``): its server certificate towards daemons and its client
+certificate on the internal channel to the api process; never one a node's certificate can have."""
+CONTROL_ROLE = "control"
+"""The role of the api process's internal listener's server certificate (``issue_server``): what a gateway checks
+before it trusts the listener, so that no gateway certificate can stand in for it."""
+SERVER_ROLES = (GATEWAY_ROLE, CONTROL_ROLE)
 
 RAMDISK_MAX_TTL = dt.timedelta(hours=2)
 DEFAULT_TTL = dt.timedelta(hours=24)
@@ -345,22 +350,34 @@ class CertificateAuthority:
         return await self._issue(tx, csr_pem, node_id=node_id, role=role, ttl=ttl, checked_key=checked_key)
 
     async def issue_server(
-        self, csr_pem: str | bytes, *, name: str, hosts: Sequence[str], ttl: dt.timedelta | None = None
+        self,
+        csr_pem: str | bytes,
+        *,
+        name: str,
+        hosts: Sequence[str],
+        ttl: dt.timedelta | None = None,
+        role: str = GATEWAY_ROLE,
     ) -> IssuedBundle:
         """A server certificate for the gateway ``name``, valid for ``hosts`` (DNS names or IP addresses a daemon
         dials), from the same CA as the nodes' certificates: a daemon that trusts the bundle it joined with trusts
-        it. Role ``gateway`` (``spiffe://<trust-domain>/gateway/<name>``, extended key usage server authentication
-        only: it cannot open a session as a node), recorded and revocable like the others; 24 hours by default.
+        it. Role ``gateway`` (``spiffe://<trust-domain>/gateway/<name>``, extended key usage server and client
+        authentication: the client side is for the internal channel, and no node role means it cannot open a
+        session as a node), recorded and revocable like the others; 24 hours by default. Role ``control`` is the
+        api process's internal listener (server authentication only).
 
         Raises:
-            InvalidInputError: a bad CSR, name or host, no host, or a ttl as for ``issue``.
+            InvalidInputError: a bad CSR, name, host or role, no host, or a ttl as for ``issue``.
         """
+        if role not in SERVER_ROLES:
+            raise InvalidInputError(
+                f"a server certificate's role is one of {', '.join(SERVER_ROLES)}", details={"field": "role"}
+            )
         if not hosts:
             raise InvalidInputError("a server certificate needs at least one host", details={"field": "hosts"})
         for host in hosts:
             host_name(host)
         return await self._issue(
-            None, csr_pem, node_id=name, role=GATEWAY_ROLE, ttl=ttl, checked_key=None, server_hosts=tuple(hosts)
+            None, csr_pem, node_id=name, role=role, ttl=ttl, checked_key=None, server_hosts=tuple(hosts)
         )
 
     async def _issue(
@@ -374,8 +391,8 @@ class CertificateAuthority:
         checked_key: AcceptedKey | None,
         server_hosts: Sequence[str] = (),
     ) -> IssuedBundle:
-        if role == GATEWAY_ROLE:
-            spiffe_id = f"spiffe://{self.trust_domain}/{GATEWAY_ROLE}/{checked_segment(node_id)}"
+        if role in SERVER_ROLES:
+            spiffe_id = f"spiffe://{self.trust_domain}/{role}/{checked_segment(node_id)}"
         else:
             spiffe_id = self.spiffe_id(node_id, role)
         lifetime = self._lifetime(role, ttl)

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 from cryptography import x509
 from joserfc.errors import JoseError
 from joserfc.jwk import JWKRegistry
@@ -21,6 +22,8 @@ from bettercompute.errors import (
     NotFoundError,
     UnauthenticatedError,
 )
+from bettercompute.modules.nodes._ca import GATEWAY_ROLE, IssuedBundle
+from bettercompute.modules.nodes._gateway_enrolment import GatewayEnrolment
 from bettercompute.modules.nodes._join import JoinService
 from bettercompute.modules.nodes._port import CERTIFICATES, NODES, NodeRecord
 from bettercompute.modules.nodes._proofs import (
@@ -43,11 +46,33 @@ from bettercompute.ports import AuditRecord, Clock, FreshIam, ReplayGuard, Store
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
 
-__all__ = ["GatewayServices"]
+__all__ = ["GatewayServices", "ServerCertificate"]
 
 log = logging.getLogger("bettercompute.joins")
 
 SECRET_REQUEST_TTL = dt.timedelta(minutes=2)
+
+
+@attrs.frozen(kw_only=True)
+class ServerCertificate:
+    """A gateway's certificate as the control plane issued it: the leaf, the issuing CA certificate to send with it,
+    the trust bundle client certificates must chain to, and its validity."""
+
+    certificate_pem: str
+    chain_pem: str
+    trust_bundle_pem: str
+    not_before: dt.datetime
+    not_after: dt.datetime
+
+
+def _server_certificate(issued: IssuedBundle, bundle_pem: str) -> ServerCertificate:
+    return ServerCertificate(
+        certificate_pem=issued.certificate_pem,
+        chain_pem=issued.chain_pem,
+        trust_bundle_pem=bundle_pem,
+        not_before=issued.not_before,
+        not_after=issued.not_after,
+    )
 
 
 class GatewayServices:
@@ -69,8 +94,11 @@ class GatewayServices:
         context: ModuleContext | None = None,
         methods: Sequence[GatewayMethod] = (),
         tunnel_checks: Mapping[str, TunnelCheck] | None = None,
+        enrolment: GatewayEnrolment | None = None,
     ) -> None:
         self.joins = joins
+        self.enrolment = enrolment
+        """Mints and spends gateway enrolment tokens (``None``: gateways are only hosted in process)."""
         self._tunnel_checks = dict(tunnel_checks or {})
         self._context = context
         self._methods = {m.name: m for m in methods}
@@ -221,6 +249,68 @@ class GatewayServices:
             raise UnauthenticatedError(f"{method} needs a client certificate", details={"reason": "no_certificate"})
         call = GatewayCall(method=method, caller=caller, input=input, context=self._context, issuer=self.joins.ca)
         return await declared.handler(call)
+
+    async def session_node(self, certificate_pem: str) -> str:
+        """The id of the live node whose certificate opens a ``Session`` (checked as for renewal).
+
+        Raises:
+            InvalidInputError: not a PEM certificate.
+            UnauthenticatedError: it is expired, untrusted, revoked, or not a node's.
+            AccessDeniedError: its node is retired.
+        """
+        return (await self.joins.node_of(certificate_pem)).id
+
+    async def issue_server_certificate(self, csr_pem: str, *, name: str, hosts: Sequence[str]) -> ServerCertificate:
+        """A certificate in role ``gateway`` for the gateway ``name`` hosted in this process (``serve --roles all``),
+        for the key of ``csr_pem`` (which stays with the caller), valid for ``hosts``.
+
+        Raises:
+            InvalidInputError: a bad CSR, name or host.
+        """
+        issued = await self.joins.ca.issue_server(csr_pem, name=name, hosts=hosts)
+        return _server_certificate(issued, await self.trust_bundle_pem())
+
+    async def gateway_of(self, certificate_pem: str) -> str:
+        """The name of the gateway whose certificate this is (the internal channel's check of its caller).
+
+        Raises:
+            InvalidInputError: not a PEM certificate.
+            UnauthenticatedError: it is expired, untrusted or revoked.
+            AccessDeniedError: it is not a gateway's certificate (``role``).
+        """
+        record, _ = await self.joins.renewals.verified(certificate_pem)
+        if record.role != GATEWAY_ROLE:
+            raise AccessDeniedError(
+                "only a gateway's certificate may use this channel", details={"reason": "role", "role": record.role}
+            )
+        return record.node_id
+
+    async def renew_gateway(self, certificate_pem: str, *, csr_pem: str, hosts: Sequence[str]) -> ServerCertificate:
+        """A new certificate for the gateway of ``certificate_pem`` (which the caller proved it holds, in the
+        internal channel's handshake), for the key of ``csr_pem``, valid for ``hosts``.
+
+        Raises:
+            InvalidInputError: a bad certificate, CSR or host.
+            UnauthenticatedError: the certificate is expired, untrusted or revoked.
+            AccessDeniedError: it is not a gateway's certificate.
+        """
+        name = await self.gateway_of(certificate_pem)
+        issued = await self.joins.ca.issue_server(csr_pem, name=name, hosts=hosts)
+        log.info("gateway %s renewed its certificate (%s)", name, issued.serial)
+        return _server_certificate(issued, await self.trust_bundle_pem())
+
+    async def enrol_gateway(self, token: str, *, csr_pem: str, hosts: Sequence[str]) -> ServerCertificate:
+        """A gateway's first certificate, for a one-time enrolment token (``GatewayEnrolment.enrol``).
+
+        Raises:
+            InvalidInputError: a malformed token, CSR or host.
+            UnauthenticatedError: the token does not open here, has expired or was used.
+            FailedPreconditionError: this control plane has no enrolment (no KMS).
+        """
+        if self.enrolment is None:
+            raise FailedPreconditionError("gateway enrolment needs the KMS", details={"reason": "no_enrolment"})
+        issued = await self.enrolment.enrol(token, csr_pem=csr_pem, hosts=hosts)
+        return _server_certificate(issued, await self.trust_bundle_pem())
 
     async def trust_bundle_pem(self) -> str:
         """The CA certificates a gateway trusts for client certificates (PEM)."""

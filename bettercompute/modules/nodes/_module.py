@@ -16,6 +16,7 @@ from bettercompute.errors import FailedPreconditionError, InvalidConfigError
 from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._claims import Attestor
 from bettercompute.modules.nodes._gateway import GatewayServices
+from bettercompute.modules.nodes._gateway_enrolment import GatewayEnrolment
 from bettercompute.modules.nodes._join import JoinService
 from bettercompute.modules.nodes._methods import ACTIONS, JoinTokensGroup, NodesGroup
 from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS, JOIN_TOKENS, NODES
@@ -183,6 +184,7 @@ class NodesModule:
             context=context,
             methods=self.gateway_methods,
             tunnel_checks=self.tunnel_checks,
+            enrolment=GatewayEnrolment(ca, self._kms, store=store, replay_guard=store.nonces, clock=context.clock),
         )
 
     async def stop(self) -> None:

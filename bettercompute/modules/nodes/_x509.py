@@ -179,7 +179,10 @@ def sign_leaf(
         InvalidInputError: a server host that is neither an IP address nor an ASCII DNS name.
     """
     serial = x509.random_serial_number()
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if leaf.server_hosts else ExtendedKeyUsageOID.CLIENT_AUTH
+    if leaf.role == "gateway":  # its server certificate is also its client certificate on the internal channel
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    else:
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH if leaf.server_hosts else ExtendedKeyUsageOID.CLIENT_AUTH]
     names = [x509.UniformResourceIdentifier(leaf.spiffe_id), *map(host_name, leaf.server_hosts)]
     subject = x509.Name(
         [
@@ -198,7 +201,7 @@ def sign_leaf(
         .not_valid_after(leaf.not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(leaf_key_usage(), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(leaf.public_key), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(private.public_key()), critical=False)

@@ -240,6 +240,13 @@ CREATE TABLE {schema}.tunnels (
 CREATE INDEX tunnels_open ON {schema}.tunnels (coalesce(checked_at, used_at, expires_at)) WHERE closed_at IS NULL;
 """
 
+# The api process's internal listener, which gateway processes dial, has a certificate of its own role (``control``)
+# so that no gateway certificate can stand in for it.
+_V9 = """
+ALTER TABLE {schema}.certificates DROP CONSTRAINT certificates_role_check,
+    ADD CONSTRAINT certificates_role_check CHECK (role IN ('node', 'site', 'ramdisk', 'gateway', 'control'));
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1),
     Migration(version=2, name="gateway certificates", sql=_V2),
@@ -249,4 +256,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=6, name="the placer's index on atoms", sql=_V6),
     Migration(version=7, name="the placer's hints follow the atoms", sql=_V7),
     Migration(version=8, name="tunnels", sql=_V8),
+    Migration(version=9, name="the internal listener's certificates", sql=_V9),
 )

@@ -458,7 +458,17 @@ async def test_a_gateway_server_certificate_names_its_hosts_and_serves_only(
     assert names.get_values_for_type(x509.DNSName) == ["gw.eu-1.example.com"]
     assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["10.0.0.7", "::1"]
     usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]  # it cannot authenticate as a client (a node)
+    # A gateway also dials the api process's internal channel as a client; its SPIFFE role (gateway, not node)
+    # is what keeps it from opening a node session.
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    listener = await ca.issue_server(csr(), name="api-1", hosts=["127.0.0.1"], role="control")
+    listener_cert = x509.load_pem_x509_certificate(listener.certificate_pem.encode())
+    listener_names = listener_cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert listener_names.get_values_for_type(x509.UniformResourceIdentifier) == [
+        f"spiffe://{ca.trust_domain}/control/api-1"
+    ]
+    listener_usage = listener_cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(listener_usage) == [ExtendedKeyUsageOID.SERVER_AUTH]  # the listener never dials anything
     assert (await pg_store.repository(CERTIFICATES).get(issued.serial)) is not None
     for hosts in ([], ["under_score.example"], ["bücher.example"], ["-x.example"], ["a" * 64 + ".example"]):
         with pytest.raises(InvalidInputError):

@@ -119,18 +119,37 @@ def _api_metrics(url: str) -> Samples:
 def _started(
     env: dict[str, str], start_cli: StartCli, api_port: int
 ) -> tuple[str, Running, Running, Running, int, int]:
-    """Migrated, then an API process, a worker-only and a gateway-only process, each answering: the root token, the
-    three, and the two metrics ports."""
+    """Migrated, then an API process, a worker-only and a gateway-only process (enrolled over the api's internal
+    listener, with no KMS key), each answering: the root token, the three, and the two metrics ports."""
     migrated = run_cli(env, "migrate")
     assert migrated.returncode == 0, migrated.stderr
     boot = run_cli(env, "iam", "bootstrap", "--output", "token")
     assert boot.returncode == 0, boot.stderr
-    worker_metrics, gateway_metrics = free_port(), free_port()
-    api = start_cli(env, "serve", "--roles", "api", "--port", str(api_port), "--no-migrate")
+    worker_metrics, gateway_metrics, internal = free_port(), free_port(), free_port()
+    # The gateway process holds no KMS key: it enrols with a one-time token on the api's internal listener.
+    minted = run_cli(env, "gateways", "token", "gw-metrics")
+    assert minted.returncode == 0, minted.stderr
+    api = start_cli(
+        {**env, "BETTERCOMPUTE_INTERNAL_PORT": str(internal)},
+        "serve",
+        "--roles",
+        "api",
+        "--port",
+        str(api_port),
+        "--no-migrate",
+    )
     worker = start_cli(
         env, "serve", "--roles", "controllers,scheduler", "--no-migrate", "--metrics-port", str(worker_metrics)
     )
-    gateway = start_cli(env, "serve", "--roles", "gateway", "--no-migrate", "--metrics-port", str(gateway_metrics))
+    api.wait_ready(f"http://127.0.0.1:{api_port}")
+    edge = {k: v for k, v in env.items() if k != "BETTERCOMPUTE_KMS_KEY_FILE"}
+    edge |= {
+        "BETTERCOMPUTE_INSTANCE": "gw-metrics",
+        "BETTERCOMPUTE_INTERNAL_ADDRESS": f"127.0.0.1:{internal}",
+        "BETTERCOMPUTE_GATEWAY_TOKEN": minted.stdout.strip(),
+        "BETTERCOMPUTE_GATEWAY_STATE_DIR": env["BETTERCOMPUTE_KMS_KEY_FILE"] + ".gateway",
+    }
+    gateway = start_cli(edge, "serve", "--roles", "gateway", "--no-migrate", "--metrics-port", str(gateway_metrics))
     api.wait_ready(f"http://127.0.0.1:{api_port}")
     worker.wait_for("running controllers, scheduler", in_stderr=True)
     gateway.wait_for("running gateway", in_stderr=True)

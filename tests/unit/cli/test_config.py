@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import attrs
 import pytest
 
 from bettercompute import Options
@@ -199,17 +200,48 @@ def test_role_plans() -> None:
     assert plan_roles(("all",)) == Plan(api=True, workers=workers)
     assert plan_roles(("api",)) == Plan(api=True, workers=frozenset())
     assert plan_roles(("sinks", "iam")) == Plan(api=False, workers=frozenset({"sinks", "iam"}))
-    with pytest.raises(ConfigError, match="the gateway role needs trust_domain, gateway_address and kms_key_file"):
+    with pytest.raises(ConfigError, match="the gateway role needs trust_domain and gateway_address"):
         plan_roles(("api", "gateway"))
     identity = Config(
         trust_domain="compute.example", gateway_address="gw.example.com:7443", kms_key_file=Path("/k"), instance="a b"
     )
-    plan = plan_roles(("gateway",), identity)
-    assert plan.api is False and plan.workers == frozenset() and plan.gateway is not None
+    # With the api in the process, the gateway uses the services in process (it has the KMS key).
+    plan = plan_roles(("api", "gateway"), identity)
+    assert plan.api is True and plan.gateway is not None and plan.gateway.remote is None
     assert (plan.gateway.port, plan.gateway.name) == (7443, "a-b")
     assert plan.gateway.hosts == ("gw.example.com", "localhost", "127.0.0.1", "::1")
     assert plan_roles(("all",), identity).gateway == plan.gateway
     assert plan_roles(("all",), Config()).gateway is None  # no node identity: no gateway in all
+    assert plan.internal is None  # no internal_port: no listener for other gateways
+    listening = attrs.evolve(identity, internal_port=7444, internal_host="10.0.0.2")
+    assert plan_roles(("api",), listening).internal == ("10.0.0.2", 7444)
+    assert plan_roles(("controllers",), listening).internal is None  # only an api process listens
+
+
+def test_a_gateway_without_the_api_holds_no_kms_key_and_needs_the_internal_address(tmp_path: Path) -> None:
+    edge = Config(
+        trust_domain="compute.example",
+        gateway_address="gw.example.com:7443",
+        instance="edge-1",
+        internal_address="api.internal:7444",
+        gateway_token="bcgw_x",
+        gateway_state_dir=tmp_path / "gw",
+    )
+    plan = plan_roles(("gateway",), edge)
+    assert plan.api is False and plan.gateway is not None and plan.gateway.remote is not None
+    remote = plan.gateway.remote
+    assert (remote.host, remote.port, remote.state_dir, remote.token) == (
+        "api.internal",
+        7444,
+        tmp_path / "gw",
+        "bcgw_x",
+    )
+    assert "bcgw_x" not in repr(plan)  # the token is never shown
+    with pytest.raises(ConfigError, match="holds no KMS key") as keyed:
+        plan_roles(("gateway",), attrs.evolve(edge, kms_key_file=Path("/k")))
+    assert "internal_address" not in str(keyed.value)
+    with pytest.raises(ConfigError, match="set internal_address"):
+        plan_roles(("gateway",), attrs.evolve(edge, internal_address=None))
 
 
 CREDENTIAL = "bcak_0000000000000000." + "s" * 43
@@ -439,12 +471,12 @@ def test_the_gateway_listens_where_its_keys_say_and_daemons_still_dial_the_addre
     )
     config = load_config(path, {"BETTERCOMPUTE_GATEWAY_PORT": "7443"})
     assert (config.gateway_host, config.gateway_port) == ("10.1.2.3", 7443)
-    plan = plan_roles(("gateway",), config).gateway
+    plan = plan_roles(("api", "gateway"), config).gateway
     assert plan is not None and (plan.listen_host, plan.port) == ("10.1.2.3", 7443)
     assert plan.hosts[0] == "gw.example.com"  # the certificate names what daemons dial
     flagged = load_config(path, {}, {"gateway_port": 9443, "gateway_host": "10.0.0.5"})
     assert (flagged.gateway_host, flagged.gateway_port) == ("10.0.0.5", 9443)
-    unset = plan_roles(("gateway",), load_config(path, {"BETTERCOMPUTE_GATEWAY_HOST": ""}))
+    unset = plan_roles(("api", "gateway"), load_config(path, {"BETTERCOMPUTE_GATEWAY_HOST": ""}))
     assert unset.gateway is not None and unset.gateway.port == 443
 
 
