@@ -38,6 +38,13 @@ refused after 5 minutes, so each batch is sealed just before it is sent.
     psycopg cost on top of PostgreSQL (every statement runs on psycopg directly, on the store's own pool).
     Against "whole join" the two sides do the same work in the database.
 
+(4) Through the internal channel. The same per-caller batch again, but made the way a keyless gateway makes it: a
+    child process (the gateway's side: ``bench/joins.py --gateway-side``) enrols with a one-time gateway token on an
+    ``InternalListener`` that this process runs on loopback (gRPC over mutual TLS, as ``serve --roles api`` does),
+    then its callers join through ``RemoteGatewayServices``. The child seals its tokens before its clock starts, as
+    in (1). The ratio is its joins/s over the in-process joins/s of (1): what the extra hop costs. CPU/join is this
+    (the api) process's CPU over the child's batch, divided by its joins.
+
 Reading the numbers: on 2 cores, Python and PostgreSQL share the machine, and the Python side is one process (one
 core at most). If cores is near 1.00, joins/s is about 1 / CPU per join, and more callers will not raise it; more
 processes would. Compare (a) + CSR check + (b) with the CPU line of (2) to see how much of a join is cryptography.
@@ -48,6 +55,7 @@ figure is the ceiling for joins on a single token, however fast the Python side 
     python bench/joins.py                 # BETTERCOMPUTE_DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/test
     python bench/joins.py --joins 1000 --callers 16 --seconds 5
     python bench/joins.py --json          # the same figures as one JSON object on stdout (bench/run.py reads it)
+    python bench/joins.py --no-internal   # without (4)
 
 Takes about 20 seconds with the defaults. Uses (and drops) the schema ``bc_bench_joins``.
 """
@@ -66,6 +74,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -93,6 +102,7 @@ from bettercompute.modules.nodes._x509 import checked_csr_key
 from bettercompute.modules.pools import CreatePoolInput, Pool
 from bettercompute.testing import InMemoryReplayGuard
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
+from bettercompute_gateway import GatewayIdentity, GatewayServicesPort, InternalListener
 from bettercompute_iam import CreateTenantInput, EmbeddedIam, IamGroups
 from bettercompute_store_pg import PgStore
 from bettercompute_store_pg._outbox import _PUBLISH
@@ -206,14 +216,18 @@ class Join:
 
 def prepare(plane: Plane, token: str, serials: Sequence[str]) -> list[Join]:
     """The daemon's side of joining these machines with ``token``, done before the clock starts."""
+    return seal_batch(plane.join_key, token, serials)
+
+
+def seal_batch(join_key: str, token: str, serials: Sequence[str]) -> list[Join]:
+    """What ``bcd join`` sends for each of these machines: a fresh key's CSR, claims, the token sealed to
+    ``join_key``."""
     joins = []
     for serial in serials:
         csr_pem = NodeKey().csr_pem()
         claims = {"hostname": f"host-{serial.lower()}", "serial": serial, "product": PRODUCT}
         binding = join_binding(csr_pem, claims)
-        joins.append(
-            Join(sealed_token=seal_token(plane.join_key, token, binding=binding), csr_pem=csr_pem, claims=claims)
-        )
+        joins.append(Join(sealed_token=seal_token(join_key, token, binding=binding), csr_pem=csr_pem, claims=claims))
     return joins
 
 
@@ -235,7 +249,7 @@ class JoinRun:
         return self.cpu_seconds / self.joins
 
 
-async def drive(services: GatewayServices, work: Sequence[Sequence[Join]]) -> JoinRun:
+async def drive(services: GatewayServicesPort, work: Sequence[Sequence[Join]]) -> JoinRun:
     """One caller per list of ``work``, each joining its machines one after another."""
     latencies: list[float] = []
 
@@ -270,6 +284,107 @@ async def bench_joins(plane: Plane, *, label: str, joins: int, callers: int, sha
 
     await drive(plane.services, batch("w", [WARMUP_PER_CALLER] * callers))
     return await drive(plane.services, batch("t", counts))
+
+
+# --- (4) through the internal channel -------------------------------------------------------------------------------
+
+LISTENER_HOSTS = ("127.0.0.1",)
+THIS_FILE = str(Path(__file__).resolve())
+GATEWAY_NAME = "gw-bench"
+
+
+@attrs.frozen(kw_only=True)
+class InternalRun:
+    """The child's batch as it timed it, and this (the api) process's CPU time meanwhile."""
+
+    run: JoinRun
+    api_cpu_seconds: float
+
+
+async def bench_internal(plane: Plane, folder: Path, *, joins: int, callers: int) -> InternalRun:
+    """``joins`` joins from ``callers`` callers in a child process, each with a token of its own, through an
+    ``InternalListener`` on loopback."""
+    counts = [joins // callers + (1 if c < joins % callers else 0) for c in range(callers)]
+    tokens = await new_tokens(plane, callers, max(counts) + WARMUP_PER_CALLER)
+    assert plane.services.enrolment is not None
+    listener = InternalListener(plane.services, name="api-bench", hosts=LISTENER_HOSTS)
+    port = await listener.start(LISTENER_HOSTS[0], 0)
+    try:
+        task = {
+            "port": port,
+            "trust_domain": TRUST_DOMAIN,
+            "gateway_token": await plane.services.enrolment.mint(GATEWAY_NAME),
+            "state": str(folder / "gateway-state"),
+            "join_key": plane.join_key,
+            "tokens": tokens,
+            "counts": counts,
+            "label": os.urandom(4).hex(),  # serials of their own, so another run in this plane does not collide
+        }
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            THIS_FILE,
+            "--gateway-side",
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(json.dumps(task).encode() + b"\n")
+        await child.stdin.drain()
+        ready = await child.stdout.readline()  # the child's warm-up is done and its batch sealed: the clock starts
+        if ready.strip() != b"ready":
+            _, err = await child.communicate()
+            raise SystemExit(f"the gateway side failed:\n{err.decode()}")
+        cpu = time.process_time()
+        out, err = await child.communicate()
+        api_cpu = time.process_time() - cpu
+        if child.returncode != 0:
+            raise SystemExit(f"the gateway side failed:\n{err.decode()}")
+        timed = json.loads(out)
+        return InternalRun(
+            run=JoinRun(
+                joins=len(timed["latencies"]),
+                seconds=timed["seconds"],
+                cpu_seconds=timed["cpu_seconds"],
+                latencies=timed["latencies"],
+            ),
+            api_cpu_seconds=api_cpu,
+        )
+    finally:
+        await listener.close()
+
+
+async def gateway_side() -> None:
+    """The child of (4): enrol, warm up, seal the batch, say ``ready``, join, print the timings as JSON."""
+    task = json.loads(sys.stdin.readline())
+    identity = GatewayIdentity(
+        Path(task["state"]),
+        name=GATEWAY_NAME,
+        hosts=LISTENER_HOSTS,
+        host=LISTENER_HOSTS[0],
+        port=task["port"],
+        trust_domain=task["trust_domain"],
+        token=task["gateway_token"],
+    )
+    services, _, _ = await identity.open()
+    try:
+        key = task["join_key"]
+
+        def batch(phase: str, sizes: Sequence[int]) -> list[list[Join]]:
+            return [
+                seal_batch(
+                    key, task["tokens"][c], [f"SN-internal-{task['label']}-{phase}-{c}-{n}" for n in range(size)]
+                )
+                for c, size in enumerate(sizes)
+            ]
+
+        await drive(services, batch("w", [WARMUP_PER_CALLER] * len(task["counts"])))
+        work = batch("t", task["counts"])
+        print("ready", flush=True)
+        timed = await drive(services, work)
+    finally:
+        identity.close()
+    print(json.dumps({"seconds": timed.seconds, "cpu_seconds": timed.cpu_seconds, "latencies": timed.latencies}))
 
 
 # --- (2) breakdown: the CPU steps alone -----------------------------------------------------------------------------
@@ -563,19 +678,31 @@ class Results:
     # (shared token, whole join) -> run; and the whole join with one client
     baseline: dict[tuple[bool, bool], PgbenchRun] | None
     baseline_solo: PgbenchRun | None
+    internal: InternalRun | None
 
 
 async def run(args: argparse.Namespace) -> Results:
     with tempfile.TemporaryDirectory() as folder:
         async with open_plane(Path(folder), args.callers) as plane:
             per_caller = await bench_joins(plane, label="own", joins=args.joins, callers=args.callers, shared=False)
+            internal = (
+                None
+                if args.no_internal
+                else await bench_internal(plane, Path(folder), joins=args.joins, callers=args.callers)
+            )
             shared = await bench_joins(plane, label="shared", joins=args.joins, callers=args.callers, shared=True)
             solo = await bench_joins(plane, label="solo", joins=SOLO_JOINS, callers=1, shared=False)
             cpu = await bench_cpu(CPU_REPEATS)
             binary = pgbench_binary()
             if binary is None:
                 return Results(
-                    per_caller=per_caller, shared=shared, solo=solo, cpu=cpu, baseline=None, baseline_solo=None
+                    per_caller=per_caller,
+                    shared=shared,
+                    solo=solo,
+                    cpu=cpu,
+                    baseline=None,
+                    baseline_solo=None,
+                    internal=internal,
                 )
             baseline = {
                 (token_shared, whole): pgbench(
@@ -586,7 +713,13 @@ async def run(args: argparse.Namespace) -> Results:
             }
             baseline_solo = pgbench(binary, plane, whole=True, shared=False, clients=1, seconds=args.seconds)
     return Results(
-        per_caller=per_caller, shared=shared, solo=solo, cpu=cpu, baseline=baseline, baseline_solo=baseline_solo
+        per_caller=per_caller,
+        shared=shared,
+        solo=solo,
+        cpu=cpu,
+        baseline=baseline,
+        baseline_solo=baseline_solo,
+        internal=internal,
     )
 
 
@@ -609,6 +742,14 @@ def figures(results: Results, args: argparse.Namespace) -> dict[str, float | int
             out[f"{name}_ratio_{label}"] = None if run is None else round(joined.rate / run.tps, 3)
     out["solo_pgbench_whole_join_tps"] = None if one is None else round(one.tps, 1)
     out["solo_ratio_whole_join"] = None if one is None else round(results.solo.rate / one.tps, 3)
+    internal = results.internal
+    if internal is not None:
+        ms = [1000 * s for s in internal.run.latencies]
+        out["internal_joins_per_s"] = round(internal.run.rate, 1)
+        out["internal_p99_ms"] = round(percentile(ms, 0.99), 1)
+        out["internal_api_cpu_us_per_join"] = round(1e6 * internal.api_cpu_seconds / internal.run.joins)
+        out["internal_gateway_cpu_us_per_join"] = round(1e6 * internal.run.cpu_per_join)
+        out["internal_ratio_in_process"] = round(internal.run.rate / results.per_caller.rate, 3)
     return out
 
 
@@ -645,6 +786,17 @@ def report(results: Results, args: argparse.Namespace) -> None:
     for name, seconds in steps:
         print(f"  {name:<62} {1e6 * seconds:8.0f} {100 * seconds / wall:6.1f}%")
 
+    internal = results.internal
+    if internal is not None:
+        ms = [1000 * s for s in internal.run.latencies]
+        print(
+            f"(4) the same {internal.run.joins} joins from a keyless gateway process, over the internal channel: "
+            f"{internal.run.rate:.1f} joins/s ({internal.run.rate / results.per_caller.rate:.3f} of (1) in process), "
+            f"p50 {statistics.median(ms):.1f} ms, p99 {percentile(ms, 0.99):.1f} ms; CPU/join: api "
+            f"{1e6 * internal.api_cpu_seconds / internal.run.joins:.0f} µs, gateway "
+            f"{1e6 * internal.run.cpu_per_join:.0f} µs"
+        )
+
     base = results.baseline
     one = results.baseline_solo
     if base is None or one is None:
@@ -677,7 +829,12 @@ def main() -> None:
         "--seconds", type=int, default=PGBENCH_SECONDS, help=f"each pgbench run (default {PGBENCH_SECONDS})"
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument("--no-internal", action="store_true", help="leave out (4), the internal channel")
+    parser.add_argument("--gateway-side", action="store_true", help=argparse.SUPPRESS)  # (4)'s child
     args = parser.parse_args()
+    if args.gateway_side:
+        asyncio.run(gateway_side())
+        return
     if args.callers < 1 or args.joins < args.callers or args.seconds < 1:
         parser.error("need --callers >= 1, --joins >= --callers and --seconds >= 1")
     if args.joins + WARMUP_PER_CALLER * args.callers > MAX_USES:

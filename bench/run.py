@@ -253,7 +253,17 @@ def joins_rows(f: Figures) -> list[Row]:
             f"CPU a join (cryptography included, which pgbench does not do); one shared token: "
             f"{number(get(f, 'shared_token_joins_per_s'))}/s vs pgbench "
             f"{number(get(f, 'shared_token_pgbench_whole_join_tps'))}",
-        )
+        ),
+        Row(
+            measure=f"joins/s from a keyless gateway, {callers} callers",
+            value=get(f, "internal_joins_per_s"),
+            baseline=get(f, "own_token_joins_per_s"),
+            baseline_is="the same joins in process (the row above); aim ≥ 0.8",
+            notes=f"JoinService behind the internal channel (gRPC, mutual TLS, loopback), the gateway a process of "
+            f"its own; p99 {number(get(f, 'internal_p99_ms'))} ms; CPU a join: api "
+            f"{number(get(f, 'internal_api_cpu_us_per_join'))} µs, gateway "
+            f"{number(get(f, 'internal_gateway_cpu_us_per_join'))} µs",
+        ),
     ]
 
 

@@ -71,6 +71,10 @@ CALL_TIMEOUT = 30.0
 """How long the gateway waits for one answer before it gives up (``UNAVAILABLE``)."""
 OPEN = frozenset({"Enrol", "TrustBundle"})
 """The calls a gateway makes before it has a certificate."""
+CALLER_CHECK_TTL = dt.timedelta(seconds=5)
+"""How long the listener relies on its last check of a gateway's certificate (chain, expiry, revocation,
+role) before it asks the control plane again: a revoked gateway certificate is refused within this time."""
+CALLER_CHECKS_KEPT = 256
 
 
 class JsonCodec(CodecBase):
@@ -292,6 +296,7 @@ class InternalServices:
 
     def __init__(self, services: GatewayServices) -> None:
         self._services = services
+        self._checked: dict[bytes, tuple[str, dt.datetime]] = {}  # certificate DER -> (its PEM, relied on until)
 
     def __mapping__(self) -> dict[str, Handler]:
         return {
@@ -321,8 +326,17 @@ class InternalServices:
             raise UnauthenticatedError(
                 "the internal channel needs a gateway's client certificate", details={"reason": "no_certificate"}
             )
+        now = self._services.clock.now()
+        known = self._checked.get(der)
+        if known is not None and known[1] > now:
+            return known[0]
         pem = x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM).decode()
-        await self._services.gateway_of(pem)
+        await self._services.gateway_of(pem)  # raises for a certificate that is not a valid gateway's
+        if len(self._checked) >= CALLER_CHECKS_KEPT:
+            self._checked = {k: v for k, v in self._checked.items() if v[1] > now}
+            if len(self._checked) >= CALLER_CHECKS_KEPT:
+                self._checked.clear()
+        self._checked[der] = (pem, now + CALLER_CHECK_TTL)
         return pem
 
 

@@ -14,7 +14,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from bettercompute.errors import AccessDeniedError, UnauthenticatedError, UnavailableError
+from bettercompute.errors import AccessDeniedError, InvalidInputError, UnauthenticatedError, UnavailableError
 from bettercompute.modules.nodes import GetNodeInput
 from bettercompute_gateway import (
     GatewayIdentity,
@@ -22,7 +22,7 @@ from bettercompute_gateway import (
     RemoteGatewayServices,
     create_gateway,
 )
-from bettercompute_gateway._internal import client_context, listen, listener_context
+from bettercompute_gateway._internal import CALLER_CHECK_TTL, client_context, listen, listener_context
 
 from .conftest import OPTIONS, Fleet, Wire, gateway_tls, hello, session_request
 
@@ -220,5 +220,25 @@ async def test_a_renewal_over_the_channel_is_for_a_new_key_made_in_the_gateway(f
         assert (remote.state / "gateway.key").read_text() == renewed.private_key_pem
         # The channel now authenticates with the renewed certificate (a call that needs a gateway's certificate).
         assert await services.tunnel_check(["tun_unknown"]) == {"tun_unknown": "unknown"}
+    finally:
+        identity.close()
+
+
+async def test_a_revoked_gateway_certificate_is_refused_once_the_last_check_has_lapsed(
+    fleet: Fleet, remote: Remote
+) -> None:
+    identity = remote.identity(fleet, token=remote.token)
+    services, tls, _ = await identity.open()
+    try:
+        # A call that needs a gateway's certificate: the malformed argument is refused only after the caller passed.
+        with pytest.raises(InvalidInputError):
+            await services.session_node("not a certificate")
+        serial = x509.load_pem_x509_certificate(tls.certificate_pem.encode()).serial_number
+        await fleet.services.joins.ca.revoke(serial, reason="gateway host lost")
+        # Within the listener's reliance on its last check the gateway still gets through; once it lapses, not.
+        fleet.clock.advance(CALLER_CHECK_TTL + dt.timedelta(seconds=1))
+        with pytest.raises(UnauthenticatedError) as revoked:
+            await services.session_node("not a certificate")
+        assert revoked.value.details["reason"] == "certificate_revoked"
     finally:
         identity.close()
