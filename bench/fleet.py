@@ -58,7 +58,9 @@ Processes, all on this machine, all over one PostgreSQL schema (``bc_bench_fleet
   admin, a tenant, a pool and one join token with a use per node (in process, through the public API, as
   ``bench/gateway.py`` does), starts the others, watches the database, measures and reports;
 - two gateway processes, ``better-compute serve --roles gateway --gateway-port P --no-migrate`` (each with its own
-  instance name, hence its own gateway name and server certificate from the control plane's CA), so what is measured
+  instance name, hence its own gateway name; no KMS key: each enrols with a one-time token from
+  ``better-compute gateways token`` on the internal listener of one api process, ``serve --roles api``, which
+  issues its certificate and answers its joins and session checks), so what is measured
   is exactly what an operator runs: uvloop, the LISTEN/NOTIFY notifier, ``GatewayOptions`` at their defaults (10 s
   heartbeats, the raised young-generation GC threshold);
 - one worker process, ``better-compute serve --roles controllers,sinks --no-migrate``: the inventory and lifecycle
@@ -219,24 +221,49 @@ def prepare(nodes: int, folder: Path, ports: Sequence[int]) -> tuple[Path, Made]
 
 
 def start_plane(config: Path, folder: Path, ports: Sequence[int], procs: list[Proc]) -> Plane:
-    """Start the worker and the gateways (each put in ``procs`` as soon as it runs) and wait until they run."""
+    """Start the worker, the api process whose internal listener the gateways enrol on and ask (they hold no KMS
+    key), and the gateways (each put in ``procs`` as soon as it runs); wait until they run."""
     serve = [str(BIN / "better-compute"), "--config", str(config), "serve", "--no-migrate"]
     worker = Proc.start(
         "worker", [*serve, "--roles", "controllers,sinks"], folder, {"BETTERCOMPUTE_INSTANCE": "bench-worker"}
     )
     procs.append(worker)
-    gateways = [
-        Proc.start(
-            f"gateway-{i + 1}",
-            [*serve, "--roles", "gateway", "--gateway-port", str(port)],
-            folder,
-            {"BETTERCOMPUTE_INSTANCE": f"bench-gw-{i + 1}"},
+    internal = free_port()
+    api = Proc.start(
+        "api",
+        [*serve, "--roles", "api", "--port", str(free_port())],
+        folder,
+        {"BETTERCOMPUTE_INSTANCE": "bench-api", "BETTERCOMPUTE_INTERNAL_PORT": str(internal)},
+    )
+    procs.append(api)
+    api.wait_for_log("serving ", START_TIMEOUT)
+    edge = folder / "edge.toml"
+    lines = [line for line in config.read_text().splitlines() if not line.startswith("kms_key_file")]
+    edge.write_text("\n".join([*lines, f'internal_address = "127.0.0.1:{internal}"']) + "\n")
+    gateways = []
+    for i, port in enumerate(ports):
+        name = f"bench-gw-{i + 1}"
+        minted = subprocess.run(
+            [str(BIN / "better-compute"), "--config", str(config), "gateways", "token", name],
+            capture_output=True,
+            check=False,
         )
-        for i, port in enumerate(ports)
-    ]
+        if minted.returncode != 0:
+            raise SystemExit(f"better-compute gateways token failed: {minted.stderr.decode(errors='replace')[-2000:]}")
+        env = {
+            "BETTERCOMPUTE_INSTANCE": name,
+            "BETTERCOMPUTE_GATEWAY_TOKEN": minted.stdout.decode().strip(),
+            "BETTERCOMPUTE_GATEWAY_STATE_DIR": str(folder / f"{name}.state"),
+        }
+        edge_serve = [str(BIN / "better-compute"), "--config", str(edge), "serve", "--no-migrate"]
+        gateways.append(
+            Proc.start(
+                f"gateway-{i + 1}", [*edge_serve, "--roles", "gateway", "--gateway-port", str(port)], folder, env
+            )
+        )
     procs += gateways
     for proc in procs:
-        proc.wait_for_log("running ", START_TIMEOUT)
+        proc.wait_for_log("running " if proc is not api else "serving ", START_TIMEOUT)
     idle_rss = {p.name: rss_bytes(p.pid) for p in gateways}
     return Plane(worker=worker, gateways=gateways, ports=list(ports), idle_rss=idle_rss)
 

@@ -361,8 +361,7 @@ async def gateway_side() -> None:
         Path(task["state"]),
         name=GATEWAY_NAME,
         hosts=LISTENER_HOSTS,
-        host=LISTENER_HOSTS[0],
-        port=task["port"],
+        addresses=[(LISTENER_HOSTS[0], task["port"])],
         trust_domain=task["trust_domain"],
         token=task["gateway_token"],
     )

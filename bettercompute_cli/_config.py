@@ -127,8 +127,9 @@ class Config:
             channel: gRPC over mutual TLS, gateway certificates only); ``None``: no listener, gateways run only in
             an api process.
         internal_address: ``host:port`` of an api process's internal listener, which a gateway-only process
-            (``serve --roles gateway``) asks for joins, renewals, secrets and its own certificate. Such a process
-            holds no KMS key: it needs this instead of ``kms_key_file``.
+            (``serve --roles gateway``) asks for joins, renewals, secrets and its own certificate; several,
+            separated by commas, to go on through another api process while one is down. Such a process holds no
+            KMS key: it needs this instead of ``kms_key_file``.
         gateway_token: A one-time enrolment token (``better-compute gateways token``) for a gateway-only process
             whose state directory holds no current certificate; never echoed.
         gateway_state_dir: Where a gateway-only process keeps its key and certificate
@@ -307,8 +308,10 @@ def _check_text(key: str, value: Any, where: str) -> tuple[str | None, str | Non
     text = value.strip()
     if key == "trust_domain" and not _TRUST_DOMAIN.fullmatch(text):
         return None, f"{where} {text!r} must be a lower-case DNS name like compute.example.com"
-    if key in ("gateway_address", "tunnel_gateway", "internal_address") and not _ADDRESS.fullmatch(text):
+    if key in ("gateway_address", "tunnel_gateway") and not _ADDRESS.fullmatch(text):
         return None, f"{where} {text!r} must be host:port"
+    if key == "internal_address" and not all(_ADDRESS.fullmatch(a.strip()) for a in text.split(",")):
+        return None, f"{where} {text!r} must be host:port, or several separated by commas"
     if key == "schema" and (not _SCHEMA.fullmatch(text) or text.startswith("pg_")):
         return None, (
             f"{where} {text!r} must be a lower-case identifier (a-z, 0-9, _) of at most 63 characters,"

@@ -53,8 +53,7 @@ CLOSE_DRAIN_SECONDS = 5.0
 class RemotePlan:
     """How a gateway-only process reaches the api process's internal listener, and where it keeps its identity."""
 
-    host: str
-    port: int
+    addresses: tuple[tuple[str, int], ...]
     trust_domain: str
     state_dir: Path
     token: str | None = attrs.field(default=None, repr=False)
@@ -112,8 +111,7 @@ class HostedGateway:
                 plan.remote.state_dir,
                 name=plan.name,
                 hosts=plan.hosts,
-                host=plan.remote.host,
-                port=plan.remote.port,
+                addresses=plan.remote.addresses,
                 trust_domain=plan.remote.trust_domain,
                 token=plan.remote.token,
             )

@@ -140,15 +140,17 @@ def _remote_plan(config: Config) -> RemotePlan:
         )
     if problems or config.internal_address is None or config.trust_domain is None:
         raise ConfigError(problems)
-    host, _, port = config.internal_address.rpartition(":")
+    addresses = []
+    for address in config.internal_address.split(","):
+        host, _, port = address.strip().rpartition(":")
+        addresses.append((host.strip("[]"), int(port)))
     name = gateway_name(config.instance or "gateway")
     state_dir = config.gateway_state_dir
     if state_dir is None:
         base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
         state_dir = base / "better-compute" / f"gateway-{name}"
     return RemotePlan(
-        host=host.strip("[]"),
-        port=int(port),
+        addresses=tuple(addresses),
         trust_domain=config.trust_domain,
         state_dir=state_dir,
         token=config.gateway_token,

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from bettercompute.errors import FailedPreconditionError, InvalidConfigError, UnauthenticatedError
 from bettercompute.modules.nodes import ServerCertificate, bundle_pin, parse_gateway_token
 
-from ._internal import RemoteGatewayServices, client_context
+from ._internal import Address, RemoteGatewayServices, client_context
 from ._tls import GatewayTls, csr_pem, renew_in, tls_of
 
 __all__ = ["GatewayIdentity"]
@@ -37,8 +37,9 @@ _MARGIN = dt.timedelta(minutes=1)
 
 
 class GatewayIdentity:
-    """The gateway ``name``'s identity in ``state_dir``, and its channel to the api process's internal listener at
-    ``host:port``: ``await open()``, then ``await renew()`` at the interval each returns, then ``close()``."""
+    """The gateway ``name``'s identity in ``state_dir``, and its channel to the api processes' internal listeners at
+    ``addresses`` (see ``RemoteGatewayServices``): ``await open()``, then ``await renew()`` at the interval each
+    returns, then ``close()``."""
 
     def __init__(
         self,
@@ -46,16 +47,14 @@ class GatewayIdentity:
         *,
         name: str,
         hosts: Sequence[str],
-        host: str,
-        port: int,
+        addresses: Sequence[Address],
         trust_domain: str,
         token: str | None = None,
     ) -> None:
         self._dir = state_dir
         self._name = name
         self._hosts = tuple(hosts)
-        self._host = host
-        self._port = port
+        self._addresses = tuple(addresses)
         self._trust_domain = trust_domain
         self._token = token
         self.services: RemoteGatewayServices | None = None
@@ -79,7 +78,7 @@ class GatewayIdentity:
         else:
             key, issued = await self._enrol()
         self.services = RemoteGatewayServices(
-            self._host, self._port, trust_domain=self._trust_domain, context=self._context(key, issued)
+            self._addresses, trust_domain=self._trust_domain, context=self._context(key, issued)
         )
         return self.services, tls_of(key, issued), self._renew_in(issued)
 
@@ -121,9 +120,7 @@ class GatewayIdentity:
         pin, _ = parse_gateway_token(self._token)
         # Before any certificate: fetch the bundle without trusting the listener, and trust it only if it has the
         # token's pin (the bundle is public; the pin is what makes it trusted).
-        probe = RemoteGatewayServices(
-            self._host, self._port, trust_domain=self._trust_domain, context=_unverified_context()
-        )
+        probe = RemoteGatewayServices(self._addresses, trust_domain=self._trust_domain, context=_unverified_context())
         try:
             bundle = await probe.trust_bundle_pem()
         finally:
@@ -139,7 +136,7 @@ class GatewayIdentity:
             )
         key = ec.generate_private_key(ec.SECP256R1())
         channel = RemoteGatewayServices(
-            self._host, self._port, trust_domain=self._trust_domain, context=client_context(bundle)
+            self._addresses, trust_domain=self._trust_domain, context=client_context(bundle)
         )
         try:
             issued = await channel.enrol(self._token, csr_pem=csr_pem(key, self._name), hosts=self._hosts)

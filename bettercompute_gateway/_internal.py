@@ -416,81 +416,108 @@ class _SystemClock:
         return dt.datetime.now(dt.UTC)
 
 
-class RemoteGatewayServices:
-    """The gateway's end of the internal channel: a ``GatewayServicesPort`` whose every answer comes from the api
-    process at ``host:port``. ``reload`` puts a renewed certificate to use; ``close`` ends the channel.
+Address = tuple[str, int]
+"""An internal listener's ``(host, port)``."""
 
-    Raises (every call): ``UnavailableError`` when the listener cannot be reached, does not answer within
-    ``CALL_TIMEOUT``, or is not the control plane (``untrusted_listener``); otherwise what the control plane raised.
+
+class RemoteGatewayServices:
+    """The gateway's end of the internal channel: a ``GatewayServicesPort`` whose every answer comes from an api
+    process's internal listener at one of ``addresses``. A call goes to the listener that answered last; when it
+    cannot be reached (before anything was sent), the call goes to the next one, once around the list, so a gateway
+    keeps working while one api process restarts. ``reload`` puts a renewed certificate to use; ``close`` ends the
+    channels.
+
+    Raises (every call): ``UnavailableError`` when no listener can be reached, the one reached does not answer within
+    ``CALL_TIMEOUT``, or it is not the control plane (``untrusted_listener``); otherwise what the control plane raised.
     """
 
     def __init__(
-        self, host: str, port: int, *, trust_domain: str, context: ssl.SSLContext, clock: Clock | None = None
+        self,
+        addresses: Sequence[Address],
+        *,
+        trust_domain: str,
+        context: ssl.SSLContext,
+        clock: Clock | None = None,
     ) -> None:
-        self._host = host
-        self._port = port
+        if not addresses:
+            raise ValueError("no internal listener address")
+        self._addresses = tuple(addresses)
         self._prefix = listener_spiffe_prefix(trust_domain)
-        self._channel = self._open(context)
+        self._channels = self._open(context)
+        self._current = 0
         self._retired: list[Channel] = []
-        self._checked: bytes | None = None
+        self._listeners: set[bytes] = set()  # the certificates of listeners found to be the control plane's
         self._clock = clock or _SystemClock()
 
     def __repr__(self) -> str:
-        return f"RemoteGatewayServices({self._host}:{self._port})"
+        return f"RemoteGatewayServices({', '.join(f'{h}:{p}' for h, p in self._addresses)})"
 
     @property
     def clock(self) -> Clock:
         return self._clock
 
-    def _open(self, context: ssl.SSLContext) -> Channel:
-        return Channel(self._host, self._port, ssl=context, codec=JsonCodec())
+    def _open(self, context: ssl.SSLContext) -> list[Channel]:
+        return [Channel(host, port, ssl=context, codec=JsonCodec()) for host, port in self._addresses]
 
     def reload(self, context: ssl.SSLContext) -> None:
         """Use ``context`` (a renewed certificate) for calls from now on; calls under way finish on the old one."""
-        self._retired.append(self._channel)
-        while len(self._retired) > 2:  # an older one has long had its answers
+        self._retired.extend(self._channels)
+        while len(self._retired) > 2 * len(self._addresses):  # older ones have long had their answers
             self._retired.pop(0).close()
-        self._channel = self._open(context)
-        self._checked = None
+        self._channels = self._open(context)
 
     def close(self) -> None:
-        """End the channel (and the ones ``reload`` retired)."""
-        for channel in (*self._retired, self._channel):
+        """End the channels (and the ones ``reload`` retired)."""
+        for channel in (*self._retired, *self._channels):
             channel.close()
         self._retired.clear()
 
     async def ask(self, name: str, request: Mapping[str, Any]) -> Any:
         """The control plane's answer to ``name`` (see ``ANSWERS``)."""
-        channel = self._channel
-        try:
-            async with asyncio.timeout(CALL_TIMEOUT):
-                async with channel.request(SERVICE + name, Cardinality.UNARY_UNARY, dict, dict) as stream:
-                    await stream.send_request()
-                    self._check_listener(stream)
-                    await stream.send_message(dict(request), end=True)
-                    reply = await stream.recv_message()
-        except ComputeError:
-            raise
-        except (TimeoutError, OSError, GRPCError, StreamTerminatedError, ssl.SSLError) as exc:
-            log.warning("internal channel: %s to %s:%d failed: %s", name, self._host, self._port, type(exc).__name__)
-            raise UnavailableError(
-                "the control plane cannot be reached; try again", details={"reason": "internal_channel"}
-            ) from None
-        if not isinstance(reply, dict):
-            raise UnavailableError("the control plane gave no answer", details={"reason": "internal_channel"})
-        if "error" in reply and isinstance(reply["error"], dict):
-            raise _error(reply["error"])
-        return reply.get("ok")
+        start = self._current
+        count = len(self._addresses)
+        for step in range(count):
+            index = (start + step) % count
+            host, port = self._addresses[index]
+            sent = False
+            try:
+                async with asyncio.timeout(CALL_TIMEOUT):
+                    async with self._channels[index].request(
+                        SERVICE + name, Cardinality.UNARY_UNARY, dict, dict
+                    ) as stream:
+                        await stream.send_request()
+                        self._check_listener(stream)
+                        sent = True
+                        await stream.send_message(dict(request), end=True)
+                        reply = await stream.recv_message()
+            except ComputeError:
+                raise
+            except (TimeoutError, OSError, GRPCError, StreamTerminatedError, ssl.SSLError) as exc:
+                log.warning("internal channel: %s to %s:%d failed: %s", name, host, port, type(exc).__name__)
+                if not sent and step + 1 < count:
+                    continue  # nothing reached this listener: the next one may answer
+                raise UnavailableError(
+                    "the control plane cannot be reached; try again", details={"reason": "internal_channel"}
+                ) from None
+            self._current = index
+            if not isinstance(reply, dict):
+                raise UnavailableError("the control plane gave no answer", details={"reason": "internal_channel"})
+            if "error" in reply and isinstance(reply["error"], dict):
+                raise _error(reply["error"])
+            return reply.get("ok")
+        raise UnavailableError("the control plane cannot be reached; try again", details={"reason": "internal_channel"})
 
     def _check_listener(self, stream: Any) -> None:
         der = _peer_der(stream)
-        if der is not None and der == self._checked:
+        if der is not None and der in self._listeners:
             return
         if der is None or not any(i.startswith(self._prefix) for i in _spiffe_ids(der)):
             raise UnavailableError(
                 "the internal listener is not the control plane's", details={"reason": "untrusted_listener"}
             )
-        self._checked = der
+        if len(self._listeners) >= 4 * len(self._addresses):  # listeners renew their certificates
+            self._listeners.clear()
+        self._listeners.add(der)
 
     # --- GatewayServicesPort ---------------------------------------------------------------------------------------
 

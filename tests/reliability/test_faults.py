@@ -199,8 +199,21 @@ async def prepare(plane: Plane, gateway_port: int, receiver_url: str) -> dict[st
         await compute.close()
 
 
-def serve(plane: Plane, config: Path, name: str, roles: str, *extra: str, database: str | None = None) -> Proc:
-    env = {**os.environ, "BETTERCOMPUTE_INSTANCE": name, "BETTERCOMPUTE_DATABASE_URL": database or plane.pooled}
+def serve(
+    plane: Plane,
+    config: Path,
+    name: str,
+    roles: str,
+    *extra: str,
+    database: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Proc:
+    env = {
+        **os.environ,
+        "BETTERCOMPUTE_INSTANCE": name,
+        "BETTERCOMPUTE_DATABASE_URL": database or plane.pooled,
+        **(env or {}),
+    }
     argv = [str(BIN / "better-compute"), "--config", str(config), "serve", "--no-migrate", "--roles", roles, *extra]
     proc = Proc.make(name, argv, plane.folder, env)
     plane.procs[name] = proc
@@ -309,34 +322,74 @@ def _migrated(plane: Plane, config: Path) -> None:
 
 
 def _control_plane(run: Run, config: Path) -> None:
-    """Three workers, two gateways (the second through the proxy) and two api processes, each running."""
+    """Three workers, two api processes (each with an internal listener) and two gateways (the second through the
+    proxy), each running. The gateways hold no KMS key: each enrols with a one-time token on the api processes'
+    internal listeners, and goes on through the other while one is down."""
     plane, gw_ports, api_ports = run.plane, run.gw_ports, run.api_ports
+    internal_ports = [free_port(), free_port()]
     run.workers = [
         serve(plane, config, f"worker-{i}", "controllers,scheduler,sinks,iam", *metrics_flag(plane, f"worker-{i}"))
         for i in (1, 2, 3)
     ]
-    run.gateways = [
-        serve(
-            plane, config, "gateway-1", "gateway", "--gateway-port", str(gw_ports[0]), *metrics_flag(plane, "gateway-1")
-        ),
+    run.apis = [
         serve(
             plane,
             config,
-            "gateway-2",
-            "gateway",
-            "--gateway-port",
-            str(gw_ports[1]),
-            *metrics_flag(plane, "gateway-2"),
-            database=plane.proxied,
-        ),
+            f"api-{i + 1}",
+            "api",
+            "--port",
+            str(port),
+            env={"BETTERCOMPUTE_INTERNAL_PORT": str(internal_ports[i])},
+        )
+        for i, port in enumerate(api_ports)
     ]
-    run.apis = [serve(plane, config, f"api-{i + 1}", "api", "--port", str(port)) for i, port in enumerate(api_ports)]
     plane.metrics.update({f"api-{i + 1}": f"127.0.0.1:{port}" for i, port in enumerate(api_ports)})
     plane.api_urls = [f"http://127.0.0.1:{port}" for port in api_ports]
-    for proc in run.workers + run.gateways:
-        proc.wait_for_log("running ", START_WITHIN)
     for proc in run.apis:
         proc.wait_for_log("serving ", START_WITHIN)
+    edge = _edge_config(config, internal_ports)
+    run.gateways = [
+        serve(
+            plane,
+            edge,
+            name,
+            "gateway",
+            "--gateway-port",
+            str(gw_ports[i]),
+            *metrics_flag(plane, name),
+            database=plane.proxied if i == 1 else None,
+            env=_enrolment(plane, config, name),
+        )
+        for i, name in enumerate(("gateway-1", "gateway-2"))
+    ]
+    for proc in run.workers + run.gateways:
+        proc.wait_for_log("running ", START_WITHIN)
+
+
+def _edge_config(config: Path, internal_ports: list[int]) -> Path:
+    """The gateways' configuration: the control plane's without the KMS key, with both internal listeners."""
+    lines = [line for line in config.read_text().splitlines() if not line.startswith("kms_key_file")]
+    lines.append(f"internal_address = {json.dumps(','.join(f'127.0.0.1:{p}' for p in internal_ports))}")
+    edge = config.with_name("edge.toml")
+    edge.write_text("\n".join(lines) + "\n")
+    return edge
+
+
+def _enrolment(plane: Plane, config: Path, name: str) -> dict[str, str]:
+    """A one-time enrolment token for gateway ``name`` (minted where the KMS key is) and its state directory."""
+    minted = subprocess.run(
+        [str(BIN / "better-compute"), "--config", str(config), "gateways", "token", name],
+        capture_output=True,
+        check=False,
+        env={**os.environ, "BETTERCOMPUTE_DATABASE_URL": plane.pooled},
+    )
+    assert minted.returncode == 0, minted.stderr.decode(errors="replace")[-3000:]
+    token = minted.stdout.decode().strip()
+    plane.secrets.append(token)  # the leak scan looks for it in the logs and the database
+    return {
+        "BETTERCOMPUTE_GATEWAY_TOKEN": token,
+        "BETTERCOMPUTE_GATEWAY_STATE_DIR": str(plane.folder / f"{name}.state"),
+    }
 
 
 def _fleets_adopted(run: Run) -> None:

@@ -6,6 +6,7 @@ over that channel. The listener takes gateway certificates only, and the gateway
 from __future__ import annotations
 
 import datetime as dt
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -44,8 +45,7 @@ class Remote:
             state or self.state,
             name=NAME,
             hosts=HOSTS,
-            host="127.0.0.1",
-            port=self.port,
+            addresses=[("127.0.0.1", self.port)],
             trust_domain=fleet.services.joins.ca.trust_domain,
             token=token,
         )
@@ -166,13 +166,12 @@ async def test_the_listener_takes_gateway_certificates_only(fleet: Fleet, remote
     bundle = await fleet.services.trust_bundle_pem()
     trust_domain = fleet.services.joins.ca.trust_domain
     as_node = RemoteGatewayServices(
-        "127.0.0.1",
-        remote.port,
+        [("127.0.0.1", remote.port)],
         trust_domain=trust_domain,
         context=client_context(bundle, joined.certificate_pem, joined.key.private_key_pem().decode()),
     )
     anonymous = RemoteGatewayServices(
-        "127.0.0.1", remote.port, trust_domain=trust_domain, context=client_context(bundle)
+        [("127.0.0.1", remote.port)], trust_domain=trust_domain, context=client_context(bundle)
     )
     try:
         with pytest.raises(AccessDeniedError) as denied:
@@ -196,8 +195,7 @@ async def test_a_gateway_refuses_a_listener_that_is_not_the_control_plane(fleet:
     server, port = await listen(fleet.services, context, "127.0.0.1", 0)
     try:
         services = RemoteGatewayServices(
-            "127.0.0.1",
-            port,
+            [("127.0.0.1", port)],
             trust_domain=fleet.services.joins.ca.trust_domain,
             context=client_context(impostor_tls.trust_bundle_pem),
         )
@@ -240,5 +238,33 @@ async def test_a_revoked_gateway_certificate_is_refused_once_the_last_check_has_
         with pytest.raises(UnauthenticatedError) as revoked:
             await services.session_node("not a certificate")
         assert revoked.value.details["reason"] == "certificate_revoked"
+    finally:
+        identity.close()
+
+
+async def test_a_gateway_goes_on_through_another_listener_while_one_is_down(fleet: Fleet, remote: Remote) -> None:
+    with socket.socket() as probe:  # a port nothing listens on: an api process that is down
+        probe.bind(("127.0.0.1", 0))
+        down = probe.getsockname()[1]
+    identity = GatewayIdentity(
+        remote.state,
+        name=NAME,
+        hosts=HOSTS,
+        addresses=[("127.0.0.1", down), ("127.0.0.1", remote.port)],
+        trust_domain=fleet.services.joins.ca.trust_domain,
+        token=remote.token,
+    )
+    try:
+        services, tls, _ = await identity.open()  # enrols through the second address
+        assert await services.tunnel_check(["tun_unknown"]) == {"tun_unknown": "unknown"}
+        only_down = RemoteGatewayServices(
+            [("127.0.0.1", down)],
+            trust_domain=fleet.services.joins.ca.trust_domain,
+            context=client_context(tls.trust_bundle_pem, tls.certificate_pem, tls.private_key_pem),
+        )
+        with pytest.raises(UnavailableError) as none_left:
+            await only_down.tunnel_check(["tun_unknown"])
+        assert none_left.value.details["reason"] == "internal_channel"
+        only_down.close()
     finally:
         identity.close()

@@ -230,12 +230,11 @@ def test_a_gateway_without_the_api_holds_no_kms_key_and_needs_the_internal_addre
     plan = plan_roles(("gateway",), edge)
     assert plan.api is False and plan.gateway is not None and plan.gateway.remote is not None
     remote = plan.gateway.remote
-    assert (remote.host, remote.port, remote.state_dir, remote.token) == (
-        "api.internal",
-        7444,
-        tmp_path / "gw",
-        "bcgw_x",
-    )
+    assert (remote.addresses, remote.state_dir, remote.token) == ((("api.internal", 7444),), tmp_path / "gw", "bcgw_x")
+    # Several api processes: the gateway goes on through another while one is down.
+    both = plan_roles(("gateway",), attrs.evolve(edge, internal_address="api-1.internal:7444, api-2.internal:7445"))
+    assert both.gateway is not None and both.gateway.remote is not None
+    assert both.gateway.remote.addresses == (("api-1.internal", 7444), ("api-2.internal", 7445))
     assert "bcgw_x" not in repr(plan)  # the token is never shown
     with pytest.raises(ConfigError, match="holds no KMS key") as keyed:
         plan_roles(("gateway",), attrs.evolve(edge, kms_key_file=Path("/k")))
@@ -544,3 +543,11 @@ def test_tunnel_keys_from_the_file_and_the_environment(tmp_path: Path) -> None:
     assert any("tunnel_gateway" in p for p in problems)
     assert any("tunnel_streams_per_tenant" in p for p in problems)
     assert any("tunnel_bytes_per_second" in p for p in problems)
+
+
+def test_internal_address_takes_several_listeners_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    several = load_config(_write(tmp_path, 'internal_address = "a.internal:7444,b.internal:7445"\n'), {})
+    assert several.internal_address == "a.internal:7444,b.internal:7445"
+    for bad in ("a.internal:7444,b.internal", "a.internal:7444,,b.internal:7445", "a.internal:7444;b.internal:7445"):
+        with pytest.raises(ConfigError, match="several separated by commas"):
+            load_config(_write(tmp_path, f'internal_address = "{bad}"\n'), {})
