@@ -21,6 +21,7 @@ from bettercompute._runtime.jobs import BUILTIN_JOBS, ROLES, Job
 from bettercompute._runtime.registry import GroupSpec, Registry
 from bettercompute._version import __version__
 from bettercompute.errors import ComputeError
+from bettercompute.modules.audit import AuditModule
 from bettercompute.modules.capacity import CapacityModule
 from bettercompute.modules.commands import CommandsModule
 from bettercompute.modules.images import ImagesModule
@@ -127,6 +128,7 @@ BUILTIN_NAMES = frozenset(
         "secrets",
         "nodes",
         "inventory",
+        "audit",
     }
 )
 """The names the built-in modules are registered and migrated under (``"core"`` is the system module's, ``"runtime"``
@@ -163,6 +165,8 @@ def _builtin_modules(options: Options, attestors: Sequence[Any], checks: Sequenc
         NodesModule(join, kms, attestors, secret_broker=broker),
         # The built-in node controllers, with the acceptance checks other modules declare.
         InventoryModule(checks),
+        # Reads the runtime's audit table, which every module writes; its migration makes that table append-only.
+        AuditModule(),
     ]
 
 

@@ -34,10 +34,15 @@ CREATE TABLE {schema}.audit (
     decision_id text,
     outcome text NOT NULL,
     details jsonb DEFAULT '{}'::jsonb NOT NULL,
+    txid bigint DEFAULT ((pg_current_xact_id())::text)::bigint NOT NULL,
     CONSTRAINT audit_pkey PRIMARY KEY (id)
 );
 CREATE INDEX audit_at ON {schema}.audit USING btree (at);
+CREATE INDEX audit_linking ON {schema}.audit USING btree (txid, id);
 CREATE INDEX audit_resource ON {schema}.audit USING btree (resource_type, resource_id, at);
+CREATE INDEX audit_tenant ON {schema}.audit USING btree (tenant, id);
+CREATE TRIGGER audit_append_only BEFORE DELETE OR UPDATE ON {schema}.audit FOR EACH ROW EXECUTE FUNCTION {schema}.bc_append_only();
+CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON {schema}.audit FOR EACH STATEMENT EXECUTE FUNCTION {schema}.bc_append_only();
 
 CREATE TABLE {schema}.authz_resources (
     resource_type text NOT NULL,
@@ -1624,6 +1629,36 @@ CREATE TABLE {schema}.tunnels (
     CONSTRAINT tunnels_node_id_fkey FOREIGN KEY (node_id) REFERENCES {schema}.nodes(id)
 );
 CREATE INDEX tunnels_open ON {schema}.tunnels USING btree (COALESCE(checked_at, used_at, expires_at)) WHERE (closed_at IS NULL);
+
+-- audit --------------------------------------------------------------------------------------------------------------
+--
+-- audit 1: append-only audit and its hash chain
+
+CREATE TABLE {schema}.audit_chain (
+    chain text NOT NULL,
+    seq bigint NOT NULL,
+    audit_id bigint NOT NULL,
+    hash bytea NOT NULL,
+    audit_txid bigint NOT NULL,
+    linked_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT audit_chain_pkey PRIMARY KEY (chain, seq),
+    CONSTRAINT audit_chain_audit_id_key UNIQUE (audit_id),
+    CONSTRAINT audit_chain_hash_check CHECK ((length(hash) = 32)),
+    CONSTRAINT audit_chain_seq_check CHECK ((seq > 0))
+);
+CREATE INDEX audit_chain_position ON {schema}.audit_chain USING btree (audit_txid, audit_id);
+CREATE TRIGGER audit_chain_append_only BEFORE DELETE OR UPDATE ON {schema}.audit_chain FOR EACH ROW EXECUTE FUNCTION {schema}.bc_append_only();
+CREATE TRIGGER audit_chain_no_truncate BEFORE TRUNCATE ON {schema}.audit_chain FOR EACH STATEMENT EXECUTE FUNCTION {schema}.bc_append_only();
+
+CREATE OR REPLACE FUNCTION {schema}.bc_append_only()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION 'table % is append-only: % refused', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+END
+$function$;
 
 -- iam ----------------------------------------------------------------------------------------------------------------
 --

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from bettercompute._runtime.registry import GroupSet
+from bettercompute.modules.audit import AuditGroup
 from bettercompute.modules.capacity import CapacityGroup, QuotasGroup
 from bettercompute.modules.images import ImagesGroup
 from bettercompute.modules.inventory import DevicesGroup
@@ -33,3 +34,4 @@ class BuiltinGroups(GroupSet[B]):
     secrets: SecretsGroup[B]
     nodes: NodesGroup[B]
     devices: DevicesGroup[B]
+    audit: AuditGroup[B]

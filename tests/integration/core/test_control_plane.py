@@ -54,6 +54,7 @@ async def test_initialize_is_idempotent(plane: Plane) -> None:
         "webhooks": [],
         "secrets": [],
         "nodes": [],
+        "audit": [],
         "iam": [],
     }
 

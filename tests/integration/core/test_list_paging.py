@@ -255,6 +255,11 @@ async def _reservations(lists: Lists) -> dict[str, Any]:
     return {"tenant": tenant}
 
 
+async def _audit(lists: Lists) -> dict[str, Any]:
+    # Each registration writes one audit row of the tenant (creating the tenant wrote one too).
+    return await _images(lists)
+
+
 SEEDS: dict[str, Seed] = {
     "tenants/list": _tenants,
     "principals/list": _principals,
@@ -271,6 +276,7 @@ SEEDS: dict[str, Seed] = {
     "nodes/list": _nodes,
     "devices/list": _devices,
     "reservations/list": _reservations,
+    "audit/list": _audit,
 }
 
 

@@ -22,7 +22,18 @@ pytestmark = pytest.mark.anyio
 
 # Every name a schema migrated with the built-in modules records, besides IAM's (``reservations`` and ``inventory``
 # have no migrations of their own: their tables were made by ``capacity``'s and ``nodes``').
-STORE_MODULES = ("runtime", "pools", "images", "commands", "usage", "capacity", "webhooks", "secrets", "nodes")
+STORE_MODULES = (
+    "runtime",
+    "pools",
+    "images",
+    "commands",
+    "usage",
+    "capacity",
+    "webhooks",
+    "secrets",
+    "nodes",
+    "audit",
+)
 NODE_KEYS = [
     ("atoms", "atoms_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),
     ("commands", "commands_node_id_fkey", "FOREIGN KEY (node_id) REFERENCES <schema>.nodes(id)"),

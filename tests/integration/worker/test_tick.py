@@ -140,6 +140,7 @@ async def test_tick_gives_the_same_result_twice_from_the_same_start(database_url
         "controllers/bookings-history": 0,
         "controllers/idempotency-purge": 0,
         "controllers/reservation-drafts": 0,
+        "controllers/audit-chain": 0,
     }
     assert ("pool", "p-1", 1, None) in scenario.log  # the scheduler's reconciler ran in a later, all-roles tick
     # flaky-1 failed twice with a machine-readable reason, then succeeded on its third attempt.

@@ -70,6 +70,7 @@ def test_a_module_may_not_take_the_name_its_store_migrates_the_runtime_under() -
 def test_a_valid_composition_registers_core_then_modules() -> None:
     compute = make_compute(modules=[EchoModule()])
     assert [g.name for g in compute.registry.groups()] == [
+        "audit",
         "capacity",
         "devices",
         "echo",
@@ -90,6 +91,7 @@ def test_a_valid_composition_registers_core_then_modules() -> None:
     assert compute.registry.owner("images") == "images"  # the core's, with or without bare metal
     assert compute.registry.owner("quotas") == compute.registry.owner("capacity") == "capacity"
     assert compute.registry.owner("system") == "core"
+    assert compute.registry.owner("audit") == "audit"
     assert compute.registry.owner("echo") == "echo"
     assert compute.registry.method("echo", "say") is EchoGroup.say
     assert compute.endpoint == "/api/compute"
