@@ -110,7 +110,7 @@ class Controllers:
         sections = {r.section: r.content for r in records}
         parsed = parse_sections(sections, fake=any(r.fake for r in records))
         gpu_idents = [d[1] for d in parsed.devices if d[0] == "gpu"]
-        owners = await store.repository(INVENTORY).gpu_owners(gpu_idents, besides=node_id)
+        owners = await store.repository(INVENTORY).gpu_owners(gpu_idents, besides=node_id, tenant=node.tenant)
         existing = await store.repository(INVENTORY).devices(node_id)
         devices = _devices(node, parsed, existing, owners)
         async with ctx.transaction() as tx:
@@ -318,17 +318,22 @@ class Controllers:
 
 
 def _devices(
-    node: NodeRecord, parsed: Parsed, existing: Sequence[DeviceRecord], owners: Mapping[str, str]
+    node: NodeRecord, parsed: Parsed, existing: Sequence[DeviceRecord], owners: Mapping[str, str | None]
 ) -> list[DeviceRecord]:
     """The node's devices as the sections say: reported ones present (or in conflict, for a GPU UUID another live
-    node holds), earlier ones no longer reported missing."""
+    node holds: ``claimed_by`` names that node only when it is in the same tenant), earlier ones no longer reported
+    missing."""
     out = []
     reported = set()
     for kind, ident, slot, model, details in parsed.devices:
         reported.add((kind, ident))
         state = "conflict" if kind == "gpu" and ident in owners else "present"
         if state == "conflict":
-            details = {**details, "claimed_by": owners[ident]}
+            owner = owners[ident]
+            details = {
+                **details,
+                **({"claimed_by": owner} if owner is not None else {"claimed_by_another_tenant": True}),
+            }
         out.append(
             DeviceRecord(
                 id=device_id(node.id, kind, ident),

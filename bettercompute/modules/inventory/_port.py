@@ -79,8 +79,9 @@ class Inventory(Protocol):
         """The tenant's devices (of one node, of one kind) in ``(node_id, kind, ident)`` order, after ``after``."""
         ...
 
-    async def gpu_owners(self, idents: Sequence[str], *, besides: str) -> dict[str, str]:
-        """Of these GPU UUIDs, those present on another live node than ``besides``: UUID -> that node's id."""
+    async def gpu_owners(self, idents: Sequence[str], *, besides: str, tenant: str) -> dict[str, str | None]:
+        """Of these GPU UUIDs, those present on another live node than ``besides``: UUID -> that node's id when it is
+        in ``tenant``, ``None`` when it is another tenant's (whose ids the asking tenant never sees)."""
         ...
 
     async def release_retired(self, idents: Sequence[str]) -> int:

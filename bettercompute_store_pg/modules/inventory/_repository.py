@@ -26,7 +26,8 @@ WHERE tenant = :tenant AND (CAST(:node_id AS text) IS NULL OR node_id = :node_id
 ORDER BY node_id, kind, ident LIMIT :limit
 """
 _GPU_OWNERS = """
-SELECT d.ident, d.node_id FROM {s}.devices AS d JOIN {s}.nodes AS n ON n.id = d.node_id
+SELECT d.ident, CASE WHEN d.tenant = :tenant THEN d.node_id END AS node_id
+FROM {s}.devices AS d JOIN {s}.nodes AS n ON n.id = d.node_id
 WHERE d.kind = 'gpu' AND d.state = 'present' AND d.ident = ANY(CAST(:idents AS text[])) AND d.node_id <> :besides
     AND n.state <> 'retired'
 """
@@ -156,11 +157,11 @@ class PgInventory(PgRepository):
         }
         return [_device(r) for r in await self._fetch(self._devices_page, params)]
 
-    async def gpu_owners(self, idents: Sequence[str], *, besides: str) -> dict[str, str]:
-        """GPU UUIDs present on other live nodes."""
+    async def gpu_owners(self, idents: Sequence[str], *, besides: str, tenant: str) -> dict[str, str | None]:
+        """GPU UUIDs present on other live nodes (their ids in ``tenant`` only)."""
         if not idents:
             return {}
-        rows = await self._fetch(self._gpu_owners, {"idents": list(idents), "besides": besides})
+        rows = await self._fetch(self._gpu_owners, {"idents": list(idents), "besides": besides, "tenant": tenant})
         return {r.ident: r.node_id for r in rows}
 
     async def release_retired(self, idents: Sequence[str]) -> int:

@@ -225,8 +225,8 @@ async def test_a_row_of_a_transaction_still_open_waits_and_is_linked_after_it(pl
     await _link_all(plane)
     entries = await _all(plane, plane.root, tenant=plane.acme)
     slow = next(e for e in entries if e.actor == "user:slow")
-    linked = {e.resource_id: e.chain_seq for e in entries}
-    after = linked[two]
+    final = {e.resource_id: e.chain_seq for e in entries}
+    after = final[two]
     assert slow.chain_seq is not None and after is not None and slow.chain_seq < after
     assert all(e.chain_seq is not None for e in entries)
     assert (await plane.audit.verify(plane.root, VerifyAuditInput(tenant=plane.acme))).ok

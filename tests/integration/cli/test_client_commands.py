@@ -76,3 +76,25 @@ async def test_errors_are_one_line_and_an_exit_status_per_code(served: tuple[Two
     for args in (("pools", "create", "--json", "[1]"), ("pools", "create", "--json", "{"), ("pools", "nope")):
         usage = await _run(alice, *args)
         assert usage.returncode == 2 and "Traceback" not in usage.stderr, usage.stderr
+
+
+async def test_audit_export_prints_every_matching_row_as_a_json_line(served: tuple[TwoTenants, str]) -> None:
+    t, base = served
+    alice, mallory = _env(base, t.alice), _env(base, t.mallory)
+    for name in ("a", "b", "c"):
+        _data(await _run(alice, "pools", "create", "--tenant", t.acme, "--name", name, "--output", "json"))
+    # One row a page: the command follows every cursor to the end.
+    done = await _run(
+        alice, "audit", "export", "--tenant", t.acme, "--action", "compute:pools:create", "--page-size", "1"
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert len(rows) == 3
+    assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)
+    assert all(r["tenant"] == t.acme and r["action"] == "compute:pools:create" for r in rows)
+    assert all(
+        line.isascii() and line == json.dumps(json.loads(line), separators=(",", ":"), sort_keys=True) for line in lines
+    )
+    refused = await _run(mallory, "audit", "export", "--tenant", t.acme)
+    assert refused.returncode == 5 and refused.stderr.startswith("error: ACCESS_DENIED: ") and refused.stdout == ""

@@ -82,9 +82,18 @@ class Wire:
     def channel(self, joined: Joined | None = None, **kwargs: Any) -> Channel:
         return Channel("127.0.0.1", self.port, ssl=self.context(joined, **kwargs))
 
-    async def join(self, serial: str = "SN-0001", *, uses: int = 1, reclaim: str = "none") -> Joined:
-        """``bcd join`` over the wire: a fresh key, its CSR, the token sealed to the published join key."""
-        token = await self.fleet.token(uses=uses, reclaim=reclaim)
+    async def join(
+        self,
+        serial: str = "SN-0001",
+        *,
+        uses: int = 1,
+        reclaim: str = "none",
+        pool: str | None = None,
+        by: str | None = None,
+    ) -> Joined:
+        """``bcd join`` over the wire: a fresh key, its CSR, the token (of ``pool``, made by ``by``: see
+        ``Fleet.token``) sealed to the published join key."""
+        token = await self.fleet.token(uses=uses, reclaim=reclaim, pool=pool, by=by)
         key = NodeKey()
         csr_pem = key.csr_pem()
         hardware = claims(serial)

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 import bettercompute_proto as wire
 from bettercompute.errors import AccessDeniedError, ConflictError, NotFoundError
 from bettercompute.modules.inventory import INVENTORY, GetDeviceInput, ListDevicesInput
 from bettercompute.modules.nodes import NODES, CordonNodeInput, GetNodeInput, Node, RequalifyNodeInput
-from bettercompute.modules.pools import NodePolicy, UpdatePoolInput
+from bettercompute.modules.pools import CreatePoolInput, NodePolicy, UpdatePoolInput
 from tests._timing import deadline
 
 from .conftest import Joined, Wire, hello, session_request
@@ -137,13 +138,16 @@ async def daemons(gw: Wire, tmp_path: Path) -> AsyncIterator[Callable[..., Await
                 await daemon.process.wait()
 
 
-async def node(gw: Wire, node_id: str) -> Node:
-    found: Node = await gw.fleet.compute.api.nodes.get(gw.fleet.alice, GetNodeInput(id=node_id))
+async def node(gw: Wire, node_id: str, *, by: str | None = None) -> Node:
+    found: Node = await gw.fleet.compute.api.nodes.get(by or gw.fleet.alice, GetNodeInput(id=node_id))
     return found
 
 
-async def settle(gw: Wire, node_id: str, holds: Callable[[Node], bool], seconds: float = 30) -> Node:
-    """Run the controllers (and let the gateway and daemon do their part) until the node's view ``holds``."""
+async def settle(
+    gw: Wire, node_id: str, holds: Callable[[Node], bool], seconds: float = 30, *, by: str | None = None
+) -> Node:
+    """Run the controllers (and let the gateway and daemon do their part) until the node's view (as ``by`` reads it:
+    alice by default) ``holds``."""
     seen = None
     try:
         with anyio.fail_after(deadline(seconds)):
@@ -151,7 +155,7 @@ async def settle(gw: Wire, node_id: str, holds: Callable[[Node], bool], seconds:
                 # Work the gateway enqueues is dated by the database: the manual clock keeps up with it.
                 gw.fleet.clock.set(max(gw.fleet.clock.now(), dt.datetime.now(dt.UTC)))
                 await gw.fleet.compute.jobs.tick({"controllers"})
-                seen = await node(gw, node_id)
+                seen = await node(gw, node_id, by=by)
                 if holds(seen):
                     return seen
                 await anyio.sleep(0.1)
@@ -358,6 +362,8 @@ async def test_garbage_sections_a_uuid_two_nodes_claim_and_an_ack_never_sent_dis
     assert await _devices(gw, second.node_id) == {"GPU-shared": "conflict", "GPU-two": "present"}
     assert await _devices(gw, first.node_id) == {"GPU-shared": "present", "GPU-one": "present"}
     assert (await atoms(gw, second.node_id))["GPU-shared"] == ("unavailable", "device_conflict")
+    shared = await gw.fleet.store.repository(INVENTORY).devices(second.node_id)
+    assert next(d for d in shared if d.ident == "GPU-shared").details["claimed_by"] == first.node_id  # same tenant
 
     # Garbage of every shape: the section is kept as sent, the node says what is wrong, nothing else moves.
     oversized = [{"uuid": f"GPU-x{n}", "model": "H100"} for n in range(65)]
@@ -369,6 +375,30 @@ async def test_garbage_sections_a_uuid_two_nodes_claim_and_an_ack_never_sent_dis
     assert len(await _devices(gw, third.node_id)) == 64  # only what could be trusted: the first 64 GPUs
     assert await _devices(gw, first.node_id) == {"GPU-shared": "present", "GPU-one": "present"}
     assert (await node(gw, first.node_id)).state == "adopting"  # not checked yet: it never answered diag.nvml
+
+
+async def test_a_conflict_across_tenants_names_nothing_of_the_other_tenant(gw: Wire) -> None:
+    fleet = gw.fleet
+    incumbent = await gw.join("SN-ACME")
+    await _report(gw, incumbent, {"gpus": [{"uuid": "GPU-shared", "model": "H100"}]})
+    await settle(gw, incumbent.node_id, lambda n: "GpuHealthy" in conditions(n))
+    # Another tenant's node reports the same UUID: its own device is in conflict, the incumbent's is untouched.
+    theirs = await fleet.compute.api.pools.create(fleet.mallory, CreatePoolInput(tenant=fleet.globex, name="gpus"))
+    reporter = await gw.join("SN-GLOBEX", pool=theirs.id, by=fleet.mallory)
+    gpus = [{"uuid": "GPU-shared", "model": "H100"}, {"uuid": "GPU-own", "model": "H100"}]
+    await _report(gw, reporter, {"gpus": gpus})
+    claimed = await settle(gw, reporter.node_id, lambda n: "GpuHealthy" in conditions(n), by=fleet.mallory)
+    assert conditions(claimed)["GpuHealthy"] == ("False", "DuplicateUuid")
+    assert await _devices(gw, reporter.node_id) == {"GPU-shared": "conflict", "GPU-own": "present"}
+    assert await _devices(gw, incumbent.node_id) == {"GPU-shared": "present"}
+    # What the reporter's tenant reads says the device is claimed, and by nothing it may know of.
+    listed = await fleet.compute.api.devices.list(fleet.mallory, ListDevicesInput(tenant=fleet.globex))
+    seen = await fleet.compute.api.nodes.get(fleet.mallory, GetNodeInput(id=reporter.node_id))
+    for answer in (listed, seen):
+        text = json.dumps(attrs.asdict(answer), default=str)
+        assert incumbent.node_id not in text and fleet.acme not in text
+    conflict = next(d for d in listed.devices if d.ident == "GPU-shared")
+    assert conflict.details.get("claimed_by_another_tenant") is True and "claimed_by" not in conflict.details
 
 
 async def test_a_check_the_daemon_never_answers_or_no_one_provides_quarantines_with_its_reason(gw: Wire) -> None:

@@ -71,9 +71,12 @@ class Fleet:
         expires_in_seconds: int = 3600,
         expect: JoinExpect | None = None,
         reclaim: str = "none",
+        by: str | None = None,
     ) -> CreatedJoinToken:
+        """A join token of ``pool`` (acme's GPU pool by default), made by ``by`` (alice by default: the pool's
+        tenant's admin makes it)."""
         created: CreatedJoinToken = await self.compute.api.join_tokens.create(
-            self.alice,
+            by or self.alice,
             CreateJoinTokenInput(
                 pool_id=pool or self.pool,
                 uses=uses,
