@@ -56,6 +56,8 @@ log = logging.getLogger("bettercompute.inventory")
 NODE_ADOPTED = "node.adopted"
 """Published when a node passes its acceptance checks (payload: node_id, pool_id, desired_generation)."""
 NODE_QUARANTINED = "node.quarantined"
+DUPLICATE_DEVICE = "duplicate_device"
+"""The quarantine reason of a node that reports a GPU UUID another live node holds."""
 """Published when a check fails or runs out of time (payload: node_id, pool_id, reason, check)."""
 NODE_STATE_CHANGED = "node.state_changed"
 """Published with every other change of a node's state (payload: node_id, from, to, reason)."""
@@ -152,14 +154,20 @@ class Controllers:
             changed = node
             if node.state != "retired":
                 changed = _reachability(changed, reach, now, timeout, policy, events, wake_at)
-            if changed.state == "adopting" and records:
+            devices = await tx.repository(INVENTORY).devices(node_id)
+            claimed = sorted(d.ident for d in devices if d.state == "conflict")
+            if claimed and changed.state in ("adopting", "adopted"):
+                # It reports hardware another node holds: the reporter stops, the holder is untouched. Requalify
+                # it once the conflict is settled (the holder retired, or the report corrected).
+                detail = {"devices": claimed[:8], "count": len(claimed)}
+                changed = self._quarantine(changed, DUPLICATE_DEVICE, detail, events)
+            elif changed.state == "adopting" and records:
                 changed = await self._acceptance(tx, changed, checks, policy, commands, now, events, wake_at)
             if changed != node:
                 saved = await tx.repository(NODES).save_lifecycle(changed)
                 changed = saved if saved is not None else node
             if events:
                 await tx.publish(events)
-            devices = await tx.repository(INVENTORY).devices(node_id)
             await self._settle(ctx, tx, changed, devices, parsed, reach=reach, policy=policy, now=now)
         if wake_at:
             return Outcome.requeue(max(dt.timedelta(0), min(wake_at) - now) + dt.timedelta(milliseconds=200))

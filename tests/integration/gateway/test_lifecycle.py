@@ -399,6 +399,15 @@ async def test_a_conflict_across_tenants_names_nothing_of_the_other_tenant(gw: W
         assert incumbent.node_id not in text and fleet.acme not in text
     conflict = next(d for d in listed.devices if d.ident == "GPU-shared")
     assert conflict.details.get("claimed_by_another_tenant") is True and "claimed_by" not in conflict.details
+    # The reporter is quarantined, every atom of it out of capacity; the incumbent goes on as before.
+    stopped = await settle(gw, reporter.node_id, lambda n: n.state == "quarantined", by=fleet.mallory)
+    assert stopped.state_reason == "duplicate_device" and stopped.state_detail == {
+        "devices": ["GPU-shared"],
+        "count": 1,
+    }
+    assert (await atoms(gw, reporter.node_id))["GPU-own"] == ("unavailable", "node_quarantined")
+    assert (await node(gw, incumbent.node_id)).state == "adopting"
+    assert (await atoms(gw, incumbent.node_id))["GPU-shared"][1] != "device_conflict"
 
 
 async def test_a_check_the_daemon_never_answers_or_no_one_provides_quarantines_with_its_reason(gw: Wire) -> None:
