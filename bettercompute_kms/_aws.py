@@ -103,7 +103,7 @@ class AwsKms:
                 region_name=self.region,
             )
             config = Config(
-                retries={"max_attempts": 1, "mode": "standard"},
+                retries={"total_max_attempts": 1, "mode": "standard"},  # one attempt: no retry inside a call
                 connect_timeout=self._timeout,
                 read_timeout=self._timeout,
             )

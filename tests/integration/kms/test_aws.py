@@ -6,7 +6,6 @@ control plane keeps its CA and JoinService keys sealed by it across processes.""
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,11 +116,11 @@ async def test_a_kms_that_cannot_be_reached_is_unavailable_at_once(moto: MotoSer
         secret_access_key=SECRET_ACCESS_KEY,
         timeout=2,
     )
-    started = dt.datetime.now(dt.UTC)
     with pytest.raises(UnavailableError) as refused:
         await down.encrypt(b"x", context="c")
     assert refused.value.details == {"reason": "kms"}
-    assert dt.datetime.now(dt.UTC) - started < dt.timedelta(seconds=30)  # no retries piling up
+    # One attempt a call: the caller decides whether to try again, no retries pile up inside (no clock asserted).
+    assert getattr(down._kms().meta.config, "retries")["total_max_attempts"] == 1  # noqa: B009 - not in the stubs
 
 
 @pytest.mark.pg
