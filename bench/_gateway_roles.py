@@ -42,8 +42,7 @@ from bench._gateway_parts import (
     reply,
 )
 from bench._procfs import rss_bytes
-from bettercompute.modules.commands import COMMANDS, SESSIONS
-from bettercompute.modules.nodes import CERTIFICATES, NODES
+from bettercompute.modules.commands import EDGE
 from bettercompute.ports import Repository
 from bettercompute_gateway import GatewayOptions, create_gateway, issue_tls
 
@@ -100,11 +99,11 @@ class GcClock:
 
 
 FLUSH_STATEMENTS: list[tuple[Repository[Any], str, str]] = [
-    (SESSIONS, "_seen", "Sessions.seen"),
-    (CERTIFICATES, "_revoked_among", "Certificates.revoked_among"),
-    (COMMANDS, "_dispatch_many", "Commands.dispatch_many"),
-    (NODES, "_desired_since", "Nodes.desired_since"),
-    (NODES, "_desired_newer", "Nodes.desired_newer"),
+    (EDGE, "_seen", "Edge.seen"),
+    (EDGE, "_revoked", "Edge.revoked_among"),
+    (EDGE, "_dispatch", "Edge.dispatch"),
+    (EDGE, "_desired_since", "Edge.desired_since"),
+    (EDGE, "_desired_newer", "Edge.desired_newer"),
 ]
 
 

@@ -24,7 +24,7 @@ clients' CPU rising with it): the cores are shared with other engineers' runs an
 cannot see (its load average stayed low in some slow runs), so the low figures are the better estimate of the
 code's own cost, and the GC column, which is measured directly, is the one to compare between code versions.
 Against the issue's aim (15,000 sessions at <= 25 % of one core with 10 s heartbeats, <= 100 KB each, <= 2 liveness
-writes/s): the sessions and the liveness writes meet it (one ``Sessions.seen`` a flush, fewer than one a second);
+writes/s): the sessions and the liveness writes meet it (one ``Edge.seen`` a flush, fewer than one a second);
 the CPU does not (about a third of a core at best), nor the memory (about 115 KB a session at 15,000, 97-100 KB at
 1,000-2,000; ``malloc_trim`` gives back next to nothing, so it is live memory). Where the CPU goes at 15,000
 sessions (py-spy, 30 s of the window): about a third of it in uvloop's own C code (sockets, TLS, timers), about 30
@@ -78,7 +78,7 @@ Measurement, in order:
   measured apart, by generation (``gc.callbacks`` around each collection, timed by ``time.thread_time``).
 - Liveness writes/s: every statement the gateway process sends is counted by a wrapper around psycopg's
   ``AsyncCursor.execute`` installed in that process (the store sends every statement through it), by its text; the
-  liveness writes are the ``Sessions.seen`` statements over the window. The other statements of the window (the
+  liveness writes are the ``Edge.seen`` statements over the window. The other statements of the window (the
   flush loop's revocation check, command dispatch and desired-state reads) are reported beside it, with the wall
   time each took from send to result.
 - Sessions held, at the end of the window, three ways: the gateway's own count, the clients' count of sessions
@@ -551,7 +551,7 @@ def figures(
         "gateway_gc_runs_per_s_by_generation": [
             round((b - a) / seconds, 2) for a, b in zip(gc_start["gc_runs"], gc_end["gc_runs"], strict=True)
         ],
-        "liveness_writes_per_s": round(statements.get("Sessions.seen", 0.0), 2),
+        "liveness_writes_per_s": round(statements.get("Edge.seen", 0.0), 2),
         "statements_per_s": {k: round(v, 2) for k, v in sorted(statements.items()) if v > 0},
         "statement_ms": dict(sorted(statement_ms.items())),
         "heartbeats_per_s": round(
@@ -591,7 +591,7 @@ def report(figures: Mapping[str, Any]) -> None:
         (
             "liveness writes/s",
             f"{figures['liveness_writes_per_s']:.2f}",
-            "Sessions.seen statements; all, per second (ms each): "
+            "Edge.seen statements; all, per second (ms each): "
             + ", ".join(
                 f"{k} {v:.2f} ({figures['statement_ms'].get(k, 0):.0f})" for k, v in figures["statements_per_s"].items()
             ),

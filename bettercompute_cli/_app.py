@@ -21,6 +21,7 @@ import bettercompute_iam
 import bettercompute_store_pg
 from bettercompute.errors import InvalidConfigError
 from bettercompute_iam import Bootstrap, RemoteIam
+from bettercompute_store_pg import PgStore, RoleNames
 
 from ._config import IAM_CREDENTIAL_ENV, WORKER_ROLES, Config, ConfigError, load_config
 from ._constants import OWN_COMMANDS
@@ -122,10 +123,15 @@ def _main(
 # --- migrate --------------------------------------------------------------------------------------------------------
 
 
-async def _migrate(config: Config, url: str) -> dict[str, list[int]]:
+async def _migrate(config: Config, url: str) -> tuple[dict[str, list[int]], RoleNames | None]:
     compute, _iam = build(config, url)
     try:
-        return await compute.migrate()
+        applied = await compute.migrate()
+        store = compute.options.store
+        roles = None
+        if isinstance(store, PgStore):
+            roles = await store.grant_roles(config.database_role_prefix or config.schema)
+        return applied, roles
     finally:
         with anyio.CancelScope(shield=True):
             await compute.close()
@@ -136,7 +142,7 @@ def migrate(ctx: typer.Context) -> None:
     """Apply every pending migration (the store's and every module's), and print what was applied."""
     with reported():
         config = _config(ctx)
-        applied = anyio.run(_migrate, config, require_database_url(config))
+        applied, roles = anyio.run(_migrate, config, require_database_url(config))
     done = {module: versions for module, versions in applied.items() if versions}
     for module, versions in done.items():
         typer.echo(f"{module}: applied {', '.join(str(v) for v in versions)}")
@@ -144,6 +150,8 @@ def migrate(ctx: typer.Context) -> None:
         typer.echo(f"Schema {config.schema} is up to date.")
     else:
         typer.echo(f"Nothing to apply: schema {config.schema} is up to date.")
+    if roles is not None:
+        typer.echo(f"Roles: {roles.api} (api), {roles.worker} (worker roles), {roles.gateway} (gateway).")
 
 
 # --- serve ----------------------------------------------------------------------------------------------------------
@@ -234,7 +242,11 @@ def serve(
         plan = plan_roles(config.roles, config)
         # A gateway without the api composes no JoinService or CA: it asks the api process over the internal channel.
         identity = plan.api or plan.gateway is None or plan.gateway.remote is None
-        compute, remote = build_serving(config, require_database_url(config), identity=identity)
+        # A gateway alone in its process never migrates and reads no IAM table: it runs with the gateway role,
+        # which may only call the gateway's functions (``better-compute migrate`` makes and grants the roles).
+        edge_only = not plan.api and not plan.workers and plan.gateway is not None and plan.gateway.remote is not None
+        url = require_database_url(config)
+        compute, remote = build_serving(config, url, identity=identity, edge_only=edge_only)
         _setup_logging()
         if remote is not None:
             log.info("using the central IAM at %s", config.iam_url)
@@ -242,8 +254,9 @@ def serve(
         note = webhooks_note(config, dev=False)
         if note is not None and config.kms_key_file is not None:  # without a KMS there is no webhooks group
             log.warning("%s", note)
+        migrate = not no_migrate and not edge_only
         anyio.run(
-            lambda: _serve(compute, remote, plan, config, migrate=not no_migrate, access_log=access_log),
+            lambda: _serve(compute, remote, plan, config, migrate=migrate, access_log=access_log),
             backend_options=loop_options(plan.gateway),
         )
 

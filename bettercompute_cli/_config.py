@@ -49,6 +49,7 @@ _ROLE_NAMES = ("all", API_ROLE, *WORKER_ROLES, GATEWAY_ROLE)
 KEYS = (
     "database_url",
     "schema",
+    "database_role_prefix",
     "host",
     "port",
     "roles",
@@ -79,6 +80,7 @@ KEYS = (
 """The keys of the file; each is also ``BETTERCOMPUTE_<KEY>`` in the environment."""
 
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_ROLE_PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,49}")
 _TRUST_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
 _ADDRESS = re.compile(r"[A-Za-z0-9.-]{1,253}:[0-9]{1,5}")
 _URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://")
@@ -106,6 +108,9 @@ class Config:
     Attributes:
         database_url: The PostgreSQL URL; ``None`` when not configured (only ``dev`` can do without one).
         schema: The PostgreSQL schema holding every table.
+        database_role_prefix: ``migrate`` makes (where missing) and grants the roles ``<prefix>_api``,
+            ``<prefix>_worker`` and ``<prefix>_gateway``, one per process mode; ``None``: the schema's name. Each
+            process then connects as the role of its mode (``docs/operations.md``).
         host: Where ``serve`` and ``dev`` listen.
         port: Where ``serve`` and ``dev`` listen.
         roles: What ``serve`` runs (``all``, ``api``, worker roles).
@@ -161,6 +166,7 @@ class Config:
 
     database_url: str | None = attrs.field(default=None, repr=False)
     schema: str = "bettercompute"
+    database_role_prefix: str | None = None
     host: str = "127.0.0.1"
     port: int = 3000
     roles: tuple[str, ...] = ("all",)
@@ -297,6 +303,7 @@ _TEXTS = frozenset(
         "metrics_host",
         "instance",
         "schema",
+        "database_role_prefix",
     }
 )
 """The keys whose values are non-empty strings (some of a given form)."""
@@ -312,6 +319,11 @@ def _check_text(key: str, value: Any, where: str) -> tuple[str | None, str | Non
         return None, f"{where} {text!r} must be host:port"
     if key == "internal_address" and not all(_ADDRESS.fullmatch(a.strip()) for a in text.split(",")):
         return None, f"{where} {text!r} must be host:port, or several separated by commas"
+    if key == "database_role_prefix" and (not _ROLE_PREFIX.fullmatch(text) or text.startswith("pg_")):
+        return None, (
+            f"{where} {text!r} must be a lower-case identifier (a-z, 0-9, _) of at most 50 characters,"
+            " not starting with pg_"
+        )
     if key == "schema" and (not _SCHEMA.fullmatch(text) or text.startswith("pg_")):
         return None, (
             f"{where} {text!r} must be a lower-case identifier (a-z, 0-9, _) of at most 63 characters,"

@@ -34,9 +34,15 @@ import attrs
 import uvicorn
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
-from bettercompute.errors import ComputeError, InvalidConfigError, UnavailableError
+from bettercompute.errors import (
+    AccessDeniedError,
+    ComputeError,
+    InvalidConfigError,
+    UnauthenticatedError,
+    UnavailableError,
+)
 from bettercompute.modules.webhooks import WebhookSettings
-from bettercompute.ports import Iam
+from bettercompute.ports import Decision, Iam, Identity, ResourceRef
 from bettercompute_gateway import TunnelOptions
 from bettercompute_iam import EmbeddedIam, RemoteIam
 from bettercompute_metal import MetalModule
@@ -320,9 +326,23 @@ def build(
     return _compose(config, url, iam, notify=notify, loopback_webhooks=loopback_webhooks), iam
 
 
-def build_serving(config: Config, url: str, *, identity: bool = True) -> tuple[BetterCompute, RemoteIam | None]:
+class EdgeIam:
+    """The ``Iam`` of a gateway-only process: it serves no API and decides nothing (what daemons ask is decided by
+    the api process, over the internal channel), so it authenticates no one and reads nothing: its database role
+    has no grant on the IAM's tables."""
+
+    async def authenticate(self, credential: str) -> Identity:
+        raise UnauthenticatedError("a gateway process authenticates no API credential")
+
+    async def require(self, identity: Identity, action: str, resource: ResourceRef) -> Decision:
+        raise AccessDeniedError("a gateway process decides nothing")
+
+
+def build_serving(
+    config: Config, url: str, *, identity: bool = True, edge_only: bool = False
+) -> tuple[BetterCompute, RemoteIam | None]:
     """The control plane ``serve`` runs: with the central IAM at ``iam_url`` when configured, else embedded, and
-    with the notifier (``build_notifier``).
+    with the notifier (``build_notifier``). With ``edge_only`` (a gateway alone in its process), with ``EdgeIam``.
 
     The ``RemoteIam`` is returned so the caller closes its connections (``aclose()``) after the control plane.
 
@@ -331,6 +351,8 @@ def build_serving(config: Config, url: str, *, identity: bool = True) -> tuple[B
             or ``notify_url`` cannot be parsed.
         InvalidConfigError: The URL or the schema is malformed.
     """
+    if edge_only:  # a gateway alone in its process: no IAM of any kind (``EdgeIam``)
+        return _compose(config, url, EdgeIam(), notify=True, identity=False), None
     if config.iam_url is None and config.iam_credential is None:
         return _compose(config, url, EmbeddedIam(), notify=True, identity=identity), None
     if config.iam_url is None or config.iam_credential is None:
@@ -518,7 +540,12 @@ async def _host_workers(
     *,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the worker roles in this task until ``stop`` is set (start and stop must share a task)."""
+    """Run the worker roles in this task until ``stop`` is set (start and stop must share a task). With none (a
+    gateway-only process), nothing joins the workers: such a process has no grant on their tables."""
+    if not roles:
+        task_status.started()
+        await stop.wait()
+        return
     await compute.start(roles)
     task_status.started()
     await stop.wait()

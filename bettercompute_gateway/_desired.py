@@ -11,7 +11,8 @@ import logging
 import time
 
 import bettercompute_proto as wire
-from bettercompute.modules.nodes import DESIRED_STATE_CHANNEL, NODES, DesiredState
+from bettercompute.modules.commands import EDGE
+from bettercompute.modules.nodes import DESIRED_STATE_CHANNEL, DesiredState
 from bettercompute.ports import Notifier, Store
 
 from ._sessions import Session, Sessions
@@ -29,8 +30,9 @@ _NEVER = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
 class DesiredPush:
     """Sends each live session its node's desired state whenever its generation is newer than the one sent."""
 
-    def __init__(self, store: Store, sessions: Sessions, *, sweep_interval: float) -> None:
+    def __init__(self, store: Store, sessions: Sessions, *, gateway: str, sweep_interval: float) -> None:
         self._store = store
+        self._gateway = gateway
         self._sessions = sessions
         self._sweep_interval = sweep_interval
         self._lock = asyncio.Lock()
@@ -58,9 +60,9 @@ class DesiredPush:
         changes dated since the last read (one indexed statement), the new sessions' current ones, and every
         ``sweep_interval`` a comparison for all sessions (one statement each)."""
         async with self._lock:
-            nodes = self._store.repository(NODES)
+            nodes = self._store.repository(EDGE)
             # The first read only learns the database's time: the sessions' own lookups cover what came before.
-            changed, read_at = await nodes.desired_since(self._since or _NEVER)
+            changed, read_at = await nodes.desired_since(self._since or _NEVER, gateway=self._gateway)
             self._since = read_at - dt.timedelta(seconds=_DESIRED_LOOKBACK)
             live = self._sessions.live()
             now = time.monotonic()
@@ -70,7 +72,9 @@ class DesiredPush:
             else:
                 asked = [s for s in live.values() if s.sent_generation is None]
             if asked:
-                changed += await nodes.desired_newer([(s.node_id, s.sent_generation or 0) for s in asked])
+                changed += await nodes.desired_newer(
+                    [(s.node_id, s.sent_generation or 0) for s in asked], gateway=self._gateway
+                )
             for session in asked:
                 if session.sent_generation is None:
                     session.sent_generation = 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import bettercompute_proto as wire
-from bettercompute.modules.commands import COMMANDS
-from bettercompute.ports import Clock, Store
+from bettercompute.modules.commands import EDGE
+from bettercompute.ports import Store
 
 from ._sessions import Sessions
 from ._wire import ms
@@ -18,19 +18,17 @@ class CommandDispatch:
     """Sends the sessions' pending commands, noting on each session what was sent (its results are checked
     against it)."""
 
-    def __init__(self, store: Store, sessions: Sessions, clock: Clock) -> None:
+    def __init__(self, store: Store, sessions: Sessions) -> None:
         self._store = store
         self._sessions = sessions
-        self._clock = clock
 
     async def dispatch(self) -> None:
-        """Send the sessions' pending commands: one statement takes them for every session at once."""
+        """Send the sessions' pending commands: one statement takes them for every session at once, dated by the
+        database's clock (a command past its deadline there is not sent)."""
         live = self._sessions.live()
         if not live:
             return
-        commands = await self._store.repository(COMMANDS).dispatch_many(
-            [(s.node_id, s.epoch) for s in live.values()], now=self._clock.now(), limit=16
-        )
+        commands = await self._store.repository(EDGE).dispatch([(s.node_id, s.epoch) for s in live.values()], limit=16)
         for command in commands:
             session = live[command.node_id]
             session.commands[command.id] = command.kind

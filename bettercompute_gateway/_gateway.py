@@ -78,11 +78,11 @@ def _compose(
     sessions = Sessions(send_timeout=options.send_timeout)
     health = Health(name=options.name, most=most)
     ingest = Ingest(store)
-    desired = DesiredPush(store, sessions, sweep_interval=options.desired_sweep_interval)
+    desired = DesiredPush(store, sessions, gateway=options.name, sweep_interval=options.desired_sweep_interval)
     steps = [
         ingest.write_acks,  # what the acknowledgement writer has not written yet
         RevocationWatch(store, sessions, services.clock, metrics).check,
-        CommandDispatch(store, sessions, services.clock).dispatch,
+        CommandDispatch(store, sessions).dispatch,
         desired.push,  # reads the database every pass: it is the health probe too
     ]
     return _Parts(

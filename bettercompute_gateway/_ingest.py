@@ -12,17 +12,9 @@ from typing import Any
 
 import bettercompute_proto as wire
 from bettercompute.errors import ComputeError
-from bettercompute.modules.commands import COMMANDS
-from bettercompute.modules.nodes import (
-    INVENTORY_REPORTED,
-    INVENTORY_SECTIONS,
-    NODE_REPORTED,
-    NODES,
-    acked_item,
-    inventory_item,
-    verify_signature,
-)
-from bettercompute.ports import OutboxEvent, Store
+from bettercompute.modules.commands import EDGE
+from bettercompute.modules.nodes import INVENTORY_SECTIONS, verify_signature
+from bettercompute.ports import Store
 
 from ._sessions import Session
 from ._wire import json_object, json_value
@@ -41,7 +33,7 @@ class Ingest:
     """Takes the reports of every session into the ``store``."""
 
     def __init__(self, store: Store) -> None:
-        self._store = store
+        self._edge = store.repository(EDGE)
         self._acks: dict[str, int] = {}  # desired-state generations acknowledged since the last write
         self._wake = asyncio.Event()  # set when an acknowledgement arrives
 
@@ -71,10 +63,7 @@ class Ingest:
         if acks:
             try:
                 # What waits on an acknowledgement (a reservation binding) hears of it in the same transaction.
-                async with self._store.transaction() as tx:
-                    moved = await tx.repository(NODES).observe(list(acks.items()))
-                    if moved:
-                        await tx.enqueue([acked_item(node_id) for node_id in moved])
+                await self._edge.observe(list(acks.items()))
             except BaseException:
                 for node_id, generation in acks.items():
                     self._acks[node_id] = max(self._acks.get(node_id, 0), generation)
@@ -88,13 +77,7 @@ class Ingest:
             return
         try:
             content = json_value(section.content_json, "content_json")
-            async with self._store.transaction() as tx:
-                if await tx.repository(NODES).record_inventory(
-                    session.node_id, section.section, content, fake=section.fake
-                ):
-                    payload = {"node_id": session.node_id, "section": section.section, "fake": section.fake}
-                    await tx.publish([OutboxEvent(type=INVENTORY_REPORTED, key=session.node_id, payload=payload)])
-                    await tx.enqueue([inventory_item(session.node_id)])
+            await self._edge.record_inventory(session.node_id, section.section, content, fake=section.fake)
         except ComputeError as exc:
             log.warning("node %s: inventory section %s not kept: %s", session.node_id, section.section, exc.code)
 
@@ -114,9 +97,7 @@ class Ingest:
             return
         try:
             body = json_object(event.payload_json or "{}", "payload_json")
-            payload = {"node_id": session.node_id, "type": event.type, "payload": body, "at_ms": event.at_ms}
-            async with self._store.transaction() as tx:
-                await tx.publish([OutboxEvent(type=NODE_REPORTED, key=session.node_id, payload=payload)])
+            await self._edge.report_event(session.node_id, type=event.type, payload=body, at_ms=event.at_ms)
         except ComputeError as exc:
             log.warning("node %s: event %s not published: %s", session.node_id, event.type, exc.code)
 
@@ -128,16 +109,14 @@ class Ingest:
             return
         reason = body.get("reason") if result.outcome == "failed" else None
         try:
-            async with self._store.transaction() as tx:
-                finished = await tx.repository(COMMANDS).finish(
-                    id=result.command_id,
-                    epoch=session.epoch,
-                    state=result.outcome,
-                    result=body,
-                    reason=reason if isinstance(reason, str) else None,
-                )
-                if finished is not None and finished.wake is not None:
-                    await tx.enqueue([finished.wake])  # whoever asked for the command hears of it at once
+            # Whoever asked for the command hears of it at once: its wake item is enqueued with the result.
+            finished = await self._edge.finish(
+                id=result.command_id,
+                epoch=session.epoch,
+                state=result.outcome,
+                result=body,
+                reason=reason if isinstance(reason, str) else None,
+            )
         except ComputeError as exc:  # text the database cannot hold (a NUL), or the database away: not recorded
             log.warning(
                 "node %s: result for command %s not recorded: %s", session.node_id, result.command_id[:64], exc.code

@@ -9,7 +9,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from bettercompute.modules.commands import SESSIONS
+from bettercompute.modules.commands import EDGE
 from bettercompute.ports import Store
 
 from ._health import Health
@@ -62,7 +62,7 @@ class Liveness:
         if not alive:
             return
         try:
-            current = set(await self._store.repository(SESSIONS).seen(alive, gateway=self._gateway))
+            current = set(await self._store.repository(EDGE).seen(alive, gateway=self._gateway))
         except BaseException:
             sessions.heard |= heard
             raise

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from bettercompute import Metrics
-from bettercompute.modules.nodes import CERTIFICATES
+from bettercompute.modules.commands import EDGE
 from bettercompute.ports import Clock, Store
 
 from ._sessions import Sessions
@@ -38,7 +38,7 @@ class RevocationWatch:
             log.info("node %s: the certificate of session %d expired, closing it", session.node_id, session.epoch)
             await self._sessions.close(session, "certificate_expired", "the session's certificate expired; reconnect")
             del sessions[session.serial]
-        for serial in await self._store.repository(CERTIFICATES).revoked_among(list(sessions)):
+        for serial in await self._store.repository(EDGE).revoked_among(list(sessions)):
             session = sessions[serial]
             log.info("node %s: certificate %s revoked, closing its session", session.node_id, serial)
             self._applied.inc()

@@ -20,6 +20,7 @@ from ._errors import translated as translated
 from ._notifier import PgNotifier as PgNotifier
 from ._repository import PartialUpdate as PartialUpdate
 from ._repository import PgRepository as PgRepository
+from ._roles import RoleNames as RoleNames
 from ._schema import quote_schema as quote_schema
 from ._store import PgStore as PgStore
 from ._transaction import PgTransaction as PgTransaction
@@ -34,6 +35,7 @@ __all__ = [
     "PgStore",
     "PgTransaction",
     "PoolUsage",
+    "RoleNames",
     "Statement",
     "__version__",
     "connection_of",

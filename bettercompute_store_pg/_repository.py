@@ -16,14 +16,14 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Self
 
 from bettercompute.errors import InternalError
 
 from ._db import Connection, Database, Statement, fetch_in, rowcount_in
 
-__all__ = ["PartialUpdate", "PgRepository"]
+__all__ = ["PartialUpdate", "PgRepository", "Pokes", "PokingRepository"]
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -175,3 +175,23 @@ class PartialUpdate:
         if cast.endswith("[]"):
             return list(value)
         return value
+
+
+Pokes = Callable[[frozenset[str], bool], Awaitable[None]]
+"""What a store runs after a commit: the kinds of work enqueued, and whether events were published."""
+
+
+class PokingRepository(PgRepository):
+    """An adapter whose calls are each a transaction of their own that may enqueue work or publish events (a
+    function of the store that does both): after each, it pokes the store's listeners, as a transaction's commit
+    does (``PgStore`` hands it ``pokes``)."""
+
+    _pokes: Pokes | None = None
+
+    def poke_with(self, pokes: Pokes) -> None:
+        """Run ``pokes`` after each call that enqueued or published."""
+        self._pokes = pokes
+
+    async def _poke(self, kinds: frozenset[str], published: bool) -> None:
+        if self._pokes is not None and (kinds or published):
+            await self._pokes(kinds, published)

@@ -22,7 +22,8 @@ from ._migrations import RUNTIME, run_migrations, shipped_formerly, shipped_migr
 from ._outbox import PgOutbox
 from ._queue import PgWorkQueue
 from ._replay import PgReplayGuard
-from ._repository import PgRepository
+from ._repository import PgRepository, PokingRepository
+from ._roles import RoleNames, grant_roles_in
 from ._schema import validate_schema
 from ._transaction import PgTransaction, TransactionParts
 from ._workflows import PgWorkflows
@@ -113,7 +114,16 @@ class PgStore:
         made = self._repositories.get((key.module, key.name))
         if made is None:
             made = self._repositories[(key.module, key.name)] = _adapter(key, self._db)
+            if isinstance(made, PokingRepository):
+                made.poke_with(self._after_commit)
         return made
+
+    async def _after_commit(self, kinds: frozenset[str], published: bool) -> None:
+        """What a commit that enqueued ``kinds`` (and published, when ``published``) tells the listeners."""
+        if kinds:
+            await self._enqueued(kinds)
+        if published:
+            await self._published()
 
     def __repr__(self) -> str:
         return f"PgStore(url={self._url.render_as_string(hide_password=True)!r}, schema={self.schema!r})"
@@ -265,6 +275,32 @@ class PgStore:
             UnavailableError: The database cannot be reached.
         """
         return await self.migrate(RUNTIME, shipped_migrations(RUNTIME))
+
+    async def grant_roles(self, prefix: str) -> RoleNames:
+        """Make one database role per process mode (``<prefix>_api``, ``<prefix>_worker``, ``<prefix>_gateway``)
+        where missing, and set their grants on this schema (``_roles``); idempotent. Run it after the migrations,
+        with a login that may create roles and owns the schema.
+
+        Raises:
+            InvalidConfigError: the prefix is not a lower-case identifier, or this login may not create the roles
+                or grant on the schema.
+            UnavailableError: The database cannot be reached.
+        """
+        names = RoleNames(prefix)
+        await self.open()
+        try:
+            with translated():
+                async with self._db.transaction() as conn:
+                    await grant_roles_in(conn, self.schema, names)
+        except InternalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != "42501":  # insufficient_privilege
+                raise
+            raise InvalidConfigError(
+                "this database login may not make or grant the process roles: migrate as the schema's owner, with "
+                "CREATEROLE (or have the roles made beforehand)",
+                details={"problems": list(names.all())},
+            ) from None
+        return names
 
     @contextlib.asynccontextmanager
     async def transaction(self, *, fence: Lease | None = None) -> AsyncIterator[PgTransaction]:

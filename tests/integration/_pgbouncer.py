@@ -61,25 +61,27 @@ def running_pgbouncer(
     max_clients: int = 200,
     log: Path | None = None,
     settings: Mapping[str, str] | None = None,
+    users: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
-    """Run PgBouncer (transaction mode, ``pool_size`` server connections) in front of ``database_url``'s server;
-    yield the ``postgresql://`` URL through it. Clients log in by trust; the server's password is passed on. Its
-    output goes to ``log`` (default: a file in its own folder, removed afterwards); ``settings`` adds to its
-    ``[pgbouncer]`` section."""
+    """Run PgBouncer (transaction mode, at most ``pool_size`` server connections) in front of ``database_url``'s
+    server; yield the ``postgresql://`` URL through it, as ``database_url``'s user. Clients log in by trust, each as
+    the server user of its own name: ``database_url``'s, or one of ``users`` (name: the server's password for it,
+    which PgBouncer passes on; the process roles of ``better-compute migrate``, say). Its output goes to ``log``
+    (default: a file in its own folder, removed afterwards); ``settings`` adds to its ``[pgbouncer]`` section."""
     binary = pgbouncer_binary()
     target = conninfo_to_dict(database_url)
     user = str(target.get("user") or "postgres")
     dbname = str(target.get("dbname") or user)
-    password = f" password={target['password']}" if target.get("password") else ""
+    logins = {user: str(target.get("password") or ""), **(users or {})}
     port = _free_port()
     # Not pytest's tmp_path: that lives under a 0700 folder the unprivileged runner cannot enter.
     folder = Path(tempfile.mkdtemp(prefix="bc-pgbouncer-"))
     folder.chmod(0o755)
-    (folder / "users.txt").write_text(f'"{user}" ""\n')
+    (folder / "users.txt").write_text("".join(f'"{name}" "{secret}"\n' for name, secret in logins.items()))
     (folder / "pgbouncer.ini").write_text(
         "[databases]\n"
         f"{dbname} = host={target.get('host') or '127.0.0.1'} port={target.get('port') or 5432} "
-        f"dbname={dbname} user={user}{password}\n"
+        f"dbname={dbname} max_db_connections={pool_size}\n"
         "[pgbouncer]\n"
         "listen_addr = 127.0.0.1\n"
         f"listen_port = {port}\n"

@@ -32,9 +32,16 @@ def new_schema() -> str:
 
 
 def drop_schema(url: str, schema: str) -> None:
-    """Drop ``schema`` and everything in it (a plain connection, so teardown does not depend on the store)."""
+    """Drop ``schema`` and everything in it (a plain connection, so teardown does not depend on the store), and the
+    process roles ``better-compute migrate`` made for it (named after it), which are the cluster's, not the
+    schema's."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        for mode in ("api", "worker", "gateway"):
+            role = f"{schema}_{mode}"
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+                conn.execute(f'DROP OWNED BY "{role}"')
+                conn.execute(f'DROP ROLE "{role}"')
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -60,6 +61,10 @@ TRUST_DOMAIN = "reliability.test"
 LEASE_TTL = 8  # seconds; short, so the run is short, and every figure below is measured against it
 IDLE_LIMIT = LEASE_TTL // 2  # how long a transaction may idle before the server (and PgBouncer) end it
 SHARD_ROLES = ("controllers", "scheduler")
+DATABASE_ROLES = {mode: f"bettercompute_{mode}" for mode in ("api", "worker", "gateway")}
+"""The role each process mode connects as (``better-compute migrate`` makes them, named after the schema)."""
+ROLE_PASSWORD = secrets.token_urlsafe(18)
+"""The password the run gives those roles (``migrate`` makes them without one), which PgBouncer passes on."""
 SHARDS = 256
 NODES_PER_SIM = 6
 PG_OUTAGE = 10  # seconds PostgreSQL stays down
@@ -208,10 +213,13 @@ def serve(
     database: str | None = None,
     env: dict[str, str] | None = None,
 ) -> Proc:
+    # Each process logs in as its mode's role, which PostgreSQL holds to that mode's grants: a gateway may only
+    # call the gateway's functions.
+    mode = "gateway" if roles == "gateway" else "api" if roles == "api" else "worker"
     env = {
         **os.environ,
         "BETTERCOMPUTE_INSTANCE": name,
-        "BETTERCOMPUTE_DATABASE_URL": database or plane.pooled,
+        "BETTERCOMPUTE_DATABASE_URL": as_role(database or plane.pooled, DATABASE_ROLES[mode]),
         **(env or {}),
     }
     argv = [str(BIN / "better-compute"), "--config", str(config), "serve", "--no-migrate", "--roles", roles, *extra]
@@ -219,6 +227,12 @@ def serve(
     plane.procs[name] = proc
     proc.start()
     return proc
+
+
+def as_role(url: str, role: str) -> str:
+    """``url`` (PgBouncer's, which lets clients in by trust) logging in as ``role``."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
 
 
 def metrics_flag(plane: Plane, name: str) -> list[str]:
@@ -290,6 +304,7 @@ def _infrastructure(stack: contextlib.ExitStack, folder: Path) -> tuple[Plane, P
         pool_size=40,
         max_clients=500,
         log=folder / "pgbouncer.log",
+        users=dict.fromkeys(DATABASE_ROLES.values(), ROLE_PASSWORD),
         settings={
             "idle_transaction_timeout": str(IDLE_LIMIT),
             "query_wait_timeout": "5",
@@ -319,6 +334,10 @@ def _migrated(plane: Plane, config: Path) -> None:
         env={**os.environ, "BETTERCOMPUTE_DATABASE_URL": plane.pooled},
     )
     assert migrate.returncode == 0, migrate.stderr.decode(errors="replace")[-3000:]
+    assert b"bettercompute_gateway (gateway)" in migrate.stdout, migrate.stdout
+    for role in DATABASE_ROLES.values():
+        plane.sql(f"ALTER ROLE {role} PASSWORD '{ROLE_PASSWORD}'")  # token_urlsafe: nothing to quote
+    plane.secrets.append(ROLE_PASSWORD)
 
 
 def _control_plane(run: Run, config: Path) -> None:

@@ -21,6 +21,8 @@ gateway (the daemon left, timed out, was refused) or still open because its gate
 closed by the sweep (``node.session_closed`` with reason ``gateway_lost``). A retired node is not announced.
 """
 
+from bettercompute.modules.commands._edge import EDGE as EDGE
+from bettercompute.modules.commands._edge import Edge as Edge
 from bettercompute.modules.commands._module import CommandsModule as CommandsModule
 from bettercompute.modules.commands._port import COMMANDS as COMMANDS
 from bettercompute.modules.commands._port import SESSIONS as SESSIONS
@@ -44,6 +46,7 @@ from bettercompute.modules.commands._service import sweep_sessions as sweep_sess
 __all__ = [
     "COMMANDS",
     "COMMAND_SWEEPER",
+    "EDGE",
     "NODE_UNREACHABLE",
     "SESSIONS",
     "SESSION_CLOSED",
@@ -53,6 +56,7 @@ __all__ = [
     "CommandRecord",
     "Commands",
     "CommandsModule",
+    "Edge",
     "LostSession",
     "OnSessionLoss",
     "SessionRecord",

@@ -107,13 +107,6 @@ class Commands(Protocol):
         (counting an attempt) and return them; commands past their deadline are left to the sweeper."""
         ...
 
-    async def dispatch_many(
-        self, sessions: Sequence[tuple[str, int]], *, now: dt.datetime, limit: int
-    ) -> list[CommandRecord]:
-        """``dispatch`` for many sessions (node id, epoch) in one statement: up to ``limit`` pending commands per
-        node, oldest first (a gateway asks for all its sessions at once)."""
-        ...
-
     async def finish(
         self, *, id: str, epoch: int, state: str, result: Mapping[str, Any], reason: str | None
     ) -> CommandRecord | None:

@@ -197,11 +197,6 @@ class Nodes(Protocol):
         statement whatever their number."""
         ...
 
-    async def desired_since(self, since: dt.datetime) -> tuple[list[DesiredState], dt.datetime]:
-        """The desired states changed after ``since`` (by the database's clock), and the database's time of the
-        read; one indexed statement, however many nodes there are."""
-        ...
-
     async def record_inventory(self, node_id: str, section: str, content: Any, *, fake: bool) -> bool:
         """Keep the latest content of one inventory section of a node (needs a transaction); ``False`` for no such
         live node."""
@@ -209,12 +204,6 @@ class Nodes(Protocol):
 
     async def inventory(self, node_id: str) -> list[InventoryRecord]:
         """The node's latest inventory sections, by name."""
-        ...
-
-    async def observe(self, acks: Sequence[tuple[str, int]]) -> list[str]:
-        """Record the generations daemons acknowledged applying (node id, generation), in one statement; a
-        generation is taken only if it is newer than the recorded one and not beyond the desired one. Returns the
-        nodes that moved."""
         ...
 
     async def conditions(self, node_ids: Sequence[str]) -> dict[str, list[ConditionRecord]]:
@@ -353,10 +342,6 @@ class Certificates(Protocol):
 
     async def revocations(self, spiffe_id: str) -> list[Revocation]:
         """The revocations of ``spiffe_id``'s certificates, oldest first."""
-        ...
-
-    async def revoked_among(self, serials: Sequence[str]) -> set[str]:
-        """Which of ``serials`` are revoked, in one statement (a gateway asks for all its sessions at once)."""
         ...
 
 

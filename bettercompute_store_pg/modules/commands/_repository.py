@@ -18,6 +18,9 @@ from bettercompute.ports import WorkItem
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
 
+from ._edge import PgEdge
+from ._rows import command_of, optional_time
+
 __all__ = ["REPOSITORIES", "PgCommands", "PgSessions"]
 
 _COLUMNS = (
@@ -51,22 +54,6 @@ RETURNING {_C_COLUMNS}
 
 # ``_DISPATCH`` for many sessions at once: per node, its oldest pending commands (the partial index
 # ``commands_pending`` answers each probe).
-_DISPATCH_MANY = f"""
-WITH s AS (SELECT * FROM unnest(CAST(:node_ids AS text[]), CAST(:epochs AS bigint[])) AS s (node_id, epoch)),
-picked AS (
-    SELECT p.id, s.epoch FROM s CROSS JOIN LATERAL (
-        SELECT id FROM {{s}}.commands
-        WHERE node_id = s.node_id AND state = 'pending' AND deadline > :now
-        ORDER BY created_at, id LIMIT :limit
-        FOR UPDATE SKIP LOCKED
-    ) AS p
-)
-UPDATE {{s}}.commands AS c SET state = 'dispatched', session_epoch = picked.epoch, dispatched_at = :now,
-    attempts = c.attempts + 1, updated_at = :now
-FROM picked WHERE c.id = picked.id
-RETURNING {_C_COLUMNS}
-"""
-
 _FINISH = f"""
 UPDATE {{s}}.commands AS c SET state = :state, result = CAST(:result AS jsonb), reason = :reason,
     finished_at = now(), updated_at = now()
@@ -169,33 +156,6 @@ RETURNING s.node_id, s.epoch, s.gateway, s.last_seen_at, lost.was_closed IS NULL
 """
 
 
-def _optional(value: dt.datetime | None) -> dt.datetime | None:
-    return utc(value) if value is not None else None
-
-
-def _command(row: Any) -> CommandRecord:
-    return CommandRecord(
-        id=row.id,
-        node_id=row.node_id,
-        tenant=row.tenant,
-        kind=row.kind,
-        payload=dict(row.payload),
-        state=row.state,
-        on_session_loss=row.on_session_loss,
-        deadline=utc(row.deadline),
-        attempts=row.attempts,
-        max_attempts=row.max_attempts,
-        session_epoch=row.session_epoch,
-        dispatched_at=_optional(row.dispatched_at),
-        result=dict(row.result) if row.result is not None else None,
-        reason=row.reason,
-        created_at=utc(row.created_at),
-        updated_at=utc(row.updated_at),
-        finished_at=_optional(row.finished_at),
-        wake=WorkItem(kind=row.wake_kind, key=row.wake_key, shard=row.wake_shard) if row.wake_kind else None,
-    )
-
-
 def _session(row: Any) -> SessionRecord:
     return SessionRecord(
         node_id=row.node_id,
@@ -203,7 +163,7 @@ def _session(row: Any) -> SessionRecord:
         gateway=row.gateway,
         opened_at=utc(row.opened_at),
         last_seen_at=utc(row.last_seen_at),
-        closed_at=_optional(row.closed_at),
+        closed_at=optional_time(row.closed_at),
     )
 
 
@@ -215,7 +175,6 @@ class PgCommands(PgRepository):
         self._create = db.sql(_CREATE)
         self._get = db.sql(_GET)
         self._dispatch = db.sql(_DISPATCH)
-        self._dispatch_many = db.sql(_DISPATCH_MANY)
         self._finish = db.sql(_FINISH)
         self._expire = db.sql(_EXPIRE)
         self._orphaned = db.sql(_ORPHANED)
@@ -248,33 +207,18 @@ class PgCommands(PgRepository):
             "wake_shard": wake.shard if wake is not None else None,
         }
         rows = await self._fetch_in_transaction("create", self._create, params)
-        return _command(rows[0])
+        return command_of(rows[0])
 
     async def get(self, id: str) -> CommandRecord | None:
         """A command by id."""
         rows = await self._fetch(self._get, {"id": id})
-        return _command(rows[0]) if rows else None
+        return command_of(rows[0]) if rows else None
 
     async def dispatch(self, *, node_id: str, epoch: int, now: dt.datetime, limit: int) -> list[CommandRecord]:
         """Mark the node's oldest pending commands dispatched on ``epoch``."""
         params = {"node_id": node_id, "epoch": epoch, "now": now, "limit": limit}
         rows = await self._fetch(self._dispatch, params)
-        return sorted((_command(r) for r in rows), key=lambda c: (c.created_at, c.id))
-
-    async def dispatch_many(
-        self, sessions: Sequence[tuple[str, int]], *, now: dt.datetime, limit: int
-    ) -> list[CommandRecord]:
-        """Mark the oldest pending commands of each session's node dispatched on its epoch, in one statement."""
-        if not sessions:
-            return []
-        params = {
-            "node_ids": [node_id for node_id, _ in sessions],
-            "epochs": [epoch for _, epoch in sessions],
-            "now": now,
-            "limit": limit,
-        }
-        rows = await self._fetch(self._dispatch_many, params)
-        return sorted((_command(r) for r in rows), key=lambda c: (c.created_at, c.id))
+        return sorted((command_of(r) for r in rows), key=lambda c: (c.created_at, c.id))
 
     async def finish(
         self, *, id: str, epoch: int, state: str, result: Mapping[str, Any], reason: str | None
@@ -284,18 +228,18 @@ class PgCommands(PgRepository):
             raise InternalError("a command finishes as succeeded or failed")
         params = {"id": id, "epoch": epoch, "state": state, "result": dumps(dict(result)), "reason": reason}
         rows = await self._fetch(self._finish, params)
-        return _command(rows[0]) if rows else None
+        return command_of(rows[0]) if rows else None
 
     async def expire(self, *, now: dt.datetime, limit: int) -> list[CommandRecord]:
         """Expire open commands past their deadline."""
         rows = await self._fetch_in_transaction("expire", self._expire, {"now": now, "limit": limit})
-        return [_command(r) for r in rows]
+        return [command_of(r) for r in rows]
 
     async def orphaned(self, *, stale_before: dt.datetime, now: dt.datetime, limit: int) -> list[CommandRecord]:
         """Re-queue or fail dispatched commands whose session died."""
         params = {"stale_before": stale_before, "now": now, "limit": limit}
         rows = await self._fetch_in_transaction("orphaned", self._orphaned, params)
-        return [_command(r) for r in rows]
+        return [command_of(r) for r in rows]
 
 
 class PgSessions(PgRepository):
@@ -353,5 +297,9 @@ class PgSessions(PgRepository):
         ]
 
 
-REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"commands": PgCommands, "sessions": PgSessions}
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {
+    "commands": PgCommands,
+    "sessions": PgSessions,
+    "edge": PgEdge,
+}
 """The adapters of this module's repositories, by ``Repository.name``."""

@@ -6,7 +6,6 @@ A key's private half is stored only as the KMS sealed it (``sealed_key``); nothi
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
 from typing import Any
 
 from bettercompute.errors import ConflictError, InvalidInputError
@@ -89,7 +88,6 @@ _LOCK_IDENTITY_SHARED = (
     "SELECT pg_advisory_xact_lock_shared(hashtextextended('bettercompute.modules.nodes:' || :spiffe_id, 0))"
 )
 
-_REVOKED_AMONG = "SELECT serial FROM {s}.revocations WHERE serial = ANY(CAST(:serials AS text[]))"
 
 _REVOCATIONS = """
 SELECT serial, spiffe_id, reason, revoked_at FROM {s}.revocations WHERE spiffe_id = :spiffe_id
@@ -148,7 +146,6 @@ class PgCertificates(PgRepository):
         self._lock_identity = db.sql(_LOCK_IDENTITY)
         self._lock_identity_shared = db.sql(_LOCK_IDENTITY_SHARED)
         self._revocations = db.sql(_REVOCATIONS)
-        self._revoked_among = db.sql(_REVOKED_AMONG)
 
     async def lock(self, trust_domain: str) -> None:
         """Take the trust domain's transaction-scoped advisory lock."""
@@ -237,9 +234,3 @@ class PgCertificates(PgRepository):
     async def revocations(self, spiffe_id: str) -> list[Revocation]:
         """The revocations of ``spiffe_id``'s certificates, oldest first."""
         return [_revocation(row) for row in await self._fetch(self._revocations, {"spiffe_id": spiffe_id})]
-
-    async def revoked_among(self, serials: Sequence[str]) -> set[str]:
-        """Which of ``serials`` are revoked, in one statement."""
-        if not serials:
-            return set()
-        return {row.serial for row in await self._fetch(self._revoked_among, {"serials": list(serials)})}

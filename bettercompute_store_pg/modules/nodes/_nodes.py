@@ -97,18 +97,6 @@ FROM unnest(CAST(:node_ids AS text[]), CAST(:generations AS bigint[])) AS k (nod
 JOIN {s}.nodes AS n ON n.id = k.node_id
 WHERE n.desired_generation > k.generation
 """
-_DESIRED_SINCE = """
-SELECT t.at, n.id, n.desired_generation, n.desired_state
-FROM (SELECT clock_timestamp() AS at) AS t
-LEFT JOIN {s}.nodes AS n ON n.desired_at > :since
-"""
-_OBSERVE = """
-UPDATE {s}.nodes AS n SET observed_generation = a.generation, updated_at = now()
-FROM unnest(CAST(:node_ids AS text[]), CAST(:generations AS bigint[])) AS a (node_id, generation)
-WHERE n.id = a.node_id AND a.generation > n.observed_generation AND a.generation <= n.desired_generation
-RETURNING n.id
-"""
-
 _RECORD_INVENTORY = """
 INSERT INTO {s}.node_inventory AS i (node_id, section, content, fake, received_at)
 SELECT id, :section, CAST(:content AS jsonb), :fake, now() FROM {s}.nodes WHERE id = :node_id AND state <> 'retired'
@@ -221,8 +209,6 @@ class PgNodes(PgRepository):
         self._retire = db.sql(_RETIRE)
         self._set_desired = db.sql(_SET_DESIRED)
         self._desired_newer = db.sql(_DESIRED_NEWER)
-        self._desired_since = db.sql(_DESIRED_SINCE)
-        self._observe = db.sql(_OBSERVE)
         self._record_inventory = db.sql(_RECORD_INVENTORY)
         self._inventory = db.sql(_INVENTORY)
         self._conditions = db.sql(_CONDITIONS)
@@ -315,11 +301,6 @@ class PgNodes(PgRepository):
         params = {"node_ids": [k[0] for k in known], "generations": [k[1] for k in known]}
         return [_desired(r) for r in await self._fetch(self._desired_newer, params)]
 
-    async def desired_since(self, since: dt.datetime) -> tuple[list[DesiredState], dt.datetime]:
-        """The desired states changed after ``since``, and the database's time of the read."""
-        rows = await self._fetch(self._desired_since, {"since": since})
-        return [_desired(r) for r in rows if r.id is not None], utc(rows[0].at)
-
     async def record_inventory(self, node_id: str, section: str, content: Any, *, fake: bool) -> bool:
         """Keep the latest content of one section (in the caller's transaction)."""
         params = {"node_id": node_id, "section": section, "content": dumps(content), "fake": fake}
@@ -334,13 +315,6 @@ class PgNodes(PgRepository):
             )
             for r in rows
         ]
-
-    async def observe(self, acks: Sequence[tuple[str, int]]) -> list[str]:
-        """Record acknowledged generations, in one statement."""
-        if not acks:
-            return []
-        params = {"node_ids": [a[0] for a in acks], "generations": [a[1] for a in acks]}
-        return [row.id for row in await self._fetch(self._observe, params)]
 
     async def conditions(self, node_ids: Sequence[str]) -> dict[str, list[ConditionRecord]]:
         """The conditions of these nodes."""

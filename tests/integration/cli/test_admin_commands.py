@@ -47,7 +47,9 @@ def test_migrate_twice_applies_everything_then_nothing(cli_env: dict[str, str]) 
 
     second = run_cli(cli_env, "migrate")
     assert second.returncode == 0, second.stderr
-    assert second.stdout == f"Nothing to apply: schema {schema} is up to date.\n"
+    roles = f"Roles: {schema}_api (api), {schema}_worker (worker roles), {schema}_gateway (gateway).\n"
+    assert first.stdout.endswith(roles)
+    assert second.stdout == f"Nothing to apply: schema {schema} is up to date.\n" + roles
 
 
 def test_bootstrap_prints_only_the_token_once_and_rotate_replaces_it(
