@@ -13,7 +13,7 @@ from typing import Any
 import bettercompute_proto as wire
 from bettercompute.errors import ComputeError
 from bettercompute.modules.commands import EDGE
-from bettercompute.modules.nodes import INVENTORY_SECTIONS, verify_signature
+from bettercompute.modules.nodes import INVENTORY_SECTIONS, SignedFact, verify_signature
 from bettercompute.ports import Store
 
 from ._sessions import Session
@@ -114,8 +114,9 @@ class Ingest:
                 id=result.command_id,
                 epoch=session.epoch,
                 state=result.outcome,
-                result=body,
+                result_json=result.result_json,
                 reason=reason if isinstance(reason, str) else None,
+                signed=SignedFact(signature=result.signature, serial=session.serial, key=session.public_key_der),
             )
         except ComputeError as exc:  # text the database cannot hold (a NUL), or the database away: not recorded
             log.warning(

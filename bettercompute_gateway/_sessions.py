@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 import attrs
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from grpclib.exceptions import StreamTerminatedError
 from grpclib.server import Stream
 
@@ -42,6 +43,12 @@ class Session:
     not_after: float = float("inf")  # when the session's certificate expires (seconds since the epoch)
     events: int = 0  # events taken in the current minute
     events_since: float = 0.0
+
+    @property
+    def public_key_der(self) -> bytes:
+        """The session certificate's public key as SubjectPublicKeyInfo (DER), relayed with what the node signs."""
+        der: bytes = self.public_key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+        return der
 
 
 class Sessions:

@@ -35,7 +35,7 @@ GATEWAY_FUNCTIONS = (
     "bc_gw_inventory(text, text, jsonb, boolean, integer)",
     "bc_gw_event(text, text, jsonb, bigint)",
     "bc_gw_dispatch(text[], bigint[], integer)",
-    "bc_gw_finish(text, bigint, text, jsonb, text)",
+    "bc_gw_finish(text, bigint, text, text, text, bytea, text, bytea)",
     "bc_gw_desired_newer(text[], bigint[], text)",
     "bc_gw_desired_since(timestamptz, text)",
     "bc_gw_revoked(text[])",

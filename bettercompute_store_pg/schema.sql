@@ -269,6 +269,7 @@ CREATE INDEX images_page ON {schema}.images USING btree (tenant, created_at, id)
 -- commands 2: unreachable nodes
 -- commands 3: command wake-ups
 -- commands 4: the gateway's functions
+-- commands 5: signed command results
 
 CREATE TABLE {schema}.commands (
     id text NOT NULL,
@@ -291,6 +292,10 @@ CREATE TABLE {schema}.commands (
     wake_kind text,
     wake_key text,
     wake_shard integer,
+    result_json text,
+    signature bytea,
+    signer_serial text,
+    signer_key bytea,
     CONSTRAINT commands_pkey PRIMARY KEY (id),
     CONSTRAINT commands_check CHECK (((state <> 'dispatched'::text) OR (session_epoch IS NOT NULL))),
     CONSTRAINT commands_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
@@ -403,7 +408,7 @@ BEGIN
     RETURN true;
 END $function$;
 
-CREATE OR REPLACE FUNCTION {schema}.bc_gw_finish(p_id text, p_epoch bigint, p_state text, p_result jsonb, p_reason text)
+CREATE OR REPLACE FUNCTION {schema}.bc_gw_finish(p_id text, p_epoch bigint, p_state text, p_result_json text, p_reason text, p_signature bytea, p_serial text, p_key bytea)
  RETURNS SETOF {schema}.commands
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -414,8 +419,9 @@ BEGIN
     IF p_state NOT IN ('succeeded', 'failed') THEN
         RAISE EXCEPTION 'a command finishes as succeeded or failed' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    UPDATE {schema}.commands AS c SET state = p_state, result = p_result, reason = p_reason,
-        finished_at = now(), updated_at = now()
+    UPDATE {schema}.commands AS c SET state = p_state, result = CAST(p_result_json AS jsonb),
+        result_json = p_result_json, reason = p_reason, signature = p_signature, signer_serial = p_serial,
+        signer_key = p_key, finished_at = now(), updated_at = now()
     WHERE c.id = p_id AND c.state = 'dispatched' AND c.session_epoch = p_epoch
     RETURNING c.* INTO v_done;
     IF NOT FOUND THEN

@@ -102,6 +102,13 @@ class Metrics:
         self._workers(registry)
         self._gateway(registry)
         self._sinks(registry)
+        self.facts_refused = Counter(
+            "bettercompute_node_facts_refused",
+            "Facts a node should have signed that the control plane refused where it used them, by fact "
+            "(command_result, ...) and reason (unsigned, unknown_signer, revoked_signer, bad_signature).",
+            ["fact", "reason"],
+            registry=registry,
+        )
         self._pool = _PoolCollector()
         registry.register(self._pool)
         for role in ("shard", "singleton"):

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from bettercompute.modules.commands._port import CommandRecord
-from bettercompute.modules.nodes import DesiredState
+from bettercompute.modules.nodes import DesiredState, SignedFact
 from bettercompute.ports import Repository
 
 __all__ = ["EDGE", "Edge"]
@@ -68,10 +68,11 @@ class Edge(Protocol):
         ...
 
     async def finish(
-        self, *, id: str, epoch: int, state: str, result: Mapping[str, Any], reason: str | None
+        self, *, id: str, epoch: int, state: str, result_json: str, reason: str | None, signed: SignedFact
     ) -> CommandRecord | None:
-        """Record the outcome of a command dispatched on session ``epoch`` and enqueue its wake item; ``None``
-        when it was not waiting for that result."""
+        """Record the outcome of a command dispatched on session ``epoch``, with the result as the node signed it
+        (a JSON object's text) and its signature, and enqueue its wake item; ``None`` when it was not waiting for
+        that result. Whoever uses the result checks the signature (``fact_refusal``)."""
         ...
 
     async def desired_newer(self, known: Sequence[tuple[str, int]], *, gateway: str) -> list[DesiredState]:

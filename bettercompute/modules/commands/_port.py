@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from bettercompute.modules.nodes import SignedFact
 from bettercompute.ports import Repository, WorkItem
 
 __all__ = ["COMMANDS", "SESSIONS", "CommandRecord", "Commands", "LostSession", "SessionRecord", "Sessions"]
@@ -45,6 +46,10 @@ class CommandRecord:
     wake: WorkItem | None = None
     """The work item to enqueue when the command ends (succeeded, failed or expired), so the controller that asked
     for it hears of the outcome at once."""
+    result_json: str | None = None
+    """The result as the node signed it (``result`` is parsed from it); ``None`` for a command without one."""
+    signed: SignedFact | None = None
+    """The node's signature over the result (``command_result_message``), checked by whoever uses the result."""
 
 
 @attrs.frozen(kw_only=True)

@@ -34,15 +34,18 @@ from bettercompute.modules.inventory._derive import (
 )
 from bettercompute.modules.inventory._port import INVENTORY, DeviceRecord
 from bettercompute.modules.nodes import (
+    FACT_REFUSED_ACTION,
     INVENTORY_KIND,
     LIFECYCLE_KIND,
     NODES,
     NodeRecord,
+    command_result_message,
+    fact_refusal,
     lifecycle_item,
     set_desired_state,
 )
 from bettercompute.modules.pools import POOLS, NodePolicy
-from bettercompute.ports import OutboxEvent, Transaction
+from bettercompute.ports import AuditRecord, OutboxEvent, Transaction
 
 __all__ = [
     "NODE_ADOPTED",
@@ -140,6 +143,8 @@ class Controllers:
         session = await store.repository(SESSIONS).get(node_id)
         reach = _reach(node, session)
         commands = await _commands(ctx, node)
+        # Only a node being accepted: the results of a finished round decided already.
+        refused = await _refused_results(ctx, node, commands) if node.state == "adopting" else {}
         records = await store.repository(NODES).inventory(node_id)
         parsed = parse_sections({r.section: r.content for r in records})
         wake_at: list[dt.datetime] = []
@@ -150,8 +155,14 @@ class Controllers:
             node = locked
             if node.acceptance.get("commands") != {c.kind: c.id for c in commands.values()} and commands:
                 commands = {}  # a new round began since the read (an operator's requalify): judge it next pass
+                refused = {}
             events: list[OutboxEvent] = []
             changed = node
+            if refused:
+                # A result its node's key did not sign changes nothing: the check stays unanswered (the node stays
+                # adopting, to be requalified) and the refusal is audited once, and counted.
+                changed = await _refuse(ctx, tx, changed, refused)
+                commands = {kind: c for kind, c in commands.items() if kind not in refused}
             if node.state != "retired":
                 changed = _reachability(changed, reach, now, timeout, policy, events, wake_at)
             devices = await tx.repository(INVENTORY).devices(node_id)
@@ -360,6 +371,62 @@ def _devices(
         if (device.kind, device.ident) not in reported and device.state != "missing":
             out.append(attrs.evolve(device, state="missing"))
     return out
+
+
+async def _refused_results(
+    ctx: ReconcileContext, node: NodeRecord, commands: Mapping[str, CommandRecord]
+) -> dict[str, tuple[CommandRecord, str]]:
+    """The acceptance commands whose result (succeeded or failed) the node's key did not sign, by check, with why
+    (``fact_refusal``)."""
+    refused: dict[str, tuple[CommandRecord, str]] = {}
+    for kind, command in commands.items():
+        if command.state not in ("succeeded", "failed"):
+            continue
+        message = command_result_message(
+            command_id=command.id,
+            kind=command.kind,
+            outcome=command.state,
+            result_json=command.result_json or "",
+            epoch=command.session_epoch or 0,
+        )
+        why = await fact_refusal(ctx.store, node_id=node.id, message=message, signed=command.signed)
+        if why is not None:
+            refused[kind] = (command, why)
+    return refused
+
+
+async def _refuse(
+    ctx: ReconcileContext, tx: Transaction, node: NodeRecord, refused: Mapping[str, tuple[CommandRecord, str]]
+) -> NodeRecord:
+    """Audit and count each refused result once (the node's acceptance notes it), and log it."""
+    noted = dict(node.acceptance.get("refused") or {})
+    for kind, (command, why) in sorted(refused.items()):
+        if command.id in noted:
+            continue
+        noted[command.id] = why
+        ctx.context.metrics.facts_refused.labels("command_result", why).inc()
+        log.warning("node %s: the result of %s (%s) is refused: %s", node.id, kind, command.id, why)
+        await tx.audit(
+            AuditRecord(
+                action=FACT_REFUSED_ACTION,
+                actor=f"node:{node.id}",
+                tenant=node.tenant,
+                resource_type="node",
+                resource_id=node.id,
+                decision_id=None,
+                outcome="denied",
+                details={
+                    "fact": "command_result",
+                    "check": kind,
+                    "command_id": command.id,
+                    "reason": why,
+                    "signer_serial": command.signed.serial if command.signed is not None else None,
+                },
+            )
+        )
+    if noted == (node.acceptance.get("refused") or {}):
+        return node
+    return attrs.evolve(node, acceptance={**node.acceptance, "refused": noted})
 
 
 async def _commands(ctx: ReconcileContext, node: NodeRecord) -> dict[str, CommandRecord]:

@@ -19,6 +19,10 @@ from bettercompute.modules.nodes._desired import DESIRED_STATE_CHANNEL as DESIRE
 from bettercompute.modules.nodes._desired import MAX_DESIRED_STATE_BYTES as MAX_DESIRED_STATE_BYTES
 from bettercompute.modules.nodes._desired import poke_gateways as poke_gateways
 from bettercompute.modules.nodes._desired import set_desired_state as set_desired_state
+from bettercompute.modules.nodes._facts import FACT_REFUSED_ACTION as FACT_REFUSED_ACTION
+from bettercompute.modules.nodes._facts import SignedFact as SignedFact
+from bettercompute.modules.nodes._facts import command_result_message as command_result_message
+from bettercompute.modules.nodes._facts import fact_refusal as fact_refusal
 from bettercompute.modules.nodes._gateway import GatewayServices as GatewayServices
 from bettercompute.modules.nodes._gateway import ServerCertificate as ServerCertificate
 from bettercompute.modules.nodes._gateway_enrolment import GATEWAY_TOKEN_PREFIX as GATEWAY_TOKEN_PREFIX
@@ -134,6 +138,7 @@ __all__ = [
     "CERTIFICATES",
     "CHALLENGE_BYTES",
     "DESIRED_STATE_CHANNEL",
+    "FACT_REFUSED_ACTION",
     "IDENTITY_NEEDS",
     "INVENTORY_KIND",
     "INVENTORY_REPORTED",
@@ -211,6 +216,7 @@ __all__ = [
     "RevokeNodeInput",
     "RevokedNode",
     "SecretReleaser",
+    "SignedFact",
     "TokenConsumption",
     "TokenState",
     "TunnelCheck",
@@ -223,6 +229,8 @@ __all__ = [
     "acked_item",
     "bundle_pin",
     "closed_record",
+    "command_result_message",
+    "fact_refusal",
     "hardware_key",
     "hardware_key_of",
     "hash_secret",

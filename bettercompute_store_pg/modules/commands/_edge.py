@@ -9,7 +9,14 @@ from typing import Any
 
 from bettercompute.errors import InvalidInputError, NotFoundError
 from bettercompute.modules.commands import CommandRecord
-from bettercompute.modules.nodes import ACKED_KIND, INVENTORY_KIND, LIFECYCLE_KIND, DesiredState, lifecycle_item
+from bettercompute.modules.nodes import (
+    ACKED_KIND,
+    INVENTORY_KIND,
+    LIFECYCLE_KIND,
+    DesiredState,
+    SignedFact,
+    lifecycle_item,
+)
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PokingRepository
 
@@ -27,7 +34,9 @@ SELECT id FROM {s}.bc_gw_observe(CAST(:node_ids AS text[]), CAST(:generations AS
 _INVENTORY = "SELECT {s}.bc_gw_inventory(:node_id, :section, CAST(:content AS jsonb), :fake, :shard) AS kept"
 _EVENT = "SELECT {s}.bc_gw_event(:node_id, :type, CAST(:payload AS jsonb), :at_ms) AS kept"
 _DISPATCH = "SELECT * FROM {s}.bc_gw_dispatch(CAST(:node_ids AS text[]), CAST(:epochs AS bigint[]), :limit)"
-_FINISH = "SELECT * FROM {s}.bc_gw_finish(:id, :epoch, :state, CAST(:result AS jsonb), :reason)"
+_FINISH = """
+SELECT * FROM {s}.bc_gw_finish(:id, :epoch, :state, :result_json, :reason, :signature, :serial, :key)
+"""
 _DESIRED_NEWER = """
 SELECT * FROM {s}.bc_gw_desired_newer(CAST(:node_ids AS text[]), CAST(:generations AS bigint[]), :gateway)
 """
@@ -119,12 +128,21 @@ class PgEdge(PokingRepository):
         return sorted((command_of(r) for r in rows), key=lambda c: (c.created_at, c.id))
 
     async def finish(
-        self, *, id: str, epoch: int, state: str, result: Mapping[str, Any], reason: str | None
+        self, *, id: str, epoch: int, state: str, result_json: str, reason: str | None, signed: SignedFact
     ) -> CommandRecord | None:
         """Record a command's outcome (``Edge.finish``)."""
         if state not in ("succeeded", "failed"):
             raise InvalidInputError("a command finishes as succeeded or failed")
-        params = {"id": id, "epoch": epoch, "state": state, "result": dumps(dict(result)), "reason": reason}
+        params = {
+            "id": id,
+            "epoch": epoch,
+            "state": state,
+            "result_json": result_json,
+            "reason": reason,
+            "signature": signed.signature,
+            "serial": signed.serial,
+            "key": signed.key,
+        }
         rows = await self._fetch(self._finish, params)
         if not rows:
             return None

@@ -299,10 +299,52 @@ $$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC;
 """
 
+# A command's result as the node signed it: the exact JSON text, the signature, the serial of the certificate it was
+# signed under and that certificate's key, so that whoever uses the result checks it (``fact_refusal``), now or later.
+# ``result`` is parsed from that text in the function, so it cannot say anything the signed text does not.
+_V5 = """
+SET LOCAL check_function_bodies = off;
+
+ALTER TABLE {schema}.commands
+    ADD COLUMN result_json text,
+    ADD COLUMN signature bytea,
+    ADD COLUMN signer_serial text,
+    ADD COLUMN signer_key bytea;
+
+DROP FUNCTION {schema}.bc_gw_finish(text, bigint, text, jsonb, text);
+
+CREATE FUNCTION {schema}.bc_gw_finish(
+    p_id text, p_epoch bigint, p_state text, p_result_json text, p_reason text,
+    p_signature bytea, p_serial text, p_key bytea
+) RETURNS SETOF {schema}.commands
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE v_done {schema}.commands;
+BEGIN
+    IF p_state NOT IN ('succeeded', 'failed') THEN
+        RAISE EXCEPTION 'a command finishes as succeeded or failed' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE {schema}.commands AS c SET state = p_state, result = CAST(p_result_json AS jsonb),
+        result_json = p_result_json, reason = p_reason, signature = p_signature, signer_serial = p_serial,
+        signer_key = p_key, finished_at = now(), updated_at = now()
+    WHERE c.id = p_id AND c.state = 'dispatched' AND c.session_epoch = p_epoch
+    RETURNING c.* INTO v_done;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_done.wake_kind IS NOT NULL THEN
+        PERFORM {schema}.bc_gw_enqueue(v_done.wake_kind, v_done.wake_key, v_done.wake_shard);
+    END IF;
+    RETURN NEXT v_done;
+END $$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC;
+"""
+
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="commands and sessions", sql=_V1),
     Migration(version=2, name="unreachable nodes", sql=_V2),
     Migration(version=3, name="command wake-ups", sql=_V3),
     Migration(version=4, name="the gateway's functions", sql=_V4),
+    Migration(version=5, name="signed command results", sql=_V5),
 )

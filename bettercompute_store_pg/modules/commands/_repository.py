@@ -25,7 +25,8 @@ __all__ = ["REPOSITORIES", "PgCommands", "PgSessions"]
 
 _COLUMNS = (
     "id, node_id, tenant, kind, payload, state, on_session_loss, deadline, attempts, max_attempts, session_epoch, "
-    "dispatched_at, result, reason, created_at, updated_at, finished_at, wake_kind, wake_key, wake_shard"
+    "dispatched_at, result, reason, created_at, updated_at, finished_at, wake_kind, wake_key, wake_shard, "
+    "result_json, signature, signer_serial, signer_key"
 )
 _C_COLUMNS = ", ".join(f"c.{c.strip()}" for c in _COLUMNS.split(","))
 

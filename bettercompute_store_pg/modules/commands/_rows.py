@@ -6,6 +6,7 @@ import datetime as dt
 from typing import Any
 
 from bettercompute.modules.commands import CommandRecord
+from bettercompute.modules.nodes import SignedFact
 from bettercompute.ports import WorkItem
 from bettercompute_store_pg._db import utc
 
@@ -38,4 +39,8 @@ def command_of(row: Any) -> CommandRecord:
         updated_at=utc(row.updated_at),
         finished_at=optional_time(row.finished_at),
         wake=WorkItem(kind=row.wake_kind, key=row.wake_key, shard=row.wake_shard) if row.wake_kind else None,
+        result_json=row.result_json,
+        signed=SignedFact(signature=bytes(row.signature), serial=row.signer_serial, key=bytes(row.signer_key))
+        if row.signature is not None and row.signer_serial is not None and row.signer_key is not None
+        else None,
     )

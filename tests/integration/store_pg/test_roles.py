@@ -18,6 +18,7 @@ from psycopg import errors, sql
 
 from bettercompute.errors import InvalidConfigError, NotFoundError
 from bettercompute.modules.commands import EDGE
+from bettercompute.modules.nodes import SignedFact
 from bettercompute_store_pg import PgStore, RoleNames
 
 from .._template import migrate_template
@@ -152,6 +153,7 @@ async def test_the_gateway_role_runs_the_whole_gateway_door(
     await store.open()
     try:
         edge = store.repository(EDGE)
+        unsigned = SignedFact(signature=b"", serial="00", key=b"")
         epoch = await edge.open_session(node_id=node, gateway="gw-1")
         assert await edge.seen([(node, epoch)], gateway="gw-1") == [node]
         assert await edge.record_inventory(node, "gpus", {"count": 1}, fake=True)
@@ -164,7 +166,12 @@ async def test_the_gateway_role_runs_the_whole_gateway_door(
         assert await edge.observe([(node, 2)]) == [node]
         assert await edge.observe([(node, 3)]) == []  # beyond what was desired
         assert await edge.dispatch([(node, epoch)], limit=16) == []
-        assert await edge.finish(id="no-such", epoch=epoch, state="succeeded", result={}, reason=None) is None
+        assert (
+            await edge.finish(
+                id="no-such", epoch=epoch, state="succeeded", result_json="{}", reason=None, signed=unsigned
+            )
+            is None
+        )
         assert await edge.revoked_among(["00ff"]) == set()
         assert await edge.close_session(node_id=node, epoch=epoch, gateway="gw-1", reason="left")
         with pytest.raises(NotFoundError):

@@ -160,6 +160,7 @@ def test_each_control_plane_has_a_registry_of_its_own() -> None:
         "bettercompute_gateway_tunnel_bytes",
         "bettercompute_webhook_delivery_lag_seconds",
         "bettercompute_webhook_dead_letters",
+        "bettercompute_node_facts_refused",
         "bettercompute_db_pool_connections",
         "bettercompute_db_pool_max",
     }

@@ -1,0 +1,190 @@
+"""A command's result counts only if its node's key signed it, checked where it is used (the lifecycle controller),
+not only where the gateway received it.
+
+Each case plays a gateway that turned: it answers a node's acceptance check itself, through the same door a gateway
+has into the store (``EDGE``), with a result the node never signed. The node stays ``adopting``, its devices stay
+out of capacity, the refusal is audited once and counted; the genuine result, signed by the node's key, adopts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import anyio
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+import bettercompute_proto as wire
+from bettercompute.modules.audit import ListAuditInput
+from bettercompute.modules.commands import EDGE
+from bettercompute.modules.nodes import FACT_REFUSED_ACTION, NODES, SignedFact, command_result_message
+from bettercompute_daemon.identity import NodeKey
+from tests._timing import deadline
+
+from .conftest import Joined, Wire, hello, session_request
+from .test_lifecycle import settle
+
+pytestmark = pytest.mark.anyio
+
+HEALTHY = {"health": {"healthy": True, "gpus": [{"uuid": "GPU-f1", "ecc_uncorrectable": 0}]}, "fake": True}
+BODY = json.dumps(HEALTHY, sort_keys=True)
+
+
+def _spki(key: NodeKey) -> bytes:
+    return key.private_key.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+
+
+async def _tick(gw: Wire) -> None:
+    """One pass of the controllers, the manual clock kept up with the database's (which dates the gateway's work)."""
+    gw.fleet.clock.set(max(gw.fleet.clock.now(), dt.datetime.now(dt.UTC)))
+    await gw.fleet.compute.jobs.tick({"controllers"})
+
+
+async def _dispatched_check(gw: Wire, joined: Joined, stream: Any) -> tuple[str, int]:
+    """Report the node's GPUs on its session and wait for the diag.nvml command it is sent; its id and the epoch."""
+    await stream.send_request()
+    await stream.send_message(hello(joined.node_id))
+    gpus = json.dumps([{"uuid": f"GPU-{joined.node_id}", "model": "H100"}])  # its own: no conflict
+    await stream.send_message(wire.NodeFrame(inventory=wire.InventorySection(section="gpus", content_json=gpus)))
+    sent: list[wire.Command] = []
+
+    async def read() -> None:
+        async for frame in stream:
+            if frame.command is not None:
+                sent.append(frame.command)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        with anyio.fail_after(deadline(30)):
+            while not any(c.kind == "diag.nvml" for c in sent):
+                await _tick(gw)
+                await anyio.sleep(0.1)
+        tg.cancel_scope.cancel()
+    record = await gw.fleet.store.repository(NODES).get(joined.node_id)
+    assert record is not None
+    return next(c.id for c in sent if c.kind == "diag.nvml"), record.session_epoch
+
+
+def _signed(key: NodeKey, *, command_id: str, epoch: int, body: str = BODY, kind: str = "diag.nvml") -> bytes:
+    message = command_result_message(
+        command_id=command_id, kind=kind, outcome="succeeded", result_json=body, epoch=epoch
+    )
+    return key.sign(message)
+
+
+async def _answer_as_the_gateway(gw: Wire, joined: Joined, forge: Any) -> tuple[str, int]:
+    """Open the node's session, let its check be dispatched, and finish it through the gateway's door with what
+    ``forge(command_id, epoch)`` returns (result text, signature, serial, key); the command id and epoch."""
+    channel = gw.channel(joined)
+    try:
+        async with session_request(channel) as stream:
+            command_id, epoch = await _dispatched_check(gw, joined, stream)
+            body, signature, serial, key = forge(command_id, epoch)
+            finished = await gw.fleet.store.repository(EDGE).finish(
+                id=command_id,
+                epoch=epoch,
+                state="succeeded",
+                result_json=body,
+                reason=None,
+                signed=SignedFact(signature=signature, serial=serial, key=key),
+            )
+            assert finished is not None and finished.state == "succeeded"
+            await stream.end()
+    finally:
+        channel.close()
+    return command_id, epoch
+
+
+async def _refusals(gw: Wire, node_id: str) -> list[dict[str, Any]]:
+    listed = await gw.fleet.compute.api.audit.list(gw.fleet.root, ListAuditInput(action=FACT_REFUSED_ACTION))
+    return [dict(row.details) for row in listed.entries if row.resource_id == node_id]
+
+
+def _counted(gw: Wire, reason: str) -> float:
+    return float(gw.fleet.compute.context.metrics.facts_refused.labels("command_result", reason)._value.get())
+
+
+async def test_results_the_node_never_signed_change_nothing_and_are_audited_once(gw: Wire) -> None:
+    stranger = NodeKey(ec.generate_private_key(ec.SECP256R1()))
+    cases = {
+        # Signed by a key of the gateway's own, presented as the node's certificate's.
+        "unknown_signer": lambda joined, command_id, epoch: (
+            BODY,
+            _signed(stranger, command_id=command_id, epoch=epoch),
+            joined.serial,
+            _spki(stranger),
+        ),
+        # The node's key and serial, but the result altered after it was signed.
+        "bad_signature": lambda joined, command_id, epoch: (
+            BODY.replace('"healthy": true', '"healthy": false '),
+            _signed(joined.key, command_id=command_id, epoch=epoch),
+            joined.serial,
+            _spki(joined.key),
+        ),
+        # No signature at all.
+        "unsigned": lambda joined, command_id, epoch: (BODY, b"", joined.serial, _spki(joined.key)),
+    }
+    for n, (reason, forge) in enumerate(sorted(cases.items())):
+        joined = await gw.join(f"SN-FORGED-{n}")
+        before = _counted(gw, reason)
+        command_id, _ = await _answer_as_the_gateway(gw, joined, lambda c, e, j=joined, f=forge: f(j, c, e))
+        record = await _wait_refused(gw, joined.node_id)
+        assert record.state == "adopting", reason
+        assert record.acceptance["refused"] == {command_id: reason}
+        assert _counted(gw, reason) == before + 1
+        # More passes of the controller: nothing moves, nothing is audited twice.
+        for _ in range(3):
+            await _tick(gw)
+        assert (await gw.fleet.store.repository(NODES).get(joined.node_id)).state == "adopting"  # type: ignore[union-attr]
+        refusals = await _refusals(gw, joined.node_id)
+        assert [(r["fact"], r["check"], r["command_id"], r["reason"]) for r in refusals] == [
+            ("command_result", "diag.nvml", command_id, reason)
+        ]
+
+
+async def _wait_refused(gw: Wire, node_id: str) -> Any:
+    with anyio.fail_after(deadline(30)):
+        while True:
+            await _tick(gw)
+            record = await gw.fleet.store.repository(NODES).get(node_id)
+            if record is not None and record.acceptance.get("refused"):
+                return record
+            await anyio.sleep(0.05)
+
+
+async def test_a_genuine_result_replayed_under_another_command_is_refused_and_the_genuine_one_adopts(
+    gw: Wire,
+) -> None:
+    first = await gw.join("SN-GENUINE")
+    signed: dict[str, Any] = {}
+
+    def genuine(command_id: str, epoch: int) -> tuple[str, bytes, str, bytes]:
+        signature = _signed(first.key, command_id=command_id, epoch=epoch)
+        signed.update(command_id=command_id, epoch=epoch, signature=signature)
+        return BODY, signature, first.serial, _spki(first.key)
+
+    await _answer_as_the_gateway(gw, first, genuine)
+    adopted = await settle(gw, first.node_id, lambda n: n.state == "adopted")
+    assert adopted.state == "adopted"
+
+    # The same signed bytes, replayed by the gateway as the answer to a second node's check, under its own serial
+    # and key: the signature covers the first command's id, and the first node's key is not the second's.
+    second = await gw.join("SN-REPLAYED")
+    for serial, key, reason in (
+        (second.serial, _spki(second.key), "bad_signature"),
+        (first.serial, _spki(first.key), "unknown_signer"),
+    ):
+        joined = second if reason == "bad_signature" else await gw.join("SN-REPLAYED-2")
+        before = _counted(gw, reason)
+        await _answer_as_the_gateway(
+            gw,
+            joined,
+            lambda command_id, epoch, s=serial, k=key: (BODY, signed["signature"], s, k),
+        )
+        record = await _wait_refused(gw, joined.node_id)
+        assert record.state == "adopting"
+        assert list(record.acceptance["refused"].values()) == [reason]
+        assert _counted(gw, reason) == before + 1
