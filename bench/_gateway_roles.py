@@ -27,6 +27,8 @@ import h2.events
 import h2.exceptions
 import psycopg
 import uvloop
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 import bettercompute_proto as wire
 from bench._gateway_parts import (
@@ -179,8 +181,10 @@ class ClientStats:
 class NodeSession(asyncio.Protocol):
     """One node's session over its own TLS connection: HTTP/2 by ``h2``, gRPC framing by hand (see the docstring)."""
 
-    def __init__(self, node_id: str, authority: str, stats: ClientStats) -> None:
+    def __init__(self, node_id: str, authority: str, stats: ClientStats, key: ec.EllipticCurvePrivateKey) -> None:
         self.node_id = node_id
+        self.key = key  # the node's: it signs the inventory section it reports, as bcd does
+        self.epoch = 0
         self.authority = authority
         self.stats = stats
         self.welcomed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -252,15 +256,21 @@ class NodeSession(asyncio.Protocol):
                 return
             kind, content = betterproto2.which_one_of(wire.ControlFrame.parse(body), "frame")
             if isinstance(content, wire.Welcome):
+                self.epoch = content.epoch
                 self.interval = content.heartbeat_interval_ms / 1000
                 loop = asyncio.get_running_loop()
                 self.timer = loop.call_later(random.uniform(0, self.interval), self.beat)
                 if not self.welcomed.done():
                     self.welcomed.set_result(None)
             elif isinstance(content, wire.InventoryRequest):
-                self.send(
-                    wire.NodeFrame(inventory=wire.InventorySection(section="cpu", content_json=INVENTORY, fake=True))
+                message = wire.inventory_section_message(
+                    section="cpu", content_json=INVENTORY, fake=True, epoch=self.epoch
                 )
+                signature = self.key.sign(message, ec.ECDSA(hashes.SHA256()))
+                section = wire.InventorySection(
+                    section="cpu", content_json=INVENTORY, fake=True, epoch=self.epoch, signature=signature
+                )
+                self.send(wire.NodeFrame(inventory=section))
             elif isinstance(content, wire.Close):
                 self.end(f"close: {content.reason}")
             elif kind != "":
@@ -296,6 +306,13 @@ def _retrieved(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
+def _node_key(pem_path: str) -> ec.EllipticCurvePrivateKey:
+    """The node's private key, from the PEM file that holds it with its certificate (read before any session)."""
+    key = serialization.load_pem_private_key(Path(pem_path).read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    return key
+
+
 async def run_client(config: Mapping[str, Any]) -> None:
     """A client process: make every node's TLS context, say ``ready``; on ``connect``, open every session and
     report; on ``stats``, report; stop when stdin closes."""
@@ -303,11 +320,13 @@ async def run_client(config: Mapping[str, Any]) -> None:
     port = int(config["port"])
     bundle = config["bundle"]
     contexts = []
+    keys = {}
     for node in nodes:
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=bundle)
         context.set_alpn_protocols(["h2"])
         context.load_cert_chain(node.pem_path)
         contexts.append(context)
+        keys[node.node_id] = _node_key(node.pem_path)
     stats = ClientStats()
     loop = asyncio.get_running_loop()
     authority = f"{SERVER_NAME}:{port}"
@@ -317,7 +336,7 @@ async def run_client(config: Mapping[str, Any]) -> None:
         async with gate:
             try:
                 _, session = await loop.create_connection(
-                    lambda: NodeSession(node.node_id, authority, stats),
+                    lambda: NodeSession(node.node_id, authority, stats, keys[node.node_id]),
                     "127.0.0.1",
                     port,
                     ssl=context,

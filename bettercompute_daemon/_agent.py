@@ -565,7 +565,15 @@ class Agent:
         for name, content in self._inventory.sections.items():
             if wanted and name not in wanted:
                 continue
-            section = wire.InventorySection(section=name, content_json=json.dumps(content), fake=self._inventory.fake)
+            body, fake = json.dumps(content), self._inventory.fake
+            message = wire.inventory_section_message(section=name, content_json=body, fake=fake, epoch=session.epoch)
+            section = wire.InventorySection(
+                section=name,
+                content_json=body,
+                fake=fake,
+                epoch=session.epoch,
+                signature=session.key.sign(message),
+            )
             await session.send(wire.NodeFrame(inventory=section))
             sent.append(name)
         self._observe("inventory", {"sections": sent})

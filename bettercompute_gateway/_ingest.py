@@ -70,14 +70,32 @@ class Ingest:
                 raise
 
     async def inventory(self, session: Session, section: wire.InventorySection) -> None:
-        """Keep a reported inventory section and publish ``node.inventory_reported``; an unknown section, or content
-        that is not JSON PostgreSQL can store, is dropped and logged (the session goes on)."""
+        """Keep a reported inventory section as the node signed it, and publish ``node.inventory_reported``; an
+        unknown section, one not signed by the session's key for this session, or content that is not JSON
+        PostgreSQL can store, is dropped and logged (the session goes on). The control plane checks the signature
+        again before it uses the section."""
         if section.section not in INVENTORY_SECTIONS:
             log.warning("node %s: dropped an inventory section of an unknown name", session.node_id)
             return
+        if section.epoch != session.epoch:
+            log.warning(
+                "node %s: dropped inventory section %s signed for another session", session.node_id, section.section
+            )
+            return
+        message = wire.inventory_section_message(
+            section=section.section, content_json=section.content_json, fake=section.fake, epoch=section.epoch
+        )
         try:
-            content = json_value(section.content_json, "content_json")
-            await self._edge.record_inventory(session.node_id, section.section, content, fake=section.fake)
+            verify_signature(session.public_key, section.signature, message)
+            json_value(section.content_json, "content_json")
+            await self._edge.record_inventory(
+                session.node_id,
+                section.section,
+                section.content_json,
+                fake=section.fake,
+                epoch=section.epoch,
+                signed=SignedFact(signature=section.signature, serial=session.serial, key=session.public_key_der),
+            )
         except ComputeError as exc:
             log.warning("node %s: inventory section %s not kept: %s", session.node_id, section.section, exc.code)
 

@@ -38,6 +38,7 @@ from bettercompute_proto._generated.bcnode.v1 import TunnelFrame as TunnelFrame
 from bettercompute_proto._generated.bcnode.v1 import TunnelOpen as TunnelOpen
 from bettercompute_proto._generated.bcnode.v1 import Welcome as Welcome
 from bettercompute_proto._signing import command_result_message as command_result_message
+from bettercompute_proto._signing import inventory_section_message as inventory_section_message
 
 SERVICE = "bcnode.v1.Node"
 """The gRPC service's full name (a method's path is ``/bcnode.v1.Node/Session``)."""
@@ -78,4 +79,5 @@ __all__ = [
     "Welcome",
     "__version__",
     "command_result_message",
+    "inventory_section_message",
 ]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import struct
 
-__all__ = ["command_result_message"]
+__all__ = ["command_result_message", "inventory_section_message"]
 
 _COMMAND_RESULT = b"bettercompute/v1/command-result\x00"
+_INVENTORY_SECTION = b"bettercompute/v1/inventory-section\x00"
 
 
 def command_result_message(*, command_id: str, kind: str, outcome: str, result_json: str, epoch: int) -> bytes:
@@ -16,3 +17,11 @@ def command_result_message(*, command_id: str, kind: str, outcome: str, result_j
     parts = [command_id.encode(), kind.encode(), outcome.encode(), hashlib.sha256(result_json.encode()).digest()]
     framed = b"".join(struct.pack(">I", len(part)) + part for part in parts)
     return _COMMAND_RESULT + framed + struct.pack(">q", epoch)
+
+
+def inventory_section_message(*, section: str, content_json: str, fake: bool, epoch: int) -> bytes:
+    """The bytes a node key signs for an inventory section: a context, the section's name length-prefixed, the
+    content as its SHA-256, the fake flag and the session epoch it was sent in."""
+    name = section.encode()
+    digest = hashlib.sha256(content_json.encode()).digest()
+    return _INVENTORY_SECTION + struct.pack(">I", len(name)) + name + digest + bytes([fake]) + struct.pack(">q", epoch)

@@ -32,7 +32,7 @@ GATEWAY_FUNCTIONS = (
     "bc_gw_session_close(text, bigint, text, text, integer)",
     "bc_gw_seen(text[], bigint[], text)",
     "bc_gw_observe(text[], bigint[], integer[])",
-    "bc_gw_inventory(text, text, jsonb, boolean, integer)",
+    "bc_gw_inventory(text, text, text, boolean, bigint, bytea, text, bytea, integer)",
     "bc_gw_event(text, text, jsonb, bigint)",
     "bc_gw_dispatch(text[], bigint[], integer)",
     "bc_gw_finish(text, bigint, text, text, text, bytea, text, bytea)",

@@ -270,6 +270,7 @@ CREATE INDEX images_page ON {schema}.images USING btree (tenant, created_at, id)
 -- commands 3: command wake-ups
 -- commands 4: the gateway's functions
 -- commands 5: signed command results
+-- commands 6: signed inventory sections
 
 CREATE TABLE {schema}.commands (
     id text NOT NULL,
@@ -433,7 +434,7 @@ BEGIN
     RETURN NEXT v_done;
 END $function$;
 
-CREATE OR REPLACE FUNCTION {schema}.bc_gw_inventory(p_node_id text, p_section text, p_content jsonb, p_fake boolean, p_shard integer)
+CREATE OR REPLACE FUNCTION {schema}.bc_gw_inventory(p_node_id text, p_section text, p_content_json text, p_fake boolean, p_epoch bigint, p_signature bytea, p_serial text, p_key bytea, p_shard integer)
  RETURNS boolean
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -443,10 +444,15 @@ BEGIN
     IF p_section !~ '^[a-z][a-z0-9_]{0,31}$' THEN
         RAISE EXCEPTION 'an inventory section has a lower-case name' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO {schema}.node_inventory AS i (node_id, section, content, fake, received_at)
-    SELECT id, p_section, p_content, p_fake, now() FROM {schema}.nodes WHERE id = p_node_id AND state <> 'retired'
+    INSERT INTO {schema}.node_inventory AS i (node_id, section, content, fake, received_at, content_json, epoch,
+        signature, signer_serial, signer_key, checked)
+    SELECT id, p_section, CAST(p_content_json AS jsonb), p_fake, now(), p_content_json, p_epoch, p_signature,
+        p_serial, p_key, NULL
+    FROM {schema}.nodes WHERE id = p_node_id AND state <> 'retired'
     ON CONFLICT (node_id, section) DO UPDATE
-        SET content = EXCLUDED.content, fake = EXCLUDED.fake, received_at = EXCLUDED.received_at;
+        SET content = EXCLUDED.content, fake = EXCLUDED.fake, received_at = EXCLUDED.received_at,
+            content_json = EXCLUDED.content_json, epoch = EXCLUDED.epoch, signature = EXCLUDED.signature,
+            signer_serial = EXCLUDED.signer_serial, signer_key = EXCLUDED.signer_key, checked = NULL;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -1686,6 +1692,7 @@ CREATE INDEX secrets_name_scope ON {schema}.secrets USING btree (name, scope);
 -- nodes 7: the placer's hints follow the atoms
 -- nodes 8: tunnels
 -- nodes 9: the internal listener's certificates
+-- nodes 10: signed inventory sections
 
 CREATE TABLE {schema}.atoms (
     id text NOT NULL,
@@ -1801,6 +1808,12 @@ CREATE TABLE {schema}.node_inventory (
     content jsonb NOT NULL,
     fake boolean NOT NULL,
     received_at timestamp with time zone NOT NULL,
+    content_json text,
+    epoch bigint,
+    signature bytea,
+    signer_serial text,
+    signer_key bytea,
+    checked text,
     CONSTRAINT node_inventory_pkey PRIMARY KEY (node_id, section),
     CONSTRAINT node_inventory_node_id_fkey FOREIGN KEY (node_id) REFERENCES {schema}.nodes(id)
 );

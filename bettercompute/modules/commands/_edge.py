@@ -49,8 +49,11 @@ class Edge(Protocol):
         the acknowledgement item of each node whose observed generation moved; those node ids."""
         ...
 
-    async def record_inventory(self, node_id: str, section: str, content: Any, *, fake: bool) -> bool:
-        """Keep one inventory section of a live node, publish ``node.inventory_reported`` and enqueue the node's
+    async def record_inventory(
+        self, node_id: str, section: str, content_json: str, *, fake: bool, epoch: int, signed: SignedFact
+    ) -> bool:
+        """Keep one inventory section of a live node as the node signed it (unchecked: the inventory controller
+        checks the signature before it uses it), publish ``node.inventory_reported`` and enqueue the node's
         inventory item; ``False`` (nothing written) for a retired or unknown node."""
         ...
 

@@ -38,9 +38,11 @@ from bettercompute.modules.nodes import (
     INVENTORY_KIND,
     LIFECYCLE_KIND,
     NODES,
+    InventoryRecord,
     NodeRecord,
     command_result_message,
     fact_refusal,
+    inventory_section_message,
     lifecycle_item,
     set_desired_state,
 )
@@ -112,6 +114,14 @@ class Controllers:
         if node is None or node.state == "retired":
             return Outcome.done()
         records = await store.repository(NODES).inventory(node_id)
+        verdicts = await _section_verdicts(ctx, node, records)
+        if verdicts:
+            async with ctx.transaction() as tx:
+                await _note_sections(ctx, tx, node, records, verdicts)
+        if any(verdicts.get(r.section, r.checked) != "ok" for r in records):
+            # A section its node's key did not sign changes nothing: the devices stay as the last signed report
+            # left them until the node reports again. Each refusal is audited once (it is noted on the section).
+            return Outcome.done()
         sections = {r.section: r.content for r in records}
         parsed = parse_sections(sections, fake=any(r.fake for r in records))
         gpu_idents = [d[1] for d in parsed.devices if d[0] == "gpu"]
@@ -145,7 +155,8 @@ class Controllers:
         commands = await _commands(ctx, node)
         # Only a node being accepted: the results of a finished round decided already.
         refused = await _refused_results(ctx, node, commands) if node.state == "adopting" else {}
-        records = await store.repository(NODES).inventory(node_id)
+        # Only the sections whose signature the inventory controller checked and found good.
+        records = [r for r in await store.repository(NODES).inventory(node_id) if r.checked == "ok"]
         parsed = parse_sections({r.section: r.content for r in records})
         wake_at: list[dt.datetime] = []
         async with ctx.transaction() as tx:
@@ -371,6 +382,65 @@ def _devices(
         if (device.kind, device.ident) not in reported and device.state != "missing":
             out.append(attrs.evolve(device, state="missing"))
     return out
+
+
+async def _section_verdicts(
+    ctx: ReconcileContext, node: NodeRecord, records: Sequence[InventoryRecord]
+) -> dict[str, str]:
+    """The verdict of each section not checked yet, by name: ``ok`` when its node's key signed it, else why not
+    (``fact_refusal``)."""
+    verdicts: dict[str, str] = {}
+    for record in records:
+        if record.checked is not None:
+            continue
+        message = inventory_section_message(
+            section=record.section,
+            content_json=record.content_json or "",
+            fake=record.fake,
+            epoch=record.epoch or 0,
+        )
+        why = await fact_refusal(ctx.store, node_id=node.id, message=message, signed=record.signed)
+        verdicts[record.section] = why or "ok"
+    return verdicts
+
+
+async def _note_sections(
+    ctx: ReconcileContext,
+    tx: Transaction,
+    node: NodeRecord,
+    records: Sequence[InventoryRecord],
+    verdicts: Mapping[str, str],
+) -> None:
+    """Note each verdict on its section (unless a newer report replaced it meanwhile); audit and count each
+    refusal noted."""
+    for record in records:
+        verdict = verdicts.get(record.section)
+        if verdict is None:
+            continue
+        noted = await tx.repository(NODES).check_inventory(
+            node.id, record.section, received_at=record.received_at, verdict=verdict
+        )
+        if not noted or verdict == "ok":
+            continue
+        ctx.context.metrics.facts_refused.labels("inventory_section", verdict).inc()
+        log.warning("node %s: inventory section %s is refused: %s", node.id, record.section, verdict)
+        await tx.audit(
+            AuditRecord(
+                action=FACT_REFUSED_ACTION,
+                actor=f"node:{node.id}",
+                tenant=node.tenant,
+                resource_type="node",
+                resource_id=node.id,
+                decision_id=None,
+                outcome="denied",
+                details={
+                    "fact": "inventory_section",
+                    "section": record.section,
+                    "reason": verdict,
+                    "signer_serial": record.signed.serial if record.signed is not None else None,
+                },
+            )
+        )
 
 
 async def _refused_results(

@@ -20,9 +20,9 @@ from bettercompute.modules.nodes._desired import MAX_DESIRED_STATE_BYTES as MAX_
 from bettercompute.modules.nodes._desired import poke_gateways as poke_gateways
 from bettercompute.modules.nodes._desired import set_desired_state as set_desired_state
 from bettercompute.modules.nodes._facts import FACT_REFUSED_ACTION as FACT_REFUSED_ACTION
-from bettercompute.modules.nodes._facts import SignedFact as SignedFact
 from bettercompute.modules.nodes._facts import command_result_message as command_result_message
 from bettercompute.modules.nodes._facts import fact_refusal as fact_refusal
+from bettercompute.modules.nodes._facts import inventory_section_message as inventory_section_message
 from bettercompute.modules.nodes._gateway import GatewayServices as GatewayServices
 from bettercompute.modules.nodes._gateway import ServerCertificate as ServerCertificate
 from bettercompute.modules.nodes._gateway_enrolment import GATEWAY_TOKEN_PREFIX as GATEWAY_TOKEN_PREFIX
@@ -68,6 +68,7 @@ from bettercompute.modules.nodes._port import JoinTokens as JoinTokens
 from bettercompute.modules.nodes._port import NodeRecord as NodeRecord
 from bettercompute.modules.nodes._port import Nodes as Nodes
 from bettercompute.modules.nodes._port import Revocation as Revocation
+from bettercompute.modules.nodes._port import SignedFact as SignedFact
 from bettercompute.modules.nodes._port import TokenConsumption as TokenConsumption
 from bettercompute.modules.nodes._proofs import CHALLENGE_BYTES as CHALLENGE_BYTES
 from bettercompute.modules.nodes._proofs import RENEW_CONTEXT as RENEW_CONTEXT
@@ -236,6 +237,7 @@ __all__ = [
     "hash_secret",
     "install_script",
     "inventory_item",
+    "inventory_section_message",
     "join_command",
     "lifecycle_item",
     "new_token",

@@ -12,20 +12,20 @@ from __future__ import annotations
 import hashlib
 import struct
 
-import attrs
 from cryptography.hazmat.primitives import serialization
 
 from bettercompute.errors import ComputeError
-from bettercompute.modules.nodes._port import CERTIFICATES
+from bettercompute.modules.nodes._port import CERTIFICATES, SignedFact
 from bettercompute.modules.nodes._proofs import verify_signature
 from bettercompute.ports import Store, Transaction
 
-__all__ = ["FACT_REFUSED_ACTION", "SignedFact", "command_result_message", "fact_refusal"]
+__all__ = ["FACT_REFUSED_ACTION", "SignedFact", "command_result_message", "fact_refusal", "inventory_section_message"]
 
 FACT_REFUSED_ACTION = "compute:nodes:fact_refused"
 """The audit action of a fact refused where it was used (``details``: which fact, why, and its signer's serial)."""
 
 _COMMAND_RESULT = b"bettercompute/v1/command-result\x00"
+_INVENTORY_SECTION = b"bettercompute/v1/inventory-section\x00"
 
 
 def command_result_message(*, command_id: str, kind: str, outcome: str, result_json: str, epoch: int) -> bytes:
@@ -40,14 +40,13 @@ def command_result_message(*, command_id: str, kind: str, outcome: str, result_j
     return _COMMAND_RESULT + framed + struct.pack(">q", epoch)
 
 
-@attrs.frozen(kw_only=True)
-class SignedFact:
-    """A node's signature over a fact, and what checks it: the serial of the certificate it was made under and that
-    certificate's public key (SubjectPublicKeyInfo, DER)."""
-
-    signature: bytes = attrs.field(repr=False)
-    serial: str
-    key: bytes = attrs.field(repr=False)
+def inventory_section_message(*, section: str, content_json: str, fake: bool, epoch: int) -> bytes:
+    """The bytes a node key signs for an inventory section: a context, the section's name length-prefixed, the
+    content as its SHA-256, the fake flag and the session epoch it was sent in (the daemon's side:
+    ``bettercompute_proto.inventory_section_message``)."""
+    name = section.encode()
+    digest = hashlib.sha256(content_json.encode()).digest()
+    return _INVENTORY_SECTION + struct.pack(">I", len(name)) + name + digest + bytes([fake]) + struct.pack(">q", epoch)
 
 
 async def fact_refusal(

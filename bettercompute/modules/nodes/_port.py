@@ -32,6 +32,7 @@ __all__ = [
     "NodeRecord",
     "Nodes",
     "Revocation",
+    "SignedFact",
     "TokenConsumption",
 ]
 
@@ -108,6 +109,16 @@ class DesiredState:
 
 
 @attrs.frozen(kw_only=True)
+class SignedFact:
+    """A node's signature over a fact, and what checks it: the serial of the certificate it was made under and that
+    certificate's public key (SubjectPublicKeyInfo, DER)."""
+
+    signature: bytes = attrs.field(repr=False)
+    serial: str
+    key: bytes = attrs.field(repr=False)
+
+
+@attrs.frozen(kw_only=True)
 class InventoryRecord:
     """One inventory section a node's daemon reported (``gpus``, ``cpu``, ``memory``, ``disks``, ``nics``), as it
     sent it: ``fake`` when it comes from a declared fake inventory, not the hardware."""
@@ -117,6 +128,14 @@ class InventoryRecord:
     content: Any
     fake: bool
     received_at: dt.datetime
+    content_json: str | None = None
+    """The content as the node signed it (``content`` is parsed from it); ``None`` for a section written otherwise."""
+    epoch: int | None = None
+    """The session epoch the node signed it in."""
+    signed: SignedFact | None = None
+    """The node's signature over the section (``inventory_section_message``)."""
+    checked: str | None = None
+    """``None`` until the inventory controller checked the signature, then ``ok`` or why it was refused."""
 
 
 @attrs.frozen(kw_only=True)
@@ -204,6 +223,11 @@ class Nodes(Protocol):
 
     async def inventory(self, node_id: str) -> list[InventoryRecord]:
         """The node's latest inventory sections, by name."""
+        ...
+
+    async def check_inventory(self, node_id: str, section: str, *, received_at: dt.datetime, verdict: str) -> bool:
+        """Note what checking the signature of the section received at ``received_at`` found (``ok`` or why it was
+        refused); ``False`` when that report was replaced or checked meanwhile (nothing is written)."""
         ...
 
     async def conditions(self, node_ids: Sequence[str]) -> dict[str, list[ConditionRecord]]:

@@ -31,7 +31,9 @@ _OBSERVE = """
 SELECT id FROM {s}.bc_gw_observe(CAST(:node_ids AS text[]), CAST(:generations AS bigint[]),
     CAST(:shards AS integer[])) AS id
 """
-_INVENTORY = "SELECT {s}.bc_gw_inventory(:node_id, :section, CAST(:content AS jsonb), :fake, :shard) AS kept"
+_INVENTORY = """
+SELECT {s}.bc_gw_inventory(:node_id, :section, :content_json, :fake, :epoch, :signature, :serial, :key, :shard) AS kept
+"""
 _EVENT = "SELECT {s}.bc_gw_event(:node_id, :type, CAST(:payload AS jsonb), :at_ms) AS kept"
 _DISPATCH = "SELECT * FROM {s}.bc_gw_dispatch(CAST(:node_ids AS text[]), CAST(:epochs AS bigint[]), :limit)"
 _FINISH = """
@@ -105,10 +107,22 @@ class PgEdge(PokingRepository):
             await self._poke(frozenset({ACKED_KIND}), False)
         return moved
 
-    async def record_inventory(self, node_id: str, section: str, content: Any, *, fake: bool) -> bool:
+    async def record_inventory(
+        self, node_id: str, section: str, content_json: str, *, fake: bool, epoch: int, signed: SignedFact
+    ) -> bool:
         """Keep an inventory section (``Edge.record_inventory``)."""
-        params = {"node_id": node_id, "section": section, "content": dumps(content), "fake": fake}
-        kept = bool((await self._fetch(self._inventory, {**params, "shard": _shard(node_id)}))[0].kept)
+        params = {
+            "node_id": node_id,
+            "section": section,
+            "content_json": content_json,
+            "fake": fake,
+            "epoch": epoch,
+            "signature": signed.signature,
+            "serial": signed.serial,
+            "key": signed.key,
+            "shard": _shard(node_id),
+        }
+        kept = bool((await self._fetch(self._inventory, params))[0].kept)
         if kept:
             await self._poke(frozenset({INVENTORY_KIND}), True)
         return kept

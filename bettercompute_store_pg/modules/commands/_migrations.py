@@ -340,6 +340,43 @@ END $$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC;
 """
 
+# An inventory section is kept as the node signed it, unchecked until the inventory controller checks it (the columns
+# are the nodes module's tenth migration); ``content`` is parsed from the signed text.
+_V6 = """
+SET LOCAL check_function_bodies = off;
+
+DROP FUNCTION {schema}.bc_gw_inventory(text, text, jsonb, boolean, integer);
+
+CREATE FUNCTION {schema}.bc_gw_inventory(
+    p_node_id text, p_section text, p_content_json text, p_fake boolean, p_epoch bigint,
+    p_signature bytea, p_serial text, p_key bytea, p_shard integer
+) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_section !~ '^[a-z][a-z0-9_]{0,31}$' THEN
+        RAISE EXCEPTION 'an inventory section has a lower-case name' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO {schema}.node_inventory AS i (node_id, section, content, fake, received_at, content_json, epoch,
+        signature, signer_serial, signer_key, checked)
+    SELECT id, p_section, CAST(p_content_json AS jsonb), p_fake, now(), p_content_json, p_epoch, p_signature,
+        p_serial, p_key, NULL
+    FROM {schema}.nodes WHERE id = p_node_id AND state <> 'retired'
+    ON CONFLICT (node_id, section) DO UPDATE
+        SET content = EXCLUDED.content, fake = EXCLUDED.fake, received_at = EXCLUDED.received_at,
+            content_json = EXCLUDED.content_json, epoch = EXCLUDED.epoch, signature = EXCLUDED.signature,
+            signer_serial = EXCLUDED.signer_serial, signer_key = EXCLUDED.signer_key, checked = NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM {schema}.bc_gw_publish('node.inventory_reported', p_node_id,
+        jsonb_build_object('node_id', p_node_id, 'section', p_section, 'fake', p_fake));
+    PERFORM {schema}.bc_gw_enqueue('inventory', p_node_id, p_shard);
+    RETURN true;
+END $$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC;
+"""
+
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="commands and sessions", sql=_V1),
@@ -347,4 +384,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=3, name="command wake-ups", sql=_V3),
     Migration(version=4, name="the gateway's functions", sql=_V4),
     Migration(version=5, name="signed command results", sql=_V5),
+    Migration(version=6, name="signed inventory sections", sql=_V6),
 )

@@ -247,6 +247,18 @@ ALTER TABLE {schema}.certificates DROP CONSTRAINT certificates_role_check,
     ADD CONSTRAINT certificates_role_check CHECK (role IN ('node', 'site', 'ramdisk', 'gateway', 'control'));
 """
 
+# An inventory section as the node signed it (the exact JSON text, the epoch, the signature, the signer's serial and
+# key) and what the inventory controller found when it checked it: NULL until checked, ``ok``, or why it was refused.
+_V10 = """
+ALTER TABLE {schema}.node_inventory
+    ADD COLUMN content_json text,
+    ADD COLUMN epoch bigint,
+    ADD COLUMN signature bytea,
+    ADD COLUMN signer_serial text,
+    ADD COLUMN signer_key bytea,
+    ADD COLUMN checked text;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1),
     Migration(version=2, name="gateway certificates", sql=_V2),
@@ -257,4 +269,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=7, name="the placer's hints follow the atoms", sql=_V7),
     Migration(version=8, name="tunnels", sql=_V8),
     Migration(version=9, name="the internal listener's certificates", sql=_V9),
+    Migration(version=10, name="signed inventory sections", sql=_V10),
 )

@@ -20,6 +20,7 @@ from bettercompute.modules.nodes import (
     InventoryRecord,
     JoinKeyRecord,
     NodeRecord,
+    SignedFact,
 )
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
@@ -105,7 +106,13 @@ ON CONFLICT (node_id, section) DO UPDATE
 RETURNING node_id
 """
 _INVENTORY = """
-SELECT node_id, section, content, fake, received_at FROM {s}.node_inventory WHERE node_id = :node_id ORDER BY section
+SELECT node_id, section, content, fake, received_at, content_json, epoch, signature, signer_serial, signer_key, checked
+FROM {s}.node_inventory WHERE node_id = :node_id ORDER BY section
+"""
+_CHECK_INVENTORY = """
+UPDATE {s}.node_inventory SET checked = :verdict
+WHERE node_id = :node_id AND section = :section AND received_at = :received_at AND checked IS NULL
+RETURNING node_id
 """
 
 _KEY_COLUMNS = "id, public_key, sealed_key, state, created_at"
@@ -211,6 +218,7 @@ class PgNodes(PgRepository):
         self._desired_newer = db.sql(_DESIRED_NEWER)
         self._record_inventory = db.sql(_RECORD_INVENTORY)
         self._inventory = db.sql(_INVENTORY)
+        self._check_inventory = db.sql(_CHECK_INVENTORY)
         self._conditions = db.sql(_CONDITIONS)
         self._save_conditions = db.sql(_SAVE_CONDITIONS)
 
@@ -311,10 +319,25 @@ class PgNodes(PgRepository):
         rows = await self._fetch(self._inventory, {"node_id": node_id})
         return [
             InventoryRecord(
-                node_id=r.node_id, section=r.section, content=r.content, fake=r.fake, received_at=utc(r.received_at)
+                node_id=r.node_id,
+                section=r.section,
+                content=r.content,
+                fake=r.fake,
+                received_at=utc(r.received_at),
+                content_json=r.content_json,
+                epoch=r.epoch,
+                signed=SignedFact(signature=bytes(r.signature), serial=r.signer_serial, key=bytes(r.signer_key))
+                if r.signature is not None and r.signer_serial is not None and r.signer_key is not None
+                else None,
+                checked=r.checked,
             )
             for r in rows
         ]
+
+    async def check_inventory(self, node_id: str, section: str, *, received_at: dt.datetime, verdict: str) -> bool:
+        """Note a section's signature check (``Nodes.check_inventory``)."""
+        params = {"node_id": node_id, "section": section, "received_at": received_at, "verdict": verdict}
+        return bool(await self._fetch(self._check_inventory, params))
 
     async def conditions(self, node_ids: Sequence[str]) -> dict[str, list[ConditionRecord]]:
         """The conditions of these nodes."""

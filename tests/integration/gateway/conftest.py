@@ -18,6 +18,7 @@ from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError
 
 import bettercompute_proto as wire
+from bettercompute.modules.nodes import NODES
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway
 
@@ -124,6 +125,23 @@ class Wire:
 def session_request(channel: Channel) -> Any:
     """A raw ``Session`` stream (``send_request`` first, then frames both ways)."""
     return channel.request(f"/{wire.SERVICE}/Session", Cardinality.STREAM_STREAM, wire.NodeFrame, wire.ControlFrame)
+
+
+def signed_section(
+    joined: Joined, name: str, content_json: str, *, epoch: int, fake: bool = False
+) -> wire.InventorySection:
+    """An inventory section signed by the node's key for session ``epoch``, as ``bcd`` sends it."""
+    message = wire.inventory_section_message(section=name, content_json=content_json, fake=fake, epoch=epoch)
+    return wire.InventorySection(
+        section=name, content_json=content_json, fake=fake, epoch=epoch, signature=joined.key.sign(message)
+    )
+
+
+async def session_epoch(wired: Wire, node_id: str) -> int:
+    """The epoch of the node's latest session (open once ``Welcome`` came)."""
+    record = await wired.fleet.store.repository(NODES).get(node_id)
+    assert record is not None
+    return record.session_epoch
 
 
 def hello(node_id: str) -> wire.NodeFrame:

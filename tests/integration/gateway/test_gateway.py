@@ -23,7 +23,7 @@ from bettercompute.modules.nodes import NODES, RevokeNodeInput
 from bettercompute_daemon.identity import NodeKey
 from tests._timing import deadline
 
-from .conftest import Joined, Wire, envelope, hello, session_request
+from .conftest import Joined, Wire, envelope, hello, session_epoch, session_request, signed_section
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -462,13 +462,6 @@ async def test_a_session_ends_when_the_certificate_it_opened_with_expires(gw: Wi
 async def test_inventory_sections_and_events_are_taken_in_and_bad_ones_dropped(gw: Wire) -> None:
     joined = await gw.join()
     gpus = [{"uuid": "GPU-1", "model": "H100"}]
-    frames = [
-        wire.InventorySection(section="gpus", content_json=json.dumps(gpus), fake=True),
-        wire.InventorySection(section="../../etc", content_json="{}"),  # not a section: dropped
-        wire.InventorySection(section="cpu", content_json='{"model": "a\\u0000b"}'),  # a NUL: dropped
-        wire.InventorySection(section="memory", content_json="{not json"),  # dropped
-        wire.InventorySection(section="memory", content_json='{"total_mib": 2048}'),
-    ]
     events = [
         wire.NodeEvent(type="gpu.xid", payload_json='{"xid": 79}', at_ms=5),
         wire.NodeEvent(type="Not A Type", payload_json="{}"),  # dropped
@@ -478,6 +471,20 @@ async def test_inventory_sections_and_events_are_taken_in_and_bad_ones_dropped(g
     try:
         async with session_request(channel) as stream:
             await start(stream, joined.node_id)
+            epoch = await session_epoch(gw, joined.node_id)
+            altered = signed_section(joined, "disks", "[]", epoch=epoch)
+            frames = [
+                signed_section(joined, "gpus", json.dumps(gpus), epoch=epoch, fake=True),
+                signed_section(joined, "../../etc", "{}", epoch=epoch),  # not a section: dropped
+                signed_section(joined, "cpu", '{"model": "a\\u0000b"}', epoch=epoch),  # a NUL: dropped
+                signed_section(joined, "memory", "{not json", epoch=epoch),  # dropped
+                wire.InventorySection(section="nics", content_json="[]", epoch=epoch),  # unsigned: dropped
+                signed_section(joined, "nics", "[]", epoch=epoch + 1),  # signed for another session: dropped
+                wire.InventorySection(  # its signature is over other content: dropped
+                    section="disks", content_json='[{"name": "sda"}]', epoch=epoch, signature=altered.signature
+                ),
+                signed_section(joined, "memory", '{"total_mib": 2048}', epoch=epoch),
+            ]
             for section in frames:
                 await stream.send_message(wire.NodeFrame(inventory=section))
             for event in events:

@@ -29,7 +29,7 @@ from bettercompute.modules.nodes import NODES, CordonNodeInput, GetNodeInput, No
 from bettercompute.modules.pools import CreatePoolInput, NodePolicy, UpdatePoolInput
 from tests._timing import deadline
 
-from .conftest import Joined, Wire, hello, session_request
+from .conftest import Joined, Wire, hello, session_request, signed_section
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -324,6 +324,26 @@ async def test_cordon_drain_and_uncordon_are_audited_idempotent_and_published(gw
     assert refused.value.details["reason"] == "wrong_state"
 
 
+async def _check_sent(gw: Wire, node_id: str) -> None:
+    """Run the controllers until the node's acceptance round has begun (its check commands made)."""
+    with anyio.fail_after(deadline(10)):
+        while True:
+            record = await gw.fleet.store.repository(NODES).get(node_id)
+            if record is not None and record.acceptance.get("commands"):
+                return
+            await settle(gw, node_id, lambda n: True)
+
+
+async def _opened(gw: Wire, stream: Any, joined: Joined) -> int:
+    """Wait for the gateway's ``Welcome`` on a session just asked for; the session's epoch."""
+    with anyio.fail_after(deadline(10)):
+        while True:
+            frame = await stream.recv_message()
+            assert frame is not None
+            if frame.welcome is not None:
+                return int(frame.welcome.epoch)
+
+
 async def _report(gw: Wire, joined: Joined, sections: dict[str, Any], *, ack: int | None = None) -> None:
     """A session as a daemon holds it, reporting ``sections`` (and an ack of ``ack``, when given), then ending."""
     channel = gw.channel(joined)
@@ -332,8 +352,9 @@ async def _report(gw: Wire, joined: Joined, sections: dict[str, Any], *, ack: in
             await stream.send_request()
             await stream.send_message(hello(joined.node_id))
             before = len(await gw.fleet.events("node.inventory_reported"))
+            epoch = await _opened(gw, stream, joined)
             for name, content in sections.items():
-                section = wire.InventorySection(section=name, content_json=json.dumps(content), fake=True)
+                section = signed_section(joined, name, json.dumps(content), epoch=epoch, fake=True)
                 await stream.send_message(wire.NodeFrame(inventory=section))
             if ack is not None:
                 await stream.send_message(
@@ -421,11 +442,11 @@ async def test_a_check_the_daemon_never_answers_or_no_one_provides_quarantines_w
             await stream.send_request()
             await stream.send_message(hello(silent.node_id))
             gpus = json.dumps([{"uuid": "GPU-silent", "model": "H100"}])
-            await stream.send_message(
-                wire.NodeFrame(inventory=wire.InventorySection(section="gpus", content_json=gpus))
-            )
+            epoch = await _opened(gw, stream, silent)
+            await stream.send_message(wire.NodeFrame(inventory=signed_section(silent, "gpus", gpus, epoch=epoch)))
             waiting = await settle(gw, silent.node_id, lambda n: bool(n.conditions))
             assert waiting.state == "adopting"
+            await _check_sent(gw, silent.node_id)  # once the section's signature was checked
             fleet.clock.advance(dt.timedelta(seconds=NodePolicy().check_deadline_seconds + 1))
             late = await settle(gw, silent.node_id, lambda n: n.state == "quarantined")
             assert late.state_reason == "check_deadline_exceeded"

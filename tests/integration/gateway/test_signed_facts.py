@@ -20,11 +20,18 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 import bettercompute_proto as wire
 from bettercompute.modules.audit import ListAuditInput
 from bettercompute.modules.commands import EDGE
-from bettercompute.modules.nodes import FACT_REFUSED_ACTION, NODES, SignedFact, command_result_message
+from bettercompute.modules.inventory import INVENTORY
+from bettercompute.modules.nodes import (
+    FACT_REFUSED_ACTION,
+    NODES,
+    SignedFact,
+    command_result_message,
+    inventory_section_message,
+)
 from bettercompute_daemon.identity import NodeKey
 from tests._timing import deadline
 
-from .conftest import Joined, Wire, hello, session_request
+from .conftest import Joined, Wire, hello, session_request, signed_section
 from .test_lifecycle import settle
 
 pytestmark = pytest.mark.anyio
@@ -48,7 +55,12 @@ async def _dispatched_check(gw: Wire, joined: Joined, stream: Any) -> tuple[str,
     await stream.send_request()
     await stream.send_message(hello(joined.node_id))
     gpus = json.dumps([{"uuid": f"GPU-{joined.node_id}", "model": "H100"}])  # its own: no conflict
-    await stream.send_message(wire.NodeFrame(inventory=wire.InventorySection(section="gpus", content_json=gpus)))
+    with anyio.fail_after(deadline(10)):
+        while (welcome := await stream.recv_message()) is not None and welcome.welcome is None:
+            pass
+    assert welcome is not None
+    epoch = int(welcome.welcome.epoch)
+    await stream.send_message(wire.NodeFrame(inventory=signed_section(joined, "gpus", gpus, epoch=epoch)))
     sent: list[wire.Command] = []
 
     async def read() -> None:
@@ -188,3 +200,65 @@ async def test_a_genuine_result_replayed_under_another_command_is_refused_and_th
         assert record.state == "adopting"
         assert list(record.acceptance["refused"].values()) == [reason]
         assert _counted(gw, reason) == before + 1
+
+
+async def test_an_inventory_section_the_node_never_signed_leaves_its_devices_as_they_were(gw: Wire) -> None:
+    fleet = gw.fleet
+    joined = await gw.join("SN-INVENTORY")
+    edge = fleet.store.repository(EDGE)
+    genuine = json.dumps([{"uuid": "GPU-real", "model": "H100"}])
+    # The node's own report, relayed as an honest gateway relays it.
+    signature = joined.key.sign(inventory_section_message(section="gpus", content_json=genuine, fake=False, epoch=1))
+    assert await edge.record_inventory(
+        joined.node_id,
+        "gpus",
+        genuine,
+        fake=False,
+        epoch=1,
+        signed=SignedFact(signature=signature, serial=joined.serial, key=_spki(joined.key)),
+    )
+    await _devices_become(gw, joined.node_id, {"GPU-real"})
+
+    stranger = NodeKey(ec.generate_private_key(ec.SECP256R1()))
+    forged = json.dumps([{"uuid": "GPU-real", "model": "H100"}, {"uuid": "GPU-invented", "model": "H100"}])
+    cases = {
+        "unknown_signer": SignedFact(
+            signature=stranger.sign(
+                inventory_section_message(section="gpus", content_json=forged, fake=False, epoch=1)
+            ),
+            serial=joined.serial,
+            key=_spki(stranger),
+        ),
+        "bad_signature": SignedFact(signature=signature, serial=joined.serial, key=_spki(joined.key)),  # over genuine
+        "unsigned": SignedFact(signature=b"", serial=joined.serial, key=_spki(joined.key)),
+    }
+    for reason, signed in cases.items():
+        before = _counted_as(gw, "inventory_section", reason)
+        assert await edge.record_inventory(joined.node_id, "gpus", forged, fake=False, epoch=1, signed=signed)
+        with anyio.fail_after(deadline(30)):
+            while (await _section(gw, joined.node_id)).checked is None:
+                await _tick(gw)
+        assert (await _section(gw, joined.node_id)).checked == reason
+        for _ in range(3):
+            await _tick(gw)
+        devices = await fleet.store.repository(INVENTORY).devices(joined.node_id)
+        assert {d.ident for d in devices} == {"GPU-real"}, reason  # nothing invented, nothing lost
+        assert _counted_as(gw, "inventory_section", reason) == before + 1
+        refusals = [r for r in await _refusals(gw, joined.node_id) if r["reason"] == reason]
+        assert [(r["fact"], r["section"]) for r in refusals] == [("inventory_section", "gpus")]
+
+
+async def _section(gw: Wire, node_id: str) -> Any:
+    [section] = [r for r in await gw.fleet.store.repository(NODES).inventory(node_id) if r.section == "gpus"]
+    return section
+
+
+async def _devices_become(gw: Wire, node_id: str, idents: set[str]) -> None:
+    with anyio.fail_after(deadline(30)):
+        while {d.ident for d in await gw.fleet.store.repository(INVENTORY).devices(node_id)} != idents:
+            await _tick(gw)
+            await anyio.sleep(0.05)
+
+
+def _counted_as(gw: Wire, fact: str, reason: str) -> float:
+    return float(gw.fleet.compute.context.metrics.facts_refused.labels(fact, reason)._value.get())

@@ -156,7 +156,7 @@ async def test_the_gateway_role_runs_the_whole_gateway_door(
         unsigned = SignedFact(signature=b"", serial="00", key=b"")
         epoch = await edge.open_session(node_id=node, gateway="gw-1")
         assert await edge.seen([(node, epoch)], gateway="gw-1") == [node]
-        assert await edge.record_inventory(node, "gpus", {"count": 1}, fake=True)
+        assert await edge.record_inventory(node, "gpus", '{"count": 1}', fake=True, epoch=epoch, signed=unsigned)
         await edge.report_event(node, type="xid.seen", payload={"xid": 79}, at_ms=1)
         [desired] = await edge.desired_newer([(node, 0)], gateway="gw-1")
         assert desired.generation == 2

@@ -275,6 +275,16 @@ class InventorySection(betterproto2.Message):
     True when the section comes from a declared fake inventory (a machine without the hardware), not the hardware.
     """
 
+    epoch: "int" = betterproto2.field(4, betterproto2.TYPE_INT64)
+    """
+    The session epoch it was sent in.
+    """
+
+    signature: "bytes" = betterproto2.field(5, betterproto2.TYPE_BYTES)
+    """
+    The node key's signature over the section's name, its content, the fake flag and the epoch.
+    """
+
 
 default_message_pool.register_message("bcnode.v1", "InventorySection", InventorySection)
 
