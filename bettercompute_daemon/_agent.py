@@ -447,7 +447,11 @@ class Agent:
                 connected[1].close()
 
     async def _ack(self, session: _Session, generation: int, delay: float = 0.0) -> None:
-        frame = wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=generation))
+        message = wire.desired_ack_message(generation=generation, epoch=session.epoch)
+        ack = wire.DesiredStateAck(
+            observed_generation=generation, epoch=session.epoch, signature=session.key.sign(message)
+        )
+        frame = wire.NodeFrame(desired_state_ack=ack)
         if delay:
             await asyncio.sleep(delay)
             try:

@@ -12,7 +12,7 @@ from typing import Any
 
 import bettercompute_proto as wire
 from bettercompute.errors import ComputeError
-from bettercompute.modules.commands import EDGE
+from bettercompute.modules.commands import EDGE, SignedAck
 from bettercompute.modules.nodes import INVENTORY_SECTIONS, SignedFact, verify_signature
 from bettercompute.ports import Store
 
@@ -34,14 +34,35 @@ class Ingest:
 
     def __init__(self, store: Store) -> None:
         self._edge = store.repository(EDGE)
-        self._acks: dict[str, int] = {}  # desired-state generations acknowledged since the last write
+        self._acks: dict[str, SignedAck] = {}  # the newest acknowledgement of each node since the last write
         self._wake = asyncio.Event()  # set when an acknowledgement arrives
 
-    def ack(self, session: Session, generation: int) -> None:
-        """Note that the daemon applied desired-state ``generation``; only one sent on this session counts."""
-        if 0 < generation <= (session.sent_generation or 0):
-            self._acks[session.node_id] = max(self._acks.get(session.node_id, 0), generation)
-            self._wake.set()
+    def ack(self, session: Session, ack: wire.DesiredStateAck) -> None:
+        """Note that the daemon applied a desired-state generation; only one sent on this session counts, signed
+        by the session's key for this session (the control plane checks the signature again before it relies on
+        it)."""
+        generation = ack.observed_generation
+        if not 0 < generation <= (session.sent_generation or 0) or ack.epoch != session.epoch:
+            return
+        held = self._acks.get(session.node_id)
+        if held is not None and held.generation >= generation:
+            return
+        try:
+            verify_signature(
+                session.public_key, ack.signature, wire.desired_ack_message(generation=generation, epoch=ack.epoch)
+            )
+        except ComputeError:
+            log.warning(
+                "node %s: dropped an acknowledgement of generation %d without its signature",
+                session.node_id,
+                generation,
+            )
+            return
+        signed = SignedFact(signature=ack.signature, serial=session.serial, key=session.public_key_der)
+        self._acks[session.node_id] = SignedAck(
+            node_id=session.node_id, generation=generation, epoch=ack.epoch, signed=signed
+        )
+        self._wake.set()
 
     async def run(self) -> None:
         """Write acknowledgements as they arrive rather than with the next liveness flush, so what waits on one (a
@@ -63,10 +84,12 @@ class Ingest:
         if acks:
             try:
                 # What waits on an acknowledgement (a reservation binding) hears of it in the same transaction.
-                await self._edge.observe(list(acks.items()))
+                await self._edge.observe(list(acks.values()))
             except BaseException:
-                for node_id, generation in acks.items():
-                    self._acks[node_id] = max(self._acks.get(node_id, 0), generation)
+                for node_id, ack in acks.items():
+                    held = self._acks.get(node_id)
+                    if held is None or held.generation < ack.generation:
+                        self._acks[node_id] = ack
                 raise
 
     async def inventory(self, session: Session, section: wire.InventorySection) -> None:

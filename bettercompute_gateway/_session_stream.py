@@ -198,4 +198,4 @@ class SessionStream:
             elif isinstance(content, wire.NodeEvent):
                 await ingest.event(session, content)
             elif isinstance(content, wire.DesiredStateAck):
-                ingest.ack(session, content.observed_generation)
+                ingest.ack(session, content)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import struct
 
-__all__ = ["command_result_message", "inventory_section_message"]
+__all__ = ["command_result_message", "desired_ack_message", "inventory_section_message"]
 
 _COMMAND_RESULT = b"bettercompute/v1/command-result\x00"
 _INVENTORY_SECTION = b"bettercompute/v1/inventory-section\x00"
+_DESIRED_ACK = b"bettercompute/v1/desired-ack\x00"
 
 
 def command_result_message(*, command_id: str, kind: str, outcome: str, result_json: str, epoch: int) -> bytes:
@@ -25,3 +26,9 @@ def inventory_section_message(*, section: str, content_json: str, fake: bool, ep
     name = section.encode()
     digest = hashlib.sha256(content_json.encode()).digest()
     return _INVENTORY_SECTION + struct.pack(">I", len(name)) + name + digest + bytes([fake]) + struct.pack(">q", epoch)
+
+
+def desired_ack_message(*, generation: int, epoch: int) -> bytes:
+    """The bytes a node key signs to say it applied desired-state ``generation``: a context, the generation and the
+    session epoch it was sent in."""
+    return _DESIRED_ACK + struct.pack(">qq", generation, epoch)

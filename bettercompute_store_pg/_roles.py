@@ -31,7 +31,7 @@ GATEWAY_FUNCTIONS = (
     "bc_gw_session_open(text, text, integer)",
     "bc_gw_session_close(text, bigint, text, text, integer)",
     "bc_gw_seen(text[], bigint[], text)",
-    "bc_gw_observe(text[], bigint[], integer[])",
+    "bc_gw_observe(text[], bigint[], bigint[], bytea[], text[], bytea[], integer[])",
     "bc_gw_inventory(text, text, text, boolean, bigint, bytea, text, bytea, integer)",
     "bc_gw_event(text, text, jsonb, bigint)",
     "bc_gw_dispatch(text[], bigint[], integer)",

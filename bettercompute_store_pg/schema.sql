@@ -271,6 +271,7 @@ CREATE INDEX images_page ON {schema}.images USING btree (tenant, created_at, id)
 -- commands 4: the gateway's functions
 -- commands 5: signed command results
 -- commands 6: signed inventory sections
+-- commands 7: signed acknowledgements
 
 CREATE TABLE {schema}.commands (
     id text NOT NULL,
@@ -462,7 +463,7 @@ BEGIN
     RETURN true;
 END $function$;
 
-CREATE OR REPLACE FUNCTION {schema}.bc_gw_observe(p_node_ids text[], p_generations bigint[], p_shards integer[])
+CREATE OR REPLACE FUNCTION {schema}.bc_gw_observe(p_node_ids text[], p_generations bigint[], p_epochs bigint[], p_signatures bytea[], p_serials text[], p_keys bytea[], p_shards integer[])
  RETURNS SETOF text
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -471,9 +472,16 @@ AS $function$
 DECLARE v_moved record;
 BEGIN
     FOR v_moved IN
-        UPDATE {schema}.nodes AS n SET observed_generation = a.generation, updated_at = now()
-        FROM unnest(p_node_ids, p_generations, p_shards) AS a (node_id, generation, shard)
-        WHERE n.id = a.node_id AND a.generation > n.observed_generation AND a.generation <= n.desired_generation
+        UPDATE {schema}.nodes AS n SET observed_generation = a.generation, observed_epoch = a.epoch,
+            observed_signature = a.signature, observed_serial = a.serial, observed_key = a.key,
+            observed_checked = NULL, updated_at = now()
+        FROM unnest(p_node_ids, p_generations, p_epochs, p_signatures, p_serials, p_keys, p_shards)
+            AS a (node_id, generation, epoch, signature, serial, key, shard)
+        WHERE n.id = a.node_id AND a.generation <= n.desired_generation
+          AND (a.generation > n.observed_generation
+               -- the same generation again, while the one kept is not known good: a refused (forged) one must not
+               -- stand in the way of the node's own
+               OR (a.generation = n.observed_generation AND n.observed_checked IS DISTINCT FROM 'ok'))
         RETURNING n.id, a.shard
     LOOP
         PERFORM {schema}.bc_gw_enqueue('desired-acked', v_moved.id, v_moved.shard);
@@ -1693,6 +1701,7 @@ CREATE INDEX secrets_name_scope ON {schema}.secrets USING btree (name, scope);
 -- nodes 8: tunnels
 -- nodes 9: the internal listener's certificates
 -- nodes 10: signed inventory sections
+-- nodes 11: signed acknowledgements
 
 CREATE TABLE {schema}.atoms (
     id text NOT NULL,
@@ -1846,6 +1855,11 @@ CREATE TABLE {schema}.nodes (
     draining boolean DEFAULT false NOT NULL,
     acceptance jsonb DEFAULT '{}'::jsonb NOT NULL,
     unreachable_since timestamp with time zone,
+    observed_epoch bigint,
+    observed_signature bytea,
+    observed_serial text,
+    observed_key bytea,
+    observed_checked text,
     CONSTRAINT nodes_pkey PRIMARY KEY (id),
     CONSTRAINT nodes_check CHECK (((state = 'retired'::text) = (retired_at IS NOT NULL))),
     CONSTRAINT nodes_state_check CHECK ((state = ANY (ARRAY['adopting'::text, 'adopted'::text, 'quarantined'::text, 'unreachable'::text, 'failed'::text, 'retired'::text]))),

@@ -105,7 +105,8 @@ class Metrics:
         self.facts_refused = Counter(
             "bettercompute_node_facts_refused",
             "Facts a node should have signed that the control plane refused where it used them, by fact "
-            "(command_result, ...) and reason (unsigned, unknown_signer, revoked_signer, bad_signature).",
+            "(command_result, inventory_section, desired_ack) and reason (unsigned, unknown_signer, revoked_signer, "
+            "bad_signature).",
             ["fact", "reason"],
             registry=registry,
         )

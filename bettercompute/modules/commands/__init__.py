@@ -23,6 +23,7 @@ closed by the sweep (``node.session_closed`` with reason ``gateway_lost``). A re
 
 from bettercompute.modules.commands._edge import EDGE as EDGE
 from bettercompute.modules.commands._edge import Edge as Edge
+from bettercompute.modules.commands._edge import SignedAck as SignedAck
 from bettercompute.modules.commands._module import CommandsModule as CommandsModule
 from bettercompute.modules.commands._port import COMMANDS as COMMANDS
 from bettercompute.modules.commands._port import SESSIONS as SESSIONS
@@ -61,6 +62,7 @@ __all__ = [
     "OnSessionLoss",
     "SessionRecord",
     "Sessions",
+    "SignedAck",
     "create_command",
     "ended_wakes",
     "sweep_commands",

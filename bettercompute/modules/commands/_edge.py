@@ -14,11 +14,23 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+import attrs
+
 from bettercompute.modules.commands._port import CommandRecord
 from bettercompute.modules.nodes import DesiredState, SignedFact
 from bettercompute.ports import Repository
 
-__all__ = ["EDGE", "Edge"]
+__all__ = ["EDGE", "Edge", "SignedAck"]
+
+
+@attrs.frozen(kw_only=True)
+class SignedAck:
+    """A daemon's word that it applied desired-state ``generation``, signed in session ``epoch``."""
+
+    node_id: str
+    generation: int
+    epoch: int
+    signed: SignedFact
 
 
 class Edge(Protocol):
@@ -44,9 +56,10 @@ class Edge(Protocol):
         """Mark these sessions of ``gateway`` seen now; the node ids whose session was still current."""
         ...
 
-    async def observe(self, acks: Sequence[tuple[str, int]]) -> list[str]:
-        """Record acknowledged desired-state generations (each no newer than the node's desired one) and enqueue
-        the acknowledgement item of each node whose observed generation moved; those node ids."""
+    async def observe(self, acks: Sequence[SignedAck]) -> list[str]:
+        """Record acknowledged desired-state generations (each no newer than the node's desired one) with their
+        signatures, unchecked, and enqueue the acknowledgement item of each node whose observed generation moved
+        (whose controller checks the signature before anything relies on it); those node ids."""
         ...
 
     async def record_inventory(

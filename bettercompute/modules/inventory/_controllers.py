@@ -34,12 +34,12 @@ from bettercompute.modules.inventory._derive import (
 )
 from bettercompute.modules.inventory._port import INVENTORY, DeviceRecord
 from bettercompute.modules.nodes import (
-    FACT_REFUSED_ACTION,
     INVENTORY_KIND,
     LIFECYCLE_KIND,
     NODES,
     InventoryRecord,
     NodeRecord,
+    audit_refusal,
     command_result_message,
     fact_refusal,
     inventory_section_message,
@@ -47,7 +47,7 @@ from bettercompute.modules.nodes import (
     set_desired_state,
 )
 from bettercompute.modules.pools import POOLS, NodePolicy
-from bettercompute.ports import AuditRecord, OutboxEvent, Transaction
+from bettercompute.ports import OutboxEvent, Transaction
 
 __all__ = [
     "NODE_ADOPTED",
@@ -424,22 +424,14 @@ async def _note_sections(
             continue
         ctx.context.metrics.facts_refused.labels("inventory_section", verdict).inc()
         log.warning("node %s: inventory section %s is refused: %s", node.id, record.section, verdict)
-        await tx.audit(
-            AuditRecord(
-                action=FACT_REFUSED_ACTION,
-                actor=f"node:{node.id}",
-                tenant=node.tenant,
-                resource_type="node",
-                resource_id=node.id,
-                decision_id=None,
-                outcome="denied",
-                details={
-                    "fact": "inventory_section",
-                    "section": record.section,
-                    "reason": verdict,
-                    "signer_serial": record.signed.serial if record.signed is not None else None,
-                },
-            )
+        await audit_refusal(
+            tx,
+            node_id=node.id,
+            tenant=node.tenant,
+            fact="inventory_section",
+            reason=verdict,
+            signed=record.signed,
+            section=record.section,
         )
 
 
@@ -476,23 +468,15 @@ async def _refuse(
         noted[command.id] = why
         ctx.context.metrics.facts_refused.labels("command_result", why).inc()
         log.warning("node %s: the result of %s (%s) is refused: %s", node.id, kind, command.id, why)
-        await tx.audit(
-            AuditRecord(
-                action=FACT_REFUSED_ACTION,
-                actor=f"node:{node.id}",
-                tenant=node.tenant,
-                resource_type="node",
-                resource_id=node.id,
-                decision_id=None,
-                outcome="denied",
-                details={
-                    "fact": "command_result",
-                    "check": kind,
-                    "command_id": command.id,
-                    "reason": why,
-                    "signer_serial": command.signed.serial if command.signed is not None else None,
-                },
-            )
+        await audit_refusal(
+            tx,
+            node_id=node.id,
+            tenant=node.tenant,
+            fact="command_result",
+            reason=why,
+            signed=command.signed,
+            check=kind,
+            command_id=command.id,
         )
     if noted == (node.acceptance.get("refused") or {}):
         return node

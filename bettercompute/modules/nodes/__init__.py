@@ -20,7 +20,9 @@ from bettercompute.modules.nodes._desired import MAX_DESIRED_STATE_BYTES as MAX_
 from bettercompute.modules.nodes._desired import poke_gateways as poke_gateways
 from bettercompute.modules.nodes._desired import set_desired_state as set_desired_state
 from bettercompute.modules.nodes._facts import FACT_REFUSED_ACTION as FACT_REFUSED_ACTION
+from bettercompute.modules.nodes._facts import audit_refusal as audit_refusal
 from bettercompute.modules.nodes._facts import command_result_message as command_result_message
+from bettercompute.modules.nodes._facts import desired_ack_message as desired_ack_message
 from bettercompute.modules.nodes._facts import fact_refusal as fact_refusal
 from bettercompute.modules.nodes._facts import inventory_section_message as inventory_section_message
 from bettercompute.modules.nodes._gateway import GatewayServices as GatewayServices
@@ -228,9 +230,11 @@ __all__ = [
     "TunnelTicket",
     "Tunnels",
     "acked_item",
+    "audit_refusal",
     "bundle_pin",
     "closed_record",
     "command_result_message",
+    "desired_ack_message",
     "fact_refusal",
     "hardware_key",
     "hardware_key_of",

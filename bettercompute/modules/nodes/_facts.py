@@ -11,21 +11,30 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 
 from bettercompute.errors import ComputeError
 from bettercompute.modules.nodes._port import CERTIFICATES, SignedFact
 from bettercompute.modules.nodes._proofs import verify_signature
-from bettercompute.ports import Store, Transaction
+from bettercompute.ports import AuditRecord, Store, Transaction
 
-__all__ = ["FACT_REFUSED_ACTION", "SignedFact", "command_result_message", "fact_refusal", "inventory_section_message"]
+__all__ = [
+    "FACT_REFUSED_ACTION",
+    "SignedFact",
+    "command_result_message",
+    "desired_ack_message",
+    "fact_refusal",
+    "inventory_section_message",
+]
 
 FACT_REFUSED_ACTION = "compute:nodes:fact_refused"
 """The audit action of a fact refused where it was used (``details``: which fact, why, and its signer's serial)."""
 
 _COMMAND_RESULT = b"bettercompute/v1/command-result\x00"
 _INVENTORY_SECTION = b"bettercompute/v1/inventory-section\x00"
+_DESIRED_ACK = b"bettercompute/v1/desired-ack\x00"
 
 
 def command_result_message(*, command_id: str, kind: str, outcome: str, result_json: str, epoch: int) -> bytes:
@@ -49,6 +58,12 @@ def inventory_section_message(*, section: str, content_json: str, fake: bool, ep
     return _INVENTORY_SECTION + struct.pack(">I", len(name)) + name + digest + bytes([fake]) + struct.pack(">q", epoch)
 
 
+def desired_ack_message(*, generation: int, epoch: int) -> bytes:
+    """The bytes a node key signs to say it applied desired-state ``generation``: a context, the generation and the
+    session epoch it was sent in (the daemon's side: ``bettercompute_proto.desired_ack_message``)."""
+    return _DESIRED_ACK + struct.pack(">qq", generation, epoch)
+
+
 async def fact_refusal(
     reader: Store | Transaction, *, node_id: str, message: bytes, signed: SignedFact | None
 ) -> str | None:
@@ -70,3 +85,26 @@ async def fact_refusal(
     except (ValueError, ComputeError):
         return "bad_signature"
     return None
+
+
+async def audit_refusal(
+    tx: Transaction, *, node_id: str, tenant: str, fact: str, reason: str, signed: SignedFact | None, **details: Any
+) -> None:
+    """Audit, in ``tx``, that a ``fact`` of node ``node_id`` was refused for ``reason`` (with ``details``)."""
+    await tx.audit(
+        AuditRecord(
+            action=FACT_REFUSED_ACTION,
+            actor=f"node:{node_id}",
+            tenant=tenant,
+            resource_type="node",
+            resource_id=node_id,
+            decision_id=None,
+            outcome="denied",
+            details={
+                "fact": fact,
+                "reason": reason,
+                "signer_serial": signed.serial if signed is not None else None,
+                **details,
+            },
+        )
+    )

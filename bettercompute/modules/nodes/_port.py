@@ -38,6 +38,16 @@ __all__ = [
 
 
 @attrs.frozen(kw_only=True)
+class SignedFact:
+    """A node's signature over a fact, and what checks it: the serial of the certificate it was made under and that
+    certificate's public key (SubjectPublicKeyInfo, DER)."""
+
+    signature: bytes = attrs.field(repr=False)
+    serial: str
+    key: bytes = attrs.field(repr=False)
+
+
+@attrs.frozen(kw_only=True)
 class NodeRecord:
     """A machine joined to a pool. ``state`` is ``adopting`` (joined, acceptance checks pending), ``adopted``,
     ``quarantined`` (a check failed: ``state_reason`` says why, ``state_detail`` holds the check's output),
@@ -72,6 +82,13 @@ class NodeRecord:
     draining: bool = False
     acceptance: Mapping[str, Any] = attrs.field(factory=dict)
     unreachable_since: dt.datetime | None = None
+    observed_epoch: int | None = None
+    """The session epoch the daemon signed its acknowledgement of ``observed_generation`` in."""
+    observed_signed: SignedFact | None = None
+    """The daemon's signature over that acknowledgement (``desired_ack_message``)."""
+    observed_checked: str | None = None
+    """``None`` until the acknowledgement's controller checked that signature, then ``ok`` or why it was refused;
+    a binding relies on ``observed_generation`` only when it is ``ok``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -106,16 +123,6 @@ class DesiredState:
     node_id: str
     generation: int
     content: Mapping[str, Any]
-
-
-@attrs.frozen(kw_only=True)
-class SignedFact:
-    """A node's signature over a fact, and what checks it: the serial of the certificate it was made under and that
-    certificate's public key (SubjectPublicKeyInfo, DER)."""
-
-    signature: bytes = attrs.field(repr=False)
-    serial: str
-    key: bytes = attrs.field(repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -223,6 +230,11 @@ class Nodes(Protocol):
 
     async def inventory(self, node_id: str) -> list[InventoryRecord]:
         """The node's latest inventory sections, by name."""
+        ...
+
+    async def check_observed(self, node_id: str, *, generation: int, verdict: str) -> bool:
+        """Note what checking the signature of the node's acknowledgement of ``generation`` found (``ok`` or why it
+        was refused); ``False`` when a newer acknowledgement replaced it or it was checked meanwhile."""
         ...
 
     async def check_inventory(self, node_id: str, section: str, *, received_at: dt.datetime, verdict: str) -> bool:

@@ -10,7 +10,16 @@ import logging
 from typing import Any
 
 from bettercompute._runtime.reconcile import Outcome, ReconcileContext, Reconciler
-from bettercompute.modules.nodes import ACKED_KIND, NODES, poke_gateways, set_desired_state
+from bettercompute.modules.nodes import (
+    ACKED_KIND,
+    NODES,
+    NodeRecord,
+    audit_refusal,
+    desired_ack_message,
+    fact_refusal,
+    poke_gateways,
+    set_desired_state,
+)
 from bettercompute.modules.reservations._port import RESERVATIONS, ReservationRecord
 from bettercompute.modules.reservations._schemas import (
     MAX_HORIZON,
@@ -154,20 +163,49 @@ async def _acknowledged(tx: Transaction, record: ReservationRecord) -> bool:
         if generation is None:
             return False
         node = await tx.repository(NODES).get(node_id)
-        if node is None or node.observed_generation < generation:
+        # Only an acknowledgement whose signature the acknowledgement's controller found good (``reconcile_acked``).
+        if node is None or node.observed_generation < generation or node.observed_checked != "ok":
             return False
     return True
 
 
 async def reconcile_acked(ctx: ReconcileContext, node_id: str) -> Outcome:
-    """A node acknowledged a newer desired state, or was retired: its live reservations are looked at now (they
-    bind, or fail with it)."""
+    """A node acknowledged a newer desired state, or was retired: the acknowledgement's signature is checked (and
+    the verdict noted on the node; a refusal is audited once and counted), then its live reservations are looked at
+    now (they bind, or fail with it)."""
+    node = await ctx.store.repository(NODES).get(node_id)
+    if node is not None and node.observed_checked is None and node.observed_generation > 0:
+        await _check_acknowledgement(ctx, node)
     records = await ctx.store.repository(RESERVATIONS).on_node(node_id, at=ctx.clock.now())
     waiting = [r.id for r in records]
     if waiting:
         async with ctx.transaction() as tx:
             await tx.enqueue([controller_item(r) for r in waiting])
     return Outcome.done()
+
+
+async def _check_acknowledgement(ctx: ReconcileContext, node: NodeRecord) -> None:
+    message = desired_ack_message(generation=node.observed_generation, epoch=node.observed_epoch or 0)
+    why = await fact_refusal(ctx.store, node_id=node.id, message=message, signed=node.observed_signed)
+    async with ctx.transaction() as tx:
+        noted = await tx.repository(NODES).check_observed(
+            node.id, generation=node.observed_generation, verdict=why or "ok"
+        )
+        if not noted or why is None:
+            return
+        ctx.context.metrics.facts_refused.labels("desired_ack", why).inc()
+        log.warning(
+            "node %s: the acknowledgement of generation %d is refused: %s", node.id, node.observed_generation, why
+        )
+        await audit_refusal(
+            tx,
+            node_id=node.id,
+            tenant=node.tenant,
+            fact="desired_ack",
+            reason=why,
+            signed=node.observed_signed,
+            generation=node.observed_generation,
+        )
 
 
 DRAFT_AGE = dt.timedelta(minutes=1)

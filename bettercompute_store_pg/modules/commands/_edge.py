@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bettercompute.errors import InvalidInputError, NotFoundError
-from bettercompute.modules.commands import CommandRecord
+from bettercompute.modules.commands import CommandRecord, SignedAck
 from bettercompute.modules.nodes import (
     ACKED_KIND,
     INVENTORY_KIND,
@@ -29,6 +29,7 @@ _CLOSE = "SELECT {s}.bc_gw_session_close(:node_id, :epoch, :gateway, :reason, :s
 _SEEN = "SELECT id FROM {s}.bc_gw_seen(CAST(:node_ids AS text[]), CAST(:epochs AS bigint[]), :gateway) AS id"
 _OBSERVE = """
 SELECT id FROM {s}.bc_gw_observe(CAST(:node_ids AS text[]), CAST(:generations AS bigint[]),
+    CAST(:epochs AS bigint[]), CAST(:signatures AS bytea[]), CAST(:serials AS text[]), CAST(:keys AS bytea[]),
     CAST(:shards AS integer[])) AS id
 """
 _INVENTORY = """
@@ -93,14 +94,18 @@ class PgEdge(PokingRepository):
         params = {"node_ids": [a[0] for a in alive], "epochs": [a[1] for a in alive], "gateway": gateway}
         return [r.id for r in await self._fetch(self._seen, params)]
 
-    async def observe(self, acks: Sequence[tuple[str, int]]) -> list[str]:
+    async def observe(self, acks: Sequence[SignedAck]) -> list[str]:
         """Record acknowledgements (``Edge.observe``)."""
         if not acks:
             return []
         params = {
-            "node_ids": [a[0] for a in acks],
-            "generations": [a[1] for a in acks],
-            "shards": [_shard(a[0]) for a in acks],
+            "node_ids": [a.node_id for a in acks],
+            "generations": [a.generation for a in acks],
+            "epochs": [a.epoch for a in acks],
+            "signatures": [a.signed.signature for a in acks],
+            "serials": [a.signed.serial for a in acks],
+            "keys": [a.signed.key for a in acks],
+            "shards": [_shard(a.node_id) for a in acks],
         }
         moved = [r.id for r in await self._fetch(self._observe, params)]
         if moved:

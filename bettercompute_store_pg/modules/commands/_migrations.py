@@ -377,6 +377,42 @@ END $$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC;
 """
 
+# An acknowledgement is kept as the node signed it, unchecked until the acknowledgement's controller checks it (the
+# columns are the nodes module's eleventh migration). One of the generation kept replaces it while that one is not
+# known good, so a forged acknowledgement delays the node's own rather than blocking it.
+_V7 = """
+SET LOCAL check_function_bodies = off;
+
+DROP FUNCTION {schema}.bc_gw_observe(text[], bigint[], integer[]);
+
+CREATE FUNCTION {schema}.bc_gw_observe(
+    p_node_ids text[], p_generations bigint[], p_epochs bigint[], p_signatures bytea[], p_serials text[],
+    p_keys bytea[], p_shards integer[]
+) RETURNS SETOF text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE v_moved record;
+BEGIN
+    FOR v_moved IN
+        UPDATE {schema}.nodes AS n SET observed_generation = a.generation, observed_epoch = a.epoch,
+            observed_signature = a.signature, observed_serial = a.serial, observed_key = a.key,
+            observed_checked = NULL, updated_at = now()
+        FROM unnest(p_node_ids, p_generations, p_epochs, p_signatures, p_serials, p_keys, p_shards)
+            AS a (node_id, generation, epoch, signature, serial, key, shard)
+        WHERE n.id = a.node_id AND a.generation <= n.desired_generation
+          AND (a.generation > n.observed_generation
+               -- the same generation again, while the one kept is not known good: a refused (forged) one must not
+               -- stand in the way of the node's own
+               OR (a.generation = n.observed_generation AND n.observed_checked IS DISTINCT FROM 'ok'))
+        RETURNING n.id, a.shard
+    LOOP
+        PERFORM {schema}.bc_gw_enqueue('desired-acked', v_moved.id, v_moved.shard);
+        RETURN NEXT v_moved.id;
+    END LOOP;
+END $$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC;
+"""
+
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="commands and sessions", sql=_V1),
@@ -385,4 +421,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=4, name="the gateway's functions", sql=_V4),
     Migration(version=5, name="signed command results", sql=_V5),
     Migration(version=6, name="signed inventory sections", sql=_V6),
+    Migration(version=7, name="signed acknowledgements", sql=_V7),
 )

@@ -259,6 +259,17 @@ ALTER TABLE {schema}.node_inventory
     ADD COLUMN checked text;
 """
 
+# The newest acknowledgement as the node signed it, and what the acknowledgement's controller found when it checked
+# it: NULL until checked, ``ok``, or why it was refused (a binding waits for ``ok``).
+_V11 = """
+ALTER TABLE {schema}.nodes
+    ADD COLUMN observed_epoch bigint,
+    ADD COLUMN observed_signature bytea,
+    ADD COLUMN observed_serial text,
+    ADD COLUMN observed_key bytea,
+    ADD COLUMN observed_checked text;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1),
     Migration(version=2, name="gateway certificates", sql=_V2),
@@ -270,4 +281,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=8, name="tunnels", sql=_V8),
     Migration(version=9, name="the internal listener's certificates", sql=_V9),
     Migration(version=10, name="signed inventory sections", sql=_V10),
+    Migration(version=11, name="signed acknowledgements", sql=_V11),
 )

@@ -30,7 +30,8 @@ __all__ = ["PgJoinKeys", "PgNodes"]
 _COLUMNS = (
     "id, tenant, pool_id, site_id, state, hardware_key, claims, attestation, join_token_id, enrollments, "
     "session_epoch, desired_generation, observed_generation, last_seen_at, joined_at, created_at, updated_at, "
-    "retired_at, state_reason, state_detail, state_changed_at, cordoned, draining, acceptance, unreachable_since"
+    "retired_at, state_reason, state_detail, state_changed_at, cordoned, draining, acceptance, unreachable_since, "
+    "observed_epoch, observed_signature, observed_serial, observed_key, observed_checked"
 )
 _N_COLUMNS = ", ".join(f"n.{c.strip()}" for c in _COLUMNS.split(","))
 
@@ -109,6 +110,11 @@ _INVENTORY = """
 SELECT node_id, section, content, fake, received_at, content_json, epoch, signature, signer_serial, signer_key, checked
 FROM {s}.node_inventory WHERE node_id = :node_id ORDER BY section
 """
+_CHECK_OBSERVED = """
+UPDATE {s}.nodes SET observed_checked = :verdict
+WHERE id = :node_id AND observed_generation = :generation AND observed_checked IS NULL
+RETURNING id
+"""
 _CHECK_INVENTORY = """
 UPDATE {s}.node_inventory SET checked = :verdict
 WHERE node_id = :node_id AND section = :section AND received_at = :received_at AND checked IS NULL
@@ -156,6 +162,13 @@ def _node(row: Any) -> NodeRecord:
         draining=row.draining,
         acceptance=dict(row.acceptance),
         unreachable_since=utc(row.unreachable_since) if row.unreachable_since is not None else None,
+        observed_epoch=row.observed_epoch,
+        observed_signed=SignedFact(
+            signature=bytes(row.observed_signature), serial=row.observed_serial, key=bytes(row.observed_key)
+        )
+        if row.observed_signature is not None and row.observed_serial is not None and row.observed_key is not None
+        else None,
+        observed_checked=row.observed_checked,
     )
 
 
@@ -219,6 +232,7 @@ class PgNodes(PgRepository):
         self._record_inventory = db.sql(_RECORD_INVENTORY)
         self._inventory = db.sql(_INVENTORY)
         self._check_inventory = db.sql(_CHECK_INVENTORY)
+        self._check_observed = db.sql(_CHECK_OBSERVED)
         self._conditions = db.sql(_CONDITIONS)
         self._save_conditions = db.sql(_SAVE_CONDITIONS)
 
@@ -333,6 +347,11 @@ class PgNodes(PgRepository):
             )
             for r in rows
         ]
+
+    async def check_observed(self, node_id: str, *, generation: int, verdict: str) -> bool:
+        """Note an acknowledgement's signature check (``Nodes.check_observed``)."""
+        params = {"node_id": node_id, "generation": generation, "verdict": verdict}
+        return bool(await self._fetch(self._check_observed, params))
 
     async def check_inventory(self, node_id: str, section: str, *, received_at: dt.datetime, verdict: str) -> bool:
         """Note a section's signature check (``Nodes.check_inventory``)."""

@@ -137,6 +137,13 @@ def signed_section(
     )
 
 
+def signed_ack(joined: Joined, generation: int, *, epoch: int) -> wire.NodeFrame:
+    """An acknowledgement of desired-state ``generation``, signed by the node's key for session ``epoch``."""
+    message = wire.desired_ack_message(generation=generation, epoch=epoch)
+    ack = wire.DesiredStateAck(observed_generation=generation, epoch=epoch, signature=joined.key.sign(message))
+    return wire.NodeFrame(desired_state_ack=ack)
+
+
 async def session_epoch(wired: Wire, node_id: str) -> int:
     """The epoch of the node's latest session (open once ``Welcome`` came)."""
     record = await wired.fleet.store.repository(NODES).get(node_id)

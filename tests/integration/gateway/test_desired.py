@@ -31,7 +31,7 @@ from bettercompute_gateway import GatewayOptions, create_gateway
 from bettercompute_store_pg import PgNotifier
 from tests._timing import deadline, eventually
 
-from .conftest import Joined, Wire, gateway_tls, hello, session_request
+from .conftest import Joined, Wire, gateway_tls, hello, session_epoch, session_request, signed_ack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -101,7 +101,7 @@ async def test_a_desired_state_reaches_the_live_session_and_its_ack_is_recorded(
             await _open(stream, joined)
             first = await _next(stream, "desired_state")  # a new session gets the current one
             assert (first.generation, json.loads(first.content_json)) == (1, {"allocations": []})
-            await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=1)))
+            await stream.send_message(signed_ack(joined, 1, epoch=await session_epoch(gw, joined.node_id)))
             await _observed(gw, joined.node_id, 1)
 
             changed = await _desire(gw, joined.node_id, ALLOCATION)
@@ -110,8 +110,8 @@ async def test_a_desired_state_reaches_the_live_session_and_its_ack_is_recorded(
             shown = await gw.fleet.compute.api.nodes.get(gw.fleet.alice, GetNodeInput(id=joined.node_id))
             assert (shown.desired_generation, shown.observed_generation, shown.desired_state_pending) == (2, 1, True)
             # An acknowledgement of a generation never sent is not taken.
-            await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=9)))
-            await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=2)))
+            await stream.send_message(signed_ack(joined, 9, epoch=await session_epoch(gw, joined.node_id)))
+            await stream.send_message(signed_ack(joined, 2, epoch=await session_epoch(gw, joined.node_id)))
             await _observed(gw, joined.node_id, 2)
             shown = await gw.fleet.compute.api.nodes.get(gw.fleet.alice, GetNodeInput(id=joined.node_id))
             assert (shown.desired_generation, shown.observed_generation, shown.desired_state_pending) == (2, 2, False)
@@ -203,7 +203,7 @@ async def test_an_ack_is_recorded_at_once_when_the_liveness_flush_is_slow(gw: Wi
     """With liveness flushed a minute apart, only the acknowledgement writer records the ack within the wait (a
     reservation binds on it: it used to wait for the next flush, a second by default)."""
     async with _poked_over_a_slow_flush(gw, database_url, "gw-acks") as (stream, joined):
-        await stream.send_message(wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=1)))
+        await stream.send_message(signed_ack(joined, 1, epoch=await session_epoch(gw, joined.node_id)))
         await _observed(gw, joined.node_id, 1)
 
 

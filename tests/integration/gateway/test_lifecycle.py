@@ -29,7 +29,7 @@ from bettercompute.modules.nodes import NODES, CordonNodeInput, GetNodeInput, No
 from bettercompute.modules.pools import CreatePoolInput, NodePolicy, UpdatePoolInput
 from tests._timing import deadline
 
-from .conftest import Joined, Wire, hello, session_request, signed_section
+from .conftest import Joined, Wire, hello, session_request, signed_ack, signed_section
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
@@ -357,9 +357,7 @@ async def _report(gw: Wire, joined: Joined, sections: dict[str, Any], *, ack: in
                 section = signed_section(joined, name, json.dumps(content), epoch=epoch, fake=True)
                 await stream.send_message(wire.NodeFrame(inventory=section))
             if ack is not None:
-                await stream.send_message(
-                    wire.NodeFrame(desired_state_ack=wire.DesiredStateAck(observed_generation=ack))
-                )
+                await stream.send_message(signed_ack(joined, ack, epoch=epoch))
             with anyio.fail_after(deadline(10)):
                 while len(await gw.fleet.events("node.inventory_reported")) < before + len(sections):  # noqa: ASYNC110
                     await anyio.sleep(0.05)

@@ -19,14 +19,16 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import bettercompute_proto as wire
 from bettercompute.modules.audit import ListAuditInput
-from bettercompute.modules.commands import EDGE
+from bettercompute.modules.commands import EDGE, SignedAck
 from bettercompute.modules.inventory import INVENTORY
 from bettercompute.modules.nodes import (
     FACT_REFUSED_ACTION,
     NODES,
     SignedFact,
     command_result_message,
+    desired_ack_message,
     inventory_section_message,
+    set_desired_state,
 )
 from bettercompute_daemon.identity import NodeKey
 from tests._timing import deadline
@@ -262,3 +264,105 @@ async def _devices_become(gw: Wire, node_id: str, idents: set[str]) -> None:
 
 def _counted_as(gw: Wire, fact: str, reason: str) -> float:
     return float(gw.fleet.compute.context.metrics.facts_refused.labels(fact, reason)._value.get())
+
+
+async def test_an_acknowledgement_the_node_never_signed_is_refused_before_anything_binds_on_it(gw: Wire) -> None:
+    fleet = gw.fleet
+    edge = fleet.store.repository(EDGE)
+    stranger = NodeKey(ec.generate_private_key(ec.SECP256R1()))
+    for n, reason in enumerate(("unknown_signer", "bad_signature", "unsigned", "ok")):
+        joined = await gw.join(f"SN-ACK-{n}")
+        async with fleet.store.transaction() as tx:
+            desired = await set_desired_state(tx, joined.node_id, {"allocations": []})
+        generation = desired.generation
+        right = joined.key.sign(desired_ack_message(generation=generation, epoch=1))
+        signed = {
+            "unknown_signer": SignedFact(
+                signature=stranger.sign(desired_ack_message(generation=generation, epoch=1)),
+                serial=joined.serial,
+                key=_spki(stranger),
+            ),
+            "bad_signature": SignedFact(signature=right, serial=joined.serial, key=_spki(joined.key)),
+            "unsigned": SignedFact(signature=b"", serial=joined.serial, key=_spki(joined.key)),
+            "ok": SignedFact(signature=right, serial=joined.serial, key=_spki(joined.key)),
+        }[reason]
+        # bad_signature: the node's real signature, over another epoch than the one claimed
+        epoch = 2 if reason == "bad_signature" else 1
+        before = _counted_as(gw, "desired_ack", reason)
+        ack = SignedAck(node_id=joined.node_id, generation=generation, epoch=epoch, signed=signed)
+        assert await edge.observe([ack]) == [joined.node_id]
+        with anyio.fail_after(deadline(30)):
+            while (record := await fleet.store.repository(NODES).get(joined.node_id)) is not None and (
+                record.observed_checked is None
+            ):
+                await _tick(gw)
+        assert record is not None and record.observed_generation == generation
+        assert record.observed_checked == reason
+        refusals = [r for r in await _refusals(gw, joined.node_id) if r["fact"] == "desired_ack"]
+        if reason == "ok":
+            assert refusals == []
+        else:
+            assert _counted_as(gw, "desired_ack", reason) == before + 1
+            assert [(r["generation"], r["reason"]) for r in refusals] == [(generation, reason)]
+
+
+async def test_a_reservation_binds_on_its_nodes_own_acknowledgement_not_on_a_forged_one(gw: Wire) -> None:
+    from bettercompute.modules.reservations import Constraints, CreateReservationInput, ReservationsGroup
+
+    fleet = gw.fleet
+    joined = await gw.join("SN-BIND")
+
+    def genuine(command_id: str, epoch: int) -> tuple[str, bytes, str, bytes]:
+        return BODY, _signed(joined.key, command_id=command_id, epoch=epoch), joined.serial, _spki(joined.key)
+
+    await _answer_as_the_gateway(gw, joined, genuine)
+    adopted = await settle(gw, joined.node_id, lambda n: n.state == "adopted")
+    group: ReservationsGroup[Any] = fleet.compute.api.group(ReservationsGroup)
+    made = await group.create(
+        fleet.alice,
+        CreateReservationInput(
+            tenant=fleet.acme, pool_id=adopted.pool_id, gpus=1, duration="PT1H", constraints=Constraints(model="H100")
+        ),
+    )
+    assert made.state == "placed"
+    with anyio.fail_after(deadline(30)):  # the controller gives the node a desired state that carries it
+        while not any(
+            a.get("id") == made.id
+            for d in await fleet.store.repository(NODES).desired_newer([(joined.node_id, -1)])
+            for a in d.content.get("allocations") or ()
+        ):
+            await _tick(gw)
+    [carrying] = await fleet.store.repository(NODES).desired_newer([(joined.node_id, -1)])
+    generation = carrying.generation
+    edge = fleet.store.repository(EDGE)
+    stranger = NodeKey(ec.generate_private_key(ec.SECP256R1()))
+    forged = SignedFact(
+        signature=stranger.sign(desired_ack_message(generation=generation, epoch=1)),
+        serial=joined.serial,
+        key=_spki(stranger),
+    )
+    assert await edge.observe([SignedAck(node_id=joined.node_id, generation=generation, epoch=1, signed=forged)])
+    with anyio.fail_after(deadline(30)):
+        while (await fleet.store.repository(NODES).get(joined.node_id)).observed_checked is None:  # type: ignore[union-attr]
+            await _tick(gw)
+    for _ in range(5):
+        await _tick(gw)
+    assert (await group.get(fleet.alice, _get(made.id))).state == "placed"  # nothing bound on the forged word
+
+    # The node's own acknowledgement of the same generation replaces the refused one, and the reservation binds.
+    own = SignedFact(
+        signature=joined.key.sign(desired_ack_message(generation=generation, epoch=1)),
+        serial=joined.serial,
+        key=_spki(joined.key),
+    )
+    assert await edge.observe([SignedAck(node_id=joined.node_id, generation=generation, epoch=1, signed=own)])
+    with anyio.fail_after(deadline(30)):
+        while (await group.get(fleet.alice, _get(made.id))).state == "placed":
+            await _tick(gw)
+    assert (await group.get(fleet.alice, _get(made.id))).state in ("bound", "active")
+
+
+def _get(reservation_id: str) -> Any:
+    from bettercompute.modules.reservations import GetReservationInput
+
+    return GetReservationInput(id=reservation_id)

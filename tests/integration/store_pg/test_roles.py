@@ -17,7 +17,7 @@ import pytest
 from psycopg import errors, sql
 
 from bettercompute.errors import InvalidConfigError, NotFoundError
-from bettercompute.modules.commands import EDGE
+from bettercompute.modules.commands import EDGE, SignedAck
 from bettercompute.modules.nodes import SignedFact
 from bettercompute_store_pg import PgStore, RoleNames
 
@@ -163,8 +163,9 @@ async def test_the_gateway_role_runs_the_whole_gateway_door(
         assert await edge.desired_newer([(node, 0)], gateway="gw-2") == []  # not a node of gw-2's
         changed, _ = await edge.desired_since(dt.datetime(2000, 1, 1, tzinfo=dt.UTC), gateway="gw-1")
         assert [d.node_id for d in changed] == [node]
-        assert await edge.observe([(node, 2)]) == [node]
-        assert await edge.observe([(node, 3)]) == []  # beyond what was desired
+        assert await edge.observe([SignedAck(node_id=node, generation=2, epoch=epoch, signed=unsigned)]) == [node]
+        beyond = SignedAck(node_id=node, generation=3, epoch=epoch, signed=unsigned)  # beyond what was desired
+        assert await edge.observe([beyond]) == []
         assert await edge.dispatch([(node, epoch)], limit=16) == []
         assert (
             await edge.finish(

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import bettercompute_proto as wire
-from bettercompute.modules.nodes import command_result_message
+from bettercompute.modules.nodes import command_result_message, desired_ack_message, inventory_section_message
 
 _TEXT = st.text(st.characters(codec="utf-8"), max_size=40)
 _RESULTS = st.fixed_dictionaries(
@@ -24,3 +24,25 @@ def test_the_core_checks_the_bytes_the_daemon_signs(fields: dict[str, object]) -
 def test_two_different_results_never_share_a_message(one: dict[str, object], other: dict[str, object]) -> None:
     if one != other:
         assert command_result_message(**one) != command_result_message(**other)  # type: ignore[arg-type]
+
+
+_SECTIONS = st.fixed_dictionaries(
+    {"section": _TEXT, "content_json": _TEXT, "fake": st.booleans(), "epoch": st.integers(0, 2**62)}
+)
+_ACKS = st.fixed_dictionaries({"generation": st.integers(0, 2**62), "epoch": st.integers(0, 2**62)})
+
+
+@given(_SECTIONS, _ACKS)
+def test_sections_and_acknowledgements_too(section: dict[str, object], ack: dict[str, object]) -> None:
+    assert inventory_section_message(**section) == wire.inventory_section_message(**section)  # type: ignore[arg-type]
+    assert desired_ack_message(**ack) == wire.desired_ack_message(**ack)  # type: ignore[arg-type]
+
+
+@given(_SECTIONS, _SECTIONS, _ACKS, _ACKS)
+def test_no_two_different_sections_or_acknowledgements_share_a_message(
+    one: dict[str, object], other: dict[str, object], ack: dict[str, object], other_ack: dict[str, object]
+) -> None:
+    if one != other:
+        assert inventory_section_message(**one) != inventory_section_message(**other)  # type: ignore[arg-type]
+    if ack != other_ack:
+        assert desired_ack_message(**ack) != desired_ack_message(**other_ack)  # type: ignore[arg-type]

@@ -214,6 +214,16 @@ class DesiredStateAck(betterproto2.Message):
     The generation the node has applied.
     """
 
+    epoch: "int" = betterproto2.field(2, betterproto2.TYPE_INT64)
+    """
+    The session epoch it was sent in.
+    """
+
+    signature: "bytes" = betterproto2.field(3, betterproto2.TYPE_BYTES)
+    """
+    The node key's signature over the generation and the epoch.
+    """
+
 
 default_message_pool.register_message("bcnode.v1", "DesiredStateAck", DesiredStateAck)
 
