@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import json
 import logging
 from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
+import attrs
 import typer
 
 import bettercompute
 import bettercompute_iam
 import bettercompute_store_pg
 from bettercompute.errors import InvalidConfigError
+from bettercompute.modules.inventory import FactVerdict, verify_facts
 from bettercompute_iam import Bootstrap, RemoteIam
 from bettercompute_store_pg import PgStore, RoleNames
 
@@ -73,6 +76,8 @@ iam_app = typer.Typer(help="Administer the embedded Better IAM.", no_args_is_hel
 app.add_typer(iam_app, name="iam")
 gateways_app = typer.Typer(help="Enrol gateway processes that run apart from the api.", no_args_is_help=True)
 app.add_typer(gateways_app, name="gateways")
+facts_app = typer.Typer(help="Check again what a node signed and the control plane relies on.", no_args_is_help=True)
+app.add_typer(facts_app, name="facts")
 
 
 class Output(enum.StrEnum):
@@ -391,6 +396,38 @@ def gateways_token(
             raise ConfigError(["gateways token needs trust_domain, gateway_address and kms_key_file (node identity)"])
         token = anyio.run(_gateway_token, config, require_database_url(config), name, dt.timedelta(seconds=ttl_seconds))
     typer.echo(token)
+
+
+# --- facts ----------------------------------------------------------------------------------------------------------
+
+
+async def _verify_facts(config: Config, url: str, node_id: str) -> list[FactVerdict]:
+    compute, _ = build(config, url)
+    try:
+        await compute.initialize(migrate=False)
+        return await verify_facts(compute.context.store, node_id)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await compute.close()
+
+
+@facts_app.command("verify")
+def facts_verify(
+    ctx: typer.Context, node_id: Annotated[str, typer.Argument(help="The node whose facts to check.")]
+) -> None:
+    """Check every fact node NODE_ID signed that the control plane relies on (acceptance results, inventory
+    sections, the newest desired-state acknowledgement) against the certificates and revocations as they are now.
+
+    Prints one JSON object a line (fact, id, verdict, signer_serial); exits 1 when any verdict is not ``ok``. Runs
+    where the database is; needs no KMS key.
+    """
+    with reported():
+        config = _config(ctx)
+        verdicts = anyio.run(_verify_facts, config, require_database_url(config), node_id)
+    for verdict in verdicts:
+        typer.echo(json.dumps(attrs.asdict(verdict), sort_keys=True))
+    if any(v.verdict != "ok" for v in verdicts):
+        raise typer.Exit(1)
 
 
 # --- mcp ------------------------------------------------------------------------------------------------------------

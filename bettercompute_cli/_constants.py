@@ -18,6 +18,7 @@ OWN_COMMANDS: dict[str, str] = {
     "dev": "Run the whole control plane on this machine, for development.",
     "iam": "Administer the embedded Better IAM.",
     "gateways": "Enrol gateway processes that run apart from the api.",
+    "facts": "Check again what a node signed and the control plane relies on.",
     "mcp": "Serve the control plane's methods as MCP tools, on stdio or over streamable HTTP.",
     "migrate": "Apply every pending migration, and print what was applied.",
     "serve": "Run one process mode of the control plane until stopped.",

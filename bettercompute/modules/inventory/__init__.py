@@ -9,6 +9,8 @@ from bettercompute.modules.inventory._controllers import NODE_ADOPTED as NODE_AD
 from bettercompute.modules.inventory._controllers import NODE_QUARANTINED as NODE_QUARANTINED
 from bettercompute.modules.inventory._controllers import NODE_STATE_CHANGED as NODE_STATE_CHANGED
 from bettercompute.modules.inventory._derive import CONDITION_TYPES as CONDITION_TYPES
+from bettercompute.modules.inventory._facts import FactVerdict as FactVerdict
+from bettercompute.modules.inventory._facts import verify_facts as verify_facts
 from bettercompute.modules.inventory._methods import ACTIONS as ACTIONS
 from bettercompute.modules.inventory._methods import DevicesGroup as DevicesGroup
 from bettercompute.modules.inventory._module import InventoryModule as InventoryModule
@@ -38,6 +40,7 @@ __all__ = [
     "DeviceKind",
     "DeviceRecord",
     "DevicesGroup",
+    "FactVerdict",
     "Finding",
     "GetDeviceInput",
     "Inventory",
@@ -45,4 +48,5 @@ __all__ = [
     "ListDevicesInput",
     "ListDevicesOutput",
     "judge_nvml",
+    "verify_facts",
 ]

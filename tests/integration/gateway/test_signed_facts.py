@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import subprocess
 from typing import Any
 
 import anyio
@@ -20,7 +22,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 import bettercompute_proto as wire
 from bettercompute.modules.audit import ListAuditInput
 from bettercompute.modules.commands import EDGE, SignedAck
-from bettercompute.modules.inventory import INVENTORY
+from bettercompute.modules.inventory import INVENTORY, verify_facts
 from bettercompute.modules.nodes import (
     FACT_REFUSED_ACTION,
     NODES,
@@ -33,6 +35,7 @@ from bettercompute.modules.nodes import (
 from bettercompute_daemon.identity import NodeKey
 from tests._timing import deadline
 
+from ..cli.conftest import command
 from .conftest import Joined, Wire, hello, session_request, signed_section
 from .test_lifecycle import settle
 
@@ -366,3 +369,40 @@ def _get(reservation_id: str) -> Any:
     from bettercompute.modules.reservations import GetReservationInput
 
     return GetReservationInput(id=reservation_id)
+
+
+async def test_every_stored_fact_can_be_checked_again_later_by_function_and_by_command(
+    gw: Wire, database_url: str
+) -> None:
+    fleet = gw.fleet
+    joined = await gw.join("SN-VERIFY")
+
+    def genuine(command_id: str, epoch: int) -> tuple[str, bytes, str, bytes]:
+        return BODY, _signed(joined.key, command_id=command_id, epoch=epoch), joined.serial, _spki(joined.key)
+
+    command_id, _ = await _answer_as_the_gateway(gw, joined, genuine)
+    await settle(gw, joined.node_id, lambda n: n.state == "adopted")
+    # Then a section nobody signed lands (a gateway that turned); the good facts stay good.
+    forged = SignedFact(signature=b"", serial=joined.serial, key=_spki(joined.key))
+    assert await fleet.store.repository(EDGE).record_inventory(
+        joined.node_id, "nics", "[]", fake=False, epoch=1, signed=forged
+    )
+    found = {(v.fact, v.id): v.verdict for v in await verify_facts(fleet.store, joined.node_id)}
+    assert found[("command_result", command_id)] == "ok"
+    assert found[("inventory_section", "gpus")] == "ok"
+    assert found[("inventory_section", "nics")] == "unsigned"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTERCOMPUTE_")}
+    env.update(BETTERCOMPUTE_DATABASE_URL=database_url, BETTERCOMPUTE_SCHEMA=fleet.store.schema)
+    done = await anyio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [*command(), "facts", "verify", joined.node_id], env=env, capture_output=True, text=True, check=False
+        )
+    )
+    assert done.returncode == 1, done.stderr
+    printed = {(line["fact"], line["id"]): line["verdict"] for line in map(json.loads, done.stdout.splitlines())}
+    assert printed == found
+    unknown = await anyio.to_thread.run_sync(
+        lambda: subprocess.run([*command(), "facts", "verify", "node_nope"], env=env, capture_output=True, text=True)
+    )
+    assert unknown.returncode != 0 and "NOT_FOUND" in unknown.stderr + unknown.stdout
+    assert "Traceback" not in unknown.stderr
