@@ -237,11 +237,13 @@ WHERE (h.pool_id, h.tenant, h.vcpu, h.memory_mib, h.disk_gib, h.gpus, h.availabl
     IS DISTINCT FROM (EXCLUDED.pool_id, EXCLUDED.tenant, EXCLUDED.vcpu, EXCLUDED.memory_mib, EXCLUDED.disk_gib,
                       EXCLUDED.gpus, EXCLUDED.available, EXCLUDED.reason)"""
 
+# A host offers only what its node signed: a ``vm`` section the inventory controller has not found good (unchecked, or
+# refused) offers nothing.
 _OFFERS = """
 SELECT n.id AS node_id, n.pool_id, n.tenant, n.state, n.cordoned, i.content AS vm
 FROM {s}.nodes AS n
 JOIN {s}.pools AS p ON p.id = n.pool_id AND p.pool_class = 'vps-host'
-LEFT JOIN {s}.node_inventory AS i ON i.node_id = n.id AND i.section = 'vm'
+LEFT JOIN {s}.node_inventory AS i ON i.node_id = n.id AND i.section = 'vm' AND i.checked = 'ok'
 ORDER BY n.id LIMIT :limit"""
 
 _INSERT = f"""

@@ -99,11 +99,13 @@ FROM unnest(CAST(:node_ids AS text[]), CAST(:generations AS bigint[])) AS k (nod
 JOIN {s}.nodes AS n ON n.id = k.node_id
 WHERE n.desired_generation > k.generation
 """
+# Written by the control plane itself, not by a node: no signature, so unchecked (and refused once checked).
 _RECORD_INVENTORY = """
 INSERT INTO {s}.node_inventory AS i (node_id, section, content, fake, received_at)
 SELECT id, :section, CAST(:content AS jsonb), :fake, now() FROM {s}.nodes WHERE id = :node_id AND state <> 'retired'
 ON CONFLICT (node_id, section) DO UPDATE
-    SET content = EXCLUDED.content, fake = EXCLUDED.fake, received_at = EXCLUDED.received_at
+    SET content = EXCLUDED.content, fake = EXCLUDED.fake, received_at = EXCLUDED.received_at, content_json = NULL,
+        epoch = NULL, signature = NULL, signer_serial = NULL, signer_key = NULL, checked = NULL
 RETURNING node_id
 """
 _INVENTORY = """

@@ -125,6 +125,12 @@ class Vps:
         }
         async with self.fleet.store.transaction() as tx:
             await tx.repository(NODES).record_inventory(node_id, "vm", offer, fake=True)
+        # As the inventory controller notes a section its node signed (tests/integration/gateway/test_signed_facts.py
+        # shows that path); an unchecked section offers nothing.
+        [section] = [r for r in await self.fleet.store.repository(NODES).inventory(node_id) if r.section == "vm"]
+        assert await self.fleet.store.repository(NODES).check_inventory(
+            node_id, "vm", received_at=section.received_at, verdict="ok"
+        )
         await self.set_node_state(node_id, "adopted")
         await self.tick()
         return Host(node_id=node_id, certificate_pem=result.certificate_pem)

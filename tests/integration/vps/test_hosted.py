@@ -20,6 +20,7 @@ from bettercompute.errors import (
     NotFoundError,
     QuotaExceededError,
 )
+from bettercompute.modules.nodes import NODES
 from bettercompute_vps._schemas import (
     ConfigureVpsPoolInput,
     CreateInstanceInput,
@@ -155,6 +156,24 @@ async def test_placement_refuses_what_does_not_fit_and_says_why(vps: Vps) -> Non
     await vps.groups.vps_pools.configure(vps.fleet.alice, ConfigureVpsPoolInput(pool_id=pool, cpu_ratio=2.0))
     placed = await instances.create(vps.fleet.alice, _create(vps, pool, image, name="b", vcpu=2))
     assert placed.node_id is not None
+
+
+async def test_a_host_offers_only_what_its_node_signed(vps: Vps) -> None:
+    # A vm section the inventory controller refused (a gateway that turned made it up) offers nothing: the pool is
+    # as empty as with no host at all.
+    pool = await vps.fleet.new_pool("vms", "vps-host")
+    image = await vps.image()
+    host = await vps.host(pool, "SN-SIGNED", vcpu=4, memory_mib=8192, disk_gib=40)
+    offer = {"vcpu": 64, "memory_mib": 524288, "disk_gib": 4000, "gpus": []}
+    async with vps.fleet.store.transaction() as tx:
+        await tx.repository(NODES).record_inventory(host.node_id, "vm", offer, fake=True)
+    [section] = [r for r in await vps.fleet.store.repository(NODES).inventory(host.node_id) if r.section == "vm"]
+    assert await vps.fleet.store.repository(NODES).check_inventory(
+        host.node_id, "vm", received_at=section.received_at, verdict="unsigned"
+    )
+    await vps.tick()
+    with pytest.raises(NoCapacityError):
+        await vps.groups.instances.create(vps.fleet.alice, _create(vps, pool, image, vcpu=1))
 
 
 async def test_a_burst_of_creates_never_overcommits_a_node(vps: Vps) -> None:
