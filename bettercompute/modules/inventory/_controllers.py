@@ -32,6 +32,7 @@ from bettercompute.modules.inventory._derive import (
     device_id,
     parse_sections,
 )
+from bettercompute.modules.inventory._facts import result_refusal
 from bettercompute.modules.inventory._port import INVENTORY, DeviceRecord
 from bettercompute.modules.nodes import (
     INVENTORY_KIND,
@@ -40,10 +41,8 @@ from bettercompute.modules.nodes import (
     InventoryRecord,
     NodeRecord,
     audit_refusal,
-    command_result_message,
-    fact_refusal,
-    inventory_section_message,
     lifecycle_item,
+    section_refusal,
     set_desired_state,
 )
 from bettercompute.modules.pools import POOLS, NodePolicy
@@ -393,14 +392,7 @@ async def _section_verdicts(
     for record in records:
         if record.checked is not None:
             continue
-        message = inventory_section_message(
-            section=record.section,
-            content_json=record.content_json or "",
-            fake=record.fake,
-            epoch=record.epoch or 0,
-        )
-        why = await fact_refusal(ctx.store, node_id=node.id, message=message, signed=record.signed)
-        verdicts[record.section] = why or "ok"
+        verdicts[record.section] = await section_refusal(ctx.store, record) or "ok"
     return verdicts
 
 
@@ -444,14 +436,7 @@ async def _refused_results(
     for kind, command in commands.items():
         if command.state not in ("succeeded", "failed"):
             continue
-        message = command_result_message(
-            command_id=command.id,
-            kind=command.kind,
-            outcome=command.state,
-            result_json=command.result_json or "",
-            epoch=command.session_epoch or 0,
-        )
-        why = await fact_refusal(ctx.store, node_id=node.id, message=message, signed=command.signed)
+        why = await result_refusal(ctx.store, node.id, command)
         if why is not None:
             refused[kind] = (command, why)
     return refused

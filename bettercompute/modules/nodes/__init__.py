@@ -20,11 +20,13 @@ from bettercompute.modules.nodes._desired import MAX_DESIRED_STATE_BYTES as MAX_
 from bettercompute.modules.nodes._desired import poke_gateways as poke_gateways
 from bettercompute.modules.nodes._desired import set_desired_state as set_desired_state
 from bettercompute.modules.nodes._facts import FACT_REFUSED_ACTION as FACT_REFUSED_ACTION
+from bettercompute.modules.nodes._facts import ack_refusal as ack_refusal
 from bettercompute.modules.nodes._facts import audit_refusal as audit_refusal
 from bettercompute.modules.nodes._facts import command_result_message as command_result_message
 from bettercompute.modules.nodes._facts import desired_ack_message as desired_ack_message
 from bettercompute.modules.nodes._facts import fact_refusal as fact_refusal
 from bettercompute.modules.nodes._facts import inventory_section_message as inventory_section_message
+from bettercompute.modules.nodes._facts import section_refusal as section_refusal
 from bettercompute.modules.nodes._gateway import GatewayServices as GatewayServices
 from bettercompute.modules.nodes._gateway import ServerCertificate as ServerCertificate
 from bettercompute.modules.nodes._gateway_enrolment import GATEWAY_TOKEN_PREFIX as GATEWAY_TOKEN_PREFIX
@@ -229,6 +231,7 @@ __all__ = [
     "TunnelRecord",
     "TunnelTicket",
     "Tunnels",
+    "ack_refusal",
     "acked_item",
     "audit_refusal",
     "bundle_pin",
@@ -253,6 +256,7 @@ __all__ = [
     "retire_node",
     "secret_matches",
     "secret_message",
+    "section_refusal",
     "serial_hex",
     "set_desired_state",
     "sweep_tunnels",

@@ -16,7 +16,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 
 from bettercompute.errors import ComputeError
-from bettercompute.modules.nodes._port import CERTIFICATES, SignedFact
+from bettercompute.modules.nodes._port import CERTIFICATES, InventoryRecord, NodeRecord, SignedFact
 from bettercompute.modules.nodes._proofs import verify_signature
 from bettercompute.ports import AuditRecord, Store, Transaction
 
@@ -108,3 +108,18 @@ async def audit_refusal(
             },
         )
     )
+
+
+async def section_refusal(reader: Store | Transaction, section: InventoryRecord) -> str | None:
+    """Why the inventory section is refused (``fact_refusal``); ``None`` when its node's key signed it."""
+    message = inventory_section_message(
+        section=section.section, content_json=section.content_json or "", fake=section.fake, epoch=section.epoch or 0
+    )
+    return await fact_refusal(reader, node_id=section.node_id, message=message, signed=section.signed)
+
+
+async def ack_refusal(reader: Store | Transaction, node: NodeRecord) -> str | None:
+    """Why the node's newest acknowledgement (of ``observed_generation``) is refused (``fact_refusal``); ``None``
+    when its key signed it."""
+    message = desired_ack_message(generation=node.observed_generation, epoch=node.observed_epoch or 0)
+    return await fact_refusal(reader, node_id=node.id, message=message, signed=node.observed_signed)

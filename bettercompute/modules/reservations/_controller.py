@@ -14,9 +14,8 @@ from bettercompute.modules.nodes import (
     ACKED_KIND,
     NODES,
     NodeRecord,
+    ack_refusal,
     audit_refusal,
-    desired_ack_message,
-    fact_refusal,
     poke_gateways,
     set_desired_state,
 )
@@ -185,8 +184,7 @@ async def reconcile_acked(ctx: ReconcileContext, node_id: str) -> Outcome:
 
 
 async def _check_acknowledgement(ctx: ReconcileContext, node: NodeRecord) -> None:
-    message = desired_ack_message(generation=node.observed_generation, epoch=node.observed_epoch or 0)
-    why = await fact_refusal(ctx.store, node_id=node.id, message=message, signed=node.observed_signed)
+    why = await ack_refusal(ctx.store, node)
     async with ctx.transaction() as tx:
         noted = await tx.repository(NODES).check_observed(
             node.id, generation=node.observed_generation, verdict=why or "ok"

@@ -326,7 +326,7 @@ async def test_cordon_drain_and_uncordon_are_audited_idempotent_and_published(gw
 
 async def _check_sent(gw: Wire, node_id: str) -> None:
     """Run the controllers until the node's acceptance round has begun (its check commands made)."""
-    with anyio.fail_after(deadline(10)):
+    with anyio.fail_after(deadline(30)):
         while True:
             record = await gw.fleet.store.repository(NODES).get(node_id)
             if record is not None and record.acceptance.get("commands"):
@@ -336,7 +336,7 @@ async def _check_sent(gw: Wire, node_id: str) -> None:
 
 async def _opened(gw: Wire, stream: Any, joined: Joined) -> int:
     """Wait for the gateway's ``Welcome`` on a session just asked for; the session's epoch."""
-    with anyio.fail_after(deadline(10)):
+    with anyio.fail_after(deadline(30)):
         while True:
             frame = await stream.recv_message()
             assert frame is not None
