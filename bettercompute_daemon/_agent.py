@@ -62,6 +62,7 @@ import bettercompute_proto as wire
 from ._call import call
 from ._cdi import DEFAULT_CDI_DIR, apply_desired_state
 from ._errors import DaemonError, JoinRefused
+from ._instructions import InstructionCheck
 from ._inventory import Inventory
 from ._renewal import IDENTITY_GONE, REENROLL_TOKEN, Renewer, retryable
 from ._state import NodeConfig, NodeIdentity, StateDir
@@ -243,6 +244,7 @@ class Agent:
             raise DaemonError(f"no node identity in {state.path}: run bcd join first")
         self._config = config
         self._renewer = Renewer(state, self._channel)
+        self._instructions = InstructionCheck(self._signer_anchors, trust_domain=config.trust_domain)
 
     async def run(self) -> int:
         """Hold sessions and renew the certificate until the identity is gone (``STOPPED``) or expired beyond
@@ -357,6 +359,9 @@ class Agent:
                     await self._send_inventory(session, list(content.sections))
                 elif isinstance(content, wire.DesiredState):
                     self._observe("desired_state", {"generation": content.generation})
+                    # The signature first: a forged generation must not become the newest one applied.
+                    if await self._refused_unsigned(session, content):
+                        continue
                     if await self._refused_as_older(session, content.generation):
                         continue
                     if self._cdi_dir is not None:
@@ -462,6 +467,31 @@ class Agent:
             await session.send(frame)
         self._observe("ack", {"generation": generation})
 
+    def _signer_anchors(self) -> bytes:
+        """The CA certificates an instruction's signer certificate must be issued by: the bundle this node was told
+        to trust when it joined (checked against the token's pin), not one a gateway handed over since."""
+        try:
+            return self._state.read("pinned-ca.pem")
+        except FileNotFoundError:
+            return self._state.read("ca-bundle.pem")  # joined with an explicit bundle before pins were kept
+
+    async def _refused_unsigned(self, session: _Session, desired: wire.DesiredState) -> bool:
+        """Whether ``desired`` is refused because the control plane did not sign it for this node (logged and
+        reported as a ``desired_state.refused`` event with the reason)."""
+        node_id = self._renewer.credentials.identity.node_id
+        reason = self._instructions.desired_state(node_id, desired)
+        if reason is None:
+            return False
+        log.error("desired state %d refused: %s", desired.generation, reason)
+        self._observe("desired_state_refused", {"generation": desired.generation, "reason": reason})
+        await self._report(session, "desired_state.refused", {"generation": desired.generation, "reason": reason})
+        return True
+
+    async def _report(self, session: _Session, type: str, payload: dict[str, object]) -> None:
+        event = wire.NodeEvent(type=type, payload_json=json.dumps(payload), at_ms=round(time.time() * 1000))
+        with contextlib.suppress(Exception):  # the session may have ended: the refusal stands, the report is lost
+            await session.send(wire.NodeFrame(event=event))
+
     async def _refused_as_older(self, session: _Session, generation: int) -> bool:
         """Whether ``generation`` is older than one this node already acted on (kept in the state directory, per
         node id, so a restart does not forget it): such a desired state is not applied, whoever sends it, and the
@@ -481,11 +511,7 @@ class Agent:
         log.error("desired state %d refused: generation %d was already applied", generation, applied)
         self._observe("desired_state_refused", {"generation": generation, "applied": applied})
         payload = {"generation": generation, "applied_generation": applied, "reason": "older"}
-        event = wire.NodeEvent(
-            type="desired_state.refused", payload_json=json.dumps(payload), at_ms=round(time.time() * 1000)
-        )
-        with contextlib.suppress(Exception):  # the session may have ended: the refusal stands, the report is lost
-            await session.send(wire.NodeFrame(event=event))
+        await self._report(session, "desired_state.refused", payload)
         return True
 
     def _applied_generation(self, node_id: str) -> int:
@@ -583,7 +609,16 @@ class Agent:
         self._observe("inventory", {"sections": sent})
 
     async def _run_command(self, session: _Session, command: wire.Command) -> None:
-        if command.kind == "diag.nvml":
+        refusal = self._instructions.command(self._renewer.credentials.identity.node_id, command)
+        result: dict[str, Any]
+        if refusal is not None:
+            # Not run. The refusal is reported, and answered as a failure the node signs (a command the control plane
+            # made but a gateway altered then fails at once instead of waiting for its deadline).
+            log.error("command %s (%s) refused: %s", command.id, command.kind, refusal)
+            self._observe("command_refused", {"kind": command.kind, "reason": refusal})
+            await self._report(session, "command.refused", {"command_id": command.id, "reason": refusal})
+            outcome, result = "failed", {"reason": "refused", "refusal": refusal}
+        elif command.kind == "diag.nvml":
             if self._inventory.nvml is not None:
                 health = await asyncio.to_thread(self._inventory.current_health)  # NVML's calls block
             else:

@@ -16,6 +16,7 @@ from bettercompute.modules.nodes import DESIRED_STATE_CHANNEL, DesiredState
 from bettercompute.ports import Notifier, Store
 
 from ._sessions import Session, Sessions
+from ._signers import SignerCertificates
 
 __all__ = ["DesiredPush"]
 
@@ -30,8 +31,11 @@ _NEVER = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
 class DesiredPush:
     """Sends each live session its node's desired state whenever its generation is newer than the one sent."""
 
-    def __init__(self, store: Store, sessions: Sessions, *, gateway: str, sweep_interval: float) -> None:
+    def __init__(
+        self, store: Store, sessions: Sessions, signers: SignerCertificates, *, gateway: str, sweep_interval: float
+    ) -> None:
         self._store = store
+        self._signers = signers
         self._gateway = gateway
         self._sessions = sessions
         self._sweep_interval = sweep_interval
@@ -81,11 +85,16 @@ class DesiredPush:
             for desired in sorted(changed, key=lambda d: d.generation):
                 target = live.get(desired.node_id)
                 if target is not None and desired.generation > (target.sent_generation or 0):
-                    self._send(target, desired)
+                    await self._send(target, desired)
 
-    def _send(self, session: Session, desired: DesiredState) -> None:
+    async def _send(self, session: Session, desired: DesiredState) -> None:
+        # As the control plane signed it: the exact text, the signature and the signing key's certificate.
+        text = desired.text if desired.text is not None else json.dumps(dict(desired.content), separators=(",", ":"))
         frame = wire.DesiredState(
-            generation=desired.generation, content_json=json.dumps(dict(desired.content), separators=(",", ":"))
+            generation=desired.generation,
+            content_json=text,
+            signature=self._signers.signature(desired.instruction),
+            signer_certificate=await self._signers.certificate(desired.instruction),
         )
         session.sent_generation = desired.generation  # a session that cannot take it ends; its next one gets it
         self._sessions.deliver(session, wire.ControlFrame(desired_state=frame))

@@ -46,6 +46,7 @@ from ._revocation import RevocationWatch
 from ._server import GatewayServer, listen
 from ._session_stream import SessionStream
 from ._sessions import Sessions
+from ._signers import SignerCertificates
 from ._tls import GatewayTls, ServerTls
 from ._tunnels import TunnelRelay
 from ._wire import receive
@@ -78,11 +79,12 @@ def _compose(
     sessions = Sessions(send_timeout=options.send_timeout)
     health = Health(name=options.name, most=most)
     ingest = Ingest(store)
-    desired = DesiredPush(store, sessions, gateway=options.name, sweep_interval=options.desired_sweep_interval)
+    signers = SignerCertificates(store)
+    desired = DesiredPush(store, sessions, signers, gateway=options.name, sweep_interval=options.desired_sweep_interval)
     steps = [
         ingest.write_acks,  # what the acknowledgement writer has not written yet
         RevocationWatch(store, sessions, services.clock, metrics).check,
-        CommandDispatch(store, sessions).dispatch,
+        CommandDispatch(store, sessions, signers).dispatch,
         desired.push,  # reads the database every pass: it is the health probe too
     ]
     return _Parts(

@@ -37,8 +37,10 @@ from bettercompute_proto._generated.bcnode.v1 import TrustBundleResponse as Trus
 from bettercompute_proto._generated.bcnode.v1 import TunnelFrame as TunnelFrame
 from bettercompute_proto._generated.bcnode.v1 import TunnelOpen as TunnelOpen
 from bettercompute_proto._generated.bcnode.v1 import Welcome as Welcome
+from bettercompute_proto._signing import command_message as command_message
 from bettercompute_proto._signing import command_result_message as command_result_message
 from bettercompute_proto._signing import desired_ack_message as desired_ack_message
+from bettercompute_proto._signing import desired_state_message as desired_state_message
 from bettercompute_proto._signing import inventory_section_message as inventory_section_message
 
 SERVICE = "bcnode.v1.Node"
@@ -79,7 +81,9 @@ __all__ = [
     "TunnelOpen",
     "Welcome",
     "__version__",
+    "command_message",
     "command_result_message",
     "desired_ack_message",
+    "desired_state_message",
     "inventory_section_message",
 ]

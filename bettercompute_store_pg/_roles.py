@@ -39,6 +39,7 @@ GATEWAY_FUNCTIONS = (
     "bc_gw_desired_newer(text[], bigint[], text)",
     "bc_gw_desired_since(timestamptz, text)",
     "bc_gw_revoked(text[])",
+    "bc_gw_signers()",
 )
 """The functions the gateway role may execute: its whole access to the database."""
 

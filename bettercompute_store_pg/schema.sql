@@ -272,6 +272,7 @@ CREATE INDEX images_page ON {schema}.images USING btree (tenant, created_at, id)
 -- commands 5: signed command results
 -- commands 6: signed inventory sections
 -- commands 7: signed acknowledgements
+-- commands 8: signed instructions
 
 CREATE TABLE {schema}.commands (
     id text NOT NULL,
@@ -298,6 +299,9 @@ CREATE TABLE {schema}.commands (
     signature bytea,
     signer_serial text,
     signer_key bytea,
+    arguments_json text,
+    instruction_signature bytea,
+    instruction_signer text,
     CONSTRAINT commands_pkey PRIMARY KEY (id),
     CONSTRAINT commands_check CHECK (((state <> 'dispatched'::text) OR (session_epoch IS NOT NULL))),
     CONSTRAINT commands_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
@@ -324,12 +328,12 @@ CREATE TABLE {schema}.sessions (
 CREATE INDEX sessions_unmarked ON {schema}.sessions USING btree (last_seen_at) WHERE (unreachable_at IS NULL);
 
 CREATE OR REPLACE FUNCTION {schema}.bc_gw_desired_newer(p_node_ids text[], p_generations bigint[], p_gateway text)
- RETURNS TABLE(id text, desired_generation bigint, desired_state jsonb)
+ RETURNS TABLE(id text, desired_generation bigint, desired_state jsonb, desired_text text, desired_signature bytea, desired_signer text)
  LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-SELECT n.id, n.desired_generation, n.desired_state
+SELECT n.id, n.desired_generation, n.desired_state, n.desired_text, n.desired_signature, n.desired_signer
 FROM unnest(p_node_ids, p_generations) AS k (node_id, generation)
 JOIN {schema}.sessions AS s ON s.node_id = k.node_id AND s.gateway = p_gateway AND s.closed_at IS NULL
 JOIN {schema}.nodes AS n ON n.id = k.node_id
@@ -337,12 +341,12 @@ WHERE n.desired_generation > k.generation
 $function$;
 
 CREATE OR REPLACE FUNCTION {schema}.bc_gw_desired_since(p_since timestamp with time zone, p_gateway text)
- RETURNS TABLE(at timestamp with time zone, id text, desired_generation bigint, desired_state jsonb)
+ RETURNS TABLE(at timestamp with time zone, id text, desired_generation bigint, desired_state jsonb, desired_text text, desired_signature bytea, desired_signer text)
  LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-SELECT t.at, n.id, n.desired_generation, n.desired_state
+SELECT t.at, n.id, n.desired_generation, n.desired_state, n.desired_text, n.desired_signature, n.desired_signer
 FROM (SELECT clock_timestamp() AS at) AS t
 LEFT JOIN ({schema}.nodes AS n JOIN {schema}.sessions AS s
            ON s.node_id = n.id AND s.gateway = p_gateway AND s.closed_at IS NULL)
@@ -579,6 +583,15 @@ BEGIN
     PERFORM {schema}.bc_gw_enqueue('node-lifecycle', p_node_id, p_shard);
     RETURN v_epoch;
 END $function$;
+
+CREATE OR REPLACE FUNCTION {schema}.bc_gw_signers()
+ RETURNS TABLE(id text, certificate_der bytea)
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+SELECT id, certificate_der FROM {schema}.signing_keys WHERE state <> 'retired'
+$function$;
 
 -- usage --------------------------------------------------------------------------------------------------------------
 --
@@ -1702,6 +1715,7 @@ CREATE INDEX secrets_name_scope ON {schema}.secrets USING btree (name, scope);
 -- nodes 9: the internal listener's certificates
 -- nodes 10: signed inventory sections
 -- nodes 11: signed acknowledgements
+-- nodes 12: signed instructions
 
 CREATE TABLE {schema}.atoms (
     id text NOT NULL,
@@ -1860,6 +1874,9 @@ CREATE TABLE {schema}.nodes (
     observed_serial text,
     observed_key bytea,
     observed_checked text,
+    desired_text text,
+    desired_signature bytea,
+    desired_signer text,
     CONSTRAINT nodes_pkey PRIMARY KEY (id),
     CONSTRAINT nodes_check CHECK (((state = 'retired'::text) = (retired_at IS NOT NULL))),
     CONSTRAINT nodes_state_check CHECK ((state = ANY (ARRAY['adopting'::text, 'adopted'::text, 'quarantined'::text, 'unreachable'::text, 'failed'::text, 'retired'::text]))),
@@ -1879,6 +1896,20 @@ CREATE TABLE {schema}.revocations (
     CONSTRAINT revocations_serial_fkey FOREIGN KEY (serial) REFERENCES {schema}.certificates(serial)
 );
 CREATE INDEX revocations_spiffe_id ON {schema}.revocations USING btree (spiffe_id, revoked_at);
+
+CREATE TABLE {schema}.signing_keys (
+    id text NOT NULL,
+    trust_domain text NOT NULL,
+    sealed_key bytea NOT NULL,
+    certificate_der bytea NOT NULL,
+    certificate_not_after timestamp with time zone NOT NULL,
+    state text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    retired_at timestamp with time zone,
+    CONSTRAINT signing_keys_pkey PRIMARY KEY (id),
+    CONSTRAINT signing_keys_state_check CHECK ((state = ANY (ARRAY['active'::text, 'previous'::text, 'retired'::text])))
+);
+CREATE UNIQUE INDEX signing_keys_active ON {schema}.signing_keys USING btree (trust_domain) WHERE (state = 'active'::text);
 
 CREATE TABLE {schema}.tunnels (
     id text NOT NULL,

@@ -21,7 +21,7 @@ from typing import Any
 from bettercompute import GatewayCall, GatewayMethod, Job, ModuleContext, Outcome, ReconcileContext, Reconciler
 from bettercompute.errors import AccessDeniedError, ComputeError, InvalidInputError
 from bettercompute.modules.images import IMAGES, ImageRecord
-from bettercompute.modules.nodes import NODES, poke_gateways, set_desired_state
+from bettercompute.modules.nodes import NODES, poke_gateways, prepared_signer, set_desired_state
 from bettercompute.ports import Store, WorkItem
 from bettercompute_vps._lifecycle import event, finish_delete
 from bettercompute_vps._port import VPS, HostRecord, InstanceRecord
@@ -153,6 +153,7 @@ async def reconcile_node(ctx: ReconcileContext, node_id: str) -> Outcome:
     images: dict[str, ImageRecord | None] = {}
     wanted = [await desired_entry(store, r, images) for r in instances if not r.deleting]
     wrote = False
+    signer = await prepared_signer(ctx.context)  # loaded before the transaction that signs
     async with ctx.transaction() as tx:
         node = await tx.repository(NODES).get_for_update(node_id)
         if node is None or node.state in ("failed", "retired"):
@@ -160,7 +161,7 @@ async def reconcile_node(ctx: ReconcileContext, node_id: str) -> Outcome:
         current = await tx.repository(NODES).desired_newer([(node_id, -1)])
         content = dict(current[0].content) if current else {}
         if content.get("instances") != wanted:
-            await set_desired_state(tx, node_id, {**content, "instances": wanted})
+            await set_desired_state(tx, node, {**content, "instances": wanted}, signer=signer)
             wrote = True
         vps = tx.repository(VPS)
         for record in instances:

@@ -105,6 +105,11 @@ class Edge(Protocol):
         """Which of these certificate serials are revoked."""
         ...
 
+    async def signers(self) -> dict[str, bytes]:
+        """The current certificates (DER) of the control plane's instruction-signing keys that are not retired, by
+        key id: public, sent to nodes beside each signature."""
+        ...
+
 
 EDGE: Repository[Edge] = Repository(module="commands", name="edge")
 """The gateway's door into the store (``store.repository(EDGE)``)."""

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.modules.nodes import SignedFact
+from bettercompute.modules.nodes import InstructionSignature, SignedFact
 from bettercompute.ports import Repository, WorkItem
 
 __all__ = ["COMMANDS", "SESSIONS", "CommandRecord", "Commands", "LostSession", "SessionRecord", "Sessions"]
@@ -50,6 +50,10 @@ class CommandRecord:
     """The result as the node signed it (``result`` is parsed from it); ``None`` for a command without one."""
     signed: SignedFact | None = None
     """The node's signature over the result (``command_result_message``), checked by whoever uses the result."""
+    arguments_json: str | None = None
+    """``payload`` as the exact JSON text the control plane signed (what a gateway sends)."""
+    instruction: InstructionSignature | None = None
+    """The control plane's signature over the command (``command_message``); ``None`` where node identity is off."""
 
 
 @attrs.frozen(kw_only=True)
@@ -99,8 +103,11 @@ class Commands(Protocol):
         on_session_loss: str,
         max_attempts: int,
         wake: WorkItem | None = None,
+        arguments_json: str | None = None,
+        instruction: InstructionSignature | None = None,
     ) -> CommandRecord:
-        """Add a ``pending`` command (``wake``: the work item to enqueue when it ends)."""
+        """Add a ``pending`` command (``wake``: the work item to enqueue when it ends; ``arguments_json`` and
+        ``instruction``: the payload's text and the control plane's signature over the command)."""
         ...
 
     async def get(self, id: str) -> CommandRecord | None:

@@ -4,6 +4,7 @@ docstring tells what they do)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from bettercompute.modules.commands._port import (
     CommandRecord,
     LostSession,
 )
-from bettercompute.modules.nodes import NodeRecord, lifecycle_item
+from bettercompute.modules.nodes import NodeRecord, Signing, command_message, deadline_ms, lifecycle_item
 from bettercompute.ports import OutboxEvent, Transaction, WorkItem
 
 if TYPE_CHECKING:
@@ -61,8 +62,11 @@ async def create_command(
     on_session_loss: OnSessionLoss = "fail",
     max_attempts: int = 3,
     wake: WorkItem | None = None,
+    signer: Signing | None,
 ) -> CommandRecord:
-    """Create a ``pending`` command for ``node`` in ``tx`` (it becomes visible when ``tx`` commits).
+    """Create a ``pending`` command for ``node`` in ``tx`` (it becomes visible when ``tx`` commits), signed by
+    ``signer`` (``prepared_signer``, loaded before ``tx``; ``None`` only where node identity is off). Its deadline is
+    kept in whole milliseconds, as it is signed.
 
     ``wake`` (``reconciler.item(key)``) is enqueued in the transaction that ends the command (its result recorded,
     its deadline passed, its session lost for good), so the controller waiting for it runs again at once.
@@ -77,16 +81,31 @@ async def create_command(
         raise InvalidInputError("on_session_loss: redispatch or fail", details={"path": "on_session_loss"})
     if not 1 <= max_attempts <= 100:
         raise InvalidInputError("max_attempts: between 1 and 100", details={"path": "max_attempts"})
+    try:
+        arguments = json.dumps(dict(payload), separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        raise InvalidInputError("payload: a JSON object", details={"path": "payload"}) from None
+    command_id = f"cmd_{secrets.token_hex(10)}"
+    deadline = deadline.replace(microsecond=deadline.microsecond // 1000 * 1000)
+    message = command_message(
+        command_id=command_id,
+        node_id=node.id,
+        kind=kind,
+        arguments_json=arguments,
+        deadline_ms=deadline_ms(deadline),
+    )
     return await tx.repository(COMMANDS).create(
-        id=f"cmd_{secrets.token_hex(10)}",
+        id=command_id,
         node_id=node.id,
         tenant=node.tenant,
         kind=kind,
-        payload=payload,
+        payload=json.loads(arguments),
         deadline=deadline,
         on_session_loss=on_session_loss,
         max_attempts=max_attempts,
         wake=wake,
+        arguments_json=arguments,
+        instruction=signer.sign(message) if signer is not None else None,
     )
 
 

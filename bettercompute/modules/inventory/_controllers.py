@@ -40,8 +40,10 @@ from bettercompute.modules.nodes import (
     NODES,
     InventoryRecord,
     NodeRecord,
+    Signing,
     audit_refusal,
     lifecycle_item,
+    prepared_signer,
     section_refusal,
     set_desired_state,
 )
@@ -158,6 +160,8 @@ class Controllers:
         records = [r for r in await store.repository(NODES).inventory(node_id) if r.checked == "ok"]
         parsed = parse_sections({r.section: r.content for r in records})
         wake_at: list[dt.datetime] = []
+        # Acceptance may write commands and the first desired state, signed: the key is loaded before the transaction.
+        signer = await prepared_signer(ctx.context) if node.state == "adopting" else None
         async with ctx.transaction() as tx:
             locked = await tx.repository(NODES).get_for_update(node_id)
             if locked is None:
@@ -183,7 +187,9 @@ class Controllers:
                 detail = {"devices": claimed[:8], "count": len(claimed)}
                 changed = self._quarantine(changed, DUPLICATE_DEVICE, detail, events)
             elif changed.state == "adopting" and records:
-                changed = await self._acceptance(tx, changed, checks, policy, commands, now, events, wake_at)
+                changed = await self._acceptance(
+                    tx, changed, checks, policy, commands, now, events, wake_at, signer=signer
+                )
             if changed != node:
                 saved = await tx.repository(NODES).save_lifecycle(changed)
                 changed = saved if saved is not None else node
@@ -204,6 +210,8 @@ class Controllers:
         now: dt.datetime,
         events: list[OutboxEvent],
         wake_at: list[dt.datetime],
+        *,
+        signer: Signing | None,
     ) -> NodeRecord:
         acceptance = dict(node.acceptance)
         if not acceptance.get("commands") and not acceptance.get("started_at"):
@@ -223,6 +231,7 @@ class Controllers:
                     on_session_loss="redispatch",
                     max_attempts=5,
                     wake=lifecycle_item(node.id),
+                    signer=signer,
                 )
                 started[kind] = command.id
                 wake_at.append(deadline + dt.timedelta(seconds=5))
@@ -232,7 +241,7 @@ class Controllers:
                 "started_at": now.isoformat(),
             }
             if not started:  # a pool with no checks adopts at once
-                return await self._adopt(tx, attrs.evolve(node, acceptance=acceptance), events)
+                return await self._adopt(tx, attrs.evolve(node, acceptance=acceptance), events, signer)
             return attrs.evolve(node, acceptance=acceptance)
         pending = [c for c in commands.values() if c.state not in _ENDED]
         if pending or len(commands) < len(acceptance.get("commands") or {}):
@@ -266,7 +275,7 @@ class Controllers:
                     "output": command.result,
                 }
                 return self._quarantine(node, str(findings[0]["reason"]), detail, events, acceptance=acceptance)
-        return await self._adopt(tx, attrs.evolve(node, acceptance=acceptance), events)
+        return await self._adopt(tx, attrs.evolve(node, acceptance=acceptance), events, signer)
 
     def _quarantine(
         self,
@@ -283,10 +292,12 @@ class Controllers:
         log.info("node %s quarantined: %s", node.id, reason)
         return attrs.evolve(node, state="quarantined", state_reason=reason, state_detail=dict(detail), acceptance=kept)
 
-    async def _adopt(self, tx: Transaction, node: NodeRecord, events: list[OutboxEvent]) -> NodeRecord:
+    async def _adopt(
+        self, tx: Transaction, node: NodeRecord, events: list[OutboxEvent], signer: Signing | None
+    ) -> NodeRecord:
         generation = node.desired_generation
         if generation == 0:
-            desired = await set_desired_state(tx, node.id, {"allocations": []})
+            desired = await set_desired_state(tx, node, {"allocations": []}, signer=signer)
             generation = desired.generation
         acceptance = {**node.acceptance, "finished": True}
         events.append(_event(NODE_ADOPTED, node, desired_generation=generation))

@@ -34,6 +34,14 @@ from bettercompute.modules.nodes._gateway_enrolment import GatewayEnrolment as G
 from bettercompute.modules.nodes._gateway_enrolment import parse_gateway_token as parse_gateway_token
 from bettercompute.modules.nodes._install import bundle_pin as bundle_pin
 from bettercompute.modules.nodes._install import install_script as install_script
+from bettercompute.modules.nodes._instructions import InstructionSigner as InstructionSigner
+from bettercompute.modules.nodes._instructions import Signing as Signing
+from bettercompute.modules.nodes._instructions import command_message as command_message
+from bettercompute.modules.nodes._instructions import deadline_ms as deadline_ms
+from bettercompute.modules.nodes._instructions import desired_state_message as desired_state_message
+from bettercompute.modules.nodes._instructions import prepared_signer as prepared_signer
+from bettercompute.modules.nodes._instructions import register_signer as register_signer
+from bettercompute.modules.nodes._instructions import signer_of as signer_of
 from bettercompute.modules.nodes._inventory import ACKED_KIND as ACKED_KIND
 from bettercompute.modules.nodes._inventory import INVENTORY_KIND as INVENTORY_KIND
 from bettercompute.modules.nodes._inventory import INVENTORY_REPORTED as INVENTORY_REPORTED
@@ -62,6 +70,7 @@ from bettercompute.modules.nodes._port import Certificates as Certificates
 from bettercompute.modules.nodes._port import ConditionRecord as ConditionRecord
 from bettercompute.modules.nodes._port import DesiredState as DesiredState
 from bettercompute.modules.nodes._port import Enrollment as Enrollment
+from bettercompute.modules.nodes._port import InstructionSignature as InstructionSignature
 from bettercompute.modules.nodes._port import InventoryRecord as InventoryRecord
 from bettercompute.modules.nodes._port import IssuedCertificate as IssuedCertificate
 from bettercompute.modules.nodes._port import JoinKeyRecord as JoinKeyRecord
@@ -73,6 +82,7 @@ from bettercompute.modules.nodes._port import NodeRecord as NodeRecord
 from bettercompute.modules.nodes._port import Nodes as Nodes
 from bettercompute.modules.nodes._port import Revocation as Revocation
 from bettercompute.modules.nodes._port import SignedFact as SignedFact
+from bettercompute.modules.nodes._port import SigningKey as SigningKey
 from bettercompute.modules.nodes._port import TokenConsumption as TokenConsumption
 from bettercompute.modules.nodes._proofs import CHALLENGE_BYTES as CHALLENGE_BYTES
 from bettercompute.modules.nodes._proofs import RENEW_CONTEXT as RENEW_CONTEXT
@@ -186,6 +196,8 @@ __all__ = [
     "GetJoinTokenInput",
     "GetNodeInput",
     "HardwareClaims",
+    "InstructionSignature",
+    "InstructionSigner",
     "InventoryRecord",
     "IssuedBundle",
     "IssuedCertificate",
@@ -222,6 +234,8 @@ __all__ = [
     "RevokedNode",
     "SecretReleaser",
     "SignedFact",
+    "Signing",
+    "SigningKey",
     "TokenConsumption",
     "TokenState",
     "TunnelCheck",
@@ -236,8 +250,11 @@ __all__ = [
     "audit_refusal",
     "bundle_pin",
     "closed_record",
+    "command_message",
     "command_result_message",
+    "deadline_ms",
     "desired_ack_message",
+    "desired_state_message",
     "fact_refusal",
     "hardware_key",
     "hardware_key_of",
@@ -252,6 +269,8 @@ __all__ = [
     "parse_ticket",
     "parse_token",
     "poke_gateways",
+    "prepared_signer",
+    "register_signer",
     "renew_message",
     "retire_node",
     "secret_matches",
@@ -259,6 +278,7 @@ __all__ = [
     "section_refusal",
     "serial_hex",
     "set_desired_state",
+    "signer_of",
     "sweep_tunnels",
     "token_state",
     "tunnel_output",

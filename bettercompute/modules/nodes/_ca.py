@@ -72,6 +72,9 @@ CONTROL_ROLE = "control"
 """The role of the api process's internal listener's server certificate (``issue_server``): what a gateway checks
 before it trusts the listener, so that no gateway certificate can stand in for it."""
 SERVER_ROLES = (GATEWAY_ROLE, CONTROL_ROLE)
+SIGNER_ROLE = "signer"
+"""The role of an instruction-signing key's certificate (``certify_signer``): ``spiffe://<trust-domain>/signer/<id>``,
+code signing only, so it is never a TLS peer; a daemon trusts an instruction only under such a certificate."""
 
 RAMDISK_MAX_TTL = dt.timedelta(hours=2)
 DEFAULT_TTL = dt.timedelta(hours=24)
@@ -379,6 +382,32 @@ class CertificateAuthority:
         return await self._issue(
             None, csr_pem, node_id=name, role=role, ttl=ttl, checked_key=None, server_hosts=tuple(hosts)
         )
+
+    async def certify_signer(self, public_key: ec.EllipticCurvePublicKey, *, key_id: str) -> tuple[bytes, dt.datetime]:
+        """A certificate (DER) for the instruction-signing key ``key_id`` and when it ends: role ``signer``,
+        ``DEFAULT_TTL`` long, issued by the oldest CA key still in the trust bundle, which every daemon trusts
+        (one that has not renewed since a CA rotation knows only that one). Not recorded among the node
+        certificates: a retired signing key is simply no longer certified, and its certificate ends within a day.
+        """
+        await self.ensure()
+        trusted = [
+            k for k in await self._store.repository(CERTIFICATES).keys(self.trust_domain) if k.state != "retired"
+        ]
+        if not trusted:
+            raise self._key_changed()
+        issuer = trusted[0]
+        private = await self._private_key(issuer)
+        not_before = utc_seconds(self._clock.now()) - CLOCK_SKEW
+        leaf = Leaf(
+            name=key_id,
+            role=SIGNER_ROLE,
+            spiffe_id=f"spiffe://{self.trust_domain}/{SIGNER_ROLE}/{checked_segment(key_id)}",
+            public_key=public_key,
+            not_before=not_before,
+            not_after=min(not_before + DEFAULT_TTL, issuer.not_after),
+        )
+        _, cert = sign_leaf(leaf, issuer=self._certificate_of(issuer), private=private)
+        return cert.public_bytes(serialization.Encoding.DER), leaf.not_after
 
     async def _issue(
         self,

@@ -17,6 +17,7 @@ from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._claims import Attestor
 from bettercompute.modules.nodes._gateway import GatewayServices
 from bettercompute.modules.nodes._gateway_enrolment import GatewayEnrolment
+from bettercompute.modules.nodes._instructions import InstructionSigner, register_signer
 from bettercompute.modules.nodes._join import JoinService
 from bettercompute.modules.nodes._methods import ACTIONS, JoinTokensGroup, NodesGroup
 from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS, JOIN_TOKENS, NODES
@@ -161,6 +162,9 @@ class NodesModule:
             keys_ttl=dt.timedelta(seconds=1),
         )
         await ca.ensure()
+        signer = InstructionSigner(store, self._kms, ca, clock=context.clock)
+        await signer.prepare()  # made (or loaded) now: the first instruction does not wait for the KMS
+        register_signer(store, signer)
         pair = await load_join_key(store, self._kms)
         joins = JoinService(
             store=store,

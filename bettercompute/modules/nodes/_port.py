@@ -22,6 +22,7 @@ __all__ = [
     "ConditionRecord",
     "DesiredState",
     "Enrollment",
+    "InstructionSignature",
     "InventoryRecord",
     "IssuedCertificate",
     "JoinKeyRecord",
@@ -33,6 +34,7 @@ __all__ = [
     "Nodes",
     "Revocation",
     "SignedFact",
+    "SigningKey",
     "TokenConsumption",
 ]
 
@@ -116,6 +118,18 @@ class JoinKeyRecord:
 
 
 @attrs.frozen(kw_only=True)
+class InstructionSignature:
+    """The control plane's signature over an instruction to a node (a desired state, a command), made with the
+    instruction-signing key ``signer`` (``SigningKey.id``)."""
+
+    signature: bytes
+    signer: str
+
+    def __repr__(self) -> str:
+        return f"InstructionSignature(signer={self.signer!r})"
+
+
+@attrs.frozen(kw_only=True)
 class DesiredState:
     """What a node's daemon is to apply: ``content`` (a JSON object; ``{"allocations": [{"id", "gpus": [uuid, ...]}]}``
     for GPUs) at ``generation``, which grows by one with every change. Generation 0 means nothing was asked yet."""
@@ -123,6 +137,11 @@ class DesiredState:
     node_id: str
     generation: int
     content: Mapping[str, Any]
+    text: str | None = None
+    """``content`` as the exact JSON text the control plane signed (what a gateway sends)."""
+    instruction: InstructionSignature | None = None
+    """The control plane's signature over ``desired_state_message(node_id, generation, text)``; ``None`` where node
+    identity is off (no daemon can join then, and one would refuse it)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -213,9 +232,11 @@ class Nodes(Protocol):
         no such node."""
         ...
 
-    async def set_desired(self, id: str, content: Mapping[str, Any]) -> DesiredState | None:
-        """Replace the node's desired state with ``content`` at the next generation (needs a transaction); ``None``
-        for no such node or a retired one. Gateways push it to the node's session (see ``DESIRED_STATE_CHANNEL``)."""
+    async def set_desired(self, desired: DesiredState) -> bool:
+        """Replace the node's desired state with ``desired`` (needs a transaction), only if its generation is the
+        node's next one (checked by the statement: the caller read the node ``get_for_update``); ``False`` for no
+        such node, a retired one, or another generation. Gateways push it to the node's session (see
+        ``DESIRED_STATE_CHANNEL``)."""
         ...
 
     async def desired_newer(self, known: Sequence[tuple[str, int]]) -> list[DesiredState]:
@@ -289,6 +310,30 @@ class CaKey:
 
 
 @attrs.frozen(kw_only=True)
+class SigningKey:
+    """One key the control plane signs instructions with (desired states, commands) in ``trust_domain``.
+
+    ``sealed_key`` is the private key (PKCS#8 DER) as the KMS sealed it (context ``signer:<trust_domain>:<id>``);
+    ``certificate_der`` its current certificate from the node CA (``spiffe://<trust_domain>/signer/<id>``), which a
+    gateway sends beside each signature and a daemon checks against its trust bundle; ``certificate_not_after``
+    when that certificate ends (it is renewed before). ``state``: ``active`` (signs; one per trust domain),
+    ``previous`` (signs no more, its signatures still hold) or ``retired`` (no gateway sends its certificate).
+    """
+
+    id: str
+    trust_domain: str
+    sealed_key: bytes
+    certificate_der: bytes
+    certificate_not_after: dt.datetime
+    state: str
+    created_at: dt.datetime
+    retired_at: dt.datetime | None = None
+
+    def __repr__(self) -> str:
+        return f"SigningKey(id={self.id!r}, state={self.state!r})"
+
+
+@attrs.frozen(kw_only=True)
 class IssuedCertificate:
     """A certificate the CA issued: ``serial`` is the serial number in lower-case hex (no leading zeros)."""
 
@@ -336,6 +381,26 @@ class Certificates(Protocol):
 
     async def set_key_state(self, *, trust_domain: str, id: str, state: str) -> bool:
         """Move a key to ``state`` (``retired`` stamps ``retired_at``); ``False`` when there is no such key."""
+        ...
+
+    async def signing_keys(self, trust_domain: str) -> list[SigningKey]:
+        """The trust domain's instruction-signing keys, retired ones included, oldest first."""
+        ...
+
+    async def add_signing_key(self, key: SigningKey) -> None:
+        """Add an instruction-signing key (needs a transaction). ``ConflictError`` for a second active key."""
+        ...
+
+    async def set_signing_key(
+        self,
+        *,
+        trust_domain: str,
+        id: str,
+        state: str | None = None,
+        certificate: tuple[bytes, dt.datetime] | None = None,
+    ) -> bool:
+        """Move a signing key to ``state`` and/or give it a new ``(certificate_der, not_after)``; ``False`` when
+        there is no such key."""
         ...
 
     async def record(self, certificate: IssuedCertificate) -> bool:

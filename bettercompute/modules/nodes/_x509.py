@@ -181,6 +181,8 @@ def sign_leaf(
     serial = x509.random_serial_number()
     if leaf.role == "gateway":  # its server certificate is also its client certificate on the internal channel
         usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    elif leaf.role == "signer":  # signs instructions to nodes, never a TLS peer
+        usages = [ExtendedKeyUsageOID.CODE_SIGNING]
     else:
         usages = [ExtendedKeyUsageOID.SERVER_AUTH if leaf.server_hosts else ExtendedKeyUsageOID.CLIENT_AUTH]
     names = [x509.UniformResourceIdentifier(leaf.spiffe_id), *map(host_name, leaf.server_hosts)]

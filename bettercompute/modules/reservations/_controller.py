@@ -14,9 +14,11 @@ from bettercompute.modules.nodes import (
     ACKED_KIND,
     NODES,
     NodeRecord,
+    Signing,
     ack_refusal,
     audit_refusal,
     poke_gateways,
+    prepared_signer,
     set_desired_state,
 )
 from bettercompute.modules.reservations._port import RESERVATIONS, ReservationRecord
@@ -77,7 +79,7 @@ def _allocation(record: ReservationRecord, node_id: str) -> dict[str, Any]:
     }
 
 
-async def _sync_node(tx: Transaction, node_id: str, now: dt.datetime) -> tuple[str, int | None]:
+async def _sync_node(tx: Transaction, node_id: str, now: dt.datetime, signer: Signing | None) -> tuple[str, int | None]:
     """Make the node's desired state carry exactly its live reservations; ``(node state, generation written)``. A
     reservation newly carried records the generation (its binding waits for the node's acknowledgement of it)."""
     node = await tx.repository(NODES).get_for_update(node_id)
@@ -91,7 +93,7 @@ async def _sync_node(tx: Transaction, node_id: str, now: dt.datetime) -> tuple[s
     content = dict(current[0].content) if current else {}
     if content.get("allocations") == wanted:
         return node.state, None
-    desired = await set_desired_state(tx, node_id, {**content, "allocations": wanted})
+    desired = await set_desired_state(tx, node, {**content, "allocations": wanted}, signer=signer)
     for record in live:
         if node_id not in record.generations:
             generations = {**record.generations, node_id: desired.generation}
@@ -108,9 +110,10 @@ async def reconcile_reservation(ctx: ReconcileContext, reservation_id: str) -> O
         return Outcome.done()
     wrote = False
     lost: list[str] = []
+    signer = await prepared_signer(ctx.context)  # the desired states are signed in the transactions below
     for node_id in record.node_ids:
         async with ctx.transaction() as tx:
-            node_state, generation = await _sync_node(tx, node_id, now)
+            node_state, generation = await _sync_node(tx, node_id, now, signer)
         wrote = wrote or generation is not None
         if node_state in ("failed", "retired"):
             lost.append(node_id)

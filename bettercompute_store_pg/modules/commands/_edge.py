@@ -14,6 +14,7 @@ from bettercompute.modules.nodes import (
     INVENTORY_KIND,
     LIFECYCLE_KIND,
     DesiredState,
+    InstructionSignature,
     SignedFact,
     lifecycle_item,
 )
@@ -45,6 +46,7 @@ SELECT * FROM {s}.bc_gw_desired_newer(CAST(:node_ids AS text[]), CAST(:generatio
 """
 _DESIRED_SINCE = "SELECT * FROM {s}.bc_gw_desired_since(:since, :gateway)"
 _REVOKED = "SELECT serial FROM {s}.bc_gw_revoked(CAST(:serials AS text[])) AS serial"
+_SIGNERS = "SELECT * FROM {s}.bc_gw_signers()"
 
 
 def _shard(node_id: str) -> int:
@@ -52,7 +54,15 @@ def _shard(node_id: str) -> int:
 
 
 def _desired(row: Any) -> DesiredState:
-    return DesiredState(node_id=row.id, generation=row.desired_generation, content=dict(row.desired_state))
+    return DesiredState(
+        node_id=row.id,
+        generation=row.desired_generation,
+        content=dict(row.desired_state),
+        text=row.desired_text,
+        instruction=InstructionSignature(signature=bytes(row.desired_signature), signer=row.desired_signer)
+        if row.desired_signature is not None and row.desired_signer is not None
+        else None,
+    )
 
 
 class PgEdge(PokingRepository):
@@ -71,6 +81,7 @@ class PgEdge(PokingRepository):
         self._desired_newer = db.sql(_DESIRED_NEWER)
         self._desired_since = db.sql(_DESIRED_SINCE)
         self._revoked = db.sql(_REVOKED)
+        self._signers = db.sql(_SIGNERS)
 
     async def open_session(self, *, node_id: str, gateway: str) -> int:
         """Open the node's next session (``Edge.open_session``)."""
@@ -187,3 +198,7 @@ class PgEdge(PokingRepository):
         if not serials:
             return set()
         return {r.serial for r in await self._fetch(self._revoked, {"serials": list(serials)})}
+
+    async def signers(self) -> dict[str, bytes]:
+        """The certificates of the instruction-signing keys not retired, by key id (``Edge.signers``)."""
+        return {r.id: bytes(r.certificate_der) for r in await self._fetch(self._signers, {})}

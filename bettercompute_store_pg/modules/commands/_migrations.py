@@ -414,6 +414,51 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC;
 """
 
 
+# A command as the control plane signed it (the arguments' exact text, the signature, the signing key's id), the
+# desired-state reads giving the same for a desired state, and the certificates of the signing keys not retired (a
+# gateway sends one beside each signature; they are public).
+_V8 = """
+SET LOCAL check_function_bodies = off;
+
+ALTER TABLE {schema}.commands
+    ADD COLUMN arguments_json text,
+    ADD COLUMN instruction_signature bytea,
+    ADD COLUMN instruction_signer text;
+
+DROP FUNCTION {schema}.bc_gw_desired_newer(text[], bigint[], text);
+DROP FUNCTION {schema}.bc_gw_desired_since(timestamptz, text);
+
+CREATE FUNCTION {schema}.bc_gw_desired_newer(p_node_ids text[], p_generations bigint[], p_gateway text)
+RETURNS TABLE (id text, desired_generation bigint, desired_state jsonb, desired_text text, desired_signature bytea,
+    desired_signer text)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+SELECT n.id, n.desired_generation, n.desired_state, n.desired_text, n.desired_signature, n.desired_signer
+FROM unnest(p_node_ids, p_generations) AS k (node_id, generation)
+JOIN {schema}.sessions AS s ON s.node_id = k.node_id AND s.gateway = p_gateway AND s.closed_at IS NULL
+JOIN {schema}.nodes AS n ON n.id = k.node_id
+WHERE n.desired_generation > k.generation
+$$;
+
+CREATE FUNCTION {schema}.bc_gw_desired_since(p_since timestamptz, p_gateway text)
+RETURNS TABLE (at timestamptz, id text, desired_generation bigint, desired_state jsonb, desired_text text,
+    desired_signature bytea, desired_signer text)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+SELECT t.at, n.id, n.desired_generation, n.desired_state, n.desired_text, n.desired_signature, n.desired_signer
+FROM (SELECT clock_timestamp() AS at) AS t
+LEFT JOIN ({schema}.nodes AS n JOIN {schema}.sessions AS s
+           ON s.node_id = n.id AND s.gateway = p_gateway AND s.closed_at IS NULL)
+    ON n.desired_at > p_since
+$$;
+
+CREATE FUNCTION {schema}.bc_gw_signers()
+RETURNS TABLE (id text, certificate_der bytea)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+SELECT id, certificate_der FROM {schema}.signing_keys WHERE state <> 'retired'
+$$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="commands and sessions", sql=_V1),
     Migration(version=2, name="unreachable nodes", sql=_V2),
@@ -422,4 +467,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=5, name="signed command results", sql=_V5),
     Migration(version=6, name="signed inventory sections", sql=_V6),
     Migration(version=7, name="signed acknowledgements", sql=_V7),
+    Migration(version=8, name="signed instructions", sql=_V8),
 )

@@ -14,6 +14,7 @@ from typing import Any
 
 from bettercompute.errors import InternalError, NotFoundError
 from bettercompute.modules.commands import CommandRecord, LostSession, SessionRecord
+from bettercompute.modules.nodes import InstructionSignature
 from bettercompute.ports import WorkItem
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
@@ -26,15 +27,15 @@ __all__ = ["REPOSITORIES", "PgCommands", "PgSessions"]
 _COLUMNS = (
     "id, node_id, tenant, kind, payload, state, on_session_loss, deadline, attempts, max_attempts, session_epoch, "
     "dispatched_at, result, reason, created_at, updated_at, finished_at, wake_kind, wake_key, wake_shard, "
-    "result_json, signature, signer_serial, signer_key"
+    "result_json, signature, signer_serial, signer_key, arguments_json, instruction_signature, instruction_signer"
 )
 _C_COLUMNS = ", ".join(f"c.{c.strip()}" for c in _COLUMNS.split(","))
 
 _CREATE = f"""
 INSERT INTO {{s}}.commands (id, node_id, tenant, kind, payload, state, on_session_loss, deadline, max_attempts,
-    wake_kind, wake_key, wake_shard)
-VALUES (:id, :node_id, :tenant, :kind, CAST(:payload AS jsonb), 'pending', :on_session_loss, :deadline, :max_attempts,
-    :wake_kind, :wake_key, :wake_shard)
+    wake_kind, wake_key, wake_shard, arguments_json, instruction_signature, instruction_signer)
+VALUES (:id, :node_id, :tenant, :kind, CAST(CAST(:payload AS text) AS jsonb), 'pending', :on_session_loss, :deadline,
+    :max_attempts, :wake_kind, :wake_key, :wake_shard, CAST(:payload AS text), :signature, :signer)
 RETURNING {_COLUMNS}
 """
 
@@ -192,6 +193,8 @@ class PgCommands(PgRepository):
         on_session_loss: str,
         max_attempts: int,
         wake: WorkItem | None = None,
+        arguments_json: str | None = None,
+        instruction: InstructionSignature | None = None,
     ) -> CommandRecord:
         """Add a ``pending`` command in the caller's transaction."""
         params = {
@@ -199,7 +202,9 @@ class PgCommands(PgRepository):
             "node_id": node_id,
             "tenant": tenant,
             "kind": kind,
-            "payload": dumps(dict(payload)),
+            "payload": arguments_json if arguments_json is not None else dumps(dict(payload)),
+            "signature": instruction.signature if instruction is not None else None,
+            "signer": instruction.signer if instruction is not None else None,
             "deadline": deadline,
             "on_session_loss": on_session_loss,
             "max_attempts": max_attempts,

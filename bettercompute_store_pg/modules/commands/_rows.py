@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from bettercompute.modules.commands import CommandRecord
-from bettercompute.modules.nodes import SignedFact
+from bettercompute.modules.nodes import InstructionSignature, SignedFact
 from bettercompute.ports import WorkItem
 from bettercompute_store_pg._db import utc
 
@@ -42,5 +42,9 @@ def command_of(row: Any) -> CommandRecord:
         result_json=row.result_json,
         signed=SignedFact(signature=bytes(row.signature), serial=row.signer_serial, key=bytes(row.signer_key))
         if row.signature is not None and row.signer_serial is not None and row.signer_key is not None
+        else None,
+        arguments_json=row.arguments_json,
+        instruction=InstructionSignature(signature=bytes(row.instruction_signature), signer=row.instruction_signer)
+        if row.instruction_signature is not None and row.instruction_signer is not None
         else None,
     )

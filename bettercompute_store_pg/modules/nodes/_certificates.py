@@ -1,4 +1,5 @@
-"""The node CA's state (``Certificates``): ``ca_keys``, ``certificates`` and ``revocations``.
+"""The node CA's state (``Certificates``): ``ca_keys``, ``certificates``, ``revocations`` and the instruction-signing
+keys (``signing_keys``).
 
 A key's private half is stored only as the KMS sealed it (``sealed_key``); nothing here ever sees it in the clear.
 """
@@ -9,7 +10,7 @@ import datetime as dt
 from typing import Any
 
 from bettercompute.errors import ConflictError, InvalidInputError
-from bettercompute.modules.nodes import CaKey, IssuedCertificate, Revocation
+from bettercompute.modules.nodes import CaKey, IssuedCertificate, Revocation, SigningKey
 from bettercompute_store_pg._db import Database, utc
 from bettercompute_store_pg._repository import PgRepository
 
@@ -94,6 +95,38 @@ SELECT serial, spiffe_id, reason, revoked_at FROM {s}.revocations WHERE spiffe_i
 ORDER BY revoked_at, serial
 """
 
+_SIGNING_COLUMNS = "id, trust_domain, sealed_key, certificate_der, certificate_not_after, state, created_at, retired_at"
+_SIGNING_KEYS = (
+    f"SELECT {_SIGNING_COLUMNS} FROM {{s}}.signing_keys WHERE trust_domain = :trust_domain ORDER BY created_at, id"
+)
+_ADD_SIGNING_KEY = """
+INSERT INTO {s}.signing_keys (id, trust_domain, sealed_key, certificate_der, certificate_not_after, state)
+VALUES (:id, :trust_domain, :sealed_key, :certificate_der, :certificate_not_after, :state)
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
+_SET_SIGNING_KEY = """
+UPDATE {s}.signing_keys SET state = coalesce(CAST(:state AS text), state),
+    certificate_der = coalesce(CAST(:certificate_der AS bytea), certificate_der),
+    certificate_not_after = coalesce(CAST(:not_after AS timestamptz), certificate_not_after),
+    retired_at = CASE WHEN :state = 'retired' THEN coalesce(retired_at, now()) ELSE retired_at END
+WHERE trust_domain = :trust_domain AND id = :id
+RETURNING id
+"""
+
+
+def _signing_key(row: Any) -> SigningKey:
+    return SigningKey(
+        id=row.id,
+        trust_domain=row.trust_domain,
+        sealed_key=bytes(row.sealed_key),
+        certificate_der=bytes(row.certificate_der),
+        certificate_not_after=utc(row.certificate_not_after),
+        state=row.state,
+        created_at=utc(row.created_at),
+        retired_at=utc(row.retired_at) if row.retired_at is not None else None,
+    )
+
 
 def _key(row: Any) -> CaKey:
     return CaKey(
@@ -146,6 +179,9 @@ class PgCertificates(PgRepository):
         self._lock_identity = db.sql(_LOCK_IDENTITY)
         self._lock_identity_shared = db.sql(_LOCK_IDENTITY_SHARED)
         self._revocations = db.sql(_REVOCATIONS)
+        self._signing_keys = db.sql(_SIGNING_KEYS)
+        self._add_signing_key = db.sql(_ADD_SIGNING_KEY)
+        self._set_signing_key = db.sql(_SET_SIGNING_KEY)
 
     async def lock(self, trust_domain: str) -> None:
         """Take the trust domain's transaction-scoped advisory lock."""
@@ -173,6 +209,41 @@ class PgCertificates(PgRepository):
         """Move a key to ``state``."""
         params = {"trust_domain": trust_domain, "id": id, "state": state}
         return bool(await self._fetch_in_transaction("set_key_state", self._set_state, params))
+
+    async def signing_keys(self, trust_domain: str) -> list[SigningKey]:
+        """The trust domain's instruction-signing keys, oldest first."""
+        return [_signing_key(r) for r in await self._fetch(self._signing_keys, {"trust_domain": trust_domain})]
+
+    async def add_signing_key(self, key: SigningKey) -> None:
+        """Add an instruction-signing key; a second active one (or a taken id) is a ``ConflictError``."""
+        params = {
+            "id": key.id,
+            "trust_domain": key.trust_domain,
+            "sealed_key": key.sealed_key,
+            "certificate_der": key.certificate_der,
+            "certificate_not_after": key.certificate_not_after,
+            "state": key.state,
+        }
+        if not await self._fetch_in_transaction("add_signing_key", self._add_signing_key, params):
+            raise ConflictError("the trust domain has an active signing key already, or the key id is taken")
+
+    async def set_signing_key(
+        self,
+        *,
+        trust_domain: str,
+        id: str,
+        state: str | None = None,
+        certificate: tuple[bytes, dt.datetime] | None = None,
+    ) -> bool:
+        """Change a signing key's state and/or certificate."""
+        params = {
+            "trust_domain": trust_domain,
+            "id": id,
+            "state": state,
+            "certificate_der": certificate[0] if certificate is not None else None,
+            "not_after": certificate[1] if certificate is not None else None,
+        }
+        return bool(await self._fetch_in_transaction("set_signing_key", self._set_signing_key, params))
 
     async def record(self, certificate: IssuedCertificate) -> bool:
         """Record an issued certificate if its CA key is still the active one; ``False`` (nothing recorded) if not."""

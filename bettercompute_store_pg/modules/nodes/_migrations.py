@@ -270,6 +270,27 @@ ALTER TABLE {schema}.nodes
     ADD COLUMN observed_checked text;
 """
 
+# The keys the control plane signs instructions with (sealed by the KMS, with their certificate from the node CA), and
+# a desired state as it was signed: the exact JSON text, the signature and the signing key's id.
+_V12 = """
+CREATE TABLE {schema}.signing_keys (
+    id text PRIMARY KEY,
+    trust_domain text NOT NULL,
+    sealed_key bytea NOT NULL,
+    certificate_der bytea NOT NULL,
+    certificate_not_after timestamptz NOT NULL,
+    state text NOT NULL CHECK (state IN ('active', 'previous', 'retired')),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    retired_at timestamptz
+);
+CREATE UNIQUE INDEX signing_keys_active ON {schema}.signing_keys (trust_domain) WHERE state = 'active';
+
+ALTER TABLE {schema}.nodes
+    ADD COLUMN desired_text text,
+    ADD COLUMN desired_signature bytea,
+    ADD COLUMN desired_signer text;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1),
     Migration(version=2, name="gateway certificates", sql=_V2),
@@ -282,4 +303,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=9, name="the internal listener's certificates", sql=_V9),
     Migration(version=10, name="signed inventory sections", sql=_V10),
     Migration(version=11, name="signed acknowledgements", sql=_V11),
+    Migration(version=12, name="signed instructions", sql=_V12),
 )

@@ -17,6 +17,7 @@ from bettercompute.modules.nodes import (
     ConditionRecord,
     DesiredState,
     Enrollment,
+    InstructionSignature,
     InventoryRecord,
     JoinKeyRecord,
     NodeRecord,
@@ -88,13 +89,14 @@ WHERE id = :id RETURNING {_COLUMNS}
 # A change of desired state is dated by the clock at the statement (``desired_at``), which gateways read back by;
 # the partial index keeps that read to the nodes that were ever given one.
 _SET_DESIRED = """
-UPDATE {s}.nodes SET desired_state = CAST(:content AS jsonb), desired_generation = desired_generation + 1,
+UPDATE {s}.nodes SET desired_state = CAST(CAST(:content AS text) AS jsonb), desired_generation = :generation,
+    desired_text = CAST(:content AS text), desired_signature = :signature, desired_signer = :signer,
     desired_at = clock_timestamp(), updated_at = now()
-WHERE id = :id AND state <> 'retired'
-RETURNING id, desired_generation, desired_state
+WHERE id = :id AND state <> 'retired' AND desired_generation = :generation - 1
+RETURNING id
 """
 _DESIRED_NEWER = """
-SELECT n.id, n.desired_generation, n.desired_state
+SELECT n.id, n.desired_generation, n.desired_state, n.desired_text, n.desired_signature, n.desired_signer
 FROM unnest(CAST(:node_ids AS text[]), CAST(:generations AS bigint[])) AS k (node_id, generation)
 JOIN {s}.nodes AS n ON n.id = k.node_id
 WHERE n.desired_generation > k.generation
@@ -213,7 +215,15 @@ def _condition(row: Any) -> ConditionRecord:
 
 
 def _desired(row: Any) -> DesiredState:
-    return DesiredState(node_id=row.id, generation=row.desired_generation, content=dict(row.desired_state))
+    return DesiredState(
+        node_id=row.id,
+        generation=row.desired_generation,
+        content=dict(row.desired_state),
+        text=row.desired_text,
+        instruction=InstructionSignature(signature=bytes(row.desired_signature), signer=row.desired_signer)
+        if row.desired_signature is not None and row.desired_signer is not None
+        else None,
+    )
 
 
 class PgNodes(PgRepository):
@@ -312,11 +322,16 @@ class PgNodes(PgRepository):
         rows = await self._fetch_in_transaction("retire", self._retire, {"id": id})
         return _node(rows[0]) if rows else None
 
-    async def set_desired(self, id: str, content: Mapping[str, Any]) -> DesiredState | None:
-        """Replace the node's desired state at its next generation (in the caller's transaction)."""
-        params = {"id": id, "content": dumps(dict(content))}
-        rows = await self._fetch_in_transaction("set_desired", self._set_desired, params)
-        return _desired(rows[0]) if rows else None
+    async def set_desired(self, desired: DesiredState) -> bool:
+        """Replace the node's desired state if ``desired`` is its next generation (in the caller's transaction)."""
+        params = {
+            "id": desired.node_id,
+            "generation": desired.generation,
+            "content": desired.text if desired.text is not None else dumps(dict(desired.content)),
+            "signature": desired.instruction.signature if desired.instruction is not None else None,
+            "signer": desired.instruction.signer if desired.instruction is not None else None,
+        }
+        return bool(await self._fetch_in_transaction("set_desired", self._set_desired, params))
 
     async def desired_newer(self, known: Sequence[tuple[str, int]]) -> list[DesiredState]:
         """The nodes whose desired generation is beyond the one given for them, in one statement."""

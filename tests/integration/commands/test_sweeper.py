@@ -30,6 +30,7 @@ async def _node(fleet: Fleet, serial: str = "SN-1") -> NodeRecord:
 async def _command(
     fleet: Fleet, node: NodeRecord, *, deadline_in: dt.timedelta = dt.timedelta(hours=1), **more: Any
 ) -> CommandRecord:
+    signing = await fleet.signing()  # loaded before the transaction, as the control plane's jobs do
     async with fleet.store.transaction() as tx:
         return await create_command(
             tx,
@@ -37,6 +38,7 @@ async def _command(
             kind="diag.nvml",
             payload={"level": 1},
             deadline=fleet.clock.now() + deadline_in,
+            signer=signing,
             **more,
         )
 
@@ -195,6 +197,7 @@ async def test_bad_command_declarations_are_refused(fleet: Fleet) -> None:
                     node=node,
                     payload={},
                     deadline=fleet.clock.now(),
+                    signer=None,
                     **{"kind": "diag.nvml", **bad},
                 )
 

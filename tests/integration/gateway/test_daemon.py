@@ -5,7 +5,6 @@ signed, a gateway restart is survived with a new epoch, and revoking the node st
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import shlex
 import stat
@@ -16,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bettercompute.modules.commands import COMMANDS, SESSIONS, create_command
+from bettercompute.modules.commands import COMMANDS, SESSIONS
 from bettercompute.modules.nodes import NODES, RevokeNodeInput
 from bettercompute_gateway import create_gateway
 from tests._timing import deadline
@@ -87,9 +86,7 @@ async def test_bcd_joins_as_printed_holds_its_session_and_stops_when_revoked(gw:
 
         await wait_for(seen_later)
 
-        expires = gw.fleet.clock.now() + dt.timedelta(minutes=5)
-        async with gw.fleet.store.transaction() as tx:
-            command = await create_command(tx, node=node, kind="diag.nvml", payload={}, deadline=expires)
+        command = await gw.fleet.command(node)
 
         async def finished() -> bool:
             done = await gw.fleet.store.repository(COMMANDS).get(command.id)

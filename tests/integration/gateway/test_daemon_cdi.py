@@ -15,7 +15,7 @@ import anyio
 import psycopg
 import pytest
 
-from bettercompute.modules.nodes import NODES, set_desired_state
+from bettercompute.modules.nodes import NODES
 
 from .conftest import Wire
 from .test_daemon import wait_for
@@ -28,8 +28,7 @@ GPU_B = "GPU-4b0c1a2e-0000-4000-8000-000000000001"
 
 
 async def push(gw: Wire, node_id: str, generation: int, content: dict[str, Any]) -> None:
-    async with gw.fleet.store.transaction() as tx:
-        assert (await set_desired_state(tx, node_id, content)).generation == generation
+    assert (await gw.fleet.desire(node_id, content)).generation == generation
 
 
 async def observed(gw: Wire, node_id: str) -> int:
@@ -156,6 +155,8 @@ async def test_a_desired_state_older_than_one_applied_is_refused_across_restarts
         await wait_for(in_session)
         await push(gw, node_id, 1, {"allocations": [{"id": "alloc-1", "gpus": [GPU_A]}]})
         await acknowledged(1)
+        [first] = await gw.fleet.store.repository(NODES).desired_newer([(node_id, 0)])  # as signed, for the replay
+        assert first.instruction is not None
         await push(gw, node_id, 2, {"allocations": [{"id": "alloc-2", "gpus": [GPU_B]}]})
         await acknowledged(2)
         assert allocated() == {"alloc-2"}
@@ -163,12 +164,13 @@ async def test_a_desired_state_older_than_one_applied_is_refused_across_restarts
         daemon.terminate()
         await daemon.wait()
 
-    # The node's desired state put back to generation 1 (its old allocation), as a replay would present it.
+    # The node's desired state put back to generation 1 (its old allocation, with the control plane's genuine
+    # signature), as a replay would present it: only the daemon's own memory of generation 2 can refuse it.
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         await conn.execute(
-            f'UPDATE "{gw.fleet.store.schema}".nodes SET desired_generation = 1, desired_state = %s::jsonb '
-            "WHERE id = %s",
-            (json.dumps({"allocations": [{"id": "alloc-1", "gpus": [GPU_A]}]}), node_id),
+            f'UPDATE "{gw.fleet.store.schema}".nodes SET desired_generation = 1, desired_state = %s::jsonb, '
+            "desired_text = %s, desired_signature = %s, desired_signer = %s WHERE id = %s",
+            (first.text, first.text, first.instruction.signature, first.instruction.signer, node_id),
         )
     daemon = await start()
     try:

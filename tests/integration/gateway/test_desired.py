@@ -18,7 +18,7 @@ from grpclib.config import Configuration
 from grpclib.exceptions import ProtocolError, StreamTerminatedError
 
 import bettercompute_proto as wire
-from bettercompute.errors import InvalidInputError, NotFoundError
+from bettercompute.errors import InvalidInputError, UnavailableError
 from bettercompute.modules.nodes import (
     DESIRED_STATE_CHANNEL,
     NODES,
@@ -37,8 +37,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 
 
 async def _desire(gw: Wire, node_id: str, content: dict[str, Any]) -> DesiredState:
-    async with gw.fleet.store.transaction() as tx:
-        return await set_desired_state(tx, node_id, content)
+    return await gw.fleet.desire(node_id, content)
 
 
 async def _next(stream: Any, kind: str, seconds: float = 10) -> Any:
@@ -161,10 +160,23 @@ async def test_bad_desired_states_are_refused_with_nothing_written(gw: Wire) -> 
     for bad in ({"text": "a\x00b"}, {"\ud800": 1}, {"big": "x" * 300_000}, {"n": float("nan")}):
         with pytest.raises(InvalidInputError):
             await _desire(gw, joined.node_id, bad)
-    with pytest.raises(NotFoundError):
-        await _desire(gw, "node_nope", {})
     node = await gw.fleet.store.repository(NODES).get(joined.node_id)
     assert node is not None and node.desired_generation == 0
+
+
+async def test_a_desired_state_written_from_a_stale_read_of_its_node_is_refused(gw: Wire) -> None:
+    """The generation a desired state is signed at is the node's next one as read; if another writer moved it since
+    (the node was not read for update), the write is refused as retryable, and the newer state stands."""
+    joined = await gw.join()
+    stale = await gw.fleet.store.repository(NODES).get(joined.node_id)
+    assert stale is not None
+    await _desire(gw, joined.node_id, {"allocations": [{"id": "res_newer"}]})
+    signing = await gw.fleet.signing()
+    with pytest.raises(UnavailableError):
+        async with gw.fleet.store.transaction() as tx:
+            await set_desired_state(tx, stale, {"allocations": []}, signer=signing)
+    current = await gw.fleet.store.repository(NODES).desired_newer([(joined.node_id, 0)])
+    assert [(d.generation, dict(d.content)) for d in current] == [(1, {"allocations": [{"id": "res_newer"}]})]
 
 
 @contextlib.asynccontextmanager

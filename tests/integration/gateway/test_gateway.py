@@ -18,7 +18,7 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 import bettercompute_proto as wire
-from bettercompute.modules.commands import COMMANDS, SESSIONS, create_command
+from bettercompute.modules.commands import COMMANDS, SESSIONS
 from bettercompute.modules.nodes import NODES, RevokeNodeInput
 from bettercompute_daemon.identity import NodeKey
 from tests._timing import deadline
@@ -353,10 +353,8 @@ async def test_a_command_reaches_the_node_and_only_its_signed_result_is_recorded
     joined = await gw.join()
     node = await gw.fleet.store.repository(NODES).get(joined.node_id)
     assert node is not None
-    expires = gw.fleet.clock.now() + dt.timedelta(minutes=5)
-    async with gw.fleet.store.transaction() as tx:
-        first = await create_command(tx, node=node, kind="diag.nvml", payload={"quick": True}, deadline=expires)
-        second = await create_command(tx, node=node, kind="diag.nvml", payload={}, deadline=expires)
+    first = await gw.fleet.command(node, payload={"quick": True})
+    second = await gw.fleet.command(node)
     channel = gw.channel(joined)
     try:
         async with session_request(channel) as stream:

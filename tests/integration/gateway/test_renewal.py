@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from grpclib.exceptions import GRPCError
 
 import bettercompute_proto as wire
-from bettercompute.modules.commands import COMMANDS, create_command
+from bettercompute.modules.commands import COMMANDS
 from bettercompute.modules.nodes import CERTIFICATES, NODES
 from bettercompute.testing import ManualClock
 from bettercompute_daemon.identity import NodeKey
@@ -188,9 +188,7 @@ async def test_bcd_node_renews_its_certificate_over_the_wire_before_it_expires(
     assert gw.gateway.sessions.get(node_id) == 1
     record = await gw.fleet.store.repository(NODES).get(node_id)
     assert record is not None
-    expires = gw.fleet.clock.now() + dt.timedelta(minutes=5)
-    async with gw.fleet.store.transaction() as tx:
-        command = await create_command(tx, node=record, kind="diag.nvml", payload={}, deadline=expires)
+    command = await gw.fleet.command(record)
 
     async def finished() -> bool:
         done = await gw.fleet.store.repository(COMMANDS).get(command.id)

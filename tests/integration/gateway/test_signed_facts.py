@@ -30,7 +30,6 @@ from bettercompute.modules.nodes import (
     command_result_message,
     desired_ack_message,
     inventory_section_message,
-    set_desired_state,
 )
 from bettercompute_daemon.identity import NodeKey
 from tests._timing import deadline
@@ -275,8 +274,7 @@ async def test_an_acknowledgement_the_node_never_signed_is_refused_before_anythi
     stranger = NodeKey(ec.generate_private_key(ec.SECP256R1()))
     for n, reason in enumerate(("unknown_signer", "bad_signature", "unsigned", "ok")):
         joined = await gw.join(f"SN-ACK-{n}")
-        async with fleet.store.transaction() as tx:
-            desired = await set_desired_state(tx, joined.node_id, {"allocations": []})
+        desired = await fleet.desire(joined.node_id, {"allocations": []})
         generation = desired.generation
         right = joined.key.sign(desired_ack_message(generation=generation, epoch=1))
         signed = {

@@ -13,15 +13,22 @@ import httpx
 import pytest
 
 from bettercompute import BetterCompute, JoinSettings, LocalKeyKms
+from bettercompute.modules.commands import CommandRecord, create_command
 from bettercompute.modules.nodes import (
     JOIN_KEYS,
+    NODES,
     Attestor,
     CreatedJoinToken,
     CreateJoinTokenInput,
+    DesiredState,
     GatewayServices,
     JoinExpect,
     JoinResult,
+    NodeRecord,
     RenewResult,
+    Signing,
+    set_desired_state,
+    signer_of,
 )
 from bettercompute.modules.pools import CreatePoolInput, Pool
 from bettercompute.testing import GuardedKms, ManualClock
@@ -102,6 +109,35 @@ class Fleet:
             self.store.sql("SELECT key, payload FROM {s}.outbox WHERE type = :type ORDER BY id"), {"type": event_type}
         )
         return [(r.key, dict(r.payload)) for r in rows]
+
+    async def signing(self) -> Signing:
+        """This control plane's loaded instruction key (what its jobs sign desired states and commands with)."""
+        signer = signer_of(self.store)
+        assert signer is not None, "node identity is on: the nodes module registered its signer"
+        return await signer.prepare()
+
+    async def desire(self, node_id: str, content: Mapping[str, Any]) -> DesiredState:
+        """Give a node a new desired state, signed, as the control plane's jobs do."""
+        signing = await self.signing()
+        async with self.store.transaction() as tx:
+            node = await tx.repository(NODES).get_for_update(node_id)
+            assert node is not None
+            return await set_desired_state(tx, node, content, signer=signing)
+
+    async def command(
+        self, node: NodeRecord, *, kind: str = "diag.nvml", payload: Mapping[str, Any] | None = None
+    ) -> CommandRecord:
+        """A signed command for ``node`` (five minutes to its deadline), as the control plane's jobs make one."""
+        signing = await self.signing()
+        async with self.store.transaction() as tx:
+            return await create_command(
+                tx,
+                node=node,
+                kind=kind,
+                payload=payload or {},
+                deadline=self.clock.now() + dt.timedelta(minutes=5),
+                signer=signing,
+            )
 
     async def join_key(self) -> str:
         record = await self.store.repository(JOIN_KEYS).active()

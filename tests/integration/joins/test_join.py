@@ -18,7 +18,15 @@ from bettercompute.errors import (
     InvalidInputError,
     UnauthenticatedError,
 )
-from bettercompute.modules.nodes import NODES, GetJoinTokenInput, JoinExpect, RevokeJoinTokenInput
+from bettercompute.modules.nodes import (
+    JOIN_TOKENS,
+    NODES,
+    GetJoinTokenInput,
+    JoinExpect,
+    RevokeJoinTokenInput,
+    hash_secret,
+    parse_token,
+)
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 
 from .conftest import TRUST_DOMAIN, Fleet, claims
@@ -265,6 +273,25 @@ async def test_two_joins_racing_for_the_last_use_exactly_one_wins(fleet: Fleet) 
             tg.start_soon(attempt, serial)
     assert sorted(outcomes) == ["joined", "token_exhausted", "token_exhausted", "token_exhausted"]
     assert len(await fleet.store.repository(NODES).for_pool(fleet.pool)) == 1
+
+
+async def test_the_spend_itself_refuses_a_token_that_expired_after_the_checks_before_it(fleet: Fleet) -> None:
+    """A join checks the token before it spends a use; the spend's own statement must still refuse a token that
+    expired in between (the checks before it see an earlier time), and spend nothing."""
+    created = await fleet.token(uses=2, expires_in_seconds=600)
+    parsed = parse_token(created.token)
+    assert parsed is not None
+    token_id, secret = parsed
+    tokens = fleet.store.repository(JOIN_TOKENS)
+    stored = await tokens.get(token_id)
+    assert stored is not None
+    async with fleet.store.transaction() as tx:
+        spent = await tx.repository(JOIN_TOKENS).consume(
+            id=token_id, secret_hash=hash_secret(secret), now=stored.expires_at + dt.timedelta(milliseconds=1)
+        )
+    assert spent.outcome == "expired"
+    after = await tokens.get(token_id)
+    assert after is not None and after.uses_left == 2 and after.last_used_at is None
 
 
 async def test_same_hardware_reclaims_its_node_id_and_revokes_the_old_certificates(fleet: Fleet) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
-from bettercompute.modules.commands import COMMANDS, create_command
+from bettercompute.modules.commands import COMMANDS
 from bettercompute.modules.nodes import NODES, NodeRecord
 from tests._timing import deadline
 
@@ -139,11 +139,7 @@ async def _assert_fake_gpus(gw: Wire, nodes: list[NodeRecord]) -> None:
 async def _assert_diag_answers(gw: Wire, nodes: list[NodeRecord]) -> None:
     """diag.nvml on every node: answered, signed by each node's key (the gateway checks), with the declared health;
     exactly two nodes (10 %) fail acceptance, plus those with an unhealthy GPU."""
-    expires = gw.fleet.clock.now() + dt.timedelta(minutes=5)
-    commands = []
-    async with gw.fleet.store.transaction() as tx:
-        for node in nodes:
-            commands.append(await create_command(tx, node=node, kind="diag.nvml", payload={}, deadline=expires))
+    commands = [await gw.fleet.command(node) for node in nodes]
 
     async def answered() -> bool:
         done = [await gw.fleet.store.repository(COMMANDS).get(c.id) for c in commands]

@@ -106,7 +106,16 @@ async def test_the_gateway_role_reads_and_writes_no_table(database_url: str, gra
     gateway = _as(database_url, names.gateway)
     tables = _tables(database_url, schema)
     # The tables that hold what a gateway must never read are among them, by name.
-    for wanted in ("secrets", "join_tokens", "join_keys", "ca_keys", "certificates", "iam_credentials", "audit"):
+    for wanted in (
+        "secrets",
+        "join_tokens",
+        "join_keys",
+        "ca_keys",
+        "signing_keys",
+        "certificates",
+        "iam_credentials",
+        "audit",
+    ):
         assert any(t == wanted or t.startswith(wanted) for t in tables), wanted
     for table in tables:
         name = sql.Identifier(schema, table)
@@ -174,6 +183,7 @@ async def test_the_gateway_role_runs_the_whole_gateway_door(
             is None
         )
         assert await edge.revoked_among(["00ff"]) == set()
+        assert await edge.signers() == {}  # no instruction key made in this bare schema
         assert await edge.close_session(node_id=node, epoch=epoch, gateway="gw-1", reason="left")
         with pytest.raises(NotFoundError):
             await edge.open_session(node_id="no-such-node", gateway="gw-1")

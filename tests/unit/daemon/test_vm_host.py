@@ -21,7 +21,8 @@ from bettercompute_daemon._state import NodeConfig
 from bettercompute_daemon._vm import InstanceSpec, InstanceState, InstanceStatus, VmHost, parse_instances
 from tests._timing import deadline
 
-from .test_renewal import joined
+from ._signer import TestSigner
+from .test_renewal import NODE_ID, joined
 
 pytestmark = pytest.mark.anyio
 
@@ -157,6 +158,8 @@ async def test_the_agent_acknowledges_once_the_instances_were_acted_on(tmp_path:
     now = time.time()
     state, key = joined(tmp_path, not_before=now - 60, not_after=now + 3600)
     state.save_config(NodeConfig(gateway="127.0.0.1:1", trust_domain="example.com", pool=None, join_key="k" * 43))
+    signer = TestSigner("example.com")
+    signer.pin(state)
     runtime = FakeRuntime(delay=0.5)
     host = VmHost(runtime)
     agent = Agent(state, Inventory(claims={}, sections={}, health={}, fake=True), cdi_dir=None, vms=host)
@@ -167,7 +170,7 @@ async def test_the_agent_acknowledges_once_the_instances_were_acted_on(tmp_path:
 
     def desired(generation: int, *instances: dict[str, Any]) -> wire.ControlFrame:
         content = json.dumps({"allocations": [], "instances": list(instances)})
-        return wire.ControlFrame(desired_state=wire.DesiredState(generation=generation, content_json=content))
+        return wire.ControlFrame(desired_state=signer.desired(NODE_ID, generation, content))
 
     try:
         await stream.inbox.put(desired(1, entry("a")))

@@ -134,6 +134,16 @@ class Command(betterproto2.Message):
     When the command must have finished; a result after it is not taken.
     """
 
+    signature: "bytes" = betterproto2.field(5, betterproto2.TYPE_BYTES)
+    """
+    The control plane's signature over the command id, the node id, the kind, the arguments and the deadline.
+    """
+
+    signer_certificate: "bytes" = betterproto2.field(6, betterproto2.TYPE_BYTES)
+    """
+    As in `DesiredState`.
+    """
+
 
 default_message_pool.register_message("bcnode.v1", "Command", Command)
 
@@ -201,6 +211,18 @@ class DesiredState(betterproto2.Message):
     content_json: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
     """
     The node's desired state (the allocated devices and what runs on them), as a JSON object.
+    """
+
+    signature: "bytes" = betterproto2.field(3, betterproto2.TYPE_BYTES)
+    """
+    The control plane's signature over the node id, the generation and the content (see `signer_certificate`).
+    """
+
+    signer_certificate: "bytes" = betterproto2.field(4, betterproto2.TYPE_BYTES)
+    """
+    The certificate of the control plane's instruction-signing key (DER): issued by the node CA, with the SPIFFE ID
+    `spiffe://<trust-domain>/signer/<key-id>` and the code-signing extended key usage. The daemon checks it against
+    its trust bundle, then the signature with its key.
     """
 
 
