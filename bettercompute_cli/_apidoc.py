@@ -277,6 +277,7 @@ _ID_OF_GROUP = {
     "images": "img_...",
     "metal": "mch_...",
     "instances": "inst_...",
+    "keys": "sgk_...",
 }
 # The fields a valid example needs beyond what the placeholders give: a name of the right shape, one of two fields a
 # rule asks for, a nested object. ``render()`` decodes every example, so one that the input would refuse fails it.

@@ -1883,6 +1883,7 @@ CREATE TABLE {schema}.nodes (
     CONSTRAINT nodes_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES {schema}.pools(id)
 );
 CREATE INDEX nodes_desired_at ON {schema}.nodes USING btree (desired_at) WHERE (desired_at IS NOT NULL);
+CREATE INDEX nodes_desired_signer ON {schema}.nodes USING btree (desired_signer);
 CREATE UNIQUE INDEX nodes_live_hardware ON {schema}.nodes USING btree (pool_id, hardware_key) WHERE (state <> 'retired'::text);
 CREATE INDEX nodes_pool ON {schema}.nodes USING btree (pool_id, created_at);
 CREATE INDEX nodes_tenant_page ON {schema}.nodes USING btree (tenant, created_at, id);
@@ -1905,6 +1906,7 @@ CREATE TABLE {schema}.signing_keys (
     certificate_not_after timestamp with time zone NOT NULL,
     state text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    previous_at timestamp with time zone,
     retired_at timestamp with time zone,
     CONSTRAINT signing_keys_pkey PRIMARY KEY (id),
     CONSTRAINT signing_keys_state_check CHECK ((state = ANY (ARRAY['active'::text, 'previous'::text, 'retired'::text])))

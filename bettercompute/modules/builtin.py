@@ -9,7 +9,7 @@ from bettercompute.modules.audit import AuditGroup
 from bettercompute.modules.capacity import CapacityGroup, QuotasGroup
 from bettercompute.modules.images import ImagesGroup
 from bettercompute.modules.inventory import DevicesGroup
-from bettercompute.modules.nodes import JoinTokensGroup, NodesGroup
+from bettercompute.modules.nodes import JoinTokensGroup, KeysGroup, NodesGroup
 from bettercompute.modules.pools import PoolsGroup
 from bettercompute.modules.secrets import SecretsGroup
 from bettercompute.modules.system import SystemGroup
@@ -35,3 +35,4 @@ class BuiltinGroups(GroupSet[B]):
     nodes: NodesGroup[B]
     devices: DevicesGroup[B]
     audit: AuditGroup[B]
+    keys: KeysGroup[B]

@@ -59,6 +59,7 @@ from bettercompute.modules.nodes._join_tokens import join_command as join_comman
 from bettercompute.modules.nodes._join_tokens import token_state as token_state
 from bettercompute.modules.nodes._methods import ACTIONS as ACTIONS
 from bettercompute.modules.nodes._methods import JoinTokensGroup as JoinTokensGroup
+from bettercompute.modules.nodes._methods import KeysGroup as KeysGroup
 from bettercompute.modules.nodes._methods import NodesGroup as NodesGroup
 from bettercompute.modules.nodes._module import NodesModule as NodesModule
 from bettercompute.modules.nodes._port import CERTIFICATES as CERTIFICATES
@@ -103,18 +104,24 @@ from bettercompute.modules.nodes._schemas import GetJoinTokenInput as GetJoinTok
 from bettercompute.modules.nodes._schemas import GetNodeInput as GetNodeInput
 from bettercompute.modules.nodes._schemas import JoinExpect as JoinExpect
 from bettercompute.modules.nodes._schemas import JoinToken as JoinToken
+from bettercompute.modules.nodes._schemas import Key as Key
+from bettercompute.modules.nodes._schemas import KeyKind as KeyKind
 from bettercompute.modules.nodes._schemas import ListJoinTokensInput as ListJoinTokensInput
 from bettercompute.modules.nodes._schemas import ListJoinTokensOutput as ListJoinTokensOutput
+from bettercompute.modules.nodes._schemas import ListKeysInput as ListKeysInput
+from bettercompute.modules.nodes._schemas import ListKeysOutput as ListKeysOutput
 from bettercompute.modules.nodes._schemas import ListNodesInput as ListNodesInput
 from bettercompute.modules.nodes._schemas import ListNodesOutput as ListNodesOutput
 from bettercompute.modules.nodes._schemas import Node as Node
 from bettercompute.modules.nodes._schemas import NodeState as NodeState
 from bettercompute.modules.nodes._schemas import Reclaim as Reclaim
 from bettercompute.modules.nodes._schemas import RequalifyNodeInput as RequalifyNodeInput
+from bettercompute.modules.nodes._schemas import RetireKeyInput as RetireKeyInput
 from bettercompute.modules.nodes._schemas import RetireNodeInput as RetireNodeInput
 from bettercompute.modules.nodes._schemas import RevokedNode as RevokedNode
 from bettercompute.modules.nodes._schemas import RevokeJoinTokenInput as RevokeJoinTokenInput
 from bettercompute.modules.nodes._schemas import RevokeNodeInput as RevokeNodeInput
+from bettercompute.modules.nodes._schemas import RotateKeyInput as RotateKeyInput
 from bettercompute.modules.nodes._schemas import TokenState as TokenState
 from bettercompute.modules.nodes._schemas import TunnelNodeInput as TunnelNodeInput
 from bettercompute.modules.nodes._schemas import TunnelOutput as TunnelOutput
@@ -212,8 +219,13 @@ __all__ = [
     "JoinTokenRecord",
     "JoinTokens",
     "JoinTokensGroup",
+    "Key",
+    "KeyKind",
+    "KeysGroup",
     "ListJoinTokensInput",
     "ListJoinTokensOutput",
+    "ListKeysInput",
+    "ListKeysOutput",
     "ListNodesInput",
     "ListNodesOutput",
     "Node",
@@ -226,12 +238,14 @@ __all__ = [
     "Reclaim",
     "RenewResult",
     "RequalifyNodeInput",
+    "RetireKeyInput",
     "RetireNodeInput",
     "Revocation",
     "RevocationResult",
     "RevokeJoinTokenInput",
     "RevokeNodeInput",
     "RevokedNode",
+    "RotateKeyInput",
     "SecretReleaser",
     "SignedFact",
     "Signing",

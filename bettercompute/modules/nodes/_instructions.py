@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bettercompute.errors import FailedPreconditionError, InternalError, NotFoundError
-from bettercompute.modules.nodes._port import CERTIFICATES, InstructionSignature, SigningKey
+from bettercompute.modules.nodes._port import CERTIFICATES, NODES, InstructionSignature, SigningKey
 from bettercompute.ports import Clock, Kms, Store
 
 if TYPE_CHECKING:
@@ -57,6 +57,11 @@ log = logging.getLogger("bettercompute.nodes")
 
 _DESIRED_STATE = b"bettercompute/v1/desired-state\x00"
 _COMMAND = b"bettercompute/v1/command\x00"
+RETIRE_AFTER = dt.timedelta(days=1)
+"""How long after a rotation the previous instruction key may be retired without ``force``: longer than the commands
+it signed stay open (an acceptance check's deadline is minutes)."""
+RESIGN_BATCH = 500
+"""How many desired states one transaction of a retire signs again."""
 _RENEW_WHEN_LEFT = dt.timedelta(hours=12)
 """A signing key's certificate is renewed when less than this is left of it (it lives a day)."""
 
@@ -150,12 +155,15 @@ class InstructionSigner:
         ready = self._ready
         if ready is not None and self._timer() - ready[0] < self._refresh:
             return ready[1]
-        active = next((k for k in await self.keys() if k.state == "active"), None)
+        keys = await self.keys()
+        active = next((k for k in keys if k.state == "active"), None)
         if active is None:
             active = await self._create()
         private = await self._private_key(active)
-        if await self._needs_certificate(active):
-            await self._certify(active, private)
+        # The previous keys' certificates too: what they signed must keep verifying until they are retired.
+        for key in [active, *(k for k in keys if k.state == "previous")]:
+            if await self._needs_certificate(key):
+                await self._certify(key)
         signing = Signing(active.id, private)
         self._ready = (self._timer(), signing)
         return signing
@@ -176,26 +184,63 @@ class InstructionSigner:
         log.info("instruction-signing key %s of %s made active", key.id, self.trust_domain)
         return key
 
-    async def retire(self, key_id: str) -> None:
-        """Stop gateways sending the certificate of a ``previous`` key (what it signed is refused from then on,
-        once its last certificate ends).
+    async def retire(self, key_id: str, *, force: bool = False) -> SigningKey:
+        """Stop trusting a ``previous`` key: first every current desired state it signed is signed again with the
+        active key (in batches, each its own transaction, so an interrupted retire is finished by running it
+        again), then gateways stop sending its certificate. A command it signed that is still open is refused by
+        its node from then on (answered as failed), which is why a key made ``previous`` less than
+        ``RETIRE_AFTER`` ago is retired only with ``force``.
 
         Raises:
             NotFoundError: no such key.
-            FailedPreconditionError: the key is the active one.
+            FailedPreconditionError: the key is the active one, or became ``previous`` too recently (without
+                ``force``).
         """
+        key = next((k for k in await self.keys() if k.id == key_id), None)
+        if key is None:
+            raise NotFoundError("no such signing key", details={"key_id": key_id})
+        if key.state == "retired":
+            return key
+        if key.state == "active":
+            raise FailedPreconditionError(
+                "the active signing key cannot be retired; rotate first", details={"key_id": key_id}
+            )
+        since = key.previous_at or key.created_at
+        if not force and self._clock.now() - since < RETIRE_AFTER:
+            raise FailedPreconditionError(
+                "commands this key signed may still be open; retire it a day after the rotation, or force it",
+                details={"key_id": key_id, "retire_after": (since + RETIRE_AFTER).isoformat()},
+            )
+        resigned = await self._sign_again(key_id)
         async with self._store.transaction() as tx:
             certificates = tx.repository(CERTIFICATES)
             await certificates.lock(self.trust_domain)
-            key = next((k for k in await certificates.signing_keys(self.trust_domain) if k.id == key_id), None)
-            if key is None:
-                raise NotFoundError("no such signing key", details={"key_id": key_id})
-            if key.state == "active":
-                raise FailedPreconditionError(
-                    "the active signing key cannot be retired; rotate first", details={"key_id": key_id}
-                )
             await certificates.set_signing_key(trust_domain=self.trust_domain, id=key_id, state="retired")
         self._private.pop(key_id, None)
+        log.info(
+            "instruction-signing key %s of %s retired (%d desired states signed again)",
+            key_id,
+            self.trust_domain,
+            resigned,
+        )
+        return next(k for k in await self.keys() if k.id == key_id)
+
+    async def _sign_again(self, key_id: str) -> int:
+        """Sign every current desired state ``key_id`` signed again with the active key; how many."""
+        done = 0
+        while True:
+            signing = await self.prepare()
+            async with self._store.transaction() as tx:
+                nodes = tx.repository(NODES)
+                batch = await nodes.signed_by(key_id, limit=RESIGN_BATCH)
+                for desired in batch:
+                    message = desired_state_message(
+                        node_id=desired.node_id, generation=desired.generation, content_json=desired.text or ""
+                    )
+                    if await nodes.resign_desired(attrs.evolve(desired, instruction=signing.sign(message))):
+                        done += 1
+            if len(batch) < RESIGN_BATCH:
+                return done
 
     async def _create(self) -> SigningKey:
         key, private = await self._new_key("active")  # sealed and certified before the transaction
@@ -243,8 +288,12 @@ class InstructionSigner:
             return False
         return True  # its issuer was retired from the bundle
 
-    async def _certify(self, key: SigningKey, private: ec.EllipticCurvePrivateKey) -> None:
-        certificate = await self._ca.certify_signer(private.public_key(), key_id=key.id)
+    async def _certify(self, key: SigningKey) -> None:
+        """Certify ``key`` again (its public key is the one in its current certificate: no KMS call)."""
+        public = x509.load_der_x509_certificate(key.certificate_der).public_key()
+        if not isinstance(public, ec.EllipticCurvePublicKey):
+            raise InternalError("a signing key's certificate does not hold an EC key")
+        certificate = await self._ca.certify_signer(public, key_id=key.id)
         async with self._store.transaction() as tx:
             await tx.repository(CERTIFICATES).set_signing_key(
                 trust_domain=self.trust_domain, id=key.id, certificate=certificate

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from bettercompute._runtime.registry import GroupSpec
-from bettercompute.modules.nodes import _join_tokens, _service
+from bettercompute.modules.nodes import _join_tokens, _keys, _service
 
 B = TypeVar("B")
 
@@ -35,4 +35,16 @@ class JoinTokensGroup(GroupSpec[B]):
     revoke = _join_tokens.revoke_token
 
 
-ACTIONS = tuple(sorted(m.action for g in (NodesGroup, JoinTokensGroup) for m in g.methods.values()))
+class KeysGroup(GroupSpec[B]):
+    """The control plane's own keys: list, rotate and retire them (root scope only).
+
+    Kinds: the node CA's keys (``ca``), the key instructions to nodes are signed with (``instructions``) and
+    JoinService's key (``join``)."""
+
+    name = "keys"
+    list = _keys.list_keys
+    rotate = _keys.rotate_key
+    retire = _keys.retire_key
+
+
+ACTIONS = tuple(sorted(m.action for g in (NodesGroup, JoinTokensGroup, KeysGroup) for m in g.methods.values()))

@@ -19,7 +19,7 @@ from bettercompute.modules.nodes._gateway import GatewayServices
 from bettercompute.modules.nodes._gateway_enrolment import GatewayEnrolment
 from bettercompute.modules.nodes._instructions import InstructionSigner, register_signer
 from bettercompute.modules.nodes._join import JoinService
-from bettercompute.modules.nodes._methods import ACTIONS, JoinTokensGroup, NodesGroup
+from bettercompute.modules.nodes._methods import ACTIONS, JoinTokensGroup, KeysGroup, NodesGroup
 from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS, JOIN_TOKENS, NODES
 from bettercompute.modules.nodes._proofs import ChallengeIssuer
 from bettercompute.modules.nodes._schemas import NODE
@@ -97,7 +97,7 @@ class NodesModule:
     name = "nodes"
     version = __version__
     core_range = f"=={__version__}"
-    groups: Sequence[type[GroupSpec[Any]]] = (NodesGroup, JoinTokensGroup)
+    groups: Sequence[type[GroupSpec[Any]]] = (NodesGroup, JoinTokensGroup, KeysGroup)
     actions: Sequence[str] = ACTIONS
     migrations: Mapping[str, Sequence[Migration]] = {}
     repositories: Sequence[Repository[Any]] = (

@@ -239,6 +239,16 @@ class Nodes(Protocol):
         ``DESIRED_STATE_CHANNEL``)."""
         ...
 
+    async def signed_by(self, signer: str, *, limit: int) -> list[DesiredState]:
+        """Up to ``limit`` current desired states signed by the instruction key ``signer``, locked for the caller's
+        transaction (others skip them)."""
+        ...
+
+    async def resign_desired(self, desired: DesiredState) -> bool:
+        """Replace the signature of the node's desired state at ``desired.generation`` (the text is unchanged);
+        ``False`` when its generation moved meanwhile."""
+        ...
+
     async def desired_newer(self, known: Sequence[tuple[str, int]]) -> list[DesiredState]:
         """For pairs (node id, generation a session was sent), the nodes whose desired generation is higher, in one
         statement whatever their number."""
@@ -278,6 +288,10 @@ class JoinKeys(Protocol):
 
     async def active(self) -> JoinKeyRecord | None:
         """The active key, if one was made."""
+        ...
+
+    async def list(self) -> list[JoinKeyRecord]:
+        """Every key, oldest first."""
         ...
 
     async def create_if_none(self, *, id: str, public_key: str, sealed_key: bytes) -> JoinKeyRecord:
@@ -327,6 +341,8 @@ class SigningKey:
     certificate_not_after: dt.datetime
     state: str
     created_at: dt.datetime
+    previous_at: dt.datetime | None = None
+    """When it stopped being the active key."""
     retired_at: dt.datetime | None = None
 
     def __repr__(self) -> str:

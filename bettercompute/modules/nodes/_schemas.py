@@ -15,6 +15,7 @@ from bettercompute.fields import Integer, Text
 from bettercompute.paging import PageInput
 
 __all__ = [
+    "KEY",
     "MAX_EXPIRY",
     "MAX_USES",
     "MIN_EXPIRY",
@@ -27,18 +28,24 @@ __all__ = [
     "GetNodeInput",
     "JoinExpect",
     "JoinToken",
+    "Key",
+    "KeyKind",
     "ListJoinTokensInput",
     "ListJoinTokensOutput",
+    "ListKeysInput",
+    "ListKeysOutput",
     "ListNodesInput",
     "ListNodesOutput",
     "Node",
     "NodeState",
     "Reclaim",
     "RequalifyNodeInput",
+    "RetireKeyInput",
     "RetireNodeInput",
     "RevokeJoinTokenInput",
     "RevokeNodeInput",
     "RevokedNode",
+    "RotateKeyInput",
     "TokenState",
     "TunnelNodeInput",
     "TunnelOutput",
@@ -298,3 +305,56 @@ class RevokeJoinTokenInput:
     """A token to end now (revoking a revoked token changes nothing)."""
 
     id: str = attrs.field(validator=_ID)
+
+
+# --- keys -------------------------------------------------------------------------------------------------------
+
+KEY = "key"
+"""The resource type of the control plane's own keys (root scope only)."""
+KeyKind = Literal["ca", "instructions", "join"]
+"""``ca``: the node CA's signing keys; ``instructions``: the key desired states and commands are signed with;
+``join``: JoinService's key, which join tokens are sealed to."""
+
+
+@attrs.frozen(kw_only=True)
+class Key:
+    """One of the control plane's keys: never its private half, which only the KMS opens."""
+
+    kind: KeyKind
+    id: str
+    state: Literal["active", "previous", "retired"]
+    created_at: dt.datetime
+    not_after: dt.datetime | None = None
+    """When its certificate ends (a CA key's own; the instruction key's current one); none for a JoinService key."""
+    retired_at: dt.datetime | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ListKeysInput(PageInput):
+    """The control plane's keys, of one kind when ``kind`` is given, one page at a time (by kind, then age)."""
+
+    kind: KeyKind | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ListKeysOutput:
+    keys: tuple[Key, ...]
+    next_cursor: str | None
+
+
+@attrs.frozen(kw_only=True)
+class RotateKeyInput:
+    """Make a new active key of ``kind``; the current one becomes ``previous`` and keeps being trusted until it is
+    retired (``ca`` and ``instructions``)."""
+
+    kind: Literal["ca", "instructions"]
+
+
+@attrs.frozen(kw_only=True)
+class RetireKeyInput:
+    """Stop trusting a ``previous`` key. ``force`` retires it even while what it signed may still be in use (a CA
+    key with unexpired certificates; an instruction key made ``previous`` less than a day ago)."""
+
+    kind: Literal["ca", "instructions"]
+    id: str = attrs.field(validator=_ID)
+    force: bool = False

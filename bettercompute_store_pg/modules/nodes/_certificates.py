@@ -95,7 +95,9 @@ SELECT serial, spiffe_id, reason, revoked_at FROM {s}.revocations WHERE spiffe_i
 ORDER BY revoked_at, serial
 """
 
-_SIGNING_COLUMNS = "id, trust_domain, sealed_key, certificate_der, certificate_not_after, state, created_at, retired_at"
+_SIGNING_COLUMNS = (
+    "id, trust_domain, sealed_key, certificate_der, certificate_not_after, state, created_at, previous_at, retired_at"
+)
 _SIGNING_KEYS = (
     f"SELECT {_SIGNING_COLUMNS} FROM {{s}}.signing_keys WHERE trust_domain = :trust_domain ORDER BY created_at, id"
 )
@@ -109,6 +111,7 @@ _SET_SIGNING_KEY = """
 UPDATE {s}.signing_keys SET state = coalesce(CAST(:state AS text), state),
     certificate_der = coalesce(CAST(:certificate_der AS bytea), certificate_der),
     certificate_not_after = coalesce(CAST(:not_after AS timestamptz), certificate_not_after),
+    previous_at = CASE WHEN :state = 'previous' THEN coalesce(previous_at, now()) ELSE previous_at END,
     retired_at = CASE WHEN :state = 'retired' THEN coalesce(retired_at, now()) ELSE retired_at END
 WHERE trust_domain = :trust_domain AND id = :id
 RETURNING id
@@ -124,6 +127,7 @@ def _signing_key(row: Any) -> SigningKey:
         certificate_not_after=utc(row.certificate_not_after),
         state=row.state,
         created_at=utc(row.created_at),
+        previous_at=utc(row.previous_at) if row.previous_at is not None else None,
         retired_at=utc(row.retired_at) if row.retired_at is not None else None,
     )
 

@@ -281,6 +281,7 @@ CREATE TABLE {schema}.signing_keys (
     certificate_not_after timestamptz NOT NULL,
     state text NOT NULL CHECK (state IN ('active', 'previous', 'retired')),
     created_at timestamptz NOT NULL DEFAULT now(),
+    previous_at timestamptz,
     retired_at timestamptz
 );
 CREATE UNIQUE INDEX signing_keys_active ON {schema}.signing_keys (trust_domain) WHERE state = 'active';
@@ -289,6 +290,7 @@ ALTER TABLE {schema}.nodes
     ADD COLUMN desired_text text,
     ADD COLUMN desired_signature bytea,
     ADD COLUMN desired_signer text;
+CREATE INDEX nodes_desired_signer ON {schema}.nodes (desired_signer);
 """
 
 MIGRATIONS: tuple[Migration, ...] = (

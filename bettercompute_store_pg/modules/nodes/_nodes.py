@@ -95,6 +95,15 @@ UPDATE {s}.nodes SET desired_state = CAST(CAST(:content AS text) AS jsonb), desi
 WHERE id = :id AND state <> 'retired' AND desired_generation = :generation - 1
 RETURNING id
 """
+_SIGNED_BY = """
+SELECT id, desired_generation, desired_state, desired_text, desired_signature, desired_signer FROM {s}.nodes
+WHERE desired_signer = :signer ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
+"""
+_RESIGN_DESIRED = """
+UPDATE {s}.nodes SET desired_signature = :signature, desired_signer = :signer
+WHERE id = :id AND desired_generation = :generation AND desired_text IS NOT DISTINCT FROM CAST(:content AS text)
+RETURNING id
+"""
 _DESIRED_NEWER = """
 SELECT n.id, n.desired_generation, n.desired_state, n.desired_text, n.desired_signature, n.desired_signer
 FROM unnest(CAST(:node_ids AS text[]), CAST(:generations AS bigint[])) AS k (node_id, generation)
@@ -127,6 +136,7 @@ RETURNING node_id
 
 _KEY_COLUMNS = "id, public_key, sealed_key, state, created_at"
 _ACTIVE_KEY = f"SELECT {_KEY_COLUMNS} FROM {{s}}.join_keys WHERE state = 'active'"
+_ALL_KEYS = f"SELECT {_KEY_COLUMNS} FROM {{s}}.join_keys ORDER BY created_at, id"
 # Insert unless an active key exists (the partial unique index settles a race); then read the active key.
 _CREATE_KEY = f"""
 WITH ins AS (
@@ -240,6 +250,8 @@ class PgNodes(PgRepository):
         self._for_tenant = db.sql(_FOR_TENANT)
         self._retire = db.sql(_RETIRE)
         self._set_desired = db.sql(_SET_DESIRED)
+        self._signed_by = db.sql(_SIGNED_BY)
+        self._resign_desired = db.sql(_RESIGN_DESIRED)
         self._desired_newer = db.sql(_DESIRED_NEWER)
         self._record_inventory = db.sql(_RECORD_INVENTORY)
         self._inventory = db.sql(_INVENTORY)
@@ -333,6 +345,24 @@ class PgNodes(PgRepository):
         }
         return bool(await self._fetch_in_transaction("set_desired", self._set_desired, params))
 
+    async def signed_by(self, signer: str, *, limit: int) -> list[DesiredState]:
+        """Desired states signed by ``signer``, locked (in the caller's transaction)."""
+        params = {"signer": signer, "limit": limit}
+        return [_desired(r) for r in await self._fetch_in_transaction("signed_by", self._signed_by, params)]
+
+    async def resign_desired(self, desired: DesiredState) -> bool:
+        """Replace the signature of a desired state (in the caller's transaction)."""
+        if desired.instruction is None:
+            raise InternalError("a desired state is signed again with a signature")
+        params = {
+            "id": desired.node_id,
+            "generation": desired.generation,
+            "content": desired.text,
+            "signature": desired.instruction.signature,
+            "signer": desired.instruction.signer,
+        }
+        return bool(await self._fetch_in_transaction("resign_desired", self._resign_desired, params))
+
     async def desired_newer(self, known: Sequence[tuple[str, int]]) -> list[DesiredState]:
         """The nodes whose desired generation is beyond the one given for them, in one statement."""
         if not known:
@@ -409,7 +439,12 @@ class PgJoinKeys(PgRepository):
     def __init__(self, db: Database) -> None:
         super().__init__(db)
         self._active = db.sql(_ACTIVE_KEY)
+        self._all = db.sql(_ALL_KEYS)
         self._create = db.sql(_CREATE_KEY)
+
+    async def list(self) -> list[JoinKeyRecord]:
+        """Every key, oldest first."""
+        return [_key(r) for r in await self._fetch(self._all, {})]
 
     async def active(self) -> JoinKeyRecord | None:
         """The active key, if any."""

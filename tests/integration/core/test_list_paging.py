@@ -260,6 +260,13 @@ async def _audit(lists: Lists) -> dict[str, Any]:
     return await _images(lists)
 
 
+async def _keys(lists: Lists) -> dict[str, Any]:
+    # The control plane's own: one of each kind at the start; each rotation adds an instruction key.
+    for _ in range(ROWS):
+        await lists.ok("keys/rotate", {"kind": "instructions"})
+    return {}
+
+
 SEEDS: dict[str, Seed] = {
     "tenants/list": _tenants,
     "principals/list": _principals,
@@ -277,6 +284,7 @@ SEEDS: dict[str, Seed] = {
     "devices/list": _devices,
     "reservations/list": _reservations,
     "audit/list": _audit,
+    "keys/list": _keys,
 }
 
 

@@ -76,6 +76,7 @@ def test_a_valid_composition_registers_core_then_modules() -> None:
         "echo",
         "images",
         "join-tokens",
+        "keys",
         "nodes",
         "pools",
         "quotas",
@@ -86,6 +87,7 @@ def test_a_valid_composition_registers_core_then_modules() -> None:
     ]
     assert compute.registry.owner("pools") == "pools"
     assert compute.registry.owner("join-tokens") == compute.registry.owner("nodes") == "nodes"
+    assert compute.registry.owner("keys") == "nodes"
     assert compute.registry.owner("devices") == "inventory"
     assert compute.registry.owner("reservations") == "reservations"
     assert compute.registry.owner("images") == "images"  # the core's, with or without bare metal
