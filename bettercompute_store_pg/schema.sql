@@ -1716,6 +1716,7 @@ CREATE INDEX secrets_name_scope ON {schema}.secrets USING btree (name, scope);
 -- nodes 10: signed inventory sections
 -- nodes 11: signed acknowledgements
 -- nodes 12: signed instructions
+-- nodes 13: JoinService key rotation
 
 CREATE TABLE {schema}.atoms (
     id text NOT NULL,
@@ -1807,8 +1808,9 @@ CREATE TABLE {schema}.join_keys (
     sealed_key bytea NOT NULL,
     state text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    retire_after timestamp with time zone,
     CONSTRAINT join_keys_pkey PRIMARY KEY (id),
-    CONSTRAINT join_keys_state_check CHECK ((state = ANY (ARRAY['active'::text, 'previous'::text])))
+    CONSTRAINT join_keys_state_check CHECK ((state = ANY (ARRAY['active'::text, 'previous'::text, 'retired'::text])))
 );
 CREATE UNIQUE INDEX join_keys_active ON {schema}.join_keys USING btree ((true)) WHERE (state = 'active'::text);
 

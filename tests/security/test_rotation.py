@@ -9,14 +9,18 @@ sent states it accepts. Rotations are root's alone, and audited.
 
 from __future__ import annotations
 
+import datetime as dt
+import shlex
 from pathlib import Path
 
 import pytest
 
-from bettercompute.errors import AccessDeniedError, FailedPreconditionError
+from bettercompute.errors import AccessDeniedError, FailedPreconditionError, UnauthenticatedError
 from bettercompute.modules.audit import ListAuditInput
 from bettercompute.modules.nodes import NODES, ListKeysInput, NodeRecord, RetireKeyInput, RotateKeyInput
+from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from tests.integration.gateway.conftest import Wire
+from tests.integration.joins.conftest import claims
 from tests.integration.sim.test_sim import all_in_session, join_flags, settle, sim, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]
@@ -100,3 +104,53 @@ async def test_the_instruction_key_and_the_ca_rotate_while_nodes_stay_connected(
         "compute:keys:rotate",
         "compute:keys:rotate",
     ]
+
+
+async def test_a_join_sealed_to_the_previous_join_key_works_inside_the_overlap_and_fails_after(
+    gw: Wire, tmp_path: Path
+) -> None:
+    """JoinService's key rotates with an overlap: a join command printed before the rotation still joins a real
+    ``bcd`` inside it, a renewal challenge issued before the rotation is still good, and once the overlap has passed a
+    token sealed to the old key is refused while one sealed to the new key joins."""
+    fleet, api = gw.fleet, gw.fleet.compute.api
+    old_key = await fleet.join_key()
+    before = await fleet.token(uses=3)
+    assert old_key in before.join_command
+    joined, node_key = await fleet.join((await fleet.token()).token, hardware=claims("SN-ROT-0"))
+    challenge = await fleet.services.renew_challenge(certificate_pem=joined.certificate_pem)
+
+    rotated = await api.keys.rotate(fleet.root, RotateKeyInput(kind="join", overlap_seconds=600))
+    new_key = await fleet.join_key()
+    assert new_key != old_key and rotated.state == "active"
+    assert new_key in (await fleet.token()).join_command
+    listed = (await api.keys.list(fleet.root, ListKeysInput(kind="join"))).keys
+    assert [(k.state, k.not_after is not None) for k in listed] == [("previous", True), ("active", False)]
+
+    # Inside the overlap: the command printed before the rotation joins a real node.
+    flags = shlex.split(before.join_command)
+    flags[flags.index("--gateway") + 1] = f"127.0.0.1:{gw.port}"
+    async with sim("--nodes", "1", "--state-dir", str(tmp_path / "old-command"), *flags[2:]) as running:
+
+        async def in_session() -> bool:
+            return len(gw.gateway.sessions) == 1
+
+        await wait_for(in_session)
+        code, summary, stderr = await running.stop()
+    assert code == 0 and summary["joined"] == 1, stderr
+    # Every process has read the rotation by now (they read the keys again within 5 seconds).
+    fleet.clock.advance(dt.timedelta(seconds=10))
+    csr = NodeKey()
+    renewed = await fleet.renew(joined.certificate_pem, node_key, challenge, csr.csr_pem())
+    assert renewed.serial != joined.serial
+
+    # After it: sealed to the old key is refused as unopenable; sealed to the new one joins.
+    fleet.clock.advance(dt.timedelta(seconds=601))
+    key = NodeKey()
+    hardware = claims("SN-ROT-1")
+    csr_pem = key.csr_pem()
+    stale = seal_token(old_key, before.token, binding=join_binding(csr_pem, hardware), now=fleet.clock.now())
+    with pytest.raises(UnauthenticatedError) as refused:
+        await fleet.services.join(sealed_token=stale, csr_pem=csr_pem, claims=hardware)
+    assert refused.value.details["reason"] == "unopenable"
+    result, _ = await fleet.join(before.token, key=key, hardware=hardware)
+    assert result.node_id

@@ -5,7 +5,9 @@ until it is retired. ``ca``: the trust bundle carries both CA certificates, daem
 renew, and the old key is retired once the certificates it issued have expired (``retire`` refuses earlier without
 ``force``). ``instructions``: new desired states and commands are signed with the new key at once (each process
 reads the keys again within seconds); retiring the old one signs again every current desired state it signed.
-JoinService's key is listed here; its rotation is not built yet.
+``join``: join commands and install scripts made from then on carry the new key; the one before still opens what is
+sealed to it for the rotation's overlap (a day by default), so commands printed earlier keep working that long;
+retiring it ends the overlap at once.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from bettercompute._runtime.registry import CallContext, method
 from bettercompute.errors import FailedPreconditionError
 from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._instructions import InstructionSigner, signer_of
+from bettercompute.modules.nodes._join_keys import retire_join_key, rotate_join_key
 from bettercompute.modules.nodes._port import JOIN_KEYS, CaKey, JoinKeyRecord, SigningKey
 from bettercompute.modules.nodes._schemas import (
     KEY,
@@ -26,7 +29,7 @@ from bettercompute.modules.nodes._schemas import (
     RetireKeyInput,
     RotateKeyInput,
 )
-from bettercompute.modules.nodes._service import _ca
+from bettercompute.modules.nodes._service import _ca, _identity
 from bettercompute.modules.nodes._tokens import IDENTITY_NEEDS
 from bettercompute.paging import Keyset
 from bettercompute.ports import ResourceRef
@@ -68,7 +71,14 @@ def _signing_key(key: SigningKey) -> Key:
 
 
 def _join_key(key: JoinKeyRecord) -> Key:
-    return Key(kind="join", id=key.id, state=key.state, created_at=key.created_at)  # type: ignore[arg-type]
+    return Key(
+        kind="join",
+        id=key.id,
+        state=key.state,  # type: ignore[arg-type]
+        created_at=key.created_at,
+        not_after=key.retire_after if key.state != "active" else None,
+        retired_at=key.retire_after if key.state == "retired" else None,
+    )
 
 
 @method(mutates=False, access="manage", resource=_root)
@@ -112,6 +122,10 @@ async def rotate_key(call: CallContext, input: RotateKeyInput) -> Key:
     if input.kind == "ca":
         ca: CertificateAuthority = _ca(call)
         made = _ca_key(await ca.rotate())
+    elif input.kind == "join":
+        _, kms = _identity(call)
+        overlap = dt.timedelta(seconds=input.overlap_seconds)
+        made = _join_key(await rotate_join_key(call.context.store, kms, overlap=overlap, clock=call.context.clock))
     else:
         made = _signing_key(await _signer(call).rotate())
     call.describe(resource_type=KEY, resource_id=made.id, details={"kind": made.kind})
@@ -131,6 +145,9 @@ async def retire_key(call: CallContext, input: RetireKeyInput) -> Key:
         ca = _ca(call)
         await ca.retire(input.id, force=input.force)
         retired = next(_ca_key(k) for k in await ca.keys() if k.id == input.id)
+    elif input.kind == "join":
+        _identity(call)
+        retired = _join_key(await retire_join_key(call.context.store, input.id))
     else:
         retired = _signing_key(await _signer(call).retire(input.id, force=input.force))
     call.describe(resource_type=KEY, resource_id=input.id, details={"kind": input.kind, "force": input.force})

@@ -19,6 +19,7 @@ from bettercompute.modules.nodes._gateway import GatewayServices
 from bettercompute.modules.nodes._gateway_enrolment import GatewayEnrolment
 from bettercompute.modules.nodes._instructions import InstructionSigner, register_signer
 from bettercompute.modules.nodes._join import JoinService
+from bettercompute.modules.nodes._join_keys import JoinKeyRing, join_key_context
 from bettercompute.modules.nodes._methods import ACTIONS, JoinTokensGroup, KeysGroup, NodesGroup
 from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS, JOIN_TOKENS, NODES
 from bettercompute.modules.nodes._proofs import ChallengeIssuer
@@ -40,27 +41,18 @@ __all__ = ["NodesModule"]
 log = logging.getLogger("bettercompute.joins")
 
 
-def join_key_context(key_id: str) -> str:
-    """The KMS context JoinService's private key is sealed under."""
-    return f"join-key:{key_id}"
-
-
-async def load_join_key(store: Store, kms: Kms) -> JoinKeyPair:
-    """JoinService's key pair: the stored active one, or a new one stored now (whichever process comes first)."""
-    record = await store.repository(JOIN_KEYS).active()
-    if record is None:
-        fresh = JoinKeyPair.generate()
-        key_id = f"jk_{secrets.token_hex(8)}"
-        sealed = await kms.encrypt(fresh.private_bytes(), context=join_key_context(key_id))
-        record = await store.repository(JOIN_KEYS).create_if_none(
-            id=key_id, public_key=fresh.public_key_text(), sealed_key=sealed
-        )
-        if record.id == key_id:
-            log.info("JoinService key %s created", key_id)
-    pair = JoinKeyPair.from_private_bytes(await kms.decrypt(record.sealed_key, context=join_key_context(record.id)))
-    if pair.public_key_text() != record.public_key:
-        raise InvalidConfigError("the stored JoinService key does not match its public key")
-    return pair
+async def ensure_join_key(store: Store, kms: Kms) -> None:
+    """Make JoinService's first key when there is none (whichever process comes first)."""
+    if await store.repository(JOIN_KEYS).active() is not None:
+        return
+    fresh = JoinKeyPair.generate()
+    key_id = f"jk_{secrets.token_hex(8)}"
+    sealed = await kms.encrypt(fresh.private_bytes(), context=join_key_context(key_id))
+    record = await store.repository(JOIN_KEYS).create_if_none(
+        id=key_id, public_key=fresh.public_key_text(), sealed_key=sealed
+    )
+    if record.id == key_id:
+        log.info("JoinService key %s created", key_id)
 
 
 async def purge_nonces(context: ModuleContext) -> int:
@@ -165,12 +157,14 @@ class NodesModule:
         signer = InstructionSigner(store, self._kms, ca, clock=context.clock)
         await signer.prepare()  # made (or loaded) now: the first instruction does not wait for the KMS
         register_signer(store, signer)
-        pair = await load_join_key(store, self._kms)
+        await ensure_join_key(store, self._kms)
+        ring = JoinKeyRing(store, self._kms, clock=context.clock)
+        await ring.refresh(force=True)
         joins = JoinService(
             store=store,
             ca=ca,
-            unsealer=Unsealer(pair, store.nonces),
-            challenges=ChallengeIssuer(pair.private_bytes()),
+            unsealer=Unsealer(ring, store.nonces),
+            challenges=ChallengeIssuer(ring),
             replay_guard=store.nonces,
             clock=context.clock,
             attestors=self._attestors,

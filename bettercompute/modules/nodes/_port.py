@@ -105,13 +105,15 @@ class Enrollment:
 @attrs.frozen(kw_only=True, repr=False)
 class JoinKeyRecord:
     """JoinService's X25519 key: ``sealed_key`` is the 32-byte private key as the KMS sealed it (context
-    ``join-key:<id>``); ``public_key`` its base64url text. ``state`` is ``active`` (one) or ``previous``."""
+    ``join-key:<id>``); ``public_key`` its base64url text. ``state`` is ``active`` (one), ``previous`` (still
+    opens what was sealed to it until ``retire_after``) or ``retired``."""
 
     id: str
     public_key: str
     sealed_key: bytes
     state: str
     created_at: dt.datetime
+    retire_after: dt.datetime | None = None
 
     def __repr__(self) -> str:
         return f"JoinKeyRecord(id={self.id!r}, state={self.state!r})"
@@ -292,6 +294,15 @@ class JoinKeys(Protocol):
 
     async def list(self) -> list[JoinKeyRecord]:
         """Every key, oldest first."""
+        ...
+
+    async def rotate(self, *, id: str, public_key: str, sealed_key: bytes, retire_after: dt.datetime) -> JoinKeyRecord:
+        """Make this key the active one (in one statement): the active key before becomes ``previous`` until
+        ``retire_after``. The new key's record."""
+        ...
+
+    async def retire(self, id: str) -> JoinKeyRecord | None:
+        """Retire a ``previous`` key at once (nothing for an active key: ``None``, as for no such key)."""
         ...
 
     async def create_if_none(self, *, id: str, public_key: str, sealed_key: bytes) -> JoinKeyRecord:

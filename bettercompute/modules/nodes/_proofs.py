@@ -23,7 +23,7 @@ import hashlib
 import hmac
 import json
 import secrets
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -118,23 +118,49 @@ def verify_signature(public_key: object, signature: bytes, message: bytes) -> No
         ) from None
 
 
+class SecretSource(Protocol):
+    """JoinService's keys as a process holds them (``JoinKeyRing``)."""
+
+    async def refresh(self, *, force: bool = False) -> None: ...
+
+    def secrets(self) -> list[bytes]: ...
+
+
 class ChallengeIssuer:
     """Stateless renewal challenges: ``bcr1`` | issued_at (8, ms) | nonce (16) | HMAC-SHA256 over those and the
     certificate's serial. The MAC key is derived from JoinService's private key, so every api process that holds it
-    checks a challenge another one issued; a challenge is accepted once (the caller remembers its nonce)."""
+    checks a challenge another one issued; a challenge is accepted once (the caller remembers its nonce). With the
+    keys as they rotate (a ``SecretSource``), a challenge is issued with the active key's and checked with any of
+    them: call ``refresh()`` before ``issue`` and ``open``."""
 
-    def __init__(self, secret: bytes) -> None:
-        self._key = HKDF(
-            algorithm=hashes.SHA256(), length=32, salt=None, info=b"bettercompute/renew-challenge/v1"
-        ).derive(secret)
+    def __init__(self, secret: bytes | SecretSource) -> None:
+        self._source = secret
+        self._derived: dict[bytes, bytes] = {}
 
     def __repr__(self) -> str:
         return "ChallengeIssuer()"
 
+    async def refresh(self) -> None:
+        """Read the keys again if they are due (nothing with a fixed secret)."""
+        if not isinstance(self._source, bytes):
+            await self._source.refresh()
+
+    def _keys(self) -> list[bytes]:
+        secrets_ = [self._source] if isinstance(self._source, bytes) else self._source.secrets()
+        keys = []
+        for secret in secrets_:
+            key = self._derived.get(secret)
+            if key is None:
+                key = self._derived[secret] = HKDF(
+                    algorithm=hashes.SHA256(), length=32, salt=None, info=b"bettercompute/renew-challenge/v1"
+                ).derive(secret)
+            keys.append(key)
+        return keys
+
     def issue(self, serial: str, *, now_ms: int) -> bytes:
         """A fresh challenge for the certificate ``serial``."""
         head = _CHALLENGE_MAGIC + now_ms.to_bytes(_STAMP, "big", signed=True) + secrets.token_bytes(_NONCE)
-        return head + self._mac(head, serial)
+        return head + self._mac(self._keys()[0], head, serial)
 
     def open(self, challenge: bytes, serial: str) -> tuple[int, bytes]:
         """``(issued_at_ms, nonce)`` of a challenge this service issued for ``serial``.
@@ -149,7 +175,7 @@ class ChallengeIssuer:
         if not challenge.startswith(_CHALLENGE_MAGIC):
             raise InvalidInputError("challenge: not a renewal challenge", details={"path": "challenge"})
         head, mac = challenge[:-_MAC], challenge[-_MAC:]
-        if not hmac.compare_digest(mac, self._mac(head, serial)):
+        if not any(hmac.compare_digest(mac, self._mac(key, head, serial)) for key in self._keys()):
             raise UnauthenticatedError(
                 "the challenge was not issued by this service for this certificate; ask for a new one",
                 details={"reason": "bad_challenge"},
@@ -157,5 +183,6 @@ class ChallengeIssuer:
         stamp = int.from_bytes(head[len(_CHALLENGE_MAGIC) : len(_CHALLENGE_MAGIC) + _STAMP], "big", signed=True)
         return stamp, head[-_NONCE:]
 
-    def _mac(self, head: bytes, serial: str) -> bytes:
-        return hmac.new(self._key, head + b"\n" + serial.encode(), hashlib.sha256).digest()
+    @staticmethod
+    def _mac(key: bytes, head: bytes, serial: str) -> bytes:
+        return hmac.new(key, head + b"\n" + serial.encode(), hashlib.sha256).digest()

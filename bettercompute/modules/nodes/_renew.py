@@ -94,6 +94,7 @@ class Renewals:
             AccessDeniedError: its node is retired.
         """
         presented = await self.presented(certificate_pem)
+        await self._challenges.refresh()
         return self._challenges.issue(presented.record.serial, now_ms=ms(self._clock.now()))
 
     async def renew(self, *, certificate_pem: str, challenge: bytes, signature: bytes, csr_pem: str) -> RenewResult:
@@ -111,6 +112,7 @@ class Renewals:
             UnavailableError: the CA key changed during the renewal (retry).
         """
         presented = await self.presented(certificate_pem)
+        await self._challenges.refresh()
         issued_ms, nonce = self._challenges.open(challenge, presented.record.serial)
         now = self._clock.now()
         issued_at = dt.datetime.fromtimestamp(issued_ms / 1000, dt.UTC)

@@ -325,7 +325,8 @@ class Key:
     state: Literal["active", "previous", "retired"]
     created_at: dt.datetime
     not_after: dt.datetime | None = None
-    """When its certificate ends (a CA key's own; the instruction key's current one); none for a JoinService key."""
+    """When its certificate ends (a CA key's own; the instruction key's current one); for a previous JoinService key,
+    when its overlap ends (then it opens nothing more)."""
     retired_at: dt.datetime | None = None
 
 
@@ -345,9 +346,13 @@ class ListKeysOutput:
 @attrs.frozen(kw_only=True)
 class RotateKeyInput:
     """Make a new active key of ``kind``; the current one becomes ``previous`` and keeps being trusted until it is
-    retired (``ca`` and ``instructions``)."""
+    retired (``ca``, ``instructions``) or, for ``join``, for ``overlap_seconds`` (a day by default, at most 30):
+    join commands printed before the rotation work that long."""
 
-    kind: Literal["ca", "instructions"]
+    kind: KeyKind
+    overlap_seconds: int = attrs.field(
+        default=86_400, validator=Integer(minimum=0, maximum=30 * 86_400, reason="from 0 to 2592000 (30 days)")
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -355,6 +360,6 @@ class RetireKeyInput:
     """Stop trusting a ``previous`` key. ``force`` retires it even while what it signed may still be in use (a CA
     key with unexpired certificates; an instruction key made ``previous`` less than a day ago)."""
 
-    kind: Literal["ca", "instructions"]
+    kind: KeyKind
     id: str = attrs.field(validator=_ID)
     force: bool = False

@@ -26,6 +26,8 @@ import base64
 import binascii
 import datetime as dt
 import secrets
+import time
+from typing import Protocol
 
 import attrs
 from cryptography.exceptions import InvalidTag
@@ -144,25 +146,55 @@ class Unsealed:
         return f"Unsealed(sealed_at={self.sealed_at.isoformat()!r}, plaintext=<hidden>)"
 
 
+class KeySource(Protocol):
+    """JoinService's keys as a process holds them (``JoinKeyRing``): the ones that open sealed tokens now."""
+
+    async def refresh(self, *, force: bool = False) -> None: ...
+
+    def pairs(self) -> list[JoinKeyPair]: ...
+
+
 class Unsealer:
-    """JoinService's side: opens payloads sealed to ``key_pair`` once each, while they are fresh.
+    """JoinService's side: opens payloads sealed to JoinService's key once each, while they are fresh.
 
     Args:
-        key_pair: JoinService's key pair.
+        key_pair: JoinService's key pair, or its keys as they rotate (a ``KeySource``: the active key, then the
+            previous ones in their overlap; read again at once when a payload opens with none of them).
         replay_guard: Where seen nonces are remembered. Every Unsealer of a deployment must share one
             (``store.nonces`` of the PostgreSQL store); ``bettercompute.testing.InMemoryReplayGuard`` is for tests.
         max_skew: How far ahead of ``now`` a sealing time may be (the daemon's clock may run ahead).
     """
 
     def __init__(
-        self, key_pair: JoinKeyPair, replay_guard: ReplayGuard, *, max_skew: dt.timedelta = dt.timedelta(minutes=1)
+        self,
+        key_pair: JoinKeyPair | KeySource,
+        replay_guard: ReplayGuard,
+        *,
+        max_skew: dt.timedelta = dt.timedelta(minutes=1),
     ) -> None:
-        self._key_pair = key_pair
+        self._keys = key_pair
         self._guard = replay_guard
         self._max_skew = max_skew
+        self._forced_at = -1.0
 
     def __repr__(self) -> str:
-        return f"Unsealer(key_pair={self._key_pair!r})"
+        return f"Unsealer(keys={self._keys!r})"
+
+    async def _open(self, body: bytes) -> bytes | None:
+        """``body`` opened with the first key that opens it; ``None`` when none does."""
+        keys = self._keys
+        if isinstance(keys, JoinKeyPair):
+            return _decrypt(body, [keys])
+        await keys.refresh()
+        tried = keys.pairs()
+        opened = _decrypt(body, tried)
+        # Sealed to a key this process has not read yet (rotated a moment ago elsewhere)? Read the keys again, at
+        # most once a second, whatever a sender makes us try.
+        if opened is None and time.monotonic() - self._forced_at >= 1.0:
+            self._forced_at = time.monotonic()
+            await keys.refresh(force=True)
+            opened = _decrypt(body, [p for p in keys.pairs() if all(p is not t for t in tried)])
+        return opened
 
     async def unseal(self, sealed: bytes, *, now: dt.datetime, max_age: dt.timedelta) -> Unsealed:
         """Open ``sealed`` once: refused if malformed, unopenable, too old, from the future or already seen.
@@ -176,13 +208,12 @@ class Unsealer:
             raise InvalidInputError(
                 "not a sealed join payload of version 1", details={"path": "sealed_token", "reason": "malformed"}
             )
-        try:
-            inner = _SUITE.decrypt(sealed[len(_MAGIC) :], self._key_pair.private_key, info=JOIN_INFO)
-        except InvalidTag:
+        inner = await self._open(sealed[len(_MAGIC) :])
+        if inner is None:
             raise UnauthenticatedError(
                 "the sealed payload does not open with this service's key (another key, or tampered with)",
                 details={"reason": "unopenable"},
-            ) from None
+            )
         if len(inner) < _STAMP + _NONCE:  # only a sender holding a faulty sealer gets here: it authenticated
             raise InvalidInputError(
                 "the sealed payload has no timestamp and nonce", details={"path": "sealed_token", "reason": "malformed"}
@@ -206,3 +237,13 @@ class Unsealer:
         if not await self._guard.first_use(REPLAY_SCOPE, nonce, expires_at=expires_at, now=now):
             raise UnauthenticatedError("this sealed payload was already used", details={"reason": "replayed"})
         return Unsealed(plaintext=inner[_STAMP + _NONCE :], sealed_at=sealed_at)
+
+
+def _decrypt(body: bytes, pairs: list[JoinKeyPair]) -> bytes | None:
+    for pair in pairs:
+        try:
+            opened: bytes = _SUITE.decrypt(body, pair.private_key, info=JOIN_INFO)
+        except InvalidTag:
+            continue
+        return opened
+    return None

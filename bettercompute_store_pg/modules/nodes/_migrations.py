@@ -293,6 +293,14 @@ ALTER TABLE {schema}.nodes
 CREATE INDEX nodes_desired_signer ON {schema}.nodes (desired_signer);
 """
 
+# JoinService's key rotates with an overlap: the key before stays ``previous`` (it still opens tokens sealed to it)
+# until ``retire_after``, then counts as retired; ``retired`` is also set at once by an operator.
+_V13 = """
+ALTER TABLE {schema}.join_keys ADD COLUMN retire_after timestamptz,
+    DROP CONSTRAINT join_keys_state_check,
+    ADD CONSTRAINT join_keys_state_check CHECK (state IN ('active', 'previous', 'retired'));
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1),
     Migration(version=2, name="gateway certificates", sql=_V2),
@@ -306,4 +314,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=10, name="signed inventory sections", sql=_V10),
     Migration(version=11, name="signed acknowledgements", sql=_V11),
     Migration(version=12, name="signed instructions", sql=_V12),
+    Migration(version=13, name="JoinService key rotation", sql=_V13),
 )

@@ -134,9 +134,21 @@ WHERE node_id = :node_id AND section = :section AND received_at = :received_at A
 RETURNING node_id
 """
 
-_KEY_COLUMNS = "id, public_key, sealed_key, state, created_at"
+_KEY_COLUMNS = "id, public_key, sealed_key, state, created_at, retire_after"
 _ACTIVE_KEY = f"SELECT {_KEY_COLUMNS} FROM {{s}}.join_keys WHERE state = 'active'"
 _ALL_KEYS = f"SELECT {_KEY_COLUMNS} FROM {{s}}.join_keys ORDER BY created_at, id"
+_ROTATE_KEY = f"""
+WITH old AS (
+    UPDATE {{s}}.join_keys SET state = 'previous', retire_after = :retire_after WHERE state = 'active' RETURNING id
+)
+INSERT INTO {{s}}.join_keys (id, public_key, sealed_key, state)
+SELECT :id, :public_key, :sealed_key, 'active' FROM (SELECT count(*) FROM old) AS moved
+RETURNING {_KEY_COLUMNS}
+"""
+_RETIRE_KEY = f"""
+UPDATE {{s}}.join_keys SET state = 'retired', retire_after = least(coalesce(retire_after, now()), now())
+WHERE id = :id AND state <> 'active' RETURNING {_KEY_COLUMNS}
+"""
 # Insert unless an active key exists (the partial unique index settles a race); then read the active key.
 _CREATE_KEY = f"""
 WITH ins AS (
@@ -430,6 +442,7 @@ def _key(row: Any) -> JoinKeyRecord:
         sealed_key=bytes(row.sealed_key),
         state=row.state,
         created_at=utc(row.created_at),
+        retire_after=utc(row.retire_after) if row.retire_after is not None else None,
     )
 
 
@@ -441,6 +454,18 @@ class PgJoinKeys(PgRepository):
         self._active = db.sql(_ACTIVE_KEY)
         self._all = db.sql(_ALL_KEYS)
         self._create = db.sql(_CREATE_KEY)
+        self._rotate = db.sql(_ROTATE_KEY)
+        self._retire = db.sql(_RETIRE_KEY)
+
+    async def rotate(self, *, id: str, public_key: str, sealed_key: bytes, retire_after: dt.datetime) -> JoinKeyRecord:
+        """Make this key the active one; the one before is previous until ``retire_after``."""
+        params = {"id": id, "public_key": public_key, "sealed_key": sealed_key, "retire_after": retire_after}
+        return _key((await self._fetch(self._rotate, params))[0])
+
+    async def retire(self, id: str) -> JoinKeyRecord | None:
+        """Retire a key that is not the active one."""
+        rows = await self._fetch(self._retire, {"id": id})
+        return _key(rows[0]) if rows else None
 
     async def list(self) -> list[JoinKeyRecord]:
         """Every key, oldest first."""

@@ -39,11 +39,14 @@ from bettercompute.modules.nodes import (
     CordonNodeInput,
     CreateJoinTokenInput,
     JoinExpect,
+    ListKeysInput,
     NodesGroup,
     RequalifyNodeInput,
+    RetireKeyInput,
     RetireNodeInput,
     RevokeJoinTokenInput,
     RevokeNodeInput,
+    RotateKeyInput,
     TunnelNodeInput,
 )
 from bettercompute.modules.pools import CreatePoolInput, UpdatePoolInput
@@ -354,6 +357,23 @@ async def _bindings_delete(w: World) -> tuple[Any, Any]:
     )
 
 
+async def _keys_rotate(w: World) -> tuple[Any, Any]:
+    return RotateKeyInput(kind="instructions"), RotateKeyInput(kind="join", overlap_seconds=60)
+
+
+async def _keys_retire(w: World) -> tuple[Any, Any]:
+    # Two previous instruction keys to retire: each rotation leaves the key before it previous.
+    previous = []
+    for _ in range(2):
+        active = [k for k in (await w.t.compute.api.keys.list(w.t.root, ListKeysInput(kind="instructions"))).keys]
+        previous += [k.id for k in active if k.state == "active"]
+        await w.t.compute.api.keys.rotate(w.t.root, RotateKeyInput(kind="instructions"))
+    return (
+        RetireKeyInput(kind="instructions", id=previous[0], force=True),
+        RetireKeyInput(kind="instructions", id=previous[1], force=True),
+    )
+
+
 RECIPES: dict[str, Recipe] = {
     "pools.create": _pools_create,
     "pools.update": _pools_update,
@@ -385,6 +405,8 @@ RECIPES: dict[str, Recipe] = {
     "roles.create": _roles_create,
     "bindings.create": _bindings_create,
     "bindings.delete": _bindings_delete,
+    "keys.rotate": _keys_rotate,
+    "keys.retire": _keys_retire,
 }
 
 

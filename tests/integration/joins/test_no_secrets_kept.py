@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from bettercompute.modules.nodes import JOIN_KEYS, CertificateAuthority, JoinExpect
-from bettercompute.modules.nodes._module import join_key_context
+from bettercompute.modules.nodes._join_keys import join_key_context
 from bettercompute.modules.secrets import CreateSecretInput
 from bettercompute_daemon.identity import EphemeralKey, NodeKey
 
