@@ -21,7 +21,7 @@ import typer
 import bettercompute
 import bettercompute_iam
 import bettercompute_store_pg
-from bettercompute.errors import InvalidConfigError
+from bettercompute.errors import InvalidConfigError, NotFoundError
 from bettercompute.modules.inventory import FactVerdict, verify_facts
 from bettercompute_iam import Bootstrap, RemoteIam
 from bettercompute_store_pg import PgStore, RoleNames
@@ -405,7 +405,14 @@ async def _verify_facts(config: Config, url: str, node_id: str) -> list[FactVerd
     compute, _ = build(config, url)
     try:
         await compute.initialize(migrate=False)
-        return await verify_facts(compute.context.store, node_id)
+        try:
+            return await verify_facts(compute.context.store, node_id)
+        except NotFoundError:
+            if not node_id.startswith("mch_"):
+                raise
+        from bettercompute_metal import verify_reports  # a machine: its ramdisk's reports
+
+        return await verify_reports(compute.context.store, node_id)
     finally:
         with anyio.CancelScope(shield=True):
             await compute.close()
@@ -413,10 +420,12 @@ async def _verify_facts(config: Config, url: str, node_id: str) -> list[FactVerd
 
 @facts_app.command("verify")
 def facts_verify(
-    ctx: typer.Context, node_id: Annotated[str, typer.Argument(help="The node whose facts to check.")]
+    ctx: typer.Context,
+    node_id: Annotated[str, typer.Argument(help="The node (or bare-metal machine) whose facts to check.")],
 ) -> None:
     """Check every fact node NODE_ID signed that the control plane relies on (acceptance results, inventory
     sections, the newest desired-state acknowledgement) against the certificates and revocations as they are now.
+    For a bare-metal machine (``mch_...``), its ramdisk's signed reports (diagnose, wipe).
 
     Prints one JSON object a line (fact, id, verdict, signer_serial); exits 1 when any verdict is not ``ok``. Runs
     where the database is; needs no KMS key.

@@ -20,7 +20,7 @@ from bettercompute.modules.pools import POOLS
 from bettercompute.ports import Migration, Repository
 from bettercompute_metal import _service
 from bettercompute_metal._gateway import GATEWAY_METHODS as _GATEWAY_METHODS
-from bettercompute_metal._gateway import report_message
+from bettercompute_metal._gateway import SIGNED_REPORTS, report_message, verify_reports
 from bettercompute_metal._pg import MIGRATIONS as _MIGRATIONS
 from bettercompute_metal._port import METAL
 from bettercompute_metal._workflows import BOOT_RECORDS_TRIM as _BOOT_RECORDS_TRIM
@@ -30,12 +30,14 @@ from bettercompute_metal._workflows import WORKFLOWS as _WORKFLOWS
 __version__ = "0.2.0"
 
 __all__ = [
+    "SIGNED_REPORTS",
     "MetalGroup",
     "MetalGroups",
     "MetalModule",
     "SiteTokensGroup",
     "SitesGroup",
     "report_message",
+    "verify_reports",
 ]
 
 _B = TypeVar("_B")

@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bettercompute import GatewayCall, GatewayMethod, JoinSettings, signal_workflow_in
@@ -31,14 +31,15 @@ from bettercompute.errors import (
     ComputeError,
     FailedPreconditionError,
     InvalidInputError,
+    NotFoundError,
     UnauthenticatedError,
     UnavailableError,
 )
 from bettercompute.modules.images import IMAGES
-from bettercompute.modules.inventory import judge_nvml
-from bettercompute.modules.nodes import JOIN_KEYS, hardware_key_of
+from bettercompute.modules.inventory import FactVerdict, judge_nvml
+from bettercompute.modules.nodes import JOIN_KEYS, SignedFact, fact_refusal, hardware_key_of
 from bettercompute.modules.pools import POOLS, NodePolicy
-from bettercompute.ports import AuditRecord
+from bettercompute.ports import AuditRecord, Store
 from bettercompute_metal._port import METAL, MachineRecord
 from bettercompute_metal._tokens import (
     RAMDISK_TOKEN_PREFIX,
@@ -49,7 +50,7 @@ from bettercompute_metal._tokens import (
     token_context,
 )
 
-__all__ = ["GATEWAY_METHODS", "report_message"]
+__all__ = ["GATEWAY_METHODS", "SIGNED_REPORTS", "report_message", "verify_reports"]
 
 log = logging.getLogger("bettercompute.metal")
 
@@ -375,6 +376,70 @@ def _verify_report(call: GatewayCall, machine_id: str, report: Mapping[str, Any]
         ) from None
 
 
+SIGNED_REPORTS = "signed_reports"
+"""The key of a machine's ``results`` under which each ramdisk report is kept as signed (beside its result), so that
+``verify_reports`` can check it again later."""
+
+
+def _signed_report(call: GatewayCall, report: Mapping[str, Any]) -> dict[str, Any]:
+    """What a report's signature covers besides its result (kept under ``results[kind]`` when it is an object), with
+    the signature, the ramdisk certificate's serial and its public key."""
+    assert call.caller is not None
+    key = call.caller.certificate.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    kept = {
+        "task_id": str(report.get("task_id")),
+        "ok": bool(report.get("ok")),
+        "error": report.get("error"),
+        "signed_at_ms": report.get("signed_at_ms"),
+        "signature": str(report.get("signature")),
+        "serial": call.caller.serial,
+        "key": base64.b64encode(key).decode(),
+    }
+    if not isinstance(report.get("result"), dict):
+        kept["result"] = report.get("result")  # not kept as the task's result: kept here, as signed
+    return kept
+
+
+async def verify_reports(store: Store, machine_id: str) -> list[FactVerdict]:
+    """Every ramdisk report a machine's results rely on, checked again now against the certificates and revocations
+    as they are now (``fact`` ``ramdisk_report``, ``id`` the task's kind).
+
+    Raises:
+        NotFoundError: no such machine.
+    """
+    machine = await store.repository(METAL).get_machine(machine_id)
+    if machine is None:
+        raise NotFoundError("no such machine", details={"id": machine_id})
+    found: list[FactVerdict] = []
+    for kind, kept in sorted((machine.results.get(SIGNED_REPORTS) or {}).items()):
+        signed: SignedFact | None
+        try:
+            signed = SignedFact(
+                signature=base64.b64decode(str(kept.get("signature")), validate=True),
+                serial=str(kept.get("serial")),
+                key=base64.b64decode(str(kept.get("key")), validate=True),
+            )
+            message = report_message(
+                machine_id=machine.id,
+                task_id=str(kept.get("task_id")),
+                kind=kind,
+                ok=bool(kept.get("ok")),
+                result=kept["result"] if "result" in kept else machine.results.get(kind),
+                error=kept.get("error"),
+                signed_at_ms=int(kept.get("signed_at_ms") or 0),
+            )
+        except (binascii.Error, ValueError, TypeError, AttributeError):
+            signed, message = None, b""
+        why = await fact_refusal(store, node_id=machine.id, message=message, signed=signed)
+        serial = signed.serial if signed is not None else None
+        found.append(
+            FactVerdict(node_id=machine.id, fact="ramdisk_report", id=kind, verdict=why or "ok", signer_serial=serial)
+        )
+    return found
+
+
 def _hardware_key(diagnosis: Mapping[str, Any], machine: MachineRecord) -> tuple[str | None, str | None]:
     """The hardware key of the claims the ramdisk read (what ``bcd join`` will send from the installed system),
     and why it cannot be taken: malformed claims, or a UUID that is not the one Redfish reported."""
@@ -549,6 +614,7 @@ async def _progress(call: GatewayCall, machine: MachineRecord, report: Mapping[s
         why = str(report.get("error") or "failed")[:200]
     results = dict(machine.results)
     results[task["kind"]] = report.get("result") if isinstance(report.get("result"), dict) else {}
+    results[SIGNED_REPORTS] = {**(results.get(SIGNED_REPORTS) or {}), task["kind"]: _signed_report(call, report)}
     hardware_key = machine.hardware_key
     if why is None and task["kind"] == "diagnose":
         hardware_key, why = _hardware_key(results["diagnose"], machine)

@@ -28,7 +28,7 @@ from bettercompute.modules.images import RegisterImageInput
 from bettercompute.modules.nodes import JOIN_KEYS
 from bettercompute.modules.pools import CreatePoolInput
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
-from bettercompute_metal import MetalGroups, MetalModule, report_message
+from bettercompute_metal import MetalGroups, MetalModule, report_message, verify_reports
 from bettercompute_metal._redfish import RedfishClient
 from bettercompute_metal._redfish_trust import BmcCredentials, BmcTls
 from bettercompute_metal._schemas import (
@@ -251,6 +251,25 @@ async def test_enroll_inspect_commission_to_ready(plane: Plane, bmc: Bmc) -> Non
     machine = await plane.until(machine.id, {"ready", "failed"})
     assert machine.state == "ready", machine
     assert machine.results["diagnose"]["disks"][0]["name"] == "sda"
+    # The ramdisk's reports are kept as it signed them and check again later; a result changed in the database
+    # (by anyone who can write there, a superuser say) no longer does.
+    verdicts = await verify_reports(plane.store, machine.id)
+    assert [(v.fact, v.id, v.verdict) for v in verdicts] == [
+        ("ramdisk_report", "diagnose", "ok"),
+        ("ramdisk_report", "wipe", "ok"),
+    ]
+    altered = plane.store.sql(
+        "UPDATE {s}.metal_machines SET results = jsonb_set(results, '{diagnose,disks,0,name}', '\"sdz\"') "
+        "WHERE id = :id RETURNING id"
+    )
+    assert await plane.store.fetch(altered, {"id": machine.id})
+    verdicts = await verify_reports(plane.store, machine.id)
+    assert [(v.id, v.verdict) for v in verdicts] == [("diagnose", "bad_signature"), ("wipe", "ok")]
+    fixed = plane.store.sql(
+        "UPDATE {s}.metal_machines SET results = jsonb_set(results, '{diagnose,disks,0,name}', '\"sda\"') "
+        "WHERE id = :id RETURNING id"
+    )
+    assert await plane.store.fetch(fixed, {"id": machine.id})
     sync = await plane.call("site.sync", site_cert, {"agent": "a-1", "http_base": "http://10.0.0.2:8080"})
     assert sync["plan"]["entries"][0]["action"] == "local"
 
