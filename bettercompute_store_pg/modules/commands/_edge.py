@@ -14,11 +14,11 @@ from bettercompute.modules.nodes import (
     INVENTORY_KIND,
     LIFECYCLE_KIND,
     DesiredState,
-    InstructionSignature,
     SignedFact,
     lifecycle_item,
 )
 from bettercompute_store_pg._db import Database, dumps, utc
+from bettercompute_store_pg._desired import desired_state_of
 from bettercompute_store_pg._repository import PokingRepository
 
 from ._rows import command_of
@@ -51,18 +51,6 @@ _SIGNERS = "SELECT * FROM {s}.bc_gw_signers()"
 
 def _shard(node_id: str) -> int:
     return lifecycle_item(node_id).shard  # every item keyed by a node id takes the same shard
-
-
-def _desired(row: Any) -> DesiredState:
-    return DesiredState(
-        node_id=row.id,
-        generation=row.desired_generation,
-        content=dict(row.desired_state),
-        text=row.desired_text,
-        instruction=InstructionSignature(signature=bytes(row.desired_signature), signer=row.desired_signer)
-        if row.desired_signature is not None and row.desired_signer is not None
-        else None,
-    )
 
 
 class PgEdge(PokingRepository):
@@ -186,12 +174,12 @@ class PgEdge(PokingRepository):
         if not known:
             return []
         params = {"node_ids": [k[0] for k in known], "generations": [k[1] for k in known], "gateway": gateway}
-        return [_desired(r) for r in await self._fetch(self._desired_newer, params)]
+        return [desired_state_of(r) for r in await self._fetch(self._desired_newer, params)]
 
     async def desired_since(self, since: dt.datetime, *, gateway: str) -> tuple[list[DesiredState], dt.datetime]:
         """Desired states changed after ``since`` (``Edge.desired_since``)."""
         rows = await self._fetch(self._desired_since, {"since": since, "gateway": gateway})
-        return [_desired(r) for r in rows if r.id is not None], utc(rows[0].at)
+        return [desired_state_of(r) for r in rows if r.id is not None], utc(rows[0].at)
 
     async def revoked_among(self, serials: Sequence[str]) -> set[str]:
         """Revoked serials among these (``Edge.revoked_among``)."""

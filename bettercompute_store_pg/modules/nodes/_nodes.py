@@ -17,13 +17,13 @@ from bettercompute.modules.nodes import (
     ConditionRecord,
     DesiredState,
     Enrollment,
-    InstructionSignature,
     InventoryRecord,
     JoinKeyRecord,
     NodeRecord,
     SignedFact,
 )
 from bettercompute_store_pg._db import Database, dumps, utc
+from bettercompute_store_pg._desired import desired_state_of
 from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["PgJoinKeys", "PgNodes"]
@@ -236,18 +236,6 @@ def _condition(row: Any) -> ConditionRecord:
     )
 
 
-def _desired(row: Any) -> DesiredState:
-    return DesiredState(
-        node_id=row.id,
-        generation=row.desired_generation,
-        content=dict(row.desired_state),
-        text=row.desired_text,
-        instruction=InstructionSignature(signature=bytes(row.desired_signature), signer=row.desired_signer)
-        if row.desired_signature is not None and row.desired_signer is not None
-        else None,
-    )
-
-
 class PgNodes(PgRepository):
     """``Nodes`` on the ``nodes`` and ``node_conditions`` tables."""
 
@@ -360,7 +348,7 @@ class PgNodes(PgRepository):
     async def signed_by(self, signer: str, *, limit: int) -> list[DesiredState]:
         """Desired states signed by ``signer``, locked (in the caller's transaction)."""
         params = {"signer": signer, "limit": limit}
-        return [_desired(r) for r in await self._fetch_in_transaction("signed_by", self._signed_by, params)]
+        return [desired_state_of(r) for r in await self._fetch_in_transaction("signed_by", self._signed_by, params)]
 
     async def resign_desired(self, desired: DesiredState) -> bool:
         """Replace the signature of a desired state (in the caller's transaction)."""
@@ -380,7 +368,7 @@ class PgNodes(PgRepository):
         if not known:
             return []
         params = {"node_ids": [k[0] for k in known], "generations": [k[1] for k in known]}
-        return [_desired(r) for r in await self._fetch(self._desired_newer, params)]
+        return [desired_state_of(r) for r in await self._fetch(self._desired_newer, params)]
 
     async def record_inventory(self, node_id: str, section: str, content: Any, *, fake: bool) -> bool:
         """Keep the latest content of one section (in the caller's transaction)."""
