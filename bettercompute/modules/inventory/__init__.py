@@ -17,6 +17,7 @@ from bettercompute.modules.inventory._module import InventoryModule as Inventory
 from bettercompute.modules.inventory._port import INVENTORY as INVENTORY
 from bettercompute.modules.inventory._port import AtomRecord as AtomRecord
 from bettercompute.modules.inventory._port import DeviceRecord as DeviceRecord
+from bettercompute.modules.inventory._port import GpuOwner as GpuOwner
 from bettercompute.modules.inventory._port import Inventory as Inventory
 from bettercompute.modules.inventory._schemas import Atom as Atom
 from bettercompute.modules.inventory._schemas import Device as Device
@@ -43,6 +44,7 @@ __all__ = [
     "FactVerdict",
     "Finding",
     "GetDeviceInput",
+    "GpuOwner",
     "Inventory",
     "InventoryModule",
     "ListDevicesInput",

@@ -33,7 +33,7 @@ from bettercompute.modules.inventory._derive import (
     parse_sections,
 )
 from bettercompute.modules.inventory._facts import result_refusal
-from bettercompute.modules.inventory._port import INVENTORY, DeviceRecord
+from bettercompute.modules.inventory._port import INVENTORY, DeviceRecord, GpuOwner
 from bettercompute.modules.nodes import (
     INVENTORY_KIND,
     LIFECYCLE_KIND,
@@ -42,6 +42,7 @@ from bettercompute.modules.nodes import (
     NodeRecord,
     Signing,
     audit_refusal,
+    inventory_item,
     lifecycle_item,
     prepared_signer,
     section_refusal,
@@ -127,15 +128,27 @@ class Controllers:
         parsed = parse_sections(sections, fake=any(r.fake for r in records))
         gpu_idents = [d[1] for d in parsed.devices if d[0] == "gpu"]
         owners = await store.repository(INVENTORY).gpu_owners(gpu_idents, besides=node_id, tenant=node.tenant)
+        taken = _taken(node, owners)
         existing = await store.repository(INVENTORY).devices(node_id)
-        devices = _devices(node, parsed, existing, owners)
+        devices = _devices(node, parsed, existing, {k: v for k, v in owners.items() if k not in taken})
         async with ctx.transaction() as tx:
             await tx.repository(INVENTORY).release_retired(gpu_idents)
+            if taken:
+                # Attested here, not on the node that held it: the holder's device goes into conflict (its own
+                # pass then quarantines it), whoever reported first.
+                displaced = [(owners[i].node_id, i, _claimed_by(node.id, owners[i].same_tenant)) for i in taken]
+                await tx.repository(INVENTORY).displace(displaced)
+                holders = sorted({owners[i].node_id for i in taken})
+                await tx.enqueue([w for h in holders for w in (inventory_item(h), lifecycle_item(h))])
             await tx.repository(INVENTORY).save_devices(devices)
             await self._settle(ctx, tx, node, devices, parsed)
             await tx.enqueue([lifecycle_item(node_id)])
-        if owners:
-            log.warning("node %s reports %d GPU UUID(s) another node holds", node_id, len(owners))
+        if len(owners) > len(taken):
+            log.warning("node %s reports %d GPU UUID(s) another node holds", node_id, len(owners) - len(taken))
+        if taken:
+            log.warning(
+                "node %s took %d GPU UUID(s) its attestation names from the nodes that held them", node_id, len(taken)
+            )
         return Outcome.done()
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
@@ -357,8 +370,37 @@ class Controllers:
         await tx.repository(NODES).save_conditions(node.id, conditions)
 
 
+ATTESTED_GPUS = "gpu_uuids"
+"""The fact (comma-separated GPU UUIDs) an attestor of the host's records when it verified the node's GPUs (a GPU
+vendor's attestation bound to the node's key, say; kept as ``<attestor>.gpu_uuids``): a UUID it names is the
+node's, whoever reported it first. The built-in ``claims`` attestor, which only compares what the machine says,
+never counts."""
+
+
+def _attested(node: NodeRecord) -> set[str]:
+    found: set[str] = set()
+    for key, value in node.attestation.items():
+        attestor, _, fact = key.rpartition(".")
+        if fact == ATTESTED_GPUS and attestor and attestor != "claims" and isinstance(value, str):
+            found |= {u for u in value.split(",") if u}
+    return found
+
+
+def _taken(node: NodeRecord, owners: Mapping[str, GpuOwner]) -> set[str]:
+    """The GPU UUIDs held by other nodes that this node takes: its attestation names them and the holder's does
+    not. Otherwise (neither attested, or both) the holder keeps the GPU and this node's device is in conflict: a
+    claim that is only said, not attested, never displaces another node."""
+    attested = _attested(node)
+    return {ident for ident, owner in owners.items() if ident in attested and not owner.attested}
+
+
+def _claimed_by(node_id: str, same_tenant: bool) -> dict[str, Any]:
+    """What a device in conflict says of the node that holds it: its id within the tenant, nothing across."""
+    return {"claimed_by": node_id} if same_tenant else {"claimed_by_another_tenant": True}
+
+
 def _devices(
-    node: NodeRecord, parsed: Parsed, existing: Sequence[DeviceRecord], owners: Mapping[str, str | None]
+    node: NodeRecord, parsed: Parsed, existing: Sequence[DeviceRecord], owners: Mapping[str, GpuOwner]
 ) -> list[DeviceRecord]:
     """The node's devices as the sections say: reported ones present (or in conflict, for a GPU UUID another live
     node holds: ``claimed_by`` names that node only when it is in the same tenant), earlier ones no longer reported
@@ -370,10 +412,7 @@ def _devices(
         state = "conflict" if kind == "gpu" and ident in owners else "present"
         if state == "conflict":
             owner = owners[ident]
-            details = {
-                **details,
-                **({"claimed_by": owner} if owner is not None else {"claimed_by_another_tenant": True}),
-            }
+            details = {**details, **_claimed_by(owner.node_id, owner.same_tenant)}
         out.append(
             DeviceRecord(
                 id=device_id(node.id, kind, ident),

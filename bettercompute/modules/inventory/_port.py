@@ -19,6 +19,16 @@ __all__ = ["INVENTORY", "AtomRecord", "DeviceRecord", "Inventory"]
 
 
 @attrs.frozen(kw_only=True)
+class GpuOwner:
+    """The live node that holds a GPU UUID as ``present``. ``node_id`` is for the control plane's own use: it is shown
+    to a tenant only when ``same_tenant``. ``attested``: that node's attestation names the UUID."""
+
+    node_id: str
+    same_tenant: bool
+    attested: bool
+
+
+@attrs.frozen(kw_only=True)
 class DeviceRecord:
     """A device of a node: ``kind`` ``gpu``, ``nic`` or ``disk``; ``ident`` its stable identity (a GPU's UUID, a NIC's
     MAC address, a disk's serial or name); ``slot`` where it sits (a GPU's index, an interface or block device
@@ -79,9 +89,13 @@ class Inventory(Protocol):
         """The tenant's devices (of one node, of one kind) in ``(node_id, kind, ident)`` order, after ``after``."""
         ...
 
-    async def gpu_owners(self, idents: Sequence[str], *, besides: str, tenant: str) -> dict[str, str | None]:
-        """Of these GPU UUIDs, those present on another live node than ``besides``: UUID -> that node's id when it is
-        in ``tenant``, ``None`` when it is another tenant's (whose ids the asking tenant never sees)."""
+    async def gpu_owners(self, idents: Sequence[str], *, besides: str, tenant: str) -> dict[str, GpuOwner]:
+        """Of these GPU UUIDs, those present on another live node than ``besides``: UUID -> who holds it."""
+        ...
+
+    async def displace(self, held: Sequence[tuple[str, str, Mapping[str, Any]]]) -> int:
+        """Put these present GPUs (node id, UUID, details to add) in ``conflict``: a node whose attestation names
+        the UUID took it. Needs a transaction; how many moved."""
         ...
 
     async def release_retired(self, idents: Sequence[str]) -> int:

@@ -4,10 +4,10 @@ array of rows."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from bettercompute.modules.inventory import AtomRecord, DeviceRecord
+from bettercompute.modules.inventory import AtomRecord, DeviceRecord, GpuOwner
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
 
@@ -26,10 +26,20 @@ WHERE tenant = :tenant AND (CAST(:node_id AS text) IS NULL OR node_id = :node_id
 ORDER BY node_id, kind, ident LIMIT :limit
 """
 _GPU_OWNERS = """
-SELECT d.ident, CASE WHEN d.tenant = :tenant THEN d.node_id END AS node_id
+SELECT d.ident, d.node_id, d.tenant = :tenant AS same_tenant,
+    EXISTS (
+        SELECT 1 FROM jsonb_each_text(n.attestation) AS a (k, v)
+        WHERE a.k LIKE '%.gpu_uuids' AND a.k NOT IN ('claims.gpu_uuids', '.gpu_uuids')
+          AND d.ident = ANY(string_to_array(a.v, ','))
+    ) AS attested
 FROM {s}.devices AS d JOIN {s}.nodes AS n ON n.id = d.node_id
 WHERE d.kind = 'gpu' AND d.state = 'present' AND d.ident = ANY(CAST(:idents AS text[])) AND d.node_id <> :besides
     AND n.state <> 'retired'
+"""
+_DISPLACE = """
+UPDATE {s}.devices AS d SET state = 'conflict', details = d.details || CAST(x.details AS jsonb), updated_at = now()
+FROM unnest(CAST(:node_ids AS text[]), CAST(:idents AS text[]), CAST(:details AS text[])) AS x (node_id, ident, details)
+WHERE d.node_id = x.node_id AND d.kind = 'gpu' AND d.ident = x.ident AND d.state = 'present'
 """
 _RELEASE_RETIRED = """
 UPDATE {s}.devices AS d SET state = 'missing', missing_since = now(), updated_at = now()
@@ -128,6 +138,7 @@ class PgInventory(PgRepository):
         self._gpu_owners = db.sql(_GPU_OWNERS)
         self._save_devices = db.sql(_SAVE_DEVICES)
         self._release_retired = db.sql(_RELEASE_RETIRED)
+        self._displace = db.sql(_DISPLACE)
         self._atoms = db.sql(_ATOMS)
         self._atoms_of_devices = db.sql(_ATOMS_OF_DEVICES)
         self._save_atoms = db.sql(_SAVE_ATOMS)
@@ -157,12 +168,27 @@ class PgInventory(PgRepository):
         }
         return [_device(r) for r in await self._fetch(self._devices_page, params)]
 
-    async def gpu_owners(self, idents: Sequence[str], *, besides: str, tenant: str) -> dict[str, str | None]:
-        """GPU UUIDs present on other live nodes (their ids in ``tenant`` only)."""
+    async def gpu_owners(self, idents: Sequence[str], *, besides: str, tenant: str) -> dict[str, GpuOwner]:
+        """GPU UUIDs present on other live nodes, and who holds each."""
         if not idents:
             return {}
         rows = await self._fetch(self._gpu_owners, {"idents": list(idents), "besides": besides, "tenant": tenant})
-        return {r.ident: r.node_id for r in rows}
+        return {
+            r.ident: GpuOwner(node_id=r.node_id, same_tenant=bool(r.same_tenant), attested=bool(r.attested))
+            for r in rows
+        }
+
+    async def displace(self, held: Sequence[tuple[str, str, Mapping[str, Any]]]) -> int:
+        """Put these GPUs in conflict (in the caller's transaction)."""
+        if not held:
+            return 0
+        self._transaction("displace")
+        params = {
+            "node_ids": [h[0] for h in held],
+            "idents": [h[1] for h in held],
+            "details": [dumps(dict(h[2])) for h in held],
+        }
+        return await self._rowcount(self._displace, params)
 
     async def release_retired(self, idents: Sequence[str]) -> int:
         """Release retired nodes' GPUs with these UUIDs (in the caller's transaction)."""

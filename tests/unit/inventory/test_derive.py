@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import pytest
 
-from bettercompute.modules.inventory import judge_nvml
+from bettercompute.modules.inventory import GpuOwner, judge_nvml
 from bettercompute.modules.inventory._controllers import _devices
 from bettercompute.modules.inventory._derive import MAX_GPUS, atom_states, atoms_for, conditions_for, parse_sections
 from bettercompute.modules.nodes import NodeRecord
@@ -167,7 +167,8 @@ def test_a_gpu_that_disappears_is_missing_and_its_atom_is_kept_unavailable() -> 
 
 
 def test_a_uuid_another_node_holds_is_a_conflict_not_capacity() -> None:
-    devices = _devices(node(), parse_sections(GPUS), [], {"GPU-a": "node_other"})
+    holder = GpuOwner(node_id="node_other", same_tenant=True, attested=False)
+    devices = _devices(node(), parse_sections(GPUS), [], {"GPU-a": holder})
     assert {d.ident: d.state for d in devices if d.kind == "gpu"} == {"GPU-a": "conflict", "GPU-b": "present"}
     atoms = atom_states(node(), devices, atoms_for(node(), devices), now=NOW, grace=dt.timedelta(minutes=5))
     assert {a.ident: a.reason for a in atoms}["GPU-a"] == "device_conflict"
