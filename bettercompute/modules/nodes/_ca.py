@@ -38,7 +38,6 @@ from cryptography.x509.oid import NameOID
 
 from bettercompute.errors import (
     FailedPreconditionError,
-    InternalError,
     InvalidConfigError,
     InvalidInputError,
     NotFoundError,
@@ -54,6 +53,7 @@ from bettercompute.modules.nodes._x509 import (
     key_sha256,
     serial_hex,
     sign_leaf,
+    unsealed_ec_key,
     utc_seconds,
 )
 from bettercompute.ports import Clock, Kms, OutboxEvent, Store, Transaction
@@ -597,10 +597,7 @@ class CertificateAuthority:
         cached = self._private.get(key.id)
         if cached is not None:
             return cached
-        der = await self._kms.decrypt(key.sealed_key, context=self._context(key.id))
-        loaded = serialization.load_der_private_key(der, password=None)
-        if not isinstance(loaded, ec.EllipticCurvePrivateKey):
-            raise InternalError("a stored CA key is not an EC key")
+        loaded = await unsealed_ec_key(self._kms, key.sealed_key, context=self._context(key.id), what="CA key")
         self._private[key.id] = loaded
         return loaded
 

@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bettercompute.errors import FailedPreconditionError, InternalError, NotFoundError
 from bettercompute.modules.nodes._port import CERTIFICATES, NODES, InstructionSignature, SigningKey
+from bettercompute.modules.nodes._x509 import unsealed_ec_key
 from bettercompute.ports import Clock, Kms, Store
 
 if TYPE_CHECKING:
@@ -307,10 +308,7 @@ class InstructionSigner:
         cached = self._private.get(key.id)
         if cached is not None:
             return cached
-        der = await self._kms.decrypt(key.sealed_key, context=self._context(key.id))
-        loaded = serialization.load_der_private_key(der, password=None)
-        if not isinstance(loaded, ec.EllipticCurvePrivateKey):
-            raise InternalError("a stored signing key is not an EC key")
+        loaded = await unsealed_ec_key(self._kms, key.sealed_key, context=self._context(key.id), what="signing key")
         self._private[key.id] = loaded
         return loaded
 

@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from bettercompute.errors import InvalidInputError
+from bettercompute.errors import InternalError, InvalidInputError
+from bettercompute.ports import Kms
 
 __all__ = [
     "AcceptedKey",
@@ -27,6 +28,7 @@ __all__ = [
     "key_sha256",
     "serial_hex",
     "sign_leaf",
+    "unsealed_ec_key",
     "utc_seconds",
 ]
 
@@ -210,3 +212,16 @@ def sign_leaf(
         .sign(private, hashes.SHA256())
     )
     return serial, certificate
+
+
+async def unsealed_ec_key(kms: Kms, sealed: bytes, *, context: str, what: str) -> ec.EllipticCurvePrivateKey:
+    """An EC private key (PKCS#8 DER) the KMS sealed under ``context``, opened.
+
+    Raises:
+        InternalError: what was sealed is not an EC key (``what`` names the key in the message).
+    """
+    der = await kms.decrypt(sealed, context=context)
+    loaded = serialization.load_der_private_key(der, password=None)
+    if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+        raise InternalError(f"a stored {what} is not an EC key")
+    return loaded
