@@ -1,5 +1,5 @@
-"""Keys rotate while nodes stay connected (issue 30, item 5; the part built so far: the instruction key and the node
-CA, through the ``keys`` group).
+"""Keys rotate while nodes stay connected and reservations flow (issue 30, item 5; the part built so far: the
+instruction key, the node CA and JoinService's key, through the ``keys`` group).
 
 Real ``bcd sim`` nodes hold their sessions over mutual TLS throughout. After each rotation the control plane's next
 desired states are signed with the new key (or certified under the new CA's bundle) and every node applies and
@@ -12,14 +12,17 @@ from __future__ import annotations
 import datetime as dt
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bettercompute.errors import AccessDeniedError, FailedPreconditionError, UnauthenticatedError
 from bettercompute.modules.audit import ListAuditInput
 from bettercompute.modules.nodes import NODES, ListKeysInput, NodeRecord, RetireKeyInput, RotateKeyInput
+from bettercompute.modules.reservations import CreateReservationInput, ReservationsGroup
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from tests.integration.gateway.conftest import Wire
+from tests.integration.gateway.test_lifecycle import settle_reservation
 from tests.integration.joins.conftest import claims
 from tests.integration.sim.test_sim import all_in_session, join_flags, settle, sim, wait_for
 
@@ -47,6 +50,18 @@ async def _push(gw: Wire, nodes: list[NodeRecord], round: int) -> set[str]:
     return signers
 
 
+async def _reservation_runs(gw: Wire) -> None:
+    """A reservation of one GPU on the simulated nodes' pool gets to ``active`` (bound on its node's acknowledgement
+    of the desired state that carries it)."""
+    group: ReservationsGroup[Any] = gw.fleet.compute.api.group(ReservationsGroup)
+    made = await group.create(
+        gw.fleet.alice, CreateReservationInput(tenant=gw.fleet.acme, pool_id=gw.fleet.pool, gpus=1, duration="PT1H")
+    )
+    assert made.state == "placed"
+    active = await settle_reservation(gw, made.id, "active")
+    assert [h.state for h in active.history] == ["placed", "bound", "active"]
+
+
 async def _refusals(gw: Wire) -> list[dict[str, object]]:
     return [p["payload"] for _, p in await gw.fleet.events("node.reported") if p["type"] == "desired_state.refused"]
 
@@ -69,12 +84,15 @@ async def test_the_instruction_key_and_the_ca_rotate_while_nodes_stay_connected(
         assert new.state == "active" and new.id != old.id
         assert await _push(gw, nodes[1:], 1) == {new.id}
         await _all_acknowledged(gw, nodes)
+        # Reservations keep flowing: one binds only once its node applied a state signed with the new key.
+        await _reservation_runs(gw)
 
         # The CA rotates: the bundle carries both, and instructions still verify on every node.
         ca = await api.keys.rotate(fleet.root, RotateKeyInput(kind="ca"))
         assert ca.kind == "ca" and ca.state == "active"
         assert await _push(gw, nodes[1:], 2) == {new.id}
         await _all_acknowledged(gw, nodes)
+        await _reservation_runs(gw)
 
         # The old instruction key: not a day after its rotation without force; with it, what it signed is signed
         # again by the new key, at the same generation.
