@@ -132,9 +132,11 @@ def refusal(error: GRPCError) -> str:
 
 
 async def join(
-    *, state: StateDir, token: str, config: NodeConfig, bundle_pem: str, inventory: Inventory
+    *, state: StateDir, token: str, config: NodeConfig, bundle_pem: str, inventory: Inventory, pin: bool = True
 ) -> NodeIdentity:
-    """Join the pool with ``token`` and keep the identity in ``state``.
+    """Join the pool with ``token`` and keep the identity in ``state``. ``pin``: keep ``bundle_pem`` as the bundle
+    this node was told to trust (``pinned-ca.pem``, the anchor of instruction signers); a re-enrolment, which trusts
+    what earlier gateways handed over too, keeps the pin it had.
 
     Raises:
         DaemonError: the gateway could not be reached or refused the join (with its reason).
@@ -165,7 +167,8 @@ async def join(
         node_id=certificate.node_id, serial=certificate.serial, not_after_ms=certificate.not_after_ms
     )
     state.save_config(config)
-    state.write("pinned-ca.pem", bundle_pem.encode())
+    if pin:
+        state.write("pinned-ca.pem", bundle_pem.encode())
     state.save_identity(
         identity,
         key_pem=key.private_key_pem(),
@@ -469,11 +472,9 @@ class Agent:
 
     def _signer_anchors(self) -> bytes:
         """The CA certificates an instruction's signer certificate must be issued by: the bundle this node was told
-        to trust when it joined (checked against the token's pin), not one a gateway handed over since."""
-        try:
-            return self._state.read("pinned-ca.pem")
-        except FileNotFoundError:
-            return self._state.read("ca-bundle.pem")  # joined with an explicit bundle before pins were kept
+        to trust when it joined (checked against the token's pin), never one a gateway handed over since (a renewal's
+        answer passes through a gateway). A state directory without it trusts no signer: join again."""
+        return self._state.read("pinned-ca.pem")
 
     async def _refused_unsigned(self, session: _Session, desired: wire.DesiredState) -> bool:
         """Whether ``desired`` is refused because the control plane did not sign it for this node (logged and
@@ -668,7 +669,12 @@ class Agent:
             try:
                 bundle = self._state.gateway_trust()
                 identity = await join(
-                    state=self._state, token=token, config=self._config, bundle_pem=bundle, inventory=self._inventory
+                    state=self._state,
+                    token=token,
+                    config=self._config,
+                    bundle_pem=bundle,
+                    inventory=self._inventory,
+                    pin=False,  # the bundle here includes what gateways handed over since: never an anchor
                 )
                 break
             except JoinRefused as exc:

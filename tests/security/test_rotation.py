@@ -172,3 +172,18 @@ async def test_a_join_sealed_to_the_previous_join_key_works_inside_the_overlap_a
     assert refused.value.details["reason"] == "unopenable"
     result, _ = await fleet.join(before.token, key=key, hardware=hardware)
     assert result.node_id
+
+
+async def test_the_instruction_key_s_certificate_is_renewed_while_nothing_is_signed(gw: Wire) -> None:
+    """A quiet fleet still has a current signer certificate: the controllers' job renews it at half its life, so a
+    node that reconnects after a quiet day is sent a state it accepts."""
+    fleet = gw.fleet
+    ending = fleet.store.sql(
+        "UPDATE {s}.signing_keys SET certificate_not_after = now() + interval '1 hour' WHERE state = 'active' "
+        "RETURNING id"
+    )
+    [row] = await fleet.store.fetch(ending, {})
+    await fleet.compute.jobs.tick({"controllers"})
+    [key] = [k for k in (await fleet.compute.api.keys.list(fleet.root, ListKeysInput(kind="instructions"))).keys]
+    assert key.id == row.id and key.not_after is not None
+    assert key.not_after - dt.datetime.now(dt.UTC) > dt.timedelta(hours=20)

@@ -174,7 +174,7 @@ class Controllers:
         parsed = parse_sections({r.section: r.content for r in records})
         wake_at: list[dt.datetime] = []
         # Acceptance may write commands and the first desired state, signed: the key is loaded before the transaction.
-        signer = await prepared_signer(ctx.context) if node.state == "adopting" else None
+        signer = await prepared_signer(ctx.context)  # the node may turn adopting before it is locked
         async with ctx.transaction() as tx:
             locked = await tx.repository(NODES).get_for_update(node_id)
             if locked is None:

@@ -149,12 +149,13 @@ class InstructionSigner:
         """Every signing key of the trust domain, oldest first."""
         return await self._store.repository(CERTIFICATES).signing_keys(self.trust_domain)
 
-    async def prepare(self) -> Signing:
+    async def prepare(self, *, fresh: bool = False) -> Signing:
         """The active key, loaded: made (once, whichever process comes first) when there is none, its certificate
-        renewed when it ends within ``_RENEW_WHEN_LEFT`` or its issuer left the trust bundle. Call it before the
-        transaction that signs (it may call the KMS)."""
+        (and the previous keys') renewed when it ends within ``_RENEW_WHEN_LEFT`` or its issuer left the trust
+        bundle. Call it before the transaction that signs (it may call the KMS). What it read is reused for
+        ``refresh`` unless ``fresh``."""
         ready = self._ready
-        if ready is not None and self._timer() - ready[0] < self._refresh:
+        if not fresh and ready is not None and self._timer() - ready[0] < self._refresh:
             return ready[1]
         keys = await self.keys()
         active = next((k for k in keys if k.state == "active"), None)
@@ -217,6 +218,9 @@ class InstructionSigner:
             certificates = tx.repository(CERTIFICATES)
             await certificates.lock(self.trust_domain)
             await certificates.set_signing_key(trust_domain=self.trust_domain, id=key_id, state="retired")
+        # Once more: a state another process signed with it between the pass and the retire (only with ``force``
+        # can one still hold it as active, for the few seconds it reads the keys again).
+        resigned += await self._sign_again(key_id)
         self._private.pop(key_id, None)
         log.info(
             "instruction-signing key %s of %s retired (%d desired states signed again)",

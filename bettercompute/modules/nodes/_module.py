@@ -17,7 +17,7 @@ from bettercompute.modules.nodes._ca import CertificateAuthority
 from bettercompute.modules.nodes._claims import Attestor
 from bettercompute.modules.nodes._gateway import GatewayServices
 from bettercompute.modules.nodes._gateway_enrolment import GatewayEnrolment
-from bettercompute.modules.nodes._instructions import InstructionSigner, register_signer
+from bettercompute.modules.nodes._instructions import InstructionSigner, register_signer, signer_of
 from bettercompute.modules.nodes._join import JoinService
 from bettercompute.modules.nodes._join_keys import JoinKeyRing, join_key_context
 from bettercompute.modules.nodes._methods import ACTIONS, JoinTokensGroup, KeysGroup, NodesGroup
@@ -71,7 +71,19 @@ async def _sweep_tunnels(context: ModuleContext) -> int:
     return closed
 
 
+async def _renew_signer(context: ModuleContext) -> int:
+    """Keep the instruction keys' certificates current even when nothing is signed for a while: a node that
+    reconnects is sent its current desired state with the certificate stored now, which must not have ended."""
+    signer = signer_of(context.store)
+    if signer is None:
+        return 0
+    await signer.prepare(fresh=True)
+    return 1
+
+
 TUNNEL_SWEEP = Job(name="tunnel-sweep", role="controllers", interval=dt.timedelta(seconds=30), run=_sweep_tunnels)
+SIGNER_RENEWAL = Job(name="signer-renewal", role="controllers", interval=dt.timedelta(minutes=10), run=_renew_signer)
+"""Renews the instruction keys' certificates (a day long) at half their life, whether or not anything is signed."""
 NONCE_PURGE = Job(name="nonce-purge", role="controllers", interval=dt.timedelta(minutes=1), run=purge_nonces)
 
 
@@ -100,7 +112,7 @@ class NodesModule:
         JOIN_TOKENS,
         TUNNELS,
     )
-    jobs: Sequence[Job] = (NONCE_PURGE, TUNNEL_SWEEP)
+    jobs: Sequence[Job] = (NONCE_PURGE, SIGNER_RENEWAL, TUNNEL_SWEEP)
 
     def __init__(
         self,

@@ -243,7 +243,7 @@ class Nodes(Protocol):
 
     async def signed_by(self, signer: str, *, limit: int) -> list[DesiredState]:
         """Up to ``limit`` current desired states signed by the instruction key ``signer``, locked for the caller's
-        transaction (others skip them)."""
+        transaction (waiting for a writer that holds one: none is skipped)."""
         ...
 
     async def resign_desired(self, desired: DesiredState) -> bool:

@@ -29,7 +29,7 @@ _GPU_OWNERS = """
 SELECT d.ident, d.node_id, d.tenant = :tenant AS same_tenant,
     EXISTS (
         SELECT 1 FROM jsonb_each_text(n.attestation) AS a (k, v)
-        WHERE a.k LIKE '%.gpu_uuids' AND a.k NOT IN ('claims.gpu_uuids', '.gpu_uuids')
+        WHERE right(a.k, 10) = '.gpu_uuids' AND a.k NOT IN ('claims.gpu_uuids', '.gpu_uuids')
           AND d.ident = ANY(string_to_array(a.v, ','))
     ) AS attested
 FROM {s}.devices AS d JOIN {s}.nodes AS n ON n.id = d.node_id

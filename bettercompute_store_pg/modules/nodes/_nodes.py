@@ -97,7 +97,7 @@ RETURNING id
 """
 _SIGNED_BY = """
 SELECT id, desired_generation, desired_state, desired_text, desired_signature, desired_signer FROM {s}.nodes
-WHERE desired_signer = :signer ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
+WHERE desired_signer = :signer ORDER BY id LIMIT :limit FOR UPDATE
 """
 _RESIGN_DESIRED = """
 UPDATE {s}.nodes SET desired_signature = :signature, desired_signer = :signer

@@ -244,16 +244,21 @@ async def test_a_certificate_that_expired_while_stopped_is_replaced_through_recl
     kept = node.state / "reenroll.token"
     assert kept.read_text() == token.token and stat.S_IMODE(kept.stat().st_mode) == 0o600
     node_id = str(node.identity()["node_id"])
+    pinned = (node.state / "pinned-ca.pem").read_bytes()
     await node.start()
     await wait_for(lambda: _in_session(gw, node_id, 1))
     await node.stop()
     before = node.identity()  # a renewal may have come before the stop
     await node.wait_expired()
+    # What gateways handed over since the join (a renewal's bundle passes through one) is not an anchor: a
+    # re-enrolment keeps the pin the join made.
+    (node.state / "ca-bundle.pem").write_bytes(b"# a gateway's own CA could be here\n" + pinned)
 
     await node.start()
     await wait_for(lambda: _in_session(gw, node_id, 2))
     after = node.identity()
     assert after["node_id"] == node_id and after["serial"] != before["serial"]
+    assert (node.state / "pinned-ca.pem").read_bytes() == pinned
     record = await gw.fleet.store.repository(NODES).get(node_id)
     assert record is not None and record.enrollments == 2
     # The reclaim revoked what the node held before.
