@@ -14,9 +14,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
-from bettercompute.errors import AccessDeniedError, FailedPreconditionError, UnauthenticatedError
+from bettercompute.errors import AccessDeniedError, ComputeError, FailedPreconditionError, UnauthenticatedError
 from bettercompute.modules.audit import ListAuditInput
 from bettercompute.modules.nodes import NODES, ListKeysInput, NodeRecord, RetireKeyInput, RotateKeyInput
 from bettercompute.modules.reservations import CreateReservationInput, ReservationsGroup
@@ -187,3 +188,44 @@ async def test_the_instruction_key_s_certificate_is_renewed_while_nothing_is_sig
     [key] = [k for k in (await fleet.compute.api.keys.list(fleet.root, ListKeysInput(kind="instructions"))).keys]
     assert key.id == row.id and key.not_after is not None
     assert key.not_after - dt.datetime.now(dt.UTC) > dt.timedelta(hours=20)
+
+
+async def test_a_burst_of_rotations_leaves_one_active_key_of_each_kind_and_bad_input_changes_nothing(gw: Wire) -> None:
+    """More concurrent rotations than the store's pool holds: each answers (a JoinService rotation that raced another
+    is ``CONFLICT``, to retry), none fails inside, and exactly one key of each kind is active after. Inputs that are
+    not what they should be (NUL bytes, unpaired surrogates, full-width digits, bidirectional marks) are
+    ``INVALID_INPUT`` over HTTP, and change no key."""
+    fleet, api = gw.fleet, gw.fleet.compute.api
+    outcomes: list[str] = []
+
+    async def rotate(kind: str) -> None:
+        try:
+            await api.keys.rotate(fleet.root, RotateKeyInput(kind=kind))  # type: ignore[arg-type]
+            outcomes.append("ok")
+        except ComputeError as exc:
+            outcomes.append(exc.code)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(16):
+            tg.start_soon(rotate, ("instructions", "join")[n % 2])
+    assert set(outcomes) <= {"ok", "CONFLICT"} and outcomes.count("ok") >= 9
+    keys = (await api.keys.list(fleet.root, ListKeysInput(limit=100))).keys
+    assert sorted(k.kind for k in keys if k.state == "active") == ["ca", "instructions", "join"]
+
+    auth = {"authorization": f"Bearer {fleet.root}", "content-type": "application/json"}
+    # Raw JSON text, so that the escapes reach the server as a client could send them.
+    bad = [
+        ("keys/retire", r'{"kind": "instructions", "id": "sgk_\u0000"}'),
+        ("keys/retire", r'{"kind": "instructions", "id": "sgk_\ud800"}'),
+        ("keys/retire", r'{"kind": "instructions", "id": "sgk_\u202e0123"}'),
+        ("keys/retire", r'{"kind": "nope", "id": "sgk_0123"}'),
+        ("keys/rotate", r'{"kind": "join", "overlap_seconds": "\uff16\uff10"}'),
+        ("keys/rotate", r'{"kind": "join", "overlap_seconds": 2592001}'),
+        ("keys/rotate", r'{"kind": "join", "overlap_seconds": -1}'),
+    ]
+    for path, text in bad:
+        answer = await fleet.http.post(f"/api/compute/{path}", headers=auth, content=text.encode())
+        assert answer.status_code == 400, (text, answer.text)
+        assert answer.json()["error"]["code"] == "INVALID_INPUT", answer.text
+    after = (await api.keys.list(fleet.root, ListKeysInput(limit=100))).keys
+    assert [(k.id, k.state) for k in after] == [(k.id, k.state) for k in keys]
