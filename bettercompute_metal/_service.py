@@ -21,7 +21,7 @@ from bettercompute.errors import (
     NotFoundError,
 )
 from bettercompute.modules.images import IMAGES
-from bettercompute.modules.nodes import CERTIFICATES
+from bettercompute.modules.nodes import CERTIFICATES, trust_bundle_pem_of
 from bettercompute.modules.pools import POOLS
 from bettercompute.paging import Keyset
 from bettercompute.ports import WORKFLOWS, Kms, ResourceRef
@@ -216,7 +216,7 @@ async def _ca_pin(call: CallContext) -> str | None:
     if settings is None:
         return None
     keys = await call.context.store.repository(CERTIFICATES).keys(settings.trust_domain)
-    bundle = "".join(k.certificate_pem for k in keys if k.state != "retired")
+    bundle = trust_bundle_pem_of(keys)
     return bundle_pin(bundle) if bundle else None
 
 

@@ -1717,6 +1717,7 @@ CREATE INDEX secrets_name_scope ON {schema}.secrets USING btree (name, scope);
 -- nodes 11: signed acknowledgements
 -- nodes 12: signed instructions
 -- nodes 13: JoinService key rotation
+-- nodes 14: a root CA with intermediates
 
 CREATE TABLE {schema}.atoms (
     id text NOT NULL,
@@ -1756,10 +1757,12 @@ CREATE TABLE {schema}.ca_keys (
     not_after timestamp with time zone NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     retired_at timestamp with time zone,
+    issuer_id text,
     CONSTRAINT ca_keys_pkey PRIMARY KEY (id),
-    CONSTRAINT ca_keys_state_check CHECK ((state = ANY (ARRAY['active'::text, 'previous'::text, 'retired'::text])))
+    CONSTRAINT ca_keys_state_check CHECK ((state = ANY (ARRAY['active'::text, 'previous'::text, 'retired'::text]))),
+    CONSTRAINT ca_keys_issuer_id_fkey FOREIGN KEY (issuer_id) REFERENCES {schema}.ca_keys(id)
 );
-CREATE UNIQUE INDEX ca_keys_active ON {schema}.ca_keys USING btree (trust_domain) WHERE (state = 'active'::text);
+CREATE UNIQUE INDEX ca_keys_active ON {schema}.ca_keys USING btree (trust_domain, ((issuer_id IS NULL))) WHERE (state = 'active'::text);
 CREATE INDEX ca_keys_trust_domain ON {schema}.ca_keys USING btree (trust_domain, created_at);
 
 CREATE TABLE {schema}.certificates (

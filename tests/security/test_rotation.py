@@ -206,11 +206,18 @@ async def test_a_burst_of_rotations_leaves_one_active_key_of_each_kind_and_bad_i
             outcomes.append(exc.code)
 
     async with anyio.create_task_group() as tg:
-        for n in range(16):
-            tg.start_soon(rotate, ("instructions", "join")[n % 2])
-    assert set(outcomes) <= {"ok", "CONFLICT"} and outcomes.count("ok") >= 9
+        for n in range(18):
+            tg.start_soon(rotate, ("instructions", "join", "ca")[n % 3])
+    assert set(outcomes) <= {"ok", "CONFLICT"} and outcomes.count("ok") >= 12
     keys = (await api.keys.list(fleet.root, ListKeysInput(limit=100))).keys
-    assert sorted(k.kind for k in keys if k.state == "active") == ["ca", "instructions", "join"]
+    # The CA's root and its active intermediate, and one key of each other kind.
+    assert sorted((k.kind, k.issuer_id is None) for k in keys if k.state == "active") == [
+        ("ca", False),
+        ("ca", True),
+        ("instructions", True),
+        ("join", True),
+    ]
+    assert len({k.issuer_id for k in keys if k.kind == "ca" and k.issuer_id}) == 1  # every one under the same root
 
     auth = {"authorization": f"Bearer {fleet.root}", "content-type": "application/json"}
     # Raw JSON text, so that the escapes reach the server as a client could send them.

@@ -10,6 +10,7 @@ the attestor chain's plugin point, and ``GatewayServices``, what a gateway relay
 from bettercompute.modules.nodes._ca import CertificateAuthority as CertificateAuthority
 from bettercompute.modules.nodes._ca import IssuedBundle as IssuedBundle
 from bettercompute.modules.nodes._ca import RevocationResult as RevocationResult
+from bettercompute.modules.nodes._ca import trust_bundle_pem_of as trust_bundle_pem_of
 from bettercompute.modules.nodes._claims import AttestationRequest as AttestationRequest
 from bettercompute.modules.nodes._claims import Attestor as Attestor
 from bettercompute.modules.nodes._claims import ClaimsAttestor as ClaimsAttestor
@@ -295,6 +296,7 @@ __all__ = [
     "signer_of",
     "sweep_tunnels",
     "token_state",
+    "trust_bundle_pem_of",
     "tunnel_output",
     "verify_signature",
 ]

@@ -3,11 +3,17 @@
 Keys. ECDSA P-256 with SHA-256: what every TLS stack (Python ``ssl``/OpenSSL, grpclib, Go, browsers) verifies, and
 what ``cryptography``'s web-PKI verifier accepts; Ed25519 CA signatures are still refused by several TLS libraries.
 A key is generated once, sealed by the KMS (context ``ca:<trust-domain>:<key-id>``) as PKCS#8 DER and stored in
-``ca_keys`` with its self-signed certificate; its plaintext exists only in this process's memory.
+``ca_keys`` with its certificate; its plaintext exists only in this process's memory.
 
-Rotation overlaps: ``rotate()`` makes a new active key and turns the old one ``previous``. The trust bundle holds
-every key that is not ``retired``, so certificates of the old key keep verifying until ``retire(old)``, which is
-refused while the old key has unexpired, unrevoked certificates (unless forced).
+Two tiers. A root (self-signed, 10 years, path length 1) is what the trust bundle carries, what a join token pins and
+what a daemon keeps as its instruction anchor; it signs only intermediates and the instruction keys' certificates. An
+intermediate (certified by the root, path length 0) signs every leaf, and is sent as the chain beside each one.
+
+Rotation overlaps: ``rotate()`` makes a new active intermediate under the same root and turns the old one
+``previous``; certificates it issued keep verifying (their chain still ends at the root), and ``retire(old)`` is
+refused while any is unexpired and unrevoked (unless forced). The root does not rotate here, so the pin in join
+tokens, install scripts and daemons survives every rotation. Keys from before the two tiers (a flat key that
+signed leaves itself) stay in the bundle as ``previous`` roots until retired.
 
 Issued certificates (X.509-SVID style):
 
@@ -58,7 +64,7 @@ from bettercompute.modules.nodes._x509 import (
 )
 from bettercompute.ports import Clock, Kms, OutboxEvent, Store, Transaction
 
-__all__ = ["CertificateAuthority", "IssuedBundle", "RevocationResult"]
+__all__ = ["CertificateAuthority", "IssuedBundle", "RevocationResult", "trust_bundle_pem_of", "trusted_roots"]
 
 log = logging.getLogger("bettercompute.ca")
 
@@ -89,6 +95,21 @@ _ORG = "Better Compute"
 _TRUST_DOMAIN = re.compile(r"[a-z0-9._-]{1,255}")
 _NODE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _MAX_CSR_BYTES = 16 * 1024
+
+
+def trusted_roots(keys: Sequence[CaKey]) -> list[CaKey]:
+    """What the trust bundle holds among ``keys``: every root not retired, in their order."""
+    return [k for k in keys if k.state != "retired" and k.is_root]
+
+
+def trust_bundle_pem_of(keys: Sequence[CaKey]) -> str:
+    """The trust bundle of ``keys`` as PEM (what a join token's pin is the hash of); empty when there is none."""
+    return "".join(k.certificate_pem for k in trusted_roots(keys))
+
+
+def _active_of(keys: Sequence[CaKey], *, root: bool) -> CaKey | None:
+    """The active root (``root``) or the active intermediate among ``keys``."""
+    return next((k for k in keys if k.state == "active" and k.is_root == root), None)
 
 
 class _SystemClock:
@@ -206,25 +227,44 @@ class CertificateAuthority:
     # --- keys ---------------------------------------------------------------------------------------------------
 
     async def ensure(self) -> CaKey:
-        """The active key, created (once, whichever process comes first) when the trust domain has none."""
-        active = await self._active()
-        if active is not None:
-            return active
-        # Sealed before the transaction: the KMS may be remote, and no network call waits inside a transaction.
-        key, private = await self._sealed_key()
-        async with self._store.transaction() as tx:
-            await tx.repository(CERTIFICATES).lock(self.trust_domain)
-            keys = await tx.repository(CERTIFICATES).keys(self.trust_domain)
-            current = next((k for k in keys if k.state == "active"), None)
-            if current is None:
-                await tx.repository(CERTIFICATES).add_key(key)
-        self._forget_keys()
-        if current is not None:
-            return current  # another process created it meanwhile: ours, never stored, is dropped
-        return self._created(key, private)
+        """The active intermediate, created (once, whichever process comes first) with a root when the trust domain
+        has none."""
+        for _ in range(3):
+            keys = await self.keys()
+            active = _active_of(keys, root=False)
+            if active is not None:
+                return active
+            root = _active_of(keys, root=True)
+            # Sealed and signed before the transaction: the KMS may be remote, and no network call waits inside one.
+            if root is None:
+                root, root_private = await self._sealed_key(issuer=None)
+                new_root: CaKey | None = root
+            else:
+                root_private, new_root = await self._private_key(root), None
+            made, private = await self._sealed_key(issuer=(root, root_private))
+            async with self._store.transaction() as tx:
+                await tx.repository(CERTIFICATES).lock(self.trust_domain)
+                current = await tx.repository(CERTIFICATES).keys(self.trust_domain)
+                current_root, winner = _active_of(current, root=True), _active_of(current, root=False)
+                if winner is None and new_root is not None and current_root is None:
+                    await tx.repository(CERTIFICATES).add_key(new_root)
+                    await tx.repository(CERTIFICATES).add_key(made)
+                    winner = made
+                elif winner is None and new_root is None and current_root is not None and current_root.id == root.id:
+                    await tx.repository(CERTIFICATES).add_key(made)
+                    winner = made
+                # Otherwise another process made a root meanwhile: ours is dropped and the next round uses theirs.
+            self._forget_keys()
+            if winner is made:
+                if new_root is not None:
+                    self._created(new_root, root_private)
+                return self._created(made, private)
+            if winner is not None:
+                return winner  # another process created it meanwhile: ours, never stored, is dropped
+        raise self._key_changed()
 
     async def prepare(self) -> CaKey:
-        """``ensure()``, and load the active key's private half from the KMS into this process.
+        """``ensure()``, and load the active intermediate's private half from the KMS into this process.
 
         Call it before a transaction that issues: ``issue(tx=...)`` never calls the KMS (a remote KMS would be
         network I/O inside the transaction) and refuses, retryably, when the key it needs is not loaded.
@@ -234,26 +274,40 @@ class CertificateAuthority:
         return key
 
     async def rotate(self) -> CaKey:
-        """Make a new active key; the current one becomes ``previous`` and stays in the trust bundle."""
-        key, private = await self._sealed_key()  # before the transaction, as in ``ensure``
+        """Make a new active intermediate under the active root; the current one becomes ``previous`` (what it issued
+        keeps verifying until it is retired).
+
+        Raises:
+            UnavailableError: the root changed while the new intermediate was made (``ca_key_changed``; retry).
+        """
+        await self.ensure()
+        root = _active_of(await self._store.repository(CERTIFICATES).keys(self.trust_domain), root=True)
+        if root is None:
+            raise self._key_changed()
+        made, private = await self._sealed_key(issuer=(root, await self._private_key(root)))  # before the transaction
         async with self._store.transaction() as tx:
             await tx.repository(CERTIFICATES).lock(self.trust_domain)
-            for old in await tx.repository(CERTIFICATES).keys(self.trust_domain):
-                if old.state == "active":
-                    await tx.repository(CERTIFICATES).set_key_state(
-                        trust_domain=self.trust_domain, id=old.id, state="previous"
-                    )
-            await tx.repository(CERTIFICATES).add_key(key)
+            keys = await tx.repository(CERTIFICATES).keys(self.trust_domain)
+            current_root = _active_of(keys, root=True)
+            if current_root is None or current_root.id != root.id:
+                raise self._key_changed()
+            old = _active_of(keys, root=False)
+            if old is not None:
+                await tx.repository(CERTIFICATES).set_key_state(
+                    trust_domain=self.trust_domain, id=old.id, state="previous"
+                )
+            await tx.repository(CERTIFICATES).add_key(made)
         self._forget_keys()
-        return self._created(key, private)
+        return self._created(made, private)
 
     async def retire(self, key_id: str, *, force: bool = False) -> None:
-        """Take a ``previous`` key out of the trust bundle.
+        """Stop trusting a ``previous`` key: an intermediate's certificates verify no more, and a root leaves the
+        trust bundle.
 
         Raises:
             NotFoundError: the trust domain has no such key.
-            FailedPreconditionError: the key is the active one, or (without ``force``) certificates it issued are
-                still unexpired and unrevoked.
+            FailedPreconditionError: the key is an active one, or (without ``force``) certificates it issued are
+                still unexpired and unrevoked, or (a root) an intermediate it certified is still trusted.
         """
         async with self._store.transaction() as tx:
             await tx.repository(CERTIFICATES).lock(self.trust_domain)
@@ -263,9 +317,19 @@ class CertificateAuthority:
                 raise NotFoundError("no such CA key", details={"key_id": key_id})
             if key.state == "retired":
                 return
+            if key.state == "active" and key.is_root:
+                raise FailedPreconditionError(
+                    "the active root CA key cannot be retired: every daemon pins it", details={"key_id": key_id}
+                )
             if key.state == "active":
                 raise FailedPreconditionError(
                     "the active CA key cannot be retired; rotate first", details={"key_id": key_id}
+                )
+            children = [k.id for k in keys.values() if k.issuer_id == key_id and k.state != "retired"]
+            if children and not force:
+                raise FailedPreconditionError(
+                    "intermediates this root certified are still trusted; retire them first",
+                    details={"key_id": key_id, "intermediates": children},
                 )
             live = await tx.repository(CERTIFICATES).live_count(key_id, now=self._clock.now())
             if live and not force:
@@ -273,7 +337,17 @@ class CertificateAuthority:
                     "certificates issued under this CA key are still valid; retire it after they expire",
                     details={"key_id": key_id, "live_certificates": live},
                 )
-            await tx.repository(CERTIFICATES).set_key_state(trust_domain=self.trust_domain, id=key_id, state="retired")
+            retiring = [key_id, *children]
+            for each in retiring:
+                await tx.repository(CERTIFICATES).set_key_state(
+                    trust_domain=self.trust_domain, id=each, state="retired"
+                )
+            # Forced: what the retired keys issued is revoked too, so that no TLS handshake keeps accepting it (a
+            # handshake checks the chain up to the root, which still trusts a retired intermediate's signature).
+            revoked = await tx.repository(CERTIFICATES).revoke_issued_by(
+                retiring, now=self._clock.now(), reason=f"CA key {key_id} retired"
+            )
+            await self._publish_revoked(tx, revoked)
         self._private.pop(key_id, None)
         self._forget_keys()
         log.info("CA key %s of %s retired", key_id, self.trust_domain)
@@ -295,9 +369,10 @@ class CertificateAuthority:
         self._generation += 1
 
     async def trust_bundle(self) -> list[x509.Certificate]:
-        """The CA certificates to trust: every key not retired, oldest first (creating the first key if needed)."""
+        """The CA certificates to trust: every root not retired, oldest first (creating the first keys if needed).
+        Intermediates are not in it: each leaf comes with its own (``IssuedBundle.chain_pem``)."""
         await self.ensure()
-        trusted = [k for k in await self.keys() if k.state != "retired"]
+        trusted = trusted_roots(await self.keys())
         ids = tuple(k.id for k in trusted)
         if self._bundle is None or self._bundle[0] != ids:
             self._bundle = (ids, [x509.load_pem_x509_certificate(k.certificate_pem.encode()) for k in trusted])
@@ -307,6 +382,10 @@ class CertificateAuthority:
         """``trust_bundle`` as concatenated PEM (a ``cafile`` for ``ssl``)."""
         bundle = await self.trust_bundle()
         return "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in bundle)
+
+    async def intermediates(self) -> list[x509.Certificate]:
+        """The intermediates still trusted (a verifier's untrusted chain candidates for a bare leaf), oldest first."""
+        return [self._certificate_of(k) for k in await self.keys() if k.state != "retired" and not k.is_root]
 
     # --- issuing ------------------------------------------------------------------------------------------------
 
@@ -385,14 +464,12 @@ class CertificateAuthority:
 
     async def certify_signer(self, public_key: ec.EllipticCurvePublicKey, *, key_id: str) -> tuple[bytes, dt.datetime]:
         """A certificate (DER) for the instruction-signing key ``key_id`` and when it ends: role ``signer``,
-        ``DEFAULT_TTL`` long, issued by the oldest CA key still in the trust bundle, which every daemon trusts
-        (one that has not renewed since a CA rotation knows only that one). Not recorded among the node
+        ``DEFAULT_TTL`` long, issued by the oldest root still in the trust bundle, which every daemon pinned (an
+        intermediate's rotation never changes it). Not recorded among the node
         certificates: a retired signing key is simply no longer certified, and its certificate ends within a day.
         """
         await self.ensure()
-        trusted = [
-            k for k in await self._store.repository(CERTIFICATES).keys(self.trust_domain) if k.state != "retired"
-        ]
+        trusted = trusted_roots(await self._store.repository(CERTIFICATES).keys(self.trust_domain))
         if not trusted:
             raise self._key_changed()
         issuer = trusted[0]
@@ -547,10 +624,7 @@ class CertificateAuthority:
             # revocation or its new certificate is revoked by it.
             await t.repository(CERTIFICATES).lock_identity(key, shared=False)
             added = await t.repository(CERTIFICATES).revoke(serial=serial, spiffe_id=spiffe_id, reason=reason)
-            if added:
-                serials = [r.serial for r in added]
-                payload = {"spiffe_id": key, "serials": serials, "reason": reason}
-                await t.publish([OutboxEvent(type=REVOKED_EVENT, key=key, payload=payload)])
+            await self._publish_revoked(t, added)
             return added
 
         if tx is not None:
@@ -562,12 +636,29 @@ class CertificateAuthority:
             log.info("revoked %d certificate(s) of %s", len(added), key)
         return RevocationResult(spiffe_id=key, serials=tuple(r.serial for r in added))
 
+    async def _publish_revoked(self, tx: Transaction, revoked: Sequence[Revocation]) -> None:
+        """One ``certificate.revoked`` event per identity among ``revoked``, in the order of their SPIFFE IDs."""
+        by_identity: dict[str, list[Revocation]] = {}
+        for revocation in revoked:
+            by_identity.setdefault(revocation.spiffe_id, []).append(revocation)
+        events = [
+            OutboxEvent(
+                type=REVOKED_EVENT,
+                key=spiffe_id,
+                payload={"spiffe_id": spiffe_id, "serials": [r.serial for r in rs], "reason": rs[0].reason},
+            )
+            for spiffe_id, rs in sorted(by_identity.items())
+        ]
+        if events:
+            await tx.publish(events)
+
     # --- internals ----------------------------------------------------------------------------------------------
 
     def _last_active(self) -> CaKey | None:
-        """The active key of the last read outside a transaction, whatever its age (no I/O); ``None`` if none."""
+        """The active intermediate of the last read outside a transaction, whatever its age (no I/O); ``None`` if
+        none."""
         read = self._read
-        return next((k for k in read[1] if k.state == "active"), None) if read is not None else None
+        return _active_of(read[1], root=False) if read is not None else None
 
     def _key_changed(self) -> UnavailableError:
         self._forget_keys()  # the retry's prepare() reads the keys again
@@ -584,7 +675,7 @@ class CertificateAuthority:
 
     async def _active(self, *, fresh: bool = False) -> CaKey | None:
         keys = await self._store.repository(CERTIFICATES).keys(self.trust_domain) if fresh else await self.keys()
-        return next((k for k in keys if k.state == "active"), None)
+        return _active_of(keys, root=False)
 
     def _certificates(self, tx: Transaction | None) -> Certificates:
         """The CA's repository in ``tx``, or outside any transaction when there is none."""
@@ -601,29 +692,43 @@ class CertificateAuthority:
         self._private[key.id] = loaded
         return loaded
 
-    async def _sealed_key(self) -> tuple[CaKey, ec.EllipticCurvePrivateKey]:
-        """A new active key and its private half, sealed by the KMS; stored by the caller (in no transaction yet)."""
+    async def _sealed_key(
+        self, *, issuer: tuple[CaKey, ec.EllipticCurvePrivateKey] | None
+    ) -> tuple[CaKey, ec.EllipticCurvePrivateKey]:
+        """A new active key and its private half, sealed by the KMS; stored by the caller (in no transaction yet).
+
+        A root when ``issuer`` is ``None`` (self-signed, path length 1); otherwise an intermediate certified by that
+        root (path length 0), ending no later than it.
+        """
         key_id = f"cak_{secrets.token_hex(8)}"
         private = ec.generate_private_key(ec.SECP256R1())
         now = utc_seconds(self._clock.now())
         not_before = now - CLOCK_SKEW
         not_after = now + self._ca_validity
+        tier = "root" if issuer is None else "intermediate"
         name = x509.Name(
             [
                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORG),
-                x509.NameAttribute(NameOID.COMMON_NAME, f"{_ORG} node CA {self.trust_domain} {key_id}"),
+                # At most 64 characters, so no trust domain here (they run to 255).
+                x509.NameAttribute(NameOID.COMMON_NAME, f"node CA {tier} {key_id}"),
             ]
         )
         public = private.public_key()
+        if issuer is None:
+            issuer_name, signer, signer_public, path_length = name, private, public, 1
+        else:
+            issuer_cert = self._certificate_of(issuer[0])
+            issuer_name, signer, signer_public, path_length = issuer_cert.subject, issuer[1], issuer[1].public_key(), 0
+            not_after = min(not_after, issuer[0].not_after)
         cert = (
             x509.CertificateBuilder()
             .subject_name(name)
-            .issuer_name(name)
+            .issuer_name(issuer_name)
             .public_key(public)
             .serial_number(x509.random_serial_number())
             .not_valid_before(not_before)
             .not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=path_length), critical=True)
             .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
@@ -639,8 +744,8 @@ class CertificateAuthority:
                 critical=True,
             )
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
-            .sign(private, hashes.SHA256())
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(signer_public), critical=False)
+            .sign(signer, hashes.SHA256())
         )
         der = private.private_bytes(
             serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -655,6 +760,7 @@ class CertificateAuthority:
             state="active",
             not_after=not_after,
             created_at=now,
+            issuer_id=None if issuer is None else issuer[0].id,
         )
         return key, private
 

@@ -13,6 +13,7 @@ import attrs
 from bettercompute._runtime.registry import CallContext, method
 from bettercompute.errors import NotFoundError
 from bettercompute.modules._tenants import require_tenant
+from bettercompute.modules.nodes._ca import trust_bundle_pem_of
 from bettercompute.modules.nodes._install import bundle_pin, install_script
 from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS, JOIN_TOKENS, JoinTokenRecord
 from bettercompute.modules.nodes._schemas import (
@@ -124,7 +125,7 @@ async def _pins(call: CallContext) -> tuple[str | None, str | None]:
     if settings is None or call.context.kms is None:
         return None, None
     keys = await store.repository(CERTIFICATES).keys(settings.trust_domain)
-    bundle = "".join(k.certificate_pem for k in keys if k.state != "retired") or None
+    bundle = trust_bundle_pem_of(keys) or None
     join_key = await store.repository(JOIN_KEYS).active()
     return bundle, join_key.public_key if join_key is not None else None
 

@@ -1,13 +1,17 @@
 """The ``keys`` group: the control plane's own keys, listed, rotated and retired (root scope only, audited).
 
 A rotation overlaps: the new key becomes ``active`` and the old one ``previous``, which everything keeps trusting
-until it is retired. ``ca``: the trust bundle carries both CA certificates, daemons pick up the new bundle when they
-renew, and the old key is retired once the certificates it issued have expired (``retire`` refuses earlier without
-``force``). ``instructions``: new desired states and commands are signed with the new key at once (each process
-reads the keys again within seconds); retiring the old one signs again every current desired state it signed.
-``join``: join commands and install scripts made from then on carry the new key; the one before still opens what is
-sealed to it for the rotation's overlap (a day by default), so commands printed earlier keep working that long;
-retiring it ends the overlap at once.
+until it is retired.
+
+- ``ca``: a new intermediate under the same root (the root is what daemons and join tokens pin, so the pin does not
+  change); what the old intermediate issued keeps verifying, daemons get certificates of the new one when they
+  renew, and the old one is retired once the certificates it issued have expired (``retire`` refuses earlier
+  without ``force``, which revokes them; the active root is never retired).
+- ``instructions``: new desired states and commands are signed with the new key at once (each process reads the
+  keys again within seconds); retiring the old one signs again every current desired state it signed.
+- ``join``: join commands and install scripts made from then on carry the new key; the one before still opens what
+  is sealed to it for the rotation's overlap (a day by default), so commands printed earlier keep working that
+  long; retiring it ends the overlap at once.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def _ca_key(key: CaKey) -> Key:
         created_at=key.created_at,
         not_after=key.not_after,
         retired_at=key.retired_at,
+        issuer_id=key.issuer_id,
     )
 
 

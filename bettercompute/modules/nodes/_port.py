@@ -313,11 +313,14 @@ class JoinKeys(Protocol):
 
 @attrs.frozen(kw_only=True, repr=False)
 class CaKey:
-    """One signing key of the node CA of ``trust_domain``.
+    """One signing key of the node CA of ``trust_domain``: a root or an intermediate.
 
     ``sealed_key`` is the private key (PKCS#8 DER) as the KMS sealed it (context ``ca:<trust_domain>:<id>``), never
-    in the clear; ``certificate_pem`` its self-signed CA certificate. ``state`` is ``active`` (signs; exactly one per
-    trust domain), ``previous`` (signs no more, still in the trust bundle) or ``retired`` (out of the bundle).
+    in the clear; ``certificate_pem`` its CA certificate. A root (``issuer_id`` ``None``) is self-signed: it is what
+    the trust bundle carries and daemons pin, and it certifies intermediates and the instruction keys. An
+    intermediate (``issuer_id`` the root's id) signs every node, site, ramdisk and server certificate. ``state`` is
+    ``active`` (signs; one root and one intermediate per trust domain), ``previous`` (signs no more; a root stays in
+    the trust bundle, an intermediate's certificates keep verifying) or ``retired`` (trusted no more).
     """
 
     id: str
@@ -329,6 +332,11 @@ class CaKey:
     not_after: dt.datetime
     created_at: dt.datetime
     retired_at: dt.datetime | None = None
+    issuer_id: str | None = None
+
+    @property
+    def is_root(self) -> bool:
+        return self.issuer_id is None
 
     def __repr__(self) -> str:
         return f"CaKey(id={self.id!r}, trust_domain={self.trust_domain!r}, state={self.state!r})"
@@ -462,6 +470,11 @@ class Certificates(Protocol):
 
         Returns the revocations this call added (a certificate revoked before is left as it was).
         """
+        ...
+
+    async def revoke_issued_by(self, ca_key_ids: Sequence[str], *, now: dt.datetime, reason: str) -> list[Revocation]:
+        """Revoke every certificate the CA keys ``ca_key_ids`` issued that is unexpired at ``now``; the revocations
+        this call added."""
         ...
 
     async def is_revoked(self, serial: str) -> bool:

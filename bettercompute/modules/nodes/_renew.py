@@ -205,9 +205,10 @@ class Renewals:
                 details={"reason": "certificate_expired"},
             )
         bundle = await self.ca.trust_bundle()
+        intermediates = await self.ca.intermediates()
         try:
             verifier = PolicyBuilder().store(TrustStore(bundle)).time(now).build_client_verifier()
-            verifier.verify(certificate, [])
+            verifier.verify(certificate, intermediates)
         except VerificationError:
             raise UnauthenticatedError(
                 "the certificate does not chain to this control plane's CA", details={"reason": "untrusted"}

@@ -328,6 +328,9 @@ class Key:
     """When its certificate ends (a CA key's own; the instruction key's current one); for a previous JoinService key,
     when its overlap ends (then it opens nothing more)."""
     retired_at: dt.datetime | None = None
+    issuer_id: str | None = None
+    """For a CA intermediate, the root that certified it (``rotate`` makes a new intermediate under the same root);
+    none for a root, which daemons pin and which never rotates here, and for the other kinds."""
 
 
 @attrs.frozen(kw_only=True)
@@ -357,8 +360,9 @@ class RotateKeyInput:
 
 @attrs.frozen(kw_only=True)
 class RetireKeyInput:
-    """Stop trusting a ``previous`` key. ``force`` retires it even while what it signed may still be in use (a CA
-    key with unexpired certificates; an instruction key made ``previous`` less than a day ago)."""
+    """Stop trusting a ``previous`` key. ``force`` retires it even while what it signed may still be in use: a CA
+    intermediate with unexpired certificates (they are revoked with it, so their nodes must join again), an
+    instruction key made ``previous`` less than a day ago."""
 
     kind: KeyKind
     id: str = attrs.field(validator=_ID)

@@ -7,6 +7,7 @@ A key's private half is stored only as the KMS sealed it (``sealed_key``); nothi
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from bettercompute.errors import ConflictError, InvalidInputError
@@ -16,16 +17,21 @@ from bettercompute_store_pg._repository import PgRepository
 
 __all__ = ["PgCertificates"]
 
-_KEY_COLUMNS = "id, trust_domain, algorithm, sealed_key, certificate_pem, state, not_after, created_at, retired_at"
+_KEY_COLUMNS = (
+    "id, trust_domain, algorithm, sealed_key, certificate_pem, state, not_after, created_at, retired_at, issuer_id"
+)
 _CERT_COLUMNS = "serial, node_id, spiffe_id, role, ca_key_id, not_before, not_after, issued_at, key_sha256"
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('bettercompute.modules.nodes._ca:' || :trust_domain, 0))"
 
-_KEYS = f"SELECT {_KEY_COLUMNS} FROM {{s}}.ca_keys WHERE trust_domain = :trust_domain ORDER BY created_at, id"
+_KEYS = f"""
+SELECT {_KEY_COLUMNS} FROM {{s}}.ca_keys WHERE trust_domain = :trust_domain
+ORDER BY created_at, issuer_id IS NOT NULL, id
+"""
 
 _ADD_KEY = """
-INSERT INTO {s}.ca_keys (id, trust_domain, algorithm, sealed_key, certificate_pem, state, not_after)
-VALUES (:id, :trust_domain, :algorithm, :sealed_key, :certificate_pem, :state, :not_after)
+INSERT INTO {s}.ca_keys (id, trust_domain, algorithm, sealed_key, certificate_pem, state, not_after, issuer_id)
+VALUES (:id, :trust_domain, :algorithm, :sealed_key, :certificate_pem, :state, :not_after, :issuer_id)
 ON CONFLICT DO NOTHING
 RETURNING id
 """
@@ -37,10 +43,12 @@ WHERE trust_domain = :trust_domain AND id = :id
 RETURNING id
 """
 
-# Recorded only if the signing key is still the active one (a rotation by another process may have committed since
-# the key was read): checked by this statement, so issuing needs no read of the keys in its transaction.
+# Recorded only if the signing key is still the active intermediate (a rotation by another process may have committed
+# since the key was read): checked by this statement, so issuing needs no read of the keys in its transaction.
 _RECORD = f"""
-WITH signer AS (SELECT 1 FROM {{s}}.ca_keys WHERE id = :ca_key_id AND state = 'active'),
+WITH signer AS (
+    SELECT 1 FROM {{s}}.ca_keys WHERE id = :ca_key_id AND state = 'active' AND issuer_id IS NOT NULL
+),
 recorded AS (
     INSERT INTO {{s}}.certificates ({_CERT_COLUMNS})
     SELECT :serial, :node_id, :spiffe_id, :role, :ca_key_id, :not_before, :not_after, now(), :key_sha256
@@ -64,6 +72,15 @@ INSERT INTO {s}.revocations (serial, spiffe_id, reason)
 SELECT c.serial, c.spiffe_id, :reason FROM {s}.certificates AS c
 WHERE (CAST(:serial AS text) IS NULL OR c.serial = :serial)
   AND (CAST(:spiffe_id AS text) IS NULL OR c.spiffe_id = :spiffe_id)
+ORDER BY c.serial
+ON CONFLICT (serial) DO NOTHING
+RETURNING serial, spiffe_id, reason, revoked_at
+"""
+
+_REVOKE_ISSUED_BY = """
+INSERT INTO {s}.revocations (serial, spiffe_id, reason)
+SELECT c.serial, c.spiffe_id, :reason FROM {s}.certificates AS c
+WHERE c.ca_key_id = ANY(:ids) AND c.not_after > :now
 ORDER BY c.serial
 ON CONFLICT (serial) DO NOTHING
 RETURNING serial, spiffe_id, reason, revoked_at
@@ -143,6 +160,7 @@ def _key(row: Any) -> CaKey:
         not_after=utc(row.not_after),
         created_at=utc(row.created_at),
         retired_at=utc(row.retired_at) if row.retired_at is not None else None,
+        issuer_id=row.issuer_id,
     )
 
 
@@ -177,6 +195,7 @@ class PgCertificates(PgRepository):
         self._get = db.sql(_GET)
         self._live = db.sql(_LIVE)
         self._revoke = db.sql(_REVOKE)
+        self._revoke_issued_by = db.sql(_REVOKE_ISSUED_BY)
         self._is_revoked = db.sql(_IS_REVOKED)
         self._newest = db.sql(_NEWEST)
         self._live_for = db.sql(_LIVE_FOR)
@@ -196,7 +215,7 @@ class PgCertificates(PgRepository):
         return [_key(row) for row in await self._fetch(self._keys, {"trust_domain": trust_domain})]
 
     async def add_key(self, key: CaKey) -> None:
-        """Add a key; a second active key of one trust domain (or a taken id) is a ``ConflictError``."""
+        """Add a key; a second active root, or intermediate, of a trust domain (or a taken id) is a ``ConflictError``."""
         params = {
             "id": key.id,
             "trust_domain": key.trust_domain,
@@ -205,9 +224,10 @@ class PgCertificates(PgRepository):
             "certificate_pem": key.certificate_pem,
             "state": key.state,
             "not_after": key.not_after,
+            "issuer_id": key.issuer_id,
         }
         if not await self._fetch_in_transaction("add_key", self._add_key, params):
-            raise ConflictError("the trust domain has an active CA key already, or the key id is taken")
+            raise ConflictError("the trust domain has an active CA key of this kind already, or the key id is taken")
 
     async def set_key_state(self, *, trust_domain: str, id: str, state: str) -> bool:
         """Move a key to ``state``."""
@@ -300,6 +320,12 @@ class PgCertificates(PgRepository):
             raise InvalidInputError("revoke takes a serial or a SPIFFE ID")
         params = {"serial": serial, "spiffe_id": spiffe_id, "reason": reason}
         return [_revocation(row) for row in await self._fetch_in_transaction("revoke", self._revoke, params)]
+
+    async def revoke_issued_by(self, ca_key_ids: Sequence[str], *, now: dt.datetime, reason: str) -> list[Revocation]:
+        """Revoke the unexpired certificates of these CA keys; returns the revocations added."""
+        params = {"ids": list(ca_key_ids), "now": now, "reason": reason}
+        rows = await self._fetch_in_transaction("revoke_issued_by", self._revoke_issued_by, params)
+        return [_revocation(row) for row in rows]
 
     async def is_revoked(self, serial: str) -> bool:
         """Whether ``serial`` is revoked."""

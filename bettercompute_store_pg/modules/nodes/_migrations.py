@@ -301,6 +301,18 @@ ALTER TABLE {schema}.join_keys ADD COLUMN retire_after timestamptz,
     ADD CONSTRAINT join_keys_state_check CHECK (state IN ('active', 'previous', 'retired'));
 """
 
+# The node CA becomes a root and intermediates: a root (``issuer_id`` NULL, self-signed, long-lived) is what daemons
+# pin, and it certifies the intermediates (``issuer_id`` its id) that sign every leaf; rotating the CA rotates an
+# intermediate, so the pin survives. Keys made before were flat (a root that signed leaves itself, and could certify
+# no intermediate): the active one becomes ``previous`` (still trusted until retired) and the next start makes a root
+# and its first intermediate. One active root and one active intermediate per trust domain.
+_V14 = """
+ALTER TABLE {schema}.ca_keys ADD COLUMN issuer_id text REFERENCES {schema}.ca_keys (id);
+UPDATE {schema}.ca_keys SET state = 'previous' WHERE state = 'active';
+DROP INDEX {schema}.ca_keys_active;
+CREATE UNIQUE INDEX ca_keys_active ON {schema}.ca_keys (trust_domain, (issuer_id IS NULL)) WHERE state = 'active';
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1),
     Migration(version=2, name="gateway certificates", sql=_V2),
@@ -315,4 +327,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=11, name="signed acknowledgements", sql=_V11),
     Migration(version=12, name="signed instructions", sql=_V12),
     Migration(version=13, name="JoinService key rotation", sql=_V13),
+    Migration(version=14, name="a root CA with intermediates", sql=_V14),
 )

@@ -56,9 +56,10 @@ def csr(key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey | None = Non
 
 
 def verify(bundle: list[x509.Certificate], pem: str, at: dt.datetime) -> list[x509.GeneralName]:
-    leaf = x509.load_pem_x509_certificate(pem.encode())
+    """The subjects of the first certificate in ``pem``, verified with the rest as its chain."""
+    leaf, *chain = x509.load_pem_x509_certificates(pem.encode())
     verifier = PolicyBuilder().store(Store(bundle)).time(at).build_client_verifier()
-    verified = verifier.verify(leaf, [])
+    verified = verifier.verify(leaf, chain)
     assert verified.subjects is not None
     return list(verified.subjects)
 
@@ -70,7 +71,14 @@ async def test_issued_certificate_chains_to_the_bundle_with_exactly_its_spiffe_i
     assert issued.spiffe_id == f"spiffe://{TD}/node/n-1"
     bundle = await ca.trust_bundle()
     assert len(bundle) == 1
-    assert verify(bundle, issued.certificate_pem, clock.now()) == [x509.UniformResourceIdentifier(issued.spiffe_id)]
+    full = issued.certificate_pem + issued.chain_pem
+    assert verify(bundle, full, clock.now()) == [x509.UniformResourceIdentifier(issued.spiffe_id)]
+    with pytest.raises(VerificationError):  # the root signs only intermediates: a leaf needs its chain
+        verify(bundle, issued.certificate_pem, clock.now())
+    intermediate = x509.load_pem_x509_certificate(issued.chain_pem.encode())
+    assert intermediate.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 0
+    assert bundle[0].extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 1
+    intermediate.verify_directly_issued_by(bundle[0])
     cert = x509.load_pem_x509_certificate(issued.certificate_pem.encode())
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert list(san) == [x509.UniformResourceIdentifier(f"spiffe://{TD}/node/n-1")]
@@ -79,7 +87,8 @@ async def test_issued_certificate_chains_to_the_bundle_with_exactly_its_spiffe_i
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     assert cert.not_valid_after_utc - cert.not_valid_before_utc == dt.timedelta(hours=24)
-    assert issued.chain_pem == bundle[0].public_bytes(serialization.Encoding.PEM).decode()
+    assert issued.chain_pem == intermediate.public_bytes(serialization.Encoding.PEM).decode()
+    assert issued.chain_pem != bundle[0].public_bytes(serialization.Encoding.PEM).decode()
     record = await pg_store.repository(CERTIFICATES).get(issued.serial)
     assert record is not None
     assert (record.node_id, record.spiffe_id, record.role, record.ca_key_id) == (
@@ -102,7 +111,8 @@ async def test_roles_paths_and_key_types(ca: CertificateAuthority, clock: Manual
     assert ramdisk.spiffe_id == f"spiffe://{TD}/ramdisk/n-2"
     assert ramdisk.not_after - ramdisk.not_before == dt.timedelta(hours=2)
     bundle = await ca.trust_bundle()
-    assert verify(bundle, ramdisk.certificate_pem, clock.now()) == [x509.UniformResourceIdentifier(ramdisk.spiffe_id)]
+    full = ramdisk.certificate_pem + ramdisk.chain_pem
+    assert verify(bundle, full, clock.now()) == [x509.UniformResourceIdentifier(ramdisk.spiffe_id)]
     cert = x509.load_pem_x509_certificate(site.certificate_pem.encode())
     assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)[0].value == "site"
 
@@ -208,17 +218,24 @@ async def test_rotation_keeps_old_certificates_valid_until_retire(
     ca: CertificateAuthority, pg_store: PgStore, clock: ManualClock
 ) -> None:
     old = await ca.issue(csr(), node_id="n-1")
+    pin = await ca.trust_bundle_pem()
     new_key = await ca.rotate()
-    assert new_key.id != old.ca_key_id
+    assert new_key.id != old.ca_key_id and new_key.issuer_id is not None
     new = await ca.issue(csr(), node_id="n-1")
-    assert new.ca_key_id == new_key.id
+    assert new.ca_key_id == new_key.id and new.chain_pem != old.chain_pem
+    # The rotation made an intermediate under the same root: the bundle (what join tokens pin) did not change.
+    assert await ca.trust_bundle_pem() == pin
     bundle = await ca.trust_bundle()
-    assert len(bundle) == 2
+    assert len(bundle) == 1
     for issued in (old, new):
-        assert verify(bundle, issued.certificate_pem, clock.now()) == [x509.UniformResourceIdentifier(issued.spiffe_id)]
+        full = issued.certificate_pem + issued.chain_pem
+        assert verify(bundle, full, clock.now()) == [x509.UniformResourceIdentifier(issued.spiffe_id)]
 
+    root = next(k for k in await ca.keys() if k.is_root)
     with pytest.raises(FailedPreconditionError):
-        await ca.retire(new_key.id)  # the active key
+        await ca.retire(new_key.id)  # the active intermediate
+    with pytest.raises(FailedPreconditionError, match="pins"):
+        await ca.retire(root.id)  # the root, ever
     with pytest.raises(FailedPreconditionError):
         await ca.retire(old.ca_key_id)  # its certificate is still valid
     with pytest.raises(NotFoundError):
@@ -226,11 +243,43 @@ async def test_rotation_keeps_old_certificates_valid_until_retire(
 
     clock.advance(dt.timedelta(hours=25))
     await ca.retire(old.ca_key_id)
+    assert await ca.trust_bundle_pem() == pin
+    assert [x509.load_pem_x509_certificate(new.chain_pem.encode())] == await ca.intermediates()
+    with pytest.raises(VerificationError):  # its intermediate is no longer offered as a chain
+        verify(
+            bundle,
+            old.certificate_pem
+            + "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in await ca.intermediates()),
+            old.not_before + dt.timedelta(hours=1),
+        )
+    assert [(k.is_root, k.state) for k in await ca.keys()] == [(True, "active"), (False, "retired"), (False, "active")]
+
+
+async def test_a_forced_retire_revokes_what_the_intermediate_issued_and_a_handshake_alone_would_not(
+    ca: CertificateAuthority, pg_store: PgStore, clock: ManualClock
+) -> None:
+    """TLS checks a chain up to the root, and the root still vouches for a retired intermediate: so retiring one
+    early (``force``) revokes its unexpired certificates, which every gateway checks at the handshake and in its
+    sessions. Expired ones and those of the new intermediate are left alone."""
+    expired = await ca.issue(csr(), node_id="gone", ttl=dt.timedelta(minutes=5))
+    clock.advance(dt.timedelta(minutes=10))
+    live_a = await ca.issue(csr(), node_id="a")
+    live_b = await ca.issue(csr(), node_id="b", role="site")
+    old_key = live_a.ca_key_id
+    await ca.rotate()
+    fresh = await ca.issue(csr(), node_id="a")
+    await ca.retire(old_key, force=True)
+    assert [await ca.is_revoked(i.serial) for i in (expired, live_a, live_b, fresh)] == [False, True, True, False]
+    reason = f"CA key {old_key} retired"
+    assert await outbox(pg_store) == [
+        ("certificate.revoked", i.spiffe_id, {"spiffe_id": i.spiffe_id, "serials": [i.serial], "reason": reason})
+        for i in (live_a, live_b)
+    ]
+    # The chain still verifies on its own: the revocation is what ends it.
     bundle = await ca.trust_bundle()
-    assert len(bundle) == 1
-    with pytest.raises(VerificationError):
-        verify(bundle, old.certificate_pem, old.not_before + dt.timedelta(hours=1))
-    assert [k.state for k in await ca.keys()] == ["retired", "active"]
+    assert verify(bundle, live_a.certificate_pem + live_a.chain_pem, clock.now())
+    with pytest.raises(FailedPreconditionError, match="pins"):
+        await ca.retire(next(k.id for k in await ca.keys() if k.is_root), force=True)
 
 
 async def test_a_second_process_sees_one_active_key(pg_store: PgStore, tmp_path: Path, clock: ManualClock) -> None:
@@ -240,7 +289,7 @@ async def test_a_second_process_sees_one_active_key(pg_store: PgStore, tmp_path:
     first, second = await one.ensure(), await two.ensure()
     assert first.id == second.id
     issued = await two.issue(csr(), node_id="n-1")  # decrypts the key the other one sealed
-    assert verify(await one.trust_bundle(), issued.certificate_pem, clock.now())
+    assert verify(await one.trust_bundle(), issued.certificate_pem + issued.chain_pem, clock.now())
 
 
 class _RendezvousKms:
@@ -282,15 +331,15 @@ async def test_two_processes_creating_the_first_key_at_once_store_one_and_both_s
     async with anyio.create_task_group() as tg:
         tg.start_soon(ensure, "one", one)
         tg.start_soon(ensure, "two", two)
-    assert rendezvous.sealed == 2
+    assert rendezvous.sealed == 4  # a root and an intermediate each
     keys = await pg_store.repository(CERTIFICATES).keys(TD)
-    assert [(k.id, k.state) for k in keys] == [(got["one"], "active")]
-    assert got["two"] == got["one"]
+    assert [(k.state, k.is_root) for k in keys] == [("active", True), ("active", False)]
+    assert keys[1].id == got["one"] == got["two"]
     bundle = await one.trust_bundle()
     for ca in (one, two):  # the loser signs with the stored key, not with the one it sealed and dropped
         issued = await ca.issue(csr(), node_id="n-1")
-        assert issued.ca_key_id == keys[0].id
-        assert verify(bundle, issued.certificate_pem, clock.now())
+        assert issued.ca_key_id == keys[1].id
+        assert verify(bundle, issued.certificate_pem + issued.chain_pem, clock.now())
 
 
 async def test_no_private_key_in_any_table_nor_in_logs(
@@ -316,7 +365,7 @@ async def test_no_private_key_in_any_table_nor_in_logs(
         scalar = private.private_numbers().private_value.to_bytes(32, "big")
         body = b"".join(pem.splitlines()[1:-1])
         secrets += [der, scalar, body[:40], base64.b64encode(der)[:40], scalar.hex().encode()]
-    assert len(secrets) == 10
+    assert len(secrets) == 15  # a root and two intermediates
 
     dump = bytearray()
     with psycopg.connect(database_url) as conn:
@@ -370,7 +419,7 @@ async def test_python_ssl_accepts_an_issued_client_certificate(pg_store: PgStore
     bundle_file = tmp_path / "bundle.pem"
     bundle_file.write_text(await ca.trust_bundle_pem())
     client_cert, client_key = tmp_path / "node.pem", tmp_path / "node.key"
-    client_cert.write_text(issued.certificate_pem)
+    client_cert.write_text(issued.certificate_pem + issued.chain_pem)
     client_key.write_bytes(
         node_key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -417,14 +466,15 @@ async def test_keys_reused_for_their_ttl_then_read_again(pg_store: PgStore, tmp_
     )
     other = CertificateAuthority(pg_store, kms, trust_domain=TD, clock=clock)  # another process
     first = await cached.prepare()
-    assert [k.id for k in await cached.keys()] == [first.id]  # read, and kept for a second
+    root = (await cached.keys())[0]
+    assert [k.id for k in await cached.keys()] == [root.id, first.id]  # read, and kept for a second
     rotated = await other.rotate()
-    # Within the TTL the bundle is the one read before; a standalone issue still reads the active key afresh.
-    assert [k.id for k in await cached.keys()] == [first.id]
+    # Within the TTL the keys are the ones read before; a standalone issue still reads the active key afresh.
+    assert [k.id for k in await cached.keys()] == [root.id, first.id]
     assert (await cached.issue(csr(), node_id="n-1")).ca_key_id == rotated.id
     now[0] = 1.5
-    assert [k.id for k in await cached.keys()] == [first.id, rotated.id]
-    assert len(await cached.trust_bundle()) == 2
+    assert [k.id for k in await cached.keys()] == [root.id, first.id, rotated.id]
+    assert len(await cached.trust_bundle()) == 1 and len(await cached.intermediates()) == 2
     # A key this CA changes itself is seen at once.
     newest = await cached.rotate()
     assert [k.id for k in await cached.keys()][-1] == newest.id

@@ -116,7 +116,7 @@ class Wire:
         return Joined(
             node_id=cert.node_id,
             key=key,
-            certificate_pem=cert.certificate_pem,
+            certificate_pem=cert.certificate_pem + cert.chain_pem,  # as bcd keeps it: the leaf, then its chain
             trust_bundle_pem=cert.trust_bundle_pem,
             serial=cert.serial,
         )
@@ -162,7 +162,7 @@ async def gateway_tls(fleet: Fleet, name: str = "gw-test") -> GatewayTls:
     csr_pem = NodeKey(key).csr_pem()
     issued = await ca.issue_server(csr_pem, name=name, hosts=["127.0.0.1", "localhost"])
     return GatewayTls(
-        certificate_pem=issued.certificate_pem,
+        certificate_pem=issued.certificate_pem + issued.chain_pem,
         private_key_pem=key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         ).decode(),

@@ -92,7 +92,7 @@ async def test_an_attested_gpu_is_taken_from_a_holder_that_only_said_it_had_it(g
     owner = Joined(
         node_id=result.node_id,
         key=key,
-        certificate_pem=result.certificate_pem,
+        certificate_pem=result.certificate_pem + result.chain_pem,
         trust_bundle_pem=result.trust_bundle_pem,
         serial=result.serial,
     )
@@ -126,7 +126,7 @@ async def _attested_node(gw: Wire, serial: str, uuids: Sequence[str]) -> Joined:
     return Joined(
         node_id=result.node_id,
         key=key,
-        certificate_pem=result.certificate_pem,
+        certificate_pem=result.certificate_pem + result.chain_pem,
         trust_bundle_pem=result.trust_bundle_pem,
         serial=result.serial,
     )

@@ -65,7 +65,7 @@ async def test_a_ramdisk_certificate_past_its_two_hours_is_refused(gw: Wire) -> 
     ca = gw.fleet.services.joins.ca
     issued = await ca.issue(key.csr_pem(), node_id="mch_0123456789abcdef", role="ramdisk")
     assert issued.not_after - issued.not_before <= dt.timedelta(hours=2, minutes=1)
-    tls: dict[str, Any] = {"cert_pem": issued.certificate_pem, "key_pem": key.private_key_pem()}
+    tls: dict[str, Any] = {"cert_pem": issued.certificate_pem + issued.chain_pem, "key_pem": key.private_key_pem()}
     # Within its life the control plane takes it (the machine is unknown, so there is nothing to do).
     channel = gw.channel(**tls)
     try:

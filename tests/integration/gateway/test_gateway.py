@@ -413,7 +413,8 @@ async def test_a_ramdisk_or_an_expired_certificate_opens_no_session(gw: Wire) ->
     ramdisk_key = NodeKey()
     ramdisk = await gw.fleet.services.joins.ca.issue(ramdisk_key.csr_pem(), node_id=joined.node_id, role="ramdisk")
     assert await refused_session(
-        gw.channel(cert_pem=ramdisk.certificate_pem, key_pem=ramdisk_key.private_key_pem()), joined.node_id
+        gw.channel(cert_pem=ramdisk.certificate_pem + ramdisk.chain_pem, key_pem=ramdisk_key.private_key_pem()),
+        joined.node_id,
     ) == ("role", Status.FAILED_PRECONDITION)
     # The node's own certificate once the control plane's clock is past its end.
     gw.fleet.clock.advance(dt.timedelta(hours=25))

@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 from cryptography import x509
-from cryptography.x509.verification import PolicyBuilder, Store
+from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from bettercompute.errors import (
     AccessDeniedError,
@@ -57,7 +57,10 @@ async def test_a_join_makes_an_adopting_node_with_a_24_hour_spiffe_certificate(f
     cert = x509.load_pem_x509_certificate(result.certificate_pem.encode())
     bundle = x509.load_pem_x509_certificates(result.trust_bundle_pem.encode())
     verifier = PolicyBuilder().store(Store(bundle)).time(fleet.clock.now()).build_client_verifier()
-    assert list(verifier.verify(cert, []).subjects or []) == [x509.UniformResourceIdentifier(result.spiffe_id)]
+    chain = x509.load_pem_x509_certificates(result.chain_pem.encode())
+    assert list(verifier.verify(cert, chain).subjects or []) == [x509.UniformResourceIdentifier(result.spiffe_id)]
+    with pytest.raises(VerificationError):  # the leaf alone does not verify: the root signs only intermediates
+        verifier.verify(cert, [])
     assert cert.not_valid_after_utc - cert.not_valid_before_utc == dt.timedelta(hours=24)
     assert await _uses_left(fleet, created.id) == 1
     events = await fleet.events("node.joined")
