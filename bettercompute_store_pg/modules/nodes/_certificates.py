@@ -215,7 +215,7 @@ class PgCertificates(PgRepository):
         return [_key(row) for row in await self._fetch(self._keys, {"trust_domain": trust_domain})]
 
     async def add_key(self, key: CaKey) -> None:
-        """Add a key; a second active root, or intermediate, of a trust domain (or a taken id) is a ``ConflictError``."""
+        """Add a key; a second active root or intermediate of a trust domain, or a taken id: ``ConflictError``."""
         params = {
             "id": key.id,
             "trust_domain": key.trust_domain,
