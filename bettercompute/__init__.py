@@ -34,6 +34,7 @@ if _typing.TYPE_CHECKING:
     from bettercompute._runtime.http import Request as Request
     from bettercompute._runtime.http import Response as Response
     from bettercompute._runtime.jobs import Job as Job
+    from bettercompute._runtime.kms import KmsRing as KmsRing
     from bettercompute._runtime.kms import LocalKeyKms as LocalKeyKms
     from bettercompute._runtime.metrics import Metrics as Metrics
     from bettercompute._runtime.reconcile import Outcome as Outcome
@@ -89,6 +90,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     "Request": ("bettercompute._runtime.http", "Request"),
     "Response": ("bettercompute._runtime.http", "Response"),
     "Job": ("bettercompute._runtime.jobs", "Job"),
+    "KmsRing": ("bettercompute._runtime.kms", "KmsRing"),
     "LocalKeyKms": ("bettercompute._runtime.kms", "LocalKeyKms"),
     "Metrics": ("bettercompute._runtime.metrics", "Metrics"),
     "Outcome": ("bettercompute._runtime.reconcile", "Outcome"),
@@ -161,6 +163,7 @@ __all__ = [
     "Intercepted",
     "Job",
     "JoinSettings",
+    "KmsRing",
     "LocalKeyKms",
     "MethodDef",
     "Metrics",

@@ -232,12 +232,13 @@ def _plugin_problems(options: Options, problems: list[str]) -> None:
 
 
 def repository_problems(store: Any, modules: Sequence[Module]) -> list[str]:
-    """The repositories a module needs (its optional ``repositories``, typed keys) that the store does not ship."""
+    """The repositories a module needs (its optional ``repositories`` and ``sealed``, typed keys) that the store
+    does not ship."""
     problems: list[str] = []
     if store is None or not callable(getattr(store, "repository", None)):
         return problems
     for module in modules:
-        for key in getattr(module, "repositories", ()):
+        for key in (*getattr(module, "repositories", ()), *getattr(module, "sealed", ())):
             try:
                 store.repository(key)
             except ComputeError:

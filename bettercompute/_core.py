@@ -124,6 +124,7 @@ class BetterCompute:
             session_timeout=options.session_timeout,
             settings=Settings(s for s in (options.webhooks, options.join, options.capacity) if s is not None),
             metrics=self.metrics,
+            sealed=tuple(key for m in self._modules for key in getattr(m, "sealed", ())),
         )
         unavailable = {
             group.name: reason

@@ -58,6 +58,7 @@ KEYS = (
     "iam_url",
     "iam_credential",
     "kms_key_file",
+    "kms_previous_key_file",
     "trust_domain",
     "gateway_address",
     "gateway_host",
@@ -121,6 +122,9 @@ class Config:
         kms_key_file: The ``LocalKeyKms`` key file that seals webhook signing secrets; with it, ``serve`` and
             ``migrate`` register the ``webhooks`` group and its sender. Every process of one deployment that runs the
             API or ``sinks`` must read the same file. ``dev`` defaults to ``./.bettercompute/kms.key``.
+        kms_previous_key_file: The key file ``kms_key_file`` replaced, during a KMS key rotation: what it sealed
+            still opens (``KmsRing``) while ``keys rewrap`` seals every stored blob again under the new key. Remove
+            it once the re-wrap is done and a day has passed (``docs/operations.md``, "Rotating keys").
         trust_domain: The SPIFFE trust domain of node identities; with ``gateway_address`` and ``kms_key_file`` it
             turns on JoinService and the node CA (``dev`` defaults to ``dev.localhost``).
         gateway_address: ``host:port`` daemons dial, pinned in the join command (``dev``: ``<host>:7443``).
@@ -175,6 +179,7 @@ class Config:
     iam_url: str | None = None
     iam_credential: str | None = attrs.field(default=None, repr=False)
     kms_key_file: Path | None = None
+    kms_previous_key_file: Path | None = None
     trust_domain: str | None = None
     gateway_address: str | None = None
     gateway_host: str | None = None
@@ -236,7 +241,7 @@ def _check(key: str, value: Any, where: str, *, from_env: bool = False) -> tuple
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty string"  # never repeated: it is a secret
         return value.strip(), None
-    if key in ("kms_key_file", "gateway_state_dir"):
+    if key in ("kms_key_file", "kms_previous_key_file", "gateway_state_dir"):
         if not isinstance(value, str) or not value.strip():
             return None, f"{where} must be a non-empty path"
         return Path(value.strip()).expanduser(), None

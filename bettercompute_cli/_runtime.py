@@ -33,7 +33,7 @@ import anyio
 import attrs
 import uvicorn
 
-from bettercompute import BetterCompute, JoinSettings, LocalKeyKms, Options, better_compute
+from bettercompute import BetterCompute, JoinSettings, KmsRing, LocalKeyKms, Options, better_compute
 from bettercompute.errors import (
     AccessDeniedError,
     ComputeError,
@@ -42,7 +42,7 @@ from bettercompute.errors import (
     UnavailableError,
 )
 from bettercompute.modules.webhooks import WebhookSettings
-from bettercompute.ports import Decision, Iam, Identity, ResourceRef
+from bettercompute.ports import Decision, Iam, Identity, Kms, ResourceRef
 from bettercompute_gateway import TunnelOptions
 from bettercompute_iam import EmbeddedIam, RemoteIam
 from bettercompute_metal import MetalModule
@@ -140,10 +140,11 @@ def _remote_plan(config: Config) -> RemotePlan:
             "roles: a gateway without the api reaches the api's internal listener: set internal_address "
             "(the api process's internal_port)"
         )
-    if config.kms_key_file is not None:
-        problems.append(
-            "kms_key_file: a gateway without the api holds no KMS key; leave it out of this process's configuration"
-        )
+    for key, value in (("kms_key_file", config.kms_key_file), ("kms_previous_key_file", config.kms_previous_key_file)):
+        if value is not None:
+            problems.append(
+                f"{key}: a gateway without the api holds no KMS key; leave it out of this process's configuration"
+            )
     if problems or config.internal_address is None or config.trust_domain is None:
         raise ConfigError(problems)
     addresses = []
@@ -268,12 +269,22 @@ def webhooks_note(config: Config, *, dev: bool) -> str | None:
     return None
 
 
+def _kms(config: Config) -> Kms | None:
+    """The KMS of ``config``: its key file, and during a rotation the one it replaced for opening (``KmsRing``)."""
+    if config.kms_key_file is None:
+        return None
+    current = LocalKeyKms(config.kms_key_file)
+    if config.kms_previous_key_file is None:
+        return current
+    return KmsRing(current, LocalKeyKms(config.kms_previous_key_file))
+
+
 def _compose(
     config: Config, url: str, iam: Iam, *, notify: bool, loopback_webhooks: bool = False, identity: bool = True
 ) -> BetterCompute:
     store = PgStore(url, schema=config.schema, prepared_statements=not config.pgbouncer)
     # With a key file, the webhooks group and its sinks/webhooks sender are registered (no I/O until first use).
-    kms = LocalKeyKms(config.kms_key_file) if config.kms_key_file is not None else None
+    kms = _kms(config)
     # With the trust domain and gateway address as well, JoinService and the node CA are on (not in a gateway-only
     # process: it asks the api process for what they decide).
     join = None

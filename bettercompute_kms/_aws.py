@@ -48,6 +48,9 @@ _KEY_PROBLEMS = frozenset(
 )
 # Codes that mean this blob does not open under this key and context (stored state is wrong).
 _BLOB_PROBLEMS = frozenset({"InvalidCiphertextException"})
+# In a decrypt, a wrapped key made under another KMS key is a blob of another key (one a ``KmsRing`` may open under
+# a previous key), not a key that cannot be used.
+_DECRYPT_BLOB_PROBLEMS = _BLOB_PROBLEMS | {"IncorrectKeyException"}
 
 
 def _aad(context: str) -> bytes:
@@ -110,7 +113,7 @@ class AwsKms:
             self._client = session.client("kms", endpoint_url=self.endpoint_url, config=config)
         return self._client
 
-    async def _call(self, name: str, **request: Any) -> Any:
+    async def _call(self, name: str, *, blob_codes: frozenset[str] = _BLOB_PROBLEMS, **request: Any) -> Any:
         def run() -> Any:
             return getattr(self._kms(), name)(**request)
 
@@ -118,7 +121,7 @@ class AwsKms:
             return await anyio.to_thread.run_sync(run)
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in _BLOB_PROBLEMS:
+            if code in blob_codes:
                 raise InternalError("a stored secret does not decrypt under this KMS key and context") from None
             if code in _KEY_PROBLEMS:
                 raise InvalidConfigError(
@@ -163,7 +166,11 @@ class AwsKms:
         wrapped = ciphertext[head : head + size]
         nonce = ciphertext[head + size : head + size + _NONCE]
         answer = await self._call(
-            "decrypt", CiphertextBlob=wrapped, KeyId=self.key_id, EncryptionContext={_CONTEXT_KEY: context}
+            "decrypt",
+            blob_codes=_DECRYPT_BLOB_PROBLEMS,
+            CiphertextBlob=wrapped,
+            KeyId=self.key_id,
+            EncryptionContext={_CONTEXT_KEY: context},
         )
         try:
             return AESGCM(bytes(answer["Plaintext"])).decrypt(nonce, ciphertext[head + size + _NONCE :], _aad(context))

@@ -17,12 +17,12 @@ from bettercompute import GatewayMethod, GroupSet, GroupSpec, Job, ModuleContext
 from bettercompute.modules.images import IMAGES
 from bettercompute.modules.nodes import JOIN_TOKENS, NODES
 from bettercompute.modules.pools import POOLS
-from bettercompute.ports import Migration, Repository
+from bettercompute.ports import Migration, Repository, Sealed
 from bettercompute_metal import _service
 from bettercompute_metal._gateway import GATEWAY_METHODS as _GATEWAY_METHODS
 from bettercompute_metal._gateway import SIGNED_REPORTS, report_message, verify_reports
 from bettercompute_metal._pg import MIGRATIONS as _MIGRATIONS
-from bettercompute_metal._port import METAL
+from bettercompute_metal._port import METAL, SEALED_BMC_CREDENTIALS
 from bettercompute_metal._workflows import BOOT_RECORDS_TRIM as _BOOT_RECORDS_TRIM
 from bettercompute_metal._workflows import NODE_WATCH as _NODE_WATCH
 from bettercompute_metal._workflows import WORKFLOWS as _WORKFLOWS
@@ -93,6 +93,7 @@ class MetalModule:
     migrations: Mapping[str, Sequence[Migration]] = {"postgresql": _MIGRATIONS}
     jobs: Sequence[Job] = (_NODE_WATCH, _BOOT_RECORDS_TRIM)
     repositories: Sequence[Repository[Any]] = (METAL, IMAGES, POOLS, JOIN_TOKENS, NODES)
+    sealed: Sequence[Repository[Sealed]] = (SEALED_BMC_CREDENTIALS,)
     workflows: Sequence[Workflow] = _WORKFLOWS
     gateway_methods: Sequence[GatewayMethod] = _GATEWAY_METHODS
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from bettercompute.ports import Migration
 from bettercompute_metal._port import MACHINE_FIELDS, MachineRecord, SiteRecord, SiteTokenUse
-from bettercompute_store_pg import Database, PartialUpdate, PgRepository
+from bettercompute_metal._tokens import credentials_context
+from bettercompute_store_pg import Database, PartialUpdate, PgRepository, sealed_column
 
 __all__ = ["MIGRATIONS", "REPOSITORIES", "PgMetal"]
 
@@ -409,5 +410,8 @@ ORDER BY id DESC LIMIT :limit""")
         ]
 
 
-REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"metal": PgMetal}
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {
+    "metal": PgMetal,
+    "sealed_bmc_credentials": sealed_column("metal_machines", "bmc_secret", lambda r: credentials_context(r.id)),
+}
 """The adapters by ``Repository.name``, found by the PostgreSQL store through ``METAL.adapters``."""

@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports import Repository
+from bettercompute.ports import Repository, Sealed
 
-__all__ = ["METAL", "MachineRecord", "Metal", "SiteRecord", "SiteTokenUse"]
+__all__ = ["METAL", "SEALED_BMC_CREDENTIALS", "MachineRecord", "Metal", "SiteRecord", "SiteTokenUse"]
 
 
 @attrs.frozen(kw_only=True)
@@ -182,3 +182,7 @@ class Metal(Protocol):
 
 
 METAL: Repository[Metal] = Repository(module="metal", name="metal", adapters={"postgresql": "bettercompute_metal._pg"})
+SEALED_BMC_CREDENTIALS: Repository[Sealed] = Repository(
+    module="metal", name="sealed_bmc_credentials", adapters={"postgresql": "bettercompute_metal._pg"}
+)
+"""Each machine's BMC credentials (``machines.bmc_secret``)."""

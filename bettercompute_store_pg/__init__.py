@@ -22,6 +22,7 @@ from ._repository import PartialUpdate as PartialUpdate
 from ._repository import PgRepository as PgRepository
 from ._roles import RoleNames as RoleNames
 from ._schema import quote_schema as quote_schema
+from ._sealed import sealed_column as sealed_column
 from ._store import PgStore as PgStore
 from ._transaction import PgTransaction as PgTransaction
 from ._transaction import connection_of as connection_of
@@ -42,6 +43,7 @@ __all__ = [
     "database_url_from_env",
     "fetch_in",
     "quote_schema",
+    "sealed_column",
     "translated",
 ]
 

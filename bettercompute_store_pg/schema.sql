@@ -1718,6 +1718,7 @@ CREATE INDEX secrets_name_scope ON {schema}.secrets USING btree (name, scope);
 -- nodes 12: signed instructions
 -- nodes 13: JoinService key rotation
 -- nodes 14: a root CA with intermediates
+-- nodes 15: KMS re-wraps
 
 CREATE TABLE {schema}.atoms (
     id text NOT NULL,
@@ -1816,6 +1817,23 @@ CREATE TABLE {schema}.join_keys (
     CONSTRAINT join_keys_state_check CHECK ((state = ANY (ARRAY['active'::text, 'previous'::text, 'retired'::text])))
 );
 CREATE UNIQUE INDEX join_keys_active ON {schema}.join_keys USING btree ((true)) WHERE (state = 'active'::text);
+
+CREATE TABLE {schema}.kms_rewraps (
+    id text NOT NULL,
+    state text NOT NULL,
+    columns text[] NOT NULL,
+    "position" integer DEFAULT 0 NOT NULL,
+    after text,
+    resealed bigint DEFAULT 0 NOT NULL,
+    failed bigint DEFAULT 0 NOT NULL,
+    failures jsonb DEFAULT '[]'::jsonb NOT NULL,
+    created_by text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT kms_rewraps_pkey PRIMARY KEY (id),
+    CONSTRAINT kms_rewraps_state_check CHECK ((state = ANY (ARRAY['running'::text, 'done'::text])))
+);
+CREATE UNIQUE INDEX kms_rewraps_running ON {schema}.kms_rewraps USING btree ((true)) WHERE (state = 'running'::text);
 
 CREATE TABLE {schema}.node_conditions (
     node_id text NOT NULL,

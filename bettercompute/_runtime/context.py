@@ -12,7 +12,7 @@ from bettercompute._runtime.events import Events
 from bettercompute._runtime.health import HealthOutput
 from bettercompute._runtime.metrics import Metrics
 from bettercompute.errors import FailedPreconditionError
-from bettercompute.ports import Clock, Decision, Iam, Identity, Kms, Notifier, ResourceRef, Store
+from bettercompute.ports import Clock, Decision, Iam, Identity, Kms, Notifier, Repository, ResourceRef, Sealed, Store
 
 __all__ = ["Authz", "Caches", "DatabaseClock", "ModuleContext", "Settings"]
 
@@ -122,6 +122,8 @@ class ModuleContext:
     settings: Settings = attrs.field(factory=lambda: Settings(()))
     metrics: Metrics = attrs.field(factory=Metrics)
     """This control plane's metrics (``compute.metrics``): record on them, never on a global registry."""
+    sealed: tuple[Repository[Sealed], ...] = ()
+    """Every stored column of KMS blobs the modules declare (their ``sealed``), in module order."""
 
 
 class Authz:

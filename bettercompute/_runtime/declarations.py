@@ -51,7 +51,9 @@ class Module(Protocol):
     from the resource types whose tunnels it opens (``open_tunnel_in``) to a ``bettercompute.TunnelCheck`` that says
     when an open one must close (``docs/tunnels.md``); ``unavailable``, ``None`` or why the module cannot serve in
     this composition (an option it needs is not set): its groups stay registered, and every call of them answers
-    ``FAILED_PRECONDITION`` with that text (after authentication, before anything else).
+    ``FAILED_PRECONDITION`` with that text (after authentication, before anything else); ``sealed``, the typed keys
+    (``Repository[bettercompute.ports.Sealed]``) of each stored column of KMS blobs it keeps, which a re-wrap
+    (``keys.rewrap``) opens and seals again under the current key.
     """
 
     @property

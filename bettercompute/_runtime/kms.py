@@ -23,8 +23,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from bettercompute.errors import InternalError, InvalidConfigError
+from bettercompute.ports.kms import Kms
 
-__all__ = ["LocalKeyKms"]
+__all__ = ["KmsRing", "LocalKeyKms"]
 
 _MAGIC = b"bck1"
 _NONCE = 12
@@ -121,3 +122,49 @@ class LocalKeyKms:
                 "the KMS key file does not hold a base64 256-bit key", details={"problems": [problem]}
             )
         return key
+
+
+class KmsRing:
+    """A KMS key rotation: seals with ``current``, opens what ``current`` or any of ``previous`` sealed.
+
+    Give it to every process as ``Options.kms`` once the new key exists, then re-seal what is stored
+    (``keys.rewrap``); drop the previous key once that has finished and a day has passed (gateway enrolment tokens,
+    which are not stored, live that long). Any adapters mix: moving from a local key file to AWS KMS or an HSM is
+    the same rotation.
+
+    ``decrypt`` tries ``current`` first, then each previous one in order, while the one it tried says the blob does
+    not open under its key (``InternalError``) or refuses the key for it (``InvalidConfigError``: some KMS services
+    answer "access denied" for a blob of another key). When none opens it, the current key's error is raised. An
+    ``UnavailableError`` is raised at once, so a KMS that cannot be reached is never taken for a blob that opens
+    nowhere.
+    """
+
+    def __init__(self, current: Kms, *previous: Kms) -> None:
+        self.current = current
+        self.previous = tuple(previous)
+
+    def __repr__(self) -> str:
+        return f"KmsRing(current={self.current!r}, previous={self.previous!r})"
+
+    async def encrypt(self, plaintext: bytes, *, context: str) -> bytes:
+        """Seal under the current key."""
+        return await self.current.encrypt(plaintext, context=context)
+
+    async def decrypt(self, ciphertext: bytes, *, context: str) -> bytes:
+        """Open under the current key or, failing that, under a previous one.
+
+        Raises:
+            InternalError: no key of the ring opens it under ``context``.
+            InvalidConfigError: none opens it, and the current key was refused for it.
+            UnavailableError: a KMS tried could not be reached.
+        """
+        try:
+            return await self.current.decrypt(ciphertext, context=context)
+        except (InternalError, InvalidConfigError) as exc:
+            first: InternalError | InvalidConfigError = exc
+        for kms in self.previous:
+            try:
+                return await kms.decrypt(ciphertext, context=context)
+            except (InternalError, InvalidConfigError):
+                continue
+        raise first

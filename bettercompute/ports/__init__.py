@@ -22,6 +22,8 @@ from bettercompute.ports.iam import ResourceRef as ResourceRef
 from bettercompute.ports.idempotency import IdempotencyKeys as IdempotencyKeys
 from bettercompute.ports.idempotency import IdempotencyOutcome as IdempotencyOutcome
 from bettercompute.ports.kms import Kms as Kms
+from bettercompute.ports.kms import Sealed as Sealed
+from bettercompute.ports.kms import SealedBlob as SealedBlob
 from bettercompute.ports.leases import Lease as Lease
 from bettercompute.ports.leases import Leases as Leases
 from bettercompute.ports.membership import Member as Member
@@ -70,6 +72,8 @@ __all__ = [
     "ReplayGuard",
     "Repository",
     "ResourceRef",
+    "Sealed",
+    "SealedBlob",
     "Store",
     "StoredEvent",
     "Transaction",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["Kms"]
+import attrs
+
+__all__ = ["Kms", "Sealed", "SealedBlob"]
 
 
 class Kms(Protocol):
@@ -26,4 +28,30 @@ class Kms(Protocol):
 
     async def decrypt(self, ciphertext: bytes, *, context: str) -> bytes:
         """Open a blob made by ``encrypt`` with the same ``context``."""
+        ...
+
+
+@attrs.frozen(kw_only=True)
+class SealedBlob:
+    """One stored blob a re-wrap opens and seals again: ``key`` names its row in its column (ordered, for paging),
+    ``context`` is what it was sealed under."""
+
+    key: str
+    context: str
+    blob: bytes = attrs.field(repr=False)
+
+
+class Sealed(Protocol):
+    """A stored column of KMS blobs, walked by a re-wrap (``keys.rewrap``) in ``key`` order.
+
+    A module that keeps blobs in its tables lists one ``Repository[Sealed]`` per column in its ``sealed`` member.
+    """
+
+    async def sealed(self, *, after: str | None, limit: int) -> list[SealedBlob]:
+        """Up to ``limit`` blobs whose key is after ``after`` (from the first when ``None``), in key order."""
+        ...
+
+    async def reseal(self, key: str, *, old: bytes, new: bytes) -> bool:
+        """Put ``new`` in place of ``old`` in row ``key``; ``False`` (nothing written) when the row no longer holds
+        ``old`` (rotated or deleted meanwhile: what replaced it was sealed by the current key)."""
         ...

@@ -10,6 +10,7 @@ the attestor chain's plugin point, and ``GatewayServices``, what a gateway relay
 from bettercompute.modules.nodes._ca import CertificateAuthority as CertificateAuthority
 from bettercompute.modules.nodes._ca import IssuedBundle as IssuedBundle
 from bettercompute.modules.nodes._ca import RevocationResult as RevocationResult
+from bettercompute.modules.nodes._ca import ca_key_context as ca_key_context
 from bettercompute.modules.nodes._ca import trust_bundle_pem_of as trust_bundle_pem_of
 from bettercompute.modules.nodes._claims import AttestationRequest as AttestationRequest
 from bettercompute.modules.nodes._claims import Attestor as Attestor
@@ -43,6 +44,7 @@ from bettercompute.modules.nodes._instructions import desired_state_message as d
 from bettercompute.modules.nodes._instructions import prepared_signer as prepared_signer
 from bettercompute.modules.nodes._instructions import register_signer as register_signer
 from bettercompute.modules.nodes._instructions import signer_of as signer_of
+from bettercompute.modules.nodes._instructions import signing_key_context as signing_key_context
 from bettercompute.modules.nodes._inventory import ACKED_KIND as ACKED_KIND
 from bettercompute.modules.nodes._inventory import INVENTORY_KIND as INVENTORY_KIND
 from bettercompute.modules.nodes._inventory import INVENTORY_REPORTED as INVENTORY_REPORTED
@@ -55,6 +57,7 @@ from bettercompute.modules.nodes._inventory import lifecycle_item as lifecycle_i
 from bettercompute.modules.nodes._join import JoinResult as JoinResult
 from bettercompute.modules.nodes._join import JoinService as JoinService
 from bettercompute.modules.nodes._join import hardware_key_of as hardware_key_of
+from bettercompute.modules.nodes._join_keys import join_key_context as join_key_context
 from bettercompute.modules.nodes._join_tokens import JOIN_TOKEN as JOIN_TOKEN
 from bettercompute.modules.nodes._join_tokens import join_command as join_command
 from bettercompute.modules.nodes._join_tokens import token_state as token_state
@@ -67,6 +70,10 @@ from bettercompute.modules.nodes._port import CERTIFICATES as CERTIFICATES
 from bettercompute.modules.nodes._port import JOIN_KEYS as JOIN_KEYS
 from bettercompute.modules.nodes._port import JOIN_TOKENS as JOIN_TOKENS
 from bettercompute.modules.nodes._port import NODES as NODES
+from bettercompute.modules.nodes._port import REWRAPS as REWRAPS
+from bettercompute.modules.nodes._port import SEALED_CA_KEYS as SEALED_CA_KEYS
+from bettercompute.modules.nodes._port import SEALED_JOIN_KEYS as SEALED_JOIN_KEYS
+from bettercompute.modules.nodes._port import SEALED_SIGNING_KEYS as SEALED_SIGNING_KEYS
 from bettercompute.modules.nodes._port import CaKey as CaKey
 from bettercompute.modules.nodes._port import Certificates as Certificates
 from bettercompute.modules.nodes._port import ConditionRecord as ConditionRecord
@@ -83,6 +90,8 @@ from bettercompute.modules.nodes._port import JoinTokens as JoinTokens
 from bettercompute.modules.nodes._port import NodeRecord as NodeRecord
 from bettercompute.modules.nodes._port import Nodes as Nodes
 from bettercompute.modules.nodes._port import Revocation as Revocation
+from bettercompute.modules.nodes._port import RewrapRecord as RewrapRecord
+from bettercompute.modules.nodes._port import Rewraps as Rewraps
 from bettercompute.modules.nodes._port import SignedFact as SignedFact
 from bettercompute.modules.nodes._port import SigningKey as SigningKey
 from bettercompute.modules.nodes._port import TokenConsumption as TokenConsumption
@@ -103,6 +112,7 @@ from bettercompute.modules.nodes._schemas import CreatedJoinToken as CreatedJoin
 from bettercompute.modules.nodes._schemas import CreateJoinTokenInput as CreateJoinTokenInput
 from bettercompute.modules.nodes._schemas import GetJoinTokenInput as GetJoinTokenInput
 from bettercompute.modules.nodes._schemas import GetNodeInput as GetNodeInput
+from bettercompute.modules.nodes._schemas import GetRewrapInput as GetRewrapInput
 from bettercompute.modules.nodes._schemas import JoinExpect as JoinExpect
 from bettercompute.modules.nodes._schemas import JoinToken as JoinToken
 from bettercompute.modules.nodes._schemas import Key as Key
@@ -122,7 +132,10 @@ from bettercompute.modules.nodes._schemas import RetireNodeInput as RetireNodeIn
 from bettercompute.modules.nodes._schemas import RevokedNode as RevokedNode
 from bettercompute.modules.nodes._schemas import RevokeJoinTokenInput as RevokeJoinTokenInput
 from bettercompute.modules.nodes._schemas import RevokeNodeInput as RevokeNodeInput
+from bettercompute.modules.nodes._schemas import Rewrap as Rewrap
+from bettercompute.modules.nodes._schemas import RewrapFailure as RewrapFailure
 from bettercompute.modules.nodes._schemas import RotateKeyInput as RotateKeyInput
+from bettercompute.modules.nodes._schemas import StartRewrapInput as StartRewrapInput
 from bettercompute.modules.nodes._schemas import TokenState as TokenState
 from bettercompute.modules.nodes._schemas import TunnelNodeInput as TunnelNodeInput
 from bettercompute.modules.nodes._schemas import TunnelOutput as TunnelOutput
@@ -181,6 +194,10 @@ __all__ = [
     "NODE_REQUALIFYING",
     "NODE_UNCORDONED",
     "RENEW_CONTEXT",
+    "REWRAPS",
+    "SEALED_CA_KEYS",
+    "SEALED_JOIN_KEYS",
+    "SEALED_SIGNING_KEYS",
     "SECRET_CONTEXT",
     "STALE_AFTER",
     "TICKET_PREFIX",
@@ -203,6 +220,7 @@ __all__ = [
     "GatewayServices",
     "GetJoinTokenInput",
     "GetNodeInput",
+    "GetRewrapInput",
     "HardwareClaims",
     "InstructionSignature",
     "InstructionSigner",
@@ -246,11 +264,16 @@ __all__ = [
     "RevokeJoinTokenInput",
     "RevokeNodeInput",
     "RevokedNode",
+    "Rewrap",
+    "RewrapFailure",
+    "RewrapRecord",
+    "Rewraps",
     "RotateKeyInput",
     "SecretReleaser",
     "SignedFact",
     "Signing",
     "SigningKey",
+    "StartRewrapInput",
     "TokenConsumption",
     "TokenState",
     "TunnelCheck",
@@ -264,6 +287,7 @@ __all__ = [
     "acked_item",
     "audit_refusal",
     "bundle_pin",
+    "ca_key_context",
     "closed_record",
     "command_message",
     "command_result_message",
@@ -278,6 +302,7 @@ __all__ = [
     "inventory_item",
     "inventory_section_message",
     "join_command",
+    "join_key_context",
     "lifecycle_item",
     "new_token",
     "open_tunnel_in",
@@ -294,6 +319,7 @@ __all__ = [
     "serial_hex",
     "set_desired_state",
     "signer_of",
+    "signing_key_context",
     "sweep_tunnels",
     "token_state",
     "trust_bundle_pem_of",

@@ -64,7 +64,14 @@ from bettercompute.modules.nodes._x509 import (
 )
 from bettercompute.ports import Clock, Kms, OutboxEvent, Store, Transaction
 
-__all__ = ["CertificateAuthority", "IssuedBundle", "RevocationResult", "trust_bundle_pem_of", "trusted_roots"]
+__all__ = [
+    "CertificateAuthority",
+    "IssuedBundle",
+    "RevocationResult",
+    "ca_key_context",
+    "trust_bundle_pem_of",
+    "trusted_roots",
+]
 
 log = logging.getLogger("bettercompute.ca")
 
@@ -95,6 +102,11 @@ _ORG = "Better Compute"
 _TRUST_DOMAIN = re.compile(r"[a-z0-9._-]{1,255}")
 _NODE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _MAX_CSR_BYTES = 16 * 1024
+
+
+def ca_key_context(trust_domain: str, key_id: str) -> str:
+    """The KMS context a CA key's private half is sealed under."""
+    return f"ca:{trust_domain}:{key_id}"
 
 
 def trusted_roots(keys: Sequence[CaKey]) -> list[CaKey]:
@@ -682,7 +694,7 @@ class CertificateAuthority:
         return tx.repository(CERTIFICATES) if tx is not None else self._store.repository(CERTIFICATES)
 
     def _context(self, key_id: str) -> str:
-        return f"ca:{self.trust_domain}:{key_id}"
+        return ca_key_context(self.trust_domain, key_id)
 
     async def _private_key(self, key: CaKey) -> ec.EllipticCurvePrivateKey:
         cached = self._private.get(key.id)

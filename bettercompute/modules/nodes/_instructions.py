@@ -52,6 +52,7 @@ __all__ = [
     "desired_state_message",
     "prepared_signer",
     "register_signer",
+    "signing_key_context",
 ]
 
 log = logging.getLogger("bettercompute.nodes")
@@ -95,6 +96,11 @@ def deadline_ms(deadline: dt.datetime) -> int:
     """A command's deadline as the milliseconds a gateway sends (the deadline is stored in whole milliseconds, so
     the two sides never round differently)."""
     return int(deadline.timestamp() * 1000)
+
+
+def signing_key_context(trust_domain: str, key_id: str) -> str:
+    """The KMS context an instruction key's private half is sealed under."""
+    return f"signer:{trust_domain}:{key_id}"
 
 
 @attrs.frozen
@@ -306,7 +312,7 @@ class InstructionSigner:
         log.info("instruction-signing key %s of %s certified again", key.id, self.trust_domain)
 
     def _context(self, key_id: str) -> str:
-        return f"signer:{self.trust_domain}:{key_id}"
+        return signing_key_context(self.trust_domain, key_id)
 
     async def _private_key(self, key: SigningKey) -> ec.EllipticCurvePrivateKey:
         cached = self._private.get(key.id)

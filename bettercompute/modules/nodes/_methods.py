@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from bettercompute._runtime.registry import GroupSpec
-from bettercompute.modules.nodes import _join_tokens, _keys, _service
+from bettercompute.modules.nodes import _join_tokens, _keys, _rewrap, _service
 
 B = TypeVar("B")
 
@@ -39,12 +39,15 @@ class KeysGroup(GroupSpec[B]):
     """The control plane's own keys: list, rotate and retire them (root scope only).
 
     Kinds: the node CA's keys (``ca``), the key instructions to nodes are signed with (``instructions``) and
-    JoinService's key (``join``)."""
+    JoinService's key (``join``). The KMS's own key rotates in the configuration (a ``KmsRing``); ``rewrap`` then
+    seals every stored blob again under the new one."""
 
     name = "keys"
     list = _keys.list_keys
     rotate = _keys.rotate_key
     retire = _keys.retire_key
+    rewrap = _rewrap.start_rewrap
+    get_rewrap = _rewrap.get_rewrap
 
 
 ACTIONS = tuple(sorted(m.action for g in (NodesGroup, JoinTokensGroup, KeysGroup) for m in g.methods.values()))

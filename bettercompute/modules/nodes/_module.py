@@ -21,8 +21,18 @@ from bettercompute.modules.nodes._instructions import InstructionSigner, registe
 from bettercompute.modules.nodes._join import JoinService
 from bettercompute.modules.nodes._join_keys import JoinKeyRing, join_key_context
 from bettercompute.modules.nodes._methods import ACTIONS, JoinTokensGroup, KeysGroup, NodesGroup
-from bettercompute.modules.nodes._port import CERTIFICATES, JOIN_KEYS, JOIN_TOKENS, NODES
+from bettercompute.modules.nodes._port import (
+    CERTIFICATES,
+    JOIN_KEYS,
+    JOIN_TOKENS,
+    NODES,
+    REWRAPS,
+    SEALED_CA_KEYS,
+    SEALED_JOIN_KEYS,
+    SEALED_SIGNING_KEYS,
+)
 from bettercompute.modules.nodes._proofs import ChallengeIssuer
+from bettercompute.modules.nodes._rewrap import KMS_REWRAP
 from bettercompute.modules.nodes._schemas import NODE
 from bettercompute.modules.nodes._sealing import JoinKeyPair, Unsealer
 from bettercompute.modules.nodes._secrets import SecretReleaser
@@ -30,7 +40,7 @@ from bettercompute.modules.nodes._service import node_tunnel_check
 from bettercompute.modules.nodes._tokens import IDENTITY_NEEDS, JoinSettings
 from bettercompute.modules.nodes._tunnels import TUNNELS, TunnelCheck, sweep_tunnels
 from bettercompute.modules.pools import POOLS
-from bettercompute.ports import Kms, Migration, Repository, Store
+from bettercompute.ports import Kms, Migration, Repository, Sealed, Store
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -111,8 +121,10 @@ class NodesModule:
         POOLS,
         JOIN_TOKENS,
         TUNNELS,
+        REWRAPS,
     )
-    jobs: Sequence[Job] = (NONCE_PURGE, SIGNER_RENEWAL, TUNNEL_SWEEP)
+    sealed: Sequence[Repository[Sealed]] = (SEALED_CA_KEYS, SEALED_SIGNING_KEYS, SEALED_JOIN_KEYS)
+    jobs: Sequence[Job] = (KMS_REWRAP, NONCE_PURGE, SIGNER_RENEWAL, TUNNEL_SWEEP)
 
     def __init__(
         self,

@@ -10,13 +10,17 @@ from typing import Any, Protocol
 import attrs
 
 from bettercompute.modules.pools import PoolRecord
-from bettercompute.ports import Repository
+from bettercompute.ports import Repository, Sealed
 
 __all__ = [
     "CERTIFICATES",
     "JOIN_KEYS",
     "JOIN_TOKENS",
     "NODES",
+    "REWRAPS",
+    "SEALED_CA_KEYS",
+    "SEALED_JOIN_KEYS",
+    "SEALED_SIGNING_KEYS",
     "CaKey",
     "Certificates",
     "ConditionRecord",
@@ -33,6 +37,8 @@ __all__ = [
     "NodeRecord",
     "Nodes",
     "Revocation",
+    "RewrapRecord",
+    "Rewraps",
     "SignedFact",
     "SigningKey",
     "TokenConsumption",
@@ -578,3 +584,67 @@ class JoinTokens(Protocol):
 JOIN_TOKENS: Repository[JoinTokens] = Repository(module="nodes", name="join_tokens")
 """``tx.repository(JOIN_TOKENS)`` in a transaction, ``store.repository(JOIN_TOKENS)`` outside one: the store's
 ``JoinTokens``"""
+
+
+@attrs.frozen(kw_only=True)
+class RewrapRecord:
+    """A re-wrap: every stored KMS blob opened and sealed again under the current key, column by column.
+
+    ``columns`` are the sealed columns it walks (``module.name`` of each ``Repository[Sealed]``), fixed when it
+    starts; ``position`` the index of the one it is in, ``after`` the key of the last blob it handled there (the
+    next pass goes on from it). ``failures`` names the first blobs that opened under no key (their column and key;
+    never a blob). ``state``: ``running`` (one at a time), then ``done``.
+    """
+
+    id: str
+    state: str
+    columns: tuple[str, ...]
+    position: int
+    after: str | None
+    resealed: int
+    failed: int
+    failures: tuple[Mapping[str, str], ...]
+    created_by: str | None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None = None
+
+
+class Rewraps(Protocol):
+    """Re-wraps of the KMS blobs (``kms_rewraps``)."""
+
+    async def start(self, *, id: str, columns: Sequence[str], created_by: str | None) -> RewrapRecord | None:
+        """Record a running re-wrap; ``None`` when one is running already."""
+        ...
+
+    async def get(self, id: str) -> RewrapRecord | None:
+        """A re-wrap by id."""
+        ...
+
+    async def running(self) -> RewrapRecord | None:
+        """The running re-wrap, if any."""
+        ...
+
+    async def advance(
+        self,
+        id: str,
+        *,
+        position: int,
+        after: str | None,
+        resealed: int,
+        failed: int,
+        failures: Sequence[Mapping[str, str]],
+        done: bool,
+    ) -> RewrapRecord | None:
+        """Keep a pass's progress: where it is now, and the counts and failures it adds (the first 20 failures are
+        kept); ``done`` finishes it. ``None`` when it is no longer running."""
+        ...
+
+
+REWRAPS: Repository[Rewraps] = Repository(module="nodes", name="rewraps")
+"""The store's ``Rewraps``."""
+SEALED_CA_KEYS: Repository[Sealed] = Repository(module="nodes", name="sealed_ca_keys")
+"""The CA keys' private halves (``ca_keys.sealed_key``)."""
+SEALED_SIGNING_KEYS: Repository[Sealed] = Repository(module="nodes", name="sealed_signing_keys")
+"""The instruction keys' private halves (``signing_keys.sealed_key``)."""
+SEALED_JOIN_KEYS: Repository[Sealed] = Repository(module="nodes", name="sealed_join_keys")
+"""JoinService's private keys (``join_keys.sealed_key``)."""

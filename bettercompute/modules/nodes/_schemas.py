@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import attrs
 
-from bettercompute.fields import Integer, Text
+from bettercompute.fields import Integer, Items, Text
 from bettercompute.paging import PageInput
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "CreatedJoinToken",
     "GetJoinTokenInput",
     "GetNodeInput",
+    "GetRewrapInput",
     "JoinExpect",
     "JoinToken",
     "Key",
@@ -45,7 +46,10 @@ __all__ = [
     "RevokeJoinTokenInput",
     "RevokeNodeInput",
     "RevokedNode",
+    "Rewrap",
+    "RewrapFailure",
     "RotateKeyInput",
+    "StartRewrapInput",
     "TokenState",
     "TunnelNodeInput",
     "TunnelOutput",
@@ -54,6 +58,11 @@ __all__ = [
 NODE = "node"
 """The resource type of nodes (projection rows, audit rows, tunnels)."""
 NodeState = Literal["adopting", "adopted", "quarantined", "unreachable", "failed", "retired"]
+_COLUMNS = Items(
+    item=Text(pattern=r"[a-z_]{1,64}\.[a-z_]{1,64}", reason="is not a sealed column's module.name"),
+    max_items=64,
+    reason="at most 64 columns",
+)
 _ID = Text(pattern=r"[A-Za-z0-9._-]{1,128}", reason="must be 1 to 128 of A-Z, a-z, 0-9, '.', '_' and '-'")
 _REASON = Text(max_length=500, reason="at most 500 characters")
 
@@ -367,3 +376,46 @@ class RetireKeyInput:
     kind: KeyKind
     id: str = attrs.field(validator=_ID)
     force: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class StartRewrapInput:
+    """Open every stored KMS blob and seal it again under the KMS's current key (``Options.kms``; with a
+    ``KmsRing``, its ``current``). Start it once every process runs with the new key. ``columns`` limits it to
+    these sealed columns (``module.name``, as a re-wrap lists them); every one when empty."""
+
+    columns: tuple[str, ...] = attrs.field(default=(), validator=_COLUMNS)
+
+
+@attrs.frozen(kw_only=True)
+class GetRewrapInput:
+    """A re-wrap by id (``kmr_...``)."""
+
+    id: str = attrs.field(validator=_ID)
+
+
+@attrs.frozen(kw_only=True)
+class RewrapFailure:
+    """A stored blob that opened under no key of the KMS: its column and the id of its row."""
+
+    column: str
+    key: str
+
+
+@attrs.frozen(kw_only=True)
+class Rewrap:
+    """A re-wrap of the stored KMS blobs. ``running`` until every column is walked (a worker's ``controllers`` job
+    goes on where the last pass stopped, whichever process runs it), then ``done``. ``resealed`` counts the blobs
+    sealed again; ``failed`` those that opened under no key (the first are in ``failures``): they stay as they were.
+    """
+
+    id: str
+    state: Literal["running", "done"]
+    columns: tuple[str, ...]
+    """The sealed columns it walks, in order (``module.name``)."""
+    columns_done: int
+    resealed: int
+    failed: int
+    failures: tuple[RewrapFailure, ...]
+    created_at: dt.datetime
+    finished_at: dt.datetime | None = None

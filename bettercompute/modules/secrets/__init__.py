@@ -5,6 +5,7 @@ from bettercompute.modules.secrets._broker import SecretBroker as SecretBroker
 from bettercompute.modules.secrets._methods import ACTIONS as ACTIONS
 from bettercompute.modules.secrets._methods import SecretsGroup as SecretsGroup
 from bettercompute.modules.secrets._module import SecretsModule as SecretsModule
+from bettercompute.modules.secrets._port import SEALED_SECRETS as SEALED_SECRETS
 from bettercompute.modules.secrets._port import SECRETS as SECRETS
 from bettercompute.modules.secrets._port import SecretRecord as SecretRecord
 from bettercompute.modules.secrets._port import SecretStore as SecretStore
@@ -14,10 +15,12 @@ from bettercompute.modules.secrets._schemas import DeleteSecretOutput as DeleteS
 from bettercompute.modules.secrets._schemas import ListSecretsInput as ListSecretsInput
 from bettercompute.modules.secrets._schemas import ListSecretsOutput as ListSecretsOutput
 from bettercompute.modules.secrets._schemas import Secret as Secret
+from bettercompute.modules.secrets._service import value_context as value_context
 
 __all__ = [
     "ACTIONS",
     "RELEASE_ACTION",
+    "SEALED_SECRETS",
     "SECRETS",
     "CreateSecretInput",
     "DeleteSecretInput",
@@ -30,4 +33,5 @@ __all__ = [
     "SecretStore",
     "SecretsGroup",
     "SecretsModule",
+    "value_context",
 ]

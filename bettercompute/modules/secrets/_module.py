@@ -10,8 +10,8 @@ from bettercompute._version import __version__
 from bettercompute.modules.nodes import NODES
 from bettercompute.modules.pools import POOLS
 from bettercompute.modules.secrets._methods import ACTIONS, SecretsGroup
-from bettercompute.modules.secrets._port import SECRETS
-from bettercompute.ports import Migration, Repository
+from bettercompute.modules.secrets._port import SEALED_SECRETS, SECRETS
+from bettercompute.ports import Migration, Repository, Sealed
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -41,6 +41,7 @@ class SecretsModule:
         POOLS,
         NODES,
     )
+    sealed: Sequence[Repository[Sealed]] = (SEALED_SECRETS,)
     jobs: Sequence[Job] = ()
 
     def __init__(self, *, kms: bool = True) -> None:

@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports import Repository
+from bettercompute.ports import Repository, Sealed
 
-__all__ = ["SECRETS", "SecretRecord", "SecretStore"]
+__all__ = ["SEALED_SECRETS", "SECRETS", "SecretRecord", "SecretStore"]
 
 
 @attrs.frozen(kw_only=True, repr=False)
@@ -55,3 +55,5 @@ class SecretStore(Protocol):
 SECRETS: Repository[SecretStore] = Repository(module="secrets", name="secrets")
 """``tx.repository(SECRETS)`` in a transaction, ``store.repository(SECRETS)`` outside one: the store's
 ``SecretStore``"""
+SEALED_SECRETS: Repository[Sealed] = Repository(module="secrets", name="sealed_secrets")
+"""Every secret's value (``secrets.sealed_value``)."""

@@ -5,6 +5,8 @@ from bettercompute.modules.webhooks._methods import WebhooksGroup as WebhooksGro
 from bettercompute.modules.webhooks._module import RETENTION as RETENTION
 from bettercompute.modules.webhooks._module import SENDER as SENDER
 from bettercompute.modules.webhooks._module import WebhooksModule as WebhooksModule
+from bettercompute.modules.webhooks._port import SEALED_PREVIOUS_WEBHOOK_SECRETS as SEALED_PREVIOUS_WEBHOOK_SECRETS
+from bettercompute.modules.webhooks._port import SEALED_WEBHOOK_SECRETS as SEALED_WEBHOOK_SECRETS
 from bettercompute.modules.webhooks._port import WEBHOOKS as WEBHOOKS
 from bettercompute.modules.webhooks._port import DeliveryOutcome as DeliveryOutcome
 from bettercompute.modules.webhooks._port import DueDelivery as DueDelivery
@@ -24,6 +26,7 @@ from bettercompute.modules.webhooks._schemas import RotateWebhookSecretInput as 
 from bettercompute.modules.webhooks._schemas import Webhook as Webhook
 from bettercompute.modules.webhooks._schemas import WebhookTestInput as WebhookTestInput
 from bettercompute.modules.webhooks._schemas import WebhookTestOutput as WebhookTestOutput
+from bettercompute.modules.webhooks._service import secret_context as secret_context
 from bettercompute.modules.webhooks._signing import DEFAULT_TOLERANCE as DEFAULT_TOLERANCE
 from bettercompute.modules.webhooks._signing import EVENT_ID_HEADER as EVENT_ID_HEADER
 from bettercompute.modules.webhooks._signing import EVENT_TYPE_HEADER as EVENT_TYPE_HEADER
@@ -45,6 +48,8 @@ __all__ = [
     "EVENT_ID_HEADER",
     "EVENT_TYPE_HEADER",
     "RETENTION",
+    "SEALED_PREVIOUS_WEBHOOK_SECRETS",
+    "SEALED_WEBHOOK_SECRETS",
     "SENDER",
     "SIGNATURE_HEADER",
     "STANDARD_ID_HEADER",
@@ -73,6 +78,7 @@ __all__ = [
     "Webhooks",
     "WebhooksGroup",
     "WebhooksModule",
+    "secret_context",
     "sign",
     "signature_header",
     "standard_headers",

@@ -10,8 +10,12 @@ from bettercompute._runtime.jobs import SINKS_POKE, Job
 from bettercompute._version import __version__
 from bettercompute.modules.webhooks import _service
 from bettercompute.modules.webhooks._methods import ACTIONS, WebhooksGroup
-from bettercompute.modules.webhooks._port import WEBHOOKS
-from bettercompute.ports import Migration, Repository, StoredEvent
+from bettercompute.modules.webhooks._port import (
+    SEALED_PREVIOUS_WEBHOOK_SECRETS,
+    SEALED_WEBHOOK_SECRETS,
+    WEBHOOKS,
+)
+from bettercompute.ports import Migration, Repository, Sealed, StoredEvent
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -46,6 +50,7 @@ class WebhooksModule:
     actions: Sequence[str] = ACTIONS
     migrations: Mapping[str, Sequence[Migration]] = {}
     repositories: Sequence[Repository[Any]] = (WEBHOOKS,)
+    sealed: Sequence[Repository[Sealed]] = (SEALED_WEBHOOK_SECRETS, SEALED_PREVIOUS_WEBHOOK_SECRETS)
 
     def __init__(self, *, kms: bool = True) -> None:
         self.unavailable: str | None = None if kms else NEEDS_KMS

@@ -8,9 +8,18 @@ from typing import Any, Protocol
 
 import attrs
 
-from bettercompute.ports import Repository
+from bettercompute.ports import Repository, Sealed
 
-__all__ = ["WEBHOOKS", "DeliveryOutcome", "DueDelivery", "WebhookDelivery", "WebhookSubscription", "Webhooks"]
+__all__ = [
+    "SEALED_PREVIOUS_WEBHOOK_SECRETS",
+    "SEALED_WEBHOOK_SECRETS",
+    "WEBHOOKS",
+    "DeliveryOutcome",
+    "DueDelivery",
+    "WebhookDelivery",
+    "WebhookSubscription",
+    "Webhooks",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -165,3 +174,7 @@ class Webhooks(Protocol):
 
 WEBHOOKS: Repository[Webhooks] = Repository(module="webhooks", name="webhooks")
 """``tx.repository(WEBHOOKS)`` in a transaction, ``store.repository(WEBHOOKS)`` outside one: the store's ``Webhooks``"""
+SEALED_WEBHOOK_SECRETS: Repository[Sealed] = Repository(module="webhooks", name="sealed_secrets")
+"""Each subscription's signing secret (``webhook_subscriptions.sealed_secret``)."""
+SEALED_PREVIOUS_WEBHOOK_SECRETS: Repository[Sealed] = Repository(module="webhooks", name="sealed_previous_secrets")
+"""The secret a rotation replaced, while its overlap lasts (``webhook_subscriptions.previous_sealed_secret``)."""

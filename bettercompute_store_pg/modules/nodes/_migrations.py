@@ -313,6 +313,25 @@ DROP INDEX {schema}.ca_keys_active;
 CREATE UNIQUE INDEX ca_keys_active ON {schema}.ca_keys (trust_domain, (issuer_id IS NULL)) WHERE state = 'active';
 """
 
+# A re-wrap of every KMS blob under the current key (``keys.rewrap``), walked column by column and resumable: where it
+# is (``position`` in ``columns``, ``after`` the last key handled there) is kept after each batch.
+_V15 = """
+CREATE TABLE {schema}.kms_rewraps (
+    id text PRIMARY KEY,
+    state text NOT NULL CHECK (state IN ('running', 'done')),
+    columns text[] NOT NULL,
+    position integer NOT NULL DEFAULT 0,
+    after text,
+    resealed bigint NOT NULL DEFAULT 0,
+    failed bigint NOT NULL DEFAULT 0,
+    failures jsonb NOT NULL DEFAULT '[]',
+    created_by text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz
+);
+CREATE UNIQUE INDEX kms_rewraps_running ON {schema}.kms_rewraps ((true)) WHERE state = 'running';
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, name="node identity", sql=_V1),
     Migration(version=2, name="gateway certificates", sql=_V2),
@@ -328,4 +347,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=12, name="signed instructions", sql=_V12),
     Migration(version=13, name="JoinService key rotation", sql=_V13),
     Migration(version=14, name="a root CA with intermediates", sql=_V14),
+    Migration(version=15, name="KMS re-wraps", sql=_V15),
 )

@@ -7,9 +7,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bettercompute.errors import ConflictError
-from bettercompute.modules.secrets import SecretRecord
+from bettercompute.modules.secrets import SecretRecord, value_context
 from bettercompute_store_pg._db import Database, utc
 from bettercompute_store_pg._repository import PgRepository
+from bettercompute_store_pg._sealed import sealed_column
 
 __all__ = ["REPOSITORIES", "PgSecrets"]
 
@@ -91,5 +92,10 @@ class PgSecrets(PgRepository):
         return [_record(row) for row in rows]
 
 
-REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"secrets": PgSecrets}
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {
+    "secrets": PgSecrets,
+    "sealed_secrets": sealed_column(
+        "secrets", "sealed_value", lambda r: value_context(r.tenant, r.name), fields=("tenant", "name")
+    ),
+}
 """The adapters of this module's repositories, by ``Repository.name``."""

@@ -12,9 +12,16 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bettercompute.modules.webhooks import DeliveryOutcome, DueDelivery, WebhookDelivery, WebhookSubscription
+from bettercompute.modules.webhooks import (
+    DeliveryOutcome,
+    DueDelivery,
+    WebhookDelivery,
+    WebhookSubscription,
+    secret_context,
+)
 from bettercompute_store_pg._db import Database, dumps, utc
 from bettercompute_store_pg._repository import PgRepository
+from bettercompute_store_pg._sealed import sealed_column
 
 __all__ = ["REPOSITORIES", "PgWebhooks"]
 
@@ -342,5 +349,13 @@ class PgWebhooks(PgRepository):
             after = int(row.last_id)
 
 
-REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {"webhooks": PgWebhooks}
+REPOSITORIES: dict[str, Callable[[Database], PgRepository]] = {
+    "webhooks": PgWebhooks,
+    "sealed_secrets": sealed_column(
+        "webhook_subscriptions", "sealed_secret", lambda r: secret_context(r.tenant, r.id), fields=("tenant",)
+    ),
+    "sealed_previous_secrets": sealed_column(
+        "webhook_subscriptions", "previous_sealed_secret", lambda r: secret_context(r.tenant, r.id), fields=("tenant",)
+    ),
+}
 """The adapters of this module's repositories, by ``Repository.name``."""

@@ -47,6 +47,7 @@ from bettercompute.modules.nodes import (
     RevokeJoinTokenInput,
     RevokeNodeInput,
     RotateKeyInput,
+    StartRewrapInput,
     TunnelNodeInput,
 )
 from bettercompute.modules.pools import CreatePoolInput, UpdatePoolInput
@@ -361,6 +362,10 @@ async def _keys_rotate(w: World) -> tuple[Any, Any]:
     return RotateKeyInput(kind="instructions"), RotateKeyInput(kind="join", overlap_seconds=60)
 
 
+async def _keys_rewrap(w: World) -> tuple[Any, Any]:
+    return StartRewrapInput(), StartRewrapInput(columns=("secrets.sealed_secrets",))
+
+
 async def _keys_retire(w: World) -> tuple[Any, Any]:
     # Two previous instruction keys to retire: each rotation leaves the key before it previous.
     previous = []
@@ -407,6 +412,7 @@ RECIPES: dict[str, Recipe] = {
     "bindings.delete": _bindings_delete,
     "keys.rotate": _keys_rotate,
     "keys.retire": _keys_retire,
+    "keys.rewrap": _keys_rewrap,
 }
 
 

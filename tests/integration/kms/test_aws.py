@@ -12,13 +12,14 @@ from pathlib import Path
 import boto3.session
 import pytest
 
-from bettercompute import JoinSettings, Options, better_compute
+from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute.errors import InternalError, InvalidConfigError, UnavailableError
 from bettercompute_iam import EmbeddedIam
 from bettercompute_kms import AwsKms
 from bettercompute_store_pg import PgStore
 
 from ..vps._moto import ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY, MotoServer, free_port, start_moto
+from ._rewrap import rewrap_every_blob
 
 pytestmark = [pytest.mark.anyio]
 
@@ -76,6 +77,7 @@ async def test_a_blob_opens_only_under_its_context_and_key_and_unchanged(moto: M
     with pytest.raises(InternalError):
         await kms.decrypt(blob, context="secret:globex:db")  # copied onto another row
     other = _kms(moto, _key(moto))
+    # A blob of another key: AWS answers IncorrectKeyException (InternalError here), moto AccessDeniedException.
     with pytest.raises((InternalError, InvalidConfigError)):
         await other.decrypt(blob, context="secret:acme:db")
     size = int.from_bytes(blob[4:6], "big")
@@ -145,3 +147,15 @@ async def test_a_control_plane_keeps_its_keys_sealed_by_aws_kms_across_processes
 
     # The first makes the CA key and JoinService's key, sealed; the second (a restart) opens them.
     assert await plane_trust_bundle() == await plane_trust_bundle()
+
+
+@pytest.mark.pg
+async def test_every_stored_blob_moves_from_a_key_file_to_aws_kms_and_between_aws_keys(
+    moto: MotoServer, database_url: str, fresh_schema: str, empty_schema: str, tmp_path: Path
+) -> None:
+    """A re-wrap through this adapter: from a local key file to an AWS KMS key, then from that key to another."""
+    first, second = _kms(moto, _key(moto)), _kms(moto, _key(moto))
+    done, total = await rewrap_every_blob(database_url, fresh_schema, LocalKeyKms(tmp_path / "kms.key"), first)
+    assert (done.resealed, done.failed) == (total, 0)
+    done, total = await rewrap_every_blob(database_url, empty_schema, first, second)
+    assert (done.resealed, done.failed) == (total, 0)

@@ -15,11 +15,13 @@ import attrs
 import pkcs11
 import pytest
 
-from bettercompute import JoinSettings, Options, better_compute
+from bettercompute import JoinSettings, LocalKeyKms, Options, better_compute
 from bettercompute.errors import InternalError, InvalidConfigError
 from bettercompute_iam import EmbeddedIam
 from bettercompute_kms import Pkcs11Kms
 from bettercompute_store_pg import PgStore
+
+from ._rewrap import rewrap_every_blob
 
 pytestmark = [pytest.mark.anyio]
 
@@ -154,3 +156,14 @@ async def test_a_control_plane_keeps_its_keys_sealed_by_the_token_across_a_resta
 
     # The first makes the CA key and JoinService's key, sealed; the second (a restart) opens them.
     assert await plane_trust_bundle() == await plane_trust_bundle()
+
+
+@pytest.mark.pg
+async def test_every_stored_blob_moves_from_a_key_file_to_the_token_and_between_its_keys(
+    token: Token, database_url: str, fresh_schema: str, empty_schema: str, tmp_path: Path
+) -> None:
+    """A re-wrap through this adapter: from a local key file to the HSM's key, then to another key of the HSM."""
+    done, total = await rewrap_every_blob(database_url, fresh_schema, LocalKeyKms(tmp_path / "kms.key"), token.kms())
+    assert (done.resealed, done.failed) == (total, 0)
+    done, total = await rewrap_every_blob(database_url, empty_schema, token.kms(), token.kms("bc-other"))
+    assert (done.resealed, done.failed) == (total, 0)

@@ -134,6 +134,7 @@ async def test_tick_gives_the_same_result_twice_from_the_same_start(database_url
         "reconcile:node-lifecycle": 0,
         "controllers/command-sweeper": 0,
         "controllers/session-sweeper": 0,
+        "controllers/kms-rewrap": 0,
         "controllers/nonce-purge": 0,
         "controllers/signer-renewal": 0,
         "controllers/tunnel-sweep": 0,

@@ -239,6 +239,8 @@ def test_a_gateway_without_the_api_holds_no_kms_key_and_needs_the_internal_addre
     with pytest.raises(ConfigError, match="holds no KMS key") as keyed:
         plan_roles(("gateway",), attrs.evolve(edge, kms_key_file=Path("/k")))
     assert "internal_address" not in str(keyed.value)
+    with pytest.raises(ConfigError, match="kms_previous_key_file: a gateway without the api holds no KMS key"):
+        plan_roles(("gateway",), attrs.evolve(edge, kms_previous_key_file=Path("/old")))
     with pytest.raises(ConfigError, match="set internal_address"):
         plan_roles(("gateway",), attrs.evolve(edge, internal_address=None))
 
@@ -325,6 +327,29 @@ def test_a_bad_kms_key_file_names_the_key(tmp_path: Path, toml: str) -> None:
     path = _write(tmp_path, toml + "\n")
     [problem] = _problems(path)
     assert problem == f"{path}: kms_key_file must be a non-empty path"
+
+
+def test_a_previous_kms_key_file_makes_a_ring_that_seals_with_the_new_key_and_opens_with_both(tmp_path: Path) -> None:
+    import anyio
+
+    from bettercompute import KmsRing, LocalKeyKms
+
+    old, new = tmp_path / "old.key", tmp_path / "new.key"
+    path = _write(tmp_path, f'kms_key_file = "{new}"\nkms_previous_key_file = "{old}"\n')
+    config = load_config(path, {})
+    assert config.kms_previous_key_file == old
+    compute, _ = build(config, "postgresql://postgres@127.0.0.1:1/x")
+    ring = compute.context.kms
+    assert isinstance(ring, KmsRing)
+
+    async def round_trips() -> None:
+        sealed_before = await LocalKeyKms(old).encrypt(b"before", context="c")
+        assert await ring.decrypt(sealed_before, context="c") == b"before"
+        sealed_now = await ring.encrypt(b"now", context="c")
+        assert await LocalKeyKms(new).decrypt(sealed_now, context="c") == b"now"
+
+    anyio.run(round_trips)
+    assert load_config(_write(tmp_path, f'kms_key_file = "{new}"\n'), {}).kms_previous_key_file is None
 
 
 def test_a_kms_key_file_turns_webhooks_on_without_touching_the_file(tmp_path: Path) -> None:
