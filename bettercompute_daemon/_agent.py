@@ -9,9 +9,10 @@ heartbeat interval); heartbeats; inventory sections when asked; desired state re
 (``_cdi``) and acknowledged once all of it was applied; commands
 run and their results signed by the node key over the command id, its kind, the outcome, the result and the epoch.
 A ``Close`` whose reason says the identity is gone (``revoked``, ``retired``, a refused certificate) stops the
-daemon for good (exit status 3: its unit does not restart it); any other end reconnects with exponential backoff
-and jitter, so that a gateway restart does not bring every node back in the same second. Alongside the sessions,
-the certificate is renewed at about two thirds of its life (``_renewal``).
+daemon for good (exit status 3: its unit does not restart it), unless only the certificate the session opened with
+was revoked and the node has renewed since (it reconnects with the new one); any other end reconnects with
+exponential backoff and jitter, so that a gateway restart does not bring every node back in the same second.
+Alongside the sessions, the certificate is renewed at about two thirds of its life (``_renewal``).
 
 Tunnels (``docs/tunnels.md``): on ``TunnelOpen`` the daemon checks the target (``127.0.0.1:<port>`` only for a port
 of ``tunnel_local_ports``; any other address only when ``tunnel_targets`` says it is an instance this node runs),
@@ -84,6 +85,8 @@ EXPIRED = 4
 join was refused): retrying cannot help either, an operator has to act."""
 
 _FINAL = IDENTITY_GONE
+_CERTIFICATE_REVOKED = frozenset({"revoked", "certificate_revoked"})
+"""Reasons that may concern only the certificate a session opened with (its node may hold a newer one)."""
 _TUNNEL_CHUNK = 64 * 1024  # the most data a tunnel frame carries (the gateway refuses more)
 _CONNECT_TIMEOUT = 5.0
 _LOCAL = "127.0.0.1"
@@ -278,8 +281,16 @@ class Agent:
                 if status is not None:
                     return status
             started = time.monotonic()
+            opened_with = self._renewer.credentials.identity.serial  # what _one_session dials with (no await between)
             outcome = await self._one_session()
             self._observe("session_ended", {"reason": outcome})
+            if outcome in _CERTIFICATE_REVOKED and self._renewer.credentials.identity.serial != opened_with:
+                # The certificate the session opened with was revoked, but the node has renewed since (a CA key
+                # retired early revokes what it issued): the next session opens with the current one, which the
+                # gateway judges on its own. A node whose identity is gone has its current one revoked too.
+                log.info("the certificate of the session was revoked; reconnecting with the renewed one")
+                await self._sleep(random.uniform(0.5, 1.5))  # noqa: S311 - jitter, not a secret
+                continue
             if outcome in _FINAL:
                 log.error("the gateway closed the session: %s; this node's identity is gone, stopping", outcome)
                 return STOPPED

@@ -3,7 +3,7 @@ with node identity (``fleet``) and an in-process gateway (``gw``)."""
 
 from tests.integration.conftest import fresh_schema, schema_copy_script, schema_pool, schema_template
 from tests.integration.gateway.conftest import gw
-from tests.integration.joins.conftest import attestors, certificate_ttl, clock, fleet, modules
+from tests.integration.joins.conftest import attestors, certificate_ttl, clock, fleet, kms, modules
 
 __all__ = [
     "attestors",
@@ -12,6 +12,7 @@ __all__ = [
     "fleet",
     "fresh_schema",
     "gw",
+    "kms",
     "modules",
     "schema_copy_script",
     "schema_pool",

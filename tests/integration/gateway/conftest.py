@@ -22,7 +22,7 @@ from bettercompute.modules.nodes import NODES
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_gateway import Gateway, GatewayOptions, GatewayTls, create_gateway
 
-from ..joins.conftest import Fleet, attestors, certificate_ttl, claims, clock, fleet, modules
+from ..joins.conftest import Fleet, attestors, certificate_ttl, claims, clock, fleet, kms, modules
 
 __all__ = [
     "OPTIONS",
@@ -35,6 +35,7 @@ __all__ = [
     "envelope",
     "fleet",
     "gateway_tls",
+    "kms",
     "modules",
 ]
 

@@ -31,6 +31,7 @@ from bettercompute.modules.nodes import (
     signer_of,
 )
 from bettercompute.modules.pools import CreatePoolInput, Pool
+from bettercompute.ports import Kms
 from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from bettercompute_store_pg import PgStore
@@ -49,7 +50,7 @@ def claims(serial: str = "SN-0001", **more: Any) -> dict[str, Any]:
 class Fleet:
     compute: BetterCompute
     store: PgStore
-    kms: GuardedKms
+    kms: Kms
     clock: ManualClock
     acme: str
     root: str
@@ -202,6 +203,13 @@ def certificate_ttl() -> dt.timedelta:
 
 
 @pytest.fixture
+def kms(tmp_path: Path) -> Kms:
+    """The fleet's KMS: a key file, behind a guard that fails any KMS call made inside a transaction (a test module
+    may override this fixture)."""
+    return GuardedKms(LocalKeyKms(tmp_path / "kms.key"))
+
+
+@pytest.fixture
 async def fleet(
     database_url: str,
     fresh_schema: str,
@@ -210,8 +218,8 @@ async def fleet(
     attestors: Sequence[Attestor],
     certificate_ttl: dt.timedelta,
     modules: Sequence[Any],
+    kms: Kms,
 ) -> AsyncIterator[Fleet]:
-    kms = GuardedKms(LocalKeyKms(tmp_path / "kms.key"))  # fails a KMS call made inside a transaction
     join = JoinSettings(
         gateway_address="gw.eu-1.example.com:443", trust_domain=TRUST_DOMAIN, certificate_ttl=certificate_ttl
     )

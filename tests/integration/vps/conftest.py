@@ -21,10 +21,10 @@ from bettercompute.modules.nodes import NODES
 from bettercompute_vps import Ec2Adapter, Ec2Credentials, Ec2Settings, VpsGroups, VpsModule
 
 from ..cli.conftest import cli_env
-from ..joins.conftest import Fleet, attestors, certificate_ttl, claims, clock, fleet
+from ..joins.conftest import Fleet, attestors, certificate_ttl, claims, clock, fleet, kms
 from ._moto import ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY, MotoServer, start_moto
 
-__all__ = ["Host", "Vps", "attestors", "certificate_ttl", "cli_env", "clock", "fleet", "modules"]
+__all__ = ["Host", "Vps", "attestors", "certificate_ttl", "cli_env", "clock", "fleet", "kms", "modules"]
 
 
 @pytest.fixture(scope="session")
