@@ -173,6 +173,8 @@ async def run_gateway(config: Mapping[str, Any]) -> None:
 class ClientStats:
     opened: int = 0
     heartbeats: int = 0
+    reports: int = 0  # signed inventory sections sent beside heartbeats (the "reports" phase)
+    report_every: int = 0  # in that phase, a signed section with every this many heartbeats of a session
     failed: collections.Counter[str] = attrs.field(factory=collections.Counter)  # why a session did not open
     ended: collections.Counter[str] = attrs.field(factory=collections.Counter)  # why an open session ended
     alive: set[NodeSession] = attrs.field(factory=set)
@@ -193,6 +195,7 @@ class NodeSession(asyncio.Protocol):
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
         self.buffer = bytearray()
         self.interval = 0.0
+        self.beats = random.randrange(1 << 16)  # so that the sessions' reports spread over the heartbeats
         self.timer: asyncio.TimerHandle | None = None
         self.ended: str | None = None
 
@@ -263,24 +266,31 @@ class NodeSession(asyncio.Protocol):
                 if not self.welcomed.done():
                     self.welcomed.set_result(None)
             elif isinstance(content, wire.InventoryRequest):
-                message = wire.inventory_section_message(
-                    section="cpu", content_json=INVENTORY, fake=True, epoch=self.epoch
-                )
-                signature = self.key.sign(message, ec.ECDSA(hashes.SHA256()))
-                section = wire.InventorySection(
-                    section="cpu", content_json=INVENTORY, fake=True, epoch=self.epoch, signature=signature
-                )
-                self.send(wire.NodeFrame(inventory=section))
+                self.report()
             elif isinstance(content, wire.Close):
                 self.end(f"close: {content.reason}")
             elif kind != "":
                 pass  # desired state, commands: none are sent in this bench
+
+    def report(self) -> None:
+        """One inventory section signed by the node's key for this session, as ``bcd`` sends it."""
+        message = wire.inventory_section_message(section="cpu", content_json=INVENTORY, fake=True, epoch=self.epoch)
+        signature = self.key.sign(message, ec.ECDSA(hashes.SHA256()))
+        section = wire.InventorySection(
+            section="cpu", content_json=INVENTORY, fake=True, epoch=self.epoch, signature=signature
+        )
+        self.send(wire.NodeFrame(inventory=section))
 
     def beat(self) -> None:
         if self.ended is not None:
             return
         self.send(wire.NodeFrame(heartbeat=wire.Heartbeat(sent_at_ms=int(time.time() * 1000))))
         self.stats.heartbeats += 1
+        self.beats += 1
+        every = self.stats.report_every
+        if every and self.beats % every == 0:  # the reports phase: a signed section every so many heartbeats
+            self.report()
+            self.stats.reports += 1
         self.timer = asyncio.get_running_loop().call_later(self.interval, self.beat)
 
     def end(self, why: str) -> None:
@@ -367,7 +377,17 @@ async def run_client(config: Mapping[str, Any]) -> None:
             await asyncio.gather(*(open_one(n, c) for n, c in zip(nodes, contexts, strict=True)))
             reply({"opened": stats.opened, "failed": dict(stats.failed), "started": started, "finished": time.time()})
         elif command == b"stats":
-            reply({"alive": len(stats.alive), "heartbeats": stats.heartbeats, "ended": dict(stats.ended)})
+            reply(
+                {
+                    "alive": len(stats.alive),
+                    "heartbeats": stats.heartbeats,
+                    "reports": stats.reports,
+                    "ended": dict(stats.ended),
+                }
+            )
+        elif command.startswith(b"reports "):
+            stats.report_every = int(command.split()[1])
+            reply({"report_every": stats.report_every})
 
 
 def run_role(role: str, config_path: str) -> None:

@@ -85,6 +85,11 @@ Measurement, in order:
   that got ``Welcome`` and were neither closed nor cut, and the database's count of the gateway's open sessions
   whose ``last_seen_at`` advanced during the window (proof that liveness is really written for each of them).
 - RSS per session: (RSS at the end of the window - RSS idle) / sessions held by the gateway.
+- With ``--reports-every N``, a second window after the first: each session also sends an inventory section signed
+  by its node key every ``N`` heartbeats (``N`` = 6 is once a minute at 10 s heartbeats), which the gateway checks
+  against the session's key and writes with its signature, as it does every signed fact; one heartbeat's settling
+  first. Its gateway CPU a session a minute beside the first window's is what signed reports cost at that rate
+  (``with_signed_reports`` in ``--json``).
 
 Then every process is killed and the schema dropped: the bench does not wait for the gateway to close thousands of
 sessions one by one. ``--census`` also prints, after the figures, the objects the collector tracks in the gateway
@@ -192,7 +197,7 @@ async def join_nodes(folder: Path, count: int) -> tuple[list[Node], float]:
                 path = pems / f"{n}.pem"
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "wb") as file:
-                    file.write(key.private_key_pem() + b"\n" + result.certificate_pem.encode())
+                    file.write(key.private_key_pem() + b"\n" + (result.certificate_pem + result.chain_pem).encode())
                 nodes[n] = Node(node_id=result.node_id, pem_path=str(path))
                 done += 1
                 if done % 1000 == 0:
@@ -466,13 +471,58 @@ async def conduct(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         print(f"opening {args.sessions} sessions ...", file=sys.stderr, flush=True)
         opening = await open_sessions(started)
         window = await measure_window(args, started)
+        reports = await measure_reports(args, started) if args.reports_every else None
     finally:
         for child in reversed(children):
             await child.kill()
     held = int(window.gateway_end["sessions"])
     if started.census_idle is not None and window.census_held is not None:
         print_census(started.census_idle, window.census_held, held)
-    return figures(args, join_rate, started, opening, window)
+    made = figures(args, join_rate, started, opening, window)
+    if reports is not None:
+        made["with_signed_reports"] = reports
+    return made
+
+
+async def measure_reports(args: argparse.Namespace, started: Started) -> dict[str, Any]:
+    """The same sessions, now each also sending an inventory section signed by its node key every
+    ``--reports-every`` heartbeats (once a minute by default at 10 s heartbeats: a node reports at session start and
+    acknowledges each new desired state, which is far less often in steady state): settle one heartbeat, then a
+    second window of the same length. Its gateway CPU beside the first window's is the cost of signed reports."""
+    gateway, clients = started.gateway, started.clients
+    for client in clients:
+        await client.ask(f"reports {args.reports_every}")
+    settle = args.heartbeat + SETTLE_EXTRA
+    print(
+        f"signed reports on; settling for {settle:.0f} s, then measuring for {args.window:.0f} s ...", file=sys.stderr
+    )
+    await trace(gateway, clients, Sample.take(gateway, clients), settle, "settling (reports)")
+    reports_start = sum([(await c.ask("stats"))["reports"] for c in clients])
+    gateway_start = await gateway.ask("stats")
+    start = Sample.take(gateway, clients)
+    await trace(gateway, clients, start, args.window, "window (reports)")
+    end = Sample.take(gateway, clients)
+    gateway_end = await gateway.ask("stats")
+    reports_end = sum([(await c.ask("stats"))["reports"] for c in clients])
+    seconds = end.at - start.at
+    held = int(gateway_end["sessions"])
+    cpu = 100 * (end.gateway_cpu - start.gateway_cpu) / seconds
+    machine = (end.machine_busy - start.machine_busy) / (end.machine_total - start.machine_total)
+    counts_start, counts_end = gateway_start["statements"], gateway_end["statements"]
+    return {
+        "window_s": round(seconds, 1),
+        "sessions_held": held,
+        "reports_per_s": round((reports_end - reports_start) / seconds, 1),
+        "reports_per_session_minute": round((reports_end - reports_start) / seconds * 60 / max(1, held), 2),
+        "gateway_cpu_percent": round(cpu, 1),
+        "gateway_cpu_ms_per_session_minute": round(cpu / 100 * 60_000 / max(1, held), 2),
+        "machine_busy_percent_of_all_cores": round(100 * machine, 1),
+        "statements_per_s": {
+            k: round((v - counts_start.get(k, 0)) / seconds, 2)
+            for k, v in sorted(counts_end.items())
+            if v > counts_start.get(k, 0)
+        },
+    }
 
 
 def print_census(idle: Mapping[str, Any], held: Mapping[str, Any], sessions: int) -> None:
@@ -617,6 +667,16 @@ def report(figures: Mapping[str, Any]) -> None:
         f"{figures['ended_during_run'] or 'none'}; joins (setup, not measured) {figures['joins_per_s']:.0f}/s"
     )
     print("  aim (issue 11): 15,000 sessions at <= 25 % of one core, <= 100 KB each, <= 2 liveness writes/s")
+    reports = figures.get("with_signed_reports")
+    if reports is not None:
+        base = figures["gateway_cpu_percent"] / 100 * 60_000 / max(1, held["gateway"])
+        print(
+            f"  with signed reports      {reports['gateway_cpu_ms_per_session_minute']:>7.2f} ms   gateway CPU a"
+            f" session a minute ({base:.2f} without: x"
+            f"{reports['gateway_cpu_ms_per_session_minute'] / max(base, 1e-9):.2f});"
+            f" {reports['reports_per_s']:.0f} signed sections/s; machine busy"
+            f" {reports['machine_busy_percent_of_all_cores']:.0f} %"
+        )
 
 
 def main() -> None:
@@ -633,6 +693,13 @@ def main() -> None:
     )
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="the gateway's event loop")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--reports-every",
+        type=int,
+        default=0,
+        help="then a second window in which each session also sends a signed inventory section every this many "
+        "heartbeats (the cost of signed reports; 0, the default, skips it)",
+    )
     parser.add_argument(
         "--gc-young",
         type=int,
