@@ -36,6 +36,7 @@ from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
 from tests.integration.gateway.conftest import Wire
 from tests.integration.gateway.test_lifecycle import settle_reservation
+from tests.integration.gateway.test_renewal import WallClock
 from tests.integration.joins.conftest import claims
 from tests.integration.sim.test_sim import all_in_session, join_flags, settle, sim, wait_for
 
@@ -44,13 +45,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.e2e]
 NODES = 20
 MAX_RESERVATIONS = 100
 """At most this many reservations of one GPU each (the simulated fleet has eight GPUs a node)."""
-
-
-class WallClock(ManualClock):
-    """A ``ManualClock`` that reads the wall clock: certificates expire and renew in real time here."""
-
-    def now(self) -> dt.datetime:
-        return dt.datetime.now(dt.UTC)
 
 
 class SwitchedKms:

@@ -25,7 +25,6 @@ from bettercompute.errors import (
     FailedPreconditionError,
     InternalError,
     InvalidConfigError,
-    InvalidInputError,
     NotFoundError,
 )
 from bettercompute.modules.nodes._port import REWRAPS, RewrapRecord
@@ -76,7 +75,7 @@ async def start_rewrap(call: CallContext, input: StartRewrapInput) -> Rewrap:
     out (follow it with ``get_rewrap``).
 
     Raises:
-        InvalidInputError: ``columns`` names a column no module here keeps.
+        NotFoundError: ``columns`` names a column no module here keeps.
         FailedPreconditionError: no KMS is configured.
         ConflictError: a re-wrap is running already (its id is in the details).
     """
@@ -85,7 +84,7 @@ async def start_rewrap(call: CallContext, input: StartRewrapInput) -> Rewrap:
     columns = [column_name(key) for key in call.context.sealed]
     unknown = sorted(set(input.columns) - set(columns))
     if unknown:
-        raise InvalidInputError(
+        raise NotFoundError(
             "columns: no such sealed column here", details={"path": "columns", "unknown": unknown, "allowed": columns}
         )
     if input.columns:

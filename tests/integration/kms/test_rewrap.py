@@ -16,7 +16,6 @@ from bettercompute.errors import (
     AccessDeniedError,
     ConflictError,
     FailedPreconditionError,
-    InvalidInputError,
     NotFoundError,
 )
 from bettercompute.modules.audit import ListAuditInput
@@ -114,7 +113,7 @@ async def test_a_rewrap_of_some_columns_only_leaves_the_others_and_an_unknown_co
         seeded = await seed(t.compute, t.root, t.acme, t.alice)
     async with process(database_url, fresh_schema, KmsRing(new, old), "rewrap-1") as ring:
         api: Any = ring.api
-        with pytest.raises(InvalidInputError) as unknown:
+        with pytest.raises(NotFoundError) as unknown:
             await api.keys.rewrap(seeded.root, StartRewrapInput(columns=("nodes.nope",)))
         assert unknown.value.details["unknown"] == ["nodes.nope"]
         # Over HTTP, text that is not a column's name (a NUL byte, a full-width letter, a bidirectional mark, an

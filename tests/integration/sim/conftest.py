@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ..gateway.conftest import attestors, certificate_ttl, clock, fleet, gw, modules
+from ..gateway.conftest import attestors, certificate_ttl, clock, fleet, gw, kms, modules
 
-__all__ = ["attestors", "certificate_ttl", "clock", "fleet", "gw", "modules"]
+__all__ = ["attestors", "certificate_ttl", "clock", "fleet", "gw", "kms", "modules"]
