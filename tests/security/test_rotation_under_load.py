@@ -1,6 +1,7 @@
 """Rotation under load (issue 30, item 5): twenty real ``bcd sim`` nodes hold their sessions over mutual TLS while
-reservations keep being made, and every key rotates: the instruction key, JoinService's key, the node CA's
-intermediate and the KMS key (every stored blob sealed again by the re-wrap). Then the old keys are retired.
+reservations keep being made, and every key rotates: the instruction key, JoinService's key, a webhook's signing
+secret, the node CA's intermediate and the KMS key (every stored blob sealed again by the re-wrap). Then the old keys
+are retired.
 
 Nothing is lost: every reservation made during the rotations gets to ``active`` (each binds only once its node
 applied a desired state signed by the key of that moment), no node refuses an instruction, every node renews onto
@@ -31,6 +32,7 @@ from bettercompute.modules.nodes import (
     StartRewrapInput,
 )
 from bettercompute.modules.reservations import CreateReservationInput, ReservationsGroup
+from bettercompute.modules.webhooks import CreateWebhookInput, RotateWebhookSecretInput
 from bettercompute.ports import Kms
 from bettercompute.testing import GuardedKms, ManualClock
 from bettercompute_daemon.identity import NodeKey, join_binding, seal_token
@@ -100,6 +102,9 @@ async def test_every_key_rotates_while_twenty_nodes_stay_connected_and_reservati
     fleet, api = gw.fleet, gw.fleet.compute.api
     group: ReservationsGroup[Any] = api.group(ReservationsGroup)
     old_join_key = await fleet.join_key()
+    hook = await api.webhooks.create(
+        fleet.alice, CreateWebhookInput(tenant=fleet.acme, url="https://hooks.example.com/a")
+    )
     printed_before = await fleet.token(uses=1)  # a join command printed before JoinService's key rotates
     stale_token = await fleet.token(uses=1)
     state = str(tmp_path / "nodes")
@@ -135,6 +140,11 @@ async def test_every_key_rotates_while_twenty_nodes_stay_connected_and_reservati
 
             await api.keys.rotate(fleet.root, RotateKeyInput(kind="instructions"))
             await api.keys.rotate(fleet.root, RotateKeyInput(kind="join", overlap_seconds=600))
+            # A tenant's webhook signing secret: two sign each delivery for the overlap.
+            rotated_hook = await api.webhooks.rotate_secret(
+                fleet.alice, RotateWebhookSecretInput(tenant=fleet.acme, id=hook.webhook.id, overlap_seconds=600)
+            )
+            assert rotated_hook.secret != hook.secret
             new_ca = (await api.keys.rotate(fleet.root, RotateKeyInput(kind="ca"))).id
             assert await _active(gw, "ca") == root  # the pin every daemon holds does not change
 
@@ -151,7 +161,8 @@ async def test_every_key_rotates_while_twenty_nodes_stay_connected_and_reservati
 
             await wait_for(rewrapped, seconds=60)
             done = await api.keys.get_rewrap(fleet.root, GetRewrapInput(id=rewrap.id))
-            assert done.failed == 0 and done.resealed >= 6  # CA root and two intermediates, two signers, two join keys
+            # The CA's root and two intermediates, two instruction keys, two JoinService keys, two webhook secrets.
+            assert done.failed == 0 and done.resealed >= 9
             kms.inner = GuardedKms(new_kms)
 
             # Every node renews onto the new intermediate (under the same root).
