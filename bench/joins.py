@@ -176,8 +176,10 @@ async def open_plane(folder: Path, callers: int) -> AsyncIterator[Plane]:
         pool: Pool = await compute.api.pools.create(root, CreatePoolInput(tenant=tenant, name="gpus"))
         join_key = await store.repository(JOIN_KEYS).active()
         assert join_key is not None
-        ca_keys = [k for k in await store.repository(CERTIFICATES).keys(TRUST_DOMAIN) if k.state == "active"]
-        assert len(ca_keys) == 1
+        ca_keys = [
+            k for k in await store.repository(CERTIFICATES).keys(TRUST_DOMAIN) if k.state == "active" and not k.is_root
+        ]
+        assert len(ca_keys) == 1  # the active intermediate, which signs node certificates
         yield Plane(
             compute=compute,
             services=compute.gateway_services,
