@@ -305,6 +305,8 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
     "roles.create": {"name": "reservers", "actions": ["compute:reservations:*"]},
     "quotas.set": {"tenant": "root", "max_gpus": 8},
     "quotas.get": {"tenant": "root"},
+    "keys.get-rewrap": {"id": "kmr_..."},
+    "keys.rewrap": {"columns": ["secrets.sealed_secrets"]},
     "secrets.create": {"name": "registry-password", "scope": "pool:pool_...", "value": "s3cret"},
     "secrets.delete": {"name": "registry-password"},
     "tenants.create": {"name": "acme"},
