@@ -29,7 +29,7 @@ from bettercompute.errors import (
 )
 from bettercompute.modules.nodes._port import REWRAPS, RewrapRecord
 from bettercompute.modules.nodes._schemas import KEY, GetRewrapInput, Rewrap, RewrapFailure, StartRewrapInput
-from bettercompute.ports import Kms, Repository, ResourceRef, Sealed
+from bettercompute.ports import Kms, Repository, ResourceRef, Sealed, SealedBlob
 
 if TYPE_CHECKING:
     from bettercompute._runtime.context import ModuleContext
@@ -135,8 +135,8 @@ async def rewrap_pass(context: ModuleContext) -> int:
             break
         name = run.columns[run.position]
         key = columns.get(name)
-        batch = await context.store.repository(key).sealed(after=run.after, limit=BATCH) if key else []
-        if not batch:  # this column is done (or no module here declares it any more): the next one
+        batch = await context.store.repository(key).sealed(after=run.after, limit=BATCH) if key is not None else []
+        if key is None or not batch:  # this column is done (or no module here declares it any more): the next one
             advanced = await rewraps.advance(
                 run.id, position=run.position + 1, after=None, resealed=0, failed=0, failures=(), done=False
             )
@@ -144,7 +144,6 @@ async def rewrap_pass(context: ModuleContext) -> int:
                 break
             run = advanced
             continue
-        assert key is not None
         resealed, failures = await _reseal(kms, context.store.repository(key), name, batch)
         handled += len(batch)
         advanced = await rewraps.advance(
@@ -162,7 +161,7 @@ async def rewrap_pass(context: ModuleContext) -> int:
     return handled
 
 
-async def _reseal(kms: Kms, column: Sealed, name: str, batch: list[Any]) -> tuple[int, list[Mapping[str, str]]]:
+async def _reseal(kms: Kms, column: Sealed, name: str, batch: list[SealedBlob]) -> tuple[int, list[Mapping[str, str]]]:
     """Seal each blob of ``batch`` again; how many were written, and the blobs that opened under no key."""
     resealed = 0
     failures: list[Mapping[str, str]] = []
