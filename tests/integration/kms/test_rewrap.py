@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -19,7 +20,7 @@ from bettercompute.errors import (
     NotFoundError,
 )
 from bettercompute.modules.audit import ListAuditInput
-from bettercompute.modules.nodes import GetRewrapInput, StartRewrapInput, _rewrap
+from bettercompute.modules.nodes import REWRAPS, GetRewrapInput, StartRewrapInput, _rewrap
 from bettercompute.modules.secrets import SEALED_SECRETS, CreateSecretInput
 from bettercompute_metal import MetalModule
 
@@ -137,3 +138,30 @@ async def test_a_rewrap_of_some_columns_only_leaves_the_others_and_an_unknown_co
     for column, found in stored.items():
         for blob in found:
             await (new if column == "secrets.sealed_secrets" else old).decrypt(blob.blob, context=blob.context)
+
+
+async def test_a_burst_of_starts_larger_than_the_pool_starts_one_re_wrap_and_answers_every_other_conflict(
+    database_url: str, fresh_schema: str, tmp_path: Path
+) -> None:
+    old, new = LocalKeyKms(tmp_path / "old.key"), LocalKeyKms(tmp_path / "new.key")
+    async with two_tenants(database_url, fresh_schema, kms=old, join=JOIN, modules=[MetalModule()]) as t:
+        seeded = await seed(t.compute, t.root, t.acme, t.alice)
+    async with process(database_url, fresh_schema, KmsRing(new, old), "rewrap-burst") as ring:  # a pool of 4
+        api: Any = ring.api
+        outcomes: list[str] = []
+
+        async def start() -> None:
+            try:
+                outcomes.append((await api.keys.rewrap(seeded.root, StartRewrapInput())).id)
+            except ConflictError as exc:
+                outcomes.append(f"CONFLICT {exc.details['id']}")
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(16):
+                tg.start_soon(start)
+        started = [o for o in outcomes if not o.startswith("CONFLICT")]
+        assert len(outcomes) == 16 and len(started) == 1
+        # Each refusal names the one that runs (or, for one that lost before it committed, none yet).
+        assert {o.removeprefix("CONFLICT ") for o in outcomes} <= {started[0], "None"}
+        running = await ring.context.store.repository(REWRAPS).running()
+        assert running is not None and running.id == started[0]
